@@ -1,0 +1,84 @@
+"""Session and run configuration: ``SessionConfig``, ``RunOptions``, ``RunMetadata``.
+
+Field names follow TensorFlow's ``ConfigProto``, ``RunOptions`` and ``RunMetadata``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from asyncflow.runtime.step_stats import StepStats
+
+__all__ = ["RunMetadata", "RunOptions", "SessionConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """How a session is set up (TensorFlow's ``ConfigProto``).
+
+    * ``device_count`` — local devices per type, e.g. ``{"CPU": 2}`` (default one CPU).
+    * ``inter_op_parallelism_threads`` — worker threads per device for expensive
+      kernels; 0 means one per core.
+    * ``operation_timeout_in_ms`` — default deadline of every run (0: none); a
+      run's own ``RunOptions.timeout_in_ms`` wins.
+    * ``allow_soft_placement`` — an op asking for an unknown device runs on the
+      default device instead of failing.
+    * ``place_pruned_graph`` — validate device requests only for the ops a run
+      needs (False, as TF: every op of the graph must ask for a valid device).
+    * ``log_device_placement`` — log each node's device through ``logging``.
+    """
+
+    device_count: dict[str, int] = field(default_factory=lambda: {"CPU": 1})
+    inter_op_parallelism_threads: int = 0
+    operation_timeout_in_ms: int = 0
+    allow_soft_placement: bool = False
+    place_pruned_graph: bool = False
+    log_device_placement: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device_count, dict):
+            raise TypeError(f"device_count must be a dict like {{'CPU': 2}}, "
+                            f"got {self.device_count!r}")
+        for kind, n in self.device_count.items():
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ValueError(f"device_count[{kind!r}] must be an int >= 0, got {n!r}")
+            if kind.upper() != "CPU" and n:
+                raise ValueError(f"device type {kind!r} is not supported here; "
+                                 f"only 'CPU' devices exist")
+        if self.device_count.get("CPU", self.device_count.get("cpu", 1)) < 1:
+            raise ValueError("device_count must provide at least one CPU device")
+        for name in ("inter_op_parallelism_threads", "operation_timeout_in_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
+@dataclass(slots=True)
+class RunOptions:
+    """Options of one run: deadline, tracing, partition graph output."""
+
+    NO_TRACE: ClassVar[int] = 0
+    SOFTWARE_TRACE: ClassVar[int] = 1
+    HARDWARE_TRACE: ClassVar[int] = 2
+    FULL_TRACE: ClassVar[int] = 3
+
+    timeout_in_ms: int = 0
+    trace_level: int = 0
+    output_partition_graphs: bool = False
+
+
+@dataclass(slots=True)
+class RunMetadata:
+    """What a run reports back: ``step_stats`` (when traced) and ``partition_graphs``.
+
+    A RunMetadata passed to another run is refilled from scratch.
+    """
+
+    step_stats: StepStats = field(default_factory=StepStats)
+    partition_graphs: list[dict[str, Any]] = field(default_factory=list)
+
+    def clear(self) -> None:
+        """Empty it (done by every run it is passed to)."""
+        self.step_stats = StepStats()
+        self.partition_graphs = []

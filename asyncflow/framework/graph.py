@@ -1,0 +1,670 @@
+"""Graph building: :class:`Graph`, :class:`Operation`, :class:`Tensor` and scopes.
+
+A Graph is append-only: operations are added, never changed or removed, so a plan
+compiled for some fetches stays valid while the graph grows.  Reading a graph is
+safe from any thread; adding to it takes the graph's lock.  The context stacks
+(default graph, name scope, control dependencies, device) are per thread, as in
+TensorFlow.
+
+Each operation records where in user code it was created (``op.traceback``: the
+first stack frame outside asyncflow), so runtime errors can point at that line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from asyncflow import dtypes as _dtypes
+from asyncflow.framework import registry
+from asyncflow.framework.shapes import TensorShape, as_shape
+
+__all__ = [
+    "Graph",
+    "Operation",
+    "Tensor",
+    "control_dependencies",
+    "convert_to_tensor",
+    "device",
+    "get_default_graph",
+    "name_scope",
+    "reset_default_graph",
+]
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _creation_site() -> tuple[str, int]:
+    """(filename, line) of the innermost stack frame outside the asyncflow package."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_PACKAGE_DIR):
+            return filename, frame.f_lineno
+        frame = frame.f_back  # type: ignore[assignment]
+    return "<unknown>", 0
+
+
+class Tensor:
+    """One output of an :class:`Operation`: a symbolic handle to a value of a step.
+
+    Tensors hash and compare by identity; ``bool(tensor)`` is a ``TypeError``.
+    Arithmetic and comparison operators build ops (``x + 1`` adds an ``Add``).
+    """
+
+    __slots__ = ("_op", "_value_index", "_dtype", "_shape", "__weakref__")
+
+    def __init__(self, op: Operation, value_index: int, dtype: _dtypes.DType,
+                 shape: TensorShape) -> None:
+        self._op = op
+        self._value_index = value_index
+        self._dtype = dtype
+        self._shape = shape
+
+    @property
+    def op(self) -> Operation:
+        """The Operation that produces this tensor."""
+        return self._op
+
+    @property
+    def value_index(self) -> int:
+        """The index of this tensor among its op's outputs."""
+        return self._value_index
+
+    @property
+    def name(self) -> str:
+        """``"op_name:index"``."""
+        return f"{self._op._name}:{self._value_index}"
+
+    @property
+    def dtype(self) -> _dtypes.DType:
+        """The element type."""
+        return self._dtype
+
+    @property
+    def shape(self) -> TensorShape:
+        """The static shape (``None`` for unknown dimensions)."""
+        return self._shape
+
+    def get_shape(self) -> TensorShape:
+        """The static shape (TensorFlow 1.x name)."""
+        return self._shape
+
+    @property
+    def graph(self) -> Graph:
+        """The graph this tensor belongs to."""
+        return self._op._graph
+
+    @property
+    def device(self) -> str:
+        """The device of the producing op."""
+        return self._op._device
+
+    def consumers(self) -> list[Operation]:
+        """The operations that take this tensor as a data input (scans the graph)."""
+        return [op for op in self._op._graph._ops if self in op._inputs]
+
+    def __repr__(self) -> str:
+        return f"<af.Tensor '{self.name}' shape={self._shape} dtype={self._dtype.name}>"
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            f"using af.Tensor {self.name!r} as a Python bool is not allowed: its value "
+            f"is only known when a step runs. Use af.cond for data-dependent control flow.")
+
+    def __iter__(self) -> Iterator[Any]:
+        raise TypeError(f"af.Tensor {self.name!r} is not iterable; index or slice it "
+                        f"(tensor[i]) or use af.unstack-like ops instead")
+
+    def __index__(self) -> int:
+        raise TypeError(f"af.Tensor {self.name!r} cannot be used as a Python index")
+
+    # Arithmetic operators are installed by asyncflow.ops.math_ops (which owns the
+    # ops they build), so framework/ never imports ops/.
+    __array_priority__ = 100
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise TypeError(f"cannot convert symbolic af.Tensor {self.name!r} to a numpy "
+                        f"array; fetch it with sess.run")
+
+
+class Operation:
+    """A node of the graph: an op type, inputs, attributes, outputs and a device."""
+
+    __slots__ = ("_graph", "_name", "_type", "_inputs", "_control_inputs", "_outputs",
+                 "_attrs", "_device", "_traceback", "_id", "_op_def", "__weakref__")
+
+    _outputs: tuple[Tensor, ...]
+
+    def __init__(self, graph: Graph, name: str, op_type: str, inputs: tuple[Tensor, ...],
+                 control_inputs: tuple[Operation, ...], attrs: dict[str, Any], device: str,
+                 traceback: tuple[str, int], op_id: int, op_def: registry.OpDef) -> None:
+        self._graph = graph
+        self._name = name
+        self._type = op_type
+        self._inputs = inputs
+        self._control_inputs = control_inputs
+        self._attrs = attrs
+        self._device = device
+        self._traceback = traceback
+        self._id = op_id
+        self._op_def = op_def
+
+    @property
+    def name(self) -> str:
+        """The unique name of this op in its graph."""
+        return self._name
+
+    @property
+    def type(self) -> str:
+        """The op type, e.g. ``"MatMul"``."""
+        return self._type
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        """The data inputs."""
+        return self._inputs
+
+    @property
+    def control_inputs(self) -> tuple[Operation, ...]:
+        """The ops that must run before this one."""
+        return self._control_inputs
+
+    @property
+    def outputs(self) -> tuple[Tensor, ...]:
+        """The output tensors."""
+        return self._outputs
+
+    @property
+    def device(self) -> str:
+        """The requested device string ("" when none)."""
+        return self._device
+
+    @property
+    def graph(self) -> Graph:
+        """The graph this op belongs to."""
+        return self._graph
+
+    @property
+    def traceback(self) -> str:
+        """Where in user code this op was created, as ``"file:line"``."""
+        return f"{self._traceback[0]}:{self._traceback[1]}"
+
+    @property
+    def stateful(self) -> bool:
+        """True when the op has side effects or state (never folded or deduplicated)."""
+        return self._op_def.stateful
+
+    @property
+    def attrs(self) -> Mapping[str, Any]:
+        """A read-only view of the attributes."""
+        return dict(self._attrs)
+
+    def get_attr(self, name: str) -> Any:
+        """The value of attribute ``name``; ``ValueError`` naming the op if absent."""
+        try:
+            return self._attrs[name]
+        except KeyError:
+            raise ValueError(f"operation {self._name!r} (type {self._type}) has no attr "
+                             f"named {name!r}") from None
+
+    def node_attrs(self) -> dict[str, Any]:
+        """The attributes a kernel receives (those not starting with ``_``)."""
+        return {k: v for k, v in self._attrs.items() if not k.startswith("_")}
+
+    def values(self) -> tuple[Tensor, ...]:
+        """The outputs (TensorFlow 1.x name)."""
+        return self._outputs
+
+    def __repr__(self) -> str:
+        return f"<af.Operation '{self._name}' type={self._type}>"
+
+
+class _ThreadStacks(threading.local):
+    def __init__(self) -> None:
+        self.name_scope = ""
+        self.control: list[list[Operation]] = []
+        self.device: list[str] = []
+
+
+class Graph:
+    """A dataflow graph of :class:`Operation` objects (append-only, thread-safe to read)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._ops: list[Operation] = []
+        self._by_name: dict[str, Operation] = {}
+        self._names_in_use: dict[str, int] = {}
+        self._finalized = False
+        self._stacks = _ThreadStacks()
+        self._unfeedable: set[Tensor] = set()
+        self._unfetchable: set[Operation] = set()
+
+    # -- building ---------------------------------------------------------------
+
+    def create_op(
+        self,
+        op_type: str,
+        inputs: Sequence[Tensor],
+        attrs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        *,
+        control_inputs: Iterable[Operation] = (),
+    ) -> Operation:
+        """Add an op of a registered type.  Runs its shape function.
+
+        Build-time errors (bad dtypes → ``TypeError``, incompatible shapes →
+        ``ValueError``) name the op.
+        """
+        op_def = registry.get_op_def(op_type)
+        inputs = tuple(inputs)
+        for i, t in enumerate(inputs):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"input {i} of new {op_type} op must be an af.Tensor, "
+                                f"got {type(t).__name__}")
+            if t._op._graph is not self:
+                raise ValueError(f"input {t.name!r} of new {op_type} op is from a "
+                                 f"different graph")
+        attrs = dict(attrs) if attrs else {}
+        stacks = self._stacks
+        controls: list[Operation] = []
+        for frame in stacks.control:
+            controls.extend(frame)
+        for c in control_inputs:
+            if not isinstance(c, Operation):
+                raise TypeError(f"control input of new {op_type} op must be an "
+                                f"af.Operation, got {type(c).__name__}")
+            controls.append(c)
+        if controls:
+            seen: set[Operation] = set()
+            data_ops = {t._op for t in inputs}
+            controls = [c for c in controls
+                        if not (c in seen or c in data_ops or seen.add(c))]  # type: ignore[func-returns-value]
+            for c in controls:
+                if c._graph is not self:
+                    raise ValueError(f"control input {c.name!r} of new {op_type} op is "
+                                     f"from a different graph")
+        device = stacks.device[-1] if stacks.device else ""
+        site = _creation_site()
+        with self._lock:
+            if self._finalized:
+                raise RuntimeError(f"cannot add op of type {op_type!r}: graph {self!r} is "
+                                   f"finalized")
+            full_name = self._unique_name_locked(name or op_type, explicit=name is not None)
+            try:
+                specs = op_def.shape_fn(inputs, attrs)
+            except (TypeError, ValueError) as exc:
+                # Undo the name reservation so a failed op leaves no trace.
+                self._release_name_locked(full_name)
+                raise type(exc)(f"{exc} (while building op {full_name!r} of type "
+                                f"{op_type})") from None
+            op = Operation(self, full_name, op_type, inputs, tuple(controls), attrs, device,
+                           site, len(self._ops), op_def)
+            op._outputs = tuple(
+                Tensor(op, i, dt, shape if isinstance(shape, TensorShape) else as_shape(shape))
+                for i, (dt, shape) in enumerate(specs))
+            self._ops.append(op)
+            self._by_name[full_name] = op
+        return op
+
+    def _unique_name_locked(self, name: str, *, explicit: bool) -> str:
+        if explicit:
+            _check_op_name(name)
+        scope = self._stacks.name_scope
+        name = scope + name if scope else name
+        key = name.lower()
+        i = self._names_in_use.get(key, 0)
+        self._names_in_use[key] = i + 1
+        if i > 0:
+            base = key
+            while key in self._names_in_use:
+                key = f"{base}_{i}"
+                i += 1
+            self._names_in_use[key] = 1
+            name = f"{name}_{i - 1}"
+        return name
+
+    def _release_name_locked(self, name: str) -> None:
+        key = name.lower()
+        count = self._names_in_use.get(key, 0)
+        if count <= 1:
+            self._names_in_use.pop(key, None)
+        else:
+            self._names_in_use[key] = count - 1
+
+    def unique_name(self, name: str, mark_as_used: bool = True) -> str:
+        """A name unique in this graph, scoped by the current name scope."""
+        with self._lock:
+            if mark_as_used:
+                return self._unique_name_locked(name, explicit=False)
+            saved = dict(self._names_in_use)
+            try:
+                return self._unique_name_locked(name, explicit=False)
+            finally:
+                self._names_in_use = saved
+
+    @contextlib.contextmanager
+    def name_scope(self, name: str | None) -> Iterator[str]:
+        """Open a name scope; ops created inside are named ``scope/op``.
+
+        A name ending in ``/`` re-enters that exact scope; ``None`` or ``""`` resets to
+        the root scope.  Yields the scope prefix (ending in ``/``).
+        """
+        stacks = self._stacks
+        old = stacks.name_scope
+        if not name:
+            new = ""
+        elif name.endswith("/"):
+            new = name
+        else:
+            with self._lock:
+                new = self._unique_name_locked(name, explicit=True) + "/"
+        stacks.name_scope = new
+        try:
+            yield new
+        finally:
+            stacks.name_scope = old
+
+    @contextlib.contextmanager
+    def control_dependencies(self, control_inputs: Iterable[Any] | None) -> Iterator[None]:
+        """Ops created inside run only after every op (or tensor's op) in ``control_inputs``.
+
+        ``None`` clears the enclosing control dependencies.
+        """
+        stacks = self._stacks
+        if control_inputs is None:
+            saved = stacks.control
+            stacks.control = []
+            try:
+                yield
+            finally:
+                stacks.control = saved
+            return
+        ops = [_as_operation(c, self) for c in control_inputs]
+        stacks.control.append(ops)
+        try:
+            yield
+        finally:
+            stacks.control.pop()
+
+    @contextlib.contextmanager
+    def device(self, device_name: str | None) -> Iterator[None]:
+        """Ops created inside request ``device_name`` (``None`` or ``""`` clears it)."""
+        if device_name is not None and not isinstance(device_name, str):
+            to_string = getattr(device_name, "to_string", None)
+            if to_string is None:
+                raise TypeError(f"device must be a string, got {device_name!r}")
+            device_name = to_string()
+        stacks = self._stacks
+        stacks.device.append(device_name or "")
+        try:
+            yield
+        finally:
+            stacks.device.pop()
+
+    @contextlib.contextmanager
+    def as_default(self) -> Iterator[Graph]:
+        """Make this the default graph of the current thread inside the block."""
+        stack = _default_stack()
+        stack.append(self)
+        try:
+            yield self
+        finally:
+            stack.pop()
+
+    def finalize(self) -> None:
+        """Make the graph read-only: adding an op raises ``RuntimeError``."""
+        self._finalized = True
+
+    @property
+    def finalized(self) -> bool:
+        """True after :meth:`finalize`."""
+        return self._finalized
+
+    def prevent_feeding(self, tensor: Tensor) -> None:
+        """Mark ``tensor`` as not feedable."""
+        self._unfeedable.add(tensor)
+
+    def is_feedable(self, tensor: Tensor) -> bool:
+        """True when ``tensor`` may be fed."""
+        return tensor not in self._unfeedable and tensor._op._op_def.feedable
+
+    def prevent_fetching(self, op: Operation) -> None:
+        """Mark ``op``'s outputs as not fetchable."""
+        self._unfetchable.add(op)
+
+    def is_fetchable(self, tensor_or_op: Tensor | Operation) -> bool:
+        """True when the op (or tensor's op) may be fetched."""
+        op = tensor_or_op._op if isinstance(tensor_or_op, Tensor) else tensor_or_op
+        return op not in self._unfetchable
+
+    # -- reading ----------------------------------------------------------------
+
+    def get_operations(self) -> list[Operation]:
+        """Every op, in creation order (a snapshot list)."""
+        return list(self._ops)
+
+    def get_operation_by_name(self, name: str) -> Operation:
+        """The op named ``name``; ``KeyError`` naming it when absent, ``ValueError`` for a tensor name."""
+        if not isinstance(name, str):
+            raise TypeError(f"operation name must be a string, got {type(name).__name__}")
+        if ":" in name:
+            raise ValueError(f"{name!r} looks like a tensor name, not an operation name; "
+                             f"use get_tensor_by_name")
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"the name {name!r} refers to an operation not in the graph") from None
+
+    def get_tensor_by_name(self, name: str) -> Tensor:
+        """The tensor named ``"op:index"``; ``ValueError`` for a malformed name, ``KeyError`` if absent."""
+        if not isinstance(name, str):
+            raise TypeError(f"tensor name must be a string, got {type(name).__name__}")
+        op_name, sep, index = name.rpartition(":")
+        if not sep or not index.isdigit():
+            raise ValueError(f"the name {name!r} looks like an (invalid) operation name, "
+                             f"not a tensor name; tensor names look like 'op:0'")
+        op = self._by_name.get(op_name)
+        if op is None:
+            raise KeyError(f"the name {name!r} refers to a tensor which does not exist: "
+                           f"operation {op_name!r} is not in the graph")
+        i = int(index)
+        if i >= len(op._outputs):
+            raise KeyError(f"the name {name!r} refers to a tensor which does not exist: "
+                           f"operation {op_name!r} has {len(op._outputs)} outputs")
+        return op._outputs[i]
+
+    def as_graph_element(self, obj: Any, allow_tensor: bool = True,
+                         allow_operation: bool = True) -> Tensor | Operation:
+        """Resolve a Tensor, Operation, tensor name or op name in this graph."""
+        conv = getattr(obj, "_as_graph_element", None)
+        if conv is not None and not isinstance(obj, Tensor | Operation):
+            obj = conv()
+        if isinstance(obj, Tensor) and allow_tensor:
+            if obj.graph is not self:
+                raise ValueError(f"tensor {obj.name!r} is not an element of this graph")
+            return obj
+        if isinstance(obj, Operation) and allow_operation:
+            if obj.graph is not self:
+                raise ValueError(f"operation {obj.name!r} is not an element of this graph")
+            return obj
+        if isinstance(obj, str):
+            if ":" in obj and allow_tensor:
+                try:
+                    return self.get_tensor_by_name(obj)
+                except KeyError as exc:
+                    raise ValueError(exc.args[0]) from None
+            if ":" not in obj and allow_operation:
+                try:
+                    return self.get_operation_by_name(obj)
+                except KeyError as exc:
+                    raise ValueError(exc.args[0]) from None
+        raise TypeError(f"cannot interpret {obj!r} as an element of this graph "
+                        f"(expected a Tensor{', Operation' if allow_operation else ''} "
+                        f"or a name)")
+
+    @property
+    def version(self) -> int:
+        """The number of ops added so far."""
+        return len(self._ops)
+
+    def as_graph_def(self) -> dict[str, Any]:
+        """A JSON-serializable description of the graph (see ``af.import_graph_def``)."""
+        from asyncflow.framework.graph_def import graph_to_graph_def
+
+        return graph_to_graph_def(self)
+
+    def __repr__(self) -> str:
+        return f"<af.Graph ops={len(self._ops)}{' finalized' if self._finalized else ''}>"
+
+
+def _check_op_name(name: str) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"op name must be a string, got {type(name).__name__}")
+    if not name or ":" in name or name.startswith("^") or name.startswith("/"):
+        raise ValueError(f"{name!r} is not a valid op name (no ':', no leading '^' or '/')")
+
+
+def _as_operation(obj: Any, graph: Graph) -> Operation:
+    conv = getattr(obj, "_as_graph_element", None)
+    if conv is not None and not isinstance(obj, Tensor | Operation):
+        obj = conv()
+    if isinstance(obj, Tensor):
+        return obj._op
+    if isinstance(obj, Operation):
+        return obj
+    op = getattr(obj, "op", None)
+    if isinstance(op, Operation):
+        return op
+    raise TypeError(f"control input must be an Operation or a Tensor, got {obj!r}")
+
+
+# -- default graph --------------------------------------------------------------
+
+class _DefaultStack(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[Graph] = []
+
+
+_default = _DefaultStack()
+_global_graph: Graph | None = None
+_global_lock = threading.Lock()
+
+
+def _default_stack() -> list[Graph]:
+    return _default.stack
+
+
+def get_default_graph() -> Graph:
+    """The innermost graph of ``with g.as_default()`` in this thread, or the global graph."""
+    stack = _default.stack
+    if stack:
+        return stack[-1]
+    global _global_graph
+    if _global_graph is None:
+        with _global_lock:
+            if _global_graph is None:
+                _global_graph = Graph()
+    return _global_graph
+
+
+def reset_default_graph() -> None:
+    """Replace the global default graph with a new empty one.
+
+    ``AssertionError`` (as TensorFlow) when called inside ``with g.as_default()``.
+    """
+    if _default.stack:
+        raise AssertionError("Do not use reset_default_graph() inside a "
+                             "`with graph.as_default()` block")
+    global _global_graph
+    with _global_lock:
+        _global_graph = Graph()
+
+
+def name_scope(name: str | None, default_name: str | None = None,
+               values: Any = None) -> contextlib.AbstractContextManager[str]:
+    """Open a name scope on the default graph (see :meth:`Graph.name_scope`)."""
+    return get_default_graph().name_scope(name if name is not None else default_name)
+
+
+def control_dependencies(control_inputs: Iterable[Any] | None
+                         ) -> contextlib.AbstractContextManager[None]:
+    """Control dependencies on the default graph (see :meth:`Graph.control_dependencies`)."""
+    return get_default_graph().control_dependencies(control_inputs)
+
+
+def device(device_name: str | None) -> contextlib.AbstractContextManager[None]:
+    """Request a device for ops created inside (see :meth:`Graph.device`)."""
+    return get_default_graph().device(device_name)
+
+
+# -- conversion -----------------------------------------------------------------
+
+def convert_to_tensor(value: Any, dtype: Any = None, name: str | None = None,
+                      preferred_dtype: Any = None) -> Tensor:
+    """A Tensor for ``value``: tensors pass through (dtype checked), others become constants.
+
+    ``TypeError`` when a tensor's dtype differs from ``dtype`` or the value does not
+    convert.
+    """
+    if isinstance(value, Tensor):
+        if dtype is not None and _dtypes.as_dtype(dtype) is not value._dtype:
+            raise TypeError(f"Tensor conversion requested dtype {_dtypes.as_dtype(dtype).name} "
+                            f"for Tensor {value.name!r} with dtype {value._dtype.name}")
+        return value
+    conv = getattr(value, "_as_graph_element", None)
+    if conv is not None:
+        return convert_to_tensor(conv(), dtype=dtype, name=name)
+    if isinstance(value, Operation):
+        raise TypeError(f"cannot convert operation {value.name!r} to a tensor; use one of "
+                        f"its outputs")
+    target = None
+    if dtype is not None:
+        target = _dtypes.as_dtype(dtype)
+    elif preferred_dtype is not None:
+        preferred = _dtypes.as_dtype(preferred_dtype)
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            make_constant_value(value, preferred)
+            target = preferred
+    array = make_constant_value(value, target)
+    graph = get_default_graph()
+    dt = _dtypes.as_dtype(array.dtype)
+    return graph.create_op("Const", (), {"value": array, "dtype": dt},
+                           name=name or "Const").outputs[0]
+
+
+def make_constant_value(value: Any, dtype: _dtypes.DType | None) -> np.ndarray:
+    """A read-only numpy array for a constant, with TensorFlow's default dtypes.
+
+    ``TypeError`` when a value cannot be represented in ``dtype`` without loss of
+    kind (e.g. ``1.5`` as int32, or a string as float).
+    """
+    if isinstance(value, Tensor):
+        raise TypeError(f"expected a constant value, got Tensor {value.name!r}")
+    if dtype is None:
+        dtype = _dtypes.dtype_of_value(value)
+    if dtype.is_string:
+        array = np.empty(np.shape(value), dtype=object)
+        array[...] = value
+    else:
+        source = np.asarray(value)
+        if source.dtype.kind in "SUO" and source.size:
+            raise TypeError(f"cannot convert {value!r} to a tensor of type {dtype.name}")
+        if dtype.is_integer and source.dtype.kind in "fc" and source.size and \
+                not np.array_equal(np.asarray(source, dtype=dtype.np), source):
+            raise TypeError(f"cannot convert {value!r} to a tensor of type {dtype.name} "
+                            f"without losing precision")
+        if dtype.is_bool and source.dtype.kind not in "b" and source.size:
+            raise TypeError(f"cannot convert {value!r} to a tensor of type bool")
+        if source.dtype.kind == "c" and not dtype.is_complex and source.size:
+            raise TypeError(f"cannot convert complex {value!r} to a tensor of type "
+                            f"{dtype.name}")
+        array = np.array(source, dtype=dtype.np)
+    array.flags.writeable = False
+    return array

@@ -1,0 +1,210 @@
+"""Op definitions and kernels.
+
+An :class:`OpDef` says what an op type is at build time: its shape function (which
+also checks dtypes) and whether it is stateful.  A :class:`KernelDef` says how it
+runs on a device type: a *factory* that, given the :class:`Operation`, returns the
+callable the executor invokes and the kernel's kind:
+
+* ``INLINE``    — cheap synchronous; called on the event loop inside the ready loop.
+* ``ASYNC``     — ``async def``; awaited as a task of the step's task group.
+* ``EXPENSIVE`` — synchronous but slow; run on a worker thread of its device.
+
+The callable takes the node's input values positionally and returns the single
+output value, a sequence of values for several outputs, or ``None`` for none.
+Factories run once per compiled plan, never per step, so they are the place to
+bind attributes (``functools.partial``) and pick specialised numpy functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from asyncflow import errors
+
+if TYPE_CHECKING:
+    from asyncflow.dtypes import DType
+    from asyncflow.framework.graph import Operation, Tensor
+    from asyncflow.framework.shapes import TensorShape
+
+__all__ = [
+    "ASYNC",
+    "EXPENSIVE",
+    "INLINE",
+    "KERNEL_KINDS",
+    "KernelDef",
+    "OpDef",
+    "get_kernel",
+    "get_op_def",
+    "register_kernel",
+    "register_kernel_factory",
+    "register_op",
+    "registered_ops",
+]
+
+INLINE = 0
+ASYNC = 1
+EXPENSIVE = 2
+KERNEL_KINDS = ("inline", "async", "thread")
+
+ShapeFn = Callable[[Sequence["Tensor"], Mapping[str, Any]],
+                   Sequence[tuple["DType", "TensorShape | Any"]]]
+KernelFactory = Callable[["Operation"], tuple[Callable[..., Any], int]]
+
+
+@dataclass(frozen=True, slots=True)
+class OpDef:
+    """What an op type is at build time.
+
+    ``shape_fn(inputs, attrs)`` returns one ``(dtype, shape)`` per output and raises
+    ``TypeError`` / ``ValueError`` for bad inputs (the graph adds the op's name).
+    """
+
+    type: str
+    shape_fn: ShapeFn
+    stateful: bool = False
+    #: May tensors of this op be fed?  (TF: every tensor unless marked unfeedable.)
+    feedable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class KernelDef:
+    """How an op type runs on one device type."""
+
+    op_type: str
+    device_type: str
+    factory: KernelFactory
+
+
+_lock = threading.Lock()
+_OPS: dict[str, OpDef] = {}
+_KERNELS: dict[tuple[str, str], KernelDef] = {}
+
+
+def _add_op_def(op_def: OpDef) -> None:
+    with _lock:
+        if op_def.type in _OPS:
+            raise errors.AlreadyExistsError(
+                None, None, f"op type {op_def.type!r} is already registered")
+        _OPS[op_def.type] = op_def
+
+
+def get_op_def(op_type: str) -> OpDef:
+    """The OpDef of ``op_type``; ``ValueError`` naming it when unregistered."""
+    try:
+        return _OPS[op_type]
+    except KeyError:
+        raise ValueError(f"op type {op_type!r} is not registered "
+                         f"(register it with af.register_op)") from None
+
+
+def registered_ops() -> tuple[str, ...]:
+    """The names of every registered op type, sorted."""
+    return tuple(sorted(_OPS))
+
+
+def get_kernel(op_type: str, device_type: str = "CPU") -> KernelDef:
+    """The kernel of ``op_type`` on ``device_type``; ``NotFoundError`` when there is none."""
+    try:
+        return _KERNELS[(op_type, device_type)]
+    except KeyError:
+        raise errors.NotFoundError(
+            None, None,
+            f"no kernel registered for op type {op_type!r} on device type {device_type!r}",
+        ) from None
+
+
+def register_kernel_factory(
+    op_type: str, device_type: str = "CPU"
+) -> Callable[[KernelFactory], KernelFactory]:
+    """Decorator: register a kernel *factory* (``op -> (callable, kind)``) for ``op_type``."""
+
+    def decorate(factory: KernelFactory) -> KernelFactory:
+        with _lock:
+            _KERNELS[(op_type, device_type)] = KernelDef(op_type, device_type, factory)
+        return factory
+
+    return decorate
+
+
+def register_kernel(
+    op_type: str,
+    compute: Callable[..., Any] | None = None,
+    *,
+    device_type: str = "CPU",
+    expensive: bool = False,
+) -> Any:
+    """Register ``compute(*inputs, **attrs)`` as the kernel of ``op_type``.
+
+    ``compute`` may be ``def`` (run inline, or on a worker thread when
+    ``expensive=True``) or ``async def`` (awaited on the event loop).  The op's
+    attributes are passed as keyword arguments.  Usable as a decorator.
+    """
+    if compute is None:
+        return functools.partial(register_kernel, op_type, device_type=device_type,
+                                 expensive=expensive)
+    if inspect.iscoroutinefunction(compute):
+        if expensive:
+            raise ValueError(f"kernel for {op_type!r}: an async def kernel cannot be "
+                             f"expensive (expensive kernels run on threads)")
+        kind = ASYNC
+    else:
+        kind = EXPENSIVE if expensive else INLINE
+
+    def factory(op: Operation) -> tuple[Callable[..., Any], int]:
+        attrs = op.node_attrs()
+        return (functools.partial(compute, **attrs) if attrs else compute), kind
+
+    register_kernel_factory(op_type, device_type)(factory)
+    return compute
+
+
+def register_op(
+    op_type: str,
+    shape_fn: ShapeFn,
+    *,
+    stateful: bool = False,
+    kernel: Callable[..., Any] | None = None,
+    expensive: bool = False,
+) -> Callable[..., Any]:
+    """Register a new op type and return its constructor.
+
+    ``shape_fn(inputs, attrs)`` returns one ``(dtype, shape)`` pair per output.  The
+    returned constructor is ``make(*inputs, name=None, **attrs)``: it converts the
+    inputs to tensors, adds the op to the default graph and returns its single
+    output Tensor, a list of Tensors for several outputs, or the Operation for none.
+    ``kernel``, when given, is registered with :func:`register_kernel`.
+    """
+    if not isinstance(op_type, str) or not op_type or op_type.startswith("_"):
+        raise ValueError(f"op type must be a non-empty name not starting with '_', "
+                         f"got {op_type!r}")
+    _add_op_def(OpDef(op_type, shape_fn, stateful=stateful))
+    if kernel is not None:
+        register_kernel(op_type, kernel, expensive=expensive)
+
+    def make(*inputs: Any, name: str | None = None, **attrs: Any) -> Any:
+        from asyncflow.framework.graph import convert_to_tensor, get_default_graph
+
+        graph = get_default_graph()
+        tensors = [convert_to_tensor(x) for x in inputs]
+        op = graph.create_op(op_type, tensors, attrs=attrs, name=name)
+        if len(op.outputs) == 1:
+            return op.outputs[0]
+        return list(op.outputs) if op.outputs else op
+
+    make.__name__ = op_type
+    make.__doc__ = f"Add a {op_type!r} op to the default graph."
+    return make
+
+
+def define_op(
+    op_type: str, shape_fn: ShapeFn, *, stateful: bool = False, feedable: bool = True
+) -> OpDef:
+    """Register a built-in op type (internal; names may start with ``_``)."""
+    op_def = OpDef(op_type, shape_fn, stateful=stateful, feedable=feedable)
+    _add_op_def(op_def)
+    return op_def

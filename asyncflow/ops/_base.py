@@ -1,0 +1,119 @@
+"""Helpers shared by the op modules: defining ops, kernels and constructors tersely.
+
+Every op module follows the same pattern, one block per op::
+
+    define_op("Add", binary_shape)                 # build-time: dtype + shape checks
+    inline_kernel("Add", np.add)                  # run-time: the numpy callable
+    def add(x, y, name=None): ...                  # the public constructor
+
+Kernels receive numpy values (arrays or numpy scalars) and return one value, a
+sequence of values (several outputs) or None (no outputs).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from asyncflow import dtypes
+from asyncflow.framework import registry
+from asyncflow.framework.graph import (
+    Operation,
+    Tensor,
+    convert_to_tensor,
+    get_default_graph,
+)
+from asyncflow.framework.shapes import TensorShape, broadcast_shapes
+
+__all__ = [
+    "binary_inputs",
+    "binary_shape",
+    "define_op",
+    "inline_kernel",
+    "make_op",
+    "same_shape",
+    "unary_shape",
+]
+
+define_op = registry.define_op
+
+
+def inline_kernel(op_type: str, fn: Callable[..., Any] | None = None,
+                  *, attrs: Sequence[str] = ()) -> Any:
+    """Register ``fn`` as the INLINE CPU kernel of ``op_type``.
+
+    ``attrs`` names the op attributes bound into ``fn`` as keyword arguments (once
+    per plan, by ``functools.partial``).  Usable as a decorator.
+    """
+    if fn is None:
+        return functools.partial(inline_kernel, op_type, attrs=attrs)
+    bound = tuple(attrs)
+
+    def factory(op: Operation) -> tuple[Callable[..., Any], int]:
+        if not bound:
+            return fn, registry.INLINE
+        return functools.partial(fn, **{a: op._attrs[a] for a in bound}), registry.INLINE
+
+    registry.register_kernel_factory(op_type)(factory)
+    return fn
+
+
+def make_op(op_type: str, inputs: Sequence[Tensor], attrs: Mapping[str, Any] | None = None,
+            name: str | None = None, default_name: str | None = None) -> Operation:
+    """Create an op of ``op_type`` in the default graph (named ``name`` or ``default_name``)."""
+    graph = get_default_graph()
+    for t in inputs:
+        if t._op._graph is not graph:
+            # TF picks the inputs' graph; we do the same when they agree.
+            graph = t._op._graph
+            break
+    return graph.create_op(op_type, inputs, attrs, name=name or default_name or op_type)
+
+
+def _is_python_scalar_like(value: Any) -> bool:
+    return not isinstance(value, Tensor) and not hasattr(value, "_as_graph_element")
+
+
+def binary_inputs(x: Any, y: Any, op_name: str) -> tuple[Tensor, Tensor]:
+    """Convert both operands to tensors, giving Python values the other operand's dtype."""
+    if isinstance(x, Tensor) or not _is_python_scalar_like(x):
+        x = convert_to_tensor(x)
+        y = _convert_like(y, x.dtype, op_name)
+    elif isinstance(y, Tensor) or not _is_python_scalar_like(y):
+        y = convert_to_tensor(y)
+        x = _convert_like(x, y.dtype, op_name)
+    else:
+        x = convert_to_tensor(x)
+        y = _convert_like(y, x.dtype, op_name)
+    return x, y
+
+
+def _convert_like(value: Any, dtype: dtypes.DType, op_name: str) -> Tensor:
+    if isinstance(value, Tensor) or not _is_python_scalar_like(value):
+        return convert_to_tensor(value)
+    try:
+        return convert_to_tensor(value, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{op_name}: cannot convert {value!r} to the other operand's "
+                        f"dtype {dtype.name}: {exc}") from None
+
+
+def binary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[tuple[Any, Any]]:
+    """Same-dtype operands, numpy-broadcast shapes; output has the operands' dtype."""
+    x, y = inputs
+    if x._dtype is not y._dtype:
+        raise TypeError(f"inputs must have the same dtype, got {x._dtype.name} "
+                        f"({x.name}) and {y._dtype.name} ({y.name})")
+    return [(x._dtype, broadcast_shapes(x._shape, y._shape))]
+
+
+def unary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[tuple[Any, Any]]:
+    """One input; output of the same dtype and shape."""
+    (x,) = inputs
+    return [(x._dtype, x._shape)]
+
+
+def same_shape(t: Tensor) -> TensorShape:
+    """The static shape of ``t`` (a readability helper)."""
+    return t._shape

@@ -1,0 +1,392 @@
+"""The executor: runs one step of an :class:`ExecutionPlan`.
+
+State machine of a step (TensorFlow's ``ExecutorState``, on the event loop)::
+
+    created ──run()──► draining ──(async/thread nodes outstanding)──► waiting
+                          ▲                                             │
+                          └────────── a task finishes its node ◄────────┘
+    draining/waiting ──(ready empty, nothing outstanding)──► done
+    any ──(first error | abort)──► failing ──(every task finished)──► failed
+
+* **Ready stack.**  ``pending[i]`` counts the unfinished producers of node ``i``;
+  when it reaches zero the node is pushed on ``ready``.  ``_drain`` pops and runs
+  nodes until the stack is empty (LIFO: finishing a chain first frees its values
+  sooner).
+* **Inline nodes** (cheap sync kernels) run right inside ``_drain``: no Task, no
+  Future, no thread hop.  A plan made only of inline nodes completes inside the
+  first call to ``run`` without awaiting anything and without a task group.
+* **Async nodes** become tasks of the step's ``asyncio.TaskGroup``; **expensive**
+  nodes become tasks that await a worker thread of their device.  When such a task
+  finishes its node it propagates the outputs and drains the newly ready nodes
+  itself (like TF's executor, the thread that completes a node continues), so the
+  step's main coroutine only waits for "done".
+* **Failure.**  The first error wins (``_fail``): it is recorded once, every
+  outstanding task is cancelled, and ``run`` raises it after the task group has
+  waited for all of them — so ``run`` never returns while a kernel of the step is
+  still running.  Later errors (derived cancellations) are dropped.
+* **Values** live in one list indexed by slot; a node clears the slots whose last
+  reader it is (``frees``/``counted`` in the plan), so memory follows the live set.
+
+Everything here is per step; the plan is shared and never written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from asyncflow import errors
+from asyncflow.framework import registry
+from asyncflow.runtime.step_stats import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
+
+if TYPE_CHECKING:
+
+    from asyncflow.compiler.plan import ExecutionPlan, NodeDef
+    from asyncflow.framework.graph import Operation
+    from asyncflow.runtime.devices import LocalDevice
+
+__all__ = ["Step", "format_node_error"]
+
+_INLINE = registry.INLINE
+_ASYNC = registry.ASYNC
+
+
+def format_node_error(exc: BaseException, op: Operation) -> errors.OpError:
+    """The OpError for a kernel's exception: names the node, its type and creation site."""
+    base = errors.from_exception(exc, op)
+    return type(base)(base.node_def, op, f"{base.message}\n\t [[node {op.name} "
+                      f"(op {op.type}, defined at {op.traceback})]]")
+
+
+class Step:
+    """One execution of a plan: values, pending counts, ready stack, tasks, first error."""
+
+    __slots__ = ("_plan", "_nodes", "_vals", "_pending", "_ready", "_refs", "_devices",
+                 "_tg", "_deferred", "_outstanding", "_tasks", "_done", "_error",
+                 "_loop", "_stats", "_trace")
+
+    def __init__(self, plan: ExecutionPlan, args: Sequence[Any],
+                 devices: Sequence[LocalDevice], trace: bool = False) -> None:
+        self._plan = plan
+        self._nodes = plan.nodes
+        vals = list(plan.initial_values)
+        for s, v in zip(plan.arg_slots, args):
+            vals[s] = v
+        self._vals = vals
+        self._pending = list(plan.initial_pending)
+        self._ready = list(plan.initial_ready)
+        self._refs = list(plan.initial_refs) if plan.initial_refs is not None else None
+        self._devices = devices
+        self._tg: asyncio.TaskGroup | None = None
+        self._deferred: list[int] = []
+        self._outstanding = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._done: asyncio.Future[None] | None = None
+        self._error: errors.OpError | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stats: list[tuple[int, NodeExecStats]] | None = None
+        self._trace = trace
+        if trace:
+            self._stats = []
+            self._nodes = tuple(self._traced_node(i, n) for i, n in enumerate(plan.nodes))
+
+    # -- public -------------------------------------------------------------------
+
+    def run_inline(self) -> list[Any]:
+        """Run an all-inline plan to completion synchronously; returns the retvals."""
+        with np.errstate(all="ignore"):
+            self._drain()
+        if self._error is not None:
+            raise self._error
+        return self._retvals()
+
+    async def run(self) -> list[Any]:
+        """Run the step; returns the fetched values in plan order.
+
+        Raises the step's first error as an ``OpError``.  Returns or raises only after
+        every task the step started has finished.
+        """
+        with np.errstate(all="ignore"):
+            self._drain()
+            if self._error is None and self._outstanding:
+                await self._run_tasks()
+        if self._error is not None:
+            raise self._error
+        return self._retvals()
+
+    def abort(self, error: errors.OpError) -> None:
+        """Fail the step with ``error`` (if it has not failed yet).  Loop thread only."""
+        self._fail_with(error)
+
+    def abort_threadsafe(self, error: errors.OpError) -> None:
+        """Fail the step from any thread (used by ``Session.close``)."""
+        loop = self._loop
+        if loop is None:
+            # Not waiting on a loop: either finished or running synchronously; the
+            # error is recorded and seen at the next check.
+            if self._error is None:
+                self._error = error
+            return
+        try:
+            loop.call_soon_threadsafe(self._fail_with, error)
+        except RuntimeError:  # loop closed: the step is over
+            pass
+
+    @property
+    def stats(self) -> StepStats | None:
+        """The step's stats when it ran traced."""
+        if self._stats is None:
+            return None
+        out = StepStats([DeviceStepStats(device=name) for name in self._plan.devices])
+        for device, ns in self._stats:
+            out.dev_stats[device].node_stats.append(ns)
+        return out
+
+    # -- the scheduler core ----------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Run ready nodes until none is left; async/expensive ones are dispatched.
+
+        This is the per-node hot path and is kept in one piece on purpose: every
+        attribute is hoisted into a local, and the common shapes (1 or 2 inputs, one
+        output, one consumer) take the shortest branches.  The completion half
+        (store outputs, release inputs, decrement consumers) is repeated in
+        ``_finish`` for nodes completed by tasks; keep the two in sync.
+        """
+        ready = self._ready
+        if not ready or self._error is not None:
+            return
+        nodes = self._nodes
+        vals = self._vals
+        pending = self._pending
+        refs = self._refs
+        pop = ready.pop
+        push = ready.append
+        i = -1
+        try:
+            while ready:
+                i = pop()
+                kernel, kind, ins, out, nout, cons, frees, counted, getter, _ = nodes[i]
+                if kind:
+                    self._dispatch(i)
+                    continue
+                n = len(ins)
+                if n == 2:
+                    v = kernel(vals[ins[0]], vals[ins[1]])
+                elif n == 1:
+                    v = kernel(vals[ins[0]])
+                elif n == 0:
+                    v = kernel()
+                else:
+                    v = kernel(*getter(vals))  # type: ignore[misc]
+                if nout == 1:
+                    vals[out] = v
+                elif nout:
+                    vals[out:out + nout] = _check_outputs(v, nout)
+                for s in frees:
+                    vals[s] = None
+                if counted:
+                    for s in counted:
+                        r = refs[s] - 1  # type: ignore[index]
+                        refs[s] = r  # type: ignore[index]
+                        if not r:
+                            vals[s] = None
+                for c in cons:
+                    p = pending[c] - 1
+                    pending[c] = p
+                    if not p:
+                        push(c)
+        except Exception as exc:
+            self._fail(i, exc)
+        if self._outstanding == 0 and self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def _finish(self, i: int, v: Any) -> None:
+        """Complete node ``i`` with output ``v`` (from a task), then drain what became ready."""
+        if self._error is not None:
+            return  # late result of a failed step: discarded
+        node = self._nodes[i]
+        vals = self._vals
+        try:
+            nout = node.num_outputs
+            if nout == 1:
+                vals[node.out] = v
+            elif nout:
+                vals[node.out:node.out + nout] = _check_outputs(v, nout)
+        except Exception as exc:
+            self._fail(i, exc)
+            return
+        for s in node.frees:
+            vals[s] = None
+        refs = self._refs
+        for s in node.counted:
+            r = refs[s] - 1  # type: ignore[index]
+            refs[s] = r  # type: ignore[index]
+            if not r:
+                vals[s] = None
+        pending = self._pending
+        push = self._ready.append
+        for c in node.consumers:
+            p = pending[c] - 1
+            pending[c] = p
+            if not p:
+                push(c)
+        self._drain()
+
+    # -- tasks -----------------------------------------------------------------------
+
+    def _dispatch(self, i: int) -> None:
+        tg = self._tg
+        if tg is None:
+            self._deferred.append(i)
+            self._outstanding += 1
+            return
+        self._start_task(tg, i)
+
+    def _start_task(self, tg: asyncio.TaskGroup, i: int) -> None:
+        node = self._nodes[i]
+        vals = self._vals
+        args = [vals[s] for s in node.inputs]
+        if node.kind == _ASYNC:
+            coro = self._run_async(i, node.kernel, args)
+        else:
+            coro = self._run_thread(i, node.kernel, args, self._devices[node.device])
+        task = tg.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_tasks(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._done = loop.create_future()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                deferred, self._deferred = self._deferred, []
+                for i in deferred:
+                    self._start_task(tg, i)
+                # Tasks finish nodes and drain on their own; wait for the last one, or
+                # for the first error (which has already cancelled the others: leaving
+                # the group then waits for them to stop).
+                await self._done
+        finally:
+            self._tg = None
+            self._loop = None
+
+    async def _run_async(self, i: int, kernel: Callable[..., Any], args: list[Any]) -> None:
+        try:
+            v = await kernel(*args)
+        except Exception as exc:
+            self._outstanding -= 1
+            self._fail(i, exc)
+            return
+        except asyncio.CancelledError:
+            self._outstanding -= 1
+            raise
+        self._outstanding -= 1
+        self._finish(i, v)
+        self._check_done()
+
+    async def _run_thread(self, i: int, kernel: Callable[..., Any], args: list[Any],
+                          device: LocalDevice) -> None:
+        try:
+            v = await device.run_in_thread(contextvars.copy_context().run, kernel, *args)
+        except Exception as exc:
+            self._outstanding -= 1
+            self._fail(i, exc)
+            return
+        except asyncio.CancelledError:
+            self._outstanding -= 1
+            raise
+        self._outstanding -= 1
+        self._finish(i, v)
+        self._check_done()
+
+    def _check_done(self) -> None:
+        done = self._done
+        if done is not None and not done.done() and (
+                self._outstanding == 0 or self._error is not None):
+            done.set_result(None)
+
+    # -- failure ---------------------------------------------------------------------
+
+    def _fail(self, i: int, exc: BaseException) -> None:
+        op = self._plan.ops[i] if i >= 0 else None
+        if op is None:
+            error = errors.from_exception(exc)
+        else:
+            error = format_node_error(exc, op)
+        error.__cause__ = exc
+        self._fail_with(error)
+
+    def _fail_with(self, error: errors.OpError) -> None:
+        if self._error is not None:
+            return  # the first error wins; this one is derived or late
+        self._error = error
+        self._ready.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        done = self._done
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    # -- results ---------------------------------------------------------------------
+
+    def _retvals(self) -> list[Any]:
+        vals = self._vals
+        return [vals[s] for s in self._plan.retval_slots]
+
+    # -- tracing ---------------------------------------------------------------------
+
+    def _traced_node(self, i: int, node: NodeDef) -> NodeDef:
+        op = self._plan.ops[i]
+        device = node.device
+        stats = self._stats
+        assert stats is not None
+        kernel = node.kernel
+        kind = node.kind
+
+        def record(start: float, end: float, v: Any) -> None:
+            outputs = v if node.num_outputs != 1 else (v,)
+            outs = []
+            if node.num_outputs and outputs is not None:
+                for k, o in enumerate(outputs):
+                    a = np.asarray(o)
+                    outs.append(NodeOutput(k, tuple(a.shape), a.dtype.name, int(a.nbytes)))
+            start_us = int(start * 1e6)
+            dur = int((end - start) * 1e6)
+            stats.append((device, NodeExecStats(  # type: ignore[union-attr]
+                node_name=op.name, op_type=op.type, kind=registry.KERNEL_KINDS[kind],
+                scheduled_micros=start_us, all_start_micros=start_us,
+                op_start_rel_micros=0, op_end_rel_micros=dur, all_end_rel_micros=dur,
+                thread_id=threading.get_ident(), timeline_label=f"{op.name} = {op.type}()",
+                output=outs)))
+
+        if kind == _ASYNC:
+            async def traced_async(*args: Any) -> Any:
+                start = time.time()
+                v = await kernel(*args)
+                record(start, time.time(), v)
+                return v
+            wrapped: Callable[..., Any] = traced_async
+        else:
+            def traced(*args: Any) -> Any:
+                start = time.time()
+                v = kernel(*args)
+                record(start, time.time(), v)
+                return v
+            wrapped = traced
+        return node._replace(kernel=wrapped)
+
+
+def _check_outputs(v: Any, nout: int) -> Any:
+    if not isinstance(v, list | tuple) or len(v) != nout:
+        got = f"{len(v)} values" if isinstance(v, list | tuple) else type(v).__name__
+        raise errors.InternalError(None, None, f"kernel returned {got}, expected {nout} outputs")
+    return v

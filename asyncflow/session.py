@@ -1,0 +1,522 @@
+"""Session: the DirectSession of asyncflow.
+
+``await sess.run(fetches, feed_dict)`` resolves its *signature* (the fetch
+structure, the feed keys), looks up the compiled call for it — compiling once on a
+miss: prune → place → plan — then runs one :class:`~asyncflow.runtime.executor.Step`
+and rebuilds the caller's fetch structure from the step's return values.
+
+Long-lived state (the plan cache, the devices and their thread pools, the set of
+in-flight steps) holds nothing bound to an event loop, so one session serves
+``await run`` on any loop and ``run_sync`` from any thread at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from asyncflow import errors
+from asyncflow.compiler.placement import place
+from asyncflow.compiler.plan import ExecutionPlan, build_plan, retval_converter
+from asyncflow.compiler.prune import prune
+from asyncflow.config import RunMetadata, RunOptions, SessionConfig
+from asyncflow.framework.device_spec import canonical_device
+from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
+from asyncflow.runtime.devices import LocalDevice
+from asyncflow.runtime.executor import Step
+
+__all__ = ["Session", "SessionStatistics"]
+
+logger = logging.getLogger("asyncflow.session")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStatistics:
+    """A snapshot of a session's counters."""
+
+    steps_started: int
+    compiles: int
+    cache_hits: int
+    cached_plans: int
+    in_flight: int
+    closed: bool
+
+
+# -- fetches ----------------------------------------------------------------------
+
+def _fetch_key(fetch: Any) -> Any:
+    """A hashable key for a fetch structure (leaves by identity or name)."""
+    t = type(fetch)
+    if t is Tensor or t is Operation or t is str:
+        return fetch
+    if t is list or t is tuple:
+        return (t, tuple(_fetch_key(f) for f in fetch))
+    if isinstance(fetch, tuple):  # namedtuple
+        return (t, tuple(_fetch_key(f) for f in fetch))
+    if isinstance(fetch, Mapping):
+        return (t, tuple((k, _fetch_key(v)) for k, v in fetch.items()))
+    if isinstance(fetch, list):
+        return (t, tuple(_fetch_key(f) for f in fetch))
+    if hasattr(fetch, "_as_graph_element") or isinstance(fetch, Tensor | Operation):
+        return fetch
+    raise TypeError(f"Fetch argument {fetch!r} has invalid type {type(fetch)!r}, must be a "
+                    f"string or Tensor, an Operation, or a list/tuple/dict of those.")
+
+
+Rebuild = Callable[[Sequence[Any]], Any]
+
+
+class _FetchMapper:
+    """Flattens a fetch structure into unique tensors + targets, and rebuilds results."""
+
+    def __init__(self, graph: Graph, fetches: Any) -> None:
+        self.tensors: list[Tensor] = []
+        self.targets: list[Operation] = []
+        self._index: dict[Tensor, int] = {}
+        self._graph = graph
+        self.rebuild: Rebuild = self._build(fetches)
+
+    def _element(self, fetch: Any) -> Tensor | Operation:
+        try:
+            return self._graph.as_graph_element(fetch)
+        except TypeError:
+            raise TypeError(
+                f"Fetch argument {fetch!r} has invalid type {type(fetch)!r}, must be a "
+                f"string or Tensor, an Operation, or a list/tuple/dict of those.") from None
+        except ValueError as exc:
+            raise ValueError(f"Fetch argument {fetch!r} cannot be interpreted as a Tensor "
+                             f"or Operation: {exc}") from None
+
+    def _build(self, fetch: Any) -> Rebuild:
+        if isinstance(fetch, list | tuple) and not isinstance(fetch, str):
+            parts = [self._build(f) for f in fetch]
+            kind = type(fetch)
+            if kind is list:
+                return lambda vals: [p(vals) for p in parts]
+            if kind is tuple:
+                return lambda vals: tuple(p(vals) for p in parts)
+            if hasattr(kind, "_fields"):
+                return lambda vals: kind(*(p(vals) for p in parts))
+            return lambda vals: kind(p(vals) for p in parts)  # type: ignore[call-arg]
+        if isinstance(fetch, Mapping):
+            items = [(k, self._build(v)) for k, v in fetch.items()]
+            mkind = type(fetch)
+            if mkind is dict:
+                return lambda vals: {k: p(vals) for k, p in items}
+            return lambda vals: mkind((k, p(vals)) for k, p in items)  # type: ignore[call-arg]
+        element = self._element(fetch)
+        if isinstance(element, Operation):
+            if not self._graph.is_fetchable(element):
+                raise ValueError(f"Operation {element.name!r} has been marked as not fetchable.")
+            self.targets.append(element)
+            return lambda vals: None
+        if not self._graph.is_fetchable(element):
+            raise ValueError(f"Tensor {element.name!r} may not be fetched.")
+        index = self._index.get(element)
+        if index is None:
+            index = self._index[element] = len(self.tensors)
+            self.tensors.append(element)
+        return lambda vals: vals[index]
+
+
+# -- feeds ------------------------------------------------------------------------
+
+def _feed_converter(t: Tensor) -> Callable[[Any], Any]:
+    """Convert and check one fed value for ``t`` (dtype, static shape); 0-d → numpy scalar."""
+    np_dtype = t._dtype.np
+    scalar_type = np_dtype.type
+    dims = t._shape.dims
+    is_string = t._dtype.is_string
+    name = t.name
+
+    def fail_shape(shape: tuple[int, ...]) -> None:
+        raise ValueError(f"Cannot feed value of shape {shape!r} for Tensor {name!r}, which "
+                         f"has shape {t._shape}")
+
+    def convert(v: Any) -> Any:
+        tv = type(v)
+        if tv is scalar_type:
+            a = v
+            shape: tuple[int, ...] = ()
+        else:
+            if isinstance(v, Tensor) or hasattr(v, "_as_graph_element"):
+                raise TypeError(f"The value of a feed cannot be an af.Tensor object (feeding "
+                                f"{name!r}). Acceptable feed values include Python scalars, "
+                                f"strings, lists, numpy ndarrays.")
+            if tv is np.ndarray and v.dtype == np_dtype:
+                a = v
+            elif is_string:
+                a = np.empty(np.shape(v), dtype=object)
+                a[...] = v
+            else:
+                try:
+                    a = np.asarray(v, dtype=np_dtype)
+                except (TypeError, ValueError) as exc:
+                    raise TypeError(f"cannot convert feed value {v!r} for Tensor {name!r} "
+                                    f"to {t._dtype.name}: {exc}") from None
+                if (tv is float or tv is int) and a != v:
+                    raise TypeError(f"Type of feed value {v!r} with type {tv.__name__} is not "
+                                    f"compatible with Tensor type {t._dtype.name} of {name!r}")
+            shape = a.shape
+            if not shape:
+                a = a[()]
+        if dims is not None:
+            if len(shape) != len(dims):
+                fail_shape(shape)
+            for have, want in zip(shape, dims):
+                if want is not None and have != want:
+                    fail_shape(shape)
+        return a
+
+    return convert
+
+
+class _CompiledCall:
+    """Everything one run signature needs: the plan, feed converters, fetch rebuild."""
+
+    __slots__ = ("plan", "feed_keys", "converters", "rebuild", "retval_converters")
+
+    def __init__(self, plan: ExecutionPlan, feed_keys: tuple[Any, ...],
+                 converters: tuple[Callable[[Any], Any], ...], rebuild: Rebuild) -> None:
+        self.plan = plan
+        self.feed_keys = feed_keys
+        self.converters = converters
+        self.rebuild = rebuild
+        self.retval_converters = tuple(retval_converter(t) for t in plan.fetches)
+
+    def args(self, feed_dict: Mapping[Any, Any] | None) -> list[Any]:
+        if not self.converters:
+            return []
+        return [conv(v) for conv, v in zip(self.converters, feed_dict.values())]  # type: ignore[union-attr]
+
+    def results(self, values: Sequence[Any]) -> Any:
+        return self.rebuild([c(v) for c, v in zip(self.retval_converters, values)])
+
+
+# -- the session --------------------------------------------------------------------
+
+class Session:
+    """Runs (parts of) a graph.  ``await sess.run(...)`` in async code, ``run_sync`` elsewhere.
+
+    ``async with af.Session(graph=g) as sess`` / ``with af.Session(graph=g) as sess``
+    close it on exit.  Safe to use from many tasks and threads at once.
+    """
+
+    def __init__(self, target: str | Graph = "", graph: Graph | None = None,
+                 config: SessionConfig | None = None) -> None:
+        if isinstance(target, Graph) and graph is None:
+            target, graph = "", target
+        if target:
+            raise ValueError(f"target {target!r}: only the in-process target '' is supported")
+        if graph is None:
+            graph = get_default_graph()
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph must be an af.Graph, got {type(graph).__name__}")
+        if config is None:
+            config = SessionConfig()
+        elif not isinstance(config, SessionConfig):
+            raise TypeError(f"config must be an af.SessionConfig, got {type(config).__name__}")
+        self._graph = graph
+        self._config = config
+        n_cpu = config.device_count.get("CPU", config.device_count.get("cpu", 1))
+        threads = config.inter_op_parallelism_threads or _default_threads()
+        self._devices = tuple(LocalDevice(canonical_device("CPU", i), "CPU", i, threads)
+                              for i in range(n_cpu))
+        self._device_names = tuple(d.name for d in self._devices)
+        self._cache: dict[Any, _CompiledCall] = {}
+        self._compile_lock = threading.Lock()
+        self._compiles = 0
+        self._hits = itertools.count()
+        self._step_ids = itertools.count(1)
+        self._in_flight: dict[Step, Future[None]] = {}
+        self._in_flight_lock = threading.Lock()
+        self._closed = False
+
+    # -- properties ------------------------------------------------------------------
+
+    @property
+    def graph(self) -> Graph:
+        """The graph this session runs."""
+        return self._graph
+
+    @property
+    def config(self) -> SessionConfig:
+        """The session's configuration."""
+        return self._config
+
+    def list_devices(self) -> list[str]:
+        """The full names of the session's devices."""
+        return list(self._device_names)
+
+    def statistics(self) -> SessionStatistics:
+        """Counters: steps started, compiles, plan-cache hits, cached plans, in-flight steps."""
+        return SessionStatistics(
+            steps_started=_count_value(self._step_ids) - 1,
+            compiles=self._compiles,
+            cache_hits=_count_value(self._hits),
+            cached_plans=len(self._cache),
+            in_flight=len(self._in_flight),
+            closed=self._closed,
+        )
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        return f"<Session steps={s.steps_started} cached_plans={s.cached_plans} closed={s.closed}>"
+
+    # -- running -----------------------------------------------------------------------
+
+    async def run(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
+                  options: RunOptions | None = None,
+                  run_metadata: RunMetadata | None = None) -> Any:
+        """Run one step; returns ``fetches``' structure with tensors replaced by values.
+
+        Operations (targets) give ``None``; 0-d values are numpy scalars.  A failing
+        step raises one ``af.errors.OpError`` naming the node.
+        """
+        call = self._prepare(fetches, feed_dict)
+        args = call.args(feed_dict)
+        plan = call.plan
+        trace = _wants_trace(options, run_metadata)
+        if plan.all_inline and not trace:
+            next(self._step_ids)
+            return call.results(Step(plan, args, self._devices).run_inline())
+        step = Step(plan, args, self._devices, trace=trace)
+        values = await self._run_step(step, options)
+        if run_metadata is not None:
+            self._fill_metadata(step, options, run_metadata)
+        return call.results(values)
+
+    def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
+                 options: RunOptions | None = None,
+                 run_metadata: RunMetadata | None = None) -> Any:
+        """``run`` for code without an event loop: ``asyncio.run(self.run(...))``.
+
+        A plan made only of inline kernels never awaits, so it runs without creating
+        an event loop at all (same results, same errors).  Called while an event loop
+        runs in this thread, it raises ``RuntimeError``: use ``await sess.run(...)``.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("Session.run_sync() cannot be called while an event loop is "
+                               "running in this thread; use `await sess.run(...)` instead")
+        call = self._prepare(fetches, feed_dict)
+        if call.plan.all_inline and not _wants_trace(options, run_metadata):
+            args = call.args(feed_dict)
+            next(self._step_ids)
+            return call.results(Step(call.plan, args, self._devices).run_inline())
+        return asyncio.run(self.run(fetches, feed_dict, options, run_metadata))
+
+    def make_callable(self, fetches: Any, feed_list: Sequence[Any] | None = None,
+                      accept_options: bool = False) -> Callable[..., Any]:
+        """An async callable running ``fetches`` with positional feed values.
+
+        The signature is resolved and compiled now; each call skips that work.
+        ``accept_options=True`` adds ``options=`` and ``run_metadata=`` keywords.
+        """
+        feed_list = list(feed_list or ())
+        feed_dict = dict.fromkeys(feed_list)
+        if len(feed_dict) != len(feed_list):
+            raise ValueError(f"feed_list has duplicate entries: {feed_list!r}")
+        call = self._prepare(fetches, feed_dict)
+        n = len(feed_list)
+
+        async def callable_(*feed_values: Any, options: RunOptions | None = None,
+                            run_metadata: RunMetadata | None = None) -> Any:
+            if len(feed_values) != n:
+                raise TypeError(f"expected {n} feed values (for {feed_list!r}), got "
+                                f"{len(feed_values)}")
+            if (options is not None or run_metadata is not None) and not accept_options:
+                raise TypeError("this callable was made without accept_options=True")
+            self._check_open()
+            args = [conv(v) for conv, v in zip(call.converters, feed_values)]
+            plan = call.plan
+            trace = _wants_trace(options, run_metadata)
+            if plan.all_inline and not trace:
+                next(self._step_ids)
+                return call.results(Step(plan, args, self._devices).run_inline())
+            step = Step(plan, args, self._devices, trace=trace)
+            values = await self._run_step(step, options)
+            if run_metadata is not None:
+                self._fill_metadata(step, options, run_metadata)
+            return call.results(values)
+
+        return callable_
+
+    async def _run_step(self, step: Step, options: RunOptions | None) -> list[Any]:
+        next(self._step_ids)
+        done: Future[None] = Future()
+        with self._in_flight_lock:
+            self._check_open()
+            self._in_flight[step] = done
+        timeout_ms = (options.timeout_in_ms if options is not None and options.timeout_in_ms
+                      else self._config.operation_timeout_in_ms)
+        try:
+            if timeout_ms > 0:
+                deadline = asyncio.timeout(timeout_ms / 1000)
+                try:
+                    async with deadline:
+                        return await step.run()
+                except TimeoutError as exc:
+                    if deadline.expired() and not isinstance(exc, errors.OpError):
+                        raise errors.DeadlineExceededError(
+                            None, None, f"Timed out waiting for the step to finish "
+                                        f"(timeout_in_ms={timeout_ms})") from None
+                    raise
+            return await step.run()
+        finally:
+            with self._in_flight_lock:
+                self._in_flight.pop(step, None)
+            done.set_result(None)
+
+    def _fill_metadata(self, step: Step, options: RunOptions | None,
+                       run_metadata: RunMetadata) -> None:
+        run_metadata.clear()
+        stats = step.stats
+        if stats is not None:
+            run_metadata.step_stats = stats
+
+    # -- compiling ---------------------------------------------------------------------
+
+    def _prepare(self, fetches: Any, feed_dict: Mapping[Any, Any] | None) -> _CompiledCall:
+        if self._closed:
+            raise RuntimeError("Attempted to use a closed Session.")
+        feed_keys = tuple(feed_dict) if feed_dict else ()
+        key = (_fetch_key(fetches), feed_keys)
+        call = self._cache.get(key)
+        if call is not None:
+            next(self._hits)
+            return call
+        with self._compile_lock:
+            call = self._cache.get(key)
+            if call is None:
+                call = self._compile(fetches, feed_keys)
+                self._compiles += 1
+                self._cache[key] = call
+            else:
+                next(self._hits)
+        return call
+
+    def _compile(self, fetches: Any, feed_keys: tuple[Any, ...]) -> _CompiledCall:
+        graph = self._graph
+        mapper = _FetchMapper(graph, fetches)
+        feeds = [self._feed_tensor(k) for k in feed_keys]
+        if len(set(feeds)) != len(feeds):
+            seen: set[Tensor] = set()
+            dup = next(t for t in feeds if t in seen or seen.add(t))  # type: ignore[func-returns-value]
+            raise ValueError(f"Tensor {dup.name!r} is fed more than once in feed_dict")
+        ops = prune(mapper.tensors, mapper.targets, frozenset(feeds))
+        soft = self._config.allow_soft_placement
+        if not self._config.place_pruned_graph:
+            # As TF's default: every op of the graph must ask for a valid device.
+            place(graph.get_operations(), self._device_names, allow_soft_placement=soft)
+        placement = place(ops, self._device_names, allow_soft_placement=soft)
+        if self._config.log_device_placement:
+            for op, dev in zip(ops, placement):
+                logger.info("%s: (%s): %s", op.name, op.type, self._device_names[dev])
+        plan = build_plan(ops, placement, self._device_names, feeds, mapper.tensors,
+                          mapper.targets, [d.device_type for d in self._devices])
+        converters = tuple(_feed_converter(t) for t in feeds)
+        return _CompiledCall(plan, feed_keys, converters, mapper.rebuild)
+
+    def _feed_tensor(self, key: Any) -> Tensor:
+        graph = self._graph
+        conv = getattr(key, "_as_graph_element", None)
+        if conv is not None and not isinstance(key, Tensor):
+            key = conv()
+        if isinstance(key, Tensor):
+            if key.graph is not graph:
+                raise ValueError(f"Cannot feed Tensor {key.name!r}: it is not an element of "
+                                 f"this session's graph")
+            t = key
+        elif isinstance(key, str):
+            if ":" not in key:
+                raise TypeError(f"Cannot interpret feed_dict key {key!r} as a Tensor: the name "
+                                f"{key!r} refers to an Operation, not a Tensor. Tensor names "
+                                f"must be of the form '<op_name>:<output_index>'.")
+            try:
+                t = graph.get_tensor_by_name(key)
+            except KeyError as exc:
+                raise ValueError(f"Cannot interpret feed_dict key {key!r} as a Tensor: "
+                                 f"{exc.args[0]}") from None
+        else:
+            raise TypeError(f"Cannot interpret feed_dict key {key!r} as a Tensor: expected an "
+                            f"af.Tensor or a name like 'x:0', got {type(key).__name__}")
+        if not graph.is_feedable(t):
+            raise ValueError(f"Tensor {t.name!r} may not be fed.")
+        return t
+
+    # -- closing ------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("Attempted to use a closed Session.")
+
+    def _begin_close(self) -> list[Future[None]]:
+        with self._in_flight_lock:
+            self._closed = True
+            steps = list(self._in_flight.items())
+        for step, _ in steps:
+            step.abort_threadsafe(errors.CancelledError(
+                None, None, "Session has been closed: the step was cancelled"))
+        return [done for _, done in steps]
+
+    async def close(self) -> None:
+        """Close: cancel in-flight steps (they fail with ``af.errors.CancelledError``),
+        wait for them to stop, and release the devices' threads.  Idempotent."""
+        for done in self._begin_close():
+            await asyncio.wrap_future(done)
+        for d in self._devices:
+            d.close()
+
+    def close_sync(self) -> None:
+        """``close`` for code without an event loop (used by ``with``)."""
+        waits = self._begin_close()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            for done in waits:
+                done.result()
+        for d in self._devices:
+            d.close()
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close_sync()
+
+
+def _wants_trace(options: RunOptions | None, run_metadata: RunMetadata | None) -> bool:
+    return (options is not None and run_metadata is not None
+            and options.trace_level >= RunOptions.FULL_TRACE)
+
+
+def _default_threads() -> int:
+    import os
+
+    return max(os.cpu_count() or 1, 1)
+
+
+def _count_value(counter: itertools.count[int]) -> int:
+    # The next value an itertools.count would return, without advancing it.
+    return int(counter.__reduce__()[1][0])  # type: ignore[index]

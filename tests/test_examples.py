@@ -1,0 +1,64 @@
+"""Every script in examples/ runs quickly and prints what it promises."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run_example(name: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True,
+                          text=True, timeout=60, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    return proc.stdout
+
+
+def test_every_example_is_covered() -> None:
+    scripts = {p.name for p in EXAMPLES.glob("*.py")}
+    assert scripts == {"quickstart_async.py", "quickstart_sync.py", "async_io_service.py",
+                       "save_and_load.py"}
+
+
+def test_quickstart_async() -> None:
+    lines = _run_example("quickstart_async.py").splitlines()
+    assert lines == ["y = [[3.0, 4.0], [0.0, 0.0]]",
+                     "concurrent = [[[0.0, 0.0]], [[1.0, 1.0]], [[3.0, 3.0]]]"]
+
+
+def test_quickstart_sync() -> None:
+    lines = _run_example("quickstart_sync.py").splitlines()
+    assert lines == ["total = 20.0", "mean = 2.5", "by name = 20.0"]
+
+
+def test_async_io_service() -> None:
+    lines = _run_example("async_io_service.py").splitlines()
+    # score = profile . [0.5, 0.25, 1] + mean(arange(4) * uid)
+    expected = [f"user {u}: score {0.5 * (u % 3) + 0.25 * (u % 5) + 1.0 + 1.5 * u:.2f}"
+                for u in range(1, 9)]
+    assert lines[:8] == expected
+    assert lines[8].startswith("handled 8 requests in ")
+    assert lines[8].endswith("(the same I/O done one call at a time: 800 ms)")
+
+
+@pytest.mark.parametrize("use_cli", [False, True])
+def test_save_and_load(tmp_path: Path, use_cli: bool) -> None:
+    path = tmp_path / "graph.json"
+    lines = _run_example("save_and_load.py", str(path)).splitlines()
+    assert lines[0] == f"saved 4 ops to {path}"
+    assert lines[1] == "y = [0. 2.]"
+    assert json.loads(path.read_text())["node"]
+    if use_cli:
+        proc = subprocess.run([sys.executable, "-m", "asyncflow", "run", str(path), "--feed",
+                               "x=[[1,2],[3,4]]", "--fetch", "y"], capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == "y:0 = [0. 2.]"
