@@ -117,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
     targets = [_operation(graph, name) for name in args.target]
     with af.Session(graph=graph) as sess:
         results = sess.run_sync([fetches, targets], feed_dict=feed_dict)[0]
-    for tensor, value in zip(fetches, results):
+    for tensor, value in zip(fetches, results, strict=True):
         print(_format_fetch(tensor.name, value))
     return 0
 
@@ -187,12 +187,14 @@ async def fetch_user(user_id: np.ndarray) -> np.ndarray:
     """Pretend to call a remote user service: await its latency, return 3 features."""
     await asyncio.sleep(DEMO_LATENCY_S)
     rng = np.random.default_rng(int(user_id))
-    return rng.random(3).astype(np.float32)
+    features: np.ndarray = rng.random(3).astype(np.float32)
+    return features
 
 
 def score_batch(features: np.ndarray) -> np.ndarray:
     """A deliberately 'expensive' scoring step, run on a worker thread."""
-    return np.tanh(features @ features.T).sum(axis=1).astype(np.float32)
+    scores: np.ndarray = np.tanh(features @ features.T).sum(axis=1).astype(np.float32)
+    return scores
 
 
 def build_demo_graph() -> tuple[Any, dict[str, Any]]:

@@ -34,7 +34,7 @@ _builtin_bool = bool
 class DType:
     """The element type of a tensor (``af.float32``, ``af.int64``, ``af.string``, ...)."""
 
-    __slots__ = ("_name", "_np", "_kind")
+    __slots__ = ("_kind", "_name", "_np")
 
     def __init__(self, name: str, np_dtype: np.dtype[Any]) -> None:
         self._name = name
@@ -109,7 +109,7 @@ int16 = DType("int16", np.dtype(np.int16))
 int32 = DType("int32", np.dtype(np.int32))
 int64 = DType("int64", np.dtype(np.int64))
 uint8 = DType("uint8", np.dtype(np.uint8))
-bool = DType("bool", np.dtype(np.bool_))  # noqa: A001 - TF's name
+bool = DType("bool", np.dtype(np.bool_))
 string = DType("string", np.dtype(object))
 complex64 = DType("complex64", np.dtype(np.complex64))
 complex128 = DType("complex128", np.dtype(np.complex128))

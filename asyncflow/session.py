@@ -106,7 +106,7 @@ class _FetchMapper:
                 return lambda vals: tuple(p(vals) for p in parts)
             if hasattr(kind, "_fields"):
                 return lambda vals: kind(*(p(vals) for p in parts))
-            return lambda vals: kind(p(vals) for p in parts)  # type: ignore[call-arg]
+            return lambda vals: kind(p(vals) for p in parts)
         if isinstance(fetch, Mapping):
             items = [(k, self._build(v)) for k, v in fetch.items()]
             mkind = type(fetch)
@@ -183,7 +183,7 @@ def _feed_converter(t: Tensor) -> Callable[[Any], Any]:
 class _CompiledCall:
     """Everything one run signature needs: the plan, feed converters, fetch rebuild."""
 
-    __slots__ = ("plan", "feed_keys", "converters", "rebuild", "retval_converters")
+    __slots__ = ("converters", "feed_keys", "plan", "rebuild", "retval_converters")
 
     def __init__(self, plan: ExecutionPlan, feed_keys: tuple[Any, ...],
                  converters: tuple[Callable[[Any], Any], ...], rebuild: Rebuild) -> None:
@@ -214,7 +214,8 @@ class Session:
     def __init__(self, target: str | Graph = "", graph: Graph | None = None,
                  config: SessionConfig | None = None) -> None:
         if isinstance(target, Graph) and graph is None:
-            target, graph = "", target
+            # Convenience: af.Session(g) (TF's first positional argument is `target`).
+            graph, target = target, ""
         if target:
             raise ValueError(f"target {target!r}: only the in-process target '' is supported")
         if graph is None:
@@ -519,4 +520,4 @@ def _default_threads() -> int:
 
 def _count_value(counter: itertools.count[int]) -> int:
     # The next value an itertools.count would return, without advancing it.
-    return int(counter.__reduce__()[1][0])  # type: ignore[index]
+    return int(counter.__reduce__()[1][0])

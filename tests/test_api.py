@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import types
 
 import asyncflow as af
 

@@ -115,8 +115,10 @@ def test_plan_tables(graph: af.Graph) -> None:
     # a's value is read by b and c: reference counted; b's by c only: freed by c.
     slot_a = plan.nodes[ia].out
     slot_b = plan.nodes[ib].out
-    assert slot_a in plan.nodes[ib].counted and slot_a in plan.nodes[ic].counted
-    assert plan.initial_refs is not None and plan.initial_refs[slot_a] == 2
+    assert slot_a in plan.nodes[ib].counted
+    assert slot_a in plan.nodes[ic].counted
+    assert plan.initial_refs is not None
+    assert plan.initial_refs[slot_a] == 2
     assert slot_b in plan.nodes[ic].frees
     # c is fetched: never freed.
     assert all(plan.nodes[ic].out not in n.frees for n in plan.nodes)

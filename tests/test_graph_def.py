@@ -88,7 +88,7 @@ def test_import_with_prefix_and_return_elements() -> None:
     g2 = af.Graph()
     with g2.as_default():
         af.constant(0.0, name="x")  # would clash without a prefix
-        with pytest.raises(ValueError, match="'x'.*already used"):
+        with pytest.raises(ValueError, match=r"'x'.*already used"):
             import_graph_def(graph_def)
         s, y_op = import_graph_def(graph_def, name="imported",
                                    return_elements=["s:0", "layer/y"])
@@ -189,14 +189,14 @@ def test_constant_run_results_match_after_round_trip() -> None:
 
 
 def test_sample_graph_runs_identically_after_round_trip() -> None:
-    g, t = _sample_graph()
+    g, _ = _sample_graph()
     g2 = _import_fresh(_json_round_trip(g.as_graph_def()))
     data = np.arange(12, dtype=np.float32).reshape(4, 3)
     config = af.SessionConfig(device_count={"CPU": 2})
     with af.Session(graph=g, config=config) as s1, af.Session(graph=g2, config=config) as s2:
         r1 = s1.run_sync(["s:0", "z:0"], feed_dict={"x:0": data})
         r2 = s2.run_sync(["s:0", "z:0"], feed_dict={"x:0": data})
-    for a, b in zip(r1, r2):
+    for a, b in zip(r1, r2, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -207,7 +207,7 @@ def test_reference_run_matches_after_round_trip() -> None:
     data = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
     r1 = testing.reference_run(["s:0", "layer/y:0"], {"x:0": data}, graph=g)
     r2 = testing.reference_run(["s:0", "layer/y:0"], {"x:0": data}, graph=g2)
-    for a, b in zip(r1, r2):
+    for a, b in zip(r1, r2, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -302,7 +302,7 @@ def test_py_func_with_lambda_cannot_be_exported() -> None:
     with g.as_default():
         x = af.placeholder(af.float32, shape=(3,), name="x")
         af.py_func(lambda v: v, [x], af.float32, name="anon")
-    with pytest.raises(ValueError, match="'anon'.*lambda"):
+    with pytest.raises(ValueError, match=r"'anon'.*lambda"):
         g.as_graph_def()
 
 
@@ -375,7 +375,7 @@ def test_cycle_is_a_value_error_naming_it() -> None:
         {"name": "b", "op": "Identity", "input": ["a", "^c"]},
         {"name": "d", "op": "Identity", "input": ["c"]},
     ]}
-    with pytest.raises(ValueError, match="cycle.*'a' -> 'b' -> 'a'"):
+    with pytest.raises(ValueError, match=r"cycle.*'a' -> 'b' -> 'a'"):
         _import_fresh(d)
     d["node"][1]["input"] = ["a"]
     with pytest.raises(ValueError, match="cycle through node 'a'"):
@@ -386,7 +386,7 @@ def test_failed_validation_leaves_graph_untouched() -> None:
     d = _valid_def()
     _node(d, "z")["input"][0] = "ghost"
     g = af.Graph()
-    with g.as_default(), pytest.raises(ValueError):
+    with g.as_default(), pytest.raises(ValueError, match="'ghost'"):
         import_graph_def(d)
     assert g.get_operations() == []
 

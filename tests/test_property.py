@@ -77,10 +77,12 @@ def random_graphs(draw: st.DrawFn) -> tuple[af.Graph, list[Any], dict[Any, Any]]
 
 def _assert_same(a: Any, b: Any) -> None:
     if a is None or b is None:
-        assert a is None and b is None
+        assert a is None
+        assert b is None
         return
     if isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b)
+        assert isinstance(b, list)
+        assert len(a) == len(b)
         for x, y in zip(a, b):
             _assert_same(x, y)
         return

@@ -141,7 +141,7 @@ async def test_feed_errors(graph: af.Graph) -> None:
             await sess.run(y, {x: np.ones((2, 2))})
         with pytest.raises(ValueError, match="Cannot feed value of shape"):
             await sess.run(y, {x: np.ones(3)})
-        with pytest.raises(TypeError, match="cannot be an af.Tensor"):
+        with pytest.raises(TypeError, match=r"cannot be an af\.Tensor"):
             await sess.run(y, {x: y})
         with pytest.raises(TypeError, match="refers to an Operation"):
             await sess.run(y, {"x": np.ones((1, 3))})

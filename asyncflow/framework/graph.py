@@ -58,7 +58,7 @@ class Tensor:
     Arithmetic and comparison operators build ops (``x + 1`` adds an ``Add``).
     """
 
-    __slots__ = ("_op", "_value_index", "_dtype", "_shape", "__weakref__")
+    __slots__ = ("__weakref__", "_dtype", "_op", "_shape", "_value_index")
 
     def __init__(self, op: Operation, value_index: int, dtype: _dtypes.DType,
                  shape: TensorShape) -> None:
@@ -137,8 +137,20 @@ class Tensor:
 class Operation:
     """A node of the graph: an op type, inputs, attributes, outputs and a device."""
 
-    __slots__ = ("_graph", "_name", "_type", "_inputs", "_control_inputs", "_outputs",
-                 "_attrs", "_device", "_traceback", "_id", "_op_def", "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "_attrs",
+        "_control_inputs",
+        "_device",
+        "_graph",
+        "_id",
+        "_inputs",
+        "_name",
+        "_op_def",
+        "_outputs",
+        "_traceback",
+        "_type",
+    )
 
     _outputs: tuple[Tensor, ...]
 

@@ -285,7 +285,7 @@ def _decode_shape_dims(v: Any, tag: str) -> tuple[int, ...]:
 def _decode_np_dtype(v: Any, tag: str) -> np.dtype[Any]:
     _expect(v, str, tag)
     try:
-        dtype = np.dtype(v)
+        dtype: np.dtype[Any] = np.dtype(v)
     except Exception:  # numpy raises TypeError or ValueError for bad dtype strings
         raise ValueError(f"attribute tag {tag!r}: unknown numpy dtype {v!r}") from None
     if dtype.fields is not None or dtype.subdtype is not None or dtype.hasobject:
@@ -337,7 +337,8 @@ def _decode_scalar(v: Any, depth: int) -> np.generic:
     array = _decode_raw(v, "scalar")
     if array.ndim != 0:
         raise ValueError(f"attribute tag 'scalar' needs shape [], got {list(array.shape)}")
-    return array[()]  # type: ignore[no-any-return]
+    scalar: np.generic = array.reshape(-1)[0]  # a numpy scalar of the array's dtype
+    return scalar
 
 
 def _decode_dtype(v: Any, depth: int) -> _dtypes.DType:
@@ -409,7 +410,7 @@ _DECODERS: dict[str, Callable[[Any, int], Any]] = {
 class _Node:
     """One validated node of a graph def, ready to be created."""
 
-    __slots__ = ("name", "full_name", "op_type", "inputs", "controls", "device", "attrs")
+    __slots__ = ("attrs", "controls", "device", "full_name", "inputs", "name", "op_type")
 
     def __init__(self, name: str, full_name: str, op_type: str,
                  inputs: list[tuple[str, int]], controls: list[str], device: str,
@@ -449,6 +450,8 @@ def import_graph_def(
 
     if graph is None:
         graph = get_default_graph()
+    if graph.finalized:
+        raise RuntimeError(f"cannot import a graph def: graph {graph!r} is finalized")
     prefix = _prefix(name)
     node_list = _node_list(graph_def)
     nodes = _parse_nodes(node_list, prefix)

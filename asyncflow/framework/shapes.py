@@ -81,15 +81,15 @@ class TensorShape:
 
     def merge_with(self, other: Any) -> TensorShape:
         """The most specific shape compatible with both; ``ValueError`` if incompatible."""
-        other = as_shape(other)
+        o = as_shape(other)
         if self._dims is None:
-            return other
-        if other._dims is None:
+            return o
+        if o._dims is None:
             return self
-        if not self.is_compatible_with(other):
-            raise ValueError(f"Shapes {self} and {other} are not compatible")
+        if not self.is_compatible_with(o):
+            raise ValueError(f"Shapes {self} and {o} are not compatible")
         return TensorShape._from_tuple(
-            tuple(a if a is not None else b for a, b in zip(self._dims, other._dims))
+            tuple(a if a is not None else b for a, b in zip(self._dims, o._dims))
         )
 
     def with_rank(self, rank: int) -> TensorShape:
@@ -114,7 +114,7 @@ class TensorShape:
     def __getitem__(self, key: int) -> int | None: ...
     @overload
     def __getitem__(self, key: slice) -> TensorShape: ...
-    def __getitem__(self, key: int | slice) -> int | None | TensorShape:
+    def __getitem__(self, key: int | slice) -> int | TensorShape | None:
         if self._dims is None:
             return None if isinstance(key, int) else TensorShape(None)
         if isinstance(key, slice):

@@ -696,6 +696,8 @@ def _filled(shape: Any, dtype: Any, scalar: int, name: str | None, default_name:
     dt = dtypes.as_dtype(dtype)
     value = np.zeros((), dt.np) if scalar == 0 else np.ones((), dt.np)
     if not isinstance(shape, Tensor) and not hasattr(shape, "_as_graph_element"):
+        if not isinstance(shape, TensorShape) and isinstance(shape, list | tuple):
+            shape = TensorShape(shape)
         if isinstance(shape, TensorShape):
             if not shape.is_fully_defined():
                 raise ValueError(f"shape must be fully defined, got {shape}")

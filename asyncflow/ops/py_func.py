@@ -47,9 +47,7 @@ def _converter(op: Operation) -> Callable[[Any], Any]:
 
     def convert(result: Any) -> Any:
         if n == 0:
-            if result is None or (isinstance(result, list | tuple) and not result):
-                return None
-            raise ValueError(f"{label} returned a value but expects no outputs (Tout=[])")
+            return None  # Tout=[]: a side-effect function; whatever it returns is dropped
         values = result if isinstance(result, list | tuple) else [result]
         if len(values) != n:
             raise ValueError(f"{label} returned {len(values)} values, but expects to see "
@@ -90,7 +88,7 @@ def py_func(func: Callable[..., Any], inp: Any, Tout: Any, *, stateful: bool = T
     """An op that calls ``func(*input_values)`` with numpy values when it runs.
 
     ``Tout`` is a DType (returns a Tensor) or a list/tuple of DTypes (returns a list of
-    Tensors, even of length 1; ``[]`` returns the Operation).  ``func`` may be ``def``
+    Tensors, even of length 1; ``[]`` returns the Operation and drops the result).  ``func`` may be ``def``
     (inline, or on a worker thread with ``expensive=True``) or ``async def`` (awaited
     on the event loop; ``expensive=True`` is then a ``ValueError``).  Output shapes
     are unknown.  ``stateful=False`` (op ``PyFuncStateless``) lets the optimizer fold

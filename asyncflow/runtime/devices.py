@@ -23,7 +23,7 @@ T = TypeVar("T")
 class LocalDevice:
     """One device of a session (``/job:localhost/replica:0/task:0/device:CPU:0``)."""
 
-    __slots__ = ("name", "device_type", "index", "max_threads", "_pool", "_lock", "_closed")
+    __slots__ = ("_closed", "_lock", "_pool", "device_type", "index", "max_threads", "name")
 
     def __init__(self, name: str, device_type: str, index: int, max_threads: int) -> None:
         self.name = name

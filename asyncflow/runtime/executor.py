@@ -67,9 +67,24 @@ def format_node_error(exc: BaseException, op: Operation) -> errors.OpError:
 class Step:
     """One execution of a plan: values, pending counts, ready stack, tasks, first error."""
 
-    __slots__ = ("_plan", "_nodes", "_vals", "_pending", "_ready", "_refs", "_devices",
-                 "_tg", "_deferred", "_outstanding", "_tasks", "_done", "_error",
-                 "_loop", "_stats", "_trace")
+    __slots__ = (
+        "_deferred",
+        "_devices",
+        "_done",
+        "_error",
+        "_loop",
+        "_nodes",
+        "_outstanding",
+        "_pending",
+        "_plan",
+        "_ready",
+        "_refs",
+        "_stats",
+        "_tasks",
+        "_tg",
+        "_trace",
+        "_vals",
+    )
 
     def __init__(self, plan: ExecutionPlan, args: Sequence[Any],
                  devices: Sequence[LocalDevice], trace: bool = False) -> None:
@@ -318,10 +333,7 @@ class Step:
 
     def _fail(self, i: int, exc: BaseException) -> None:
         op = self._plan.ops[i] if i >= 0 else None
-        if op is None:
-            error = errors.from_exception(exc)
-        else:
-            error = format_node_error(exc, op)
+        error = errors.from_exception(exc) if op is None else format_node_error(exc, op)
         error.__cause__ = exc
         self._fail_with(error)
 
@@ -361,7 +373,7 @@ class Step:
                     outs.append(NodeOutput(k, tuple(a.shape), a.dtype.name, int(a.nbytes)))
             start_us = int(start * 1e6)
             dur = int((end - start) * 1e6)
-            stats.append((device, NodeExecStats(  # type: ignore[union-attr]
+            stats.append((device, NodeExecStats(
                 node_name=op.name, op_type=op.type, kind=registry.KERNEL_KINDS[kind],
                 scheduled_micros=start_us, all_start_micros=start_us,
                 op_start_rel_micros=0, op_end_rel_micros=dur, all_end_rel_micros=dur,
