@@ -31,6 +31,7 @@ from asyncflow.compiler.prune import prune
 from asyncflow.config import RunMetadata, RunOptions, SessionConfig
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
+from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.executor import Step
 
@@ -193,10 +194,11 @@ class _CompiledCall:
         self.rebuild = rebuild
         self.retval_converters = tuple(retval_converter(t) for t in plan.fetches)
 
-    def args(self, feed_dict: Mapping[Any, Any] | None) -> list[Any]:
+    def frame(self, feed_dict: Mapping[Any, Any] | None) -> CallFrame:
+        """The call frame of one step: the converted feed values, in plan order."""
         if not self.converters:
-            return []
-        return [conv(v) for conv, v in zip(self.converters, feed_dict.values())]  # type: ignore[union-attr]
+            return CallFrame(())
+        return CallFrame([conv(v) for conv, v in zip(self.converters, feed_dict.values())])  # type: ignore[union-attr]
 
     def results(self, values: Sequence[Any]) -> Any:
         return self.rebuild([c(v) for c, v in zip(self.retval_converters, values)])
@@ -284,13 +286,15 @@ class Session:
         step raises one ``af.errors.OpError`` naming the node.
         """
         call = self._prepare(fetches, feed_dict)
-        args = call.args(feed_dict)
+        frame = call.frame(feed_dict)
         plan = call.plan
         trace = _wants_trace(options, run_metadata)
         if plan.all_inline and not trace:
             next(self._step_ids)
-            return call.results(Step(plan, args, self._devices).run_inline())
-        step = Step(plan, args, self._devices, trace=trace)
+            if run_metadata is not None:
+                run_metadata.clear()
+            return call.results(Step(plan, frame, self._devices).run_inline())
+        step = Step(plan, frame, self._devices, trace=trace)
         values = await self._run_step(step, options)
         if run_metadata is not None:
             self._fill_metadata(step, options, run_metadata)
@@ -314,9 +318,11 @@ class Session:
                                "running in this thread; use `await sess.run(...)` instead")
         call = self._prepare(fetches, feed_dict)
         if call.plan.all_inline and not _wants_trace(options, run_metadata):
-            args = call.args(feed_dict)
+            frame = call.frame(feed_dict)
             next(self._step_ids)
-            return call.results(Step(call.plan, args, self._devices).run_inline())
+            if run_metadata is not None:
+                run_metadata.clear()
+            return call.results(Step(call.plan, frame, self._devices).run_inline())
         return asyncio.run(self.run(fetches, feed_dict, options, run_metadata))
 
     def make_callable(self, fetches: Any, feed_list: Sequence[Any] | None = None,
@@ -341,13 +347,15 @@ class Session:
             if (options is not None or run_metadata is not None) and not accept_options:
                 raise TypeError("this callable was made without accept_options=True")
             self._check_open()
-            args = [conv(v) for conv, v in zip(call.converters, feed_values)]
+            frame = CallFrame([conv(v) for conv, v in zip(call.converters, feed_values)])
             plan = call.plan
             trace = _wants_trace(options, run_metadata)
             if plan.all_inline and not trace:
                 next(self._step_ids)
-                return call.results(Step(plan, args, self._devices).run_inline())
-            step = Step(plan, args, self._devices, trace=trace)
+                if run_metadata is not None:
+                    run_metadata.clear()
+                return call.results(Step(plan, frame, self._devices).run_inline())
+            step = Step(plan, frame, self._devices, trace=trace)
             values = await self._run_step(step, options)
             if run_metadata is not None:
                 self._fill_metadata(step, options, run_metadata)

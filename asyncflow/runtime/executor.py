@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
     from asyncflow.compiler.plan import ExecutionPlan, NodeDef
     from asyncflow.framework.graph import Operation
+    from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.devices import LocalDevice
 
 __all__ = ["Step", "format_node_error"]
@@ -69,6 +70,7 @@ class Step:
 
     __slots__ = (
         "_deferred",
+        "_frame",
         "_devices",
         "_done",
         "_error",
@@ -86,12 +88,13 @@ class Step:
         "_vals",
     )
 
-    def __init__(self, plan: ExecutionPlan, args: Sequence[Any],
+    def __init__(self, plan: ExecutionPlan, frame: CallFrame,
                  devices: Sequence[LocalDevice], trace: bool = False) -> None:
         self._plan = plan
+        self._frame = frame
         self._nodes = plan.nodes
         vals = list(plan.initial_values)
-        for s, v in zip(plan.arg_slots, args):
+        for s, v in zip(plan.arg_slots, frame.args):  # the _Arg nodes
             vals[s] = v
         self._vals = vals
         self._pending = list(plan.initial_pending)
@@ -114,7 +117,7 @@ class Step:
     # -- public -------------------------------------------------------------------
 
     def run_inline(self) -> list[Any]:
-        """Run an all-inline plan to completion synchronously; returns the retvals."""
+        """Run an all-inline plan to completion synchronously; returns the frame's retvals."""
         with np.errstate(all="ignore"):
             self._drain()
         if self._error is not None:
@@ -122,7 +125,7 @@ class Step:
         return self._retvals()
 
     async def run(self) -> list[Any]:
-        """Run the step; returns the fetched values in plan order.
+        """Run the step; returns the frame's retvals (the fetched values, in plan order).
 
         Raises the step's first error as an ``OpError``.  Returns or raises only after
         every task the step started has finished.
@@ -352,7 +355,8 @@ class Step:
 
     def _retvals(self) -> list[Any]:
         vals = self._vals
-        return [vals[s] for s in self._plan.retval_slots]
+        retvals = self._frame.retvals = [vals[s] for s in self._plan.retval_slots]  # _Retval nodes
+        return retvals
 
     # -- tracing ---------------------------------------------------------------------
 
