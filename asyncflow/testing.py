@@ -62,12 +62,13 @@ def _graph_of(fetches: Any) -> Graph | None:
 
 
 def _map_structure(structure: Any, fn: Any) -> Any:
+    ctor: Any = type(structure)
     if isinstance(structure, Mapping):
-        return type(structure)({k: _map_structure(v, fn) for k, v in structure.items()})
+        return ctor({k: _map_structure(v, fn) for k, v in structure.items()})
     if isinstance(structure, tuple) and hasattr(structure, "_fields"):
-        return type(structure)(*(_map_structure(v, fn) for v in structure))
+        return ctor(*(_map_structure(v, fn) for v in structure))
     if isinstance(structure, list | tuple):
-        return type(structure)(_map_structure(v, fn) for v in structure)
+        return ctor(_map_structure(v, fn) for v in structure)
     return fn(structure)
 
 

@@ -555,7 +555,7 @@ def test_comparison_and_logic_operators(g: af.Graph) -> None:
     x, y = af.constant(XI), af.constant(YI)
     for t, op_type, expected in [(x < y, "Less", XI < YI), (x <= y, "LessEqual", XI <= YI),
                                  (x > 0, "Greater", XI > 0), (x >= y, "GreaterEqual", XI >= YI),
-                                 (0 < x, "Greater", XI > 0)]:
+                                 (0 < x, "Greater", XI > 0)]:  # noqa: SIM300
         assert t.op.type == op_type
         np.testing.assert_array_equal(run(t), expected)
     a, b = x > 0, x < 10
@@ -655,3 +655,12 @@ def test_math_ops_through_session(g: af.Graph) -> None:
     want = reference_run([y, i], feed)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
     np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_int_mean_truncates_toward_zero(g: af.Graph) -> None:
+    out = run(af.reduce_mean(af.constant([[-1, -2], [1, 2]]), axis=1))
+    assert out.tolist() == [-1, 1]
+
+
+def test_where_indices_of_numeric_condition(g: af.Graph) -> None:
+    assert run(af.where(af.constant([0, 3, 0, 1]))).tolist() == [[1], [3]]

@@ -76,9 +76,10 @@ def constant(value: Any, dtype: Any = None, shape: Any = None, name: str | None 
         raise TypeError(f"af.constant needs a constant value, got Tensor {value.name!r}")
     array = make_constant_value(value, target)
     if shape is not None:
-        dims = tuple(as_shape(shape))
-        if None in dims:
+        static = as_shape(shape)
+        if not static.is_fully_defined():
             raise ValueError(f"af.constant shape must be fully defined, got {shape!r}")
+        dims = tuple(int(d or 0) for d in static)
         if array.size == 1:
             array = np.broadcast_to(array.reshape(()), dims).copy()
         elif array.size == int(np.prod(dims, dtype=np.int64)):
@@ -357,7 +358,7 @@ def _same_dtype(inputs: Sequence[Tensor]) -> dtypes.DType:
 def _concat_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     dt = _same_dtype(inputs)
     axis = attrs["axis"]
-    ranks = {t._shape.rank for t in inputs} - {None}
+    ranks = {t._shape.rank for t in inputs if t._shape.rank is not None}
     if len(ranks) > 1:
         raise ValueError(f"inputs of concat must have the same rank, got ranks {sorted(ranks)}")
     if not ranks:
@@ -379,7 +380,8 @@ def _concat_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
         except ValueError:
             raise ValueError(f"dimensions of inputs of concat must match except on axis "
                              f"{axis}, got {t._shape} ({t.name})") from None
-        total = None if total is None or dims[axis] is None else total + dims[axis]
+        size = dims[axis]
+        total = None if total is None or size is None else total + size
     merged[axis] = total
     return [(dt, TensorShape(merged))]
 
@@ -631,9 +633,11 @@ def size(input: Any, name: str | None = None, out_type: Any = dtypes.int32) -> T
 define_op("Rank", lambda inputs, attrs: [(dtypes.int32, TensorShape(()))])
 
 
-@inline_kernel("Rank")
 def _rank_kernel(x: Any) -> np.int32:
     return np.int32(np.ndim(x))
+
+
+inline_kernel("Rank", _rank_kernel)
 
 
 def rank(input: Any, name: str | None = None) -> Tensor:

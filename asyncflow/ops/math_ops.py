@@ -69,6 +69,7 @@ __all__ = [
     "reduce_sum",
     "sqrt",
     "square",
+    "strided_slice",
     "subtract",
     "tanh",
     "truediv",
@@ -765,9 +766,9 @@ def _arg_factory(fn: Callable[..., Any]) -> registry.KernelFactory:
     return factory
 
 
-for _type, _fn in (("ArgMax", np.argmax), ("ArgMin", np.argmin)):
+for _type, _arg_fn in (("ArgMax", np.argmax), ("ArgMin", np.argmin)):
     define_op(_type, _arg_shape)
-    registry.register_kernel_factory(_type)(_arg_factory(_fn))
+    registry.register_kernel_factory(_type)(_arg_factory(_arg_fn))
 
 
 def _arg(op_type: str, input: Any, axis: Any, name: str | None, output_type: Any,
@@ -828,7 +829,6 @@ def _range_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
 define_op("Range", _range_shape)
 
 
-@inline_kernel("Range")
 def _range_kernel(start: Any, limit: Any, delta: Any) -> np.ndarray:
     if delta == 0:
         raise ValueError("Requires delta != 0")
@@ -837,6 +837,9 @@ def _range_kernel(start: Any, limit: Any, delta: Any) -> np.ndarray:
     if delta < 0 and start < limit:
         raise ValueError(f"Requires start >= limit when delta < 0: {start}/{limit}")
     return np.arange(start, limit, delta, dtype=np.result_type(start))
+
+
+inline_kernel("Range", _range_kernel)
 
 
 def _range_arg(value: Any, dtype: dtypes.DType) -> Tensor:
@@ -891,9 +894,11 @@ def _where_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
 define_op("Where", _where_shape)
 
 
-@inline_kernel("Where")
 def _where_kernel(cond: Any) -> np.ndarray:
     return np.argwhere(cond).astype(np.int64, copy=False)
+
+
+inline_kernel("Where", _where_kernel)
 
 
 def where(condition: Any, x: Any = None, y: Any = None, name: str | None = None) -> Tensor:
@@ -1088,10 +1093,9 @@ def _install_operators() -> None:
     for dunder, fn, name in (("lt", less, "Less"), ("le", less_equal, "LessEqual"),
                              ("gt", greater, "Greater"), ("ge", greater_equal, "GreaterEqual")):
         setattr(Tensor, f"__{dunder}__", _binary_operator(fn, name)[0])
-    Tensor.__neg__ = lambda self: negative(self)  # type: ignore[attr-defined]
-    Tensor.__abs__ = lambda self: abs(self)  # type: ignore[attr-defined]
-    Tensor.__invert__ = lambda self: logical_not(self)  # type: ignore[attr-defined]
-    Tensor.__getitem__ = strided_slice  # type: ignore[attr-defined]
+    for dunder, method in (("__neg__", negative), ("__abs__", abs),
+                           ("__invert__", logical_not), ("__getitem__", strided_slice)):
+        setattr(Tensor, dunder, method)
     Tensor.__array_ufunc__ = None  # type: ignore[attr-defined]
 
 

@@ -57,10 +57,12 @@ def relu(features: Any, name: str | None = None) -> Tensor:
 define_op("Sigmoid", _float_unary_shape)
 
 
-@inline_kernel("Sigmoid")
 def _sigmoid_kernel(x: Any) -> Any:
     # 1 / (1 + exp(-x)) overflows for large negative x; the tanh form never does.
     return 0.5 * (np.tanh(0.5 * x) + 1.0)
+
+
+inline_kernel("Sigmoid", _sigmoid_kernel)
 
 
 def sigmoid(x: Any, name: str | None = None) -> Tensor:

@@ -79,8 +79,9 @@ registry.register_kernel_factory("PyFuncStateless")(_py_func_kernel)
 
 
 def _is_async(func: Any) -> bool:
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
-        getattr(func, "__call__", None))
+    # Also an object whose __call__ is ``async def`` (partials are handled by inspect).
+    call = type(func).__call__ if not inspect.isroutine(func) else None
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call)
 
 
 def py_func(func: Callable[..., Any], inp: Any, Tout: Any, *, stateful: bool = True,
