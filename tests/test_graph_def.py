@@ -391,6 +391,13 @@ def test_failed_validation_leaves_graph_untouched() -> None:
     assert g.get_operations() == []
 
 
+def test_import_into_finalized_graph_is_a_runtime_error() -> None:
+    g = af.Graph()
+    g.finalize()
+    with pytest.raises(RuntimeError, match="finalized"):
+        import_graph_def(_valid_def(), graph=g)
+
+
 def _chain(n: int) -> list[dict[str, Any]]:
     nodes = [{"name": "n0", "op": "Placeholder", "input": [],
               "attr": {"dtype": {"dtype": "float32"}, "shape": {"shape": [2]}}}]

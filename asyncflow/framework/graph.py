@@ -316,6 +316,9 @@ class Graph:
                 self._release_name_locked(full_name)
                 raise type(exc)(f"{exc} (while building op {full_name!r} of type "
                                 f"{op_type})") from None
+            except Exception:
+                self._release_name_locked(full_name)
+                raise
             op = Operation(self, full_name, op_type, inputs, tuple(controls), attrs, device,
                            site, len(self._ops), op_def)
             op._outputs = tuple(

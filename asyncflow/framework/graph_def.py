@@ -444,7 +444,9 @@ def import_graph_def(
 
     Malformed graph defs (not a dict, missing fields, unknown op types, bad inputs,
     cycles, duplicate names, undecodable attributes, unresolvable ``py_func``
-    references) are a ``ValueError`` naming the node.
+    references) are a ``ValueError`` naming the node; a finalized graph is a
+    ``RuntimeError``.  Resolving a ``py_func`` reference imports its module, so
+    import only graph defs you trust (as with pickle).
     """
     from asyncflow.framework.graph import get_default_graph
 

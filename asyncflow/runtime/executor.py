@@ -289,6 +289,11 @@ class Step:
                 deferred, self._deferred = self._deferred, []
                 for i in deferred:
                     self._start_task(tg, i)
+                if self._error is not None:
+                    # Aborted from another thread before this loop was known.
+                    for task in list(self._tasks):
+                        task.cancel()
+                    self._done.set_result(None)
                 # Tasks finish nodes and drain on their own; wait for the last one, or
                 # for the first error (which has already cancelled the others: leaving
                 # the group then waits for them to stop).
