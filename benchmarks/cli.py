@@ -1,0 +1,188 @@
+"""The ``python -m benchmarks`` command: run the workloads, print the table.
+
+Exit status: 0 when every selected workload ran (targets met or not: performance is
+reported, never asserted), 1 when an asyncflow workload crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from typing import Any
+
+import benchmarks
+from benchmarks import external, report
+from benchmarks.sizes import FULL, QUICK, WORKLOADS, Sizes
+from benchmarks.workloads import ROWS_OF, WORKLOAD_FUNCS, make_rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes, one or two repeats: a smoke run, not a measurement")
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help=f"run only this workload (repeatable, or comma-separated): "
+                        f"{', '.join(WORKLOADS)}")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--no-external", action="store_true",
+                   help="skip the TensorFlow and Dask anchors (their subprocesses)")
+    p.add_argument("--repeats", type=int, help="override best-of-N of the microbenchmarks")
+    p.add_argument("--profile", metavar="N", type=int, nargs="?", const=30,
+                   help="cProfile the in-process workloads (not the scale subprocess) and "
+                        "print the top N functions by own time to stderr (default 30); "
+                        "profiling inflates the figures, read them as a breakdown only")
+    args = p.parse_args(argv)
+    only = [name for item in args.only for name in item.split(",") if name]
+    unknown = sorted(set(only) - set(WORKLOADS))
+    if unknown:
+        p.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    args.only = only
+    return args
+
+
+def _progress(msg: str) -> None:
+    print(f"[benchmarks] {msg}", file=sys.stderr, flush=True)
+
+
+def _environment(sizes: Sizes) -> dict[str, Any]:
+    import numpy as np
+
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "blas_threads": {v: os.environ.get(v) for v in benchmarks.BLAS_THREAD_VARS},
+        "blas_pinned_before_numpy": benchmarks.BLAS_PINNED_BEFORE_NUMPY,
+        "sizes": sizes.to_json(),
+    }
+
+
+def run_ours(names: list[str], sizes: Sizes, rows: dict[str, report.Row]) -> bool:
+    """Measure asyncflow and the in-process anchors; False if a workload crashed."""
+    ok = True
+    try:
+        import asyncflow as af
+    except Exception as exc:  # every row reports it; the table is still printed
+        af, import_error = None, f"import asyncflow failed: {type(exc).__name__}: {exc}"
+    for name in names:
+        start = time.perf_counter()
+        _progress(f"{name} ...")
+        try:
+            if af is None:
+                raise RuntimeError(import_error)
+            WORKLOAD_FUNCS[name](af, sizes, rows)
+        except Exception as exc:
+            ok = False
+            for row_id in ROWS_OF[name]:
+                rows[row_id].error = f"{type(exc).__name__}: {exc}"
+            _progress(f"{name} FAILED:\n{traceback.format_exc()}")
+        _progress(f"{name} done in {time.perf_counter() - start:.1f} s")
+    return ok
+
+
+def run_external(names: list[str], sizes: Sizes, rows: dict[str, report.Row]) -> None:
+    """Fill the TF and Dask columns from their subprocesses."""
+    for engine, attr in (("dask", "dask"), ("tf", "tf")):
+        start = time.perf_counter()
+        _progress(f"{engine} anchors ...")
+        results = external.collect(engine, sizes, names)
+        if "scale" in names and engine == "tf" and "_unavailable" not in results:
+            _progress("tf scale (subprocess) ...")
+            results.update(external.run_child(
+                ["benchmarks.scale", "tf", str(sizes.tf_scale_n)], timeout=900))
+            if "n" in results and results["n"] != sizes.scale_n:
+                rows["scale.build"].notes.append(
+                    f"TF's scale figures are for a {results['n']:,}-node chain")
+        _progress(f"{engine} anchors done in {time.perf_counter() - start:.1f} s")
+        _apply_external(engine, attr, results, rows)
+
+
+def _apply_external(engine: str, attr: str, results: dict[str, Any],
+                    rows: dict[str, report.Row]) -> None:
+    note = "n/a"
+    if "_unavailable" in results:
+        note = "not inst."
+        rows[next(iter(rows))].notes.append(f"{engine}: {results['_unavailable']}")
+    elif "_error" in results:
+        note = "error"
+        rows[next(iter(rows))].notes.append(f"{engine} anchors failed: {results['_error']}")
+    for key, value in results.items():
+        if key.startswith("_error."):
+            workload = key.split(".", 1)[1]
+            for row_id in ROWS_OF.get(workload, ()):
+                rows[row_id].notes.append(f"{engine} anchor failed: {value}")
+                setattr(rows[row_id], f"{attr}_note", "error")
+    for row in rows.values():
+        if row.id in results:
+            setattr(row, attr, float(results[row.id]))
+        elif getattr(row, f"{attr}_note") == "n/a":
+            setattr(row, f"{attr}_note", note)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    if args.repeats:
+        sizes = Sizes.from_json({**sizes.to_json(), "repeats": args.repeats})
+    names = [w for w in WORKLOADS if not args.only or w in args.only]
+    all_rows = make_rows(sizes)
+    rows = {rid: all_rows[rid] for name in names for rid in ROWS_OF[name]}
+
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    if args.profile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        ok = profiler.runcall(run_ours, names, sizes, rows)
+        stats = pstats.Stats(profiler, stream=sys.stderr)
+        stats.sort_stats("tottime").print_stats(args.profile)
+    else:
+        ok = run_ours(names, sizes, rows)
+    if args.no_external:
+        for row in rows.values():
+            row.tf_note = row.dask_note = "skipped"
+    else:
+        run_external(names, sizes, rows)
+    elapsed = time.perf_counter() - started
+
+    env = _environment(sizes)
+    env["load_average_1min_at_start"] = load_before
+    table_rows = list(rows.values())
+    blas = ", ".join(f"{k}={v}" for k, v in env["blas_threads"].items())
+    pinned = "" if env["blas_pinned_before_numpy"] else (
+        "  WARNING: numpy was imported before benchmarks: the pin may not apply")
+    print(f"asyncflow benchmarks ({'quick smoke sizes: not a measurement' if args.quick else 'full'})"
+          f" - Python {env['python']}, numpy {env['numpy']}, {env['cpus']} CPUs, "
+          f"{elapsed:.0f} s; 1-min load average at start {load_before:.2f}")
+    print(f"BLAS pinned to one thread: {blas}.{pinned}")
+    print(f"Each figure is the best of {sizes.repeats} repeats (overlap, parallel, Dask: "
+          f"best of {sizes.slow_repeats}); anchors alternate with asyncflow repeat by repeat.")
+    print("TF 1.x: tf.compat.v1 graph mode, graph optimizers off, own subprocess; "
+          "Dask: dask.threaded.get on the same task graph, own subprocess.")
+    print("ratios are ours / other: lower is better, except 'speedup' (higher is better).")
+    print()
+    print(report.render_table(table_rows))
+    print()
+    print(report.render_anchor_legend(table_rows))
+    notes = report.render_notes(table_rows)
+    if notes:
+        print()
+        print(notes)
+    print()
+    print("targets:")
+    print(report.render_targets(table_rows))
+
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"environment": env, "quick": args.quick, "seconds": elapsed,
+                       "rows": [r.to_json() for r in table_rows]}, f, indent=2)
+            f.write("\n")
+    return 0 if ok else 1

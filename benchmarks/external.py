@@ -1,0 +1,282 @@
+"""The TensorFlow 1.x and Dask anchors, each run in a subprocess of its own.
+
+``python -m benchmarks.external {tf,dask} SIZES_JSON WORKLOAD[,WORKLOAD...]`` prints
+one JSON object (row id -> value, or ``{"error": ...}``) as its last stdout line.
+Running them apart keeps TensorFlow's thread pools and import cost (and Dask's pool)
+out of the process that measures asyncflow.  :func:`collect` is the parent's side.
+
+The graphs are the ones asyncflow runs.  TensorFlow's graph optimizers (grappler and
+the classic L1 pass: constant folding, CSE) are turned off so that every node of the
+graph is executed, as in asyncflow's runs; the figure is the executor's cost per node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import benchmarks  # noqa: F401  (pins BLAS threads before numpy is imported)
+from benchmarks.sizes import Sizes, peak_rss_mb, timed
+
+Results = dict[str, Any]
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a benchmark subprocess: ours, with the repo importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_child(args: list[str], timeout: float) -> Results:
+    """Run ``python -m <args>`` and parse the JSON object on its last stdout line."""
+    cmd = [sys.executable, "-m", *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=child_env(), cwd=REPO_ROOT, check=False)
+    except subprocess.TimeoutExpired:
+        return {"_error": f"timed out after {timeout:.0f} s: {' '.join(args)}"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {"_error": f"exit {proc.returncode}: {tail}"}
+    result: Results = json.loads(lines[-1])
+    return result
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it here."""
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def collect(engine: str, sizes: Sizes, workloads: list[str], timeout: float = 300.0) -> Results:
+    """The anchor figures of ``engine`` ("tf" or "dask") for ``workloads``."""
+    module = {"tf": "tensorflow", "dask": "dask"}[engine]
+    if not importable(module):
+        return {"_unavailable": f"{module} is not installed"}
+    wanted = [w for w in workloads if w in _SUPPORTED[engine]]
+    if not wanted:
+        return {}
+    return run_child(["benchmarks.external", engine, json.dumps(sizes.to_json()),
+                      ",".join(wanted)], timeout)
+
+
+# --------------------------------------------------------------------------- TensorFlow
+
+
+def _tf() -> Any:
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    return tf1
+
+
+def tf_config(tf1: Any, inter: int = 0, intra: int = 0) -> Any:
+    """A ConfigProto with every graph optimizer off (see the module docstring)."""
+    config = tf1.ConfigProto(inter_op_parallelism_threads=inter,
+                             intra_op_parallelism_threads=intra)
+    # Without this, the first session's pool sizes are the process's for good.
+    config.use_per_session_threads = bool(inter or intra)
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    opts = config.graph_options.optimizer_options
+    opts.opt_level = tf1.OptimizerOptions.L0
+    opts.do_common_subexpression_elimination = False
+    opts.do_constant_folding = False
+    opts.do_function_inlining = False
+    return config
+
+
+def tf_chain(tf1: Any, n: int) -> tuple[Any, Any, Any]:
+    """(graph, placeholder, output) of ``x = x + one`` repeated ``n`` times."""
+    import numpy as np
+
+    g = tf1.Graph()
+    with g.as_default():
+        x0 = tf1.placeholder(tf1.float32, shape=(), name="x")
+        one = tf1.constant(np.float32(1.0), name="one")
+        x = x0
+        for _ in range(n):
+            x = x + one
+    return g, x0, x
+
+
+def _tf_best_of(sess: Any, fetch: Any, feed: dict[Any, Any], repeats: int) -> float:
+    sess.run(fetch, feed)  # the first run compiles (executor creation): not timed
+    return min(timed(lambda: sess.run(fetch, feed)) for _ in range(repeats))
+
+
+def tf_workload(name: str, s: Sizes) -> Results:
+    import numpy as np
+
+    tf1 = _tf()
+    out: Results = {}
+    if name == "chain":
+        g, x0, y = tf_chain(tf1, s.chain_n)
+        with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
+            out["chain"] = _tf_best_of(sess, y, {x0: 0.0}, s.repeats) / s.chain_n * 1e6
+    elif name == "wide":
+        g = tf1.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf1.float32, shape=(), name="x")
+            one = tf1.constant(np.float32(1.0), name="one")
+            y = tf1.add_n([x + one for _ in range(s.wide_n)])
+        with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
+            out["wide"] = _tf_best_of(sess, y, {x: 1.0}, s.repeats) / s.wide_n * 1e6
+    elif name == "tiny":
+        g = tf1.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf1.float32, shape=(), name="x")
+            y = (x + 1.0) * 2.0
+        # Default config here: this is what a TF user's session.run costs.
+        with tf1.Session(graph=g) as sess:
+            sess.run(y, {x: 1.0})
+
+            def calls() -> None:
+                for _ in range(s.tiny_calls):
+                    sess.run(y, {x: 1.0})
+
+            per_run = min(timed(calls) for _ in range(s.repeats)) / s.tiny_calls * 1e6
+        # TF has one (synchronous) session.run: it anchors both rows.
+        out["tiny.run"] = out["tiny.run_sync"] = per_run
+    elif name == "parallel":
+        rng = np.random.default_rng(0)
+        d = s.matmul_dim
+        w_val = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
+        a_val = rng.standard_normal((d, d)).astype(np.float32)
+        g = tf1.Graph()
+        with g.as_default():
+            a = tf1.placeholder(tf1.float32, shape=(d, d), name="a")
+            w = tf1.constant(w_val, name="w")
+            heads = []
+            for _ in range(2):
+                h = a
+                for _ in range(s.matmul_chain):
+                    h = tf1.matmul(h, w)
+                heads.append(h)
+        # Both sessions open at once and their repeats alternate, so a burst of
+        # load from elsewhere hits both configurations alike.
+        s1 = tf1.Session(graph=g, config=tf_config(tf1, inter=1, intra=1))
+        s2 = tf1.Session(graph=g, config=tf_config(tf1, inter=2, intra=1))
+        try:
+            feed = {a: a_val}
+            times: dict[int, list[float]] = {1: [], 2: []}
+            for sess in (s1, s2):
+                sess.run(heads, feed)
+            for _ in range(s.slow_repeats):
+                times[1].append(timed(lambda: s1.run(heads, feed)))
+                times[2].append(timed(lambda: s2.run(heads, feed)))
+        finally:
+            s1.close()
+            s2.close()
+        out["parallel"] = min(times[1]) / min(times[2])
+    return out
+
+
+# --------------------------------------------------------------------------- Dask
+
+
+def dask_workload(name: str, s: Sizes) -> Results:
+    import dask.threaded
+    import numpy as np
+
+    one = np.float32(1.0)
+    get: Callable[..., Any] = dask.threaded.get
+    out: Results = {}
+
+    def best(dsk: dict[str, Any], key: Any, repeats: int, **kw: Any) -> float:
+        get(dsk, key, **kw)
+        return min(timed(lambda: get(dsk, key, **kw)) for _ in range(repeats))
+
+    if name == "chain":
+        n = s.chain_n
+        dsk: dict[str, Any] = {"x0": np.float32(0.0)}
+        for i in range(n):
+            dsk[f"x{i + 1}"] = (np.add, f"x{i}", one)
+        out["chain"] = best(dsk, f"x{n}", s.slow_repeats) / n * 1e6
+    elif name == "wide":
+        n = s.wide_n
+        dsk = {"x": np.float32(1.0)}
+        for i in range(n):
+            dsk[f"a{i}"] = (np.add, "x", one)
+        dsk["sum"] = (_add_n, [f"a{i}" for i in range(n)])
+        out["wide"] = best(dsk, "sum", s.slow_repeats) / n * 1e6
+    elif name == "tiny":
+        dsk = {"x": np.float32(1.0), "y": (np.add, "x", np.float32(1.0)),
+               "z": (np.multiply, "y", np.float32(2.0))}
+
+        def calls() -> None:
+            for _ in range(s.tiny_calls):
+                get(dsk, "z")
+
+        get(dsk, "z")
+        per_run = min(timed(calls) for _ in range(s.repeats)) / s.tiny_calls * 1e6
+        out["tiny.run"] = out["tiny.run_sync"] = per_run
+    elif name == "parallel":
+        rng = np.random.default_rng(0)
+        d = s.matmul_dim
+        w = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
+        dsk = {"a": rng.standard_normal((d, d)).astype(np.float32), "w": w}
+        heads = []
+        for c in range(2):
+            prev = "a"
+            for i in range(s.matmul_chain):
+                dsk[f"c{c}_{i}"] = (np.matmul, prev, "w")
+                prev = f"c{c}_{i}"
+            heads.append(prev)
+        t1 = t2 = float("inf")
+        for _ in range(s.slow_repeats):  # alternating, as for TensorFlow
+            t1 = min(t1, best(dsk, heads, 1, num_workers=1))
+            t2 = min(t2, best(dsk, heads, 1, num_workers=2))
+        out["parallel"] = t1 / t2
+    return out
+
+
+def _add_n(values: list[Any]) -> Any:
+    import numpy as np
+
+    return np.sum(values, dtype=np.float32)
+
+
+_SUPPORTED = {
+    "tf": {"chain", "wide", "tiny", "parallel", "scale"},
+    "dask": {"chain", "wide", "tiny", "parallel"},
+}
+
+
+# --------------------------------------------------------------------------- child side
+
+
+def main(argv: list[str]) -> int:
+    engine, sizes_json, names = argv
+    sizes = Sizes.from_json(json.loads(sizes_json))
+    fn = {"tf": tf_workload, "dask": dask_workload}[engine]
+    results: Results = {}
+    for name in names.split(","):
+        if name == "scale":
+            continue  # its own subprocess: see benchmarks.scale
+        start = time.perf_counter()
+        try:
+            results.update(fn(name, sizes))
+        except Exception as exc:  # report the anchor as broken, keep the others
+            results[f"_error.{name}"] = f"{type(exc).__name__}: {exc}"
+        results[f"_seconds.{name}"] = time.perf_counter() - start
+    results["_peak_rss_mb"] = peak_rss_mb()
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

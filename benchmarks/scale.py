@@ -1,0 +1,90 @@
+"""The scale workload: build, first run and second run of a long scalar-add chain.
+
+``python -m benchmarks.scale {asyncflow,tf} N`` runs in a fresh subprocess so its
+peak RSS (``ru_maxrss``) is this workload's alone, and prints one JSON object:
+µs per node for ``build`` / ``first_run`` (includes compiling the plan) /
+``second_run`` (cached plan), ``peak_rss_mb`` and ``baseline_rss_mb`` (the peak
+after the imports, before the graph is built).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+import benchmarks  # noqa: F401  (pins BLAS threads before numpy is imported)
+from benchmarks.sizes import peak_rss_mb
+
+
+def scale_asyncflow(n: int) -> dict[str, Any]:
+    import numpy as np
+
+    import asyncflow as af
+
+    baseline = peak_rss_mb()
+    start = time.perf_counter()
+    g = af.Graph()
+    with g.as_default():
+        x0 = af.placeholder(af.float32, shape=(), name="x")
+        one = af.constant(np.float32(1.0), name="one")
+        x = x0
+        for _ in range(n):
+            x = x + one
+    build = time.perf_counter() - start
+
+    async def runs() -> tuple[float, float, Any]:
+        async with af.Session(graph=g) as sess:
+            t0 = time.perf_counter()
+            await sess.run(x, feed_dict={x0: 0.0})
+            t1 = time.perf_counter()
+            value = await sess.run(x, feed_dict={x0: 0.0})
+            t2 = time.perf_counter()
+        return t1 - t0, t2 - t1, value
+
+    first, second, value = asyncio.run(runs())
+    if float(value) != float(n):
+        raise AssertionError(f"chain of {n} adds computed {value!r}")
+    return _result(n, build, first, second, baseline)
+
+
+def scale_tf(n: int) -> dict[str, Any]:
+    from benchmarks.external import _tf, tf_chain, tf_config
+
+    tf1 = _tf()
+    baseline = peak_rss_mb()
+    start = time.perf_counter()
+    g, x0, x = tf_chain(tf1, n)
+    build = time.perf_counter() - start
+    with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
+        t0 = time.perf_counter()
+        sess.run(x, {x0: 0.0})
+        t1 = time.perf_counter()
+        sess.run(x, {x0: 0.0})
+        t2 = time.perf_counter()
+    return _result(n, build, t1 - t0, t2 - t1, baseline)
+
+
+def _result(n: int, build: float, first: float, second: float,
+            baseline: float) -> dict[str, Any]:
+    return {
+        "n": n,
+        "scale.build": build / n * 1e6,
+        "scale.first_run": first / n * 1e6,
+        "scale.second_run": second / n * 1e6,
+        "scale.peak_rss": peak_rss_mb(),
+        "baseline_rss_mb": baseline,
+    }
+
+
+def main(argv: list[str]) -> int:
+    engine, n = argv[0], int(argv[1])
+    fn = {"asyncflow": scale_asyncflow, "tf": scale_tf}[engine]
+    print(json.dumps(fn(n)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

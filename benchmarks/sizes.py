@@ -1,0 +1,74 @@
+"""Workload sizes and the small timing helpers every benchmark module shares."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import resource
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+WORKLOADS = ("chain", "wide", "tiny", "overlap", "parallel", "scale")
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """How big each workload is and how often it is repeated (best of ``repeats``)."""
+
+    chain_n: int = 10_000  # scalar adds in the chain
+    wide_n: int = 10_000  # independent scalar adds reduced by add_n
+    tiny_calls: int = 2_000  # session.run calls per timed repeat
+    tiny_sync_calls: int = 300  # run_sync / asyncio.run calls per timed repeat
+    overlap_layers: int = 10
+    overlap_width: int = 100
+    overlap_sleep: float = 0.01  # seconds each async kernel sleeps
+    matmul_dim: int = 512
+    matmul_chain: int = 8  # matmuls per chain (two independent chains)
+    scale_n: int = 100_000  # nodes in the scale workload's chain
+    tf_scale_n: int = 100_000  # the same for TensorFlow (its build is ~35x slower)
+    repeats: int = 5  # best-of-N for the microbenchmarks
+    slow_repeats: int = 5  # best-of-N for overlap / parallel / Dask
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Sizes:
+        return cls(**data)
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    chain_n=500,
+    wide_n=500,
+    tiny_calls=200,
+    tiny_sync_calls=20,
+    overlap_layers=3,
+    overlap_width=20,
+    overlap_sleep=0.01,
+    matmul_dim=128,
+    matmul_chain=3,
+    scale_n=2_000,
+    tf_scale_n=2_000,
+    repeats=2,
+    slow_repeats=1,
+)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds one call of ``fn`` takes (after a collection, so garbage left by the
+    previous repeat is not charged to this one)."""
+    gc.collect()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MB (``ru_maxrss``: KiB on Linux)."""
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1 if sys.platform == "darwin" else 1024
+    return maxrss * scale / 1e6

@@ -1,0 +1,85 @@
+"""Smoke test of ``python -m benchmarks``: it runs and reports every workload.
+
+Performance is never asserted here: timings on a shared CI machine say nothing about
+a change.  The test checks that the harness runs end to end at quick sizes (in a
+subprocess, so the BLAS thread pinning happens before numpy is imported, as it does
+for a user) and that the table, the target lines and the JSON cover every row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+ROW_IDS = ("chain", "wide", "tiny.run", "tiny.run_sync", "overlap", "parallel",
+           "scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss")
+TARGETED = ("chain", "wide", "tiny.run", "overlap", "parallel", "scale.build",
+            "scale.first_run", "scale.peak_rss")
+
+
+def _table_ids(stdout: str) -> list[str]:
+    """The first cell of each row of the results table (header to first blank line)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("workload "))
+    ids = []
+    for line in lines[start + 2:]:
+        if not line.strip():
+            break
+        ids.append(line.split()[0])
+    return ids
+
+
+def _run_benchmarks(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH"))
+                                        if p)
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_quick_run_reports_every_workload(tmp_path: Path) -> None:
+    out_json = tmp_path / "results.json"
+    proc = _run_benchmarks("--quick", "--no-external", "--json", str(out_json))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    lines = proc.stdout.splitlines()
+    assert tuple(_table_ids(proc.stdout)) == ROW_IDS, proc.stdout
+    for row_id in TARGETED:
+        assert any(f"] {row_id}: asyncflow " in line for line in lines), row_id
+    assert "ERROR" not in proc.stdout
+    assert "OPENBLAS_NUM_THREADS=1" in proc.stdout
+
+    data = json.loads(out_json.read_text())
+    rows = {row["id"]: row for row in data["rows"]}
+    assert tuple(rows) == ROW_IDS
+    for row_id, row in rows.items():
+        assert isinstance(row["ours"], float), row_id
+        assert row["status"] in ("met", "NOT met", "inconclusive", "-"), row_id
+        assert row["tf_note"] == row["dask_note"] == "skipped"
+
+
+def test_only_runs_the_named_workload() -> None:
+    proc = _run_benchmarks("--quick", "--no-external", "--only", "tiny")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _table_ids(proc.stdout) == ["tiny.run", "tiny.run_sync"]
+
+
+def test_unknown_workload_is_a_usage_error() -> None:
+    proc = _run_benchmarks("--only", "nope")
+    assert proc.returncode == 2
+    assert "unknown workload(s) nope" in proc.stderr
+
+
+@pytest.mark.parametrize("module", ["benchmarks.external", "benchmarks.scale"])
+def test_child_modules_import_without_the_anchors(module: str) -> None:
+    # TF and Dask are optional anchors: importing the harness must not need them.
+    code = (f"import importlib, sys; importlib.import_module({module!r}); "
+            "assert 'tensorflow' not in sys.modules and 'dask' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
