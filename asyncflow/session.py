@@ -13,9 +13,9 @@ in-flight steps) holds nothing bound to an event loop, so one session serves
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -59,12 +59,15 @@ def _fetch_key(fetch: Any) -> Any:
     t = type(fetch)
     if t is Tensor or t is Operation or t is str:
         return fetch
+    if isinstance(fetch, str):
+        return str(fetch)
     if t is list or t is tuple:
         return (t, tuple(_fetch_key(f) for f in fetch))
     if isinstance(fetch, tuple):  # namedtuple
         return (t, tuple(_fetch_key(f) for f in fetch))
     if isinstance(fetch, Mapping):
-        return (t, tuple((k, _fetch_key(v)) for k, v in fetch.items()))
+        # type(k) too: 1, 1.0 and True are equal dict keys but rebuild differently.
+        return (t, tuple((k, type(k), _fetch_key(v)) for k, v in fetch.items()))
     if isinstance(fetch, list):
         return (t, tuple(_fetch_key(f) for f in fetch))
     if hasattr(fetch, "_as_graph_element") or isinstance(fetch, Tensor | Operation):
@@ -110,10 +113,19 @@ class _FetchMapper:
             return lambda vals: kind(p(vals) for p in parts)
         if isinstance(fetch, Mapping):
             items = [(k, self._build(v)) for k, v in fetch.items()]
-            mkind = type(fetch)
+            mkind: Any = type(fetch)
             if mkind is dict:
                 return lambda vals: {k: p(vals) for k, p in items}
-            return lambda vals: mkind((k, p(vals)) for k, p in items)  # type: ignore[call-arg]
+            factory = getattr(fetch, "default_factory", None)
+
+            def rebuild_mapping(vals: Sequence[Any]) -> Any:
+                # As TF: defaultdicts keep their factory; other mappings start empty.
+                out = mkind(factory) if isinstance(fetch, defaultdict) else mkind()
+                for k, p in items:
+                    out[k] = p(vals)
+                return out
+
+            return rebuild_mapping
         element = self._element(fetch)
         if isinstance(element, Operation):
             if not self._graph.is_fetchable(element):
@@ -161,10 +173,10 @@ def _feed_converter(t: Tensor) -> Callable[[Any], Any]:
             else:
                 try:
                     a = np.asarray(v, dtype=np_dtype)
-                except (TypeError, ValueError) as exc:
+                except (TypeError, ValueError, OverflowError) as exc:
                     raise TypeError(f"cannot convert feed value {v!r} for Tensor {name!r} "
                                     f"to {t._dtype.name}: {exc}") from None
-                if (tv is float or tv is int) and a != v:
+                if tv is int and a != v:  # as TF: only Python ints are checked
                     raise TypeError(f"Type of feed value {v!r} with type {tv.__name__} is not "
                                     f"compatible with Tensor type {t._dtype.name} of {name!r}")
             shape = a.shape
@@ -237,9 +249,10 @@ class Session:
         self._device_names = tuple(d.name for d in self._devices)
         self._cache: dict[Any, _CompiledCall] = {}
         self._compile_lock = threading.Lock()
+        self._counter_lock = threading.Lock()  # guards the three counters below
         self._compiles = 0
-        self._hits = itertools.count()
-        self._step_ids = itertools.count(1)
+        self._hits = 0
+        self._steps = 0
         self._in_flight: dict[Step, Future[None]] = {}
         self._in_flight_lock = threading.Lock()
         self._closed = False
@@ -263,9 +276,9 @@ class Session:
     def statistics(self) -> SessionStatistics:
         """Counters: steps started, compiles, plan-cache hits, cached plans, in-flight steps."""
         return SessionStatistics(
-            steps_started=_count_value(self._step_ids) - 1,
+            steps_started=self._steps,
             compiles=self._compiles,
-            cache_hits=_count_value(self._hits),
+            cache_hits=self._hits,
             cached_plans=len(self._cache),
             in_flight=len(self._in_flight),
             closed=self._closed,
@@ -287,18 +300,9 @@ class Session:
         """
         call = self._prepare(fetches, feed_dict)
         frame = call.frame(feed_dict)
-        plan = call.plan
-        trace = _wants_trace(options, run_metadata)
-        if plan.all_inline and not trace:
-            next(self._step_ids)
-            if run_metadata is not None:
-                run_metadata.clear()
-            return call.results(Step(plan, frame, self._devices).run_inline())
-        step = Step(plan, frame, self._devices, trace=trace)
-        values = await self._run_step(step, options)
-        if run_metadata is not None:
-            self._fill_metadata(step, options, run_metadata)
-        return call.results(values)
+        if call.plan.all_inline and not _wants_trace(options, run_metadata):
+            return self._run_inline(call, frame, run_metadata)
+        return await self._run_call(call, frame, options, run_metadata)
 
     def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
                  options: RunOptions | None = None,
@@ -317,13 +321,10 @@ class Session:
             raise RuntimeError("Session.run_sync() cannot be called while an event loop is "
                                "running in this thread; use `await sess.run(...)` instead")
         call = self._prepare(fetches, feed_dict)
+        frame = call.frame(feed_dict)
         if call.plan.all_inline and not _wants_trace(options, run_metadata):
-            frame = call.frame(feed_dict)
-            next(self._step_ids)
-            if run_metadata is not None:
-                run_metadata.clear()
-            return call.results(Step(call.plan, frame, self._devices).run_inline())
-        return asyncio.run(self.run(fetches, feed_dict, options, run_metadata))
+            return self._run_inline(call, frame, run_metadata)
+        return asyncio.run(self._run_call(call, frame, options, run_metadata))
 
     def make_callable(self, fetches: Any, feed_list: Sequence[Any] | None = None,
                       accept_options: bool = False) -> Callable[..., Any]:
@@ -337,7 +338,9 @@ class Session:
         if len(feed_dict) != len(feed_list):
             raise ValueError(f"feed_list has duplicate entries: {feed_list!r}")
         call = self._prepare(fetches, feed_dict)
+        converters = call.converters
         n = len(feed_list)
+        inline = call.plan.all_inline
 
         async def callable_(*feed_values: Any, options: RunOptions | None = None,
                             run_metadata: RunMetadata | None = None) -> Any:
@@ -347,24 +350,35 @@ class Session:
             if (options is not None or run_metadata is not None) and not accept_options:
                 raise TypeError("this callable was made without accept_options=True")
             self._check_open()
-            frame = CallFrame([conv(v) for conv, v in zip(call.converters, feed_values)])
-            plan = call.plan
-            trace = _wants_trace(options, run_metadata)
-            if plan.all_inline and not trace:
-                next(self._step_ids)
-                if run_metadata is not None:
-                    run_metadata.clear()
-                return call.results(Step(plan, frame, self._devices).run_inline())
-            step = Step(plan, frame, self._devices, trace=trace)
-            values = await self._run_step(step, options)
-            if run_metadata is not None:
-                self._fill_metadata(step, options, run_metadata)
-            return call.results(values)
+            frame = CallFrame([conv(v) for conv, v in zip(converters, feed_values)])
+            if inline and not _wants_trace(options, run_metadata):
+                return self._run_inline(call, frame, run_metadata)
+            return await self._run_call(call, frame, options, run_metadata)
 
         return callable_
 
+    def _run_inline(self, call: _CompiledCall, frame: CallFrame,
+                    run_metadata: RunMetadata | None) -> Any:
+        # An all-inline plan completes synchronously: no loop, no task, no registration
+        # (nothing can interrupt it, so close() has nothing to cancel).
+        with self._counter_lock:
+            self._steps += 1
+        if run_metadata is not None:
+            run_metadata.clear()
+        return call.results(Step(call.plan, frame, self._devices).run_inline())
+
+    async def _run_call(self, call: _CompiledCall, frame: CallFrame,
+                        options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
+        step = Step(call.plan, frame, self._devices,
+                    trace=_wants_trace(options, run_metadata))
+        values = await self._run_step(step, options)
+        if run_metadata is not None:
+            self._fill_metadata(step, options, run_metadata)
+        return call.results(values)
+
     async def _run_step(self, step: Step, options: RunOptions | None) -> list[Any]:
-        next(self._step_ids)
+        with self._counter_lock:
+            self._steps += 1
         done: Future[None] = Future()
         with self._in_flight_lock:
             self._check_open()
@@ -378,6 +392,10 @@ class Session:
                     async with deadline:
                         return await step.run()
                 except TimeoutError as exc:
+                    if step.error is not None:
+                        # The first error wins, even over a deadline that passed while
+                        # the step waited for its other kernels to stop.
+                        raise step.error from None
                     if deadline.expired() and not isinstance(exc, errors.OpError):
                         raise errors.DeadlineExceededError(
                             None, None, f"Timed out waiting for the step to finish "
@@ -404,17 +422,17 @@ class Session:
         feed_keys = tuple(feed_dict) if feed_dict else ()
         key = (_fetch_key(fetches), feed_keys)
         call = self._cache.get(key)
-        if call is not None:
-            next(self._hits)
-            return call
-        with self._compile_lock:
-            call = self._cache.get(key)
-            if call is None:
-                call = self._compile(fetches, feed_keys)
-                self._compiles += 1
-                self._cache[key] = call
-            else:
-                next(self._hits)
+        if call is None:
+            with self._compile_lock:
+                call = self._cache.get(key)
+                if call is None:
+                    call = self._compile(fetches, feed_keys)
+                    self._cache[key] = call
+                    with self._counter_lock:
+                        self._compiles += 1
+                    return call
+        with self._counter_lock:
+            self._hits += 1
         return call
 
     def _compile(self, fetches: Any, feed_keys: tuple[Any, ...]) -> _CompiledCall:
@@ -525,7 +543,3 @@ def _default_threads() -> int:
 
     return max(os.cpu_count() or 1, 1)
 
-
-def _count_value(counter: itertools.count[int]) -> int:
-    # The next value an itertools.count would return, without advancing it.
-    return int(counter.__reduce__()[1][0])

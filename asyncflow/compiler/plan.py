@@ -45,6 +45,7 @@ class NodeDef(NamedTuple):
 
     kernel: Callable[..., Any]
     kind: int               # registry.INLINE / ASYNC / EXPENSIVE
+    arity: int              # len(inputs), stored so the hot loop need not call len()
     inputs: tuple[int, ...]  # input slots
     out: int                # first output slot
     num_outputs: int
@@ -188,7 +189,7 @@ def build_plan(ops: Sequence[Operation], placement: Sequence[int], devices: Sequ
             all_inline = False
         ins = in_slots[i]
         nodes.append(NodeDef(
-            kernel, kind, ins, slot_of_op[op], len(op._outputs), tuple(consumers[i]),
+            kernel, kind, len(ins), ins, slot_of_op[op], len(op._outputs), tuple(consumers[i]),
             tuple(frees[i]), tuple(counted[i]),
             operator.itemgetter(*ins) if len(ins) > 2 else None, dev))
 

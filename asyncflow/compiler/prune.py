@@ -43,7 +43,14 @@ def prune(fetches: Iterable[Tensor], targets: Iterable[Operation],
             for t in op._inputs:
                 push(t._op)
         if op._control_inputs:
-            stack.extend(op._control_inputs)
+            if fed:
+                # As TF's FeedInputs: a control edge from a fed Placeholder is carried
+                # by the feed, so the Placeholder itself need not (and cannot) run.
+                for c in op._control_inputs:
+                    if not (c._type == "Placeholder" and c._outputs[0] in fed):
+                        push(c)
+            else:
+                stack.extend(op._control_inputs)
     return sorted(needed, key=_op_id)
 
 

@@ -70,10 +70,10 @@ class Step:
 
     __slots__ = (
         "_deferred",
-        "_frame",
         "_devices",
         "_done",
         "_error",
+        "_frame",
         "_loop",
         "_nodes",
         "_outstanding",
@@ -82,6 +82,7 @@ class Step:
         "_ready",
         "_refs",
         "_stats",
+        "_stopped",
         "_tasks",
         "_tg",
         "_trace",
@@ -104,7 +105,8 @@ class Step:
         self._tg: asyncio.TaskGroup | None = None
         self._deferred: list[int] = []
         self._outstanding = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
         self._done: asyncio.Future[None] | None = None
         self._error: errors.OpError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -157,6 +159,11 @@ class Step:
             pass
 
     @property
+    def error(self) -> errors.OpError | None:
+        """The step's first error, once it has one."""
+        return self._error
+
+    @property
     def stats(self) -> StepStats | None:
         """The step's stats when it ran traced."""
         if self._stats is None:
@@ -190,36 +197,45 @@ class Step:
         try:
             while ready:
                 i = pop()
-                kernel, kind, ins, out, nout, cons, frees, counted, getter, _ = nodes[i]
-                if kind:
-                    self._dispatch(i)
-                    continue
-                n = len(ins)
-                if n == 2:
-                    v = kernel(vals[ins[0]], vals[ins[1]])
-                elif n == 1:
-                    v = kernel(vals[ins[0]])
-                elif n == 0:
-                    v = kernel()
-                else:
-                    v = kernel(*getter(vals))  # type: ignore[misc]
-                if nout == 1:
-                    vals[out] = v
-                elif nout:
-                    vals[out:out + nout] = _check_outputs(v, nout)
-                for s in frees:
-                    vals[s] = None
-                if counted:
-                    for s in counted:
-                        r = refs[s] - 1  # type: ignore[index]
-                        refs[s] = r  # type: ignore[index]
-                        if not r:
-                            vals[s] = None
-                for c in cons:
-                    p = pending[c] - 1
-                    pending[c] = p
-                    if not p:
-                        push(c)
+                while True:
+                    kernel, kind, n, ins, out, nout, cons, frees, counted, getter, _ = nodes[i]
+                    if kind:
+                        self._dispatch(i)
+                        break
+                    if n == 2:
+                        v = kernel(vals[ins[0]], vals[ins[1]])
+                    elif n == 1:
+                        v = kernel(vals[ins[0]])
+                    elif n == 0:
+                        v = kernel()
+                    else:
+                        v = kernel(*getter(vals))  # type: ignore[misc]
+                    if nout == 1:
+                        vals[out] = v
+                    elif nout:
+                        vals[out:out + nout] = _check_outputs(v, nout)
+                    for s in frees:
+                        vals[s] = None
+                    if counted:
+                        for s in counted:
+                            r = refs[s] - 1  # type: ignore[index]
+                            refs[s] = r  # type: ignore[index]
+                            if not r:
+                                vals[s] = None
+                    # Continue with the first consumer this node made ready, without a
+                    # push/pop round trip (a chain runs entirely in this inner loop).
+                    nxt = -1
+                    for c in cons:
+                        p = pending[c] - 1
+                        pending[c] = p
+                        if not p:
+                            if nxt < 0:
+                                nxt = c
+                            else:
+                                push(c)
+                    if nxt < 0:
+                        break
+                    i = nxt
         except Exception as exc:
             self._fail(i, exc)
         if self._outstanding == 0 and self._done is not None and not self._done.done():
@@ -227,8 +243,8 @@ class Step:
 
     def _finish(self, i: int, v: Any) -> None:
         """Complete node ``i`` with output ``v`` (from a task), then drain what became ready."""
-        if self._error is not None:
-            return  # late result of a failed step: discarded
+        if self._error is not None or self._stopped:
+            return  # late result of a failed or cancelled step: discarded
         node = self._nodes[i]
         vals = self._vals
         try:
@@ -260,12 +276,14 @@ class Step:
     # -- tasks -----------------------------------------------------------------------
 
     def _dispatch(self, i: int) -> None:
+        # Invariant: _outstanding counts dispatched nodes whose task has not finished
+        # them yet (deferred ones included), so "done" means ready empty and zero here.
+        self._outstanding += 1
         tg = self._tg
         if tg is None:
             self._deferred.append(i)
-            self._outstanding += 1
-            return
-        self._start_task(tg, i)
+        else:
+            self._start_task(tg, i)
 
     def _start_task(self, tg: asyncio.TaskGroup, i: int) -> None:
         node = self._nodes[i]
@@ -275,14 +293,14 @@ class Step:
             coro = self._run_async(i, node.kernel, args)
         else:
             coro = self._run_thread(i, node.kernel, args, self._devices[node.device])
-        task = tg.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        # Tasks are kept (not discarded when done) so a failure can cancel them: a
+        # done-callback per task would cost one more loop callback per async node.
+        self._tasks.append(tg.create_task(coro))
 
     async def _run_tasks(self) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._done = loop.create_future()
+        done = self._done = loop.create_future()
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -291,14 +309,24 @@ class Step:
                     self._start_task(tg, i)
                 if self._error is not None:
                     # Aborted from another thread before this loop was known.
-                    for task in list(self._tasks):
-                        task.cancel()
-                    self._done.set_result(None)
+                    self._cancel_tasks()
+                self._check_done()
                 # Tasks finish nodes and drain on their own; wait for the last one, or
                 # for the first error (which has already cancelled the others: leaving
                 # the group then waits for them to stop).
-                await self._done
+                try:
+                    await done
+                except asyncio.CancelledError:
+                    # The caller was cancelled (or its deadline passed): nothing new
+                    # may start; the group cancels the running tasks and waits.
+                    self._stopped = True
+                    raise
+        except BaseExceptionGroup as group:
+            # Only a BaseException that is not an Exception gets here (kernel errors
+            # are caught in the tasks): re-raise it as itself, never as a group.
+            raise group.exceptions[0] from None
         finally:
+            self._stopped = True
             self._tg = None
             self._loop = None
 
@@ -309,8 +337,13 @@ class Step:
             self._outstanding -= 1
             self._fail(i, exc)
             return
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             self._outstanding -= 1
+            if not _being_cancelled():
+                # The kernel raised CancelledError itself (e.g. it awaited a future
+                # someone else cancelled): that is a failure of this node.
+                self._fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
+                return
             raise
         self._outstanding -= 1
         self._finish(i, v)
@@ -319,13 +352,17 @@ class Step:
     async def _run_thread(self, i: int, kernel: Callable[..., Any], args: list[Any],
                           device: LocalDevice) -> None:
         try:
-            v = await device.run_in_thread(contextvars.copy_context().run, kernel, *args)
+            v = await device.run_in_thread(_call_in_thread, contextvars.copy_context(),
+                                           kernel, args)
         except Exception as exc:
             self._outstanding -= 1
             self._fail(i, exc)
             return
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             self._outstanding -= 1
+            if not _being_cancelled():
+                self._fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
+                return
             raise
         self._outstanding -= 1
         self._finish(i, v)
@@ -336,6 +373,10 @@ class Step:
         if done is not None and not done.done() and (
                 self._outstanding == 0 or self._error is not None):
             done.set_result(None)
+
+    def _cancel_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
 
     # -- failure ---------------------------------------------------------------------
 
@@ -350,8 +391,7 @@ class Step:
             return  # the first error wins; this one is derived or late
         self._error = error
         self._ready.clear()
-        for task in list(self._tasks):
-            task.cancel()
+        self._cancel_tasks()
         done = self._done
         if done is not None and not done.done():
             done.set_result(None)
@@ -404,6 +444,24 @@ class Step:
                 return v
             wrapped = traced
         return node._replace(kernel=wrapped)
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+def _call_in_thread(ctx: contextvars.Context, kernel: Callable[..., Any],
+                    args: list[Any]) -> Any:
+    """Run a kernel on a worker thread, in the step's context.
+
+    ``StopIteration`` cannot cross into an asyncio future (it would never complete),
+    so it becomes ``OutOfRangeError`` here, as TensorFlow maps it.
+    """
+    try:
+        return ctx.run(kernel, *args)
+    except StopIteration as exc:
+        raise errors.OutOfRangeError(None, None, f"StopIteration: {exc}") from exc
 
 
 def _check_outputs(v: Any, nout: int) -> Any:
