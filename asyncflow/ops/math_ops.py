@@ -503,10 +503,15 @@ define_op("AddN", _add_n_shape)
 
 
 def _add_many(*xs: Any) -> Any:
-    total = np.add(xs[0], xs[1])
-    for x in xs[2:]:
-        total = np.add(total, x)
-    return total
+    if len(xs) <= 8:
+        total = np.add(xs[0], xs[1])
+        for x in xs[2:]:
+            total = np.add(total, x)
+        return total
+    # Many inputs: one stacked reduction instead of len(xs) ufunc calls (the inputs
+    # have one dtype and shape, checked at build time; dtype= keeps small ints).
+    stacked = np.stack(xs)
+    return np.add.reduce(stacked, axis=0, dtype=stacked.dtype)
 
 
 @registry.register_kernel_factory("AddN")
