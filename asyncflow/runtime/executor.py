@@ -36,7 +36,7 @@ import asyncio
 import contextvars
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -290,9 +290,11 @@ class Step:
         vals = self._vals
         args = [vals[s] for s in node.inputs]
         if node.kind == _ASYNC:
-            coro = self._run_async(i, node.kernel, args)
+            work = node.kernel(*args)
         else:
-            coro = self._run_thread(i, node.kernel, args, self._devices[node.device])
+            work = self._devices[node.device].run_in_thread(
+                _call_in_thread, contextvars.copy_context(), node.kernel, args)
+        coro = self._run_node(i, work)
         # Tasks are kept (not discarded when done) so a failure can cancel them: a
         # done-callback per task would cost one more loop callback per async node.
         self._tasks.append(tg.create_task(coro))
@@ -330,9 +332,10 @@ class Step:
             self._tg = None
             self._loop = None
 
-    async def _run_async(self, i: int, kernel: Callable[..., Any], args: list[Any]) -> None:
+    async def _run_node(self, i: int, work: Coroutine[Any, Any, Any]) -> None:
+        """Await one async or thread node's ``work`` and finish the node (a task body)."""
         try:
-            v = await kernel(*args)
+            v = await work
         except Exception as exc:
             self._outstanding -= 1
             self._fail(i, exc)
@@ -342,25 +345,6 @@ class Step:
             if not _being_cancelled():
                 # The kernel raised CancelledError itself (e.g. it awaited a future
                 # someone else cancelled): that is a failure of this node.
-                self._fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
-                return
-            raise
-        self._outstanding -= 1
-        self._finish(i, v)
-        self._check_done()
-
-    async def _run_thread(self, i: int, kernel: Callable[..., Any], args: list[Any],
-                          device: LocalDevice) -> None:
-        try:
-            v = await device.run_in_thread(_call_in_thread, contextvars.copy_context(),
-                                           kernel, args)
-        except Exception as exc:
-            self._outstanding -= 1
-            self._fail(i, exc)
-            return
-        except asyncio.CancelledError as exc:
-            self._outstanding -= 1
-            if not _being_cancelled():
                 self._fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
                 return
             raise
