@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -25,12 +26,14 @@ from typing import Any
 import numpy as np
 
 from asyncflow import errors
+from asyncflow.compiler.partition import Partition, partition, partition_graph_def
 from asyncflow.compiler.placement import place
 from asyncflow.compiler.plan import ExecutionPlan, build_plan, retval_converter
 from asyncflow.compiler.prune import prune
 from asyncflow.config import RunMetadata, RunOptions, SessionConfig
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
+from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.executor import Step
@@ -194,23 +197,45 @@ def _feed_converter(t: Tensor) -> Callable[[Any], Any]:
 
 
 class _CompiledCall:
-    """Everything one run signature needs: the plan, feed converters, fetch rebuild."""
+    """Everything one run signature needs: plan(s), feed converters, fetch rebuild.
 
-    __slots__ = ("converters", "feed_keys", "plan", "rebuild", "retval_converters")
+    One device: a single ``plan`` run by a :class:`Step`.  Several devices: one plan
+    per partition, run by an :class:`ExecutorBarrier`; ``arg_maps[p]`` lists the feed
+    indices partition ``p`` reads, ``retval_map[k]`` says where fetch ``k`` comes
+    from (``(partition, index)``, or ``(-1, feed index)`` for a fed-and-fetched one).
+    """
 
-    def __init__(self, plan: ExecutionPlan, feed_keys: tuple[Any, ...],
-                 converters: tuple[Callable[[Any], Any], ...], rebuild: Rebuild) -> None:
-        self.plan = plan
+    __slots__ = ("all_inline", "arg_maps", "converters", "feed_keys", "graph_defs",
+                 "partitions", "plan", "rebuild", "retval_converters", "retval_map")
+
+    def __init__(self, partitions: Sequence[ExecutionPlan], arg_maps: Sequence[Sequence[int]],
+                 retval_map: Sequence[tuple[int, int]], fetches: Sequence[Tensor],
+                 feed_keys: tuple[Any, ...], converters: tuple[Callable[[Any], Any], ...],
+                 rebuild: Rebuild, graph_defs: Callable[[], list[dict[str, Any]]]) -> None:
+        self.partitions = tuple(partitions)
+        self.plan = partitions[0] if len(partitions) == 1 else None
+        self.all_inline = self.plan is not None and self.plan.all_inline
+        self.arg_maps = tuple(tuple(m) for m in arg_maps)
+        self.retval_map = tuple(retval_map)
         self.feed_keys = feed_keys
         self.converters = converters
         self.rebuild = rebuild
-        self.retval_converters = tuple(retval_converter(t) for t in plan.fetches)
+        self.retval_converters = tuple(retval_converter(t) for t in fetches)
+        self.graph_defs = graph_defs
 
     def frame(self, feed_dict: Mapping[Any, Any] | None) -> CallFrame:
         """The call frame of one step: the converted feed values, in plan order."""
         if not self.converters:
             return CallFrame(())
         return CallFrame([conv(v) for conv, v in zip(self.converters, feed_dict.values())])  # type: ignore[union-attr]
+
+    def runner(self, frame: CallFrame, devices: Sequence[LocalDevice],
+               trace: bool) -> Step | ExecutorBarrier:
+        """A single partition's Step, or a barrier over every partition."""
+        if self.plan is not None:
+            return Step(self.plan, frame, devices, trace=trace)
+        return ExecutorBarrier(self.partitions, self.arg_maps, self.retval_map, frame,
+                               devices, trace=trace)
 
     def results(self, values: Sequence[Any]) -> Any:
         return self.rebuild([c(v) for c, v in zip(self.retval_converters, values)])
@@ -253,9 +278,12 @@ class Session:
         self._compiles = 0
         self._hits = 0
         self._steps = 0
-        self._in_flight: dict[Step, Future[None]] = {}
+        self._in_flight: dict[Step | ExecutorBarrier, Future[None]] = {}
         self._in_flight_lock = threading.Lock()
         self._closed = False
+        # Rendezvous keys carry this session's incarnation (TF: a random 64-bit id
+        # per device incarnation), so keys of different sessions never match.
+        self._incarnation = random.getrandbits(64)
 
     # -- properties ------------------------------------------------------------------
 
@@ -300,7 +328,8 @@ class Session:
         """
         call = self._prepare(fetches, feed_dict)
         frame = call.frame(feed_dict)
-        if call.plan.all_inline and not _wants_trace(options, run_metadata):
+        if call.all_inline and not _wants_trace(options, run_metadata) and not (
+                options is not None and options.output_partition_graphs):
             return self._run_inline(call, frame, run_metadata)
         return await self._run_call(call, frame, options, run_metadata)
 
@@ -322,7 +351,8 @@ class Session:
                                "running in this thread; use `await sess.run(...)` instead")
         call = self._prepare(fetches, feed_dict)
         frame = call.frame(feed_dict)
-        if call.plan.all_inline and not _wants_trace(options, run_metadata):
+        if call.all_inline and not _wants_trace(options, run_metadata) and not (
+                options is not None and options.output_partition_graphs):
             return self._run_inline(call, frame, run_metadata)
         return asyncio.run(self._run_call(call, frame, options, run_metadata))
 
@@ -340,7 +370,7 @@ class Session:
         call = self._prepare(fetches, feed_dict)
         converters = call.converters
         n = len(feed_list)
-        inline = call.plan.all_inline
+        inline = call.all_inline
 
         async def callable_(*feed_values: Any, options: RunOptions | None = None,
                             run_metadata: RunMetadata | None = None) -> Any:
@@ -365,18 +395,18 @@ class Session:
             self._steps += 1
         if run_metadata is not None:
             run_metadata.clear()
-        return call.results(Step(call.plan, frame, self._devices).run_inline())
+        return call.results(Step(call.plan, frame, self._devices).run_inline())  # type: ignore[arg-type]
 
     async def _run_call(self, call: _CompiledCall, frame: CallFrame,
                         options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
-        step = Step(call.plan, frame, self._devices,
-                    trace=_wants_trace(options, run_metadata))
-        values = await self._run_step(step, options)
+        runner = call.runner(frame, self._devices, _wants_trace(options, run_metadata))
+        values = await self._run_step(runner, options)
         if run_metadata is not None:
-            self._fill_metadata(step, options, run_metadata)
+            self._fill_metadata(runner, call, options, run_metadata)
         return call.results(values)
 
-    async def _run_step(self, step: Step, options: RunOptions | None) -> list[Any]:
+    async def _run_step(self, step: Step | ExecutorBarrier,
+                        options: RunOptions | None) -> list[Any]:
         with self._counter_lock:
             self._steps += 1
         done: Future[None] = Future()
@@ -407,12 +437,14 @@ class Session:
                 self._in_flight.pop(step, None)
             done.set_result(None)
 
-    def _fill_metadata(self, step: Step, options: RunOptions | None,
-                       run_metadata: RunMetadata) -> None:
+    def _fill_metadata(self, step: Step | ExecutorBarrier, call: _CompiledCall,
+                       options: RunOptions | None, run_metadata: RunMetadata) -> None:
         run_metadata.clear()
         stats = step.stats
         if stats is not None:
             run_metadata.step_stats = stats
+        if options is not None and options.output_partition_graphs:
+            run_metadata.partition_graphs = call.graph_defs()
 
     # -- compiling ---------------------------------------------------------------------
 
@@ -452,10 +484,36 @@ class Session:
         if self._config.log_device_placement:
             for op, dev in zip(ops, placement):
                 logger.info("%s: (%s): %s", op.name, op.type, self._device_names[dev])
-        plan = build_plan(ops, placement, self._device_names, feeds, mapper.tensors,
-                          mapper.targets, [d.device_type for d in self._devices])
         converters = tuple(_feed_converter(t) for t in feeds)
-        return _CompiledCall(plan, feed_keys, converters, mapper.rebuild)
+        device_types = [d.device_type for d in self._devices]
+        fetches = mapper.tensors
+        names = self._device_names
+        if len(set(placement)) <= 1:
+            # One device: no partitioning, no rendezvous, no barrier.
+            plan = build_plan(ops, placement, names, feeds, fetches, mapper.targets,
+                              device_types)
+            one = Partition(placement[0] if placement else 0, tuple(ops), {},
+                            tuple(range(len(feeds))), tuple(range(len(fetches))),
+                            tuple(mapper.targets))
+            return _CompiledCall(
+                [plan], [range(len(feeds))], [(0, k) for k in range(len(fetches))], fetches,
+                feed_keys, converters, mapper.rebuild,
+                lambda: [partition_graph_def(one, names, feeds, fetches)])
+        parts = partition(ops, placement, names, feeds, fetches, mapper.targets,
+                          self._incarnation)
+        plans = [build_plan(p.ops, [p.device] * len(p.ops), names,
+                            [feeds[k] for k in p.feeds], [fetches[k] for k in p.fetches],
+                            p.targets, device_types, edges=p.edges) for p in parts]
+        fed = {t: k for k, t in enumerate(feeds)}
+        where: dict[int, tuple[int, int]] = {}
+        for index, p in enumerate(parts):
+            for local, k in enumerate(p.fetches):
+                where[k] = (index, local)
+        retval_map = [(-1, fed[t]) if t in fed else where[k] for k, t in enumerate(fetches)]
+        return _CompiledCall(
+            plans, [p.feeds for p in parts], retval_map, fetches, feed_keys, converters,
+            mapper.rebuild,
+            lambda: [partition_graph_def(p, names, feeds, fetches) for p in parts])
 
     def _feed_tensor(self, key: Any) -> Tensor:
         graph = self._graph

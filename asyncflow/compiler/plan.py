@@ -25,7 +25,7 @@ in it must therefore be stateless callables.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -88,8 +88,14 @@ def _preloadable(op: Operation) -> bool:
 def build_plan(ops: Sequence[Operation], placement: Sequence[int], devices: Sequence[str],
                feeds: Sequence[Tensor], fetches: Sequence[Tensor],
                targets: Sequence[Operation],
-               device_types: Sequence[str] | None = None) -> ExecutionPlan:
-    """Lower pruned ``ops`` (topologically ordered) into an :class:`ExecutionPlan`."""
+               device_types: Sequence[str] | None = None,
+               edges: Mapping[Operation, tuple[tuple[Tensor, ...], tuple[Operation, ...]]]
+               | None = None) -> ExecutionPlan:
+    """Lower pruned ``ops`` into an :class:`ExecutionPlan`.
+
+    ``edges`` overrides the inputs and control inputs of some ops (a partition's
+    cut edges, see :mod:`asyncflow.compiler.partition`).
+    """
     device_types = device_types or ["CPU"] * len(devices)
     # -- slots ------------------------------------------------------------------
     slot_of_op: dict[Operation, int] = {}
@@ -127,16 +133,20 @@ def build_plan(ops: Sequence[Operation], placement: Sequence[int], devices: Sequ
     in_slots: list[tuple[int, ...]] = []
     readers: dict[int, list[int]] = {}
     for i, op in enumerate(sched):
-        ins = tuple(slot(t) for t in op._inputs)
+        if edges and op in edges:
+            op_inputs, op_controls = edges[op]
+        else:
+            op_inputs, op_controls = op._inputs, op._control_inputs
+        ins = tuple(slot(t) for t in op_inputs)
         in_slots.append(ins)
         producers: set[int] = set()
-        for t in op._inputs:
+        for t in op_inputs:
             if fed_slot and t in fed_slot:
                 continue
             p = node_of_op.get(t._op)
             if p is not None:
                 producers.add(p)
-        for c in op._control_inputs:
+        for c in op_controls:
             p = node_of_op.get(c)
             if p is not None:
                 producers.add(p)

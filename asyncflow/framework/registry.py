@@ -36,6 +36,8 @@ __all__ = [
     "EXPENSIVE",
     "INLINE",
     "KERNEL_KINDS",
+    "RECV",
+    "SEND",
     "KernelDef",
     "OpDef",
     "get_kernel",
@@ -49,7 +51,10 @@ __all__ = [
 INLINE = 0
 ASYNC = 1
 EXPENSIVE = 2
-KERNEL_KINDS = ("inline", "async", "thread")
+#: ``_Send`` / ``_Recv``: the kernel takes the step's rendezvous as first argument.
+SEND = 3
+RECV = 4
+KERNEL_KINDS = ("inline", "async", "thread", "send", "recv")
 
 ShapeFn = Callable[[Sequence["Tensor"], Mapping[str, Any]],
                    Sequence[tuple["DType", "TensorShape | Any"]]]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -51,11 +52,14 @@ if TYPE_CHECKING:
     from asyncflow.framework.graph import Operation
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.devices import LocalDevice
+    from asyncflow.runtime.rendezvous import Rendezvous
 
 __all__ = ["Step", "format_node_error"]
 
 _INLINE = registry.INLINE
 _ASYNC = registry.ASYNC
+_SEND = registry.SEND
+_RECV = registry.RECV
 
 
 def format_node_error(exc: BaseException, op: Operation) -> errors.OpError:
@@ -80,7 +84,9 @@ class Step:
         "_pending",
         "_plan",
         "_ready",
+        "_recvs",
         "_refs",
+        "_rendezvous",
         "_stats",
         "_stopped",
         "_tasks",
@@ -90,8 +96,10 @@ class Step:
     )
 
     def __init__(self, plan: ExecutionPlan, frame: CallFrame,
-                 devices: Sequence[LocalDevice], trace: bool = False) -> None:
+                 devices: Sequence[LocalDevice], trace: bool = False,
+                 rendezvous: Rendezvous | None = None) -> None:
         self._plan = plan
+        self._rendezvous = rendezvous
         self._frame = frame
         self._nodes = plan.nodes
         vals = list(plan.initial_values)
@@ -106,6 +114,7 @@ class Step:
         self._deferred: list[int] = []
         self._outstanding = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._recvs: list[asyncio.Future[Any]] = []
         self._stopped = False
         self._done: asyncio.Future[None] | None = None
         self._error: errors.OpError | None = None
@@ -162,6 +171,11 @@ class Step:
     def error(self) -> errors.OpError | None:
         """The step's first error, once it has one."""
         return self._error
+
+    @property
+    def frame(self) -> CallFrame:
+        """The step's call frame (its retvals are set when it finishes)."""
+        return self._frame
 
     @property
     def stats(self) -> StepStats | None:
@@ -245,17 +259,22 @@ class Step:
         """Complete node ``i`` with output ``v`` (from a task), then drain what became ready."""
         if self._error is not None or self._stopped:
             return  # late result of a failed or cancelled step: discarded
-        node = self._nodes[i]
-        vals = self._vals
         try:
-            nout = node.num_outputs
-            if nout == 1:
-                vals[node.out] = v
-            elif nout:
-                vals[node.out:node.out + nout] = _check_outputs(v, nout)
+            self._complete(i, v)
         except Exception as exc:
             self._fail(i, exc)
             return
+        self._drain()
+
+    def _complete(self, i: int, v: Any) -> None:
+        """Store node ``i``'s outputs, release its inputs, and ready its consumers."""
+        node = self._nodes[i]
+        vals = self._vals
+        nout = node.num_outputs
+        if nout == 1:
+            vals[node.out] = v
+        elif nout:
+            vals[node.out:node.out + nout] = _check_outputs(v, nout)
         for s in node.frees:
             vals[s] = None
         refs = self._refs
@@ -271,13 +290,31 @@ class Step:
             pending[c] = p
             if not p:
                 push(c)
-        self._drain()
 
     # -- tasks -----------------------------------------------------------------------
 
     def _dispatch(self, i: int) -> None:
-        # Invariant: _outstanding counts dispatched nodes whose task has not finished
-        # them yet (deferred ones included), so "done" means ready empty and zero here.
+        """Start a node that does not run inline (called from ``_drain``)."""
+        node = self._nodes[i]
+        kind = node.kind
+        if kind == _SEND:
+            # Sends never block: done at once, like an inline node.
+            node.kernel(self._rendezvous, *[self._vals[s] for s in node.inputs])
+            self._complete(i, None)
+            return
+        if kind == _RECV:
+            fut = node.kernel(self._rendezvous)
+            if fut.done():
+                self._complete(i, fut.result()[0])  # an abort raises: _drain fails node i
+                return
+            # Wait without a task and without polling: the matching send (or an
+            # abort) resolves the future, whose callback finishes the node.
+            self._outstanding += 1
+            self._recvs.append(fut)
+            fut.add_done_callback(functools.partial(self._recv_done, i))
+            return
+        # Invariant: _outstanding counts dispatched nodes not finished yet (deferred
+        # tasks and waiting recvs included): "done" is ready empty and zero here.
         self._outstanding += 1
         tg = self._tg
         if tg is None:
@@ -352,6 +389,17 @@ class Step:
         self._finish(i, v)
         self._check_done()
 
+    def _recv_done(self, i: int, fut: asyncio.Future[Any]) -> None:
+        self._outstanding -= 1
+        if fut.cancelled():
+            return
+        exc = fut.exception()  # always retrieved, so asyncio never logs it
+        if exc is not None:
+            self._fail(i, exc)
+        else:
+            self._finish(i, fut.result()[0])
+        self._check_done()
+
     def _check_done(self) -> None:
         done = self._done
         if done is not None and not done.done() and (
@@ -361,6 +409,8 @@ class Step:
     def _cancel_tasks(self) -> None:
         for task in self._tasks:
             task.cancel()
+        for fut in self._recvs:
+            fut.cancel()
 
     # -- failure ---------------------------------------------------------------------
 
@@ -390,6 +440,8 @@ class Step:
     # -- tracing ---------------------------------------------------------------------
 
     def _traced_node(self, i: int, node: NodeDef) -> NodeDef:
+        if node.kind in (_SEND, _RECV):
+            return node  # rendezvous traffic is not a kernel call; not timed here
         op = self._plan.ops[i]
         device = node.device
         stats = self._stats

@@ -1,0 +1,128 @@
+"""The ExecutorBarrier: the partitions of one step, run as one ``asyncio.TaskGroup``.
+
+TensorFlow's ``ExecutorBarrier`` counts N executors down and reports the first
+error.  Here each partition's :class:`~asyncflow.runtime.executor.Step` is a task of
+one task group.  The first partition to fail records its error (once), aborts the
+step's rendezvous — so every recv waiting in a peer partition fails at once instead
+of waiting forever — and aborts the other partitions.  Their errors are derived
+(``AbortedError``, cancellations) and dropped: the caller sees the root error only,
+never an ``ExceptionGroup``, and only after every partition has stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from asyncflow import errors
+from asyncflow.runtime.call_frame import CallFrame
+from asyncflow.runtime.executor import Step
+from asyncflow.runtime.rendezvous import LocalRendezvous
+from asyncflow.runtime.step_stats import StepStats
+
+if TYPE_CHECKING:
+    from asyncflow.compiler.plan import ExecutionPlan
+    from asyncflow.runtime.devices import LocalDevice
+
+__all__ = ["ExecutorBarrier"]
+
+
+class ExecutorBarrier:
+    """Runs the partitions of one step; same interface as a single :class:`Step`."""
+
+    __slots__ = ("_steps", "_frame", "_retval_map", "_rendezvous", "_error", "_loop")
+
+    def __init__(self, partitions: Sequence[ExecutionPlan],
+                 arg_maps: Sequence[Sequence[int]], retval_map: Sequence[tuple[int, int]],
+                 frame: CallFrame, devices: Sequence[LocalDevice], trace: bool = False
+                 ) -> None:
+        self._rendezvous = LocalRendezvous()
+        self._frame = frame
+        self._retval_map = retval_map
+        args = frame.args
+        self._steps = [
+            Step(plan, CallFrame([args[k] for k in arg_map]), devices, trace=trace,
+                 rendezvous=self._rendezvous)
+            for plan, arg_map in zip(partitions, arg_maps)
+        ]
+        self._error: errors.OpError | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def rendezvous(self) -> LocalRendezvous:
+        """The step's rendezvous."""
+        return self._rendezvous
+
+    @property
+    def error(self) -> errors.OpError | None:
+        """The step's root error, once it has one."""
+        return self._error
+
+    async def run(self) -> list[Any]:
+        """Run every partition; returns the fetched values (run order), or raises the root error."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for step in self._steps:
+                    tg.create_task(self._run_partition(step))
+        except BaseExceptionGroup as group:
+            raise group.exceptions[0] from None
+        finally:
+            self._loop = None
+        if self._error is not None:
+            raise self._error
+        retvals = [step.frame.retvals for step in self._steps]
+        args = self._frame.args
+        out = [args[k] if p < 0 else retvals[p][k]  # type: ignore[index]
+               for p, k in self._retval_map]
+        self._frame.retvals = out
+        return out
+
+    async def _run_partition(self, step: Step) -> None:
+        try:
+            await step.run()
+        except errors.OpError as exc:
+            self._record(exc)
+
+    def _record(self, error: errors.OpError) -> None:
+        if self._error is not None:
+            return  # derived from the first error (an abort or a cancellation)
+        self._error = error
+        self._rendezvous.abort(error)
+        derived = errors.CancelledError(None, None, f"step aborted: {error.message}")
+        for step in self._steps:
+            step.abort(derived)
+
+    def abort(self, error: errors.OpError) -> None:
+        """Fail the step with ``error`` (loop thread only)."""
+        self._record(error)
+
+    def abort_threadsafe(self, error: errors.OpError) -> None:
+        """Fail the step from any thread (used by ``Session.close``)."""
+        loop = self._loop
+        if loop is None:
+            if self._error is None:
+                self._error = error
+            for step in self._steps:
+                step.abort_threadsafe(error)
+            return
+        try:
+            loop.call_soon_threadsafe(self._record, error)
+        except RuntimeError:  # loop closed: the step is over
+            pass
+
+    @property
+    def stats(self) -> StepStats | None:
+        """Every partition's node stats, merged per device."""
+        merged: StepStats | None = None
+        for step in self._steps:
+            stats = step.stats
+            if stats is None:
+                continue
+            if merged is None:
+                merged = stats
+                continue
+            for mine, theirs in zip(merged.dev_stats, stats.dev_stats):
+                mine.node_stats.extend(theirs.node_stats)
+        return merged
