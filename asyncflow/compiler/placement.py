@@ -1,5 +1,9 @@
 """Placement: give every needed op one of the session's devices.
 
+Priority, as in TensorFlow: an explicit device request, then colocation (ops made
+under ``af.colocate_with(op)`` carry ``_class = ["loc:@op"]`` and land with ``op``),
+then the session's default device.
+
 An op's requested device (``af.device(...)``) is matched against the session's
 devices; unspecified fields match anything, so ``/cpu:1``, ``/device:CPU:1`` and the
 full ``/job:localhost/replica:0/task:0/device:CPU:1`` all name the same device, and
@@ -29,14 +33,56 @@ def place(ops: Sequence[Operation], devices: Sequence[str], *,
     memo: dict[str, int] = {"": 0}
     out: list[int] = []
     append = out.append
-    for op in ops:
+    colocated: list[int] = []
+    for k, op in enumerate(ops):
         requested = op._device
         index = memo.get(requested)
         if index is None:
             index = memo[requested] = _resolve(op, requested, devices, parsed,
                                                allow_soft_placement)
         append(index)
+        if "_class" in op._attrs:
+            colocated.append(k)
+    if colocated:
+        _apply_colocation(ops, out, colocated, memo, devices, parsed, allow_soft_placement)
     return out
+
+
+def _apply_colocation(ops: Sequence[Operation], out: list[int], colocated: list[int],
+                      memo: dict[str, int], devices: Sequence[str],
+                      parsed: Sequence[DeviceSpec], soft: bool) -> None:
+    """Put each colocation group on one device; conflicting explicit requests fail."""
+    groups: dict[str, list[int]] = {}
+    for k in colocated:
+        for ref in ops[k]._attrs["_class"]:
+            if isinstance(ref, str) and ref.startswith("loc:@"):
+                groups.setdefault(ref[len("loc:@"):], []).append(k)
+                break
+    position = {op: k for k, op in enumerate(ops)}
+    for root_name, members in groups.items():
+        graph = ops[members[0]]._graph
+        root = graph._by_name.get(root_name)
+        chosen: tuple[Operation, int] | None = None
+        candidates = ([root] if root is not None else []) + [ops[k] for k in members]
+        for op in candidates:
+            if not op._device:
+                continue
+            index = memo.get(op._device)
+            if index is None:
+                index = memo[op._device] = _resolve(op, op._device, devices, parsed, soft)
+            if chosen is None:
+                chosen = (op, index)
+            elif chosen[1] != index:
+                raise errors.InvalidArgumentError(
+                    None, op,
+                    f"Cannot colocate nodes {chosen[0].name!r} and {op.name!r}: "
+                    f"{chosen[0].name!r} is on {devices[chosen[1]]} but {op.name!r} "
+                    f"requests {op._device!r} (colocation group {root_name!r})")
+        index = chosen[1] if chosen is not None else 0
+        for k in members:
+            out[k] = index
+        if root is not None and root in position:
+            out[position[root]] = index
 
 
 def _resolve(op: Operation, requested: str, devices: Sequence[str],

@@ -29,6 +29,7 @@ __all__ = [
     "Graph",
     "Operation",
     "Tensor",
+    "colocate_with",
     "control_dependencies",
     "convert_to_tensor",
     "device",
@@ -243,6 +244,7 @@ class _ThreadStacks(threading.local):
         self.name_scope = ""
         self.control: list[list[Operation]] = []
         self.device: list[str] = []
+        self.colocate: list[Operation] = []
 
 
 class Graph:
@@ -303,6 +305,10 @@ class Graph:
                     raise ValueError(f"control input {c.name!r} of new {op_type} op is "
                                      f"from a different graph")
         device = stacks.device[-1] if stacks.device else ""
+        if stacks.colocate and "_class" not in attrs:
+            # As TF: colocation wins over the device scope; placement honours "_class".
+            attrs["_class"] = [f"loc:@{stacks.colocate[-1]._name}"]
+            device = stacks.colocate[-1]._device
         site = _creation_site()
         with self._lock:
             if self._finalized:
@@ -422,6 +428,32 @@ class Graph:
             yield
         finally:
             stacks.device.pop()
+
+    @contextlib.contextmanager
+    def colocate_with(self, op: Any, ignore_existing: bool = False) -> Iterator[None]:
+        """Ops created inside are placed on the same device as ``op`` (an op or tensor).
+
+        Recorded as the ``_class`` attribute ``["loc:@<op name>"]``; placement puts a
+        colocation group on one device and rejects members that ask for different
+        devices.  ``None`` clears the enclosing colocation.
+        """
+        stacks = self._stacks
+        if op is None:
+            saved = stacks.colocate
+            stacks.colocate = []
+            try:
+                yield
+            finally:
+                stacks.colocate = saved
+            return
+        target = _as_operation(op, self)
+        if target._graph is not self:
+            raise ValueError(f"cannot colocate with {target.name!r}: it is from another graph")
+        stacks.colocate.append(target)
+        try:
+            yield
+        finally:
+            stacks.colocate.pop()
 
     @contextlib.contextmanager
     def as_default(self) -> Iterator[Graph]:
@@ -612,6 +644,13 @@ def control_dependencies(control_inputs: Iterable[Any] | None
                          ) -> contextlib.AbstractContextManager[None]:
     """Control dependencies on the default graph (see :meth:`Graph.control_dependencies`)."""
     return get_default_graph().control_dependencies(control_inputs)
+
+
+def colocate_with(op: Any, ignore_existing: bool = False
+                  ) -> contextlib.AbstractContextManager[None]:
+    """Place ops created inside with ``op`` (see :meth:`Graph.colocate_with`)."""
+    graph = op.graph if isinstance(op, Tensor | Operation) else get_default_graph()
+    return graph.colocate_with(op, ignore_existing)
 
 
 def device(device_name: str | None) -> contextlib.AbstractContextManager[None]:

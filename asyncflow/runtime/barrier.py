@@ -31,7 +31,7 @@ __all__ = ["ExecutorBarrier"]
 class ExecutorBarrier:
     """Runs the partitions of one step; same interface as a single :class:`Step`."""
 
-    __slots__ = ("_steps", "_frame", "_retval_map", "_rendezvous", "_error", "_loop")
+    __slots__ = ("_error", "_frame", "_loop", "_rendezvous", "_retval_map", "_steps")
 
     def __init__(self, partitions: Sequence[ExecutionPlan],
                  arg_maps: Sequence[Sequence[int]], retval_map: Sequence[tuple[int, int]],

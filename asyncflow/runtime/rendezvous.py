@@ -68,7 +68,7 @@ class Rendezvous(Protocol):
 class LocalRendezvous:
     """A per-step rendezvous for partitions of one process (one event loop)."""
 
-    __slots__ = ("_values", "_waiters", "_aborted", "_sent", "_received")
+    __slots__ = ("_aborted", "_received", "_sent", "_values", "_waiters")
 
     def __init__(self) -> None:
         # Invariant: for any key, at most one of _values[key] / _waiters[key] is
