@@ -118,6 +118,8 @@ def _apply_external(engine: str, attr: str, results: dict[str, Any],
             for row_id in ROWS_OF.get(workload, ()):
                 rows[row_id].notes.append(f"{engine} anchor failed: {value}")
                 setattr(rows[row_id], f"{attr}_note", "error")
+        elif key.startswith("_note.") and key[len("_note."):] in rows:
+            rows[key[len("_note."):]].notes.append(str(value))
     for row in rows.values():
         if row.id in results:
             setattr(row, attr, float(results[row.id]))

@@ -12,6 +12,7 @@ graph is executed, as in asyncflow's runs; the figure is the executor's cost per
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -113,6 +114,63 @@ def tf_chain(tf1: Any, n: int) -> tuple[Any, Any, Any]:
     return g, x0, x
 
 
+def tf_xdev_chain(tf1: Any, n: int, k: int) -> tuple[Any, Any, Any, int]:
+    """The chain on /cpu:0 and /cpu:1, switching every ``k`` adds (as asyncflow's
+    ``xdev`` graph: one constant per device, so only the chain's own device changes
+    are cross-device edges, the 4th item)."""
+    import numpy as np
+
+    g = tf1.Graph()
+    with g.as_default():
+        x0 = tf1.placeholder(tf1.float32, shape=(), name="x")
+        ones = []
+        for d in range(2):
+            with tf1.device(f"/cpu:{d}"):
+                ones.append(tf1.constant(np.float32(1.0), name=f"one{d}"))
+        x = x0
+        for i in range(n):
+            d = (i // k) % 2
+            with tf1.device(f"/cpu:{d}"):
+                x = x + ones[d]
+    edges = sum(1 for i in range(1, n) if (i // k) % 2 != ((i - 1) // k) % 2)
+    return g, x0, x, edges
+
+
+def _tf_send_ops(tf1: Any, sess: Any, fetch: Any, feed: dict[Any, Any]) -> int:
+    """How many _Send nodes the run's partition graphs hold."""
+    opts = tf1.RunOptions(output_partition_graphs=True)
+    md = tf1.RunMetadata()
+    sess.run(fetch, feed, options=opts, run_metadata=md)
+    return sum(node.op == "_Send" for pg in md.partition_graphs for node in pg.node)
+
+
+def _tf_xdev(tf1: Any, s: Sizes, k: int) -> Results:
+    n = s.chain_n
+    g1, x1, y1 = tf_chain(tf1, n)
+    g2, x2, y2, edges = tf_xdev_chain(tf1, n, k)
+    config2 = tf_config(tf1)
+    config2.device_count["CPU"] = 2
+    with (tf1.Session(graph=g1, config=tf_config(tf1)) as s1,
+          tf1.Session(graph=g2, config=config2) as s2):
+        for sess, y, x in ((s1, y1, x1), (s2, y2, x2)):
+            value = sess.run(y, {x: 0.0})
+            if value != n:
+                raise AssertionError(f"TF xdev chain computed {value!r}, expected {n}")
+        sends = _tf_send_ops(tf1, s2, y2, {x2: 0.0})
+        t1 = t2 = float("inf")
+        for _ in range(s.repeats):  # alternating, as in asyncflow's run
+            t1 = min(t1, timed(lambda: s1.run(y1, {x1: 0.0})))
+            t2 = min(t2, timed(lambda: s2.run(y2, {x2: 0.0})))
+    # TF's count is one more than the chain's edges when the fetched tensor is on
+    # /cpu:1: the fetch travels to the client device through a pair of its own.
+    return {f"xdev.k{k}": (t2 - t1) / max(sends, 1) * 1e6,
+            f"_note.xdev.k{k}": f"TF 1.x: per _Send/_Recv pair of its partition graphs "
+                                f"({sends:,} for the chain's {edges:,} device changes"
+                                f"{': the fetch from /cpu:1 is one more' if sends > edges else ''}"
+                                f"); raw: 2 devices {t2 / n * 1e6:.2f} us/node, 1 device "
+                                f"{t1 / n * 1e6:.2f} us/node"}
+
+
 def _tf_best_of(sess: Any, fetch: Any, feed: dict[Any, Any], repeats: int) -> float:
     sess.run(fetch, feed)  # the first run compiles (executor creation): not timed
     return min(timed(lambda: sess.run(fetch, feed)) for _ in range(repeats))
@@ -182,7 +240,53 @@ def tf_workload(name: str, s: Sizes) -> Results:
             s1.close()
             s2.close()
         out["parallel"] = min(times[1]) / min(times[2])
+    elif name.startswith("xdev.k"):
+        out.update(_tf_xdev(tf1, s, int(name.removeprefix("xdev.k"))))
+    elif name == "parallel.2dev":
+        out.update(_tf_parallel_2dev(tf1, s))
     return out
+
+
+def _tf_parallel_2dev(tf1: Any, s: Sizes) -> Results:
+    """The parallel graph with chain c on /cpu:c, inter_op_parallelism_threads=1, vs
+    the one-device graph with one thread (asyncflow's parallel.2dev)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    d = s.matmul_dim
+    w_val = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
+    a_val = rng.standard_normal((d, d)).astype(np.float32)
+    graphs = {}
+    for devices in (1, 2):
+        g = tf1.Graph()
+        with g.as_default():
+            a = tf1.placeholder(tf1.float32, shape=(d, d), name="a")
+            heads = []
+            for c in range(2):
+                with tf1.device(f"/cpu:{c if devices == 2 else 0}"):
+                    w = tf1.constant(w_val, name=f"w{c}")
+                    h = a
+                    for _ in range(s.matmul_chain):
+                        h = tf1.matmul(h, w)
+                    heads.append(h)
+        config = tf_config(tf1, inter=1, intra=1)
+        config.device_count["CPU"] = devices
+        graphs[devices] = (tf1.Session(graph=g, config=config), heads, {a: a_val})
+    try:
+        times: dict[int, list[float]] = {1: [], 2: []}
+        for sess, heads, feed in graphs.values():
+            sess.run(heads, feed)
+        for _ in range(s.slow_repeats):
+            for devices, (sess, heads, feed) in graphs.items():
+                times[devices].append(timed(functools.partial(sess.run, heads, feed)))
+    finally:
+        for sess, _, _ in graphs.values():
+            sess.close()
+    return {"parallel.2dev": min(times[1]) / min(times[2]),
+            "_note.parallel.2dev": f"TF 1.x best step: 1 device {min(times[1]) * 1e3:.1f} ms,"
+                                   f" 2 devices {min(times[2]) * 1e3:.1f} ms (TF's "
+                                   f"DirectSession runs every device's kernels on the "
+                                   f"session's one inter-op pool: 1 thread for both)"}
 
 
 # --------------------------------------------------------------------------- Dask
@@ -251,7 +355,8 @@ def _add_n(values: list[Any]) -> Any:
 
 
 _SUPPORTED = {
-    "tf": {"chain", "wide", "tiny", "parallel", "scale"},
+    "tf": {"chain", "xdev.k1", "xdev.k100", "wide", "tiny", "parallel", "parallel.2dev",
+           "scale"},
     "dask": {"chain", "wide", "tiny", "parallel"},
 }
 

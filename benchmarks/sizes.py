@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-WORKLOADS = ("chain", "wide", "tiny", "overlap", "parallel", "scale")
+WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "overlap", "parallel",
+             "parallel.2dev", "scale")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import time
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,9 @@ from benchmarks.sizes import Sizes, timed
 
 Af = Any  # the asyncflow module, imported lazily so a broken build fails one row
 
+#: The xdev workloads' chains change device every k nodes (one row per k).
+XDEV_KS = (1, 100)
+
 
 def make_rows(s: Sizes) -> dict[str, Row]:
     """Every row of the table, keyed by id, before anything is measured."""
@@ -31,6 +35,9 @@ def make_rows(s: Sizes) -> dict[str, Row]:
         Row("chain", f"{s.chain_n:,} chained adds", "us/node",
             "np.add loop over np.float32 scalars (the numpy floor)",
             Target("<=", 2.0, relative=True)),
+        *(Row(f"xdev.k{k}", f"{s.chain_n:,} adds, 2dev, k={k}", "us/edge",
+              f"the same chain on one device, us/node (xdev.k{k}: its own run)")
+          for k in XDEV_KS),
         Row("wide", f"{s.wide_n:,} adds + add_n", "us/node",
             "list of np.add on np.float32 scalars + np.sum",
             Target("<=", 2.5)),
@@ -46,6 +53,9 @@ def make_rows(s: Sizes) -> dict[str, Row]:
         Row("parallel", f"2x{s.matmul_chain} matmul {s.matmul_dim}^2", "speedup",
             "the two chains on a 2-thread executor vs one after the other",
             Target(">=", 1.6, anchor_must_meet=True), better="higher"),
+        Row("parallel.2dev", f"2x{s.matmul_chain} matmul, 2dev x 1thr", "speedup",
+            "the two chains on a 2-thread executor vs one after the other",
+            better="higher"),
         Row("scale.build", f"build {s.scale_n:,} nodes", "us/node", "",
             Target("<=", 10.0)),
         Row("scale.first_run", "first run (compiles)", "us/node",
@@ -121,6 +131,78 @@ def chain(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     ours, anchor = asyncio.run(main())
     row = rows["chain"]
     row.ours, row.anchor = min(ours) / n * 1e6, min(anchor) / n * 1e6
+
+
+# --------------------------------------------------------------------------- xdev
+
+
+def _xdev_chain_graph(af: Af, n: int, k: int) -> tuple[Any, Any, Any, int]:
+    """The chain workload's graph on two devices, switching device every ``k`` adds.
+
+    Each device has its own constant ``one``, and the placeholder is fed (a fed
+    tensor is no edge: each partition gets its own ``_Arg``), so the only
+    cross-device edges are the chain's own device changes: returned as the 4th item.
+    """
+    g = af.Graph()
+    with g.as_default():
+        x0 = af.placeholder(af.float32, shape=(), name="x")
+        ones = []
+        for d in range(2):
+            with af.device(f"/cpu:{d}"):
+                ones.append(af.constant(np.float32(1.0), name=f"one{d}"))
+        x = x0
+        for i in range(n):
+            d = (i // k) % 2
+            with af.device(f"/cpu:{d}"):
+                x = x + ones[d]
+    edges = sum(1 for i in range(1, n) if (i // k) % 2 != ((i - 1) // k) % 2)
+    return g, x0, x, edges
+
+
+async def _send_ops(af: Af, sess: Any, fetch: Any, feed: dict[Any, Any]) -> int:
+    """How many ``_Send`` ops the run's partition graphs hold (its cross-device edges)."""
+    md = af.RunMetadata()
+    await sess.run(fetch, feed_dict=feed,
+                   options=af.RunOptions(output_partition_graphs=True), run_metadata=md)
+    return sum(node["op"] == "_Send" for pg in md.partition_graphs for node in pg["node"])
+
+
+def xdev(k: int) -> Callable[[Af, Sizes, dict[str, Row]], None]:
+    """The ``xdev.k{k}`` workload: the cost of one _Send/_Recv edge in a scalar chain."""
+
+    def workload(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+        n = s.chain_n
+        g1, x1, y1 = _chain_graph(af, n)
+        g2, x2, y2, edges = _xdev_chain_graph(af, n, k)
+        two = af.SessionConfig(device_count={"CPU": 2})
+
+        async def main() -> tuple[list[float], list[float]]:
+            async with (af.Session(graph=g1) as one_dev,
+                        af.Session(graph=g2, config=two) as two_dev):
+                for sess, x, y in ((one_dev, x1, y1), (two_dev, x2, y2)):
+                    value = await sess.run(y, feed_dict={x: 0.0})
+                    _check(value == n, f"xdev chain computed {value!r}, expected {n}")
+                sends = await _send_ops(af, two_dev, y2, {x2: 0.0})
+                _check(sends == edges, f"the 2-device chain has {sends} _Send ops, "
+                                       f"expected {edges} cross-device edges")
+                ours, anchor = [], []
+                for _ in range(s.repeats):
+                    anchor.append(await _atimed(lambda: one_dev.run(y1, feed_dict={x1: 0.0})))
+                    ours.append(await _atimed(lambda: two_dev.run(y2, feed_dict={x2: 0.0})))
+                return ours, anchor
+
+        ours, anchor = asyncio.run(main())
+        row = rows[f"xdev.k{k}"]
+        two_us, one_us = min(ours) / n * 1e6, min(anchor) / n * 1e6
+        row.ours = (min(ours) - min(anchor)) / max(edges, 1) * 1e6
+        row.anchor = one_us
+        row.notes.append(
+            f"(2-device run - 1-device run) / {edges:,} send/recv edges (counted as the "
+            f"partition graphs' _Send ops); raw: 2 devices {two_us:.2f} us/node, "
+            f"1 device {one_us:.2f} us/node; ours/anc = one edge in single-device nodes")
+
+    workload.__name__ = f"xdev_k{k}"
+    return workload
 
 
 # --------------------------------------------------------------------------- wide
@@ -285,22 +367,65 @@ def _matmul(a: Any, w: Any) -> Any:
     return np.matmul(a, w)
 
 
-def parallel(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
-    d, k = s.matmul_dim, s.matmul_chain
+def _matmul_operands(d: int) -> tuple[Any, Any]:
     rng = np.random.default_rng(0)
     w_val = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
     a_val = rng.standard_normal((d, d)).astype(np.float32)
+    return w_val, a_val
 
+
+def _matmul_graph(af: Af, w_val: Any, k: int, two_devices: bool) -> tuple[Any, Any, list[Any]]:
+    """(graph, placeholder a, heads) of two independent chains of ``k`` expensive
+    matmuls; with ``two_devices`` chain c (and its own copy of w) is on /cpu:c."""
+    d = w_val.shape[0]
     g = af.Graph()
     with g.as_default():
         a = af.placeholder(af.float32, shape=(d, d), name="a")
-        w = af.constant(w_val, name="w")
+        w = None if two_devices else af.constant(w_val, name="w")
         heads = []
-        for _ in range(2):
-            h = a
-            for _ in range(k):
-                h = af.py_func(_matmul, [h, w], af.float32, expensive=True)
-            heads.append(h)
+        for c in range(2):
+            with af.device(f"/cpu:{c}") if two_devices else contextlib.nullcontext():
+                wc = af.constant(w_val, name=f"w{c}") if w is None else w
+                h = a
+                for _ in range(k):
+                    h = af.py_func(_matmul, [h, wc], af.float32, expensive=True)
+                heads.append(h)
+    return g, a, heads
+
+
+class _CoresTimer:
+    """Wall times per key and, for each key's best repeat, the cores the process got
+    (process CPU seconds per wall second).  Below ~1.6 with two threads means a busy
+    machine (or a serialised executor, if the plain-threads anchor did get two cores)."""
+
+    def __init__(self, *keys: str) -> None:
+        self.times: dict[str, list[float]] = {key: [] for key in keys}
+        self.cores: dict[str, float] = {}
+
+    def _note(self, key: str, wall: float, cpu: float) -> None:
+        if wall <= min(self.times[key], default=float("inf")):
+            self.cores[key] = cpu / wall
+        self.times[key].append(wall)
+
+    def run(self, key: str, fn: Callable[[], object]) -> None:
+        gc.collect()
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        self._note(key, time.perf_counter() - t0, time.process_time() - c0)
+
+    async def arun(self, key: str, fn: Callable[[], Awaitable[object]]) -> None:
+        gc.collect()
+        c0, t0 = time.process_time(), time.perf_counter()
+        await fn()
+        self._note(key, time.perf_counter() - t0, time.process_time() - c0)
+
+    def best(self) -> dict[str, float]:
+        return {key: min(v) for key, v in self.times.items()}
+
+
+def _plain_chains(w_val: Any, a_val: Any, k: int,
+                  pool: concurrent.futures.ThreadPoolExecutor) -> dict[str, Callable[[], object]]:
+    """The numpy anchor: both chains one after the other, and on two threads."""
 
     def plain_chain() -> Any:
         h = a_val
@@ -312,37 +437,39 @@ def parallel(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         plain_chain()
         plain_chain()
 
-    pool = concurrent.futures.ThreadPoolExecutor(2)
-
     def plain_threads() -> None:
         for f in [pool.submit(plain_chain), pool.submit(plain_chain)]:
             f.result()
 
-    expected = plain_chain()
+    return {"chain": plain_chain, "serial": plain_serial, "threads": plain_threads}
 
-    cores_used: dict[str, float] = {}
 
-    def note_cores(key: str, wall: float, cpu: float) -> float:
-        # CPU seconds per wall second of the best repeat: how many cores the process
-        # really got.  Below ~1.6 with two threads means a busy machine (or a
-        # serialised executor, if the plain-threads anchor did get two cores).
-        if wall <= min(times[key], default=float("inf")):
-            cores_used[key] = cpu / wall
-        return wall
+async def _time_sessions(timer: _CoresTimer, sessions: dict[str, Any], plain: dict[str, Any],
+                         heads: dict[str, tuple[Any, Any]], a_val: Any, repeats: int) -> None:
+    """Check every session's result, then alternate the anchor and the sessions
+    repeat by repeat.  ``heads`` maps a session's key to its (placeholder, fetches)."""
+    expected = plain["chain"]()
+    for key, sess in sessions.items():
+        a, fetches = heads[key]
+        out = await sess.run(fetches, feed_dict={a: a_val})
+        _check(all(np.allclose(o, expected, rtol=1e-4, atol=1e-4) for o in out),
+               f"parallel graph ({key}) computed a wrong product")
+    plain["threads"]()
+    for _ in range(repeats):
+        timer.run("serial", plain["serial"])
+        timer.run("threads", plain["threads"])
+        for key, sess in sessions.items():
+            a, fetches = heads[key]
+            await timer.arun(key, lambda sess=sess, a=a, fetches=fetches:
+                             sess.run(fetches, feed_dict={a: a_val}))
 
-    def cpu_timed(key: str, fn: Callable[[], object]) -> float:
-        gc.collect()
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        return note_cores(key, time.perf_counter() - t0, time.process_time() - c0)
 
-    async def acpu_timed(key: str, fn: Callable[[], Awaitable[object]]) -> float:
-        gc.collect()
-        c0, t0 = time.process_time(), time.perf_counter()
-        await fn()
-        return note_cores(key, time.perf_counter() - t0, time.process_time() - c0)
-
-    times: dict[str, list[float]] = {"1": [], "2": [], "0": [], "serial": [], "threads": []}
+def parallel(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    k = s.matmul_chain
+    w_val, a_val = _matmul_operands(s.matmul_dim)
+    g, a, heads = _matmul_graph(af, w_val, k, two_devices=False)
+    timer = _CoresTimer("1", "2", "0", "serial", "threads")
+    pool = concurrent.futures.ThreadPoolExecutor(2)
 
     async def main() -> None:
         configs = {key: af.SessionConfig(inter_op_parallelism_threads=int(key))
@@ -351,23 +478,14 @@ def parallel(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
                     af.Session(graph=g, config=configs["2"]) as s2,
                     af.Session(graph=g, config=configs["0"]) as s0):
             sessions = {"1": s1, "2": s2, "0": s0}
-            for sess in sessions.values():
-                out = await sess.run(heads, feed_dict={a: a_val})
-                _check(all(np.allclose(o, expected, rtol=1e-4, atol=1e-4) for o in out),
-                       "parallel graph computed a wrong product")
-            plain_threads()
-            for _ in range(s.slow_repeats):
-                times["serial"].append(cpu_timed("serial", plain_serial))
-                times["threads"].append(cpu_timed("threads", plain_threads))
-                for key, sess in sessions.items():
-                    times[key].append(await acpu_timed(
-                        key, lambda sess=sess: sess.run(heads, feed_dict={a: a_val})))
+            await _time_sessions(timer, sessions, _plain_chains(w_val, a_val, k, pool),
+                                 dict.fromkeys(sessions, (a, heads)), a_val, s.slow_repeats)
 
     try:
         asyncio.run(main())
     finally:
         pool.shutdown()
-    best = {key: min(v) for key, v in times.items()}
+    best, cores_used = timer.best(), timer.cores
     row = rows["parallel"]
     row.ours = best["1"] / best["2"]
     row.anchor = best["serial"] / best["threads"]
@@ -379,6 +497,46 @@ def parallel(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     row.notes.append(
         f"cores busy (process CPU s / wall s) in those steps: asyncflow 1 thread "
         f"{cores_used['1']:.2f}, 2 threads {cores_used['2']:.2f}; plain threads "
+        f"{cores_used['threads']:.2f}")
+
+
+def parallel_2dev(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """The parallel workload's chains on /cpu:0 and /cpu:1, one thread per device,
+    against the same graph on one device with one thread."""
+    k = s.matmul_chain
+    w_val, a_val = _matmul_operands(s.matmul_dim)
+    g1, a1, heads1 = _matmul_graph(af, w_val, k, two_devices=False)
+    g2, a2, heads2 = _matmul_graph(af, w_val, k, two_devices=True)
+    timer = _CoresTimer("1dev", "2dev", "serial", "threads")
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+
+    async def main() -> None:
+        one = af.SessionConfig(inter_op_parallelism_threads=1)
+        two = af.SessionConfig(device_count={"CPU": 2}, inter_op_parallelism_threads=1)
+        async with (af.Session(graph=g1, config=one) as s1,
+                    af.Session(graph=g2, config=two) as s2):
+            sends = await _send_ops(af, s2, heads2, {a2: a_val})
+            _check(sends == 0, f"the 2-device matmul graph has {sends} _Send ops, expected 0")
+            await _time_sessions(timer, {"1dev": s1, "2dev": s2},
+                                 _plain_chains(w_val, a_val, k, pool),
+                                 {"1dev": (a1, heads1), "2dev": (a2, heads2)}, a_val,
+                                 s.slow_repeats)
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.shutdown()
+    best, cores_used = timer.best(), timer.cores
+    row = rows["parallel.2dev"]
+    row.ours = best["1dev"] / best["2dev"]
+    row.anchor = best["serial"] / best["threads"]
+    row.notes.append(
+        f"best step: 1 device x 1 thread {best['1dev'] * 1e3:.1f} ms, 2 devices x 1 thread "
+        f"{best['2dev'] * 1e3:.1f} ms; plain numpy serial {best['serial'] * 1e3:.1f} ms; "
+        f"no target given: >= 1.6 is what the single-device parallel target asks")
+    row.notes.append(
+        f"cores busy (process CPU s / wall s) in those steps: asyncflow 1 device "
+        f"{cores_used['1dev']:.2f}, 2 devices {cores_used['2dev']:.2f}; plain threads "
         f"{cores_used['threads']:.2f}")
 
 
@@ -407,18 +565,22 @@ def _check(ok: bool, message: str) -> None:
 
 WORKLOAD_FUNCS: dict[str, Callable[[Af, Sizes, dict[str, Row]], None]] = {
     "chain": chain,
+    **{f"xdev.k{k}": xdev(k) for k in XDEV_KS},
     "wide": wide,
     "tiny": tiny,
     "overlap": overlap,
     "parallel": parallel,
+    "parallel.2dev": parallel_2dev,
     "scale": scale,
 }
 
 ROWS_OF: dict[str, tuple[str, ...]] = {
     "chain": ("chain",),
+    **{f"xdev.k{k}": (f"xdev.k{k}",) for k in XDEV_KS},
     "wide": ("wide",),
     "tiny": ("tiny.run", "tiny.run_sync"),
     "overlap": ("overlap",),
     "parallel": ("parallel",),
+    "parallel.2dev": ("parallel.2dev",),
     "scale": ("scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss"),
 }

@@ -18,8 +18,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-ROW_IDS = ("chain", "wide", "tiny.run", "tiny.run_sync", "overlap", "parallel",
-           "scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss")
+ROW_IDS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny.run", "tiny.run_sync", "overlap",
+           "parallel", "parallel.2dev", "scale.build", "scale.first_run", "scale.second_run",
+           "scale.peak_rss")
 TARGETED = ("chain", "wide", "tiny.run", "overlap", "parallel", "scale.build",
             "scale.first_run", "scale.peak_rss")
 
@@ -69,6 +70,21 @@ def test_only_runs_the_named_workload() -> None:
     proc = _run_benchmarks("--quick", "--no-external", "--only", "tiny")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _table_ids(proc.stdout) == ["tiny.run", "tiny.run_sync"]
+
+
+def test_multi_device_rows_are_selectable_and_untargeted() -> None:
+    proc = _run_benchmarks("--quick", "--no-external",
+                           "--only", "xdev.k1,xdev.k100", "--only", "parallel.2dev")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _table_ids(proc.stdout) == ["xdev.k1", "xdev.k100", "parallel.2dev"]
+    for row_id in ("xdev.k1", "xdev.k100", "parallel.2dev"):
+        # No target: not listed under "targets:", and the target/status cells are "-".
+        assert not any(f"] {row_id}: asyncflow " in line for line in proc.stdout.splitlines())
+        row = next(line for line in proc.stdout.splitlines() if line.startswith(row_id + " "))
+        assert row.split()[-2:] == ["-", "-"], row
+    assert "send/recv edges" in proc.stdout
+    assert ">= 1.6 is what the single-device parallel target asks" in proc.stdout
+    assert "cores busy" in proc.stdout
 
 
 def test_unknown_workload_is_a_usage_error() -> None:
