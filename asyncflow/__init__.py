@@ -17,7 +17,7 @@ This module is the public API; everything it does not export is private.
 
 from __future__ import annotations
 
-from asyncflow import dtypes, errors, nn, testing
+from asyncflow import dtypes, errors, nn, raw_ops, testing
 from asyncflow.config import RunMetadata, RunOptions, SessionConfig
 from asyncflow.dtypes import (
     DType,
@@ -72,6 +72,7 @@ from asyncflow.ops.array_ops import (
     transpose,
     zeros,
 )
+from asyncflow.ops.control_flow_ops import case, cond, while_loop
 from asyncflow.ops.math_ops import (
     abs,
     add,
@@ -135,11 +136,13 @@ __all__ = [
     "argmin",
     "as_dtype",
     "bool",
+    "case",
     "cast",
     "colocate_with",
     "complex128",
     "complex64",
     "concat",
+    "cond",
     "constant",
     "control_dependencies",
     "convert_to_tensor",
@@ -189,6 +192,7 @@ __all__ = [
     "py_func",
     "range",
     "rank",
+    "raw_ops",
     "reduce_max",
     "reduce_mean",
     "reduce_min",
@@ -211,5 +215,6 @@ __all__ = [
     "transpose",
     "uint8",
     "where",
+    "while_loop",
     "zeros",
 ]

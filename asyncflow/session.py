@@ -33,10 +33,12 @@ from asyncflow.compiler.prune import prune
 from asyncflow.config import RunMetadata, RunOptions, SessionConfig
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
+from asyncflow.ops.control_flow_ops import CONTROL_FLOW_TYPES, WhileContext
 from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.executor import Step
+from asyncflow.runtime.frames import FrameStep
 
 __all__ = ["Session", "SessionStatistics"]
 
@@ -230,9 +232,11 @@ class _CompiledCall:
         return CallFrame([conv(v) for conv, v in zip(self.converters, feed_dict.values())])  # type: ignore[union-attr]
 
     def runner(self, frame: CallFrame, devices: Sequence[LocalDevice],
-               trace: bool) -> Step | ExecutorBarrier:
-        """A single partition's Step, or a barrier over every partition."""
+               trace: bool) -> Step | ExecutorBarrier | FrameStep:
+        """A single partition's Step (a FrameStep with control flow), or a barrier."""
         if self.plan is not None:
+            if self.plan.frames is not None:
+                return FrameStep(self.plan, frame, devices, trace=trace)
             return Step(self.plan, frame, devices, trace=trace)
         return ExecutorBarrier(self.partitions, self.arg_maps, self.retval_map, frame,
                                devices, trace=trace)
@@ -278,7 +282,7 @@ class Session:
         self._compiles = 0
         self._hits = 0
         self._steps = 0
-        self._in_flight: dict[Step | ExecutorBarrier, Future[None]] = {}
+        self._in_flight: dict[Step | ExecutorBarrier | FrameStep, Future[None]] = {}
         self._in_flight_lock = threading.Lock()
         self._closed = False
         # Rendezvous keys carry this session's incarnation (TF: a random 64-bit id
@@ -405,7 +409,7 @@ class Session:
             self._fill_metadata(runner, call, options, run_metadata)
         return call.results(values)
 
-    async def _run_step(self, step: Step | ExecutorBarrier,
+    async def _run_step(self, step: Step | ExecutorBarrier | FrameStep,
                         options: RunOptions | None) -> list[Any]:
         with self._counter_lock:
             self._steps += 1
@@ -437,7 +441,7 @@ class Session:
                 self._in_flight.pop(step, None)
             done.set_result(None)
 
-    def _fill_metadata(self, step: Step | ExecutorBarrier, call: _CompiledCall,
+    def _fill_metadata(self, step: Step | ExecutorBarrier | FrameStep, call: _CompiledCall,
                        options: RunOptions | None, run_metadata: RunMetadata) -> None:
         run_metadata.clear()
         stats = step.stats
@@ -475,6 +479,12 @@ class Session:
             seen: set[Tensor] = set()
             dup = next(t for t in feeds if t in seen or seen.add(t))  # type: ignore[func-returns-value]
             raise ValueError(f"Tensor {dup.name!r} is fed more than once in feed_dict")
+        for t in (*feeds, *mapper.tensors):
+            if _inside_loop(t):
+                what = "fed" if t in feeds else "fetched"
+                raise errors.InvalidArgumentError(
+                    None, t.op, f"Tensor {t.name!r} is inside a while loop and cannot be "
+                                f"{what}; feed or fetch the loop's inputs or outputs instead")
         ops = prune(mapper.tensors, mapper.targets, frozenset(feeds))
         soft = self._config.allow_soft_placement
         if not self._config.place_pruned_graph:
@@ -488,8 +498,10 @@ class Session:
         device_types = [d.device_type for d in self._devices]
         fetches = mapper.tensors
         names = self._device_names
-        if len(set(placement)) <= 1:
-            # One device: no partitioning, no rendezvous, no barrier.
+        if len(set(placement)) <= 1 or any(op._type in CONTROL_FLOW_TYPES for op in ops):
+            # One device: no partitioning, no rendezvous, no barrier.  Control flow is
+            # not partitioned either: its frames run in one frame executor, each
+            # expensive kernel still on its own device's threads.
             plan = build_plan(ops, placement, names, feeds, fetches, mapper.targets,
                               device_types)
             one = Partition(placement[0] if placement else 0, tuple(ops), {},
@@ -589,6 +601,15 @@ class Session:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close_sync()
+
+
+def _inside_loop(t: Tensor) -> bool:
+    ctx = t.op._ctx
+    while ctx is not None:
+        if isinstance(ctx, WhileContext):
+            return True
+        ctx = ctx.outer
+    return False
 
 
 def _wants_trace(options: RunOptions | None, run_metadata: RunMetadata | None) -> bool:

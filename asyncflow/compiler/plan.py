@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from asyncflow import errors
+from asyncflow.compiler.frames import FrameInfo, analyze_frames
 from asyncflow.framework import registry
 
 if TYPE_CHECKING:
@@ -75,6 +76,11 @@ class ExecutionPlan:
     #: True when every node is INLINE: the step runs to completion without awaiting.
     all_inline: bool
     num_slots: int
+    #: Control-flow plans only (Switch/Merge/Enter/Exit/NextIteration): the frame of
+    #: every node, and per producer its consumers as (node, ((input, slot), ...),
+    #: has_control_edge) — what the frame executor needs to track dead edges.
+    frames: FrameInfo | None = None
+    edges_out: tuple[tuple[tuple[int, tuple[tuple[int, int], ...], bool], ...], ...] = ()
 
     def __repr__(self) -> str:
         return (f"<ExecutionPlan nodes={len(self.nodes)} feeds={len(self.feeds)} "
@@ -183,6 +189,7 @@ def build_plan(ops: Sequence[Operation], placement: Sequence[int], devices: Sequ
     # -- kernels -----------------------------------------------------------------
     nodes: list[NodeDef] = []
     all_inline = True
+    has_control_flow = False
     kernel_cache: dict[tuple[str, str], registry.KernelDef] = {}
     for i, op in enumerate(sched):
         dev = sched_device[i]
@@ -197,13 +204,22 @@ def build_plan(ops: Sequence[Operation], placement: Sequence[int], devices: Sequ
         kernel, kind = kdef.factory(op)
         if kind != registry.INLINE:
             all_inline = False
+        if kind == registry.CONTROL:
+            has_control_flow = True
         ins = in_slots[i]
         nodes.append(NodeDef(
             kernel, kind, len(ins), ins, slot_of_op[op], len(op._outputs), tuple(consumers[i]),
             tuple(frees[i]), tuple(counted[i]),
             operator.itemgetter(*ins) if len(ins) > 2 else None, dev))
 
+    frames = None
+    edges_out: tuple[tuple[tuple[int, tuple[tuple[int, int], ...], bool], ...], ...] = ()
+    if has_control_flow:
+        frames = analyze_frames(sched, node_of_op, feeds, fetches)
+        edges_out = _edges_out(sched, node_of_op, in_slots, fed_slot)
     return ExecutionPlan(
+        frames=frames,
+        edges_out=edges_out,
         nodes=tuple(nodes),
         ops=tuple(sched),
         initial_pending=tuple(pending),
@@ -219,6 +235,24 @@ def build_plan(ops: Sequence[Operation], placement: Sequence[int], devices: Sequ
         all_inline=all_inline,
         num_slots=n_slots,
     )
+
+
+def _edges_out(sched: Sequence[Operation], node_of_op: Mapping[Operation, int],
+               in_slots: Sequence[tuple[int, ...]], fed_slot: Mapping[Tensor, int]
+               ) -> tuple[tuple[tuple[int, tuple[tuple[int, int], ...], bool], ...], ...]:
+    out: list[dict[int, tuple[list[tuple[int, int]], list[bool]]]] = [{} for _ in sched]
+    for c, op in enumerate(sched):
+        for pos, t in enumerate(op._inputs):
+            p = node_of_op.get(t._op)
+            if p is None or t in fed_slot:
+                continue
+            out[p].setdefault(c, ([], [False]))[0].append((pos, in_slots[c][pos]))
+        for ctrl in op._control_inputs:
+            p = node_of_op.get(ctrl)
+            if p is not None:
+                out[p].setdefault(c, ([], [False]))[1][0] = True
+    return tuple(tuple((c, tuple(data), flag[0]) for c, (data, flag) in d.items())
+                 for d in out)
 
 
 def retval_converter(t: Tensor) -> Callable[[Any], Any]:

@@ -142,6 +142,7 @@ class Operation:
         "__weakref__",
         "_attrs",
         "_control_inputs",
+        "_ctx",
         "_device",
         "_graph",
         "_id",
@@ -168,6 +169,8 @@ class Operation:
         self._traceback = traceback
         self._id = op_id
         self._op_def = op_def
+        #: The control-flow context (cond branch / while loop) the op was built in.
+        self._ctx: Any = None
 
     @property
     def name(self) -> str:
@@ -245,6 +248,7 @@ class _ThreadStacks(threading.local):
         self.control: list[list[Operation]] = []
         self.device: list[str] = []
         self.colocate: list[Operation] = []
+        self.cf_context: list[Any] = []
 
 
 class Graph:
@@ -295,6 +299,12 @@ class Graph:
                 raise TypeError(f"control input of new {op_type} op must be an "
                                 f"af.Operation, got {type(c).__name__}")
             controls.append(c)
+        ctx = stacks.cf_context[-1] if stacks.cf_context else None
+        if ctx is not None:
+            # Inside af.cond / af.while_loop: values from outside the branch or loop
+            # enter through Switch / Enter, and input-less ops hang off the pivot.
+            prepared, controls = ctx.prepare_op(op_type, inputs, controls)
+            inputs = tuple(prepared)
         if controls:
             seen: set[Operation] = set()
             data_ops = {t._op for t in inputs}
@@ -327,6 +337,7 @@ class Graph:
                 raise
             op = Operation(self, full_name, op_type, inputs, tuple(controls), attrs, device,
                            site, len(self._ops), op_def)
+            op._ctx = ctx
             op._outputs = tuple(
                 Tensor(op, i, dt, shape if isinstance(shape, TensorShape) else as_shape(shape))
                 for i, (dt, shape) in enumerate(specs))
@@ -454,6 +465,27 @@ class Graph:
             yield
         finally:
             stacks.colocate.pop()
+
+    @contextlib.contextmanager
+    def _control_flow_context(self, ctx: Any) -> Iterator[None]:
+        """Build ops inside a control-flow context (``None``: the root context)."""
+        stacks = self._stacks
+        stacks.cf_context.append(ctx)
+        try:
+            yield
+        finally:
+            stacks.cf_context.pop()
+
+    def _current_control_flow_context(self) -> Any:
+        stacks = self._stacks
+        return stacks.cf_context[-1] if stacks.cf_context else None
+
+    def _update_input(self, op: Operation, index: int, tensor: Tensor) -> None:
+        """Rewire data input ``index`` of ``op``: only to close a while loop's back edge
+        while the loop is being built (no plan can have used ``op`` yet)."""
+        inputs = list(op._inputs)
+        inputs[index] = tensor
+        op._inputs = tuple(inputs)
 
     @contextlib.contextmanager
     def as_default(self) -> Iterator[Graph]:

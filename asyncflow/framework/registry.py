@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ASYNC",
+    "CONTROL",
     "EXPENSIVE",
     "INLINE",
     "KERNEL_KINDS",
@@ -54,7 +55,10 @@ EXPENSIVE = 2
 #: ``_Send`` / ``_Recv``: the kernel takes the step's rendezvous as first argument.
 SEND = 3
 RECV = 4
-KERNEL_KINDS = ("inline", "async", "thread", "send", "recv")
+#: Switch / Merge / Enter / Exit / NextIteration: executed by the frame-aware
+#: executor itself (they route values between frames and iterations).
+CONTROL = 5
+KERNEL_KINDS = ("inline", "async", "thread", "send", "recv", "control")
 
 ShapeFn = Callable[[Sequence["Tensor"], Mapping[str, Any]],
                    Sequence[tuple["DType", "TensorShape | Any"]]]
