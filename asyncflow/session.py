@@ -39,6 +39,7 @@ from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.executor import Step
 from asyncflow.runtime.frames import FrameStep
+from asyncflow.runtime.resources import ResourceMgr
 
 __all__ = ["Session", "SessionStatistics"]
 
@@ -288,6 +289,8 @@ class Session:
         # Rendezvous keys carry this session's incarnation (TF: a random 64-bit id
         # per device incarnation), so keys of different sessions never match.
         self._incarnation = random.getrandbits(64)
+        # Variables and queues of this session (plans bind their kernels to it).
+        self._resources = ResourceMgr()
 
     # -- properties ------------------------------------------------------------------
 
@@ -503,7 +506,7 @@ class Session:
             # not partitioned either: its frames run in one frame executor, each
             # expensive kernel still on its own device's threads.
             plan = build_plan(ops, placement, names, feeds, fetches, mapper.targets,
-                              device_types)
+                              device_types, resources=self._resources)
             one = Partition(placement[0] if placement else 0, tuple(ops), {},
                             tuple(range(len(feeds))), tuple(range(len(fetches))),
                             tuple(mapper.targets))
@@ -515,7 +518,8 @@ class Session:
                           self._incarnation)
         plans = [build_plan(p.ops, [p.device] * len(p.ops), names,
                             [feeds[k] for k in p.feeds], [fetches[k] for k in p.fetches],
-                            p.targets, device_types, edges=p.edges) for p in parts]
+                            p.targets, device_types, edges=p.edges,
+                            resources=self._resources) for p in parts]
         fed = {t: k for k, t in enumerate(feeds)}
         where: dict[int, tuple[int, int]] = {}
         for index, p in enumerate(parts):
@@ -574,6 +578,7 @@ class Session:
         wait for them to stop, and release the devices' threads.  Idempotent."""
         for done in self._begin_close():
             await asyncio.wrap_future(done)
+        self._resources.clear()
         for d in self._devices:
             d.close()
 
@@ -585,6 +590,7 @@ class Session:
         except RuntimeError:
             for done in waits:
                 done.result()
+        self._resources.clear()
         for d in self._devices:
             d.close()
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
+from asyncflow.runtime.resources import ResourceMgr
 
 __all__ = ["reference_run"]
 
@@ -79,6 +80,8 @@ class _Interpreter:
         self.feeds = feeds
         self.check_dtypes = check_dtypes
         self.done: dict[Operation, tuple[Any, ...]] = {}
+        # Stateful ops (variables, queues) get a fresh resource manager per run.
+        self._resources = ResourceMgr()
 
     def fetch(self, graph: Graph, leaf: Any) -> Any:
         element = graph.as_graph_element(leaf)
@@ -121,7 +124,7 @@ class _Interpreter:
                     stack.append((c, False))
 
     def compute(self, op: Operation) -> tuple[Any, ...]:
-        fn, kind = registry.get_kernel(op.type).factory(op)
+        fn, kind = registry.get_kernel(op.type).instantiate(op, self._resources)
         result = fn(*[self.value(t) for t in op.inputs])
         if kind == registry.ASYNC or inspect.isawaitable(result):
             result = _run_coroutine(result)

@@ -96,7 +96,7 @@ def build_plan(ops: Sequence[Operation], placement: Sequence[int], devices: Sequ
                targets: Sequence[Operation],
                device_types: Sequence[str] | None = None,
                edges: Mapping[Operation, tuple[tuple[Tensor, ...], tuple[Operation, ...]]]
-               | None = None) -> ExecutionPlan:
+               | None = None, resources: Any = None) -> ExecutionPlan:
     """Lower pruned ``ops`` into an :class:`ExecutionPlan`.
 
     ``edges`` overrides the inputs and control inputs of some ops (a partition's
@@ -201,7 +201,7 @@ def build_plan(ops: Sequence[Operation], placement: Sequence[int], devices: Sequ
             except errors.NotFoundError as exc:
                 raise errors.NotFoundError(
                     None, op, f"{exc.message} (needed by node {op.name!r})") from None
-        kernel, kind = kdef.factory(op)
+        kernel, kind = kdef.instantiate(op, resources)
         if kind != registry.INLINE:
             all_inline = False
         if kind == registry.CONTROL:

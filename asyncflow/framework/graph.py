@@ -262,6 +262,7 @@ class Graph:
         self._finalized = False
         self._stacks = _ThreadStacks()
         self._unfeedable: set[Tensor] = set()
+        self._variables: list[Any] = []  # af.Variable objects, for global_variables()
         self._unfetchable: set[Operation] = set()
 
     # -- building ---------------------------------------------------------------
@@ -346,6 +347,13 @@ class Graph:
         return op
 
     def _unique_name_locked(self, name: str, *, explicit: bool) -> str:
+        if explicit and name.endswith("/") and len(name) > 1:
+            # As TF: a name ending in "/" (a name scope's) is used exactly as given.
+            exact = name[:-1]
+            if exact in self._by_name:
+                raise ValueError(f"an op named {exact!r} already exists")
+            self._names_in_use.setdefault(exact.lower(), 1)
+            return exact
         if explicit:
             _check_op_name(name)
         scope = self._stacks.name_scope

@@ -82,11 +82,26 @@ class OpDef:
 
 @dataclass(frozen=True, slots=True)
 class KernelDef:
-    """How an op type runs on one device type."""
+    """How an op type runs on one device type.
+
+    ``needs_resources``: the factory is called ``factory(op, resources)`` with the
+    session's resource manager (variables, queues), once per plan.
+    """
 
     op_type: str
     device_type: str
-    factory: KernelFactory
+    factory: Callable[..., tuple[Callable[..., Any], int]]
+    needs_resources: bool = False
+
+    def instantiate(self, op: Operation, resources: Any = None
+                    ) -> tuple[Callable[..., Any], int]:
+        """The kernel callable and its kind for ``op``."""
+        if self.needs_resources:
+            if resources is None:
+                raise errors.FailedPreconditionError(
+                    None, op, f"op {op.name!r} ({self.op_type}) needs a session's resources")
+            return self.factory(op, resources)
+        return self.factory(op)
 
 
 _lock = threading.Lock()
@@ -128,13 +143,17 @@ def get_kernel(op_type: str, device_type: str = "CPU") -> KernelDef:
 
 
 def register_kernel_factory(
-    op_type: str, device_type: str = "CPU"
-) -> Callable[[KernelFactory], KernelFactory]:
-    """Decorator: register a kernel *factory* (``op -> (callable, kind)``) for ``op_type``."""
+    op_type: str, device_type: str = "CPU", *, needs_resources: bool = False
+) -> Callable[[Any], Any]:
+    """Decorator: register a kernel *factory* (``op -> (callable, kind)``) for ``op_type``.
 
-    def decorate(factory: KernelFactory) -> KernelFactory:
+    With ``needs_resources=True`` the factory is ``(op, resources) -> (callable, kind)``.
+    """
+
+    def decorate(factory: Any) -> Any:
         with _lock:
-            _KERNELS[(op_type, device_type)] = KernelDef(op_type, device_type, factory)
+            _KERNELS[(op_type, device_type)] = KernelDef(op_type, device_type, factory,
+                                                         needs_resources)
         return factory
 
     return decorate

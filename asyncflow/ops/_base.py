@@ -76,7 +76,15 @@ def _is_python_scalar_like(value: Any) -> bool:
 
 
 def binary_inputs(x: Any, y: Any, op_name: str) -> tuple[Tensor, Tensor]:
-    """Convert both operands to tensors, giving Python values the other operand's dtype."""
+    """Convert both operands to tensors, giving Python values the other operand's dtype.
+
+    Constants are made in the graph of the operand that is already a tensor (as TF),
+    whatever the default graph is.
+    """
+    graph = _graph_of(x) or _graph_of(y)
+    if graph is not None and graph is not get_default_graph():
+        with graph.as_default():
+            return binary_inputs(x, y, op_name)
     if isinstance(x, Tensor) or not _is_python_scalar_like(x):
         x = convert_to_tensor(x)
         y = _convert_like(y, x.dtype, op_name)
@@ -87,6 +95,14 @@ def binary_inputs(x: Any, y: Any, op_name: str) -> tuple[Tensor, Tensor]:
         x = convert_to_tensor(x)
         y = _convert_like(y, x.dtype, op_name)
     return x, y
+
+
+def _graph_of(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value._op._graph
+    if hasattr(value, "_as_graph_element"):
+        return value.graph
+    return None
 
 
 def _convert_like(value: Any, dtype: dtypes.DType, op_name: str) -> Tensor:
