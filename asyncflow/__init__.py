@@ -73,6 +73,7 @@ from asyncflow.ops.array_ops import (
     zeros,
 )
 from asyncflow.ops.control_flow_ops import case, cond, while_loop
+from asyncflow.ops.data_flow_ops import FIFOQueue
 from asyncflow.ops.math_ops import (
     abs,
     add,
@@ -113,6 +114,12 @@ from asyncflow.ops.math_ops import (
     where,
 )
 from asyncflow.ops.py_func import py_func
+from asyncflow.ops.state_ops import (
+    Variable,
+    global_variables,
+    global_variables_initializer,
+    variables_initializer,
+)
 from asyncflow.session import Session, SessionStatistics
 
 __version__ = "0.1.0"
@@ -120,6 +127,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DType",
     "DeviceSpec",
+    "FIFOQueue",
     "Graph",
     "Operation",
     "RunMetadata",
@@ -129,6 +137,7 @@ __all__ = [
     "SessionStatistics",
     "Tensor",
     "TensorShape",
+    "Variable",
     "abs",
     "add",
     "add_n",
@@ -160,6 +169,8 @@ __all__ = [
     "floordiv",
     "gather",
     "get_default_graph",
+    "global_variables",
+    "global_variables_initializer",
     "greater",
     "greater_equal",
     "group",
@@ -214,6 +225,7 @@ __all__ = [
     "testing",
     "transpose",
     "uint8",
+    "variables_initializer",
     "where",
     "while_loop",
     "zeros",
