@@ -244,7 +244,41 @@ def tf_workload(name: str, s: Sizes) -> Results:
         out.update(_tf_xdev(tf1, s, int(name.removeprefix("xdev.k"))))
     elif name == "parallel.2dev":
         out.update(_tf_parallel_2dev(tf1, s))
+    elif name in ("loop", "loop.cond"):
+        out.update(_tf_loop(tf1, s, with_cond=name == "loop.cond"))
     return out
+
+
+def _tf_loop(tf1: Any, s: Sizes, with_cond: bool) -> Results:
+    """asyncflow's loop workload: ``tf.while_loop`` over ``i < n`` with the same body
+    (``s + 1.0``, or through a ``tf.cond`` on i's parity) and parallel_iterations."""
+    import numpy as np
+
+    row_id = "loop.cond" if with_cond else "loop"
+    n = s.loop_cond_n if with_cond else s.loop_n
+
+    def body(i: Any, acc: Any) -> tuple[Any, Any]:
+        if not with_cond:
+            return i + 1, acc + 1.0
+        even = tf1.equal(i % 2, 0)
+        return i + 1, tf1.cond(even, lambda: acc + 1.0, lambda: acc - 1.0)
+
+    g = tf1.Graph()
+    with g.as_default():
+        n_ph = tf1.placeholder(tf1.int32, shape=(), name="n")
+        fetches = tf1.while_loop(lambda i, acc: i < n_ph, body,
+                                 (tf1.constant(0), tf1.constant(np.float32(0.0))),
+                                 parallel_iterations=s.loop_parallel_iterations)
+    expected = (n, float(n % 2 if with_cond else n))
+    with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
+        sess.run(fetches, {n_ph: 100})  # executor creation: not timed
+        value = sess.run(fetches, {n_ph: n})
+        if (int(value[0]), float(value[1])) != expected:
+            raise AssertionError(f"TF {row_id} computed {value!r}, expected {expected!r}")
+        best = min(timed(lambda: sess.run(fetches, {n_ph: n})) for _ in range(s.repeats))
+    return {row_id: best / n * 1e6,
+            f"_note.{row_id}": f"TF 1.x: tf.compat.v1.while_loop, parallel_iterations="
+                               f"{s.loop_parallel_iterations}; best run {best:.2f} s"}
 
 
 def _tf_parallel_2dev(tf1: Any, s: Sizes) -> Results:
@@ -356,7 +390,7 @@ def _add_n(values: list[Any]) -> Any:
 
 _SUPPORTED = {
     "tf": {"chain", "xdev.k1", "xdev.k100", "wide", "tiny", "parallel", "parallel.2dev",
-           "scale"},
+           "loop", "loop.cond", "scale"},
     "dask": {"chain", "wide", "tiny", "parallel"},
 }
 

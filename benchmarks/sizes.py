@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "overlap", "parallel",
-             "parallel.2dev", "scale")
+             "parallel.2dev", "loop", "loop.cond", "scale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,9 @@ class Sizes:
     matmul_chain: int = 8  # matmuls per chain (two independent chains)
     scale_n: int = 100_000  # nodes in the scale workload's chain
     tf_scale_n: int = 100_000  # the same for TensorFlow (its build is ~35x slower)
+    loop_n: int = 100_000  # iterations of the while_loop workload (scalar body)
+    loop_cond_n: int = 25_000  # iterations of the while_loop with an af.cond in its body
+    loop_parallel_iterations: int = 10  # the while_loops' parallel_iterations (TF: same)
     repeats: int = 5  # best-of-N for the microbenchmarks
     slow_repeats: int = 5  # best-of-N for overlap / parallel / Dask
 
@@ -54,6 +57,8 @@ QUICK = Sizes(
     matmul_chain=3,
     scale_n=2_000,
     tf_scale_n=2_000,
+    loop_n=2_000,
+    loop_cond_n=1_000,
     repeats=2,
     slow_repeats=1,
 )

@@ -19,8 +19,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 ROW_IDS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny.run", "tiny.run_sync", "overlap",
-           "parallel", "parallel.2dev", "scale.build", "scale.first_run", "scale.second_run",
-           "scale.peak_rss")
+           "parallel", "parallel.2dev", "loop", "loop.cond", "scale.build", "scale.first_run",
+           "scale.second_run", "scale.peak_rss")
 TARGETED = ("chain", "wide", "tiny.run", "overlap", "parallel", "scale.build",
             "scale.first_run", "scale.peak_rss")
 
@@ -85,6 +85,19 @@ def test_multi_device_rows_are_selectable_and_untargeted() -> None:
     assert "send/recv edges" in proc.stdout
     assert ">= 1.6 is what the single-device parallel target asks" in proc.stdout
     assert "cores busy" in proc.stdout
+
+
+def test_loop_rows_are_selectable_and_untargeted() -> None:
+    proc = _run_benchmarks("--quick", "--no-external", "--only", "loop,loop.cond")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _table_ids(proc.stdout) == ["loop", "loop.cond"]
+    lines = proc.stdout.splitlines()
+    for row_id in ("loop", "loop.cond"):
+        assert not any(f"] {row_id}: asyncflow " in line for line in lines)
+        row = next(line for line in lines if line.startswith(row_id + " "))
+        assert " us/iter " in row, row
+        assert row.split()[-2:] == ["-", "-"], row
+    assert "parallel_iterations=10" in proc.stdout
 
 
 def test_unknown_workload_is_a_usage_error() -> None:
