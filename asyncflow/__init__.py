@@ -120,11 +120,13 @@ from asyncflow.ops.state_ops import (
     global_variables_initializer,
     variables_initializer,
 )
+from asyncflow.runtime.cancellation import CancellationManager, get_cancellation_manager
 from asyncflow.session import Session, SessionStatistics
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CancellationManager",
     "DType",
     "DeviceSpec",
     "FIFOQueue",
@@ -168,6 +170,7 @@ __all__ = [
     "float64",
     "floordiv",
     "gather",
+    "get_cancellation_manager",
     "get_default_graph",
     "global_variables",
     "global_variables_initializer",

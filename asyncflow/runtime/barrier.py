@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncflow import errors
 from asyncflow.runtime.call_frame import CallFrame
+from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.executor import Step
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.step_stats import StepStats
@@ -41,9 +42,10 @@ class ExecutorBarrier:
         self._frame = frame
         self._retval_map = retval_map
         args = frame.args
+        cancellation = CancellationManager()  # one for the whole step
         self._steps = [
             Step(plan, CallFrame([args[k] for k in arg_map]), devices, trace=trace,
-                 rendezvous=self._rendezvous)
+                 rendezvous=self._rendezvous, cancellation=cancellation)
             for plan, arg_map in zip(partitions, arg_maps)
         ]
         self._error: errors.OpError | None = None

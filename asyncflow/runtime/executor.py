@@ -44,6 +44,9 @@ import numpy as np
 
 from asyncflow import errors
 from asyncflow.framework import registry
+from asyncflow.runtime.cancellation import CancellationManager
+from asyncflow.runtime.cancellation import _activate as _activate_cancellation
+from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
 from asyncflow.runtime.step_stats import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
 
 if TYPE_CHECKING:
@@ -73,6 +76,7 @@ class Step:
     """One execution of a plan: values, pending counts, ready stack, tasks, first error."""
 
     __slots__ = (
+        "_cm",
         "_deferred",
         "_devices",
         "_done",
@@ -97,8 +101,10 @@ class Step:
 
     def __init__(self, plan: ExecutionPlan, frame: CallFrame,
                  devices: Sequence[LocalDevice], trace: bool = False,
-                 rendezvous: Rendezvous | None = None) -> None:
+                 rendezvous: Rendezvous | None = None,
+                 cancellation: CancellationManager | None = None) -> None:
         self._plan = plan
+        self._cm = cancellation
         self._rendezvous = rendezvous
         self._frame = frame
         self._nodes = plan.nodes
@@ -141,10 +147,17 @@ class Step:
         Raises the step's first error as an ``OpError``.  Returns or raises only after
         every task the step started has finished.
         """
-        with np.errstate(all="ignore"):
-            self._drain()
-            if self._error is None and self._outstanding:
-                await self._run_tasks()
+        cm = self._cm
+        if cm is None:
+            cm = self._cm = CancellationManager()
+        token = _activate_cancellation(cm)
+        try:
+            with np.errstate(all="ignore"):
+                self._drain()
+                if self._error is None and self._outstanding:
+                    await self._run_tasks()
+        finally:
+            _deactivate_cancellation(token)
         if self._error is not None:
             raise self._error
         return self._retvals()
@@ -359,6 +372,8 @@ class Step:
                     # The caller was cancelled (or its deadline passed): nothing new
                     # may start; the group cancels the running tasks and waits.
                     self._stopped = True
+                    if self._cm is not None:
+                        self._cm.cancel()
                     raise
         except BaseExceptionGroup as group:
             # Only a BaseException that is not an Exception gets here (kernel errors
@@ -425,6 +440,8 @@ class Step:
             return  # the first error wins; this one is derived or late
         self._error = error
         self._ready.clear()
+        if self._cm is not None:
+            self._cm.cancel()  # kernels polling or with callbacks stop too
         self._cancel_tasks()
         done = self._done
         if done is not None and not done.done():

@@ -38,6 +38,9 @@ import numpy as np
 from asyncflow import errors
 from asyncflow.compiler.frames import CF_ENTER, CF_EXIT, CF_MERGE, CF_NEXT, CF_NONE, CF_SWITCH
 from asyncflow.framework import registry
+from asyncflow.runtime.cancellation import CancellationManager
+from asyncflow.runtime.cancellation import _activate as _activate_cancellation
+from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
 from asyncflow.runtime.executor import _being_cancelled, _call_in_thread, format_node_error
 
 if TYPE_CHECKING:
@@ -126,6 +129,7 @@ class FrameStep:
         self._wakeup: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = False
+        self._cm = CancellationManager()
         for i in plan.initial_ready:
             self._push(i, self._root, 0)
 
@@ -166,6 +170,7 @@ class FrameStep:
         """Run the step to completion; returns the fetched values."""
         loop = asyncio.get_running_loop()
         self._loop = loop
+        token = _activate_cancellation(self._cm)
         try:
             with np.errstate(all="ignore"):
                 async with asyncio.TaskGroup() as tg:
@@ -174,6 +179,7 @@ class FrameStep:
                         await self._main(loop)
                     except asyncio.CancelledError:
                         self._stopped = True
+                        self._cm.cancel()
                         raise
                     finally:
                         if self._error is not None or self._stopped:
@@ -181,6 +187,7 @@ class FrameStep:
         except BaseExceptionGroup as group:
             raise group.exceptions[0] from None
         finally:
+            _deactivate_cancellation(token)
             self._stopped = True
             self._loop = None
         if self._error is not None:
@@ -473,6 +480,7 @@ class FrameStep:
             return
         self._error = error
         self._ready.clear()
+        self._cm.cancel()
         self._cancel_tasks()
         self._wake()
 

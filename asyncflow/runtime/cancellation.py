@@ -1,0 +1,90 @@
+"""Step cancellation that kernels can see: TensorFlow's ``CancellationManager``.
+
+Every step that can be interrupted has one.  A kernel gets the current step's
+manager with :func:`get_cancellation_manager` (a context variable: it is visible to
+inline kernels, to async kernels and to expensive kernels on worker threads alike)
+and either polls ``is_cancelled`` — the way a long loop on a thread stops early — or
+registers a callback.  The step cancels its manager when it fails, passes its
+deadline, is cancelled by its caller or by ``Session.close()``; callbacks then run
+once, on the thread that cancelled, and must be quick and thread-safe.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+
+__all__ = ["CancellationManager", "get_cancellation_manager"]
+
+logger = logging.getLogger("asyncflow.cancellation")
+
+_current: contextvars.ContextVar[CancellationManager | None] = contextvars.ContextVar(
+    "asyncflow_cancellation_manager", default=None)
+
+
+class CancellationManager:
+    """Cancellation of one step: a flag, plus callbacks run once when it is set."""
+
+    __slots__ = ("_lock", "_cancelled", "_callbacks", "_tokens")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._callbacks: dict[int, Callable[[], None]] = {}
+        self._tokens = itertools.count()
+
+    @property
+    def is_cancelled(self) -> bool:
+        """True once the step is being cancelled (poll it in long-running kernels)."""
+        return self._cancelled
+
+    def register_callback(self, callback: Callable[[], None]) -> int | None:
+        """Run ``callback()`` when the step is cancelled; returns a token for
+        :meth:`deregister_callback`, or ``None`` (and does not run it) if the step is
+        already cancelled."""
+        with self._lock:
+            if self._cancelled:
+                return None
+            token = next(self._tokens)
+            self._callbacks[token] = callback
+            return token
+
+    def deregister_callback(self, token: int | None) -> bool:
+        """Forget a callback; False if it already ran (or never was registered)."""
+        if token is None:
+            return False
+        with self._lock:
+            return self._callbacks.pop(token, None) is not None
+
+    def cancel(self) -> None:
+        """Set the flag and run the callbacks (once; later calls do nothing)."""
+        with self._lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+            callbacks, self._callbacks = list(self._callbacks.values()), {}
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a callback must not break the cancellation of the rest
+                logger.exception("cancellation callback %r raised", callback)
+
+    def __repr__(self) -> str:
+        return (f"<CancellationManager cancelled={self._cancelled} "
+                f"callbacks={len(self._callbacks)}>")
+
+
+def get_cancellation_manager() -> CancellationManager | None:
+    """The running step's cancellation manager (``None`` outside a kernel)."""
+    return _current.get()
+
+
+def _activate(manager: CancellationManager) -> contextvars.Token[CancellationManager | None]:
+    return _current.set(manager)
+
+
+def _deactivate(token: contextvars.Token[CancellationManager | None]) -> None:
+    _current.reset(token)
