@@ -17,7 +17,7 @@ This module is the public API; everything it does not export is private.
 
 from __future__ import annotations
 
-from asyncflow import dtypes, errors, nn, raw_ops, testing
+from asyncflow import dtypes, errors, nn, raw_ops, testing, tracing
 from asyncflow.config import RunMetadata, RunOptions, SessionConfig
 from asyncflow.dtypes import (
     DType,
@@ -226,6 +226,7 @@ __all__ = [
     "subtract",
     "tanh",
     "testing",
+    "tracing",
     "transpose",
     "uint8",
     "variables_initializer",

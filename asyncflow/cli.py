@@ -5,7 +5,7 @@
     run one step and print each fetch as ``name = value``.  A feed value is JSON or
     the path of a ``.npy`` file; a bare op name ``x`` means its tensor ``x:0``.
 
-``asyncflow demo [--trace FILE]``
+``asyncflow demo [--trace FILE]`` (``run`` takes ``--trace FILE`` too)
     Build and run a small graph that mixes numpy kernels with simulated async I/O
     kernels, then print the results and a per-node timing table taken from the
     step's ``RunMetadata.step_stats``.
@@ -54,6 +54,8 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="a tensor to fetch and print ('y:0' or 'y')")
     run.add_argument("--target", action="append", default=[], metavar="OP",
                      help="an op to run without fetching a value")
+    run.add_argument("--trace", metavar="FILE",
+                     help="also write a Chrome trace (Perfetto, chrome://tracing) to FILE")
     demo = sub.add_parser("demo", help="run a built-in graph mixing numpy and async I/O",
                           description="Run a built-in example graph and print its timing.")
     demo.add_argument("--trace", metavar="FILE",
@@ -115,10 +117,16 @@ def _run(args: argparse.Namespace) -> int:
         feed_dict[_tensor(graph, name, "--feed")] = value
     fetches = [_tensor(graph, name, "--fetch") for name in args.fetch]
     targets = [_operation(graph, name) for name in args.target]
+    options = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE) if args.trace else None
+    metadata = af.RunMetadata() if args.trace else None
     with af.Session(graph=graph) as sess:
-        results = sess.run_sync([fetches, targets], feed_dict=feed_dict)[0]
+        results = sess.run_sync([fetches, targets], feed_dict=feed_dict, options=options,
+                                run_metadata=metadata)[0]
     for tensor, value in zip(fetches, results, strict=True):
         print(_format_fetch(tensor.name, value))
+    if metadata is not None:
+        _write_trace(metadata.step_stats, args.trace)
+        print(f"Chrome trace written to {args.trace}")
     return 0
 
 
@@ -279,10 +287,8 @@ def _timing_table(rows: list[tuple[str, str, str, float, float]]) -> str:
 
 
 def _write_trace(step_stats: Any, path: str) -> None:
-    try:
-        from asyncflow.tracing import Timeline  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        raise _UsageError("--trace needs asyncflow.tracing, which this build lacks") from None
+    from asyncflow.tracing import Timeline
+
     trace = Timeline(step_stats).generate_chrome_trace_format()
     try:
         with open(path, "w", encoding="utf-8") as f:

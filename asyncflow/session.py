@@ -13,6 +13,7 @@ in-flight steps) holds nothing bound to an event loop, so one session serves
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import threading
@@ -26,7 +27,12 @@ from typing import Any
 import numpy as np
 
 from asyncflow import errors
-from asyncflow.compiler.partition import Partition, partition, partition_graph_def
+from asyncflow.compiler.partition import (
+    Partition,
+    client_edges,
+    partition,
+    partition_graph_def,
+)
 from asyncflow.compiler.placement import place
 from asyncflow.compiler.plan import ExecutionPlan, build_plan, retval_converter
 from asyncflow.compiler.prune import prune
@@ -39,6 +45,7 @@ from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.executor import Step
 from asyncflow.runtime.frames import FrameStep
+from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
 
 __all__ = ["Session", "SessionStatistics"]
@@ -291,6 +298,8 @@ class Session:
         self._incarnation = random.getrandbits(64)
         # Variables and queues of this session (plans bind their kernels to it).
         self._resources = ResourceMgr()
+        self._partial_runs: dict[str, _PartialRun] = {}
+        self._partial_ids = itertools.count(1)
 
     # -- properties ------------------------------------------------------------------
 
@@ -411,6 +420,127 @@ class Session:
         if run_metadata is not None:
             self._fill_metadata(runner, call, options, run_metadata)
         return call.results(values)
+
+    # -- partial runs ----------------------------------------------------------------------
+
+    async def partial_run_setup(self, fetches: Any, feeds: Sequence[Any] | None = None) -> str:
+        """Start a step whose feeds arrive and whose fetches leave over several
+        :meth:`partial_run` calls (TF's ``partial_run_setup``); returns its handle.
+
+        ``fetches`` may include operations (targets).  The step runs on this event
+        loop: later ``partial_run`` calls with this handle must use the same loop.
+        """
+        self._check_open()
+        graph = self._graph
+        mapper = _FetchMapper(graph, fetches)
+        feed_list = [self._feed_tensor(k) for k in (feeds or ())]
+        if len(set(feed_list)) != len(feed_list):
+            raise ValueError(f"partial_run_setup: feeds has duplicate entries: {feeds!r}")
+        ops = prune(mapper.tensors, mapper.targets, frozenset(feed_list))
+        if any(op._type in CONTROL_FLOW_TYPES for op in ops):
+            raise errors.UnimplementedError(
+                None, None, "partial_run of a graph with control flow is not supported")
+        soft = self._config.allow_soft_placement
+        names = self._device_names
+        placement = place(ops, names, allow_soft_placement=soft)
+        device = names[0]
+        recvs, sends = client_edges(feed_list, mapper.tensors, mapper.targets, device,
+                                    self._incarnation)
+        edges = {}
+        for op in ops:
+            if any(t in recvs for t in op._inputs):
+                edges[op] = (tuple(recvs[t]._outputs[0] if t in recvs else t
+                                   for t in op._inputs), op._control_inputs)
+        all_ops = [*recvs.values(), *ops, *sends]
+        plan = build_plan(all_ops, [0] * len(recvs) + placement + [0] * len(sends), names,
+                          [], [], sends, [d.device_type for d in self._devices], edges=edges,
+                          resources=self._resources)
+        rendezvous = LocalRendezvous()
+        step = Step(plan, CallFrame(()), self._devices, rendezvous=rendezvous)
+        handle = f"partial_run_{next(self._partial_ids)}"
+        state = _PartialRun(handle, step, rendezvous, asyncio.get_running_loop(),
+                            {t: recvs[t]._attrs["key"] for t in feed_list},
+                            {t: s._attrs["key"] for t, s in zip(mapper.tensors, sends)},
+                            {op: s._attrs["key"]
+                             for op, s in zip(mapper.targets, sends[len(mapper.tensors):])})
+
+        async def run_partial() -> None:
+            try:
+                await self._run_step(step, None)
+            except errors.OpError as exc:
+                rendezvous.abort(exc)  # waiting partial_run calls fail with the root error
+                raise
+            except BaseException as exc:
+                rendezvous.abort(exc)
+                raise
+
+        state.task = asyncio.get_running_loop().create_task(run_partial())
+        state.task.add_done_callback(_retrieve)
+        self._partial_runs[handle] = state
+        return handle
+
+    async def partial_run(self, handle: str, fetches: Any,
+                          feed_dict: Mapping[Any, Any] | None = None) -> Any:
+        """Feed some of the declared feeds and fetch some of the declared fetches.
+
+        Each declared feed may be fed once and each fetch fetched once; anything else
+        is an ``InvalidArgumentError`` with TensorFlow's message.
+        """
+        state = self._partial_runs.get(handle) if isinstance(handle, str) else None
+        if state is None:
+            raise errors.InvalidArgumentError(
+                None, None, f"The partial run handle {handle!r} is invalid: it was never "
+                            f"set up with partial_run_setup (or it already finished)")
+        if asyncio.get_running_loop() is not state.loop:
+            raise RuntimeError(f"partial run {handle!r} was set up on another event loop")
+        mapper = _FetchMapper(self._graph, fetches)
+        feeds = [(self._feed_tensor(k), v) for k, v in (feed_dict or {}).items()]
+        for t, _ in feeds:
+            if t not in state.feed_keys:
+                raise errors.InvalidArgumentError(
+                    None, t.op, f"The feed {t.name} was not specified in partial_run_setup.")
+            if t in state.fed:
+                raise errors.InvalidArgumentError(
+                    None, t.op, f"The feed {t.name} has already been fed.")
+        for t in mapper.tensors:
+            if t not in state.fetch_keys:
+                raise errors.InvalidArgumentError(
+                    None, t.op, f"The fetch {t.name} was not specified in partial_run_setup.")
+            if t in state.fetched:
+                raise errors.InvalidArgumentError(
+                    None, t.op, f"The fetch {t.name} has already been fetched.")
+        for op in mapper.targets:
+            if op not in state.target_keys:
+                raise errors.InvalidArgumentError(
+                    None, op, f"The fetch {op.name} was not specified in partial_run_setup.")
+            if op in state.fetched:
+                raise errors.InvalidArgumentError(
+                    None, op, f"The fetch {op.name} has already been fetched.")
+        converted = [(t, _feed_converter(t)(v)) for t, v in feeds]
+        try:
+            for t, value in converted:
+                state.rendezvous.send(state.feed_keys[t], value)
+                state.fed.add(t)
+            values = []
+            for t in mapper.tensors:
+                value, _ = await state.rendezvous.recv(state.fetch_keys[t])
+                state.fetched.add(t)
+                values.append(retval_converter(t)(value))
+            for op in mapper.targets:
+                await state.rendezvous.recv(state.target_keys[op])
+                state.fetched.add(op)
+        except errors.AbortedError as exc:
+            root = state.step.error
+            self._partial_runs.pop(handle, None)
+            if isinstance(root, errors.OpError):
+                raise root from None
+            raise errors.CancelledError(None, None, f"partial run {handle!r} was aborted: "
+                                                    f"{exc.message}") from exc
+        if state.complete():
+            self._partial_runs.pop(handle, None)
+            assert state.task is not None
+            await state.task
+        return mapper.rebuild(values)
 
     async def _run_step(self, step: Step | ExecutorBarrier | FrameStep,
                         options: RunOptions | None) -> list[Any]:
@@ -578,6 +708,13 @@ class Session:
         wait for them to stop, and release the devices' threads.  Idempotent."""
         for done in self._begin_close():
             await asyncio.wrap_future(done)
+        # Abandoned partial runs: their steps were aborted above (or had not started).
+        partials, self._partial_runs = list(self._partial_runs.values()), {}
+        loop = asyncio.get_running_loop()
+        for state in partials:
+            if state.task is not None and state.loop is loop and not state.task.done():
+                state.task.cancel()
+                await asyncio.wait([state.task])  # its outcome is retrieved by _retrieve
         self._resources.clear()
         for d in self._devices:
             d.close()
@@ -607,6 +744,34 @@ class Session:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close_sync()
+
+
+class _PartialRun:
+    """An open partial run: its step, rendezvous and what was fed / fetched so far."""
+
+    def __init__(self, handle: str, step: Step, rendezvous: LocalRendezvous,
+                 loop: asyncio.AbstractEventLoop, feed_keys: dict[Tensor, str],
+                 fetch_keys: dict[Tensor, str], target_keys: dict[Operation, str]) -> None:
+        self.handle = handle
+        self.step = step
+        self.rendezvous = rendezvous
+        self.loop = loop
+        self.feed_keys = feed_keys
+        self.fetch_keys = fetch_keys
+        self.target_keys = target_keys
+        self.fed: set[Tensor] = set()
+        self.fetched: set[Tensor | Operation] = set()
+        self.task: asyncio.Task[None] | None = None
+
+    def complete(self) -> bool:
+        return (len(self.fed) == len(self.feed_keys)
+                and len(self.fetched) == len(self.fetch_keys) + len(self.target_keys))
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    # The step's error reaches callers through partial_run; mark it retrieved.
+    if not task.cancelled():
+        task.exception()
 
 
 def _inside_loop(t: Tensor) -> bool:

@@ -269,9 +269,17 @@ async def test_traced_multi_device_step(graph: af.Graph) -> None:
     opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
     async with af.Session(graph=graph, config=TWO) as sess:
         await sess.run(neg, options=opts, run_metadata=md)
-    names = {d.device: [n.node_name for n in d.node_stats] for d in md.step_stats.dev_stats}
+    names = {d.device: [n.node_name for n in d.node_stats if n.kind == "inline"]
+             for d in md.step_stats.dev_stats}
     assert names[CPU.format(0)] == ["y"]
     assert names[CPU.format(1)] == ["neg_y"]
+    # Sends and recvs are recorded too, paired by their rendezvous key.
+    traffic = [n for d in md.step_stats.dev_stats for n in d.node_stats
+               if n.kind in ("send", "recv")]
+    sends = {n.rendezvous_key for n in traffic if n.kind == "send"}
+    recvs = {n.rendezvous_key for n in traffic if n.kind == "recv"}
+    assert len(sends) == 2
+    assert sends == recvs
 
 
 # -- devices and placement ----------------------------------------------------------

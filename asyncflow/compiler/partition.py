@@ -221,3 +221,39 @@ def partition_graph_def(part: Partition, devices: Sequence[str], feeds: Sequence
                       "attr": {"index": encode_attr(k), "T": encode_attr(t._dtype)}})
     return {"versions": {"producer": 1, "format": "asyncflow.partition_graph/1"},
             "device": device, "node": nodes}
+
+
+def client_edges(feeds: Sequence[Tensor], fetches: Sequence[Tensor],
+                 targets: Sequence[Operation], device: str, incarnation: int,
+                 client: str = "/job:localhost/replica:0/task:0/device:CPU:0"
+                 ) -> tuple[dict[Tensor, Operation], list[Operation]]:
+    """``_Recv`` ops for values the client will feed, ``_Send`` ops for values it will
+    fetch (and a token ``_Send`` per target op), all on ``device`` (partial runs)."""
+    recvs: dict[Tensor, Operation] = {}
+    for t in feeds:
+        key = create_key(client, incarnation, device, f"feed:{t.name}")
+        attrs = {"key": key, "tensor_name": t.name, "send_device": client,
+                 "recv_device": device, "dtype": t._dtype, "shape": t._shape}
+        recv = Operation(t._op._graph, f"_recv_feed_{t._op._name}_{t._value_index}", "_Recv",
+                         (), (), attrs, device, t._op._traceback, -1, _RECV_DEF)
+        recv._outputs = (Tensor(recv, 0, t._dtype, t._shape),)
+        recvs[t] = recv
+    sends: list[Operation] = []
+    for t in fetches:
+        source = recvs[t]._outputs[0] if t in recvs else t
+        key = create_key(device, incarnation, client, f"fetch:{t.name}")
+        attrs = {"key": key, "tensor_name": t.name, "send_device": device,
+                 "recv_device": client, "dtype": t._dtype, "shape": t._shape}
+        send = Operation(t._op._graph, f"_send_fetch_{t._op._name}_{t._value_index}",
+                         "_Send", (source,), (), attrs, device, t._op._traceback, -1, _SEND_DEF)
+        send._outputs = ()
+        sends.append(send)
+    for op in targets:
+        key = create_key(device, incarnation, client, f"fetch:^{op.name}")
+        attrs = {"key": key, "tensor_name": f"^{op.name}", "send_device": device,
+                 "recv_device": client, "dtype": dtypes.bool, "shape": TensorShape(())}
+        send = Operation(op._graph, f"_send_fetch_{op._name}_ctrl", "_Send", (), (op,), attrs,
+                         device, op._traceback, -1, _SEND_DEF)
+        send._outputs = ()
+        sends.append(send)
+    return recvs, sends

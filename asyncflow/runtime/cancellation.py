@@ -28,7 +28,7 @@ _current: contextvars.ContextVar[CancellationManager | None] = contextvars.Conte
 class CancellationManager:
     """Cancellation of one step: a flag, plus callbacks run once when it is set."""
 
-    __slots__ = ("_lock", "_cancelled", "_callbacks", "_tokens")
+    __slots__ = ("_callbacks", "_cancelled", "_lock", "_tokens")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

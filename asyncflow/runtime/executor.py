@@ -312,19 +312,26 @@ class Step:
         kind = node.kind
         if kind == _SEND:
             # Sends never block: done at once, like an inline node.
+            start = time.time() if self._trace else 0.0
             node.kernel(self._rendezvous, *[self._vals[s] for s in node.inputs])
+            if self._trace:
+                self._record_rendezvous(i, start)
             self._complete(i, None)
             return
         if kind == _RECV:
+            start = time.time() if self._trace else 0.0
             fut = node.kernel(self._rendezvous)
             if fut.done():
-                self._complete(i, fut.result()[0])  # an abort raises: _drain fails node i
+                value = fut.result()[0]  # an abort raises: _drain fails node i
+                if self._trace:
+                    self._record_rendezvous(i, start)
+                self._complete(i, value)
                 return
             # Wait without a task and without polling: the matching send (or an
             # abort) resolves the future, whose callback finishes the node.
             self._outstanding += 1
             self._recvs.append(fut)
-            fut.add_done_callback(functools.partial(self._recv_done, i))
+            fut.add_done_callback(functools.partial(self._recv_done, i, start))
             return
         # Invariant: _outstanding counts dispatched nodes not finished yet (deferred
         # tasks and waiting recvs included): "done" is ready empty and zero here.
@@ -404,7 +411,7 @@ class Step:
         self._finish(i, v)
         self._check_done()
 
-    def _recv_done(self, i: int, fut: asyncio.Future[Any]) -> None:
+    def _recv_done(self, i: int, start: float, fut: asyncio.Future[Any]) -> None:
         self._outstanding -= 1
         if fut.cancelled():
             return
@@ -412,8 +419,22 @@ class Step:
         if exc is not None:
             self._fail(i, exc)
         else:
+            if self._trace:
+                self._record_rendezvous(i, start)
             self._finish(i, fut.result()[0])
         self._check_done()
+
+    def _record_rendezvous(self, i: int, start: float) -> None:
+        op = self._plan.ops[i]
+        end = time.time()
+        start_us = int(start * 1e6)
+        dur = int((end - start) * 1e6)
+        self._stats.append((self._nodes[i].device, NodeExecStats(  # type: ignore[union-attr]
+            node_name=op.name, op_type=op.type, kind="send" if op.type == "_Send" else "recv",
+            scheduled_micros=start_us, all_start_micros=start_us, op_end_rel_micros=dur,
+            all_end_rel_micros=dur, thread_id=threading.get_ident(),
+            timeline_label=f"{op.name} = {op.type}({op._attrs.get('tensor_name', '')})",
+            rendezvous_key=op._attrs.get("key", ""))))
 
     def _check_done(self) -> None:
         done = self._done

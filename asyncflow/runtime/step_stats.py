@@ -38,7 +38,8 @@ class NodeExecStats:
 
     ``scheduled_micros`` is when it became ready; ``all_start_micros`` when its
     kernel was entered; ``op_end_rel_micros`` when the kernel returned (relative to
-    ``all_start_micros``).  ``kind`` is ``"inline"``, ``"async"`` or ``"thread"``.
+    ``all_start_micros``).  ``kind`` is ``"inline"``, ``"async"``, ``"thread"``,
+    ``"send"`` or ``"recv"``.
     """
 
     node_name: str
@@ -52,6 +53,8 @@ class NodeExecStats:
     thread_id: int = 0
     timeline_label: str = ""
     output: list[NodeOutput] = field(default_factory=list)
+    #: ``_Send`` / ``_Recv`` only: the rendezvous key (pairs them in a timeline).
+    rendezvous_key: str = ""
 
 
 @dataclass(slots=True)
