@@ -19,8 +19,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 ROW_IDS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny.run", "tiny.run_sync", "overlap",
-           "parallel", "parallel.2dev", "loop", "loop.cond", "scale.build", "scale.first_run",
-           "scale.second_run", "scale.peak_rss")
+           "parallel", "parallel.2dev", "loop", "loop.cond", "queue", "variable", "scale.build",
+           "scale.first_run", "scale.second_run", "scale.peak_rss")
 TARGETED = ("chain", "wide", "tiny.run", "overlap", "parallel", "scale.build",
             "scale.first_run", "scale.peak_rss")
 
@@ -98,6 +98,31 @@ def test_loop_rows_are_selectable_and_untargeted() -> None:
         assert " us/iter " in row, row
         assert row.split()[-2:] == ["-", "-"], row
     assert "parallel_iterations=10" in proc.stdout
+
+
+def test_queue_and_variable_rows_are_throughputs_and_untargeted(tmp_path: Path) -> None:
+    out_json = tmp_path / "results.json"
+    proc = _run_benchmarks("--quick", "--no-external", "--only", "queue,variable",
+                           "--json", str(out_json))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _table_ids(proc.stdout) == ["queue", "variable"]
+    lines = proc.stdout.splitlines()
+    for row_id, unit in (("queue", "el/s"), ("variable", "steps/s")):
+        assert not any(f"] {row_id}: asyncflow " in line for line in lines)
+        row = next(line for line in lines if line.startswith(row_id + " "))
+        assert f" {unit} " in row, row
+        assert row.split()[-2:] == ["-", "-"], row
+    # Higher is better in these rows: the ratio legend says so.
+    assert "except in 'el/s' and 'steps/s' rows (higher is better" in proc.stdout
+    assert "every element arrived exactly once" in proc.stdout
+    assert "the variable ended exactly at 2,000" in proc.stdout
+    rows = {row["id"]: row for row in json.loads(out_json.read_text())["rows"]}
+    for row_id in ("queue", "variable"):
+        assert rows[row_id]["better"] == "higher"
+        assert rows[row_id]["ours"] > 0
+        assert rows[row_id]["anchor"] > 0
+        assert rows[row_id]["target"] is None
+        assert rows[row_id]["status"] == "-"
 
 
 def test_unknown_workload_is_a_usage_error() -> None:
