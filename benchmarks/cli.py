@@ -166,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{elapsed:.0f} s; 1-min load average at start {load_before:.2f}")
     print(f"BLAS pinned to one thread: {blas}.{pinned}")
     print(f"Each figure is the best of {sizes.repeats} repeats (overlap, parallel, Dask: "
-          f"best of {sizes.slow_repeats}); anchors alternate with asyncflow repeat by repeat.")
+          f"best of {sizes.slow_repeats}; queue, variable: best of {sizes.state_repeats}); "
+          f"anchors alternate with asyncflow repeat by repeat.")
     print("TF 1.x: tf.compat.v1 graph mode, graph optimizers off, own subprocess; "
           "Dask: dask.threaded.get on the same task graph, own subprocess.")
-    print("ratios are ours / other: lower is better, except 'speedup' (higher is better).")
+    print(report.render_ratio_legend(table_rows))
     print()
     print(report.render_table(table_rows))
     print()

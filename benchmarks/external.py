@@ -246,7 +246,127 @@ def tf_workload(name: str, s: Sizes) -> Results:
         out.update(_tf_parallel_2dev(tf1, s))
     elif name in ("loop", "loop.cond"):
         out.update(_tf_loop(tf1, s, with_cond=name == "loop.cond"))
+    elif name == "queue":
+        out.update(_tf_queue(tf1, s))
+    elif name == "variable":
+        out.update(_tf_variable(tf1, s))
     return out
+
+
+def _run_threads(targets: list[Callable[[], None]], timeout: float,
+                 on_timeout: Callable[[], None] = lambda: None) -> float:
+    """Seconds for threads running ``targets`` to finish; the first exception raised
+    in one of them is re-raised here, and a thread still running after ``timeout``
+    (``on_timeout`` is called to unblock it) is an error."""
+    import gc
+    import threading
+
+    errors: list[BaseException] = []
+
+    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # re-raised in the caller
+                errors.append(exc)
+        return run
+
+    threads = [threading.Thread(target=guarded(fn), daemon=True) for fn in targets]
+    gc.collect()
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    deadline = start + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.perf_counter()))
+    elapsed = time.perf_counter() - start
+    if any(t.is_alive() for t in threads):
+        on_timeout()
+        for t in threads:
+            t.join(10.0)
+        raise TimeoutError(f"threads still running after {timeout:.0f} s")
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+def _tf_queue(tf1: Any, s: Sizes) -> Results:
+    """asyncflow's queue workload: one element per enqueue step, one per dequeue step,
+    from producer and consumer threads sharing one session (TF sessions are
+    thread-safe; a full or empty queue blocks the calling thread)."""
+    total, producers, consumers = s.queue_n, s.queue_producers, s.queue_consumers
+    shares = [total // consumers + (1 if k < total % consumers else 0)
+              for k in range(consumers)]
+    g = tf1.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf1.int32, shape=(), name="x")
+        q = tf1.queue.FIFOQueue(s.queue_capacity, tf1.int32, shapes=[()])
+        enq, deq, size = q.enqueue(x), q.dequeue(), q.size()
+        close = q.close(cancel_pending_enqueues=True)
+    best = float("inf")
+    with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
+        sess.run(enq, {x: 7})  # executor creation: not timed
+        if sess.run(deq) != 7:
+            raise AssertionError("TF queue: the warm-up element did not come back")
+
+        def produce(k: int) -> None:
+            for i in range(k, total, producers):
+                sess.run(enq, {x: i})
+
+        def consume(out: list[int], n: int) -> None:
+            for _ in range(n):
+                out.append(int(sess.run(deq)))
+
+        for _ in range(s.state_repeats):
+            received: list[list[int]] = [[] for _ in range(consumers)]
+            elapsed = _run_threads(
+                [functools.partial(produce, k) for k in range(producers)]
+                + [functools.partial(consume, out, n) for out, n in zip(received, shares)],
+                timeout=60.0, on_timeout=lambda: sess.run(close))
+            got = sorted(v for part in received for v in part)
+            if got != list(range(total)) or sess.run(size) != 0:
+                raise AssertionError(f"TF queue: {len(got):,} elements received for "
+                                     f"{total:,} sent, or some left in the queue")
+            best = min(best, elapsed)
+    return {"queue": total / best,
+            "_note.queue": f"TF 1.x: tf.queue.FIFOQueue({s.queue_capacity}), "
+                           f"{producers} producer + {consumers} consumer threads on one "
+                           f"session, every element exactly once; best run {best:.2f} s "
+                           f"({best / total * 1e6:.1f} us per element)"}
+
+
+def _tf_variable(tf1: Any, s: Sizes) -> Results:
+    """asyncflow's variable workload: ``assign_add(1)`` steps from threads sharing one
+    session (TF's steps block their thread: threads, not 100 tasks, run them)."""
+    total, threads = s.variable_n, s.tf_variable_threads
+    shares = [total // threads + (1 if k < total % threads else 0) for k in range(threads)]
+    g = tf1.Graph()
+    with g.as_default():
+        v = tf1.Variable(0, name="v")
+        inc = v.assign_add(1)
+        init = v.initializer
+    best = float("inf")
+    with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
+        sess.run(init)
+        sess.run(inc)  # executor creation: not timed
+
+        def steps(n: int) -> None:
+            for _ in range(n):
+                sess.run(inc)
+
+        for _ in range(s.state_repeats):
+            sess.run(init)
+
+            elapsed = _run_threads([functools.partial(steps, n) for n in shares],
+                                   timeout=60.0)
+            value = sess.run(v)
+            if value != total:
+                raise AssertionError(f"TF variable ended at {value!r}, expected {total}")
+            best = min(best, elapsed)
+    return {"variable": total / best,
+            "_note.variable": f"TF 1.x: {threads} threads running assign_add steps on one "
+                              f"session, ended exactly at {total:,}; best run {best:.2f} s "
+                              f"({best / total * 1e6:.1f} us per step)"}
 
 
 def _tf_loop(tf1: Any, s: Sizes, with_cond: bool) -> Results:
@@ -390,7 +510,7 @@ def _add_n(values: list[Any]) -> Any:
 
 _SUPPORTED = {
     "tf": {"chain", "xdev.k1", "xdev.k100", "wide", "tiny", "parallel", "parallel.2dev",
-           "loop", "loop.cond", "scale"},
+           "loop", "loop.cond", "queue", "variable", "scale"},
     "dask": {"chain", "wide", "tiny", "parallel"},
 }
 

@@ -124,7 +124,7 @@ COLUMNS = (
     ("metric", 24, "<"),
     ("unit", 8, "<"),
     ("asyncflow", 9, ">"),
-    ("anchor", 8, ">"),
+    ("anchor", 9, ">"),
     ("ours/anc", 8, ">"),
     ("TF 1.x", 9, ">"),
     ("ours/TF", 8, ">"),
@@ -160,6 +160,16 @@ def render_table(rows: list[Row]) -> str:
             r.status,
         ]))
     return "\n".join(out)
+
+
+def render_ratio_legend(rows: list[Row]) -> str:
+    """How to read the ratio columns: which units are better when higher."""
+    higher = list(dict.fromkeys(f"'{r.unit}'" for r in rows if r.better == "higher"))
+    if not higher:
+        return "ratios are ours / other: lower is better."
+    units = higher[0] if len(higher) == 1 else f"{', '.join(higher[:-1])} and {higher[-1]}"
+    return (f"ratios are ours / other: lower is better, except in {units} rows "
+            f"(higher is better: there a ratio above 1.00x means asyncflow is ahead).")
 
 
 def render_anchor_legend(rows: list[Row]) -> str:

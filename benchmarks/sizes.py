@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "overlap", "parallel",
-             "parallel.2dev", "loop", "loop.cond", "scale")
+             "parallel.2dev", "loop", "loop.cond", "queue", "variable", "scale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,14 @@ class Sizes:
     loop_n: int = 100_000  # iterations of the while_loop workload (scalar body)
     loop_cond_n: int = 25_000  # iterations of the while_loop with an af.cond in its body
     loop_parallel_iterations: int = 10  # the while_loops' parallel_iterations (TF: same)
+    queue_n: int = 20_000  # elements moved through the FIFOQueue, one per enqueue step
+    queue_capacity: int = 100
+    queue_producers: int = 4  # asyncio tasks (TF: threads) running enqueue steps
+    queue_consumers: int = 4  # asyncio tasks (TF: threads) running dequeue steps
+    variable_n: int = 50_000  # assign_add steps in all
+    variable_tasks: int = 100  # concurrent asyncio tasks running them
+    tf_variable_threads: int = 8  # TF's anchor: threads running the assign_add steps
+    state_repeats: int = 3  # best-of-N for queue / variable (TF's steps are slow)
     repeats: int = 5  # best-of-N for the microbenchmarks
     slow_repeats: int = 5  # best-of-N for overlap / parallel / Dask
 
@@ -59,6 +67,9 @@ QUICK = Sizes(
     tf_scale_n=2_000,
     loop_n=2_000,
     loop_cond_n=1_000,
+    queue_n=1_000,
+    variable_n=2_000,
+    state_repeats=1,
     repeats=2,
     slow_repeats=1,
 )

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import gc
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -60,6 +61,13 @@ def make_rows(s: Sizes) -> dict[str, Row]:
             "Python while loop: np.less, np.add on np.int32 / np.float32 scalars"),
         Row("loop.cond", f"{s.loop_cond_n:,} iters, cond body", "us/iter",
             "the same Python loop with np.mod, np.equal and an if/else add/subtract"),
+        Row("queue", f"{s.queue_n:,} el, {s.queue_producers}+{s.queue_consumers} tasks",
+            "el/s",
+            f"asyncio.Queue({s.queue_capacity}), the same producer / consumer tasks",
+            better="higher"),
+        Row("variable", f"assign_add, {s.variable_tasks} tasks", "steps/s",
+            f"{s.variable_tasks} tasks: int += 1, then await asyncio.sleep(0)",
+            better="higher"),
         Row("scale.build", f"build {s.scale_n:,} nodes", "us/node", "",
             Target("<=", 10.0)),
         Row("scale.first_run", "first run (compiles)", "us/node",
@@ -647,6 +655,178 @@ def loop(with_cond: bool) -> Callable[[Af, Sizes, dict[str, Row]], None]:
     return workload
 
 
+# --------------------------------------------------------------------------- queue
+
+
+def _spread(total: int, workers: int) -> list[int]:
+    """``total`` split into ``workers`` near-equal shares."""
+    return [total // workers + (1 if k < total % workers else 0) for k in range(workers)]
+
+
+def _check_exactly_once(what: str, received: list[list[int]], total: int) -> None:
+    got = sorted(v for part in received for v in part)
+    if got != list(range(total)):
+        missing = len(set(range(total)) - set(got))
+        _check(False, f"{what}: {len(got):,} elements received for {total:,} sent "
+                       f"({missing:,} missing, {len(got) - len(set(got)):,} duplicated)")
+
+
+def queue(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """Elements per second through a FIFOQueue, one element per enqueue step and per
+    dequeue step, with producer and consumer tasks running their steps concurrently on
+    one loop; the anchor moves the same integers through an ``asyncio.Queue``."""
+    total, producers, consumers = s.queue_n, s.queue_producers, s.queue_consumers
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.int32, shape=(), name="x")
+        q = af.FIFOQueue(s.queue_capacity, af.int32, shapes=[()])
+        enq = q.enqueue(x)
+        deq = q.dequeue()
+        size = q.size()
+    shares = _spread(total, consumers)
+    timeout = 60.0  # a lost element must fail the row, not hang it
+
+    async def plain() -> list[list[int]]:
+        aq: asyncio.Queue[int] = asyncio.Queue(s.queue_capacity)
+        received: list[list[int]] = [[] for _ in range(consumers)]
+
+        async def produce(k: int) -> None:
+            for i in range(k, total, producers):
+                await aq.put(i)
+
+        async def consume(k: int) -> None:
+            out = received[k]
+            for _ in range(shares[k]):
+                out.append(await aq.get())
+
+        await asyncio.gather(*(produce(k) for k in range(producers)),
+                             *(consume(k) for k in range(consumers)))
+        return received
+
+    async def main() -> tuple[list[float], list[float]]:
+        async with af.Session(graph=g) as sess:
+            await sess.run(enq, feed_dict={x: 7})  # compiles both plans
+            value = await sess.run(deq)
+            _check(value == 7, f"queue: dequeued {value!r} after enqueueing 7")
+
+            async def ours_steps() -> list[list[int]]:
+                received: list[list[int]] = [[] for _ in range(consumers)]
+
+                async def produce(k: int) -> None:
+                    for i in range(k, total, producers):
+                        await sess.run(enq, feed_dict={x: i})
+
+                async def consume(k: int) -> None:
+                    out = received[k]
+                    for _ in range(shares[k]):
+                        out.append(int(await sess.run(deq)))
+
+                await asyncio.wait_for(
+                    asyncio.gather(*(produce(k) for k in range(producers)),
+                                   *(consume(k) for k in range(consumers))), timeout)
+                return received
+
+            ours, anchor = [], []
+            for _ in range(s.state_repeats):
+                gc.collect()
+                start = time.perf_counter()
+                received = await plain()
+                anchor.append(time.perf_counter() - start)
+                _check_exactly_once("asyncio.Queue anchor", received, total)
+                gc.collect()
+                start = time.perf_counter()
+                received = await ours_steps()
+                ours.append(time.perf_counter() - start)
+                _check_exactly_once("queue", received, total)
+                left = await sess.run(size)
+                _check(left == 0, f"queue: {left} elements left after the run")
+            return ours, anchor
+
+    ours, anchor = asyncio.run(main())
+    row = rows["queue"]
+    row.ours, row.anchor = total / min(ours), total / min(anchor)
+    row.notes.append(
+        f"capacity {s.queue_capacity}, {producers} producer + {consumers} consumer tasks; "
+        f"every element arrived exactly once; {1e6 / row.ours:.1f} us per element = two "
+        f"steps (an enqueue, a dequeue), best run {min(ours):.2f} s")
+
+
+# --------------------------------------------------------------------------- variable
+
+
+def variable(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """``assign_add`` steps per second with ``variable_tasks`` tasks each awaiting
+    ``sess.run(inc)`` in a loop; the anchor: the same tasks bumping a Python int,
+    each update followed by ``await asyncio.sleep(0)``."""
+    total, tasks = s.variable_n, s.variable_tasks
+    shares = _spread(total, tasks)
+    g = af.Graph()
+    with g.as_default():
+        v = af.Variable(0, name="v")
+        inc = v.assign_add(1)
+
+    async def plain() -> int:
+        counter = 0
+
+        async def bump(n: int) -> None:
+            nonlocal counter
+            for _ in range(n):
+                counter += 1
+                await asyncio.sleep(0)
+
+        await asyncio.gather(*(bump(n) for n in shares))
+        return counter
+
+    async def main() -> tuple[list[float], list[float], int]:
+        async with af.Session(graph=g) as sess:
+            await sess.run(v.initializer)
+            await sess.run(inc)  # compiles
+            # Untimed: how often consecutive steps came from different tasks.
+            await sess.run(v.initializer)
+            order: list[int] = []
+
+            async def traced(k: int) -> None:
+                for _ in range(3):
+                    await sess.run(inc)
+                    order.append(k)
+
+            await asyncio.gather(*(traced(k) for k in range(tasks)))
+            switches = sum(a != b for a, b in itertools.pairwise(order))
+
+            async def steps(n: int) -> None:
+                for _ in range(n):
+                    await sess.run(inc)
+
+            ours, anchor = [], []
+            for _ in range(s.state_repeats):
+                gc.collect()
+                start = time.perf_counter()
+                counted = await plain()
+                anchor.append(time.perf_counter() - start)
+                _check(counted == total, f"variable anchor counted {counted}, not {total}")
+                await sess.run(v.initializer)
+                gc.collect()
+                start = time.perf_counter()
+                await asyncio.gather(*(steps(n) for n in shares))
+                ours.append(time.perf_counter() - start)
+                value = await sess.run(v)
+                _check(value == total, f"variable ended at {value!r}, expected {total}")
+            return ours, anchor, switches
+
+    ours, anchor, switches = asyncio.run(main())
+    row = rows["variable"]
+    row.ours, row.anchor = total / min(ours), total / min(anchor)
+    row.notes.append(
+        f"{tasks} tasks x {total // tasks:,} steps; the variable ended exactly at {total:,} "
+        f"every run; {1e6 / row.ours:.2f} us per step, best run {min(ours):.2f} s")
+    sequential = switches < tasks
+    row.notes.append(
+        f"untimed check ({tasks} tasks x 3 steps): consecutive steps changed task "
+        f"{switches} times" + (": an all-inline plan's `await sess.run` never yields to the loop, so "
+                    "each task's steps run back to back (the anchor's sleep(0) switches "
+                    "task on every update)" if sequential else ""))
+
+
 # --------------------------------------------------------------------------- scale
 
 
@@ -680,6 +860,8 @@ WORKLOAD_FUNCS: dict[str, Callable[[Af, Sizes, dict[str, Row]], None]] = {
     "parallel.2dev": parallel_2dev,
     "loop": loop(with_cond=False),
     "loop.cond": loop(with_cond=True),
+    "queue": queue,
+    "variable": variable,
     "scale": scale,
 }
 
@@ -693,5 +875,7 @@ ROWS_OF: dict[str, tuple[str, ...]] = {
     "parallel.2dev": ("parallel.2dev",),
     "loop": ("loop",),
     "loop.cond": ("loop.cond",),
+    "queue": ("queue",),
+    "variable": ("variable",),
     "scale": ("scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss"),
 }

@@ -47,11 +47,13 @@ class ResourceMgr:
         ``check(existing)`` raises when an existing resource is incompatible.
         """
         key = (container, name)
-        with self._lock:
-            found = self._resources.get(key)
-            if found is None:
-                found = self._resources[key] = create()
-                return found
+        found = self._resources.get(key)  # a dict read is atomic: no lock on the hot path
+        if found is None:
+            with self._lock:
+                found = self._resources.get(key)
+                if found is None:
+                    found = self._resources[key] = create()
+                    return found
         if not isinstance(found, kind):
             raise errors.InvalidArgumentError(
                 None, None, f"resource {name!r} is a {type(found).__name__}, not a "
@@ -307,8 +309,16 @@ def _resolve(fut: asyncio.Future[Any], error: BaseException | None, result: Any,
         else:
             fut.set_result(result)
 
+    loop = fut.get_loop()
     try:
-        fut.get_loop().call_soon_threadsafe(settle)
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        settle()  # on the waiter's own loop: no wake-up through the self-pipe needed
+        return
+    try:
+        loop.call_soon_threadsafe(settle)
     except RuntimeError:  # that loop is closed: its step is gone
         if give_back is not None and result:
             give_back(result)
