@@ -228,7 +228,24 @@ class _Context:
             ctx = ctx.outer
         return False
 
+    _values: dict[Tensor, Tensor]
+
     def add_value(self, t: Tensor) -> Tensor:
+        """``t`` (from outside this context) as seen inside it; made once per tensor."""
+        cached = self._values.get(t)
+        if cached is not None:
+            return cached
+        graph = t._op._graph
+        with graph._control_flow_context(self.outer):
+            source = t
+            if self.outer is not None and not self.outer.is_inside(t._op._ctx):
+                source = self.outer.add_value(t)
+            out = self._admit(source)
+        out._op._ctx = self  # the admitted value belongs to this context
+        self._values[t] = out
+        return out
+
+    def _admit(self, t: Tensor) -> Tensor:
         raise NotImplementedError
 
     def pivot(self) -> Operation:
@@ -261,19 +278,9 @@ class CondContext(_Context):
     def pivot(self) -> Operation:
         return self._pivot._op
 
-    def add_value(self, t: Tensor) -> Tensor:
-        cached = self._values.get(t)
-        if cached is not None:
-            return cached
-        graph = t._op._graph
-        with graph._control_flow_context(self.outer):
-            source = t
-            if self.outer is not None and not self.outer.is_inside(t._op._ctx):
-                source = self.outer.add_value(t)
-            out = switch(source, self.pred)[self.branch]
-        out._op._ctx = self  # the branch output belongs to the branch
-        self._values[t] = out
-        return out
+    def _admit(self, t: Tensor) -> Tensor:
+        # Dead when this branch is not taken.
+        return switch(t, self.pred)[self.branch]
 
 
 class WhileContext(_Context):
@@ -295,20 +302,10 @@ class WhileContext(_Context):
         # the Enters (built outside, under the same control scope) carry it instead.
         return True
 
-    def add_value(self, t: Tensor) -> Tensor:
-        cached = self._values.get(t)
-        if cached is not None:
-            return cached
-        graph = t._op._graph
-        with graph._control_flow_context(self.outer):
-            source = t
-            if self.outer is not None and not self.outer.is_inside(t._op._ctx):
-                source = self.outer.add_value(t)
-            out = enter(source, self.frame_name, is_constant=True,
-                        parallel_iterations=self.parallel_iterations)
-        out._op._ctx = self
-        self._values[t] = out
-        return out
+    def _admit(self, t: Tensor) -> Tensor:
+        # A loop constant: delivered to every iteration.
+        return enter(t, self.frame_name, is_constant=True,
+                     parallel_iterations=self.parallel_iterations)
 
 
 _frame_ids = itertools.count()

@@ -38,7 +38,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -168,17 +168,7 @@ class Step:
 
     def abort_threadsafe(self, error: errors.OpError) -> None:
         """Fail the step from any thread (used by ``Session.close``)."""
-        loop = self._loop
-        if loop is None:
-            # Not waiting on a loop: either finished or running synchronously; the
-            # error is recorded and seen at the next check.
-            if self._error is None:
-                self._error = error
-            return
-        try:
-            loop.call_soon_threadsafe(self._fail_with, error)
-        except RuntimeError:  # loop closed: the step is over
-            pass
+        abort_on_loop(self, self._loop, error)
 
     @property
     def error(self) -> errors.OpError | None:
@@ -518,6 +508,27 @@ class Step:
                 return v
             wrapped = traced
         return node._replace(kernel=wrapped)
+
+
+class _Abortable(Protocol):
+    _error: errors.OpError | None
+
+    def _fail_with(self, error: errors.OpError) -> None: ...
+
+
+def abort_on_loop(step: _Abortable, loop: asyncio.AbstractEventLoop | None,
+                  error: errors.OpError) -> None:
+    """Fail ``step`` from any thread: on its loop if it is waiting on one."""
+    if loop is None:
+        # Not waiting on a loop: finished, not started, or running synchronously; the
+        # error is recorded and seen at its next check.
+        if step._error is None:
+            step._error = error
+        return
+    try:
+        loop.call_soon_threadsafe(step._fail_with, error)
+    except RuntimeError:  # loop closed: the step is over
+        pass
 
 
 def _being_cancelled() -> bool:

@@ -41,7 +41,12 @@ from asyncflow.framework import registry
 from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.cancellation import _activate as _activate_cancellation
 from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
-from asyncflow.runtime.executor import _being_cancelled, _call_in_thread, format_node_error
+from asyncflow.runtime.executor import (
+    _being_cancelled,
+    _call_in_thread,
+    abort_on_loop,
+    format_node_error,
+)
 
 if TYPE_CHECKING:
     from asyncflow.compiler.frames import FrameInfo
@@ -156,15 +161,7 @@ class FrameStep:
 
     def abort_threadsafe(self, error: errors.OpError) -> None:
         """Fail the step from any thread."""
-        loop = self._loop
-        if loop is None:
-            if self._error is None:
-                self._error = error
-            return
-        try:
-            loop.call_soon_threadsafe(self._fail_with, error)
-        except RuntimeError:
-            pass
+        abort_on_loop(self, self._loop, error)
 
     async def run(self) -> list[Any]:
         """Run the step to completion; returns the fetched values."""
