@@ -17,14 +17,11 @@ import itertools
 import logging
 import random
 import threading
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
-
-import numpy as np
 
 from asyncflow import errors
 from asyncflow.compiler.partition import (
@@ -37,6 +34,7 @@ from asyncflow.compiler.placement import place
 from asyncflow.compiler.plan import ExecutionPlan, build_plan, retval_converter
 from asyncflow.compiler.prune import prune
 from asyncflow.config import RunMetadata, RunOptions, SessionConfig
+from asyncflow.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
 from asyncflow.ops.control_flow_ops import CONTROL_FLOW_TYPES, WhileContext
@@ -63,147 +61,6 @@ class SessionStatistics:
     cached_plans: int
     in_flight: int
     closed: bool
-
-
-# -- fetches ----------------------------------------------------------------------
-
-def _fetch_key(fetch: Any) -> Any:
-    """A hashable key for a fetch structure (leaves by identity or name)."""
-    t = type(fetch)
-    if t is Tensor or t is Operation or t is str:
-        return fetch
-    if isinstance(fetch, str):
-        return str(fetch)
-    if t is list or t is tuple:
-        return (t, tuple(_fetch_key(f) for f in fetch))
-    if isinstance(fetch, tuple):  # namedtuple
-        return (t, tuple(_fetch_key(f) for f in fetch))
-    if isinstance(fetch, Mapping):
-        # type(k) too: 1, 1.0 and True are equal dict keys but rebuild differently.
-        return (t, tuple((k, type(k), _fetch_key(v)) for k, v in fetch.items()))
-    if isinstance(fetch, list):
-        return (t, tuple(_fetch_key(f) for f in fetch))
-    if hasattr(fetch, "_as_graph_element") or isinstance(fetch, Tensor | Operation):
-        return fetch
-    raise TypeError(f"Fetch argument {fetch!r} has invalid type {type(fetch)!r}, must be a "
-                    f"string or Tensor, an Operation, or a list/tuple/dict of those.")
-
-
-Rebuild = Callable[[Sequence[Any]], Any]
-
-
-class _FetchMapper:
-    """Flattens a fetch structure into unique tensors + targets, and rebuilds results."""
-
-    def __init__(self, graph: Graph, fetches: Any) -> None:
-        self.tensors: list[Tensor] = []
-        self.targets: list[Operation] = []
-        self._index: dict[Tensor, int] = {}
-        self._graph = graph
-        self.rebuild: Rebuild = self._build(fetches)
-
-    def _element(self, fetch: Any) -> Tensor | Operation:
-        try:
-            return self._graph.as_graph_element(fetch)
-        except TypeError:
-            raise TypeError(
-                f"Fetch argument {fetch!r} has invalid type {type(fetch)!r}, must be a "
-                f"string or Tensor, an Operation, or a list/tuple/dict of those.") from None
-        except ValueError as exc:
-            raise ValueError(f"Fetch argument {fetch!r} cannot be interpreted as a Tensor "
-                             f"or Operation: {exc}") from None
-
-    def _build(self, fetch: Any) -> Rebuild:
-        if isinstance(fetch, list | tuple) and not isinstance(fetch, str):
-            parts = [self._build(f) for f in fetch]
-            kind = type(fetch)
-            if kind is list:
-                return lambda vals: [p(vals) for p in parts]
-            if kind is tuple:
-                return lambda vals: tuple(p(vals) for p in parts)
-            if hasattr(kind, "_fields"):
-                return lambda vals: kind(*(p(vals) for p in parts))
-            return lambda vals: kind(p(vals) for p in parts)
-        if isinstance(fetch, Mapping):
-            items = [(k, self._build(v)) for k, v in fetch.items()]
-            mkind: Any = type(fetch)
-            if mkind is dict:
-                return lambda vals: {k: p(vals) for k, p in items}
-            factory = getattr(fetch, "default_factory", None)
-
-            def rebuild_mapping(vals: Sequence[Any]) -> Any:
-                # As TF: defaultdicts keep their factory; other mappings start empty.
-                out = mkind(factory) if isinstance(fetch, defaultdict) else mkind()
-                for k, p in items:
-                    out[k] = p(vals)
-                return out
-
-            return rebuild_mapping
-        element = self._element(fetch)
-        if isinstance(element, Operation):
-            if not self._graph.is_fetchable(element):
-                raise ValueError(f"Operation {element.name!r} has been marked as not fetchable.")
-            self.targets.append(element)
-            return lambda vals: None
-        if not self._graph.is_fetchable(element):
-            raise ValueError(f"Tensor {element.name!r} may not be fetched.")
-        index = self._index.get(element)
-        if index is None:
-            index = self._index[element] = len(self.tensors)
-            self.tensors.append(element)
-        return lambda vals: vals[index]
-
-
-# -- feeds ------------------------------------------------------------------------
-
-def _feed_converter(t: Tensor) -> Callable[[Any], Any]:
-    """Convert and check one fed value for ``t`` (dtype, static shape); 0-d → numpy scalar."""
-    np_dtype = t._dtype.np
-    scalar_type = np_dtype.type
-    dims = t._shape.dims
-    is_string = t._dtype.is_string
-    name = t.name
-
-    def fail_shape(shape: tuple[int, ...]) -> None:
-        raise ValueError(f"Cannot feed value of shape {shape!r} for Tensor {name!r}, which "
-                         f"has shape {t._shape}")
-
-    def convert(v: Any) -> Any:
-        tv = type(v)
-        if tv is scalar_type:
-            a = v
-            shape: tuple[int, ...] = ()
-        else:
-            if isinstance(v, Tensor) or hasattr(v, "_as_graph_element"):
-                raise TypeError(f"The value of a feed cannot be an af.Tensor object (feeding "
-                                f"{name!r}). Acceptable feed values include Python scalars, "
-                                f"strings, lists, numpy ndarrays.")
-            if tv is np.ndarray and v.dtype == np_dtype:
-                a = v
-            elif is_string:
-                a = np.empty(np.shape(v), dtype=object)
-                a[...] = v
-            else:
-                try:
-                    a = np.asarray(v, dtype=np_dtype)
-                except (TypeError, ValueError, OverflowError) as exc:
-                    raise TypeError(f"cannot convert feed value {v!r} for Tensor {name!r} "
-                                    f"to {t._dtype.name}: {exc}") from None
-                if tv is int and a != v:  # as TF: only Python ints are checked
-                    raise TypeError(f"Type of feed value {v!r} with type {tv.__name__} is not "
-                                    f"compatible with Tensor type {t._dtype.name} of {name!r}")
-            shape = a.shape
-            if not shape:
-                a = a[()]
-        if dims is not None:
-            if len(shape) != len(dims):
-                fail_shape(shape)
-            for have, want in zip(shape, dims):
-                if want is not None and have != want:
-                    fail_shape(shape)
-        return a
-
-    return convert
 
 
 class _CompiledCall:
@@ -432,7 +289,7 @@ class Session:
         """
         self._check_open()
         graph = self._graph
-        mapper = _FetchMapper(graph, fetches)
+        mapper = FetchMapper(graph, fetches)
         feed_list = [self._feed_tensor(k) for k in (feeds or ())]
         if len(set(feed_list)) != len(feed_list):
             raise ValueError(f"partial_run_setup: feeds has duplicate entries: {feeds!r}")
@@ -493,7 +350,7 @@ class Session:
                             f"set up with partial_run_setup (or it already finished)")
         if asyncio.get_running_loop() is not state.loop:
             raise RuntimeError(f"partial run {handle!r} was set up on another event loop")
-        mapper = _FetchMapper(self._graph, fetches)
+        mapper = FetchMapper(self._graph, fetches)
         feeds = [(self._feed_tensor(k), v) for k, v in (feed_dict or {}).items()]
         for t, _ in feeds:
             if t not in state.feed_keys:
@@ -516,7 +373,7 @@ class Session:
             if op in state.fetched:
                 raise errors.InvalidArgumentError(
                     None, op, f"The fetch {op.name} has already been fetched.")
-        converted = [(t, _feed_converter(t)(v)) for t, v in feeds]
+        converted = [(t, feed_converter(t)(v)) for t, v in feeds]
         try:
             for t, value in converted:
                 state.rendezvous.send(state.feed_keys[t], value)
@@ -589,7 +446,7 @@ class Session:
         if self._closed:
             raise RuntimeError("Attempted to use a closed Session.")
         feed_keys = tuple(feed_dict) if feed_dict else ()
-        key = (_fetch_key(fetches), feed_keys)
+        key = (fetch_key(fetches), feed_keys)
         call = self._cache.get(key)
         if call is None:
             with self._compile_lock:
@@ -606,7 +463,7 @@ class Session:
 
     def _compile(self, fetches: Any, feed_keys: tuple[Any, ...]) -> _CompiledCall:
         graph = self._graph
-        mapper = _FetchMapper(graph, fetches)
+        mapper = FetchMapper(graph, fetches)
         feeds = [self._feed_tensor(k) for k in feed_keys]
         if len(set(feeds)) != len(feeds):
             seen: set[Tensor] = set()
@@ -627,7 +484,7 @@ class Session:
         if self._config.log_device_placement:
             for op, dev in zip(ops, placement):
                 logger.info("%s: (%s): %s", op.name, op.type, self._device_names[dev])
-        converters = tuple(_feed_converter(t) for t in feeds)
+        converters = tuple(feed_converter(t) for t in feeds)
         device_types = [d.device_type for d in self._devices]
         fetches = mapper.tensors
         names = self._device_names

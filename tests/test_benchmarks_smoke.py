@@ -18,9 +18,10 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-ROW_IDS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny.run", "tiny.run_sync", "overlap",
-           "parallel", "parallel.2dev", "loop", "loop.cond", "queue", "variable", "scale.build",
-           "scale.first_run", "scale.second_run", "scale.peak_rss")
+ROW_IDS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny.run", "tiny.run_sync", "callable",
+           "callable.nested", "trace", "trace.off", "overlap", "parallel", "parallel.2dev",
+           "loop", "loop.cond", "queue", "variable", "scale.build", "scale.first_run",
+           "scale.second_run", "scale.peak_rss")
 TARGETED = ("chain", "wide", "tiny.run", "overlap", "parallel", "scale.build",
             "scale.first_run", "scale.peak_rss")
 
@@ -119,6 +120,36 @@ def test_queue_and_variable_rows_are_throughputs_and_untargeted(tmp_path: Path) 
     rows = {row["id"]: row for row in json.loads(out_json.read_text())["rows"]}
     for row_id in ("queue", "variable"):
         assert rows[row_id]["better"] == "higher"
+        assert rows[row_id]["ours"] > 0
+        assert rows[row_id]["anchor"] > 0
+        assert rows[row_id]["target"] is None
+        assert rows[row_id]["status"] == "-"
+
+
+def test_step_control_rows_are_selectable_and_untargeted(tmp_path: Path) -> None:
+    out_json = tmp_path / "results.json"
+    proc = _run_benchmarks("--quick", "--no-external",
+                           "--only", "callable,callable.nested,trace,trace.off",
+                           "--json", str(out_json))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ids = ["callable", "callable.nested", "trace", "trace.off"]
+    assert _table_ids(proc.stdout) == ids
+    lines = proc.stdout.splitlines()
+    for row_id, unit in (("callable", "us/call"), ("callable.nested", "us/call"),
+                         ("trace", "us/node"), ("trace.off", "us/node")):
+        assert not any(f"] {row_id}: asyncflow " in line for line in lines)
+        row = next(line for line in lines if line.startswith(row_id + " "))
+        assert f" {unit} " in row, row
+        assert row.split()[-2:] == ["-", "-"], row
+    # The notes say what is compared with what.
+    assert "fetches {'a': [y, z], 'b': (y,)}, feeds x=1.0, w=3.0" in proc.stdout
+    assert "ours/anc = the traced slowdown" in proc.stdout
+    assert "tracing off costs nothing" in proc.stdout
+    assert "node stats recorded" in proc.stdout
+    rows = {row["id"]: row for row in json.loads(out_json.read_text())["rows"]}
+    assert list(rows) == ids
+    for row_id in ids:
+        assert rows[row_id]["better"] == "lower"
         assert rows[row_id]["ours"] > 0
         assert rows[row_id]["anchor"] > 0
         assert rows[row_id]["target"] is None
