@@ -12,13 +12,15 @@ graph is executed, as in asyncflow's runs; the figure is the executor's cost per
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import benchmarks  # noqa: F401  (pins BLAS threads before numpy is imported)
@@ -114,6 +116,13 @@ def tf_chain(tf1: Any, n: int) -> tuple[Any, Any, Any]:
     return g, x0, x
 
 
+@functools.cache
+def tf_shared_chain(tf1: Any, n: int) -> tuple[Any, Any, Any]:
+    """:func:`tf_chain`, built once per child process for the workloads that run it
+    unchanged (chain, trace, trace.off): building 10,000 TF nodes takes ~2 s."""
+    return tf_chain(tf1, n)
+
+
 def tf_xdev_chain(tf1: Any, n: int, k: int) -> tuple[Any, Any, Any, int]:
     """The chain on /cpu:0 and /cpu:1, switching every ``k`` adds (as asyncflow's
     ``xdev`` graph: one constant per device, so only the chain's own device changes
@@ -182,7 +191,7 @@ def tf_workload(name: str, s: Sizes) -> Results:
     tf1 = _tf()
     out: Results = {}
     if name == "chain":
-        g, x0, y = tf_chain(tf1, s.chain_n)
+        g, x0, y = tf_shared_chain(tf1, s.chain_n)
         with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
             out["chain"] = _tf_best_of(sess, y, {x0: 0.0}, s.repeats) / s.chain_n * 1e6
     elif name == "wide":
@@ -209,6 +218,10 @@ def tf_workload(name: str, s: Sizes) -> Results:
             per_run = min(timed(calls) for _ in range(s.repeats)) / s.tiny_calls * 1e6
         # TF has one (synchronous) session.run: it anchors both rows.
         out["tiny.run"] = out["tiny.run_sync"] = per_run
+    elif name in ("callable", "callable.nested"):
+        out.update(_tf_callable(tf1, s, nested=name == "callable.nested"))
+    elif name in ("trace", "trace.off"):
+        out.update(_tf_trace(tf1, s, traced=name == "trace"))
     elif name == "parallel":
         rng = np.random.default_rng(0)
         d = s.matmul_dim
@@ -251,6 +264,99 @@ def tf_workload(name: str, s: Sizes) -> Results:
     elif name == "variable":
         out.update(_tf_variable(tf1, s))
     return out
+
+
+@contextlib.contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """Move every object alive now (TensorFlow's modules, the graphs just built) out of
+    the collector's reach until the block ends: the ``gc.collect()`` that
+    :func:`~benchmarks.sizes.timed` runs before each repeat then takes milliseconds
+    instead of ~0.15 s in a TF process.  The collection is never timed, but a big one
+    leaves the caches cold for the first moments of the timed block: that is ~0.6 ms,
+    <1% of a callable row's ~80 ms block, but ~30% of one 10,000-node chain run, so
+    only the callable anchors use this."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _tf_callable(tf1: Any, s: Sizes, nested: bool) -> Results:
+    """asyncflow's callable workloads: ``sess.make_callable(fetches, feed_list)`` per
+    call, interleaved with ``sess.run(fetches, feed_dict)`` (default config, as tiny)."""
+    row_id = "callable.nested" if nested else "callable"
+    calls = s.tf_callable_calls
+    g = tf1.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf1.float32, shape=(), name="x")
+        y = (x + 1.0) * 2.0
+        if nested:
+            w = tf1.placeholder(tf1.float32, shape=(), name="w")
+            z = y * w
+            fetches: Any = {"a": [y, z], "b": (y,)}
+            feed_list, values = [x, w], (1.0, 3.0)
+            expected: Any = {"a": [4.0, 12.0], "b": (4.0,)}
+        else:
+            fetches, feed_list, values, expected = y, [x], (1.0,), 4.0
+    feed = dict(zip(feed_list, values))
+    with tf1.Session(graph=g) as sess, _frozen_heap():
+        fn = sess.make_callable(fetches, feed_list=feed_list)
+        for got in (sess.run(fetches, feed), fn(*values)):
+            if got != expected:
+                raise AssertionError(f"TF {row_id} computed {got!r}, expected {expected!r}")
+
+        def run_calls() -> None:
+            for _ in range(calls):
+                sess.run(fetches, feed)
+
+        def callable_calls() -> None:
+            for _ in range(calls):
+                fn(*values)
+
+        t_run = t_fn = float("inf")
+        for _ in range(s.repeats):
+            t_run = min(t_run, timed(run_calls))
+            t_fn = min(t_fn, timed(callable_calls))
+    per_fn, per_run = t_fn / calls * 1e6, t_run / calls * 1e6
+    return {row_id: per_fn,
+            f"_note.{row_id}": f"TF 1.x: make_callable {per_fn:.1f} us/call vs its "
+                               f"session.run {per_run:.1f} us/run ({per_fn / per_run:.2f}x; "
+                               f"default config, as tiny.run's TF anchor; best of "
+                               f"{s.repeats} x {calls:,} calls each)"}
+
+
+def _tf_trace(tf1: Any, s: Sizes, traced: bool) -> Results:
+    """asyncflow's trace / trace.off workloads on TF's chain (optimizers off): the run
+    with ``RunOptions(trace_level=FULL_TRACE)`` and a RunMetadata (trace) or with
+    ``RunOptions()`` and no RunMetadata (trace.off), interleaved with the plain run."""
+    row_id = "trace" if traced else "trace.off"
+    n = s.chain_n
+    g, x0, y = tf_shared_chain(tf1, n)
+    feed = {x0: 0.0}
+    opts = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE) if traced else tf1.RunOptions()
+    # No _frozen_heap here: a full collection just before a 2-3 ms run leaves the
+    # caches cold, and the chain row's TF figure is measured that way too.
+    with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
+        sess.run(y, feed)  # executor creation: not timed
+        md = tf1.RunMetadata()
+        value = sess.run(y, feed, options=opts, run_metadata=md if traced else None)
+        if value != n:
+            raise AssertionError(f"TF {row_id} chain computed {value!r}, expected {n}")
+        recorded = sum(len(d.node_stats) for d in md.step_stats.dev_stats)
+        t_plain = t_opts = float("inf")
+        for _ in range(s.repeats):
+            t_plain = min(t_plain, timed(lambda: sess.run(y, feed)))
+            t_opts = min(t_opts, timed(lambda: sess.run(
+                y, feed, options=opts,
+                run_metadata=tf1.RunMetadata() if traced else None)))
+    what = (f"FULL_TRACE with a RunMetadata ({recorded:,} node stats recorded)" if traced
+            else "options=RunOptions(), run_metadata=None")
+    return {row_id: t_opts / n * 1e6,
+            f"_note.{row_id}": f"TF 1.x: {what} {t_opts / n * 1e6:.2f} us/node vs its plain "
+                               f"run {t_plain / n * 1e6:.2f} us/node "
+                               f"({t_opts / t_plain:.2f}x)"}
 
 
 def _run_threads(targets: list[Callable[[], None]], timeout: float,
@@ -509,8 +615,9 @@ def _add_n(values: list[Any]) -> Any:
 
 
 _SUPPORTED = {
-    "tf": {"chain", "xdev.k1", "xdev.k100", "wide", "tiny", "parallel", "parallel.2dev",
-           "loop", "loop.cond", "queue", "variable", "scale"},
+    "tf": {"chain", "xdev.k1", "xdev.k100", "wide", "tiny", "callable", "callable.nested",
+           "trace", "trace.off", "parallel", "parallel.2dev", "loop", "loop.cond", "queue",
+           "variable", "scale"},
     "dask": {"chain", "wide", "tiny", "parallel"},
 }
 

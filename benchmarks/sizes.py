@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "overlap", "parallel",
-             "parallel.2dev", "loop", "loop.cond", "queue", "variable", "scale")
+WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "callable", "callable.nested",
+             "trace", "trace.off", "overlap", "parallel", "parallel.2dev", "loop",
+             "loop.cond", "queue", "variable", "scale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,7 @@ class Sizes:
     wide_n: int = 10_000  # independent scalar adds reduced by add_n
     tiny_calls: int = 2_000  # session.run calls per timed repeat
     tiny_sync_calls: int = 300  # run_sync / asyncio.run calls per timed repeat
+    tf_callable_calls: int = 500  # TF's make_callable / session.run calls per repeat
     overlap_layers: int = 10
     overlap_width: int = 100
     overlap_sleep: float = 0.01  # seconds each async kernel sleeps
@@ -58,6 +60,7 @@ QUICK = Sizes(
     wide_n=500,
     tiny_calls=200,
     tiny_sync_calls=20,
+    tf_callable_calls=50,
     overlap_layers=3,
     overlap_width=20,
     overlap_sleep=0.01,

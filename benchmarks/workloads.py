@@ -47,6 +47,14 @@ def make_rows(s: Sizes) -> dict[str, Row]:
             Target("<=", 20.0)),
         Row("tiny.run_sync", "sess.run_sync (3 ops)", "us/run",
             "asyncio.run of an empty coroutine"),
+        Row("callable", "make_callable (3 ops)", "us/call",
+            "await sess.run of the same graph, fetch and feed (tiny.run's call)"),
+        Row("callable.nested", "nested fetches, 2 feeds", "us/call",
+            "await sess.run of the same nested fetches and 2-entry feed_dict"),
+        Row("trace", f"{s.chain_n:,} adds, FULL_TRACE", "us/node",
+            "the same chain untraced (sess.run(y, feed)), same session"),
+        Row("trace.off", f"{s.chain_n:,} adds, trace off", "us/node",
+            "sess.run(y, feed) without options / run_metadata, same session"),
         Row("overlap", f"{s.overlap_layers}x{s.overlap_width} async kernels",
             "total/cp",
             "asyncio.gather of each layer's coroutines, layer after layer",
@@ -322,6 +330,165 @@ def tiny(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     if row.ours < row.anchor:
         row.notes.append("faster than asyncio.run itself: run_sync of a plan made only of "
                          "inline kernels never creates an event loop")
+
+
+# --------------------------------------------------------------------------- callable
+
+
+def _nested_graph(af: Af) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """(graph, x, w, fetches): tiny's ``y = (x + 1) * 2`` and ``z = y * w``, fetched as
+    ``{"a": [y, z], "b": (y,)}``: a nested structure, two feeds."""
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        w = af.placeholder(af.float32, shape=(), name="w")
+        y = af.multiply(af.add(x, 1.0), 2.0)
+        z = af.multiply(y, w)
+    return g, x, w, {"a": [y, z], "b": (y,)}
+
+
+def _shape_of(value: Any) -> Any:
+    """A fetch result's structure: its containers' types, leaves as None."""
+    if isinstance(value, dict):
+        return dict, {k: _shape_of(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value), [_shape_of(v) for v in value]
+    return None
+
+
+def callable_(nested: bool) -> Callable[[Af, Sizes, dict[str, Row]], None]:
+    """The ``callable`` / ``callable.nested`` workload: ``await fn(*values)`` of
+    ``sess.make_callable(fetches, feed_list)`` against ``await sess.run(fetches,
+    feed_dict)`` of the same fetches and feeds, repeats interleaved."""
+    row_id = "callable.nested" if nested else "callable"
+
+    def workload(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+        calls = s.tiny_calls
+        if nested:
+            g, x, w, fetches = _nested_graph(af)
+            feed_list, values = [x, w], (1.0, 3.0)
+            expected: Any = {"a": [4.0, 12.0], "b": (4.0,)}
+        else:
+            g, x, fetches = _tiny_graph(af)
+            feed_list, values = [x], (1.0,)
+            expected = 4.0
+        feed = dict(zip(feed_list, values))
+
+        async def main() -> tuple[list[float], list[float]]:
+            async with af.Session(graph=g) as sess:
+                fn = sess.make_callable(fetches, feed_list=feed_list)
+                for got in (await sess.run(fetches, feed_dict=feed), await fn(*values)):
+                    _check(got == expected and _shape_of(got) == _shape_of(expected),
+                           f"{row_id} computed {got!r}, expected {expected!r}")
+
+                async def run_calls() -> None:
+                    for _ in range(calls):
+                        await sess.run(fetches, feed_dict=feed)
+
+                async def callable_calls() -> None:
+                    for _ in range(calls):
+                        await fn(*values)
+
+                ours, anchor = [], []
+                for _ in range(s.repeats):
+                    anchor.append(await _atimed(run_calls))
+                    ours.append(await _atimed(callable_calls))
+                return ours, anchor
+
+        ours, anchor = asyncio.run(main())
+        row = rows[row_id]
+        row.ours, row.anchor = min(ours) / calls * 1e6, min(anchor) / calls * 1e6
+        what = ("fetches {'a': [y, z], 'b': (y,)}, feeds x=1.0, w=3.0" if nested
+                else "tiny.run's graph, fetch y, feed x=1.0")
+        row.notes.append(
+            f"{what} (Python floats, converted on every call by both); best of "
+            f"{s.repeats} x {calls:,} calls each; the callable saves "
+            f"{row.anchor - row.ours:.2f} us per call")
+
+    workload.__name__ = row_id.replace(".", "_")
+    return workload
+
+
+# --------------------------------------------------------------------------- trace
+
+
+def trace(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """The chain workload traced (``RunOptions(trace_level=FULL_TRACE)`` with a
+    ``RunMetadata``) against the same chain untraced, in the same session."""
+    n = s.chain_n
+    g, x0, y = _chain_graph(af, n)
+    feed = {x0: 0.0}
+    full = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
+
+    async def main() -> tuple[list[float], list[float], int]:
+        async with af.Session(graph=g) as sess:
+            value = await sess.run(y, feed_dict=feed)
+            _check(value == n, f"chain computed {value!r}, expected {n}")
+            md = af.RunMetadata()
+            value = await sess.run(y, feed_dict=feed, options=full, run_metadata=md)
+            _check(value == n, f"traced chain computed {value!r}, expected {n}")
+            recorded = sum(len(d.node_stats) for d in md.step_stats.dev_stats)
+            _check(recorded >= n, f"a traced run of {n:,} adds recorded {recorded} node stats")
+            ours, anchor = [], []
+            for _ in range(s.repeats):
+                anchor.append(await _atimed(lambda: sess.run(y, feed_dict=feed)))
+                ours.append(await _atimed(lambda: sess.run(
+                    y, feed_dict=feed, options=full, run_metadata=af.RunMetadata())))
+            return ours, anchor, recorded
+
+    ours, anchor, recorded = asyncio.run(main())
+    row = rows["trace"]
+    row.ours, row.anchor = min(ours) / n * 1e6, min(anchor) / n * 1e6
+    row.notes.append(
+        f"traced: sess.run(y, feed, options=RunOptions(trace_level=FULL_TRACE), "
+        f"run_metadata=RunMetadata()) (a fresh RunMetadata each run; {recorded:,} node "
+        f"stats recorded; no Chrome timeline built) vs untraced sess.run(y, feed); "
+        f"ours/anc = the traced slowdown")
+    row.notes.append(
+        "the untraced chain is an all-inline plan run synchronously; a traced run goes "
+        "through the awaited step runner, so the slowdown includes that switch as well "
+        "as the per-node timestamps")
+
+
+def trace_off(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """What tracing costs when it is off: the chain run with ``options=RunOptions()``
+    (trace_level NO_TRACE) and ``run_metadata=None`` against plain ``sess.run(y,
+    feed)``.  Also timed, for the notes: NO_TRACE with a RunMetadata passed."""
+    n = s.chain_n
+    g, x0, y = _chain_graph(af, n)
+    feed = {x0: 0.0}
+    off = af.RunOptions()
+
+    async def main() -> dict[str, list[float]]:
+        async with af.Session(graph=g) as sess:
+            for kw in ({}, {"options": off, "run_metadata": None},
+                       {"options": off, "run_metadata": af.RunMetadata()}):
+                value = await sess.run(y, feed_dict=feed, **kw)
+                _check(value == n, f"chain computed {value!r}, expected {n}")
+            times: dict[str, list[float]] = {"plain": [], "off": [], "off_md": []}
+            for _ in range(s.repeats):
+                times["plain"].append(await _atimed(lambda: sess.run(y, feed_dict=feed)))
+                times["off"].append(await _atimed(lambda: sess.run(
+                    y, feed_dict=feed, options=off, run_metadata=None)))
+                times["off_md"].append(await _atimed(lambda: sess.run(
+                    y, feed_dict=feed, options=off, run_metadata=af.RunMetadata())))
+            return times
+
+    times = asyncio.run(main())
+    best = {key: min(v) / n * 1e6 for key, v in times.items()}
+    row = rows["trace.off"]
+    row.ours, row.anchor = best["off"], best["plain"]
+    row.notes.append(
+        f"sess.run(y, feed, options=RunOptions(), run_metadata=None) vs sess.run(y, feed), "
+        f"interleaved in one session: ours/anc ~1.00x means tracing off costs nothing; "
+        f"also timed: RunOptions() with a RunMetadata {best['off_md']:.3f} us/node "
+        f"({best['off_md'] / best['plain']:.2f}x)")
+    chain_row = rows.get("chain")
+    if chain_row is not None and chain_row.ours is not None:
+        row.notes.append(
+            f"the chain row, measured earlier in this process (its own session): "
+            f"{chain_row.ours:.3f} us/node; this row's untraced anchor is "
+            f"{best['plain'] / chain_row.ours:.2f}x that")
 
 
 # --------------------------------------------------------------------------- overlap
@@ -855,6 +1022,10 @@ WORKLOAD_FUNCS: dict[str, Callable[[Af, Sizes, dict[str, Row]], None]] = {
     **{f"xdev.k{k}": xdev(k) for k in XDEV_KS},
     "wide": wide,
     "tiny": tiny,
+    "callable": callable_(nested=False),
+    "callable.nested": callable_(nested=True),
+    "trace": trace,
+    "trace.off": trace_off,
     "overlap": overlap,
     "parallel": parallel,
     "parallel.2dev": parallel_2dev,
@@ -870,6 +1041,10 @@ ROWS_OF: dict[str, tuple[str, ...]] = {
     **{f"xdev.k{k}": (f"xdev.k{k}",) for k in XDEV_KS},
     "wide": ("wide",),
     "tiny": ("tiny.run", "tiny.run_sync"),
+    "callable": ("callable",),
+    "callable.nested": ("callable.nested",),
+    "trace": ("trace",),
+    "trace.off": ("trace.off",),
     "overlap": ("overlap",),
     "parallel": ("parallel",),
     "parallel.2dev": ("parallel.2dev",),
