@@ -372,3 +372,18 @@ def test_queue_matches_python_model(actions: list[Action], capacity: int) -> Non
             assert await sess.run(ops["size"]) == len(model)
 
     asyncio.run(scenario())
+
+
+async def test_assign_ops_land_with_their_variable(graph: af.Graph) -> None:
+    with af.device("/cpu:1"):
+        v = af.Variable(1.0, name="remote_var")
+    with af.device("/cpu:0"):
+        bump = v.assign_add(1.0, name="bump")  # colocation wins over the device scope
+    md = af.RunMetadata()
+    config = af.SessionConfig(device_count={"CPU": 2})
+    async with af.Session(graph=graph, config=config) as sess:
+        await sess.run(v.initializer)
+        assert await sess.run(bump, options=af.RunOptions(output_partition_graphs=True),
+                              run_metadata=md) == 2.0
+    where = {n["name"]: pg["device"] for pg in md.partition_graphs for n in pg["node"]}
+    assert where["bump"].endswith("CPU:1")
