@@ -352,27 +352,21 @@ class Session:
             raise RuntimeError(f"partial run {handle!r} was set up on another event loop")
         mapper = FetchMapper(self._graph, fetches)
         feeds = [(self._feed_tensor(k), v) for k, v in (feed_dict or {}).items()]
-        for t, _ in feeds:
-            if t not in state.feed_keys:
+        checks: list[tuple[Any, Mapping[Any, str], set[Any], str, str]] = [
+            *((t, state.feed_keys, state.fed, "feed", "fed") for t, _ in feeds),
+            *((t, state.fetch_keys, state.fetched, "fetch", "fetched")
+              for t in mapper.tensors),
+            *((op, state.target_keys, state.fetched, "fetch", "fetched")
+              for op in mapper.targets)]
+        for item, declared, done, what, verb in checks:
+            op = item.op if isinstance(item, Tensor) else item
+            if item not in declared:
                 raise errors.InvalidArgumentError(
-                    None, t.op, f"The feed {t.name} was not specified in partial_run_setup.")
-            if t in state.fed:
+                    None, op, f"The {what} {item.name} was not specified in "
+                              f"partial_run_setup.")
+            if item in done:
                 raise errors.InvalidArgumentError(
-                    None, t.op, f"The feed {t.name} has already been fed.")
-        for t in mapper.tensors:
-            if t not in state.fetch_keys:
-                raise errors.InvalidArgumentError(
-                    None, t.op, f"The fetch {t.name} was not specified in partial_run_setup.")
-            if t in state.fetched:
-                raise errors.InvalidArgumentError(
-                    None, t.op, f"The fetch {t.name} has already been fetched.")
-        for op in mapper.targets:
-            if op not in state.target_keys:
-                raise errors.InvalidArgumentError(
-                    None, op, f"The fetch {op.name} was not specified in partial_run_setup.")
-            if op in state.fetched:
-                raise errors.InvalidArgumentError(
-                    None, op, f"The fetch {op.name} has already been fetched.")
+                    None, op, f"The {what} {item.name} has already been {verb}.")
         converted = [(t, feed_converter(t)(v)) for t, v in feeds]
         try:
             for t, value in converted:
