@@ -19,7 +19,7 @@ import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -597,22 +597,20 @@ class Session:
         self.close_sync()
 
 
+@dataclass(eq=False, slots=True)
 class _PartialRun:
     """An open partial run: its step, rendezvous and what was fed / fetched so far."""
 
-    def __init__(self, handle: str, step: Step, rendezvous: LocalRendezvous,
-                 loop: asyncio.AbstractEventLoop, feed_keys: dict[Tensor, str],
-                 fetch_keys: dict[Tensor, str], target_keys: dict[Operation, str]) -> None:
-        self.handle = handle
-        self.step = step
-        self.rendezvous = rendezvous
-        self.loop = loop
-        self.feed_keys = feed_keys
-        self.fetch_keys = fetch_keys
-        self.target_keys = target_keys
-        self.fed: set[Tensor] = set()
-        self.fetched: set[Tensor | Operation] = set()
-        self.task: asyncio.Task[None] | None = None
+    handle: str
+    step: Step
+    rendezvous: LocalRendezvous
+    loop: asyncio.AbstractEventLoop
+    feed_keys: dict[Tensor, str]
+    fetch_keys: dict[Tensor, str]
+    target_keys: dict[Operation, str]
+    fed: set[Tensor] = field(default_factory=set)
+    fetched: set[Tensor | Operation] = field(default_factory=set)
+    task: asyncio.Task[None] | None = None
 
     def complete(self) -> bool:
         return (len(self.fed) == len(self.feed_keys)

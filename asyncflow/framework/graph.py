@@ -242,6 +242,27 @@ class Operation:
         return f"<af.Operation '{self._name}' type={self._type}>"
 
 
+@contextlib.contextmanager
+def _pushed(stack: list[Any], item: Any) -> Iterator[None]:
+    """``item`` on top of a per-thread context stack for the duration of the block."""
+    stack.append(item)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+@contextlib.contextmanager
+def _cleared(stacks: Any, name: str) -> Iterator[None]:
+    """The per-thread stack ``name`` emptied for the duration of the block."""
+    saved = getattr(stacks, name)
+    setattr(stacks, name, [])
+    try:
+        yield
+    finally:
+        setattr(stacks, name, saved)
+
+
 class _ThreadStacks(threading.local):
     def __init__(self) -> None:
         self.name_scope = ""
@@ -417,21 +438,12 @@ class Graph:
 
         ``None`` clears the enclosing control dependencies.
         """
-        stacks = self._stacks
         if control_inputs is None:
-            saved = stacks.control
-            stacks.control = []
-            try:
+            with _cleared(self._stacks, "control"):
                 yield
-            finally:
-                stacks.control = saved
             return
-        ops = [_as_operation(c, self) for c in control_inputs]
-        stacks.control.append(ops)
-        try:
+        with _pushed(self._stacks.control, [_as_operation(c, self) for c in control_inputs]):
             yield
-        finally:
-            stacks.control.pop()
 
     @contextlib.contextmanager
     def device(self, device_name: str | None) -> Iterator[None]:
@@ -441,12 +453,8 @@ class Graph:
             if to_string is None:
                 raise TypeError(f"device must be a string, got {device_name!r}")
             device_name = to_string()
-        stacks = self._stacks
-        stacks.device.append(device_name or "")
-        try:
+        with _pushed(self._stacks.device, device_name or ""):
             yield
-        finally:
-            stacks.device.pop()
 
     @contextlib.contextmanager
     def colocate_with(self, op: Any, ignore_existing: bool = False) -> Iterator[None]:
@@ -456,33 +464,21 @@ class Graph:
         colocation group on one device and rejects members that ask for different
         devices.  ``None`` clears the enclosing colocation.
         """
-        stacks = self._stacks
         if op is None:
-            saved = stacks.colocate
-            stacks.colocate = []
-            try:
+            with _cleared(self._stacks, "colocate"):
                 yield
-            finally:
-                stacks.colocate = saved
             return
         target = _as_operation(op, self)
         if target._graph is not self:
             raise ValueError(f"cannot colocate with {target.name!r}: it is from another graph")
-        stacks.colocate.append(target)
-        try:
+        with _pushed(self._stacks.colocate, target):
             yield
-        finally:
-            stacks.colocate.pop()
 
     @contextlib.contextmanager
     def _control_flow_context(self, ctx: Any) -> Iterator[None]:
         """Build ops inside a control-flow context (``None``: the root context)."""
-        stacks = self._stacks
-        stacks.cf_context.append(ctx)
-        try:
+        with _pushed(self._stacks.cf_context, ctx):
             yield
-        finally:
-            stacks.cf_context.pop()
 
     def _current_control_flow_context(self) -> Any:
         stacks = self._stacks
