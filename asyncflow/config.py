@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from asyncflow.runtime.step_stats import StepStats
+from asyncflow.step_stats import StepStats
 
 __all__ = ["RunMetadata", "RunOptions", "SessionConfig"]
 

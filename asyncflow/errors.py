@@ -31,10 +31,7 @@ at the boundary between a kernel and the executor.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from asyncflow.framework.graph import Operation
+from typing import Any, Protocol
 
 __all__ = [
     "ABORTED",
@@ -62,6 +59,7 @@ __all__ = [
     "FailedPreconditionError",
     "InternalError",
     "InvalidArgumentError",
+    "NodeLike",
     "NotFoundError",
     "OpError",
     "OutOfRangeError",
@@ -73,6 +71,14 @@ __all__ = [
     "exception_type_from_error_code",
     "from_exception",
 ]
+
+class NodeLike(Protocol):
+    """What an error names: a graph ``Operation`` or a compiled node (anything with a
+    ``name``; errors keep no reference to a graph's internals beyond it)."""
+
+    @property
+    def name(self) -> str: ...
+
 
 OK = 0
 CANCELLED = 1
@@ -104,7 +110,7 @@ class OpError(Exception):
     def __init__(
         self,
         node_def: Any = None,
-        op: Operation | None = None,
+        op: NodeLike | None = None,
         message: str = "",
         error_code: int | None = None,
     ) -> None:
@@ -269,7 +275,7 @@ def exception_type_from_error_code(error_code: int) -> type[OpError]:
 
 
 def from_exception(
-    exc: BaseException, op: Operation | None = None, prefix: str = ""
+    exc: BaseException, op: NodeLike | None = None, prefix: str = ""
 ) -> OpError:
     """The ``OpError`` a kernel's exception becomes; ``prefix`` is prepended to the message.
 

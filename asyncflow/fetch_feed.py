@@ -17,7 +17,7 @@ import numpy as np
 
 from asyncflow.framework.graph import Graph, Operation, Tensor
 
-__all__ = ["FetchMapper", "Rebuild", "feed_converter", "fetch_key"]
+__all__ = ["FetchMapper", "Rebuild", "feed_converter", "fetch_key", "retval_converter"]
 
 
 def fetch_key(fetch: Any) -> Any:
@@ -153,5 +153,26 @@ def feed_converter(t: Tensor) -> Callable[[Any], Any]:
                 if want is not None and have != want:
                     fail_shape(shape)
         return a
+
+    return convert
+
+
+def retval_converter(t: Tensor) -> Callable[[Any], Any]:
+    """How a fetched value leaves the step: 0-d as a numpy scalar of ``t``'s dtype."""
+    np_dtype = t._dtype.np
+    scalar_type = np_dtype.type
+
+    def convert(v: Any) -> Any:
+        if type(v) is scalar_type:
+            return v
+        if isinstance(v, np.ndarray):
+            if v.dtype != np_dtype:
+                v = v.astype(np_dtype)
+            if v.ndim == 0:
+                return v[()]
+            if not v.flags.writeable:
+                v = v.copy()
+            return v
+        return np.asarray(v, dtype=np_dtype)[()]
 
     return convert

@@ -13,38 +13,32 @@ in-flight steps) holds nothing bound to an event loop, so one session serves
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from asyncflow import errors
-from asyncflow.compiler.partition import (
-    Partition,
-    client_edges,
-    partition,
-    partition_graph_def,
-)
+from asyncflow.compiler.ir import GraphIR, graph_ir, ref_of
+from asyncflow.compiler.partition import partition_graph_def
+from asyncflow.compiler.pipeline import Compiled, compile_signature
 from asyncflow.compiler.placement import place
-from asyncflow.compiler.plan import ExecutionPlan, build_plan, retval_converter
-from asyncflow.compiler.prune import prune
 from asyncflow.config import RunMetadata, RunOptions, SessionConfig
-from asyncflow.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key
+from asyncflow.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key, retval_converter
 from asyncflow.framework.device_spec import canonical_device
-from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
-from asyncflow.ops.control_flow_ops import CONTROL_FLOW_TYPES, WhileContext
+from asyncflow.framework.graph import Graph, Tensor, get_default_graph
+from asyncflow.partial_run import PartialRuns
 from asyncflow.runtime.barrier import ExecutorBarrier
+from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
-from asyncflow.runtime.executor import Step
-from asyncflow.runtime.frames import FrameStep
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
+from asyncflow.runtime.step import BUDGET, Step
 
 __all__ = ["Session", "SessionStatistics"]
 
@@ -63,32 +57,31 @@ class SessionStatistics:
     closed: bool
 
 
+#: What runs one step: a partition's Step, or the barrier over several partitions.
+StepRunner = Step | ExecutorBarrier
+
+
 class _CompiledCall:
-    """Everything one run signature needs: plan(s), feed converters, fetch rebuild.
+    """Everything one run signature needs: the compiled plans with their kernels bound
+    to this session, the feed converters and the fetch rebuild."""
 
-    One device: a single ``plan`` run by a :class:`Step`.  Several devices: one plan
-    per partition, run by an :class:`ExecutorBarrier`; ``arg_maps[p]`` lists the feed
-    indices partition ``p`` reads, ``retval_map[k]`` says where fetch ``k`` comes
-    from (``(partition, index)``, or ``(-1, feed index)`` for a fed-and-fetched one).
-    """
+    __slots__ = ("bound", "compiled", "converters", "fast", "feed_keys",
+                 "rebuild", "retval_converters")
 
-    __slots__ = ("all_inline", "arg_maps", "converters", "feed_keys", "graph_defs",
-                 "partitions", "plan", "rebuild", "retval_converters", "retval_map")
-
-    def __init__(self, partitions: Sequence[ExecutionPlan], arg_maps: Sequence[Sequence[int]],
-                 retval_map: Sequence[tuple[int, int]], fetches: Sequence[Tensor],
+    def __init__(self, compiled: Compiled, bound: Sequence[BoundPlan], fetches: Sequence[Tensor],
                  feed_keys: tuple[Any, ...], converters: tuple[Callable[[Any], Any], ...],
-                 rebuild: Rebuild, graph_defs: Callable[[], list[dict[str, Any]]]) -> None:
-        self.partitions = tuple(partitions)
-        self.plan = partitions[0] if len(partitions) == 1 else None
-        self.all_inline = self.plan is not None and self.plan.all_inline
-        self.arg_maps = tuple(tuple(m) for m in arg_maps)
-        self.retval_map = tuple(retval_map)
+                 rebuild: Rebuild) -> None:
+        self.compiled = compiled
+        self.bound = tuple(bound)
         self.feed_keys = feed_keys
         self.converters = converters
         self.rebuild = rebuild
         self.retval_converters = tuple(retval_converter(t) for t in fetches)
-        self.graph_defs = graph_defs
+        #: The fast path, defined once: one partition made only of inline kernels runs
+        #: synchronously (no task, no task group) unless it is traced or outlasts
+        #: its first budget of nodes.
+        self.fast = (len(self.bound) == 1 and self.bound[0].all_inline
+                     and all(p == 0 for p, _ in compiled.retval_map))
 
     def frame(self, feed_dict: Mapping[Any, Any] | None) -> CallFrame:
         """The call frame of one step: the converted feed values, in plan order."""
@@ -96,18 +89,12 @@ class _CompiledCall:
             return CallFrame(())
         return CallFrame([conv(v) for conv, v in zip(self.converters, feed_dict.values())])  # type: ignore[union-attr]
 
-    def runner(self, frame: CallFrame, devices: Sequence[LocalDevice],
-               trace: bool) -> Step | ExecutorBarrier | FrameStep:
-        """A single partition's Step (a FrameStep with control flow), or a barrier."""
-        if self.plan is not None:
-            if self.plan.frames is not None:
-                return FrameStep(self.plan, frame, devices, trace=trace)
-            return Step(self.plan, frame, devices, trace=trace)
-        return ExecutorBarrier(self.partitions, self.arg_maps, self.retval_map, frame,
-                               devices, trace=trace)
-
     def results(self, values: Sequence[Any]) -> Any:
         return self.rebuild([c(v) for c, v in zip(self.retval_converters, values)])
+
+    def graph_defs(self) -> list[dict[str, Any]]:
+        """The partition graphs (``RunMetadata.partition_graphs``)."""
+        return [partition_graph_def(p) for p in self.compiled.partitions]
 
 
 # -- the session --------------------------------------------------------------------
@@ -147,7 +134,7 @@ class Session:
         self._compiles = 0
         self._hits = 0
         self._steps = 0
-        self._in_flight: dict[Step | ExecutorBarrier | FrameStep, Future[None]] = {}
+        self._in_flight: dict[StepRunner, Future[None]] = {}
         self._in_flight_lock = threading.Lock()
         self._closed = False
         # Rendezvous keys carry this session's incarnation (TF: a random 64-bit id
@@ -155,8 +142,11 @@ class Session:
         self._incarnation = random.getrandbits(64)
         # Variables and queues of this session (plans bind their kernels to it).
         self._resources = ResourceMgr()
-        self._partial_runs: dict[str, _PartialRun] = {}
-        self._partial_ids = itertools.count(1)
+        self._partial_runs = PartialRuns(self)
+        self._device_of = {d.name: d for d in self._devices}
+        # The graph's IR and the whole-graph placement check, per graph version.
+        self._ir_cache: tuple[int, GraphIR] | None = None
+        self._placement_checked = -1
 
     # -- properties ------------------------------------------------------------------
 
@@ -200,20 +190,17 @@ class Session:
         step raises one ``af.errors.OpError`` naming the node.
         """
         call = self._prepare(fetches, feed_dict)
-        frame = call.frame(feed_dict)
-        if call.all_inline and not _wants_trace(options, run_metadata) and not (
-                options is not None and options.output_partition_graphs):
-            return self._run_inline(call, frame, run_metadata)
-        return await self._run_call(call, frame, options, run_metadata)
+        return await self._execute(call, call.frame(feed_dict), options, run_metadata)
 
     def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
                  options: RunOptions | None = None,
                  run_metadata: RunMetadata | None = None) -> Any:
         """``run`` for code without an event loop: ``asyncio.run(self.run(...))``.
 
-        A plan made only of inline kernels never awaits, so it runs without creating
-        an event loop at all (same results, same errors).  Called while an event loop
-        runs in this thread, it raises ``RuntimeError``: use ``await sess.run(...)``.
+        A plan made only of inline kernels, untraced and without a deadline, never
+        awaits, so it runs without creating an event loop at all (same results, same
+        errors).  Called while an event loop runs in this thread, it raises
+        ``RuntimeError``: use ``await sess.run(...)``.
         """
         try:
             asyncio.get_running_loop()
@@ -224,10 +211,14 @@ class Session:
                                "running in this thread; use `await sess.run(...)` instead")
         call = self._prepare(fetches, feed_dict)
         frame = call.frame(feed_dict)
-        if call.all_inline and not _wants_trace(options, run_metadata) and not (
-                options is not None and options.output_partition_graphs):
-            return self._run_inline(call, frame, run_metadata)
-        return asyncio.run(self._run_call(call, frame, options, run_metadata))
+        if call.fast and not _wants_trace(options, run_metadata) and not self._timeout_ms(options):
+            step = self._runner(call.bound, frame, call.compiled.retval_map)
+            values = step.run_inline()  # type: ignore[union-attr]
+            assert values is not None
+            with self._counter_lock:
+                self._steps += 1
+            return self._finished(call, step, values, options, run_metadata)
+        return asyncio.run(self._execute(call, frame, options, run_metadata))
 
     def make_callable(self, fetches: Any, feed_list: Sequence[Any] | None = None,
                       accept_options: bool = False) -> Callable[..., Any]:
@@ -243,7 +234,6 @@ class Session:
         call = self._prepare(fetches, feed_dict)
         converters = call.converters
         n = len(feed_list)
-        inline = call.all_inline
 
         async def callable_(*feed_values: Any, options: RunOptions | None = None,
                             run_metadata: RunMetadata | None = None) -> Any:
@@ -254,29 +244,45 @@ class Session:
                 raise TypeError("this callable was made without accept_options=True")
             self._check_open()
             frame = CallFrame([conv(v) for conv, v in zip(converters, feed_values)])
-            if inline and not _wants_trace(options, run_metadata):
-                return self._run_inline(call, frame, run_metadata)
-            return await self._run_call(call, frame, options, run_metadata)
+            return await self._execute(call, frame, options, run_metadata)
 
         return callable_
 
-    def _run_inline(self, call: _CompiledCall, frame: CallFrame,
-                    run_metadata: RunMetadata | None) -> Any:
-        # An all-inline plan completes synchronously: no loop, no task, no registration
-        # (nothing can interrupt it, so close() has nothing to cancel).
-        with self._counter_lock:
-            self._steps += 1
+    async def _execute(self, call: _CompiledCall, frame: CallFrame,
+                       options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
+        """Run one step of ``call``: the one path of ``run`` and ``make_callable``."""
+        trace = _wants_trace(options, run_metadata)
+        step = self._runner(call.bound, frame, call.compiled.retval_map, trace)
+        if call.fast and not trace:
+            # The fast path: no loop registration, no task; a step that outlasts its
+            # first budget of nodes goes on below, yielding to the loop between budgets.
+            values = step.run_inline(BUDGET)  # type: ignore[union-attr]
+            if values is not None:
+                with self._counter_lock:
+                    self._steps += 1
+                return self._finished(call, step, values, options, run_metadata)
+        values = await self._run_step(step, options)
+        return self._finished(call, step, values, options, run_metadata)
+
+    def _finished(self, call: _CompiledCall, step: StepRunner, values: list[Any],
+                  options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
         if run_metadata is not None:
             run_metadata.clear()
-        return call.results(Step(call.plan, frame, self._devices).run_inline())  # type: ignore[arg-type]
-
-    async def _run_call(self, call: _CompiledCall, frame: CallFrame,
-                        options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
-        runner = call.runner(frame, self._devices, _wants_trace(options, run_metadata))
-        values = await self._run_step(runner, options)
-        if run_metadata is not None:
-            self._fill_metadata(runner, call, options, run_metadata)
+            stats = step.stats
+            if stats is not None:
+                run_metadata.step_stats = stats
+            if options is not None and options.output_partition_graphs:
+                run_metadata.partition_graphs = call.graph_defs()
         return call.results(values)
+
+    def _runner(self, bound: Sequence[BoundPlan], frame: CallFrame,
+                retval_map: Sequence[tuple[int, int]],
+                trace: bool = False, rendezvous: LocalRendezvous | None = None) -> StepRunner:
+        """The step of a compiled call: one partition's Step, or a barrier over several."""
+        if len(bound) == 1 and all(p == 0 for p, _ in retval_map):
+            return Step(bound[0], frame, trace=trace, rendezvous=rendezvous)
+        return ExecutorBarrier(bound, retval_map, frame, trace=trace,
+                               rendezvous=rendezvous)
 
     # -- partial runs ----------------------------------------------------------------------
 
@@ -287,54 +293,7 @@ class Session:
         ``fetches`` may include operations (targets).  The step runs on this event
         loop: later ``partial_run`` calls with this handle must use the same loop.
         """
-        self._check_open()
-        graph = self._graph
-        mapper = FetchMapper(graph, fetches)
-        feed_list = [self._feed_tensor(k) for k in (feeds or ())]
-        if len(set(feed_list)) != len(feed_list):
-            raise ValueError(f"partial_run_setup: feeds has duplicate entries: {feeds!r}")
-        ops = prune(mapper.tensors, mapper.targets, frozenset(feed_list))
-        if any(op._type in CONTROL_FLOW_TYPES for op in ops):
-            raise errors.UnimplementedError(
-                None, None, "partial_run of a graph with control flow is not supported")
-        soft = self._config.allow_soft_placement
-        names = self._device_names
-        placement = place(ops, names, allow_soft_placement=soft)
-        device = names[0]
-        recvs, sends = client_edges(feed_list, mapper.tensors, mapper.targets, device,
-                                    self._incarnation)
-        edges = {}
-        for op in ops:
-            if any(t in recvs for t in op._inputs):
-                edges[op] = (tuple(recvs[t]._outputs[0] if t in recvs else t
-                                   for t in op._inputs), op._control_inputs)
-        all_ops = [*recvs.values(), *ops, *sends]
-        plan = build_plan(all_ops, [0] * len(recvs) + placement + [0] * len(sends), names,
-                          [], [], sends, [d.device_type for d in self._devices], edges=edges,
-                          resources=self._resources)
-        rendezvous = LocalRendezvous()
-        step = Step(plan, CallFrame(()), self._devices, rendezvous=rendezvous)
-        handle = f"partial_run_{next(self._partial_ids)}"
-        state = _PartialRun(handle, step, rendezvous, asyncio.get_running_loop(),
-                            {t: recvs[t]._attrs["key"] for t in feed_list},
-                            {t: s._attrs["key"] for t, s in zip(mapper.tensors, sends)},
-                            {op: s._attrs["key"]
-                             for op, s in zip(mapper.targets, sends[len(mapper.tensors):])})
-
-        async def run_partial() -> None:
-            try:
-                await self._run_step(step, None)
-            except errors.OpError as exc:
-                rendezvous.abort(exc)  # waiting partial_run calls fail with the root error
-                raise
-            except BaseException as exc:
-                rendezvous.abort(exc)
-                raise
-
-        state.task = asyncio.get_running_loop().create_task(run_partial())
-        state.task.add_done_callback(_retrieve)
-        self._partial_runs[handle] = state
-        return handle
+        return await self._partial_runs.setup(fetches, feeds)
 
     async def partial_run(self, handle: str, fetches: Any,
                           feed_dict: Mapping[Any, Any] | None = None) -> Any:
@@ -343,66 +302,20 @@ class Session:
         Each declared feed may be fed once and each fetch fetched once; anything else
         is an ``InvalidArgumentError`` with TensorFlow's message.
         """
-        state = self._partial_runs.get(handle) if isinstance(handle, str) else None
-        if state is None:
-            raise errors.InvalidArgumentError(
-                None, None, f"The partial run handle {handle!r} is invalid: it was never "
-                            f"set up with partial_run_setup (or it already finished)")
-        if asyncio.get_running_loop() is not state.loop:
-            raise RuntimeError(f"partial run {handle!r} was set up on another event loop")
-        mapper = FetchMapper(self._graph, fetches)
-        feeds = [(self._feed_tensor(k), v) for k, v in (feed_dict or {}).items()]
-        checks: list[tuple[Any, Mapping[Any, str], set[Any], str, str]] = [
-            *((t, state.feed_keys, state.fed, "feed", "fed") for t, _ in feeds),
-            *((t, state.fetch_keys, state.fetched, "fetch", "fetched")
-              for t in mapper.tensors),
-            *((op, state.target_keys, state.fetched, "fetch", "fetched")
-              for op in mapper.targets)]
-        for item, declared, done, what, verb in checks:
-            op = item.op if isinstance(item, Tensor) else item
-            if item not in declared:
-                raise errors.InvalidArgumentError(
-                    None, op, f"The {what} {item.name} was not specified in "
-                              f"partial_run_setup.")
-            if item in done:
-                raise errors.InvalidArgumentError(
-                    None, op, f"The {what} {item.name} has already been {verb}.")
-        converted = [(t, feed_converter(t)(v)) for t, v in feeds]
-        try:
-            for t, value in converted:
-                state.rendezvous.send(state.feed_keys[t], value)
-                state.fed.add(t)
-            values = []
-            for t in mapper.tensors:
-                value, _ = await state.rendezvous.recv(state.fetch_keys[t])
-                state.fetched.add(t)
-                values.append(retval_converter(t)(value))
-            for op in mapper.targets:
-                await state.rendezvous.recv(state.target_keys[op])
-                state.fetched.add(op)
-        except errors.AbortedError as exc:
-            root = state.step.error
-            self._partial_runs.pop(handle, None)
-            if isinstance(root, errors.OpError):
-                raise root from None
-            raise errors.CancelledError(None, None, f"partial run {handle!r} was aborted: "
-                                                    f"{exc.message}") from exc
-        if state.complete():
-            self._partial_runs.pop(handle, None)
-            assert state.task is not None
-            await state.task
-        return mapper.rebuild(values)
+        return await self._partial_runs.run(handle, fetches, feed_dict)
 
-    async def _run_step(self, step: Step | ExecutorBarrier | FrameStep,
-                        options: RunOptions | None) -> list[Any]:
+    def _timeout_ms(self, options: RunOptions | None) -> int:
+        return (options.timeout_in_ms if options is not None and options.timeout_in_ms
+                else self._config.operation_timeout_in_ms)
+
+    async def _run_step(self, step: StepRunner, options: RunOptions | None) -> list[Any]:
         with self._counter_lock:
             self._steps += 1
         done: Future[None] = Future()
         with self._in_flight_lock:
             self._check_open()
             self._in_flight[step] = done
-        timeout_ms = (options.timeout_in_ms if options is not None and options.timeout_in_ms
-                      else self._config.operation_timeout_in_ms)
+        timeout_ms = self._timeout_ms(options)
         try:
             if timeout_ms > 0:
                 deadline = asyncio.timeout(timeout_ms / 1000)
@@ -425,15 +338,6 @@ class Session:
                 self._in_flight.pop(step, None)
             done.set_result(None)
 
-    def _fill_metadata(self, step: Step | ExecutorBarrier | FrameStep, call: _CompiledCall,
-                       options: RunOptions | None, run_metadata: RunMetadata) -> None:
-        run_metadata.clear()
-        stats = step.stats
-        if stats is not None:
-            run_metadata.step_stats = stats
-        if options is not None and options.output_partition_graphs:
-            run_metadata.partition_graphs = call.graph_defs()
-
     # -- compiling ---------------------------------------------------------------------
 
     def _prepare(self, fetches: Any, feed_dict: Mapping[Any, Any] | None) -> _CompiledCall:
@@ -455,62 +359,44 @@ class Session:
             self._hits += 1
         return call
 
+    def _graph_ir(self) -> GraphIR:
+        """The graph's IR, remade only when the graph grew."""
+        version = self._graph.version
+        cached = self._ir_cache
+        if cached is None or cached[0] != version:
+            cached = self._ir_cache = (version, graph_ir(self._graph))
+        return cached[1]
+
     def _compile(self, fetches: Any, feed_keys: tuple[Any, ...]) -> _CompiledCall:
-        graph = self._graph
-        mapper = FetchMapper(graph, fetches)
+        mapper = FetchMapper(self._graph, fetches)
         feeds = [self._feed_tensor(k) for k in feed_keys]
         if len(set(feeds)) != len(feeds):
             seen: set[Tensor] = set()
             dup = next(t for t in feeds if t in seen or seen.add(t))  # type: ignore[func-returns-value]
             raise ValueError(f"Tensor {dup.name!r} is fed more than once in feed_dict")
-        for t in (*feeds, *mapper.tensors):
-            if _inside_loop(t):
-                what = "fed" if t in feeds else "fetched"
-                raise errors.InvalidArgumentError(
-                    None, t.op, f"Tensor {t.name!r} is inside a while loop and cannot be "
-                                f"{what}; feed or fetch the loop's inputs or outputs instead")
-        ops = prune(mapper.tensors, mapper.targets, frozenset(feeds))
+        ir = self._graph_ir()
         soft = self._config.allow_soft_placement
-        if not self._config.place_pruned_graph:
+        if not self._config.place_pruned_graph and self._placement_checked != self._graph.version:
             # As TF's default: every op of the graph must ask for a valid device.
-            place(graph.get_operations(), self._device_names, allow_soft_placement=soft)
-        placement = place(ops, self._device_names, allow_soft_placement=soft)
+            place(ir.nodes, self._device_names, allow_soft_placement=soft, lookup=ir.by_name)
+            self._placement_checked = self._graph.version
+        compiled = compile_signature(
+            ir, feeds=[ref_of(t) for t in feeds], fetches=[ref_of(t) for t in mapper.tensors],
+            targets=[op.name for op in mapper.targets], devices=self._device_names,
+            incarnation=self._incarnation, allow_soft_placement=soft)
         if self._config.log_device_placement:
-            for op, dev in zip(ops, placement):
-                logger.info("%s: (%s): %s", op.name, op.type, self._device_names[dev])
+            for name, device in compiled.placement:
+                logger.info("%s: (%s): %s", name, ir.by_name[name].op if name in ir.by_name
+                            else "", device)
         converters = tuple(feed_converter(t) for t in feeds)
-        device_types = [d.device_type for d in self._devices]
-        fetches = mapper.tensors
-        names = self._device_names
-        if len(set(placement)) <= 1 or any(op._type in CONTROL_FLOW_TYPES for op in ops):
-            # One device: no partitioning, no rendezvous, no barrier.  Control flow is
-            # not partitioned either: its frames run in one frame executor, each
-            # expensive kernel still on its own device's threads.
-            plan = build_plan(ops, placement, names, feeds, fetches, mapper.targets,
-                              device_types, resources=self._resources)
-            one = Partition(placement[0] if placement else 0, tuple(ops), {},
-                            tuple(range(len(feeds))), tuple(range(len(fetches))),
-                            tuple(mapper.targets))
-            return _CompiledCall(
-                [plan], [range(len(feeds))], [(0, k) for k in range(len(fetches))], fetches,
-                feed_keys, converters, mapper.rebuild,
-                lambda: [partition_graph_def(one, names, feeds, fetches)])
-        parts = partition(ops, placement, names, feeds, fetches, mapper.targets,
-                          self._incarnation)
-        plans = [build_plan(p.ops, [p.device] * len(p.ops), names,
-                            [feeds[k] for k in p.feeds], [fetches[k] for k in p.fetches],
-                            p.targets, device_types, edges=p.edges,
-                            resources=self._resources) for p in parts]
-        fed = {t: k for k, t in enumerate(feeds)}
-        where: dict[int, tuple[int, int]] = {}
-        for index, p in enumerate(parts):
-            for local, k in enumerate(p.fetches):
-                where[k] = (index, local)
-        retval_map = [(-1, fed[t]) if t in fed else where[k] for k, t in enumerate(fetches)]
-        return _CompiledCall(
-            plans, [p.feeds for p in parts], retval_map, fetches, feed_keys, converters,
-            mapper.rebuild,
-            lambda: [partition_graph_def(p, names, feeds, fetches) for p in parts])
+        return _CompiledCall(compiled, self._bind(compiled), mapper.tensors, feed_keys,
+                             converters, mapper.rebuild)
+
+    def _bind(self, compiled: Compiled) -> list[BoundPlan]:
+        """Kernels for every plan of ``compiled``, on this session's devices and resources."""
+        lookup = self._graph._by_name.get
+        return [bind(plan, self._device_of[plan.device], self._resources, lookup)
+                for plan in compiled.plans]
 
     def _feed_tensor(self, key: Any) -> Tensor:
         graph = self._graph
@@ -560,12 +446,7 @@ class Session:
         for done in self._begin_close():
             await asyncio.wrap_future(done)
         # Abandoned partial runs: their steps were aborted above (or had not started).
-        partials, self._partial_runs = list(self._partial_runs.values()), {}
-        loop = asyncio.get_running_loop()
-        for state in partials:
-            if state.task is not None and state.loop is loop and not state.task.done():
-                state.task.cancel()
-                await asyncio.wait([state.task])  # its outcome is retrieved by _retrieve
+        await self._partial_runs.close()
         self._resources.clear()
         for d in self._devices:
             d.close()
@@ -595,41 +476,6 @@ class Session:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close_sync()
-
-
-@dataclass(eq=False, slots=True)
-class _PartialRun:
-    """An open partial run: its step, rendezvous and what was fed / fetched so far."""
-
-    handle: str
-    step: Step
-    rendezvous: LocalRendezvous
-    loop: asyncio.AbstractEventLoop
-    feed_keys: dict[Tensor, str]
-    fetch_keys: dict[Tensor, str]
-    target_keys: dict[Operation, str]
-    fed: set[Tensor] = field(default_factory=set)
-    fetched: set[Tensor | Operation] = field(default_factory=set)
-    task: asyncio.Task[None] | None = None
-
-    def complete(self) -> bool:
-        return (len(self.fed) == len(self.feed_keys)
-                and len(self.fetched) == len(self.fetch_keys) + len(self.target_keys))
-
-
-def _retrieve(task: asyncio.Task[None]) -> None:
-    # The step's error reaches callers through partial_run; mark it retrieved.
-    if not task.cancelled():
-        task.exception()
-
-
-def _inside_loop(t: Tensor) -> bool:
-    ctx = t.op._ctx
-    while ctx is not None:
-        if isinstance(ctx, WhileContext):
-            return True
-        ctx = ctx.outer
-    return False
 
 
 def _wants_trace(options: RunOptions | None, run_metadata: RunMetadata | None) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from asyncflow.runtime.step_stats import NodeExecStats, StepStats
+from asyncflow.step_stats import NodeExecStats, StepStats
 
 __all__ = ["Timeline"]
 

@@ -1,22 +1,40 @@
-"""The compile passes are pure functions: tested here without any event loop."""
+"""The compile passes are pure functions over the IR: tested here without any event loop."""
 
 from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
+import pickle
 
 import numpy as np
 import pytest
 
 import asyncflow as af
+from asyncflow.compiler.control_flow import add_control_loops, node_frames
+from asyncflow.compiler.ir import GraphIR, NodeDef, graph_ir, ref_of
+from asyncflow.compiler.partition import partition, partition_graph_def
+from asyncflow.compiler.pipeline import compile_signature
 from asyncflow.compiler.placement import place
 from asyncflow.compiler.plan import build_plan
 from asyncflow.compiler.prune import prune
 from asyncflow.framework import registry
+from asyncflow.runtime.bind import bind
+from asyncflow.runtime.devices import LocalDevice
 
 CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
 CPU1 = "/job:localhost/replica:0/task:0/device:CPU:1"
+PACKAGE = pathlib.Path(af.__file__).parent
 
 
-def names(ops: list[af.Operation]) -> list[str]:
-    return [op.name for op in ops]
+def names(nodes: tuple[NodeDef, ...]) -> list[str]:
+    return [n.name for n in nodes]
+
+
+def _prune(graph: af.Graph, fetches: list[af.Tensor], targets: list[af.Operation] = (),  # type: ignore[assignment]
+           feeds: set[af.Tensor] = frozenset()) -> tuple[NodeDef, ...]:  # type: ignore[assignment]
+    return prune(graph_ir(graph), [ref_of(t) for t in fetches], [op.name for op in targets],
+                 {ref_of(t) for t in feeds})
 
 
 def test_prune_keeps_only_ancestors(graph: af.Graph) -> None:
@@ -24,28 +42,28 @@ def test_prune_keeps_only_ancestors(graph: af.Graph) -> None:
     b = af.add(a, 1.0, name="b")
     af.add(a, 2.0, name="unrelated")
     c = af.multiply(b, 3.0, name="c")
-    ops = prune([c], [], set())
-    assert "unrelated" not in names(ops)
-    assert names(ops)[-1] == "c"
-    assert {"a", "b", "c"} <= set(names(ops))
+    nodes = _prune(graph, [c])
+    assert "unrelated" not in names(nodes)
+    assert names(nodes)[-1] == "c"
+    assert {"a", "b", "c"} <= set(names(nodes))
 
 
 def test_prune_feed_cuts_ancestors(graph: af.Graph) -> None:
     a = af.placeholder(af.float32, name="a")
     b = af.add(a, 1.0, name="b")
     c = af.multiply(b, 3.0, name="c")
-    ops = prune([c], [], {b})
-    assert "a" not in names(ops)
-    assert "b" not in names(ops)
+    nodes = _prune(graph, [c], feeds={b})
+    assert "a" not in names(nodes)
+    assert "b" not in names(nodes)
     # A fed-and-fetched tensor needs nothing at all.
-    assert prune([b], [], {b}) == []
+    assert _prune(graph, [b], feeds={b}) == ()
 
 
 def test_prune_feed_not_needed_is_dropped(graph: af.Graph) -> None:
     a = af.placeholder(af.float32, name="a")
     other = af.placeholder(af.float32, name="other")
     c = af.add(a, 1.0, name="c")
-    assert "other" not in names(prune([c], [], {other}))
+    assert "other" not in names(_prune(graph, [c], feeds={other}))
 
 
 def test_prune_follows_control_edges_and_targets(graph: af.Graph) -> None:
@@ -54,45 +72,56 @@ def test_prune_follows_control_edges_and_targets(graph: af.Graph) -> None:
     with af.control_dependencies([side]):
         c = af.identity(a, name="c")
     target = af.no_op(name="target")
-    ops = prune([c], [target], set())
-    assert {"a", "side", "c", "target"} == set(names(ops))
+    assert {"a", "side", "c", "target"} == set(names(_prune(graph, [c], [target])))
 
 
 def test_prune_is_topological_and_iterative(graph: af.Graph) -> None:
     x = af.constant(0.0)
     for _ in range(5000):  # deeper than the recursion limit
         x = af.add(x, 1.0)
-    ops = prune([x], [], set())
-    position = {op: i for i, op in enumerate(ops)}
-    for op in ops:
-        for t in op.inputs:
-            assert position[t.op] < position[op]
+    nodes = _prune(graph, [x])
+    position = {n.name: i for i, n in enumerate(nodes)}
+    for n in nodes:
+        for name, _ in n.inputs:
+            assert position[name] < position[n.name]
+
+
+def _nodes(graph: af.Graph) -> tuple[NodeDef, ...]:
+    return graph_ir(graph).nodes
 
 
 def test_placement_normalizes_device_names(graph: af.Graph) -> None:
-    ops = []
     for spec in ["", "/cpu:1", "/device:CPU:1", CPU1, "/job:localhost", "/cpu:0"]:
         with af.device(spec):
-            ops.append(af.no_op())
-    assert place(ops, [CPU0, CPU1]) == [0, 1, 1, 1, 0, 0]
+            af.no_op()
+    assert place(_nodes(graph), [CPU0, CPU1]) == (0, 1, 1, 1, 0, 0)
 
 
 def test_placement_unknown_device_names_it_and_lists_devices(graph: af.Graph) -> None:
     with af.device("/cpu:7"):
-        op = af.no_op(name="far")
+        af.no_op(name="far")
     with pytest.raises(af.errors.InvalidArgumentError) as info:
-        place([op], [CPU0])
+        place(_nodes(graph), [CPU0])
     assert "/cpu:7" in str(info.value)
     assert CPU0 in str(info.value)
     assert info.value.node_name == "far"
-    assert place([op], [CPU0], allow_soft_placement=True) == [0]
+    assert place(_nodes(graph), [CPU0], allow_soft_placement=True) == (0,)
 
 
 def test_placement_malformed_device(graph: af.Graph) -> None:
     with af.device("/banana"):
-        op = af.no_op(name="odd")
+        af.no_op(name="odd")
     with pytest.raises(af.errors.InvalidArgumentError, match="odd"):
-        place([op], [CPU0])
+        place(_nodes(graph), [CPU0])
+
+
+def _one_partition(graph: af.Graph, fetches: list[af.Tensor], feeds: list[af.Tensor] = ()  # type: ignore[assignment]
+                   ) -> object:
+    compiled = compile_signature(graph_ir(graph), feeds=[ref_of(t) for t in feeds],
+                                 fetches=[ref_of(t) for t in fetches], targets=[],
+                                 devices=[CPU0], incarnation=1)
+    (plan,) = compiled.plans
+    return plan
 
 
 def test_plan_tables(graph: af.Graph) -> None:
@@ -101,49 +130,226 @@ def test_plan_tables(graph: af.Graph) -> None:
     a = af.add(x, one, name="a")
     b = af.multiply(a, a, name="b")
     c = af.add(a, b, name="c")
-    feeds = [x]
-    ops = prune([c], [], set(feeds))
-    plan = build_plan(ops, [0] * len(ops), [CPU0], feeds, [c], [])
-    op_names = [op.name for op in plan.ops]
+    plan = _one_partition(graph, [c], [x])
     # The constant is preloaded, not scheduled; the placeholder is fed, not run.
-    assert op_names == ["a", "b", "c"]
+    assert [n.name for n in plan.nodes] == ["a", "b", "c"]  # type: ignore[attr-defined]
     ia, ib, ic = 0, 1, 2
-    assert plan.initial_ready == (ia,)
-    assert plan.initial_pending == (0, 1, 2)
-    assert set(plan.nodes[ia].consumers) == {ib, ic}
-    assert plan.nodes[ib].consumers == (ic,)
+    assert plan.initial_ready == (ia,)  # type: ignore[attr-defined]
+    assert plan.initial_pending == (0, 1, 2)  # type: ignore[attr-defined]
+    assert set(plan.consumers[ia]) == {ib, ic}  # type: ignore[attr-defined]
+    assert plan.consumers[ib] == (ic,)  # type: ignore[attr-defined]
     # a's value is read by b and c: reference counted; b's by c only: freed by c.
-    slot_a = plan.nodes[ia].out
-    slot_b = plan.nodes[ib].out
-    assert slot_a in plan.nodes[ib].counted
-    assert slot_a in plan.nodes[ic].counted
-    assert plan.initial_refs is not None
-    assert plan.initial_refs[slot_a] == 2
-    assert slot_b in plan.nodes[ic].frees
+    slot_a, slot_b, slot_c = plan.out  # type: ignore[attr-defined]
+    assert slot_a in plan.counted[ib]  # type: ignore[attr-defined]
+    assert slot_a in plan.counted[ic]  # type: ignore[attr-defined]
+    assert plan.initial_refs[slot_a] == 2  # type: ignore[attr-defined]
+    assert slot_b in plan.frees[ic]  # type: ignore[attr-defined]
     # c is fetched: never freed.
-    assert all(plan.nodes[ic].out not in n.frees for n in plan.nodes)
-    assert plan.retval_slots == (plan.nodes[ic].out,)
-    assert plan.all_inline
-    assert plan.initial_values[plan.nodes[ia].inputs[1]] == np.float32(1.0)
-    assert plan.arg_slots == (plan.nodes[ia].inputs[0],)
+    assert all(slot_c not in f for f in plan.frees)  # type: ignore[attr-defined]
+    assert plan.retval_slots == (slot_c,)  # type: ignore[attr-defined]
+    assert plan.initial_values[plan.inputs[ia][1]] == np.float32(1.0)  # type: ignore[attr-defined]
+    assert plan.arg_slots == (plan.inputs[ia][0],)  # type: ignore[attr-defined]
+    assert plan.frames is None  # type: ignore[attr-defined]
 
 
-def test_plan_records_kernel_kinds(graph: af.Graph) -> None:
+def test_bind_records_kernel_kinds_and_is_the_only_runtime_step(graph: af.Graph) -> None:
     async def slow(v: np.ndarray) -> np.ndarray:
         return v
 
     x = af.constant(1.0)
     y = af.py_func(slow, [x], af.float32)
-    z = af.py_func(lambda v: v, [y], af.float32, expensive=True)
-    ops = prune([z], [], set())
-    plan = build_plan(ops, [0] * len(ops), [CPU0], [], [z], [])
-    kinds = [n.kind for n in plan.nodes]
-    assert kinds == [registry.ASYNC, registry.EXPENSIVE]
-    assert not plan.all_inline
+    z = af.py_func(_identity, [y], af.float32, expensive=True)
+    plan = _one_partition(graph, [z])
+    bound = bind(plan, LocalDevice(CPU0, "CPU", 0, 1))  # type: ignore[arg-type]
+    assert [n.kind for n in bound.nodes] == [registry.ASYNC, registry.EXPENSIVE]
+    assert not bound.all_inline
 
 
-def test_plan_missing_kernel_is_not_found(graph: af.Graph) -> None:
+def _identity(v: np.ndarray) -> np.ndarray:
+    return v
+
+
+def test_bind_missing_kernel_is_not_found(graph: af.Graph) -> None:
     registry.define_op("_NoKernelHere", lambda inputs, attrs: [])
-    op = graph.create_op("_NoKernelHere", [], name="lonely")
+    graph.create_op("_NoKernelHere", [], name="lonely")
+    part = partition(_nodes(graph), (0,), [CPU0], [], [], ["lonely"], 1)[0]
     with pytest.raises(af.errors.NotFoundError, match="lonely"):
-        build_plan([op], [0], [CPU0], [], [], [op])
+        bind(build_plan(part), LocalDevice(CPU0, "CPU", 0, 1))
+
+
+# -- the IR is a plain value ----------------------------------------------------------------
+
+
+def _loop_graph(graph: af.Graph) -> af.Tensor:
+    with af.device("/cpu:0"):
+        i = af.constant(0, name="i0")
+        s = af.constant(0.0, name="s0")
+
+    def body(i: af.Tensor, s: af.Tensor) -> tuple[af.Tensor, af.Tensor]:
+        with af.device("/cpu:1"):
+            s2 = s + af.cast(i, af.float32)
+        return i + 1, s2
+
+    _, total = af.while_loop(lambda i, s: i < 5, body, [i, s])
+    return total
+
+
+def test_compiled_partitions_pickle_and_round_trip(graph: af.Graph) -> None:
+    x = af.placeholder(af.float32, shape=(2,), name="x")
+    with af.device("/cpu:1"):
+        y = af.multiply(x, 3.0, name="y")
+    z = af.reduce_sum(y, name="z")
+    total = _loop_graph(graph)
+    compiled = compile_signature(graph_ir(graph), feeds=[ref_of(x)],
+                                 fetches=[ref_of(z), ref_of(total)], targets=[],
+                                 devices=[CPU0, CPU1], incarnation=7)
+    assert len(compiled.plans) == 2
+    data = pickle.dumps(compiled)
+    back = pickle.loads(data)
+    for mine, theirs in zip(compiled.plans, back.plans):
+        assert mine.partition.device == theirs.partition.device
+        assert len(mine.partition.nodes) == len(theirs.partition.nodes)
+        for a, b in zip(mine.partition.nodes, theirs.partition.nodes):
+            _same_node(a, b)
+        assert mine.initial_pending == theirs.initial_pending
+        assert mine.consumers == theirs.consumers
+        assert mine.frames == theirs.frames
+        assert repr(mine) == repr(theirs)
+    assert back.retval_map == compiled.retval_map
+    # A partition prints as a graph def, and round-trips through JSON-able values.
+    for plan in back.plans:
+        gd = partition_graph_def(plan.partition)
+        assert {n["op"] for n in gd["node"]} >= {"_Send", "_Recv"}
+
+
+def _same_node(a: NodeDef, b: NodeDef) -> None:
+    for f in dataclasses.fields(NodeDef):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "attrs":
+            assert x.keys() == y.keys()
+            for k in x:
+                if isinstance(x[k], np.ndarray):
+                    np.testing.assert_array_equal(x[k], y[k])
+                else:
+                    assert x[k] == y[k], (a.name, k)
+        else:
+            assert x == y, (a.name, f.name)
+
+
+def test_cross_device_loop_gets_a_control_loop_per_receiving_device(graph: af.Graph) -> None:
+    total = _loop_graph(graph)
+    ir = graph_ir(graph)
+    nodes = prune(ir, [ref_of(total)], [])
+    placement = place(nodes, [CPU0, CPU1])
+    frames = node_frames(nodes)
+    new_nodes, new_placement, new_frames, loops = add_control_loops(nodes, placement, frames)
+    # The body's add is on cpu:1 and receives from the loop on cpu:0: one control loop on
+    # cpu:1; the loop's next value comes back to cpu:0: one there too.
+    assert {device for _, device in loops} == {0, 1}
+    added = new_nodes[len(nodes):]
+    assert {n.op for n in added} == {"Const", "Enter", "Merge", "Switch", "NextIteration"}
+    assert len(new_placement) == len(new_nodes)
+    for n in added:
+        if n.op == "Switch":  # the predicate is the leader's LoopCond
+            assert ir.by_name[n.inputs[1][0]].op == "LoopCond"
+    assert all(new_frames.frame[n.name] for n in added if n.op in ("Merge", "Switch"))
+    # Nothing of the input changed: passes return new values.
+    assert nodes == prune(ir, [ref_of(total)], [])
+
+
+def test_graph_ir_is_cached_per_op_and_plain(graph: af.Graph) -> None:
+    a = af.constant(1.0, name="a")
+    b = af.add(a, 2.0, name="b")
+    ir = graph_ir(graph)
+    assert isinstance(ir, GraphIR)
+    assert graph_ir(graph).by_name["b"] is ir.by_name["b"]
+    node = ir.by_name["b"]
+    assert node.op == "AddV2" or node.op == "Add"
+    assert node.inputs == (("a", 0), (b.op.inputs[1].op.name, 0))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        node.name = "c"  # type: ignore[misc]
+    pickle.loads(pickle.dumps(ir.nodes))
+
+
+# -- layering -------------------------------------------------------------------------------
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Modules imported at run time (imports under ``if TYPE_CHECKING:`` excluded)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.ImportFrom) and child.module == "asyncflow":
+                found.update(f"asyncflow.{alias.name}" for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module:
+                found.add(child.module)
+            elif isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            visit(child)
+
+    visit(tree)
+    return {m for m in found if m.startswith("asyncflow")}
+
+
+def _module(path: pathlib.Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def test_compiler_never_imports_runtime_or_session() -> None:
+    for module, imports in _graph().items():
+        if module.startswith("asyncflow.compiler"):
+            bad = {m for m in imports if m.startswith(("asyncflow.runtime", "asyncflow.session",
+                                                       "asyncflow.partial_run"))}
+            assert not bad, f"{module} imports {bad}"
+
+
+def test_layers_point_one_way() -> None:
+    # framework -> compiler -> runtime -> session: nothing imports a layer above it.
+    order = ["asyncflow.framework", "asyncflow.compiler", "asyncflow.runtime",
+             "asyncflow.session"]
+
+    def layer(module: str) -> int:
+        for k, prefix in enumerate(order):
+            if module == prefix or module.startswith(prefix + "."):
+                return k
+        return -1
+
+    for module, imports in _graph().items():
+        here = layer(module)
+        if here < 0:
+            continue
+        for m in imports:
+            assert layer(m) <= here, f"{module} (layer {order[here]}) imports {m}"
+    session = _graph()["asyncflow.session"]
+    assert not {m for m in session if m.startswith("asyncflow.ops")}, session
+    assert not {m for m in _graph()["asyncflow.config"] if m.startswith("asyncflow.runtime")}
+
+
+def test_import_graph_has_no_cycle() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for m in sorted(graph.get(module, ())):
+            if m == module or m not in graph:
+                continue
+            if state.get(m) == 1:
+                pytest.fail(f"import cycle: {' -> '.join([*path, m])}")
+            if not state.get(m):
+                visit(m, [*path, m])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if not state.get(module):
+            visit(module, [module])

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asyncflow as af
+from asyncflow.compiler.ir import graph_ir, ref_of
 from asyncflow.compiler.partition import partition
 from asyncflow.compiler.prune import prune
 
@@ -82,14 +83,15 @@ async def test_single_device_partition_graph_has_no_send_recv(graph: af.Graph) -
 
 def _parts(graph: af.Graph, fetches: list[af.Tensor], placement_of: dict[str, int],
            feeds: tuple[af.Tensor, ...] = (), default: int = 0) -> list[Any]:
-    ops = prune(fetches, [], set(feeds))
-    placement = [placement_of.get(op.name, default) for op in ops]
+    nodes = prune(graph_ir(graph), [ref_of(t) for t in fetches], [], {ref_of(t) for t in feeds})
+    placement = [placement_of.get(n.name, default) for n in nodes]
     devices = [CPU.format(i) for i in range(4)]
-    return partition(ops, placement, devices, list(feeds), fetches, [], incarnation=1)
+    return list(partition(nodes, placement, devices, [ref_of(t) for t in feeds],
+                          [ref_of(t) for t in fetches], [], incarnation=1))
 
 
 def _count(parts: list[Any], op_type: str) -> int:
-    return sum(1 for p in parts for op in p.ops if op.type == op_type)
+    return sum(1 for p in parts for n in p.nodes if n.op == op_type)
 
 
 def test_partition_one_device_has_no_pairs(graph: af.Graph) -> None:
@@ -118,8 +120,8 @@ def test_partition_data_and_control_edge_make_two_pairs(graph: af.Graph) -> None
     parts = _parts(graph, [b, c], {"b": 1, "c": 1})
     assert _count(parts, "_Send") == 2
     assert _count(parts, "_Recv") == 2
-    keys = sorted(op.get_attr("tensor_name") for p in parts for op in p.ops
-                  if op.type == "_Recv")
+    keys = sorted(n.get_attr("tensor_name") for p in parts for n in p.nodes
+                  if n.op == "_Recv")
     assert keys == ["^a", "a:0"]
 
 
@@ -139,7 +141,7 @@ def test_partition_fed_tensor_is_not_an_edge(graph: af.Graph) -> None:
     parts = _parts(graph, [b], {"a": 0}, feeds=(a,), default=1)
     assert _count(parts, "_Send") == 0
     (part,) = parts
-    assert part.feeds == (0,)
+    assert part.args == ((0, ("a", 0)),)
 
 
 async def test_fed_and_fetched_across_devices(graph: af.Graph) -> None:

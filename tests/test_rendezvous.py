@@ -8,12 +8,8 @@ import random
 import pytest
 
 from asyncflow import errors
-from asyncflow.runtime.rendezvous import (
-    LocalRendezvous,
-    WouldBlock,
-    create_key,
-    parse_key,
-)
+from asyncflow.compiler.keys import create_key, parse_key
+from asyncflow.runtime.rendezvous import LocalRendezvous, WouldBlock
 
 CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
 CPU1 = "/job:localhost/replica:0/task:0/device:CPU:1"

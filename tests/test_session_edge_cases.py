@@ -369,7 +369,7 @@ def test_concurrent_run_sync_with_thread_kernels(graph: af.Graph) -> None:
 
 async def test_outstanding_count_returns_to_zero(graph: af.Graph) -> None:
     from asyncflow.runtime.call_frame import CallFrame
-    from asyncflow.runtime.executor import Step
+    from asyncflow.runtime.step import Step
 
     async def hop(v: Any) -> Any:
         await asyncio.sleep(0)
@@ -379,8 +379,8 @@ async def test_outstanding_count_returns_to_zero(graph: af.Graph) -> None:
     b = af.py_func(hop, [a], af.float32)
     c = af.py_func(hop, [b], af.float32)
     async with af.Session(graph=graph) as sess:
-        plan = sess._prepare(c, None).plan
-        step = Step(plan, CallFrame(()), sess._devices)
+        (bound,) = sess._prepare(c, None).bound
+        step = Step(bound, CallFrame(()))
         assert await step.run() == [4.0]
         assert step._outstanding == 0
 

@@ -1,259 +1,287 @@
 """Partitioning: one subgraph per device, joined by ``_Send`` / ``_Recv`` pairs.
 
-Given the pruned, placed ops of a run, every edge whose ends are on different
+Given the pruned, placed IR of a run, every edge whose ends are on different
 devices is cut:
 
 * a **data edge** becomes one ``_Send`` on the producer's device and one ``_Recv``
   on the consumer's device per *(source tensor, destination device)* — several
   consumers on that device share the pair;
 * a **control edge** becomes a small pair too: the ``_Send`` runs after the source
-  op (a control input) and sends a token; the consumer gets the ``_Recv`` as a
+  node (a control input) and sends a token; the consumer gets the ``_Recv`` as a
   control input.
 
+An edge inside a loop frame is cut the same way; its pair runs once per iteration
+(keys carry the frame instance and iteration at run time) and the ``_Recv`` is gated
+by the control loop of its frame on its device (:mod:`asyncflow.compiler.control_flow`).
 A fed tensor is no edge at all: each partition reading it gets its own ``_Arg``.
-The original graph is never modified: partitions carry their rewritten edges in
-``edges`` (op → new inputs, new control inputs), and the synthetic ``_Send`` /
-``_Recv`` ops live only in the partitions.  Rendezvous keys have TensorFlow's form
-(see :mod:`asyncflow.runtime.rendezvous`).
+Every partition is a plain value (:class:`PartitionDef`): picklable, printable and
+convertible to a graph def.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any
 
 from asyncflow import dtypes
+from asyncflow.compiler.control_flow import FramePath, Frames
+from asyncflow.compiler.ir import NodeDef, Ref, ValueInfo, format_ref
+from asyncflow.compiler.keys import create_key
 from asyncflow.framework import registry
-from asyncflow.framework.graph import Operation, Tensor
-from asyncflow.framework.shapes import TensorShape, unknown_shape
-from asyncflow.runtime.rendezvous import create_key
+from asyncflow.framework.shapes import TensorShape
 
-if TYPE_CHECKING:
-    from asyncflow.runtime.rendezvous import Rendezvous
+__all__ = ["PartitionDef", "add_client_edges", "partition", "partition_graph_def"]
 
-__all__ = ["Partition", "partition"]
-
-Edges = dict[Operation, tuple[tuple[Tensor, ...], tuple[Operation, ...]]]
-
-_TOKEN = np.bool_(True)  # what a control-edge _Send carries
+_TOKEN = ValueInfo(dtypes.bool, TensorShape(()))
 
 
-def _send_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any]:
+def _send_shape(inputs: Sequence[Any], attrs: Mapping[str, Any]) -> list[Any]:
     return []
 
 
-def _recv_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any]:
+def _recv_shape(inputs: Sequence[Any], attrs: Mapping[str, Any]) -> list[Any]:
     return [(attrs["dtype"], attrs["shape"])]
 
 
-_SEND_DEF = registry.define_op("_Send", _send_shape, stateful=True, feedable=False)
-_RECV_DEF = registry.define_op("_Recv", _recv_shape, stateful=True, feedable=False)
-
-
-@registry.register_kernel_factory("_Send")
-def _send_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
-    key = op._attrs["key"]
-    if op._inputs:
-        def send(rendezvous: Rendezvous, value: Any) -> None:
-            rendezvous.send(key, value)
-    else:
-        def send(rendezvous: Rendezvous) -> None:  # type: ignore[misc]
-            rendezvous.send(key, _TOKEN)
-    return send, registry.SEND
-
-
-@registry.register_kernel_factory("_Recv")
-def _recv_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
-    key = op._attrs["key"]
-
-    def recv(rendezvous: Rendezvous) -> Any:
-        return rendezvous.recv_future(key)
-
-    return recv, registry.RECV
+registry.define_op("_Send", _send_shape, stateful=True, feedable=False)
+registry.define_op("_Recv", _recv_shape, stateful=True, feedable=False)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Partition:
-    """The ops of one device, with their cross-device edges rewritten.
+class PartitionDef:
+    """The nodes of one device, with their cross-device edges cut.
 
-    ``feeds`` / ``fetches`` index the run's feed and fetch lists: the fed tensors
-    this partition reads, the fetched tensors it produces.
+    ``args`` are ``(feed index, fed tensor)`` for the fed tensors this partition reads;
+    ``retvals`` are ``(fetch index, tensor)`` for the fetches it produces; ``targets``
+    the names of the target nodes it runs.
     """
 
-    device: int
-    ops: tuple[Operation, ...]
-    edges: Edges
-    feeds: tuple[int, ...]
-    fetches: tuple[int, ...]
-    targets: tuple[Operation, ...]
+    device: str
+    nodes: tuple[NodeDef, ...]
+    args: tuple[tuple[int, Ref], ...]
+    retvals: tuple[tuple[int, Ref], ...]
+    targets: tuple[str, ...]
+    #: The run has control flow: values received from other devices may be dead.
+    control_flow: bool = False
+
+    def __repr__(self) -> str:
+        return (f"<PartitionDef {self.device} nodes={len(self.nodes)} args={len(self.args)} "
+                f"retvals={len(self.retvals)}>")
 
 
-def partition(ops: Sequence[Operation], placement: Sequence[int], devices: Sequence[str],
-              feeds: Sequence[Tensor], fetches: Sequence[Tensor],
-              targets: Sequence[Operation], incarnation: int) -> list[Partition]:
-    """Split placed ops into one :class:`Partition` per device used (device order)."""
-    device_of: dict[Operation, int] = dict(zip(ops, placement))
-    fed = {t: k for k, t in enumerate(feeds)}
-    ops_of: dict[int, list[Operation]] = {}
-    edges_of: dict[int, Edges] = {}
-    feeds_of: dict[int, set[int]] = {}
-    recvs: dict[tuple[Any, int], Operation] = {}  # (tensor or ^op, dst) -> _Recv
+def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Sequence[str],
+              feeds: Sequence[Ref], fetches: Sequence[Ref], targets: Sequence[str],
+              incarnation: int, frames: Frames | None = None,
+              loops: Mapping[tuple[FramePath, int], str] | None = None,
+              control_flow: bool = False) -> tuple[PartitionDef, ...]:
+    """Split placed ``nodes`` into one :class:`PartitionDef` per device used (device order).
 
-    def recv_for(source: Tensor | Operation, src: int, dst: int) -> Operation:
-        key = (source, dst)
-        recv = recvs.get(key)
-        if recv is None:
-            recv = recvs[key] = _make_pair(source, src, dst, devices, incarnation, ops_of)
-        return recv
+    ``frames`` and ``loops`` come from :func:`~asyncflow.compiler.control_flow.add_control_loops`
+    when the run has loops spanning devices.
+    """
+    device_of = {n.name: d for n, d in zip(nodes, placement)}
+    fed = {r: k for k, r in enumerate(feeds)}
+    nodes_of: dict[int, list[NodeDef]] = {}
+    args_of: dict[int, set[int]] = {}
+    recvs: dict[tuple[Ref | str, int], str] = {}  # (tensor, or control source name; dst)
+    infos = {n.name: n for n in nodes}
 
-    for op in ops:
-        ops_of.setdefault(device_of[op], []).append(op)
-    for op in ops:
-        d = device_of[op]
+    def recv_for(source: Ref | str, src: int, dst: int) -> str:
+        name = recvs.get((source, dst))
+        if name is None:
+            name = recvs[(source, dst)] = _make_pair(
+                source, infos, src, dst, devices, incarnation, nodes_of, frames, loops)
+        return name
+
+    for d in placement:
+        nodes_of.setdefault(d, [])
+    for n, d in zip(nodes, placement):
         changed = False
-        inputs: list[Tensor] = []
-        for t in op._inputs:
-            k = fed.get(t) if fed else None
+        inputs: list[Ref] = []
+        for r in n.inputs:
+            k = fed.get(r) if fed else None
             if k is not None:
-                feeds_of.setdefault(d, set()).add(k)
-                inputs.append(t)
-                continue
-            src = device_of[t._op]
-            if src == d:
-                inputs.append(t)
+                args_of.setdefault(d, set()).add(k)
+                inputs.append(r)
+            elif device_of[r[0]] == d:
+                inputs.append(r)
             else:
-                inputs.append(recv_for(t, src, d)._outputs[0])
+                inputs.append((recv_for(r, device_of[r[0]], d), 0))
                 changed = True
-        controls: list[Operation] = []
-        for c in op._control_inputs:
-            src_c = device_of.get(c)
-            if src_c is None:
+        controls: list[str] = []
+        for c in n.control_inputs:
+            src = device_of.get(c)
+            if src is None:
                 changed = True  # not needed (e.g. a fed Placeholder): the feed carries it
-            elif src_c == d:
+            elif src == d:
                 controls.append(c)
             else:
-                controls.append(recv_for(c, src_c, d))
+                controls.append(recv_for(c, src, d))
                 changed = True
         if changed:
-            edges_of.setdefault(d, {})[op] = (tuple(inputs), tuple(controls))
+            n = NodeDef(n.name, n.op, tuple(inputs), tuple(controls), n.device, n.attrs,
+                        n.outputs, n.input_types, n.stateful, n.traceback)
+        nodes_of[d].append(n)
 
-    fetches_of: dict[int, list[int]] = {}
-    for k, t in enumerate(fetches):
-        if t not in fed:
-            fetches_of.setdefault(device_of[t._op], []).append(k)
-    targets_of: dict[int, list[Operation]] = {}
-    for op in targets:
-        targets_of.setdefault(device_of[op], []).append(op)
-    return [
-        Partition(d, tuple(ops_of[d]), edges_of.get(d, {}), tuple(sorted(feeds_of.get(d, ()))),
-                  tuple(fetches_of.get(d, ())), tuple(targets_of.get(d, ())))
-        for d in sorted(ops_of)
-    ]
+    retvals_of: dict[int, list[tuple[int, Ref]]] = {}
+    for k, r in enumerate(fetches):
+        if r not in fed:
+            retvals_of.setdefault(device_of[r[0]], []).append((k, r))
+    targets_of: dict[int, list[str]] = {}
+    for name in targets:
+        targets_of.setdefault(device_of[name], []).append(name)
+    return tuple(
+        PartitionDef(devices[d], tuple(nodes_of[d]),
+                     tuple((k, feeds[k]) for k in sorted(args_of.get(d, ()))),
+                     tuple(retvals_of.get(d, ())), tuple(targets_of.get(d, ())), control_flow)
+        for d in sorted(nodes_of))
 
 
-def _make_pair(source: Tensor | Operation, src: int, dst: int, devices: Sequence[str],
-               incarnation: int, ops_of: dict[int, list[Operation]]) -> Operation:
-    """Create the ``_Send`` (on ``src``) and ``_Recv`` (on ``dst``) for one cut edge."""
-    if isinstance(source, Tensor):
-        op = source._op
-        edge = source.name
-        base = f"{op._name}_{source._value_index}"
-        dtype, shape = source._dtype, source._shape
-        send_inputs: tuple[Tensor, ...] = (source,)
-        send_controls: tuple[Operation, ...] = ()
+def _make_pair(source: Ref | str, infos: Mapping[str, NodeDef], src: int, dst: int,
+               devices: Sequence[str], incarnation: int, nodes_of: dict[int, list[NodeDef]],
+               frames: Frames | None, loops: Mapping[tuple[FramePath, int], str] | None
+               ) -> str:
+    """Add the ``_Send`` (on ``src``) and ``_Recv`` (on ``dst``) for one cut edge."""
+    if isinstance(source, tuple):
+        producer = infos[source[0]]
+        edge = f"{source[0]}:{source[1]}"
+        base = f"{source[0]}_{source[1]}"
+        info = producer.outputs[source[1]]
+        send_inputs: tuple[Ref, ...] = (source,)
+        send_controls: tuple[str, ...] = ()
     else:
-        op = source
-        edge = f"^{op._name}"
-        base = f"{op._name}_ctrl"
-        dtype, shape = dtypes.bool, TensorShape(())
-        send_inputs, send_controls = (), (op,)
+        producer = infos[source]
+        edge = f"^{source}"
+        base = f"{source}_ctrl"
+        info = _TOKEN
+        send_inputs, send_controls = (), (source,)
     key = create_key(devices[src], incarnation, devices[dst], edge)
     attrs = {"key": key, "tensor_name": edge, "send_device": devices[src],
-             "recv_device": devices[dst], "dtype": dtype, "shape": shape}
-    graph = op._graph
-    send = Operation(graph, f"_send_{base}_to_{dst}", "_Send", send_inputs, send_controls,
-                     attrs, devices[src], op._traceback, -1, _SEND_DEF)
-    send._outputs = ()
-    recv = Operation(graph, f"_recv_{base}_on_{dst}", "_Recv", (), (), attrs, devices[dst],
-                     op._traceback, -1, _RECV_DEF)
-    recv._outputs = (Tensor(recv, 0, dtype, shape if shape is not None else unknown_shape()),)
-    ops_of.setdefault(src, []).append(send)
-    ops_of.setdefault(dst, []).insert(0, recv)
-    return recv
+             "recv_device": devices[dst], "dtype": info.dtype, "shape": info.shape}
+    recv_controls: tuple[str, ...] = ()
+    if frames is not None and loops:
+        path = frames.out_frame[producer.name]
+        if path:  # inside a loop: received once per iteration of this device's control loop
+            recv_controls = (loops[(path, dst)],)
+    send = NodeDef(f"_send_{base}_to_{dst}", "_Send", send_inputs, send_controls,
+                   devices[src], attrs, (), (info,) if send_inputs else (), True,
+                   producer.traceback)
+    recv = NodeDef(f"_recv_{base}_on_{dst}", "_Recv", (), recv_controls, devices[dst], attrs,
+                   (info,), (), True, producer.traceback)
+    nodes_of.setdefault(src, []).append(send)
+    nodes_of.setdefault(dst, []).insert(0, recv)
+    return recv.name
 
 
-def partition_graph_def(part: Partition, devices: Sequence[str], feeds: Sequence[Tensor],
-                        fetches: Sequence[Tensor]) -> dict[str, Any]:
+def partition_graph_def(part: PartitionDef) -> dict[str, Any]:
     """A graph def (``as_graph_def()``'s form) of one partition, with ``_Arg`` / ``_Retval``."""
     from asyncflow.framework.graph_def import encode_attr
 
-    def ref(t: Tensor) -> str:
-        if t in arg_names:
-            return arg_names[t]
-        return t._op._name if t._value_index == 0 else f"{t._op._name}:{t._value_index}"
+    arg_names = {r: f"_arg_{r[0]}_{r[1]}" for _, r in part.args}
 
-    device = devices[part.device]
-    arg_names = {feeds[k]: f"_arg_{feeds[k]._op._name}_{feeds[k]._value_index}"
-                 for k in part.feeds}
+    def ref(r: Ref) -> str:
+        return arg_names[r] if r in arg_names else format_ref(r)
+
+    device = part.device
     nodes: list[dict[str, Any]] = []
-    for k in part.feeds:
-        t = feeds[k]
-        nodes.append({"name": arg_names[t], "op": "_Arg", "input": [], "device": device,
-                      "attr": {"index": encode_attr(k), "T": encode_attr(t._dtype)}})
-    for op in part.ops:
-        inputs, controls = part.edges.get(op, (op._inputs, op._control_inputs))
+    for k, r in part.args:
+        dtype = _dtype_of(part, r)
+        nodes.append({"name": arg_names[r], "op": "_Arg", "input": [], "device": device,
+                      "attr": {"index": encode_attr(k), "T": encode_attr(dtype)}})
+    for n in part.nodes:
         attrs = {}
-        for name, value in op._attrs.items():
+        for name, value in n.attrs.items():
             try:
                 attrs[name] = encode_attr(value)
             except (TypeError, ValueError):
                 attrs[name] = encode_attr(repr(value))
-        nodes.append({"name": op._name, "op": op._type,
-                      "input": [ref(t) for t in inputs] + [f"^{c._name}" for c in controls],
+        nodes.append({"name": n.name, "op": n.op,
+                      "input": [ref(r) for r in n.inputs] + [f"^{c}" for c in n.control_inputs],
                       "device": device, "attr": attrs})
-    for k in part.fetches:
-        t = fetches[k]
-        nodes.append({"name": f"_retval_{t._op._name}_{t._value_index}", "op": "_Retval",
-                      "input": [ref(t)], "device": device,
-                      "attr": {"index": encode_attr(k), "T": encode_attr(t._dtype)}})
+    for k, r in part.retvals:
+        nodes.append({"name": f"_retval_{r[0]}_{r[1]}", "op": "_Retval",
+                      "input": [ref(r)], "device": device,
+                      "attr": {"index": encode_attr(k), "T": encode_attr(_dtype_of(part, r))}})
     return {"versions": {"producer": 1, "format": "asyncflow.partition_graph/1"},
             "device": device, "node": nodes}
 
 
-def client_edges(feeds: Sequence[Tensor], fetches: Sequence[Tensor],
-                 targets: Sequence[Operation], device: str, incarnation: int,
-                 client: str = "/job:localhost/replica:0/task:0/device:CPU:0"
-                 ) -> tuple[dict[Tensor, Operation], list[Operation]]:
-    """``_Recv`` ops for values the client will feed, ``_Send`` ops for values it will
-    fetch (and a token ``_Send`` per target op), all on ``device`` (partial runs)."""
-    recvs: dict[Tensor, Operation] = {}
-    for t in feeds:
-        key = create_key(client, incarnation, device, f"feed:{t.name}")
-        attrs = {"key": key, "tensor_name": t.name, "send_device": client,
-                 "recv_device": device, "dtype": t._dtype, "shape": t._shape}
-        recv = Operation(t._op._graph, f"_recv_feed_{t._op._name}_{t._value_index}", "_Recv",
-                         (), (), attrs, device, t._op._traceback, -1, _RECV_DEF)
-        recv._outputs = (Tensor(recv, 0, t._dtype, t._shape),)
-        recvs[t] = recv
-    sends: list[Operation] = []
-    for t in fetches:
-        source = recvs[t]._outputs[0] if t in recvs else t
-        key = create_key(device, incarnation, client, f"fetch:{t.name}")
-        attrs = {"key": key, "tensor_name": t.name, "send_device": device,
-                 "recv_device": client, "dtype": t._dtype, "shape": t._shape}
-        send = Operation(t._op._graph, f"_send_fetch_{t._op._name}_{t._value_index}",
-                         "_Send", (source,), (), attrs, device, t._op._traceback, -1, _SEND_DEF)
-        send._outputs = ()
-        sends.append(send)
-    for op in targets:
-        key = create_key(device, incarnation, client, f"fetch:^{op.name}")
-        attrs = {"key": key, "tensor_name": f"^{op.name}", "send_device": device,
-                 "recv_device": client, "dtype": dtypes.bool, "shape": TensorShape(())}
-        send = Operation(op._graph, f"_send_fetch_{op._name}_ctrl", "_Send", (), (op,), attrs,
-                         device, op._traceback, -1, _SEND_DEF)
-        send._outputs = ()
-        sends.append(send)
-    return recvs, sends
+def _dtype_of(part: PartitionDef, r: Ref) -> dtypes.DType:
+    return _info_of(r, part.nodes).dtype
+
+
+def add_client_edges(nodes: Sequence[NodeDef], placement: Sequence[int],
+                     devices: Sequence[str], feeds: Sequence[Ref], fetches: Sequence[Ref],
+                     targets: Sequence[str], incarnation: int, client: str
+                     ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], tuple[str, ...],
+                                tuple[str, ...], tuple[str, ...]]:
+    """Partial runs: the client feeds and fetches through the step's rendezvous.
+
+    Each fed tensor becomes a ``_Recv`` from ``client`` on the device of its first
+    consumer (its consumers read the ``_Recv``); each fetch a ``_Send`` to ``client``
+    on its producer's device; each target a token ``_Send`` after it.  Returns the
+    nodes and placement with these added, and the feed, fetch and target keys.
+    """
+    device_of = {n.name: d for n, d in zip(nodes, placement)}
+    infos = {n.name: n for n in nodes}
+    fed: dict[Ref, str] = {}
+    added: list[NodeDef] = []
+    added_device: list[int] = []
+    feed_keys: list[str] = []
+    for r in feeds:
+        consumer = next((d for n, d in zip(nodes, placement) if r in n.inputs), 0)
+        info = _info_of(r, nodes)
+        name = f"_recv_feed_{r[0]}_{r[1]}"
+        key = create_key(client, incarnation, devices[consumer], f"feed:{r[0]}:{r[1]}")
+        feed_keys.append(key)
+        fed[r] = name
+        added.append(NodeDef(name, "_Recv", (), (), devices[consumer],
+                             {"key": key, "tensor_name": f"{r[0]}:{r[1]}",
+                              "send_device": client, "recv_device": devices[consumer],
+                              "dtype": info.dtype, "shape": info.shape},
+                             (info,), (), True, infos[r[0]].traceback if r[0] in infos else ""))
+        added_device.append(consumer)
+        device_of[name] = consumer
+    rewired = []
+    for n in nodes:
+        if any(r in fed for r in n.inputs):
+            n = NodeDef(n.name, n.op, tuple((fed[r], 0) if r in fed else r for r in n.inputs),
+                        n.control_inputs, n.device, n.attrs, n.outputs, n.input_types,
+                        n.stateful, n.traceback)
+        rewired.append(n)
+    fetch_keys: list[str] = []
+    for r in fetches:
+        source = (fed[r], 0) if r in fed else r
+        d = device_of[source[0]]
+        info = _info_of(r, nodes)
+        key = create_key(devices[d], incarnation, client, f"fetch:{r[0]}:{r[1]}")
+        fetch_keys.append(key)
+        added.append(NodeDef(f"_send_fetch_{r[0]}_{r[1]}", "_Send", (source,), (), devices[d],
+                             {"key": key, "tensor_name": f"{r[0]}:{r[1]}",
+                              "send_device": devices[d], "recv_device": client,
+                              "dtype": info.dtype, "shape": info.shape},
+                             (), (info,), True, ""))
+        added_device.append(d)
+    target_keys: list[str] = []
+    for name in targets:
+        d = device_of[name]
+        key = create_key(devices[d], incarnation, client, f"fetch:^{name}")
+        target_keys.append(key)
+        added.append(NodeDef(f"_send_fetch_{name}_ctrl", "_Send", (), (name,), devices[d],
+                             {"key": key, "tensor_name": f"^{name}", "send_device": devices[d],
+                              "recv_device": client, "dtype": dtypes.bool,
+                              "shape": TensorShape(())}, (), (), True, ""))
+        added_device.append(d)
+    return ((*rewired, *added), (*placement, *added_device), tuple(feed_keys),
+            tuple(fetch_keys), tuple(target_keys))
+
+
+def _info_of(r: Ref, nodes: Sequence[NodeDef]) -> ValueInfo:
+    for n in nodes:
+        if n.name == r[0]:
+            return n.outputs[r[1]]
+        for k, i in enumerate(n.inputs):
+            if i == r:
+                return n.input_types[k]
+    raise KeyError(f"tensor {format_ref(r)!r} is not among the nodes of this run")

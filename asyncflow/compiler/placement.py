@@ -14,62 +14,63 @@ an empty request means the session's default device.  An unknown device is an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 
 from asyncflow import errors
+from asyncflow.compiler.ir import NodeDef
 from asyncflow.framework.device_spec import DeviceSpec
-
-if TYPE_CHECKING:
-    from asyncflow.framework.graph import Operation
 
 __all__ = ["place"]
 
 
-def place(ops: Sequence[Operation], devices: Sequence[str], *,
-          allow_soft_placement: bool = False) -> list[int]:
-    """For each op, the index into ``devices`` (full names) it runs on; devices[0] is the default."""
+def place(ops: Sequence[NodeDef], devices: Sequence[str], *,
+          allow_soft_placement: bool = False,
+          lookup: Mapping[str, NodeDef] | None = None) -> tuple[int, ...]:
+    """For each node, the index into ``devices`` (full names) it runs on; devices[0] is
+    the default.  ``lookup`` finds colocation roots that are not among ``ops``."""
     parsed = [DeviceSpec.from_string(d) for d in devices]
     memo: dict[str, int] = {"": 0}
     out: list[int] = []
     append = out.append
     colocated: list[int] = []
     for k, op in enumerate(ops):
-        requested = op._device
+        requested = op.device
         index = memo.get(requested)
         if index is None:
             index = memo[requested] = _resolve(op, requested, devices, parsed,
                                                allow_soft_placement)
         append(index)
-        if "_class" in op._attrs:
+        if "_class" in op.attrs:
             colocated.append(k)
     if colocated:
-        _apply_colocation(ops, out, colocated, memo, devices, parsed, allow_soft_placement)
-    return out
+        _apply_colocation(ops, out, colocated, memo, devices, parsed, allow_soft_placement,
+                          lookup or {})
+    return tuple(out)
 
 
-def _apply_colocation(ops: Sequence[Operation], out: list[int], colocated: list[int],
+def _apply_colocation(ops: Sequence[NodeDef], out: list[int], colocated: list[int],
                       memo: dict[str, int], devices: Sequence[str],
-                      parsed: Sequence[DeviceSpec], soft: bool) -> None:
+                      parsed: Sequence[DeviceSpec], soft: bool,
+                      lookup: Mapping[str, NodeDef]) -> None:
     """Put each colocation group on one device; conflicting explicit requests fail."""
     groups: dict[str, list[int]] = {}
     for k in colocated:
-        for ref in ops[k]._attrs["_class"]:
+        for ref in ops[k].attrs["_class"]:
             if isinstance(ref, str) and ref.startswith("loc:@"):
                 groups.setdefault(ref[len("loc:@"):], []).append(k)
                 break
-    position = {op: k for k, op in enumerate(ops)}
+    position = {op.name: k for k, op in enumerate(ops)}
     for root_name, members in groups.items():
-        graph = ops[members[0]]._graph
-        root = graph._by_name.get(root_name)
-        chosen: tuple[Operation, int] | None = None
+        root = lookup.get(root_name) or next(
+            (ops[k] for k in members if ops[k].name == root_name), None)
+        chosen: tuple[NodeDef, int] | None = None
         candidates = ([root] if root is not None else []) + [ops[k] for k in members]
         for op in candidates:
-            if not op._device:
+            if not op.device:
                 continue
-            index = memo.get(op._device)
+            index = memo.get(op.device)
             if index is None:
-                index = memo[op._device] = _resolve(op, op._device, devices, parsed, soft)
+                index = memo[op.device] = _resolve(op, op.device, devices, parsed, soft)
             if chosen is None:
                 chosen = (op, index)
             elif chosen[1] != index:
@@ -77,15 +78,15 @@ def _apply_colocation(ops: Sequence[Operation], out: list[int], colocated: list[
                     None, op,
                     f"Cannot colocate nodes {chosen[0].name!r} and {op.name!r}: "
                     f"{chosen[0].name!r} is on {devices[chosen[1]]} but {op.name!r} "
-                    f"requests {op._device!r} (colocation group {root_name!r})")
+                    f"requests {op.device!r} (colocation group {root_name!r})")
         index = chosen[1] if chosen is not None else 0
         for k in members:
             out[k] = index
-        if root is not None and root in position:
-            out[position[root]] = index
+        if root is not None and root.name in position:
+            out[position[root.name]] = index
 
 
-def _resolve(op: Operation, requested: str, devices: Sequence[str],
+def _resolve(op: NodeDef, requested: str, devices: Sequence[str],
              parsed: Sequence[DeviceSpec], soft: bool) -> int:
     try:
         want = DeviceSpec.from_string(requested)

@@ -1,14 +1,14 @@
-"""The plan: everything about a run signature that does not change between steps.
+"""The plan: everything about one partition of a run signature that does not change
+between steps.
 
-``build_plan`` lowers a pruned, placed op list into flat, index-based tables the
-executor walks without a single name lookup:
+``build_plan`` lowers a :class:`~asyncflow.compiler.partition.PartitionDef` into flat,
+index-based tables the executor walks without a single name lookup:
 
 * **slots** — every value a step holds lives at an integer index of one list:
-  ``[op outputs..., _Arg values...]``.  ``initial_values`` pre-fills the slots of
+  ``[node outputs..., _Arg values...]``.  ``initial_values`` pre-fills the slots of
   constants, so a ``Const`` without control inputs never runs at all.
-* **nodes** — one :class:`NodeDef` tuple per op that runs: its kernel, kind, input
-  slots, first output slot, output count, consumer nodes, and the input slots it
-  releases when done.
+* **nodes** — the IR node of every scheduled node, its input slots, first output
+  slot, output count, consumer nodes, and the input slots it releases when done.
 * **pending counts** — ``initial_pending[i]`` is the number of distinct producer
   nodes (data or control) of node ``i``; a node is ready at zero.
 * **last use** — a slot read by exactly one node is freed by that node
@@ -17,143 +17,123 @@ executor walks without a single name lookup:
 * **call frame** — feeds enter through ``_Arg`` slots (``arg_slots``) and fetches
   leave through ``_Retval`` reads (``retval_slots``); fetched and arg slots are never
   freed.
+* **propagation** — a partition with loop frames (Switch / Merge / Enter / Exit /
+  NextIteration) gets ``frames`` and ``edges_out`` and runs with the frame
+  propagator; every other partition runs with the plain one.
 
-A plan is immutable and shared by every concurrent step of its signature; kernels
-in it must therefore be stateless callables.
+A plan is a plain value (no kernel, no graph, no lock): it pickles, and many
+concurrent steps share it.  Kernels are bound to it by :mod:`asyncflow.runtime.bind`.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
-import numpy as np
+from asyncflow.compiler.control_flow import (
+    CONTROL_FLOW_OPS,
+    FrameInfo,
+    analyze_frames,
+    node_frames,
+)
+from asyncflow.compiler.ir import NodeDef, Ref
+from asyncflow.compiler.partition import PartitionDef
 
-from asyncflow import errors
-from asyncflow.compiler.frames import FrameInfo, analyze_frames
-from asyncflow.framework import registry
+__all__ = ["Plan", "build_plan"]
 
-if TYPE_CHECKING:
-    from asyncflow.framework.graph import Operation, Tensor
-
-__all__ = ["ExecutionPlan", "NodeDef", "build_plan"]
-
-
-class NodeDef(NamedTuple):
-    """One scheduled node.  Field order is the executor's unpack order: keep in sync."""
-
-    kernel: Callable[..., Any]
-    kind: int               # registry.INLINE / ASYNC / EXPENSIVE
-    arity: int              # len(inputs), stored so the hot loop need not call len()
-    inputs: tuple[int, ...]  # input slots
-    out: int                # first output slot
-    num_outputs: int
-    consumers: tuple[int, ...]  # nodes whose pending count this node decrements
-    frees: tuple[int, ...]      # slots to clear after running (sole reader / unread output)
-    counted: tuple[int, ...]    # slots to release by reference count after running
-    getter: Callable[[list[Any]], tuple[Any, ...]] | None  # itemgetter for >2 inputs
-    device: int             # index into the plan's devices
+#: Per producer: its consumers as (node, ((input position, slot), ...), has_control_edge).
+EdgesOut = tuple[tuple[tuple[int, tuple[tuple[int, int], ...], bool], ...], ...]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class ExecutionPlan:
-    """The immutable, per-signature executable form of a pruned graph."""
+class Plan:
+    """The immutable, per-signature executable form of one partition."""
 
-    nodes: tuple[NodeDef, ...]
-    ops: tuple[Operation, ...]            # ops[i] is node i's operation (for errors, tracing)
+    partition: PartitionDef
+    nodes: tuple[NodeDef, ...]            # the scheduled nodes (preloaded constants excluded)
+    inputs: tuple[tuple[int, ...], ...]   # input slots per node
+    out: tuple[int, ...]                  # first output slot per node
+    consumers: tuple[tuple[int, ...], ...]
+    frees: tuple[tuple[int, ...], ...]
+    counted: tuple[tuple[int, ...], ...]
     initial_pending: tuple[int, ...]
     initial_ready: tuple[int, ...]
     initial_values: tuple[Any, ...]
     initial_refs: tuple[int, ...] | None  # None when no slot is reference counted
     arg_slots: tuple[int, ...]
     retval_slots: tuple[int, ...]
-    feeds: tuple[Tensor, ...]
-    fetches: tuple[Tensor, ...]
-    targets: tuple[Operation, ...]
-    devices: tuple[str, ...]
-    #: True when every node is INLINE: the step runs to completion without awaiting.
-    all_inline: bool
     num_slots: int
-    #: Control-flow plans only (Switch/Merge/Enter/Exit/NextIteration): the frame of
-    #: every node, and per producer its consumers as (node, ((input, slot), ...),
-    #: has_control_edge) — what the frame executor needs to track dead edges.
+    #: Loop frames: the frame of every node and its out-edges (frame propagator only).
     frames: FrameInfo | None = None
-    edges_out: tuple[tuple[tuple[int, tuple[tuple[int, int], ...], bool], ...], ...] = ()
+    edges_out: EdgesOut = ()
+
+    @property
+    def device(self) -> str:
+        """The full name of the partition's device."""
+        return self.partition.device
+
+    @property
+    def loops(self) -> bool:
+        """Whether the partition holds loop frames (the frame propagator runs it)."""
+        return self.frames is not None and len(self.frames.frames) > 1
 
     def __repr__(self) -> str:
-        return (f"<ExecutionPlan nodes={len(self.nodes)} feeds={len(self.feeds)} "
-                f"fetches={len(self.fetches)} all_inline={self.all_inline}>")
+        return (f"<Plan {self.device} nodes={len(self.nodes)} args={len(self.arg_slots)} "
+                f"retvals={len(self.retval_slots)} frames={self.frames is not None}>")
 
 
-def _preloadable(op: Operation) -> bool:
-    return op._type == "Const" and not op._control_inputs
+def _preloadable(node: NodeDef) -> bool:
+    return node.op == "Const" and not node.control_inputs
 
 
-def build_plan(ops: Sequence[Operation], placement: Sequence[int], devices: Sequence[str],
-               feeds: Sequence[Tensor], fetches: Sequence[Tensor],
-               targets: Sequence[Operation],
-               device_types: Sequence[str] | None = None,
-               edges: Mapping[Operation, tuple[tuple[Tensor, ...], tuple[Operation, ...]]]
-               | None = None, resources: Any = None) -> ExecutionPlan:
-    """Lower pruned ``ops`` into an :class:`ExecutionPlan`.
-
-    ``edges`` overrides the inputs and control inputs of some ops (a partition's
-    cut edges, see :mod:`asyncflow.compiler.partition`).
-    """
-    device_types = device_types or ["CPU"] * len(devices)
+def build_plan(part: PartitionDef) -> Plan:
+    """Lower one partition into a :class:`Plan`."""
+    nodes = part.nodes
     # -- slots ------------------------------------------------------------------
-    slot_of_op: dict[Operation, int] = {}
+    slot_of: dict[str, int] = {}
     n_slots = 0
-    for op in ops:
-        slot_of_op[op] = n_slots
-        n_slots += len(op._outputs)
-    fed_slot: dict[Tensor, int] = {}
-    for k, t in enumerate(feeds):
-        fed_slot[t] = n_slots + k
-    arg_slots = tuple(range(n_slots, n_slots + len(feeds)))
-    n_slots += len(feeds)
+    for node in nodes:
+        slot_of[node.name] = n_slots
+        n_slots += len(node.outputs)
+    fed_slot: dict[Ref, int] = {}
+    for k, (_, r) in enumerate(part.args):
+        fed_slot[r] = n_slots + k
+    arg_slots = tuple(range(n_slots, n_slots + len(part.args)))
+    n_slots += len(part.args)
     initial_values: list[Any] = [None] * n_slots
 
-    def slot(t: Tensor) -> int:
-        s = fed_slot.get(t) if fed_slot else None
-        return s if s is not None else slot_of_op[t._op] + t._value_index
+    def slot(r: Ref) -> int:
+        s = fed_slot.get(r) if fed_slot else None
+        return s if s is not None else slot_of[r[0]] + r[1]
 
     # -- nodes -------------------------------------------------------------------
-    node_of_op: dict[Operation, int] = {}
-    sched: list[Operation] = []
-    sched_device: list[int] = []
-    for op, dev in zip(ops, placement):
-        if _preloadable(op):
-            value = op._attrs["value"]
-            initial_values[slot_of_op[op]] = value[()] if value.ndim == 0 else value
+    node_of: dict[str, int] = {}
+    sched: list[NodeDef] = []
+    for node in nodes:
+        if _preloadable(node):
+            value = node.attrs["value"]
+            initial_values[slot_of[node.name]] = value[()] if value.ndim == 0 else value
         else:
-            node_of_op[op] = len(sched)
-            sched.append(op)
-            sched_device.append(dev)
+            node_of[node.name] = len(sched)
+            sched.append(node)
 
     n = len(sched)
     pending = [0] * n
     consumers: list[list[int]] = [[] for _ in range(n)]
     in_slots: list[tuple[int, ...]] = []
     readers: dict[int, list[int]] = {}
-    for i, op in enumerate(sched):
-        if edges and op in edges:
-            op_inputs, op_controls = edges[op]
-        else:
-            op_inputs, op_controls = op._inputs, op._control_inputs
-        ins = tuple(slot(t) for t in op_inputs)
+    for i, node in enumerate(sched):
+        ins = tuple(slot(r) for r in node.inputs)
         in_slots.append(ins)
         producers: set[int] = set()
-        for t in op_inputs:
-            if fed_slot and t in fed_slot:
+        for r in node.inputs:
+            if fed_slot and r in fed_slot:
                 continue
-            p = node_of_op.get(t._op)
+            p = node_of.get(r[0])
             if p is not None:
                 producers.add(p)
-        for c in op_controls:
-            p = node_of_op.get(c)
+        for c in node.control_inputs:
+            p = node_of.get(c)
             if p is not None:
                 producers.add(p)
         pending[i] = len(producers)
@@ -163,8 +143,9 @@ def build_plan(ops: Sequence[Operation], placement: Sequence[int], devices: Sequ
             readers.setdefault(s, []).append(i)
 
     # -- last use ----------------------------------------------------------------
+    retval_slots = tuple(slot(r) for _, r in part.retvals)
     keep = set(arg_slots)
-    keep.update(slot(t) for t in fetches)
+    keep.update(retval_slots)
     frees: list[list[int]] = [[] for _ in range(n)]
     counted: list[list[int]] = [[] for _ in range(n)]
     refs: list[int] | None = None
@@ -177,100 +158,53 @@ def build_plan(ops: Sequence[Operation], placement: Sequence[int], devices: Sequ
             if refs is None:
                 refs = [0] * n_slots
             refs[s] = len(rs)
-            for r in rs:
-                counted[r].append(s)
-    for i, op in enumerate(sched):
-        base = slot_of_op[op]
-        for k in range(len(op._outputs)):
+            for reader in rs:
+                counted[reader].append(s)
+    for i, node in enumerate(sched):
+        base = slot_of[node.name]
+        for k in range(len(node.outputs)):
             s = base + k
             if s not in readers and s not in keep:
                 frees[i].append(s)
 
-    # -- kernels -----------------------------------------------------------------
-    nodes: list[NodeDef] = []
-    all_inline = True
-    has_control_flow = False
-    kernel_cache: dict[tuple[str, str], registry.KernelDef] = {}
-    for i, op in enumerate(sched):
-        dev = sched_device[i]
-        key = (op._type, device_types[dev])
-        kdef = kernel_cache.get(key)
-        if kdef is None:
-            try:
-                kdef = kernel_cache[key] = registry.get_kernel(*key)
-            except errors.NotFoundError as exc:
-                raise errors.NotFoundError(
-                    None, op, f"{exc.message} (needed by node {op.name!r})") from None
-        kernel, kind = kdef.instantiate(op, resources)
-        if kind != registry.INLINE:
-            all_inline = False
-        if kind == registry.CONTROL:
-            has_control_flow = True
-        ins = in_slots[i]
-        nodes.append(NodeDef(
-            kernel, kind, len(ins), ins, slot_of_op[op], len(op._outputs), tuple(consumers[i]),
-            tuple(frees[i]), tuple(counted[i]),
-            operator.itemgetter(*ins) if len(ins) > 2 else None, dev))
-
     frames = None
-    edges_out: tuple[tuple[tuple[int, tuple[tuple[int, int], ...], bool], ...], ...] = ()
-    if has_control_flow:
-        frames = analyze_frames(sched, node_of_op, feeds, fetches)
-        edges_out = _edges_out(sched, node_of_op, in_slots, fed_slot)
-    return ExecutionPlan(
-        frames=frames,
-        edges_out=edges_out,
-        nodes=tuple(nodes),
-        ops=tuple(sched),
+    edges_out: EdgesOut = ()
+    if any(node.op in CONTROL_FLOW_OPS or (part.control_flow and node.op == "_Recv")
+           for node in sched):
+        frames = analyze_frames(sched, node_frames(sched))
+        edges_out = _edges_out(sched, node_of, in_slots, fed_slot)
+    return Plan(
+        partition=part,
+        nodes=tuple(sched),
+        inputs=tuple(in_slots),
+        out=tuple(slot_of[node.name] for node in sched),
+        consumers=tuple(tuple(c) for c in consumers),
+        frees=tuple(tuple(f) for f in frees),
+        counted=tuple(tuple(c) for c in counted),
         initial_pending=tuple(pending),
         initial_ready=tuple(i for i in range(n) if not pending[i]),
         initial_values=tuple(initial_values),
         initial_refs=tuple(refs) if refs is not None else None,
         arg_slots=arg_slots,
-        retval_slots=tuple(slot(t) for t in fetches),
-        feeds=tuple(feeds),
-        fetches=tuple(fetches),
-        targets=tuple(targets),
-        devices=tuple(devices),
-        all_inline=all_inline,
+        retval_slots=retval_slots,
         num_slots=n_slots,
+        frames=frames,
+        edges_out=edges_out,
     )
 
 
-def _edges_out(sched: Sequence[Operation], node_of_op: Mapping[Operation, int],
-               in_slots: Sequence[tuple[int, ...]], fed_slot: Mapping[Tensor, int]
-               ) -> tuple[tuple[tuple[int, tuple[tuple[int, int], ...], bool], ...], ...]:
+def _edges_out(sched: list[NodeDef], node_of: dict[str, int],
+               in_slots: list[tuple[int, ...]], fed_slot: dict[Ref, int]) -> EdgesOut:
     out: list[dict[int, tuple[list[tuple[int, int]], list[bool]]]] = [{} for _ in sched]
-    for c, op in enumerate(sched):
-        for pos, t in enumerate(op._inputs):
-            p = node_of_op.get(t._op)
-            if p is None or t in fed_slot:
+    for c, node in enumerate(sched):
+        for pos, r in enumerate(node.inputs):
+            p = node_of.get(r[0])
+            if p is None or r in fed_slot:
                 continue
             out[p].setdefault(c, ([], [False]))[0].append((pos, in_slots[c][pos]))
-        for ctrl in op._control_inputs:
-            p = node_of_op.get(ctrl)
+        for ctrl in node.control_inputs:
+            p = node_of.get(ctrl)
             if p is not None:
                 out[p].setdefault(c, ([], [False]))[1][0] = True
     return tuple(tuple((c, tuple(data), flag[0]) for c, (data, flag) in d.items())
                  for d in out)
-
-
-def retval_converter(t: Tensor) -> Callable[[Any], Any]:
-    """How a fetched value leaves the step: 0-d as a numpy scalar of ``t``'s dtype."""
-    np_dtype = t._dtype.np
-    scalar_type = np_dtype.type
-
-    def convert(v: Any) -> Any:
-        if type(v) is scalar_type:
-            return v
-        if isinstance(v, np.ndarray):
-            if v.dtype != np_dtype:
-                v = v.astype(np_dtype)
-            if v.ndim == 0:
-                return v[()]
-            if not v.flags.writeable:
-                v = v.copy()
-            return v
-        return np.asarray(v, dtype=np_dtype)[()]
-
-    return convert

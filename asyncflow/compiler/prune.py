@@ -1,58 +1,52 @@
-"""Pruning: the operations a run needs, given its fetches, targets and feeds.
+"""Pruning: the nodes a run needs, given its fetches, targets and feeds.
 
 A fed tensor cuts the edge to its producer: the producer runs only if something
 else (another output, a control edge, a target) needs it.  A feed nothing needs is
-dropped.  The result is in topological order, which for an append-only graph is
-creation order (an op's inputs always exist before it does).
+dropped.  The result is in the graph's topological order (creation order: an op's
+inputs always exist before it does; a loop's back edge is the one exception, and it
+points at a Merge that already exists).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from asyncflow.framework.graph import Operation, Tensor
+from asyncflow.compiler.ir import GraphIR, NodeDef, Ref
 
 __all__ = ["prune"]
 
 
-def prune(fetches: Iterable[Tensor], targets: Iterable[Operation],
-          feeds: Collection[Tensor]) -> list[Operation]:
-    """The ops needed to compute ``fetches`` and run ``targets`` when ``feeds`` are given.
+def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
+          feeds: Collection[Ref] = ()) -> tuple[NodeDef, ...]:
+    """The nodes needed to compute ``fetches`` and run ``targets`` when ``feeds`` are given.
 
-    Returned in topological (creation) order.  Iterative: a 100,000-node chain must
-    not hit the recursion limit.
+    Iterative: a 100,000-node chain must not hit the recursion limit.
     """
     fed = feeds if isinstance(feeds, set | frozenset) else set(feeds)
-    stack: list[Operation] = [t._op for t in fetches if t not in fed]
+    by_name = ir.by_name
+    stack: list[str] = [name for name, k in fetches if (name, k) not in fed]
     stack.extend(targets)
-    needed: set[Operation] = set()
+    needed: set[str] = set()
     add = needed.add
     push = stack.append
     while stack:
-        op = stack.pop()
-        if op in needed:
+        name = stack.pop()
+        if name in needed:
             continue
-        add(op)
+        add(name)
+        node = by_name[name]
         if fed:
-            for t in op._inputs:
-                if t not in fed:
-                    push(t._op)
-        else:
-            for t in op._inputs:
-                push(t._op)
-        if op._control_inputs:
-            if fed:
+            for r in node.inputs:
+                if r not in fed:
+                    push(r[0])
+            for c in node.control_inputs:
                 # As TF's FeedInputs: a control edge from a fed Placeholder is carried
                 # by the feed, so the Placeholder itself need not (and cannot) run.
-                for c in op._control_inputs:
-                    if not (c._type == "Placeholder" and c._outputs[0] in fed):
-                        push(c)
-            else:
-                stack.extend(op._control_inputs)
-    return sorted(needed, key=_op_id)
-
-
-def _op_id(op: Operation) -> int:
-    return op._id
+                if not ((c, 0) in fed and by_name[c].op == "Placeholder"):
+                    push(c)
+        else:
+            for r in node.inputs:
+                push(r[0])
+            stack.extend(node.control_inputs)
+    position = ir.position
+    return tuple(by_name[name] for name in sorted(needed, key=position.__getitem__))

@@ -147,6 +147,7 @@ class Operation:
         "_graph",
         "_id",
         "_inputs",
+        "_ir",
         "_name",
         "_op_def",
         "_outputs",
@@ -171,6 +172,8 @@ class Operation:
         self._op_def = op_def
         #: The control-flow context (cond branch / while loop) the op was built in.
         self._ctx: Any = None
+        #: The op's compiler IR node, made on first compile (see compiler.ir).
+        self._ir: Any = None
 
     @property
     def name(self) -> str:
@@ -490,6 +493,7 @@ class Graph:
         inputs = list(op._inputs)
         inputs[index] = tensor
         op._inputs = tuple(inputs)
+        op._ir = None
 
     @contextlib.contextmanager
     def as_default(self) -> Iterator[Graph]:

@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Any
 from asyncflow import errors
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.cancellation import CancellationManager
-from asyncflow.runtime.executor import Step
 from asyncflow.runtime.rendezvous import LocalRendezvous
-from asyncflow.runtime.step_stats import StepStats
+from asyncflow.runtime.step import Step
+from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
-    from asyncflow.compiler.plan import ExecutionPlan
-    from asyncflow.runtime.devices import LocalDevice
+    from asyncflow.runtime.bind import BoundPlan
 
 __all__ = ["ExecutorBarrier"]
 
@@ -34,19 +33,19 @@ class ExecutorBarrier:
 
     __slots__ = ("_error", "_frame", "_loop", "_rendezvous", "_retval_map", "_steps")
 
-    def __init__(self, partitions: Sequence[ExecutionPlan],
-                 arg_maps: Sequence[Sequence[int]], retval_map: Sequence[tuple[int, int]],
-                 frame: CallFrame, devices: Sequence[LocalDevice], trace: bool = False
-                 ) -> None:
-        self._rendezvous = LocalRendezvous()
+    def __init__(self, partitions: Sequence[BoundPlan],
+                 retval_map: Sequence[tuple[int, int]],
+                 frame: CallFrame, trace: bool = False,
+                 rendezvous: LocalRendezvous | None = None) -> None:
+        self._rendezvous = rendezvous if rendezvous is not None else LocalRendezvous()
         self._frame = frame
         self._retval_map = retval_map
         args = frame.args
         cancellation = CancellationManager()  # one for the whole step
         self._steps = [
-            Step(plan, CallFrame([args[k] for k in arg_map]), devices, trace=trace,
-                 rendezvous=self._rendezvous, cancellation=cancellation)
-            for plan, arg_map in zip(partitions, arg_maps)
+            Step(plan, CallFrame(args), trace=trace, rendezvous=self._rendezvous,
+                 cancellation=cancellation)
+            for plan in partitions
         ]
         self._error: errors.OpError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -125,6 +124,5 @@ class ExecutorBarrier:
             if merged is None:
                 merged = stats
                 continue
-            for mine, theirs in zip(merged.dev_stats, stats.dev_stats):
-                mine.node_stats.extend(theirs.node_stats)
+            merged.dev_stats.extend(stats.dev_stats)
         return merged

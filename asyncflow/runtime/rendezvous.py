@@ -12,7 +12,7 @@ at once with ``AbortedError`` carrying the original error as its cause, so when 
 partition fails its peers stop instead of waiting for values that will never come.
 
 Keys have TensorFlow's form ``src_device;incarnation;dst_device;tensor_name;frame:iter``
-(see :func:`create_key` / :func:`parse_key`).  The executor only sees the
+(see :mod:`asyncflow.compiler.keys`).  The executor only sees the
 :class:`Rendezvous` protocol, so a rendezvous whose peer is on another machine
 plugs in without changing it.
 """
@@ -20,7 +20,6 @@ plugs in without changing it.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,16 +27,12 @@ from typing import Any, Protocol
 from anyio import WouldBlock
 
 from asyncflow import errors
-from asyncflow.framework.device_spec import DeviceSpec
 
 __all__ = [
     "LocalRendezvous",
-    "ParsedKey",
     "Rendezvous",
     "RendezvousStatistics",
     "WouldBlock",
-    "create_key",
-    "parse_key",
 ]
 
 Item = tuple[Any, bool]  # (value, is_dead)
@@ -162,58 +157,3 @@ class LocalRendezvous:
         s = self.statistics()
         return (f"<LocalRendezvous sent={s.sent} received={s.received} "
                 f"waiting={s.waiting_recvs} aborted={s.aborted}>")
-
-
-# -- keys -----------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class ParsedKey:
-    """The parts of a rendezvous key."""
-
-    src_device: str
-    src_incarnation: int
-    dst_device: str
-    edge_name: str
-    frame_id: int
-    iter_id: int
-
-
-_FRAME_ITER = re.compile(r"^(\d+):(\d+)$")
-_INCARNATION = re.compile(r"^[0-9a-f]{16}$")
-
-
-def create_key(src_device: str, src_incarnation: int, dst_device: str, edge_name: str,
-               frame_iter: tuple[int, int] = (0, 0)) -> str:
-    """``src_device;incarnation(16 hex digits);dst_device;edge_name;frame_id:iter_id``."""
-    if not 0 <= src_incarnation < 2**64:
-        raise ValueError(f"incarnation must fit in 64 bits, got {src_incarnation}")
-    return (f"{src_device};{src_incarnation:016x};{dst_device};{edge_name};"
-            f"{frame_iter[0]}:{frame_iter[1]}")
-
-
-def parse_key(key: str) -> ParsedKey:
-    """Split a key made by :func:`create_key`; ``InvalidArgumentError`` naming it if malformed."""
-    def bad(why: str) -> errors.InvalidArgumentError:
-        return errors.InvalidArgumentError(None, None, f"Invalid rendezvous key {key!r}: {why}")
-
-    if not isinstance(key, str):
-        raise bad("not a string")
-    parts = key.split(";")
-    if len(parts) != 5:
-        raise bad(f"expected 5 ';'-separated parts, got {len(parts)}")
-    src, inc, dst, name, frame_iter = parts
-    for device in (src, dst):
-        try:
-            spec = DeviceSpec.from_string(device)
-        except ValueError as exc:
-            raise bad(str(exc)) from None
-        if spec.device_type is None or spec.device_index is None:
-            raise bad(f"{device!r} is not a full device name")
-    if not _INCARNATION.match(inc):
-        raise bad(f"incarnation {inc!r} is not 16 hex digits")
-    if not name:
-        raise bad("empty edge name")
-    m = _FRAME_ITER.match(frame_iter)
-    if m is None:
-        raise bad(f"frame/iteration {frame_iter!r} is not 'frame_id:iter_id'")
-    return ParsedKey(src, int(inc, 16), dst, name, int(m.group(1)), int(m.group(2)))

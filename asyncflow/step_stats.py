@@ -55,6 +55,9 @@ class NodeExecStats:
     output: list[NodeOutput] = field(default_factory=list)
     #: ``_Send`` / ``_Recv`` only: the rendezvous key (pairs them in a timeline).
     rendezvous_key: str = ""
+    #: Inside a while loop: the loop's frame name and the iteration the node ran in.
+    frame_name: str = ""
+    iter_id: int = 0
 
 
 @dataclass(slots=True)

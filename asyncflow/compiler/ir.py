@@ -1,0 +1,173 @@
+"""The compiler's value IR: plain, immutable, picklable node definitions.
+
+Every compile pass (prune → place → optimize → control-flow lowering → partition →
+plan) is a pure function from these values to these values.  A :class:`NodeDef` is
+what TensorFlow's ``NodeDef`` is: an op type, a name, its inputs by name, control
+inputs by name, a device, attributes, plus the static facts the passes and the
+kernel factories need (output dtypes and shapes, input dtypes and shapes,
+statefulness, where in user code the op was created).  There is no ``Graph``,
+``Operation``, lock, kernel or session object inside, so a compiled partition can
+be pickled, printed, cached, shipped to another process and turned back into a
+graph def.
+
+A ``NodeDef`` also answers the read-only questions a kernel factory asks of an op
+(``name``, ``type``, ``_attrs``, ``get_attr``, ``node_attrs()``, ``_inputs`` /
+``_outputs`` with ``_dtype`` and ``_shape``), so kernels are instantiated from the IR
+(:mod:`asyncflow.runtime.bind`) exactly as they would be from a graph op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asyncflow.dtypes import DType
+    from asyncflow.framework.graph import Graph, Operation, Tensor
+    from asyncflow.framework.shapes import TensorShape
+
+__all__ = ["GraphIR", "NodeDef", "Ref", "ValueInfo", "format_ref", "graph_ir", "node_def_of",
+           "parse_ref", "ref_of"]
+
+#: A tensor reference: (producing node's name, output index).
+Ref = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ValueInfo:
+    """The static dtype and shape of one tensor."""
+
+    dtype: DType
+    shape: TensorShape
+
+    # The names kernel factories use on graph tensors.
+    @property
+    def _dtype(self) -> DType:
+        return self.dtype
+
+    @property
+    def _shape(self) -> TensorShape:
+        return self.shape
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeDef:
+    """One node of the IR.  ``device`` is the requested device before placement and
+    the full device name after it.  ``attrs`` is never mutated (passes replace nodes)."""
+
+    name: str
+    op: str
+    inputs: tuple[Ref, ...] = ()
+    control_inputs: tuple[str, ...] = ()
+    device: str = ""
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    outputs: tuple[ValueInfo, ...] = ()
+    input_types: tuple[ValueInfo, ...] = ()
+    stateful: bool = False
+    traceback: str = "<unknown>"
+
+    # -- what kernel factories read (the Operation protocol, read-only) ---------------
+
+    @property
+    def type(self) -> str:
+        return self.op
+
+    @property
+    def _name(self) -> str:
+        return self.name
+
+    @property
+    def _type(self) -> str:
+        return self.op
+
+    @property
+    def _attrs(self) -> Mapping[str, Any]:
+        return self.attrs
+
+    @property
+    def _device(self) -> str:
+        return self.device
+
+    @property
+    def _inputs(self) -> tuple[ValueInfo, ...]:
+        return self.input_types
+
+    @property
+    def _outputs(self) -> tuple[ValueInfo, ...]:
+        return self.outputs
+
+    def get_attr(self, name: str) -> Any:
+        """The value of attribute ``name``; ``ValueError`` naming the node if absent."""
+        try:
+            return self.attrs[name]
+        except KeyError:
+            raise ValueError(f"node {self.name!r} (type {self.op}) has no attr "
+                             f"named {name!r}") from None
+
+    def node_attrs(self) -> dict[str, Any]:
+        """The attributes a kernel receives (those not starting with ``_``)."""
+        return {k: v for k, v in self.attrs.items() if not k.startswith("_")}
+
+    def __repr__(self) -> str:
+        ins = [format_ref(r) for r in self.inputs] + [f"^{c}" for c in self.control_inputs]
+        where = f" @{self.device}" if self.device else ""
+        return f"<NodeDef {self.name!r} = {self.op}({', '.join(ins)}){where}>"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GraphIR:
+    """A graph as IR: nodes in a topological order (creation order), and a name index."""
+
+    nodes: tuple[NodeDef, ...]
+    by_name: Mapping[str, NodeDef]
+    position: Mapping[str, int]
+
+    @staticmethod
+    def of(nodes: Iterable[NodeDef]) -> GraphIR:
+        """Index ``nodes`` (already in topological order)."""
+        nodes = tuple(nodes)
+        return GraphIR(nodes, {n.name: n for n in nodes},
+                       {n.name: k for k, n in enumerate(nodes)})
+
+
+def format_ref(ref: Ref) -> str:
+    """``"name"`` for output 0, ``"name:k"`` otherwise (TensorFlow's input strings)."""
+    return ref[0] if ref[1] == 0 else f"{ref[0]}:{ref[1]}"
+
+
+def parse_ref(s: str) -> Ref:
+    """The inverse of :func:`format_ref` (accepts ``"name:0"`` too)."""
+    name, sep, index = s.rpartition(":")
+    if sep and index.isdigit():
+        return name, int(index)
+    return s, 0
+
+
+def ref_of(t: Tensor) -> Ref:
+    """The IR reference of a graph tensor."""
+    return t._op._name, t._value_index
+
+
+def node_def_of(op: Operation) -> NodeDef:
+    """The IR node of a graph op (cached on the op; ops are immutable once built)."""
+    node: NodeDef | None = op._ir
+    if node is None:
+        node = op._ir = NodeDef(
+            name=op._name,
+            op=op._type,
+            inputs=tuple((t._op._name, t._value_index) for t in op._inputs),
+            control_inputs=tuple(c._name for c in op._control_inputs),
+            device=op._device,
+            attrs=dict(op._attrs),
+            outputs=tuple(ValueInfo(t._dtype, t._shape) for t in op._outputs),
+            input_types=tuple(ValueInfo(t._dtype, t._shape) for t in op._inputs),
+            stateful=op._op_def.stateful,
+            traceback=op.traceback,
+        )
+    return node
+
+
+def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
+    """The IR of ``graph`` (or of ``ops``, a topologically ordered subset)."""
+    return GraphIR.of(node_def_of(op) for op in (graph.get_operations() if ops is None else ops))

@@ -1,0 +1,168 @@
+"""Partial runs (TF's ``partial_run_setup`` / ``partial_run``): one step whose feeds
+arrive and whose fetches leave over several calls.
+
+The step is compiled by the same pipeline as ``Session.run`` with the client as a
+device of its own: each declared feed is a ``_Recv`` from the client and each fetch
+a ``_Send`` to it (:func:`~asyncflow.compiler.partition.add_client_edges`), so the
+step runs as soon as it is set up and blocks exactly where a value has not been fed
+yet.  ``partial_run`` sends the fed values into the step's rendezvous and receives
+the fetched ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from asyncflow import errors
+from asyncflow.compiler.ir import ref_of
+from asyncflow.compiler.pipeline import compile_signature
+from asyncflow.fetch_feed import FetchMapper, feed_converter, retval_converter
+from asyncflow.framework.graph import Operation, Tensor
+from asyncflow.runtime.call_frame import CallFrame
+from asyncflow.runtime.rendezvous import LocalRendezvous
+
+if TYPE_CHECKING:
+    from asyncflow.session import Session, StepRunner
+
+__all__ = ["PartialRuns"]
+
+#: The client's device name in partial-run rendezvous keys.
+CLIENT = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+@dataclass(eq=False, slots=True)
+class _PartialRun:
+    """An open partial run: its step, rendezvous and what was fed / fetched so far."""
+
+    handle: str
+    step: StepRunner
+    rendezvous: LocalRendezvous
+    loop: asyncio.AbstractEventLoop
+    feed_keys: dict[Tensor, str]
+    fetch_keys: dict[Tensor, str]
+    target_keys: dict[Operation, str]
+    fed: set[Tensor] = field(default_factory=set)
+    fetched: set[Tensor | Operation] = field(default_factory=set)
+    task: asyncio.Task[None] | None = None
+
+    def complete(self) -> bool:
+        return (len(self.fed) == len(self.feed_keys)
+                and len(self.fetched) == len(self.fetch_keys) + len(self.target_keys))
+
+
+class PartialRuns:
+    """The open partial runs of one session."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._runs: dict[str, _PartialRun] = {}
+        self._ids = itertools.count(1)
+
+    async def setup(self, fetches: Any, feeds: Sequence[Any] | None = None) -> str:
+        """See :meth:`Session.partial_run_setup`."""
+        sess = self._session
+        sess._check_open()
+        mapper = FetchMapper(sess.graph, fetches)
+        feed_list = [sess._feed_tensor(k) for k in (feeds or ())]
+        if len(set(feed_list)) != len(feed_list):
+            raise ValueError(f"partial_run_setup: feeds has duplicate entries: {feeds!r}")
+        compiled = compile_signature(
+            sess._graph_ir(), feeds=[ref_of(t) for t in feed_list],
+            fetches=[ref_of(t) for t in mapper.tensors],
+            targets=[op.name for op in mapper.targets], devices=sess.list_devices(),
+            incarnation=sess._incarnation,
+            allow_soft_placement=sess.config.allow_soft_placement, client=CLIENT)
+        keys = compiled.client
+        assert keys is not None
+        rendezvous = LocalRendezvous()
+        step = sess._runner(sess._bind(compiled), CallFrame(()), (), False, rendezvous)
+        handle = f"partial_run_{next(self._ids)}"
+        state = _PartialRun(handle, step, rendezvous, asyncio.get_running_loop(),
+                            dict(zip(feed_list, keys.feeds)),
+                            dict(zip(mapper.tensors, keys.fetches)),
+                            dict(zip(mapper.targets, keys.targets)))
+
+        async def run_partial() -> None:
+            try:
+                await sess._run_step(step, None)
+            except BaseException as exc:
+                rendezvous.abort(exc)  # waiting partial_run calls fail with the root error
+                raise
+
+        state.task = asyncio.get_running_loop().create_task(run_partial())
+        state.task.add_done_callback(_retrieve)
+        self._runs[handle] = state
+        return handle
+
+    async def run(self, handle: str, fetches: Any,
+                  feed_dict: Mapping[Any, Any] | None = None) -> Any:
+        """See :meth:`Session.partial_run`."""
+        sess = self._session
+        state = self._runs.get(handle) if isinstance(handle, str) else None
+        if state is None:
+            raise errors.InvalidArgumentError(
+                None, None, f"The partial run handle {handle!r} is invalid: it was never "
+                            f"set up with partial_run_setup (or it already finished)")
+        if asyncio.get_running_loop() is not state.loop:
+            raise RuntimeError(f"partial run {handle!r} was set up on another event loop")
+        mapper = FetchMapper(sess.graph, fetches)
+        feeds = [(sess._feed_tensor(k), v) for k, v in (feed_dict or {}).items()]
+        checks: list[tuple[Any, Mapping[Any, str], set[Any], str, str]] = [
+            *((t, state.feed_keys, state.fed, "feed", "fed") for t, _ in feeds),
+            *((t, state.fetch_keys, state.fetched, "fetch", "fetched")
+              for t in mapper.tensors),
+            *((op, state.target_keys, state.fetched, "fetch", "fetched")
+              for op in mapper.targets)]
+        for item, declared, done, what, verb in checks:
+            op = item.op if isinstance(item, Tensor) else item
+            if item not in declared:
+                raise errors.InvalidArgumentError(
+                    None, op, f"The {what} {item.name} was not specified in "
+                              f"partial_run_setup.")
+            if item in done:
+                raise errors.InvalidArgumentError(
+                    None, op, f"The {what} {item.name} has already been {verb}.")
+        converted = [(t, feed_converter(t)(v)) for t, v in feeds]
+        try:
+            for t, value in converted:
+                state.rendezvous.send(state.feed_keys[t], value)
+                state.fed.add(t)
+            values = []
+            for t in mapper.tensors:
+                value, _ = await state.rendezvous.recv(state.fetch_keys[t])
+                state.fetched.add(t)
+                values.append(retval_converter(t)(value))
+            for op in mapper.targets:
+                await state.rendezvous.recv(state.target_keys[op])
+                state.fetched.add(op)
+        except errors.AbortedError as exc:
+            root = state.step.error
+            self._runs.pop(handle, None)
+            if isinstance(root, errors.OpError):
+                raise root from None
+            raise errors.CancelledError(None, None, f"partial run {handle!r} was aborted: "
+                                                    f"{exc.message}") from exc
+        if state.complete():
+            self._runs.pop(handle, None)
+            assert state.task is not None
+            await state.task
+        return mapper.rebuild(values)
+
+    async def close(self) -> None:
+        """Cancel the steps of abandoned partial runs (on this loop) and forget them all."""
+        partials, self._runs = list(self._runs.values()), {}
+        loop = asyncio.get_running_loop()
+        for state in partials:
+            if state.task is not None and state.loop is loop and not state.task.done():
+                state.task.cancel()
+                await asyncio.wait([state.task])  # its outcome is retrieved by _retrieve
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    # The step's error reaches callers through partial_run; mark it retrieved.
+    if not task.cancelled():
+        task.exception()

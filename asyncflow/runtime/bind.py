@@ -1,0 +1,149 @@
+"""Binding: a compiled plan's kernels, instantiated against a session's resources.
+
+This is the one place where compiled values meet the runtime: for every scheduled
+node of a :class:`~asyncflow.compiler.plan.Plan`, the kernel factory registered for
+its op type is called with the node (an IR ``NodeDef``) and, when it asks, the
+session's resource manager.  The result is a :class:`BoundPlan`: the plan, one
+:class:`BoundNode` tuple per node (what the executor's hot loop unpacks), and the
+device the partition runs on.  Binding happens once per plan and session, never
+per step.
+
+``_Send`` / ``_Recv`` kernels are defined here: they move values through the step's
+rendezvous under the edge's key, once per loop iteration when the edge is inside a
+loop frame.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from asyncflow import errors
+from asyncflow.compiler.keys import frame_key
+from asyncflow.framework import registry
+
+if TYPE_CHECKING:
+    from asyncflow.compiler.ir import NodeDef
+    from asyncflow.compiler.plan import Plan
+    from asyncflow.runtime.devices import LocalDevice
+    from asyncflow.runtime.rendezvous import Rendezvous
+
+__all__ = ["SPECIAL", "BoundNode", "BoundPlan", "bind"]
+
+#: The hot loop's "not on the fast path" kind: control-flow routing (Switch, Merge,
+#: and the producers of a Merge's inputs, whose deadness the Merge counts).  Such a
+#: node keeps its kernel's own kind in ``BoundNode.flow``.
+SPECIAL = 6
+
+_TOKEN = np.bool_(True)  # what a control-edge _Send carries
+
+
+class BoundNode(NamedTuple):
+    """One scheduled node, ready to run.  Field order is the hot loop's unpack order."""
+
+    kernel: Callable[..., Any]
+    kind: int               # registry.INLINE (fast path) / ASYNC / EXPENSIVE / SEND / RECV / CONTROL / SPECIAL
+    arity: int              # len(inputs), stored so the hot loop need not call len()
+    inputs: tuple[int, ...]  # input slots
+    out: int                # first output slot
+    num_outputs: int
+    consumers: tuple[int, ...]  # nodes whose pending count this node decrements
+    frees: tuple[int, ...]      # slots to clear after running (sole reader / unread output)
+    counted: tuple[int, ...]    # slots to release by reference count after running
+    getter: Callable[[list[Any]], tuple[Any, ...]] | None  # itemgetter for >2 inputs
+    flow: int               # the kernel's own kind (differs from ``kind`` for SPECIAL)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BoundPlan:
+    """A plan with its kernels: what one :class:`~asyncflow.runtime.step.Step` runs."""
+
+    plan: Plan
+    nodes: tuple[BoundNode, ...]
+    #: What errors name for each node: the user's graph op when there is one.
+    ops: tuple[Any, ...]
+    device: LocalDevice
+    #: Every node is a plain inline kernel: a step may run to completion synchronously.
+    all_inline: bool
+    #: Loops in the partition: readiness propagates through frames and iterations.
+    frames: bool
+
+    def __repr__(self) -> str:
+        return (f"<BoundPlan {self.plan.device} nodes={len(self.nodes)} "
+                f"all_inline={self.all_inline} frames={self.frames}>")
+
+
+def bind(plan: Plan, device: LocalDevice, resources: Any = None,
+         op_lookup: Callable[[str], Any] | None = None) -> BoundPlan:
+    """Instantiate the kernels of ``plan`` for ``device`` (and ``resources``)."""
+    kernel_cache: dict[str, registry.KernelDef] = {}
+    merges = {i for i, node in enumerate(plan.nodes) if node.op == "Merge"}
+    merge_inputs = {p for p, cons in enumerate(plan.consumers)
+                    if merges and any(c in merges for c in cons)}
+    nodes: list[BoundNode] = []
+    all_inline = True
+    for i, node in enumerate(plan.nodes):
+        kdef = kernel_cache.get(node.op)
+        if kdef is None:
+            try:
+                kdef = kernel_cache[node.op] = registry.get_kernel(node.op, device.device_type)
+            except errors.NotFoundError as exc:
+                raise errors.NotFoundError(
+                    None, _op_for(node, op_lookup),
+                    f"{exc.message} (needed by node {node.name!r})") from None
+        kernel, flow = kdef.instantiate(node, resources)  # type: ignore[arg-type]
+        kind = flow
+        if flow == registry.INLINE and i in merge_inputs:
+            kind = SPECIAL
+        if kind != registry.INLINE:
+            all_inline = False
+        ins = plan.inputs[i]
+        nodes.append(BoundNode(
+            kernel, kind, len(ins), ins, plan.out[i], len(node.outputs), plan.consumers[i],
+            plan.frees[i], plan.counted[i],
+            operator.itemgetter(*ins) if len(ins) > 2 else None, flow))
+    return BoundPlan(plan, tuple(nodes), tuple(_op_for(n, op_lookup) for n in plan.nodes),
+                     device, all_inline, plan.loops)
+
+
+def _op_for(node: NodeDef, op_lookup: Callable[[str], Any] | None) -> Any:
+    if op_lookup is not None:
+        op = op_lookup(node.name)
+        if op is not None:
+            return op
+    return node
+
+
+# -- _Send / _Recv ----------------------------------------------------------------------
+# A transfer kernel takes (rendezvous, frame_id, iter_id, [value, is_dead]): the key of
+# an edge inside a loop names the frame instance and the iteration (TF's frame_iter).
+
+@registry.register_kernel_factory("_Send")
+def _send_kernel(node: NodeDef) -> tuple[Callable[..., Any], int]:
+    key = node.attrs["key"]
+    if node.inputs:
+        def send(rendezvous: Rendezvous, frame_id: int, iter_id: int, value: Any,
+                 is_dead: bool = False) -> None:
+            k = key if not (frame_id or iter_id) else frame_key(key, frame_id, iter_id)
+            rendezvous.send(k, value, is_dead)
+    else:
+        def send(rendezvous: Rendezvous, frame_id: int, iter_id: int,  # type: ignore[misc]
+                 is_dead: bool = False) -> None:
+            k = key if not (frame_id or iter_id) else frame_key(key, frame_id, iter_id)
+            rendezvous.send(k, _TOKEN, is_dead)
+    return send, registry.SEND
+
+
+@registry.register_kernel_factory("_Recv")
+def _recv_kernel(node: NodeDef) -> tuple[Callable[..., Any], int]:
+    key = node.attrs["key"]
+
+    def recv(rendezvous: Rendezvous, frame_id: int, iter_id: int) -> Any:
+        k = key if not (frame_id or iter_id) else frame_key(key, frame_id, iter_id)
+        return rendezvous.recv_future(k)
+
+    return recv, registry.RECV

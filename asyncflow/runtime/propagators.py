@@ -1,0 +1,726 @@
+"""Propagators: which nodes of a step are ready, and where their values live.
+
+TensorFlow's executor delegates readiness to a propagator chosen once per graph
+(``SimplePropagatorState`` without loops, ``PropagatorState`` with them).  So does
+:class:`~asyncflow.runtime.step.Step`:
+
+* :class:`PlainPropagator` — a graph without loop frames.  Values live in one list
+  indexed by slot; ``pending[i]`` counts node ``i``'s unfinished producers; a node at
+  zero is pushed on the ``ready`` stack (LIFO: finishing a chain first frees its
+  values sooner).  Cheap kernels run right inside :meth:`PlainPropagator.drain`, the
+  per-node hot path.  ``cond`` needs no frames: a Switch, a Merge, the producers of a
+  Merge's inputs and dead nodes leave the hot path for :meth:`PlainPropagator._special`,
+  which propagates *dead tensors* (a non-Merge node with a dead data or control input
+  is dead; a Merge fires on its first live input, or dead when all are dead).
+* :class:`FramePropagator` — a graph with loops.  Tokens are ``(node, frame,
+  iteration)``: a tree of frame instances (one per loop entered, per parent
+  iteration), each with its live iterations; Enter delivers into iteration 0 of the
+  child frame (a constant Enter into every iteration), NextIteration into the next
+  iteration (a dead one ends the loop; at most ``parallel_iterations`` in flight,
+  later ones queue), Exit into the parent frame; a frame instance with no work left
+  delivers its Exits that never got a live value as dead.
+
+Both free a value after its last reader (per iteration in loops), run inline kernels
+without a task, hand every other node to ``step.dispatch``, and report a fetched
+dead tensor as ``InvalidArgumentError`` naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from asyncflow import errors
+from asyncflow.compiler.control_flow import (
+    CF_ENTER,
+    CF_EXIT,
+    CF_MERGE,
+    CF_NEXT,
+    CF_NONE,
+    CF_SWITCH,
+)
+from asyncflow.framework import registry
+
+if TYPE_CHECKING:
+    from asyncflow.compiler.control_flow import FrameInfo
+    from asyncflow.runtime.bind import BoundNode, BoundPlan
+    from asyncflow.runtime.step import Step
+
+__all__ = ["Dead", "FramePropagator", "PlainPropagator", "Propagator"]
+
+_INLINE = registry.INLINE
+_SEND = registry.SEND
+_RECV = registry.RECV
+
+
+class Dead:
+    """The marker of a dead tensor; remembers the Switch (or Recv) it comes from."""
+
+    __slots__ = ("origin",)
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+
+    def __repr__(self) -> str:
+        return f"<dead from {self.origin!r}>"
+
+
+class Propagator(Protocol):
+    """What a step asks of its propagator."""
+
+    def drain(self, budget: int) -> bool:
+        """Run ready nodes (at most ``budget`` inline ones; -1: no limit).  True when
+        nothing is left ready."""
+
+    def complete(self, token: Any, value: Any) -> None:
+        """A dispatched node finished with ``value`` (a :class:`Dead` when it is dead)."""
+
+    def has_ready(self) -> bool:
+        """Whether nodes are ready to run."""
+
+    def clear(self) -> None:
+        """The step failed: forget everything ready."""
+
+    def retvals(self) -> list[Any]:
+        """The fetched values, in plan order (``InvalidArgumentError`` for a dead one)."""
+
+
+def _check_outputs(v: Any, nout: int) -> Any:
+    if not isinstance(v, list | tuple) or len(v) != nout:
+        got = f"{len(v)} values" if isinstance(v, list | tuple) else type(v).__name__
+        raise errors.InternalError(None, None, f"kernel returned {got}, expected {nout} outputs")
+    return v
+
+
+def _dead_fetch(bound: BoundPlan, k: int, v: Dead) -> errors.InvalidArgumentError:
+    name, index = bound.plan.partition.retvals[k][1]
+    op = next((o for o, n in zip(bound.ops, bound.plan.nodes) if n.name == name), None)
+    return errors.InvalidArgumentError(
+        None, op, f"Retval[{k}] does not have value: the fetched tensor '{name}:{index}' "
+                  f"is dead: it depends on the untaken output of Switch {v.origin!r}")
+
+
+# -- no loops ---------------------------------------------------------------------------
+
+class PlainPropagator:
+    """Readiness by pending counts over one value list (graphs without loop frames)."""
+
+    __slots__ = ("_bound", "_dead", "_edges", "_kinds", "_merges", "_nodes", "_pending",
+                 "_ready", "_refs", "_step", "_vals")
+
+    def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
+                 args: Sequence[Any]) -> None:
+        plan = bound.plan
+        self._step = step
+        self._bound = bound
+        self._nodes = nodes
+        vals = list(plan.initial_values)
+        for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
+            vals[s] = args[k]
+        self._vals = vals
+        self._pending = list(plan.initial_pending)
+        self._ready = list(plan.initial_ready)
+        self._refs = list(plan.initial_refs) if plan.initial_refs is not None else None
+        info = plan.frames
+        # Control flow (cond) or cross-device receives: nodes may be dead.
+        # Invariant: _dead[i] is the Dead marker node i inherits, or None while live.
+        self._dead: list[Dead | None] | None = [None] * len(nodes) if info is not None else None
+        self._kinds = info.kind if info is not None else ()
+        self._edges = plan.edges_out
+        # Merge node -> [control producers left, dead inputs, first live input, fired, origin]
+        self._merges: dict[int, list[Any]] = {}
+
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    def clear(self) -> None:
+        self._ready.clear()
+
+    def drain(self, budget: int) -> bool:
+        """Run ready nodes until none is left or ``budget`` inline nodes ran.
+
+        This is the per-node hot path and is kept in one piece on purpose: every
+        attribute is hoisted into a local, and the common shapes (1 or 2 inputs, one
+        output, one consumer) take the shortest branches.  The completion half
+        (store outputs, release inputs, decrement consumers) is repeated in
+        ``complete`` for nodes completed by tasks; keep the two in sync.
+        """
+        ready = self._ready
+        step = self._step
+        if not ready or step._error is not None:
+            return True
+        nodes = self._nodes
+        vals = self._vals
+        pending = self._pending
+        refs = self._refs
+        dead = self._dead
+        pop = ready.pop
+        push = ready.append
+        i = -1
+        try:
+            while ready:
+                i = pop()
+                while True:
+                    kernel, kind, n, ins, out, nout, cons, frees, counted, getter, _ = nodes[i]
+                    if kind or (dead is not None and dead[i] is not None):
+                        self._special(i)  # dispatch, control flow, a dead node
+                        break
+                    if n == 2:
+                        v = kernel(vals[ins[0]], vals[ins[1]])
+                    elif n == 1:
+                        v = kernel(vals[ins[0]])
+                    elif n == 0:
+                        v = kernel()
+                    else:
+                        v = kernel(*getter(vals))  # type: ignore[misc]
+                    if nout == 1:
+                        vals[out] = v
+                    elif nout:
+                        vals[out:out + nout] = _check_outputs(v, nout)
+                    for s in frees:
+                        vals[s] = None
+                    if counted:
+                        for s in counted:
+                            r = refs[s] - 1  # type: ignore[index]
+                            refs[s] = r  # type: ignore[index]
+                            if not r:
+                                vals[s] = None
+                    # Continue with the first consumer this node made ready, without a
+                    # push/pop round trip (a chain runs entirely in this inner loop).
+                    nxt = -1
+                    for c in cons:
+                        p = pending[c] - 1
+                        pending[c] = p
+                        if not p:
+                            if nxt < 0:
+                                nxt = c
+                            else:
+                                push(c)
+                    budget -= 1
+                    if nxt < 0:
+                        break
+                    if not budget:
+                        push(nxt)
+                        break
+                    i = nxt
+                if not budget:
+                    return not ready  # the step yields to the event loop, then goes on
+                if step._error is not None:
+                    return True
+        except Exception as exc:
+            step.fail(i, exc)
+        return True
+
+    def complete(self, token: Any, v: Any) -> None:
+        """Store node ``token``'s outputs, release its inputs, and ready its consumers."""
+        i: int = token
+        node = self._nodes[i]
+        nout = node.num_outputs
+        if isinstance(v, Dead):
+            self._store(node, (v,) * nout)
+            self._propagate(i, node, v)
+            return
+        vals = self._vals
+        if nout == 1:
+            vals[node.out] = v
+        elif nout:
+            vals[node.out:node.out + nout] = _check_outputs(v, nout)
+        if self._dead is not None:
+            self._propagate(i, node, None)
+            return
+        for s in node.frees:
+            vals[s] = None
+        refs = self._refs
+        for s in node.counted:
+            r = refs[s] - 1  # type: ignore[index]
+            refs[s] = r  # type: ignore[index]
+            if not r:
+                vals[s] = None
+        pending = self._pending
+        push = self._ready.append
+        for c in node.consumers:
+            p = pending[c] - 1
+            pending[c] = p
+            if not p:
+                push(c)
+
+    # -- off the hot path: dispatch and dead tensors -----------------------------------------
+
+    def _special(self, i: int) -> None:
+        node = self._nodes[i]
+        vals = self._vals
+        cf = self._kinds[i] if self._kinds else CF_NONE
+        step = self._step
+        if cf == CF_MERGE:
+            m = self._merges.pop(i)
+            if m[2] < 0:
+                d = m[4] or Dead(step._bound.ops[i].name)
+                self._store(node, (d, d))
+                self._propagate(i, node, d)
+            else:
+                self._store(node, (vals[node.inputs[m[2]]], np.int32(m[2])))
+                self._propagate(i, node, None)
+            self._trace_control(i)
+            return
+        dead = self._dead[i] if self._dead is not None else None
+        if dead is not None:
+            if node.flow == _SEND:  # transfers run dead: the peer learns the deadness
+                step.dispatch(i, i, node, [None] * node.arity, 0, 0, True)
+            elif node.flow == _RECV:
+                step.dispatch(i, i, node, [])
+            else:
+                self._store(node, (dead,) * node.num_outputs)
+                self._propagate(i, node, dead)
+            return
+        if cf == CF_SWITCH:
+            data = vals[node.inputs[0]]
+            marker = Dead(step._bound.ops[i].name)
+            self._store(node, (marker, data) if vals[node.inputs[1]] else (data, marker))
+            self._propagate(i, node, None)
+            self._trace_control(i)
+            return
+        args = [vals[s] for s in node.inputs]
+        if node.flow == _INLINE:  # an inline kernel whose output a Merge counts
+            self.complete(i, node.kernel(*args))
+            return
+        step.dispatch(i, i, node, args)
+
+    def _store(self, node: BoundNode, outs: Sequence[Any]) -> None:
+        if len(outs) != node.num_outputs:
+            raise errors.InternalError(None, None, f"kernel returned {len(outs)} values, "
+                                                   f"expected {node.num_outputs}")
+        self._vals[node.out:node.out + node.num_outputs] = outs
+
+    def _propagate(self, i: int, node: BoundNode, node_dead: Dead | None) -> None:
+        """Ready node ``i``'s consumers, marking those its dead outputs reach; then free."""
+        vals = self._vals
+        dead = self._dead
+        assert dead is not None
+        pending = self._pending
+        push = self._ready.append
+        kinds = self._kinds
+        for c, data, control in self._edges[i]:
+            if kinds[c] == CF_MERGE:
+                self._merge_input(c, data, control)
+                continue
+            if dead[c] is None:
+                if control and node_dead is not None:
+                    dead[c] = node_dead
+                else:
+                    for _, s in data:
+                        v = vals[s]
+                        if isinstance(v, Dead):
+                            dead[c] = v
+                            break
+            p = pending[c] - 1
+            pending[c] = p
+            if not p:
+                push(c)
+        for s in node.frees:
+            vals[s] = None
+        refs = self._refs
+        for s in node.counted:
+            r = refs[s] - 1  # type: ignore[index]
+            refs[s] = r  # type: ignore[index]
+            if not r:
+                vals[s] = None
+
+    def _merge_input(self, c: int, data: Sequence[tuple[int, int]], control: bool) -> None:
+        m = self._merges.get(c)
+        if m is None:
+            info = self._bound.plan.frames
+            assert info is not None
+            m = self._merges[c] = [info.merge_controls[c], 0, -1, False, None]
+        if m[3]:
+            return  # already fired
+        if control:
+            m[0] -= 1
+        vals = self._vals
+        for pos, s in data:
+            v = vals[s]
+            if isinstance(v, Dead):
+                m[1] += 1
+                m[4] = m[4] or v
+            elif m[2] < 0:
+                m[2] = pos
+        if m[0] <= 0 and (m[2] >= 0 or m[1] >= self._nodes[c].arity):
+            m[3] = True
+            self._ready.append(c)
+
+    def _trace_control(self, i: int) -> None:
+        step = self._step
+        if step.tracing:
+            import time
+
+            now = time.time()
+            step.record(i, "control", now, now, ())
+
+    def retvals(self) -> list[Any]:
+        vals = self._vals
+        out = [vals[s] for s in self._bound.plan.retval_slots]  # the _Retval nodes
+        if self._dead is not None:
+            for k, v in enumerate(out):
+                if isinstance(v, Dead):
+                    raise _dead_fetch(self._bound, k, v)
+        return out
+
+
+# -- loops ------------------------------------------------------------------------------
+
+class _Iteration:
+    __slots__ = ("children", "dead", "merges", "outstanding", "pending", "refs", "vals")
+
+    def __init__(self) -> None:
+        self.vals: dict[int, Any] = {}
+        self.pending: dict[int, int] = {}
+        self.refs: dict[int, int] = {}
+        self.dead: dict[int, Dead] = {}
+        # Merge node -> [controls left, dead inputs, first live input position, fired]
+        self.merges: dict[int, list[int]] = {}
+        self.outstanding = 0
+        self.children = 0
+
+
+class _Frame:
+    __slots__ = (
+        "children",
+        "dead_exits",
+        "delivered",
+        "id",
+        "invariants",
+        "iters",
+        "name",
+        "parent",
+        "parent_iter",
+        "pending_enters",
+        "static",
+        "waiting",
+    )
+
+    def __init__(self, static: int, name: str, parent: _Frame | None, parent_iter: int,
+                 pending_enters: int) -> None:
+        self.static = static
+        #: The instance name ("parent;iteration;frame"), the same in every partition
+        #: holding part of the loop; ``id`` (its hash) goes into rendezvous keys.
+        self.name = name
+        self.id = 0 if parent is None else int.from_bytes(
+            hashlib.blake2b(name.encode(), digest_size=7).digest(), "big")
+        self.parent = parent
+        self.parent_iter = parent_iter
+        self.iters: dict[int, _Iteration] = {0: _Iteration()}
+        self.pending_enters = pending_enters
+        self.invariants: list[tuple[int, Any]] = []
+        self.waiting: deque[tuple[int, int, Any]] = deque()  # (iteration, node, value)
+        self.delivered: set[int] = set()
+        self.dead_exits: dict[int, Dead] = {}
+        self.children: dict[tuple[int, int], _Frame] = {}
+
+
+class FramePropagator:
+    """Readiness per (node, frame instance, iteration) (graphs with loops)."""
+
+    __slots__ = ("_bound", "_info", "_initial", "_initial_pending", "_initial_refs",
+                 "_nodes", "_ready", "_root", "_step")
+
+    def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
+                 args: Sequence[Any]) -> None:
+        plan = bound.plan
+        assert plan.frames is not None
+        self._step = step
+        self._bound = bound
+        self._nodes = nodes
+        self._info: FrameInfo = plan.frames
+        self._initial = plan.initial_values
+        self._initial_pending = plan.initial_pending
+        self._initial_refs = plan.initial_refs
+        self._root = _Frame(0, "", None, 0, 0)
+        root_vals = self._root.iters[0].vals
+        for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
+            root_vals[s] = args[k]
+        self._ready: deque[tuple[int, _Frame, int]] = deque()
+        for i in plan.initial_ready:
+            self._push(i, self._root, 0)
+
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    def clear(self) -> None:
+        self._ready.clear()
+
+    def _push(self, i: int, frame: _Frame, it: int) -> None:
+        frame.iters[it].outstanding += 1
+        self._ready.append((i, frame, it))
+
+    def drain(self, budget: int) -> bool:
+        ready = self._ready
+        step = self._step
+        kinds = self._info.kind
+        while ready and step._error is None:
+            if not budget:
+                return False
+            budget -= 1
+            i, frame, it = ready.popleft()
+            try:
+                self._execute(i, frame, it, self._nodes[i], kinds[i])
+            except Exception as exc:
+                step.fail(i, exc)
+        return True
+
+    def _read(self, st: _Iteration, slot: int) -> Any:
+        vals = st.vals
+        return vals[slot] if slot in vals else self._initial[slot]
+
+    def _execute(self, i: int, frame: _Frame, it: int, node: BoundNode, kind: int) -> None:
+        st = frame.iters[it]
+        step = self._step
+        if step.tracing:
+            step._label = (self._info.frames[frame.static].name, it)
+        if kind == CF_MERGE:
+            m = st.merges.pop(i)
+            if m[2] < 0:
+                all_dead = st.dead.get(i) or Dead(self._bound.ops[i].name)
+                self._complete(i, frame, it, (all_dead, all_dead), all_dead)
+            else:
+                value = self._read(st, node.inputs[m[2]])
+                self._complete(i, frame, it, (value, np.int32(m[2])), None)
+            self._trace_control(i)
+            return
+        dead = st.dead.get(i)
+        if kind == CF_NONE:
+            flow = node.flow
+            if dead is not None and flow != _SEND and flow != _RECV:
+                self._complete(i, frame, it, (dead,) * node.num_outputs, dead)
+                return
+            args = [self._read(st, s) for s in node.inputs]
+            if flow == _INLINE:
+                v = node.kernel(*args)
+                outs = (v,) if node.num_outputs == 1 else tuple(_check_outputs(v, node.num_outputs)
+                                                                if node.num_outputs else ())
+                self._complete(i, frame, it, outs, None)
+            else:
+                step.dispatch((i, frame, it), i, node, args if dead is None else
+                              [None] * len(args), frame.id, it, dead is not None)
+            return
+        if kind == CF_SWITCH:
+            if dead is None:
+                data = self._read(st, node.inputs[0])
+                pred = self._read(st, node.inputs[1])
+                marker = Dead(self._bound.ops[i].name)
+                outs = (marker, data) if pred else (data, marker)
+            else:
+                outs = (dead, dead)
+            self._complete(i, frame, it, outs, dead)
+            self._trace_control(i)
+            return
+        value = dead if dead is not None else self._read(st, node.inputs[0])
+        self._release(st, node)
+        self._trace_control(i)
+        if kind == CF_ENTER:
+            child = self._child(frame, it, self._info.child[i])
+            if self._info.constant[i]:
+                child.invariants.append((i, value))
+                for k in list(child.iters):
+                    self._deliver(i, value, child, k)
+            else:
+                self._deliver(i, value, child, 0)
+            child.pending_enters -= 1
+            self._done_token(frame, it)
+            self._check_iteration(child, 0)
+            return
+        if kind == CF_EXIT:
+            if isinstance(value, Dead):
+                frame.dead_exits[i] = value  # delivered dead if no live value ever comes
+            elif i not in frame.delivered:
+                frame.delivered.add(i)
+                assert frame.parent is not None
+                self._deliver(i, value, frame.parent, frame.parent_iter)
+            self._done_token(frame, it)
+            return
+        if kind == CF_NEXT:
+            if not isinstance(value, Dead):
+                nxt = it + 1
+                if nxt in frame.iters:
+                    self._deliver(i, value, frame, nxt)
+                elif len(frame.iters) < self._info.frames[frame.static].parallel_iterations \
+                        and not frame.waiting:
+                    self._new_iteration(frame, nxt)
+                    self._deliver(i, value, frame, nxt)
+                else:
+                    frame.waiting.append((nxt, i, value))
+            self._done_token(frame, it)
+            return
+        raise errors.InternalError(None, self._bound.ops[i], f"unknown control-flow kind {kind}")
+
+    def complete(self, token: Any, v: Any) -> None:
+        i, frame, it = token
+        node = self._nodes[i]
+        if isinstance(v, Dead):
+            self._complete(i, frame, it, (v,) * node.num_outputs, v)
+            return
+        nout = node.num_outputs
+        outs = (v,) if nout == 1 else (tuple(_check_outputs(v, nout)) if nout else ())
+        self._complete(i, frame, it, outs, None)
+
+    # -- propagation -------------------------------------------------------------------
+
+    def _complete(self, i: int, frame: _Frame, it: int, outs: Sequence[Any],
+                  dead: Dead | None) -> None:
+        """Store node ``i``'s outputs in (frame, it) and activate its consumers there."""
+        st = frame.iters[it]
+        if dead is not None:
+            st.dead[i] = dead
+        node = self._nodes[i]
+        if len(outs) != node.num_outputs:
+            raise errors.InternalError(None, None, f"kernel returned {len(outs)} values, "
+                                                   f"expected {node.num_outputs}")
+        vals = st.vals
+        for k, v in enumerate(outs):
+            vals[node.out + k] = v
+        self._activate(i, frame, it, st, dead)
+        self._release(st, node)
+        self._done_token(frame, it)
+
+    def _release(self, st: _Iteration, node: BoundNode) -> None:
+        """Free the slots whose last reader in this iteration ``node`` is."""
+        vals = st.vals
+        for s in node.frees:
+            vals.pop(s, None)
+        if node.counted:
+            refs = st.refs
+            initial = self._initial_refs
+            assert initial is not None
+            for s in node.counted:
+                r = refs.get(s, initial[s]) - 1
+                if r:
+                    refs[s] = r
+                else:
+                    refs.pop(s, None)
+                    vals.pop(s, None)
+
+    def _deliver(self, i: int, value: Any, frame: _Frame, it: int) -> None:
+        """Enter / Exit / NextIteration: put ``value`` into (frame, it) and activate there."""
+        st = frame.iters[it]
+        st.vals[self._nodes[i].out] = value
+        dead = value if isinstance(value, Dead) else None
+        self._activate(i, frame, it, st, dead)
+
+    def _activate(self, i: int, frame: _Frame, it: int, st: _Iteration,
+                  src_dead: Dead | None) -> None:
+        info = self._info
+        initial_pending = self._initial_pending
+        for c, data, control in self._bound.plan.edges_out[i]:
+            if info.kind[c] == CF_MERGE:
+                self._activate_merge(c, frame, it, st, data, control)
+                continue
+            edge_dead = src_dead if control else None
+            for _, slot in data:
+                v = st.vals.get(slot)
+                if isinstance(v, Dead):
+                    edge_dead = v
+                    break
+            if edge_dead is not None and c not in st.dead:
+                st.dead[c] = edge_dead
+            p = st.pending.get(c, initial_pending[c]) - 1
+            if p == 0:
+                st.pending.pop(c, None)
+                self._push(c, frame, it)
+            else:
+                st.pending[c] = p
+
+    def _activate_merge(self, c: int, frame: _Frame, it: int, st: _Iteration,
+                        data: Sequence[tuple[int, int]], control: bool) -> None:
+        m = st.merges.get(c)
+        if m is None:
+            m = st.merges[c] = [self._info.merge_controls[c], 0, -1, 0]
+        if m[3]:
+            return  # already fired in this iteration
+        if control:
+            m[0] -= 1
+        for pos, slot in data:
+            v = st.vals.get(slot)
+            if isinstance(v, Dead):
+                m[1] += 1
+                st.dead.setdefault(c, v)
+            elif m[2] < 0:
+                m[2] = pos
+        expected = 1 if self._info.loop_merge[c] else self._nodes[c].arity
+        if m[0] <= 0 and (m[2] >= 0 or m[1] >= expected):
+            m[3] = 1
+            self._push(c, frame, it)
+
+    # -- frames and iterations ------------------------------------------------------------
+
+    def _child(self, frame: _Frame, it: int, static: int) -> _Frame:
+        child = frame.children.get((it, static))
+        if child is None:
+            sf = self._info.frames[static]
+            child = _Frame(static, f"{frame.name};{it};{sf.name}", frame, it, sf.num_enters)
+            frame.children[(it, static)] = child
+            frame.iters[it].children += 1
+        return child
+
+    def _new_iteration(self, frame: _Frame, it: int) -> None:
+        frame.iters[it] = _Iteration()
+        for e, value in frame.invariants:
+            self._deliver(e, value, frame, it)
+
+    def _done_token(self, frame: _Frame, it: int) -> None:
+        frame.iters[it].outstanding -= 1
+        self._check_iteration(frame, it)
+
+    def _check_iteration(self, frame: _Frame, it: int) -> None:
+        while True:
+            st = frame.iters.get(it)
+            if st is None or st.outstanding or st.children or frame is self._root:
+                return
+            if it == 0 and frame.pending_enters > 0:
+                return
+            if it > 0 and (it - 1) in frame.iters:
+                return
+            del frame.iters[it]  # the iteration's values go with it
+            if frame.waiting and len(frame.iters) < \
+                    self._info.frames[frame.static].parallel_iterations:
+                nxt = frame.waiting[0][0]
+                self._new_iteration(frame, nxt)
+                while frame.waiting and frame.waiting[0][0] == nxt:
+                    _, node, value = frame.waiting.popleft()
+                    self._deliver(node, value, frame, nxt)
+            if it + 1 in frame.iters:
+                it += 1
+                continue
+            if not frame.iters and not frame.waiting:
+                self._frame_done(frame)
+            return
+
+    def _frame_done(self, frame: _Frame) -> None:
+        parent = frame.parent
+        assert parent is not None
+        for e in self._info.frames[frame.static].exits:
+            if e not in frame.delivered:
+                dead = frame.dead_exits.get(e) or Dead(self._bound.ops[e].name)
+                self._deliver(e, dead, parent, frame.parent_iter)
+        del parent.children[(frame.parent_iter, frame.static)]
+        parent.iters[frame.parent_iter].children -= 1
+        self._check_iteration(parent, frame.parent_iter)
+
+    def _trace_control(self, i: int) -> None:
+        step = self._step
+        if step.tracing:
+            import time
+
+            now = time.time()
+            step.record(i, "control", now, now, ())
+
+    def retvals(self) -> list[Any]:
+        st = self._root.iters[0]
+        out: list[Any] = []
+        for k, s in enumerate(self._bound.plan.retval_slots):
+            v = self._read(st, s)
+            if isinstance(v, Dead):
+                raise _dead_fetch(self._bound, k, v)
+            out.append(v)
+        return out

@@ -1,0 +1,482 @@
+"""The executor: one :class:`Step` runs one partition of a plan, once.
+
+State machine of a step (TensorFlow's ``ExecutorState``, on the event loop)::
+
+    created ──run()──► draining ──(tasks / recvs outstanding, or budget used up)──► waiting
+                          ▲                                                        │
+                          └──── a task or recv finishes its node / the loop yields ◄┘
+    draining/waiting ──(nothing ready, nothing outstanding)──► done
+    any ──(first error | abort | cancel | deadline)──► failing ──(every task finished)──► failed
+
+The step owns what is the same for every graph: dispatching nodes that do not run
+inline (async kernels become tasks of the step's ``asyncio.TaskGroup``, expensive
+ones tasks awaiting a worker thread of the device, ``_Recv`` a future callback, no
+task), the first-error rule, cancellation, deadlines, yielding to the event loop on
+a budget, tracing.  *Which nodes are ready* is the propagator's business
+(:mod:`asyncflow.runtime.propagators`), chosen once per plan at bind time: the
+plain propagator (no loop frames; dead tensors of ``cond`` handled off the fast
+path) or the frame propagator (loops: frames, iterations, ``parallel_iterations``).
+The step calls ``propagator.drain(budget)`` and ``propagator.complete(token, value)``
+and never looks at frames.
+
+Invariants (each stated where its field is set):
+
+* ``_outstanding`` counts dispatched nodes not finished yet (tasks, deferred tasks,
+  waiting recvs).  The step is done when the propagator has nothing ready and
+  ``_outstanding == 0``, or when it has an error and its task group has drained.
+* ``_error`` is written once (the first error wins); after it, nothing new starts
+  and late results are dropped.
+* Every task lives in the step's task group and is discarded from ``_tasks`` when it
+  ends, so a long loop holds no task of a finished iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from asyncflow import errors
+from asyncflow.framework import registry
+from asyncflow.runtime.bind import BoundNode, BoundPlan
+from asyncflow.runtime.cancellation import CancellationManager
+from asyncflow.runtime.cancellation import _activate as _activate_cancellation
+from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
+from asyncflow.runtime.propagators import Dead, FramePropagator, PlainPropagator, Propagator
+from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
+
+if TYPE_CHECKING:
+    from asyncflow.runtime.call_frame import CallFrame
+    from asyncflow.runtime.rendezvous import Rendezvous
+
+__all__ = ["BUDGET", "Step", "abort_on_loop", "format_node_error"]
+
+#: Nodes a drain runs before the step yields to the event loop (about a millisecond
+#: of cheap kernels): long inline work still honours deadlines and cancellation, and
+#: other tasks on the loop keep running.
+BUDGET = 2000
+
+_ASYNC = registry.ASYNC
+_SEND = registry.SEND
+_RECV = registry.RECV
+
+
+def format_node_error(exc: BaseException, op: Any) -> errors.OpError:
+    """The OpError for a kernel's exception: names the node, its type and creation site."""
+    base = errors.from_exception(exc, op)
+    return type(base)(base.node_def, op, f"{base.message}\n\t [[node {op.name} "
+                      f"(op {op.type}, defined at {op.traceback})]]")
+
+
+class Step:
+    """One run of one partition: dispatch, tasks, first error, tracing; readiness is
+    the propagator's."""
+
+    __slots__ = (
+        "_bound",
+        "_cm",
+        "_deferred",
+        "_done",
+        "_error",
+        "_frame",
+        "_label",
+        "_loop",
+        "_nodes",
+        "_outstanding",
+        "_prop",
+        "_recvs",
+        "_rendezvous",
+        "_stats",
+        "_stopped",
+        "_tasks",
+        "_tg",
+    )
+
+    def __init__(self, bound: BoundPlan, frame: CallFrame, trace: bool = False,
+                 rendezvous: Rendezvous | None = None,
+                 cancellation: CancellationManager | None = None) -> None:
+        self._bound = bound
+        self._frame = frame
+        self._rendezvous = rendezvous
+        self._cm = cancellation
+        self._tg: asyncio.TaskGroup | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._done: asyncio.Future[None] | None = None
+        # Dispatched, unfinished nodes: tasks (and deferred ones) and waiting recvs.
+        self._outstanding = 0
+        self._deferred: list[tuple[Any, int, list[Any]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._recvs: set[asyncio.Future[Any]] = set()
+        self._error: errors.OpError | None = None  # the first error; written once
+        self._stopped = False  # no new node may start, late results are dropped
+        #: The (frame name, iteration) the frame propagator is running a node in.
+        self._label: tuple[str, int] | None = None
+        self._stats: list[NodeExecStats] | None = None
+        nodes = bound.nodes
+        if trace:
+            self._stats = []
+            nodes = tuple(self._traced_node(i, n) for i, n in enumerate(nodes))
+        self._nodes = nodes
+        prop: Propagator = (FramePropagator if bound.frames else PlainPropagator)(
+            self, bound, nodes, frame.args)
+        self._prop = prop
+
+    # -- public -------------------------------------------------------------------------
+
+    def run_inline(self, budget: int | None = None) -> list[Any] | None:
+        """Run without an event loop, up to ``budget`` nodes (all when None).
+
+        Returns the retvals when the step finished, None when work is left (the caller
+        continues with ``await run()``).  Only for plans whose nodes are all inline.
+        """
+        with np.errstate(all="ignore"):
+            finished = self._prop.drain(budget if budget is not None else -1)
+        if self._error is not None:
+            raise self._error
+        if not finished or self._outstanding:
+            return None
+        return self._retvals()
+
+    async def run(self) -> list[Any]:
+        """Run the step; returns the frame's retvals (the fetched values, in plan order).
+
+        Raises the step's first error as an ``OpError``.  Returns or raises only after
+        every task the step started has finished.
+        """
+        cm = self._cm
+        if cm is None:
+            cm = self._cm = CancellationManager()
+        token = _activate_cancellation(cm)
+        try:
+            with np.errstate(all="ignore"):
+                finished = self._error is not None or self._prop.drain(BUDGET)
+                if self._error is None and (not finished or self._outstanding):
+                    await self._run_tasks()
+        finally:
+            _deactivate_cancellation(token)
+        if self._error is not None:
+            raise self._error
+        return self._retvals()
+
+    def abort(self, error: errors.OpError) -> None:
+        """Fail the step with ``error`` (if it has not failed yet).  Loop thread only."""
+        self._fail_with(error)
+
+    def abort_threadsafe(self, error: errors.OpError) -> None:
+        """Fail the step from any thread (used by ``Session.close``)."""
+        abort_on_loop(self, self._loop, error)
+
+    @property
+    def error(self) -> errors.OpError | None:
+        """The step's first error, once it has one."""
+        return self._error
+
+    @property
+    def frame(self) -> CallFrame:
+        """The step's call frame (its retvals are set when it finishes)."""
+        return self._frame
+
+    @property
+    def stats(self) -> StepStats | None:
+        """The step's stats when it ran traced (one device: the partition's)."""
+        if self._stats is None:
+            return None
+        return StepStats([DeviceStepStats(self._bound.plan.device, list(self._stats))])
+
+    # -- waiting for tasks ----------------------------------------------------------------
+
+    async def _run_tasks(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        prop = self._prop
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                deferred, self._deferred = self._deferred, []
+                for token, i, args in deferred:
+                    self._start_task(tg, token, i, args)
+                if self._error is not None:
+                    self._cancel_tasks()  # aborted from another thread before the loop was known
+                try:
+                    while self._error is None:
+                        if prop.has_ready():
+                            if not prop.drain(BUDGET):
+                                await asyncio.sleep(0)  # deadlines, cancels and tasks run
+                            continue
+                        if not self._outstanding:
+                            break
+                        # Tasks and recv callbacks finish nodes and drain on their own;
+                        # they wake this loop when all is done, when an error happened,
+                        # or when a drain of theirs used up its budget.
+                        done = self._done = loop.create_future()
+                        await done
+                except asyncio.CancelledError:
+                    # The caller was cancelled (or its deadline passed): nothing new may
+                    # start; the group cancels the running tasks and waits for them.
+                    self._stopped = True
+                    if self._cm is not None:
+                        self._cm.cancel()
+                    raise
+                finally:
+                    self._done = None
+                    if self._error is not None or self._stopped:
+                        self._cancel_tasks()
+        except BaseExceptionGroup as group:
+            # Only a BaseException that is not an Exception gets here (kernel errors
+            # are caught in the tasks): re-raise it as itself, never as a group.
+            raise group.exceptions[0] from None
+        finally:
+            self._stopped = True
+            self._tg = None
+            self._loop = None
+
+    def _wake(self) -> None:
+        done = self._done
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    # -- dispatching (called by the propagator) ---------------------------------------------
+
+    def dispatch(self, token: Any, i: int, node: BoundNode, args: list[Any],
+                 frame_id: int = 0, iter_id: int = 0, is_dead: bool = False) -> None:
+        """Start node ``i`` (``token`` to the propagator), which does not run inline."""
+        kind = node.flow
+        if kind == _SEND:
+            # Sends never block: done at once, like an inline node.  A dead value is
+            # sent too, flagged, so the receiving device sees the branch was not taken.
+            start = time.time() if self._stats is not None else 0.0
+            node.kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
+            if self._stats is not None:
+                self._record_transfer(i, start)
+            self._prop.complete(token, None)
+            return
+        if kind == _RECV:
+            start = time.time() if self._stats is not None else 0.0
+            fut = node.kernel(self._rendezvous, frame_id, iter_id)
+            if fut.done():
+                value, dead = fut.result()  # an abort raises: the drain fails node i
+                if self._stats is not None:
+                    self._record_transfer(i, start)
+                self._prop.complete(token, Dead(self._bound.ops[i].name) if dead else value)
+                return
+            # Wait without a task and without polling: the matching send (or an
+            # abort) resolves the future, whose callback finishes the node.
+            self._outstanding += 1
+            self._recvs.add(fut)
+            fut.add_done_callback(functools.partial(self._recv_done, token, i, start))
+            return
+        self._outstanding += 1
+        tg = self._tg
+        if tg is None:
+            self._deferred.append((token, i, args))
+        else:
+            self._start_task(tg, token, i, args)
+
+    def _start_task(self, tg: asyncio.TaskGroup, token: Any, i: int, args: list[Any]) -> None:
+        if self._stopped:
+            self._outstanding -= 1
+            return
+        node = self._nodes[i]
+        if node.flow == _ASYNC:
+            work = node.kernel(*args)
+        else:
+            work = self._bound.device.run_in_thread(
+                _call_in_thread, contextvars.copy_context(), node.kernel, args)
+        task = tg.create_task(self._run_node(token, i, work))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_node(self, token: Any, i: int, work: Coroutine[Any, Any, Any]) -> None:
+        """Await one async or thread node's ``work`` and finish the node (a task body)."""
+        try:
+            v = await work
+        except Exception as exc:
+            self._outstanding -= 1
+            self._fail(i, exc)
+            return
+        except asyncio.CancelledError as exc:
+            self._outstanding -= 1
+            if not _being_cancelled():
+                # The kernel raised CancelledError itself (e.g. it awaited a future
+                # someone else cancelled): that is a failure of this node.
+                self._fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
+                return
+            raise
+        self._outstanding -= 1
+        self._finish(token, i, v)
+
+    def _recv_done(self, token: Any, i: int, start: float, fut: asyncio.Future[Any]) -> None:
+        self._outstanding -= 1
+        self._recvs.discard(fut)
+        if fut.cancelled():
+            self._wake()
+            return
+        exc = fut.exception()  # always retrieved, so asyncio never logs it
+        if exc is not None:
+            self._fail(i, exc)
+            return
+        if self._stats is not None:
+            self._record_transfer(i, start)
+        value, dead = fut.result()
+        self._finish(token, i, Dead(self._bound.ops[i].name) if dead else value)
+
+    def _finish(self, token: Any, i: int, v: Any) -> None:
+        """Complete a dispatched node with ``v``, then drain what became ready."""
+        if self._error is not None or self._stopped:
+            self._wake()
+            return  # late result of a failed or cancelled step: discarded
+        prop = self._prop
+        try:
+            prop.complete(token, v)
+        except Exception as exc:
+            self._fail(i, exc)
+            return
+        if not prop.drain(BUDGET) or not self._outstanding or self._error is not None:
+            self._wake()
+
+    def _cancel_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for fut in self._recvs:
+            fut.cancel()
+
+    # -- failure --------------------------------------------------------------------------
+
+    def fail(self, i: int, exc: BaseException) -> None:
+        """Node ``i``'s kernel raised ``exc``: the step fails (first error wins)."""
+        self._fail(i, exc)
+
+    def _fail(self, i: int, exc: BaseException) -> None:
+        op = self._bound.ops[i] if i >= 0 else None
+        error = errors.from_exception(exc) if op is None else format_node_error(exc, op)
+        error.__cause__ = exc
+        self._fail_with(error)
+
+    def _fail_with(self, error: errors.OpError) -> None:
+        if self._error is not None:
+            return  # the first error wins; this one is derived or late
+        self._error = error
+        self._prop.clear()
+        if self._cm is not None:
+            self._cm.cancel()  # kernels polling or with callbacks stop too
+        self._cancel_tasks()
+        self._wake()
+
+    # -- results --------------------------------------------------------------------------
+
+    def _retvals(self) -> list[Any]:
+        retvals = self._frame.retvals = self._prop.retvals()
+        return retvals
+
+    # -- tracing --------------------------------------------------------------------------
+
+    def record(self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any],
+               key: str = "") -> None:
+        """Append node ``i``'s stats (traced steps only)."""
+        op = self._bound.ops[i]
+        label = self._label
+        outs = []
+        for k, o in enumerate(outputs):
+            if o is None or isinstance(o, Dead):
+                continue
+            a = np.asarray(o)
+            outs.append(NodeOutput(k, tuple(a.shape), a.dtype.name, int(a.nbytes)))
+        start_us = int(start * 1e6)
+        dur = int((end - start) * 1e6)
+        where = f" [frame {label[0]} iter {label[1]}]" if label is not None else ""
+        self._stats.append(NodeExecStats(  # type: ignore[union-attr]
+            node_name=op.name, op_type=op.type, kind=kind, scheduled_micros=start_us,
+            all_start_micros=start_us, op_start_rel_micros=0, op_end_rel_micros=dur,
+            all_end_rel_micros=dur, thread_id=threading.get_ident(),
+            timeline_label=f"{op.name} = {op.type}(){where}", output=outs,
+            rendezvous_key=key, frame_name=label[0] if label is not None else "",
+            iter_id=label[1] if label is not None else 0))
+
+    def _record_transfer(self, i: int, start: float) -> None:
+        node = self._bound.plan.nodes[i]
+        self.record(i, "send" if node.op == "_Send" else "recv", start, time.time(), (),
+                    key=node.attrs.get("key", ""))
+
+    @property
+    def tracing(self) -> bool:
+        """Whether this step records node stats."""
+        return self._stats is not None
+
+    def _traced_node(self, i: int, node: BoundNode) -> BoundNode:
+        flow = node.flow
+        if flow not in (registry.INLINE, registry.ASYNC, registry.EXPENSIVE):
+            return node  # transfers are recorded by dispatch, control flow by the propagator
+        kernel = node.kernel
+        kind = registry.KERNEL_KINDS[flow]
+        single = node.num_outputs == 1
+
+        def outputs(v: Any) -> Sequence[Any]:
+            return (v,) if single else (v or ())
+
+        if flow == _ASYNC:
+            async def timed(coro: Coroutine[Any, Any, Any], label: tuple[str, int] | None
+                            ) -> Any:
+                start = time.time()
+                v = await coro
+                saved, self._label = self._label, label
+                self.record(i, kind, start, time.time(), outputs(v))
+                self._label = saved
+                return v
+
+            def traced_async(*args: Any) -> Any:
+                return timed(kernel(*args), self._label)
+            wrapped: Callable[..., Any] = traced_async
+        else:
+            def traced(*args: Any) -> Any:
+                start = time.time()
+                v = kernel(*args)
+                self.record(i, kind, start, time.time(), outputs(v))
+                return v
+            wrapped = traced
+        return node._replace(kernel=wrapped)
+
+
+class _Abortable(Protocol):
+    _error: errors.OpError | None
+
+    def _fail_with(self, error: errors.OpError) -> None: ...
+
+
+def abort_on_loop(step: _Abortable, loop: asyncio.AbstractEventLoop | None,
+                  error: errors.OpError) -> None:
+    """Fail ``step`` from any thread: on its loop if it is waiting on one."""
+    if loop is None:
+        # Not waiting on a loop: finished, not started, or running synchronously; the
+        # error is recorded and seen at its next check.
+        if step._error is None:
+            step._error = error
+        return
+    try:
+        loop.call_soon_threadsafe(step._fail_with, error)
+    except RuntimeError:  # loop closed: the step is over
+        pass
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+def _call_in_thread(ctx: contextvars.Context, kernel: Callable[..., Any],
+                    args: list[Any]) -> Any:
+    """Run a kernel on a worker thread, in the step's context.
+
+    ``StopIteration`` cannot cross into an asyncio future (it would never complete),
+    so it becomes ``OutOfRangeError`` here, as TensorFlow maps it.
+    """
+    try:
+        return ctx.run(kernel, *args)
+    except StopIteration as exc:
+        raise errors.OutOfRangeError(None, None, f"StopIteration: {exc}") from exc
+
