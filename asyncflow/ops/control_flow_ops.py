@@ -103,7 +103,21 @@ def _loop_cond_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list
 
 define_op("Switch", _switch_shape)
 define_op("Merge", _merge_shape)
-define_op("Enter", _same_shape)
+def _enter_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any]:
+    # A while_loop variable's Enter records its shape invariant as an attribute, so
+    # the loop's static shapes survive a graph def round trip.
+    (x,) = inputs
+    invariant = attrs.get("_shape_invariant")
+    if invariant is None:
+        return [(x._dtype, x._shape)]
+    invariant = as_shape(invariant)
+    if not invariant.is_compatible_with(x._shape):
+        raise ValueError(f"shape invariant {invariant} is not compatible with the shape "
+                         f"{x._shape} of {x.name!r}")
+    return [(x._dtype, invariant)]
+
+
+define_op("Enter", _enter_shape)
 define_op("Exit", _same_shape)
 define_op("NextIteration", _same_shape)
 define_op("LoopCond", _loop_cond_shape)
@@ -528,15 +542,16 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], loop_vars: An
         ctx = WhileContext(frame_name, parallel_iterations, outer)
         enters = []
         for k, v in enumerate(flat_vars):
-            e = enter(v, frame_name, is_constant=False,
-                      parallel_iterations=parallel_iterations)
-            e._op._ctx = ctx
+            attrs: dict[str, Any] = {"frame_name": frame_name, "is_constant": False,
+                                     "parallel_iterations": parallel_iterations}
             inv = invariants[k]
             if inv is not None:
                 if not inv.is_compatible_with(v._shape):
                     raise ValueError(f"while_loop: shape invariant {inv} is not compatible "
                                      f"with loop variable {v.name} of shape {v._shape}")
-                e._shape = inv
+                attrs["_shape_invariant"] = inv
+            e = make_op("Enter", (v,), attrs, default_name="Enter").outputs[0]
+            e._op._ctx = ctx
             enters.append(e)
         user = slice(1, None) if counted else slice(None)
 
