@@ -82,15 +82,18 @@ def _loop_in_a_cond() -> tuple[list[af.Tensor], dict[str, Any]]:
 def _loop_with_control_dependencies() -> tuple[list[af.Tensor], dict[str, Any]]:
     v = af.Variable(0.0, name="v")
     w = af.Variable(0.0, name="w")
+    u = af.Variable(0.0, name="u")
     bump = v.assign_add(1.0, name="bump")
+    bump_u = af.group(u.assign_add(1.0), name="bump_u")  # no outputs
 
     def body(i: af.Tensor) -> af.Tensor:
-        with af.control_dependencies([bump, w.assign_add(2.0, name="tick")]):
+        with af.control_dependencies([bump, bump_u, w.assign_add(2.0, name="tick")]):
             return i + 1
 
     with af.control_dependencies([af.constant(1.0) * 2.0]):
         (r,) = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
-    return [r], {"targets": ("v/Assign", "w/Assign"), "reads": ("v:0", "w:0")}
+    return [r], {"targets": ("v/Assign", "w/Assign", "u/Assign"),
+                 "reads": ("v:0", "w:0", "u:0")}
 
 
 def _counted_loop() -> tuple[list[af.Tensor], dict[str, Any]]:
@@ -156,7 +159,7 @@ def test_loop_graph_round_trips_and_runs_identically(name: str) -> None:
 def test_known_results_after_round_trip() -> None:
     # The values themselves, so that "identical" is not "identically wrong".
     cases = {"sum": [10, 25.0], "nested": [1048576.0], "cond_in_loop": [7, 9.0],
-             "loop_in_cond": [6], "control_dependencies": [4, 1.0, 8.0],
+             "loop_in_cond": [6], "control_dependencies": [4, 1.0, 8.0, 1.0],
              "maximum_iterations": [6, 64]}
     for name, expected in cases.items():
         g, fetches, feeds, runs = _build(PROGRAMS[name])
@@ -285,6 +288,30 @@ def test_partition_graphs_of_a_loop_import_again(name: str) -> None:
     assert _by_name(imported.as_graph_def()) == _by_name(pg)
     for m in (op for op in imported.get_operations() if op.type == "Merge"):
         assert m.inputs[0].op.type != "NextIteration"
+
+
+def test_partition_graphs_with_send_and_recv_import_again() -> None:
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, (), name="x")
+        with af.device("/cpu:0"):
+            a = x * 2.0
+        with af.device("/cpu:1"):
+            b = a + 1.0
+        with af.device("/cpu:0"):
+            c = b * 3.0
+    md = af.RunMetadata()
+    with af.Session(graph=g, config=af.SessionConfig(device_count={"CPU": 2})) as sess:
+        assert sess.run_sync(c, {x: 1.0}, run_metadata=md,
+                             options=af.RunOptions(output_partition_graphs=True)) == 9.0
+    assert len(md.partition_graphs) == 2
+    seen: set[str] = set()
+    for pg in md.partition_graphs:
+        pg = _json_round_trip(pg)
+        imported = _import_fresh(pg)
+        assert _by_name(imported.as_graph_def()) == _by_name(pg)
+        seen.update(op.type for op in imported.get_operations())
+    assert {"_Arg", "_Retval", "_Send", "_Recv"} <= seen
 
 
 # -- fuzzing: mutated loop graph defs fail cleanly or import ---------------------------

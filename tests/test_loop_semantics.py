@@ -183,6 +183,24 @@ def test_output_less_control_dependency_from_outside_runs_once(graph: af.Graph) 
     assert run_then_read(r, v) == (3, 1.0)
 
 
+def test_output_less_control_dependency_beside_a_body_op(graph: af.Graph) -> None:
+    # The group's stand-in value is built outside the loop, clear of the body's
+    # control scope (which names the in-loop assign on w).
+    u = af.Variable(0.0)
+    w = af.Variable(0.0)
+    bump_u = af.group(u.assign_add(1.0))
+
+    def body(i: af.Tensor) -> af.Tensor:
+        with af.control_dependencies([bump_u, w.assign_add(2.0)]):
+            return i + 1
+
+    (r,) = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
+    with af.Session(graph=graph) as sess:
+        sess.run_sync([u.initializer, w.initializer])
+        assert sess.run_sync(r, options=_DEADLINE) == 4
+        assert sess.run_sync([u, w]) == [1.0, 8.0]
+
+
 @pytest.mark.parametrize("take", [True, False])
 def test_control_dependency_from_outside_into_a_cond_in_the_body_runs_once(
         graph: af.Graph, take: bool) -> None:

@@ -324,7 +324,8 @@ class _Context:
             # constant built after it, in the context the loop was built in.
             loop = self.while_context()
             assert loop is not None
-            with graph._control_flow_context(loop.outer), graph.control_dependencies([c]):
+            with graph._control_flow_context(loop.outer), \
+                    graph.control_dependencies(None), graph.control_dependencies([c]):
                 value = convert_to_tensor(True, name="control_dependency_done")
         with graph.control_dependencies(None):
             pulled = make_op("Identity", (self.add_value(value),),
