@@ -111,7 +111,18 @@ def _growing_loop_variable() -> tuple[list[af.Tensor], dict[str, Any]]:
     return [i, xs, af.reduce_sum(xs)], {}
 
 
+def _exclusive_case_with_a_loop() -> tuple[list[af.Tensor], dict[str, Any]]:
+    p = af.placeholder(af.bool, (), name="p")
+    q = af.placeholder(af.bool, (), name="q")
+    r = af.case([(p, lambda: af.constant(10)), (q, lambda: af.constant(20))],
+                default=lambda: af.while_loop(lambda i: i < 3, lambda i: i + 1,
+                                              af.constant(0)),
+                exclusive=True)
+    return [r], {"p:0": False, "q:0": False}
+
+
 PROGRAMS: dict[str, Build] = {
+    "exclusive_case": _exclusive_case_with_a_loop,
     "sum": _sum_loop,
     "nested": _nested_loops,
     "cond_in_loop": _loop_with_cond,
@@ -158,7 +169,7 @@ def test_loop_graph_round_trips_and_runs_identically(name: str) -> None:
 
 def test_known_results_after_round_trip() -> None:
     # The values themselves, so that "identical" is not "identically wrong".
-    cases = {"sum": [10, 25.0], "nested": [1048576.0], "cond_in_loop": [7, 9.0],
+    cases = {"sum": [10, 25.0], "exclusive_case": [3], "nested": [1048576.0], "cond_in_loop": [7, 9.0],
              "loop_in_cond": [6], "control_dependencies": [4, 1.0, 8.0, 1.0],
              "maximum_iterations": [6, 64]}
     for name, expected in cases.items():

@@ -479,20 +479,22 @@ def _nest(pred: Any, fn: Callable[[], Any], otherwise: Callable[[], Any]) -> Cal
     return lambda: cond(pred, fn, otherwise)
 
 
+def _check_exclusive(*values: Any) -> bool:
+    """The kernel of ``case(exclusive=True)``'s guard (module level, so that graphs
+    holding it can be serialized by reference)."""
+    if sum(bool(v) for v in values) > 1:
+        raise ValueError("case: more than one predicate is true with exclusive=True")
+    return True
+
+
 def _exclusive_guard(preds: list[Tensor], default: Callable[[], Any]) -> Callable[[], Any]:
-    from asyncflow.ops import math_ops
+    from asyncflow.framework.graph import control_dependencies
     from asyncflow.ops.py_func import py_func
 
-    def check(*values: Any) -> Any:
-        if sum(bool(v) for v in values) > 1:
-            raise ValueError("case: more than one predicate is true with exclusive=True")
-        return True
-
-    guard = py_func(check, preds, dtypes.bool, stateful=False, name="exclusive_check")
-    del math_ops
+    guard = py_func(_check_exclusive, preds, dtypes.bool, stateful=False,
+                    name="exclusive_check")
 
     def guarded() -> Any:
-        from asyncflow.framework.graph import control_dependencies
         with control_dependencies([guard]):
             return default()
 
