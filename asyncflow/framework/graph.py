@@ -489,7 +489,7 @@ class Graph:
 
     def _update_input(self, op: Operation, index: int, tensor: Tensor) -> None:
         """Rewire data input ``index`` of ``op``: only to close a while loop's back edge
-        while the loop is being built (no plan can have used ``op`` yet)."""
+        while the loop is being built or imported (no plan can have used ``op`` yet)."""
         inputs = list(op._inputs)
         inputs[index] = tensor
         op._inputs = tuple(inputs)

@@ -28,12 +28,17 @@ tag        value
 ========== ================================================================
 
 Import re-creates every op through :meth:`Graph.create_op` (so shape functions run
-again) in dependency order, whatever the order of the node list.  Everything that
-can be checked before an op is added is checked first — structure, names, op
-types, attributes, inputs, cycles, clashes with existing names — so a malformed
-graph def is a ``ValueError`` naming the node and leaves the graph untouched.  A
-shape function that rejects an imported node still raises after the earlier nodes
-were added (graphs are append-only).  All algorithms are iterative: graphs with
+again) in dependency order, whatever the order of the node list.  A ``while_loop``'s
+back edge (``NextIteration → Merge``) is the one edge that may close a cycle: the
+Merge is created with the value entering the loop in its place and rewired when
+its NextIteration exists; any other cycle is an error.  Everything that can be
+checked before an op is added is checked first — structure, names, op types,
+attributes, inputs, cycles, clashes with existing names — so a malformed graph def
+is a ``ValueError`` naming the node and leaves the graph untouched.  A shape
+function that rejects an imported node (or a back edge whose dtype or shape does
+not fit its Merge) still raises after the earlier nodes were added (graphs are
+append-only).  Partition graphs (``RunMetadata.partition_graphs``, with ``_Arg`` /
+``_Retval`` / ``_Send`` / ``_Recv`` nodes) import the same way.  All algorithms are iterative: graphs with
 hundreds of thousands of nodes import without recursion.
 """
 
@@ -67,10 +72,50 @@ __all__ = [
 
 FORMAT = "asyncflow.graph_def/1"
 PRODUCER = 1
+# What compiler/partition.py writes for ``RunMetadata.partition_graphs``: the same
+# node form, plus ``_Arg`` / ``_Retval`` / ``_Send`` / ``_Recv`` nodes.
+_PARTITION_FORMAT = "asyncflow.partition_graph/1"
+_READABLE_FORMATS = (FORMAT, _PARTITION_FORMAT)
 
 # Nesting deeper than this in one attribute value is refused (it would only come
 # from a corrupted or hostile graph def, and recursion must stay bounded).
 _MAX_DEPTH = 64
+
+
+# -- the call frame's op types ------------------------------------------------------
+# Feeds enter a compiled partition as ``_Arg`` nodes and fetches leave it through
+# ``_Retval`` nodes (TF's FunctionCallFrame).  They exist only in partition graph
+# defs; defining them here lets those be imported and inspected again.  They have
+# no kernels: the runtime binds a partition's call frame itself.
+
+def _arg_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any]:
+    if inputs:
+        raise ValueError(f"_Arg takes no inputs, got {len(inputs)}")
+    return [(_attr_dtype(attrs), TensorShape(None))]
+
+
+def _retval_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any]:
+    if len(inputs) != 1:
+        raise ValueError(f"_Retval takes one input, got {len(inputs)}")
+    dtype = _attr_dtype(attrs)
+    if inputs[0].dtype is not dtype:
+        raise TypeError(f"_Retval of dtype {dtype.name} gets a {inputs[0].dtype.name} "
+                        f"input {inputs[0].name!r}")
+    return []
+
+
+def _attr_dtype(attrs: Mapping[str, Any]) -> _dtypes.DType:
+    dtype = attrs.get("T")
+    index = attrs.get("index")
+    if not isinstance(dtype, _dtypes.DType):
+        raise TypeError(f"attr 'T' must be a dtype, got {_short(dtype)}")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"attr 'index' must be an int >= 0, got {_short(index)}")
+    return dtype
+
+
+registry.define_op("_Arg", _arg_shape, stateful=True, feedable=False)
+registry.define_op("_Retval", _retval_shape, stateful=True)
 
 
 # -- export ---------------------------------------------------------------------
@@ -459,9 +504,10 @@ def import_graph_def(
     nodes = _parse_nodes(node_list, prefix)
     mapped = _parse_input_map(input_map, graph)
     _check_inputs(nodes, mapped)
-    order = _topological_order(nodes, mapped)
+    back = _back_edges(nodes, mapped)
+    order = _topological_order(nodes, mapped, back)
     _check_names_free(nodes, graph)
-    created = _create_ops(graph, nodes, order, mapped)
+    created = _create_ops(graph, nodes, order, mapped, back)
     if return_elements is None:
         return None
     return _return_elements(return_elements, nodes, created)
@@ -486,9 +532,10 @@ def _node_list(graph_def: Any) -> list[Any]:
         if not isinstance(versions, Mapping):
             raise ValueError(f"graph def 'versions' must be a dict, got {_short(versions)}")
         fmt = versions.get("format", FORMAT)
-        if fmt != FORMAT:
+        if fmt not in _READABLE_FORMATS:
             raise ValueError(f"unsupported graph def format {_short(fmt)} "
-                             f"(this version of asyncflow reads {FORMAT!r})")
+                             f"(this version of asyncflow reads {FORMAT!r} and "
+                             f"{_PARTITION_FORMAT!r})")
     if "node" not in graph_def:
         raise ValueError("graph def has no 'node' field")
     node_list = graph_def["node"]
@@ -621,19 +668,47 @@ def _check_inputs(nodes: dict[str, _Node], mapped: dict[tuple[str, int], Any]) -
                                  f"'^{producer}' from a node that is not in the graph def")
 
 
-def _dependencies(node: _Node, mapped: dict[tuple[str, int], Any]) -> set[str]:
-    deps = {p for p, i in node.inputs if (p, i) not in mapped}
+def _back_edges(nodes: dict[str, _Node], mapped: dict[tuple[str, int], Any]
+                ) -> dict[str, tuple[int, ...]]:
+    """Merge node → positions of its inputs that are a loop's back edge.
+
+    As TensorFlow's importer: an edge ``NextIteration → Merge`` closes a
+    ``while_loop`` and is the only edge allowed to close a cycle.  The Merge is
+    created before its NextIteration (with its entry value in place of the back
+    edge) and rewired once the NextIteration exists.
+    """
+    back: dict[str, tuple[int, ...]] = {}
+    for node in nodes.values():
+        if node.op_type != "Merge":
+            continue
+        positions = tuple(k for k, (p, i) in enumerate(node.inputs)
+                          if (p, i) not in mapped and nodes[p].op_type == "NextIteration")
+        if not positions:
+            continue
+        if len(positions) == len(node.inputs):
+            raise ValueError(f"graph def node {node.name!r} (Merge) has only NextIteration "
+                             f"inputs; a loop's Merge also needs the value entering the "
+                             f"loop")
+        back[node.name] = positions
+    return back
+
+
+def _dependencies(node: _Node, mapped: dict[tuple[str, int], Any],
+                  back: dict[str, tuple[int, ...]]) -> set[str]:
+    skip = back.get(node.name, ())
+    deps = {p for k, (p, i) in enumerate(node.inputs) if (p, i) not in mapped and k not in skip}
     deps.update(p for p in node.controls if (p, -1) not in mapped)
     return deps
 
 
-def _topological_order(nodes: dict[str, _Node], mapped: dict[tuple[str, int], Any]
-                       ) -> list[_Node]:
-    """Kahn's algorithm, stable in graph-def order; ``ValueError`` naming a cycle."""
+def _topological_order(nodes: dict[str, _Node], mapped: dict[tuple[str, int], Any],
+                       back: dict[str, tuple[int, ...]]) -> list[_Node]:
+    """Kahn's algorithm without the back edges, stable in graph-def order;
+    ``ValueError`` naming a cycle (one that no back edge closes)."""
     pending: dict[str, int] = {}
     consumers: dict[str, list[str]] = {name: [] for name in nodes}
     for node in nodes.values():
-        deps = _dependencies(node, mapped)
+        deps = _dependencies(node, mapped, back)
         pending[node.name] = len(deps)
         for d in deps:
             consumers[d].append(node.name)
@@ -647,14 +722,16 @@ def _topological_order(nodes: dict[str, _Node], mapped: dict[tuple[str, int], An
             if pending[c] == 0:
                 ready.append(c)
     if len(order) != len(nodes):
-        cycle = _find_cycle({n for n, k in pending.items() if k > 0}, nodes, mapped)
+        cycle = _find_cycle({n for n, k in pending.items() if k > 0}, nodes, mapped, back)
         shown = " -> ".join(repr(n) for n in cycle[:10]) + (" -> ..." if len(cycle) > 10 else "")
-        raise ValueError(f"graph def has a cycle through node {cycle[0]!r}: {shown}")
+        raise ValueError(f"graph def has a cycle through node {cycle[0]!r}: {shown} "
+                         f"(a cycle is allowed only through a NextIteration -> Merge edge)")
     return order
 
 
 def _find_cycle(stuck: set[str], nodes: dict[str, _Node],
-                mapped: dict[tuple[str, int], Any]) -> list[str]:
+                mapped: dict[tuple[str, int], Any],
+                back: dict[str, tuple[int, ...]]) -> list[str]:
     # Every stuck node waits on at least one stuck node, so walking "some stuck
     # dependency" from any stuck node must revisit a node: that loop is a cycle.
     start = min(stuck)
@@ -664,7 +741,7 @@ def _find_cycle(stuck: set[str], nodes: dict[str, _Node],
     while current not in position:
         position[current] = len(path)
         path.append(current)
-        current = min(d for d in _dependencies(nodes[current], mapped) if d in stuck)
+        current = min(d for d in _dependencies(nodes[current], mapped, back) if d in stuck)
     cycle = path[position[current]:]
     cycle.reverse()  # producer -> consumer order
     first = cycle.index(min(cycle))  # a stable start, whatever the walk's entry point
@@ -684,11 +761,23 @@ def _check_names_free(nodes: dict[str, _Node], graph: Graph) -> None:
 
 
 def _create_ops(graph: Graph, nodes: dict[str, _Node], order: list[_Node],
-                mapped: dict[tuple[str, int], Any]) -> dict[str, Operation]:
+                mapped: dict[tuple[str, int], Any], back: dict[str, tuple[int, ...]]
+                ) -> dict[str, Operation]:
     created: dict[str, Operation] = {}
+    # NextIteration name -> (Merge op, input position, output index) still to close.
+    open_edges: dict[str, list[tuple[Operation, int, int]]] = {}
     with graph.as_default(), graph.name_scope(None), graph.control_dependencies(None):
         for node in order:
-            inputs = [_resolve_input(node, p, i, created, mapped) for p, i in node.inputs]
+            # Back edges whose NextIteration exists already (no cycle needed it) are
+            # plain inputs.
+            skip = [k for k in back.get(node.name, ()) if node.inputs[k][0] not in created]
+            if skip:
+                # The value entering the loop stands in for the back edge until the
+                # NextIteration exists (as while_loop builds Merge([enter, enter])).
+                entry = next(_resolve_input(node, p, i, created, mapped)
+                             for k, (p, i) in enumerate(node.inputs) if k not in skip)
+            inputs = [entry if k in skip else _resolve_input(node, p, i, created, mapped)
+                      for k, (p, i) in enumerate(node.inputs)]
             controls = [mapped[(p, -1)] if (p, -1) in mapped else created[p]
                         for p in node.controls]
             with graph.device(node.device):
@@ -705,7 +794,31 @@ def _create_ops(graph: Graph, nodes: dict[str, _Node], order: list[_Node],
                 raise ValueError(f"cannot import node {node.full_name!r}: the name was "
                                  f"taken during the import (the op became {op.name!r})")
             created[node.name] = op
+            for k in skip:
+                producer, index = node.inputs[k]
+                open_edges.setdefault(producer, []).append((op, k, index))
+            for merge, k, index in open_edges.pop(node.name, ()):
+                _close_back_edge(graph, merge, k, op, index)
     return created
+
+
+def _close_back_edge(graph: Graph, merge: Operation, position: int, producer: Operation,
+                     index: int) -> None:
+    """Rewire input ``position`` of loop Merge ``merge`` to its NextIteration."""
+    if index >= len(producer.outputs):
+        raise ValueError(f"graph def node {merge.name!r} has input "
+                         f"'{producer.name}:{index}' but node {producer.name!r} has only "
+                         f"{len(producer.outputs)} output(s)")
+    t = producer.outputs[index]
+    out = merge.outputs[0]
+    if t.dtype is not out.dtype:
+        raise TypeError(f"graph def node {merge.name!r} (Merge) has inputs of different "
+                        f"dtypes: {out.dtype.name} entering the loop and {t.dtype.name} "
+                        f"from {producer.name!r}")
+    if not out.shape.is_compatible_with(t.shape):
+        raise ValueError(f"graph def node {merge.name!r} (Merge) has shape {out.shape} but "
+                         f"its back edge from {producer.name!r} has shape {t.shape}")
+    graph._update_input(merge, position, t)
 
 
 def _resolve_input(node: _Node, producer: str, index: int, created: dict[str, Operation],

@@ -13,9 +13,12 @@
 The builders use *contexts* (``CondContext``, ``WhileContext``) while the user's
 functions run: a tensor from outside a branch enters it through a ``Switch`` on the
 predicate (so it is dead when the branch is not taken), a tensor from outside a
-loop enters through a constant ``Enter``, and an op with no inputs gets a control
-edge from the branch's or loop's pivot so it runs only when (and as often as) the
-branch or loop body does.
+loop enters through a constant ``Enter``, a control input from outside a loop is
+replaced by its value entered into the loop, and an op that nothing inside the
+branch or loop would trigger (no inputs, or only loop constants) gets a control
+edge from the pivot, so it runs only when (and as often as) the branch or loop
+body does.  These are TensorFlow's ``ControlFlowContext.AddValue`` /
+``_AddOpInternal`` rules.
 """
 
 from __future__ import annotations
@@ -100,7 +103,21 @@ def _loop_cond_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list
 
 define_op("Switch", _switch_shape)
 define_op("Merge", _merge_shape)
-define_op("Enter", _same_shape)
+def _enter_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any]:
+    # A while_loop variable's Enter records its shape invariant as an attribute, so
+    # the loop's static shapes survive a graph def round trip.
+    (x,) = inputs
+    invariant = attrs.get("_shape_invariant")
+    if invariant is None:
+        return [(x._dtype, x._shape)]
+    invariant = as_shape(invariant)
+    if not invariant.is_compatible_with(x._shape):
+        raise ValueError(f"shape invariant {invariant} is not compatible with the shape "
+                         f"{x._shape} of {x.name!r}")
+    return [(x._dtype, invariant)]
+
+
+define_op("Enter", _enter_shape)
 define_op("Exit", _same_shape)
 define_op("NextIteration", _same_shape)
 define_op("LoopCond", _loop_cond_shape)
@@ -215,9 +232,12 @@ def _structure_signature(structure: Any) -> Any:
 # -- contexts ---------------------------------------------------------------------------
 
 class _Context:
-    """Common machinery of cond branches and while loops."""
+    """Common machinery of cond branches and while loops (TF's ``ControlFlowContext``)."""
 
     outer: _Context | None
+    _values: dict[Tensor, Tensor]
+    # External control inputs already pulled into this context (see _pull_control).
+    _pulled: dict[Operation, Operation]
 
     def is_inside(self, op_ctx: Any) -> bool:
         """True when an op built in ``op_ctx`` is inside this context."""
@@ -228,7 +248,12 @@ class _Context:
             ctx = ctx.outer
         return False
 
-    _values: dict[Tensor, Tensor]
+    def while_context(self) -> WhileContext | None:
+        """The innermost loop this context is in (itself for a loop)."""
+        ctx: _Context | None = self
+        while ctx is not None and not isinstance(ctx, WhileContext):
+            ctx = ctx.outer
+        return ctx
 
     def add_value(self, t: Tensor) -> Tensor:
         """``t`` (from outside this context) as seen inside it; made once per tensor."""
@@ -236,7 +261,11 @@ class _Context:
         if cached is not None:
             return cached
         graph = t._op._graph
-        with graph._control_flow_context(self.outer):
+        # As TF's AddValue: the Switch / Enter carries no control input.  The control
+        # scope active where the value is *used* may name ops inside this context,
+        # and a shared Switch / Enter that waited for them would make every other
+        # user of the value wait too (or be dead with them, when they are in a branch).
+        with graph._control_flow_context(self.outer), graph.control_dependencies(None):
             source = t
             if self.outer is not None and not self.outer.is_inside(t._op._ctx):
                 source = self.outer.add_value(t)
@@ -253,16 +282,56 @@ class _Context:
 
     def prepare_op(self, op_type: str, inputs: tuple[Tensor, ...],
                    controls: list[Operation]) -> tuple[tuple[Tensor, ...], list[Operation]]:
+        """The inputs and control inputs of a new op built in this context.
+
+        As TF's ``_AddOpInternal``: external data inputs enter through
+        :meth:`add_value`; a control input from outside the enclosing loop could
+        fire only once, so it is replaced by a control edge from its value entered
+        into the loop (:meth:`_pull_control`); and an op that nothing inside this
+        context would trigger hangs off the pivot, so it runs once per taken branch
+        or loop iteration, not once per value that reached the frame.
+        """
         new_inputs = tuple(t if self.is_inside(t._op._ctx) else self.add_value(t)
                            for t in inputs)
-        new_controls = [c for c in controls if self.is_inside(c._ctx) or
-                        not self.drops_external_controls()]
-        if not new_inputs and not any(self.is_inside(c._ctx) for c in new_controls):
-            new_controls.append(self.pivot())
-        return new_inputs, new_controls
+        loop = self.while_context()
+        internal = [c for c in controls if loop is None or loop.is_inside(c._ctx)]
+        external = [c for c in controls if loop is not None and not loop.is_inside(c._ctx)]
+        if not any(self.is_inside(c._ctx) for c in internal) and self._needs_pivot(new_inputs):
+            internal.append(self.pivot())
+        internal.extend(self._pull_control(c) for c in external)
+        return new_inputs, internal
 
-    def drops_external_controls(self) -> bool:
-        return False
+    def _needs_pivot(self, inputs: tuple[Tensor, ...]) -> bool:
+        """Whether an op with these inputs and no control input from inside this
+        context needs the pivot.  Inputs from a cond branch are dead when the branch
+        is not taken, so only input-less ops do; see WhileContext for loops."""
+        return not inputs
+
+    def _pull_control(self, c: Operation) -> Operation:
+        """A control input standing for external op ``c`` inside this context: an
+        ``Identity`` of ``c``'s output entered into the loop (TF: identity of
+        ``Enter(c.outputs[0])``), made once per op.  ``c`` runs once, before the
+        loop; the Identity fires in every iteration."""
+        pulled = self._pulled.get(c)
+        if pulled is not None:
+            return pulled
+        graph = c._graph
+        if c._outputs:
+            value = c._outputs[0]
+        else:
+            # TF drops a control input without outputs here (a TODO in its
+            # _AddOpInternal), so the op never runs; give it an output instead: a
+            # constant built after it, in the context the loop was built in.
+            loop = self.while_context()
+            assert loop is not None
+            with graph._control_flow_context(loop.outer), \
+                    graph.control_dependencies(None), graph.control_dependencies([c]):
+                value = convert_to_tensor(True, name="control_dependency_done")
+        with graph.control_dependencies(None):
+            pulled = make_op("Identity", (self.add_value(value),),
+                             name="control_dependency")  # built in this context
+        self._pulled[c] = pulled
+        return pulled
 
 
 class CondContext(_Context):
@@ -274,6 +343,7 @@ class CondContext(_Context):
         self.branch = branch
         self.outer = outer
         self._values: dict[Tensor, Tensor] = {}
+        self._pulled: dict[Operation, Operation] = {}
 
     def pivot(self) -> Operation:
         return self._pivot._op
@@ -292,15 +362,19 @@ class WhileContext(_Context):
         self.outer = outer
         self._pivot: Tensor | None = None
         self._values: dict[Tensor, Tensor] = {}
+        self._pulled: dict[Operation, Operation] = {}
 
     def pivot(self) -> Operation:
         assert self._pivot is not None
         return self._pivot._op
 
-    def drops_external_controls(self) -> bool:
-        # A control edge from outside the frame could never fire in iterations > 0:
-        # the Enters (built outside, under the same control scope) carry it instead.
-        return True
+    def _needs_pivot(self, inputs: tuple[Tensor, ...]) -> bool:
+        # As TF's _MaybeAddControlDependency: a loop constant reaches every
+        # iteration, including the last one whose predicate is false, so an op fed
+        # only by loop constants would run trips + 1 times (and a loop whose result
+        # depends only on it would never end).  Hanging it off the pivot makes it
+        # run exactly when the rest of the iteration does.
+        return all(t._op._type == "Enter" and t._op._attrs.get("is_constant") for t in inputs)
 
     def _admit(self, t: Tensor) -> Tensor:
         # A loop constant: delivered to every iteration.
@@ -405,20 +479,22 @@ def _nest(pred: Any, fn: Callable[[], Any], otherwise: Callable[[], Any]) -> Cal
     return lambda: cond(pred, fn, otherwise)
 
 
+def _check_exclusive(*values: Any) -> bool:
+    """The kernel of ``case(exclusive=True)``'s guard (module level, so that graphs
+    holding it can be serialized by reference)."""
+    if sum(bool(v) for v in values) > 1:
+        raise ValueError("case: more than one predicate is true with exclusive=True")
+    return True
+
+
 def _exclusive_guard(preds: list[Tensor], default: Callable[[], Any]) -> Callable[[], Any]:
-    from asyncflow.ops import math_ops
+    from asyncflow.framework.graph import control_dependencies
     from asyncflow.ops.py_func import py_func
 
-    def check(*values: Any) -> Any:
-        if sum(bool(v) for v in values) > 1:
-            raise ValueError("case: more than one predicate is true with exclusive=True")
-        return True
-
-    guard = py_func(check, preds, dtypes.bool, stateful=False, name="exclusive_check")
-    del math_ops
+    guard = py_func(_check_exclusive, preds, dtypes.bool, stateful=False,
+                    name="exclusive_check")
 
     def guarded() -> Any:
-        from asyncflow.framework.graph import control_dependencies
         with control_dependencies([guard]):
             return default()
 
@@ -469,15 +545,16 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], loop_vars: An
         ctx = WhileContext(frame_name, parallel_iterations, outer)
         enters = []
         for k, v in enumerate(flat_vars):
-            e = enter(v, frame_name, is_constant=False,
-                      parallel_iterations=parallel_iterations)
-            e._op._ctx = ctx
+            attrs: dict[str, Any] = {"frame_name": frame_name, "is_constant": False,
+                                     "parallel_iterations": parallel_iterations}
             inv = invariants[k]
             if inv is not None:
                 if not inv.is_compatible_with(v._shape):
                     raise ValueError(f"while_loop: shape invariant {inv} is not compatible "
                                      f"with loop variable {v.name} of shape {v._shape}")
-                e._shape = inv
+                attrs["_shape_invariant"] = inv
+            e = make_op("Enter", (v,), attrs, default_name="Enter").outputs[0]
+            e._op._ctx = ctx
             enters.append(e)
         user = slice(1, None) if counted else slice(None)
 
@@ -494,7 +571,9 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], loop_vars: An
                 c = logical_and(less(merges[0], limit), c)
             pred = loop_cond(c)
             switches = [switch(m, pred) for m in merges]
-        with graph._control_flow_context(outer):
+        # The Enters carry the control scope the loop is built in; an Exit under it
+        # would have an input from outside the frame it runs in.
+        with graph._control_flow_context(outer), graph.control_dependencies(None):
             exits = [exit(sw[0]) for sw in switches]
         with graph._control_flow_context(ctx), graph.control_dependencies(None):
             body_in = [make_op("Identity", (sw[1],)).outputs[0] for sw in switches]
