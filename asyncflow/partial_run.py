@@ -15,23 +15,51 @@ import asyncio
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from asyncflow import errors
-from asyncflow.compiler.ir import ref_of
-from asyncflow.compiler.pipeline import compile_signature
+from asyncflow.compiler.ir import GraphIR, ref_of
+from asyncflow.compiler.pipeline import Compiled, compile_signature
+from asyncflow.config import RunOptions, SessionConfig
 from asyncflow.fetch_feed import FetchMapper, feed_converter, retval_converter
-from asyncflow.framework.graph import Operation, Tensor
+from asyncflow.framework.graph import Graph, Operation, Tensor
+from asyncflow.runtime.barrier import StepRunner
+from asyncflow.runtime.bind import BoundPlan
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.rendezvous import LocalRendezvous
-
-if TYPE_CHECKING:
-    from asyncflow.session import Session, StepRunner
 
 __all__ = ["PartialRuns"]
 
 #: The client's device name in partial-run rendezvous keys.
 CLIENT = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+class Session(Protocol):
+    """What partial runs use of their :class:`asyncflow.Session`."""
+
+    _incarnation: int
+
+    @property
+    def graph(self) -> Graph: ...
+
+    @property
+    def config(self) -> SessionConfig: ...
+
+    def list_devices(self) -> list[str]: ...
+
+    def _check_open(self) -> None: ...
+
+    def _feed_tensor(self, key: Any) -> Tensor: ...
+
+    def _graph_ir(self) -> GraphIR: ...
+
+    def _bind(self, compiled: Compiled) -> list[BoundPlan]: ...
+
+    def _runner(self, bound: Sequence[BoundPlan], frame: CallFrame,
+                retval_map: Sequence[tuple[int, int]], trace: bool = False,
+                rendezvous: LocalRendezvous | None = None) -> StepRunner: ...
+
+    async def _run_step(self, step: StepRunner, options: RunOptions | None) -> list[Any]: ...
 
 
 @dataclass(eq=False, slots=True)

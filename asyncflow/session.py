@@ -32,7 +32,7 @@ from asyncflow.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Tensor, get_default_graph
 from asyncflow.partial_run import PartialRuns
-from asyncflow.runtime.barrier import ExecutorBarrier
+from asyncflow.runtime.barrier import ExecutorBarrier, StepRunner
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
@@ -55,10 +55,6 @@ class SessionStatistics:
     cached_plans: int
     in_flight: int
     closed: bool
-
-
-#: What runs one step: a partition's Step, or the barrier over several partitions.
-StepRunner = Step | ExecutorBarrier
 
 
 class _CompiledCall:

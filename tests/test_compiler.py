@@ -275,23 +275,16 @@ def test_graph_ir_is_cached_per_op_and_plain(graph: af.Graph) -> None:
 
 
 def _imports(path: pathlib.Path) -> set[str]:
-    """Modules imported at run time (imports under ``if TYPE_CHECKING:`` excluded)."""
-    tree = ast.parse(path.read_text())
+    """Every asyncflow module ``path`` imports: at module level, in a function, or for
+    type checking only (each is an arrow of the design)."""
     found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                continue
-            if isinstance(child, ast.ImportFrom) and child.module == "asyncflow":
-                found.update(f"asyncflow.{alias.name}" for alias in child.names)
-            elif isinstance(child, ast.ImportFrom) and child.module:
-                found.add(child.module)
-            elif isinstance(child, ast.Import):
-                found.update(alias.name for alias in child.names)
-            visit(child)
-
-    visit(tree)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "asyncflow":
+            found.update(f"asyncflow.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
     return {m for m in found if m.startswith("asyncflow")}
 
 

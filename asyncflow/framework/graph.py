@@ -16,7 +16,7 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -603,12 +603,20 @@ class Graph:
 
     def as_graph_def(self) -> dict[str, Any]:
         """A JSON-serializable description of the graph (see ``af.import_graph_def``)."""
-        from asyncflow.framework.graph_def import graph_to_graph_def
-
-        return graph_to_graph_def(self)
+        return _graph_def_writer[0](self)
 
     def __repr__(self) -> str:
         return f"<af.Graph ops={len(self._ops)}{' finalized' if self._finalized else ''}>"
+
+
+def _no_writer(graph: Graph) -> dict[str, Any]:
+    raise RuntimeError("asyncflow.framework.graph_def is not imported")
+
+
+#: The writer behind ``Graph.as_graph_def``, installed by
+#: :mod:`asyncflow.framework.graph_def` (serialization builds on graph building, not
+#: the other way round, so this module does not import it).
+_graph_def_writer: list[Callable[[Graph], dict[str, Any]]] = [_no_writer]
 
 
 def _check_op_name(name: str) -> None:

@@ -50,16 +50,15 @@ import importlib
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from asyncflow import dtypes as _dtypes
+from asyncflow.framework import graph as _graph
 from asyncflow.framework import registry
+from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
 from asyncflow.framework.shapes import TensorShape
-
-if TYPE_CHECKING:
-    from asyncflow.framework.graph import Graph, Operation, Tensor
 
 __all__ = [
     "FORMAT",
@@ -493,7 +492,6 @@ def import_graph_def(
     ``RuntimeError``.  Resolving a ``py_func`` reference imports its module, so
     import only graph defs you trust (as with pickle).
     """
-    from asyncflow.framework.graph import get_default_graph
 
     if graph is None:
         graph = get_default_graph()
@@ -624,7 +622,6 @@ def _parse_inputs(raw_inputs: list[Any], where: str) -> tuple[list[tuple[str, in
 
 def _parse_input_map(input_map: Mapping[str, Any] | None, graph: Graph
                      ) -> dict[tuple[str, int], Any]:
-    from asyncflow.framework.graph import Operation, Tensor
 
     mapped: dict[tuple[str, int], Any] = {}
     if not input_map:
@@ -855,3 +852,6 @@ def _return_elements(names: Sequence[str], nodes: dict[str, _Node],
         else:
             out.append(op.outputs[int(index)])
     return out
+
+
+_graph._graph_def_writer[0] = graph_to_graph_def

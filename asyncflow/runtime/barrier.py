@@ -25,7 +25,7 @@ from asyncflow.step_stats import StepStats
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundPlan
 
-__all__ = ["ExecutorBarrier"]
+__all__ = ["ExecutorBarrier", "StepRunner"]
 
 
 class ExecutorBarrier:
@@ -126,3 +126,7 @@ class ExecutorBarrier:
                 continue
             merged.dev_stats.extend(stats.dev_stats)
         return merged
+
+
+#: What runs one step: one partition's Step, or the barrier over several partitions.
+StepRunner = Step | ExecutorBarrier

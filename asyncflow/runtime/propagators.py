@@ -48,9 +48,8 @@ from asyncflow.framework import registry
 if TYPE_CHECKING:
     from asyncflow.compiler.control_flow import FrameInfo
     from asyncflow.runtime.bind import BoundNode, BoundPlan
-    from asyncflow.runtime.step import Step
 
-__all__ = ["Dead", "FramePropagator", "PlainPropagator", "Propagator"]
+__all__ = ["Dead", "FramePropagator", "PlainPropagator", "Propagator", "Step"]
 
 _INLINE = registry.INLINE
 _SEND = registry.SEND
@@ -67,6 +66,25 @@ class Dead:
 
     def __repr__(self) -> str:
         return f"<dead from {self.origin!r}>"
+
+
+class Step(Protocol):
+    """What a propagator asks of its step (:class:`asyncflow.runtime.step.Step`)."""
+
+    _error: errors.OpError | None
+    _label: tuple[str, int] | None
+    _bound: BoundPlan
+
+    @property
+    def tracing(self) -> bool: ...
+
+    def dispatch(self, token: Any, i: int, node: BoundNode, args: list[Any],
+                 frame_id: int = 0, iter_id: int = 0, is_dead: bool = False) -> None: ...
+
+    def fail(self, i: int, exc: BaseException) -> None: ...
+
+    def record(self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any],
+               key: str = "") -> None: ...
 
 
 class Propagator(Protocol):
