@@ -38,7 +38,7 @@ from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
-from asyncflow.runtime.step import BUDGET, Step
+from asyncflow.runtime.step import SLICE, Step
 
 __all__ = ["Session", "SessionStatistics"]
 
@@ -75,7 +75,7 @@ class _CompiledCall:
         self.retval_converters = tuple(retval_converter(t) for t in fetches)
         #: The fast path, defined once: one partition made only of inline kernels runs
         #: synchronously (no task, no task group) unless it is traced or outlasts
-        #: its first budget of nodes.
+        #: its first time slice.
         self.fast = (len(self.bound) == 1 and self.bound[0].all_inline
                      and all(p == 0 for p, _ in compiled.retval_map))
 
@@ -251,8 +251,8 @@ class Session:
         step = self._runner(call.bound, frame, call.compiled.retval_map, trace)
         if call.fast and not trace:
             # The fast path: no loop registration, no task; a step that outlasts its
-            # first budget of nodes goes on below, yielding to the loop between budgets.
-            values = step.run_inline(BUDGET)  # type: ignore[union-attr]
+            # first time slice goes on below, yielding to the loop between budgets.
+            values = step.run_inline(SLICE)  # type: ignore[union-attr]
             if values is not None:
                 with self._counter_lock:
                     self._steps += 1

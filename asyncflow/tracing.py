@@ -61,6 +61,8 @@ class Timeline:
                     "pid": pid, "tid": tid, "ts": ts, "dur": dur,
                     "args": {"name": ns.node_name, "op": ns.op_type, "kind": ns.kind,
                              "thread_id": ns.thread_id,
+                             **({"frame": ns.frame_name, "iteration": ns.iter_id}
+                                if ns.frame_name else {}),
                              "outputs": [{"slot": o.slot, "shape": list(o.shape),
                                           "dtype": o.dtype, "bytes": o.requested_bytes}
                                          for o in ns.output]}})

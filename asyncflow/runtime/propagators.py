@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
+from time import perf_counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,7 +50,10 @@ if TYPE_CHECKING:
     from asyncflow.compiler.control_flow import FrameInfo
     from asyncflow.runtime.bind import BoundNode, BoundPlan
 
-__all__ = ["Dead", "FramePropagator", "PlainPropagator", "Propagator", "Step"]
+__all__ = ["CHECK_EVERY", "Dead", "FramePropagator", "PlainPropagator", "Propagator", "Step"]
+
+#: Nodes run between two looks at the clock while draining.
+CHECK_EVERY = 256
 
 _INLINE = registry.INLINE
 _SEND = registry.SEND
@@ -90,9 +94,9 @@ class Step(Protocol):
 class Propagator(Protocol):
     """What a step asks of its propagator."""
 
-    def drain(self, budget: int) -> bool:
-        """Run ready nodes (at most ``budget`` inline ones; -1: no limit).  True when
-        nothing is left ready."""
+    def drain(self, until: float) -> bool:
+        """Run ready nodes until none is left (True) or the clock passes ``until``
+        (``time.perf_counter()`` seconds; checked every :data:`CHECK_EVERY` nodes)."""
 
     def complete(self, token: Any, value: Any) -> None:
         """A dispatched node finished with ``value`` (a :class:`Dead` when it is dead)."""
@@ -158,8 +162,9 @@ class PlainPropagator:
     def clear(self) -> None:
         self._ready.clear()
 
-    def drain(self, budget: int) -> bool:
-        """Run ready nodes until none is left or ``budget`` inline nodes ran.
+    def drain(self, until: float) -> bool:
+        """Run ready nodes until none is left (True), or until the clock passes ``until``
+        (False: the step yields to the event loop, then drains again).
 
         This is the per-node hot path and is kept in one piece on purpose: every
         attribute is hoisted into a local, and the common shapes (1 or 2 inputs, one
@@ -178,6 +183,7 @@ class PlainPropagator:
         dead = self._dead
         pop = ready.pop
         push = ready.append
+        budget = CHECK_EVERY
         i = -1
         try:
             while ready:
@@ -219,14 +225,15 @@ class PlainPropagator:
                             else:
                                 push(c)
                     budget -= 1
+                    if not budget:
+                        if perf_counter() >= until:
+                            if nxt >= 0:
+                                push(nxt)
+                            return not ready  # the step yields to the loop, then goes on
+                        budget = CHECK_EVERY
                     if nxt < 0:
                         break
-                    if not budget:
-                        push(nxt)
-                        break
                     i = nxt
-                if not budget:
-                    return not ready  # the step yields to the event loop, then goes on
                 if step._error is not None:
                     return True
         except Exception as exc:
@@ -473,14 +480,17 @@ class FramePropagator:
         frame.iters[it].outstanding += 1
         self._ready.append((i, frame, it))
 
-    def drain(self, budget: int) -> bool:
+    def drain(self, until: float) -> bool:
         ready = self._ready
         step = self._step
         kinds = self._info.kind
+        budget = CHECK_EVERY
         while ready and step._error is None:
-            if not budget:
-                return False
             budget -= 1
+            if not budget:
+                if perf_counter() >= until:
+                    return False
+                budget = CHECK_EVERY
             i, frame, it = ready.popleft()
             try:
                 self._execute(i, frame, it, self._nodes[i], kinds[i])

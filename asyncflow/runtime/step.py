@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from asyncflow import errors
+from asyncflow.compiler.keys import frame_key
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import BoundNode, BoundPlan
 from asyncflow.runtime.cancellation import CancellationManager
@@ -55,12 +57,11 @@ if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["BUDGET", "Step", "abort_on_loop", "format_node_error"]
+__all__ = ["SLICE", "Step", "abort_on_loop", "format_node_error"]
 
-#: Nodes a drain runs before the step yields to the event loop (about a millisecond
-#: of cheap kernels): long inline work still honours deadlines and cancellation, and
-#: other tasks on the loop keep running.
-BUDGET = 2000
+#: How long (seconds) a step drains before it yields to the event loop: long inline
+#: work still honours deadlines and cancellation, and other tasks keep running.
+SLICE = 0.001
 
 _ASYNC = registry.ASYNC
 _SEND = registry.SEND
@@ -129,14 +130,15 @@ class Step:
 
     # -- public -------------------------------------------------------------------------
 
-    def run_inline(self, budget: int | None = None) -> list[Any] | None:
-        """Run without an event loop, up to ``budget`` nodes (all when None).
+    def run_inline(self, slice_s: float | None = None) -> list[Any] | None:
+        """Run without an event loop, for at most ``slice_s`` seconds (to the end when None).
 
         Returns the retvals when the step finished, None when work is left (the caller
         continues with ``await run()``).  Only for plans whose nodes are all inline.
         """
         with np.errstate(all="ignore"):
-            finished = self._prop.drain(budget if budget is not None else -1)
+            finished = self._prop.drain(
+                math.inf if slice_s is None else time.perf_counter() + slice_s)
         if self._error is not None:
             raise self._error
         if not finished or self._outstanding:
@@ -155,7 +157,8 @@ class Step:
         token = _activate_cancellation(cm)
         try:
             with np.errstate(all="ignore"):
-                finished = self._error is not None or self._prop.drain(BUDGET)
+                finished = self._error is not None or self._prop.drain(
+                    time.perf_counter() + SLICE)
                 if self._error is None and (not finished or self._outstanding):
                     await self._run_tasks()
         finally:
@@ -206,7 +209,7 @@ class Step:
                 try:
                     while self._error is None:
                         if prop.has_ready():
-                            if not prop.drain(BUDGET):
+                            if not prop.drain(time.perf_counter() + SLICE):
                                 await asyncio.sleep(0)  # deadlines, cancels and tasks run
                             continue
                         if not self._outstanding:
@@ -253,7 +256,7 @@ class Step:
             start = time.time() if self._stats is not None else 0.0
             node.kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
             if self._stats is not None:
-                self._record_transfer(i, start)
+                self._record_transfer(i, start, frame_id, iter_id)
             self._prop.complete(token, None)
             return
         if kind == _RECV:
@@ -262,14 +265,15 @@ class Step:
             if fut.done():
                 value, dead = fut.result()  # an abort raises: the drain fails node i
                 if self._stats is not None:
-                    self._record_transfer(i, start)
+                    self._record_transfer(i, start, frame_id, iter_id)
                 self._prop.complete(token, Dead(self._bound.ops[i].name) if dead else value)
                 return
             # Wait without a task and without polling: the matching send (or an
             # abort) resolves the future, whose callback finishes the node.
             self._outstanding += 1
             self._recvs.add(fut)
-            fut.add_done_callback(functools.partial(self._recv_done, token, i, start))
+            fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
+                                                    frame_id, iter_id))
             return
         self._outstanding += 1
         tg = self._tg
@@ -282,19 +286,25 @@ class Step:
         if self._stopped:
             self._outstanding -= 1
             return
-        node = self._nodes[i]
-        if node.flow == _ASYNC:
-            work = node.kernel(*args)
-        else:
-            work = self._bound.device.run_in_thread(
-                _call_in_thread, contextvars.copy_context(), node.kernel, args)
-        task = tg.create_task(self._run_node(token, i, work))
+        task = tg.create_task(self._run_node(token, i, args, self._label))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_node(self, token: Any, i: int, work: Coroutine[Any, Any, Any]) -> None:
-        """Await one async or thread node's ``work`` and finish the node (a task body)."""
+    async def _run_node(self, token: Any, i: int, args: list[Any],
+                        label: tuple[str, int] | None) -> None:
+        """Run one async or thread node and finish it (a task body).
+
+        The kernel's coroutine is made here, inside the task, so a task cancelled
+        before it starts leaves no coroutine that was never awaited.
+        """
         try:
+            node = self._nodes[i]
+            if node.flow == _ASYNC:
+                self._label = label  # what a traced kernel records (frame, iteration)
+                work: Coroutine[Any, Any, Any] = node.kernel(*args)
+            else:
+                work = self._bound.device.run_in_thread(
+                    _call_in_thread, contextvars.copy_context(), node.kernel, args)
             v = await work
         except Exception as exc:
             self._outstanding -= 1
@@ -311,7 +321,8 @@ class Step:
         self._outstanding -= 1
         self._finish(token, i, v)
 
-    def _recv_done(self, token: Any, i: int, start: float, fut: asyncio.Future[Any]) -> None:
+    def _recv_done(self, token: Any, i: int, start: float, frame_id: int, iter_id: int,
+                   fut: asyncio.Future[Any]) -> None:
         self._outstanding -= 1
         self._recvs.discard(fut)
         if fut.cancelled():
@@ -322,7 +333,7 @@ class Step:
             self._fail(i, exc)
             return
         if self._stats is not None:
-            self._record_transfer(i, start)
+            self._record_transfer(i, start, frame_id, iter_id)
         value, dead = fut.result()
         self._finish(token, i, Dead(self._bound.ops[i].name) if dead else value)
 
@@ -337,7 +348,8 @@ class Step:
         except Exception as exc:
             self._fail(i, exc)
             return
-        if not prop.drain(BUDGET) or not self._outstanding or self._error is not None:
+        if (not prop.drain(time.perf_counter() + SLICE) or not self._outstanding
+                or self._error is not None):
             self._wake()
 
     def _cancel_tasks(self) -> None:
@@ -389,7 +401,7 @@ class Step:
             outs.append(NodeOutput(k, tuple(a.shape), a.dtype.name, int(a.nbytes)))
         start_us = int(start * 1e6)
         dur = int((end - start) * 1e6)
-        where = f" [frame {label[0]} iter {label[1]}]" if label is not None else ""
+        where = f" [frame {label[0]} iter {label[1]}]" if label is not None and label[0] else ""
         self._stats.append(NodeExecStats(  # type: ignore[union-attr]
             node_name=op.name, op_type=op.type, kind=kind, scheduled_micros=start_us,
             all_start_micros=start_us, op_start_rel_micros=0, op_end_rel_micros=dur,
@@ -398,10 +410,13 @@ class Step:
             rendezvous_key=key, frame_name=label[0] if label is not None else "",
             iter_id=label[1] if label is not None else 0))
 
-    def _record_transfer(self, i: int, start: float) -> None:
+    def _record_transfer(self, i: int, start: float, frame_id: int, iter_id: int) -> None:
         node = self._bound.plan.nodes[i]
+        key = node.attrs["key"]
+        if frame_id or iter_id:
+            key = frame_key(key, frame_id, iter_id)
         self.record(i, "send" if node.op == "_Send" else "recv", start, time.time(), (),
-                    key=node.attrs.get("key", ""))
+                    key=key)
 
     @property
     def tracing(self) -> bool:
