@@ -225,7 +225,8 @@ async def test_loop_body_alternating_two_devices(graph: af.Graph) -> None:
     # Each partition holding part of the loop has its own control loop.
     for pg in md.partition_graphs:
         ops = [n["op"] for n in pg["node"]]
-        assert "_Recv" in ops and "_Send" in ops
+        assert "_Recv" in ops
+        assert "_Send" in ops
         assert any(n["name"].startswith("_cloop") for n in pg["node"]), pg["device"]
 
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from time import perf_counter
 from collections.abc import Sequence
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
