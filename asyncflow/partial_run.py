@@ -24,7 +24,6 @@ from asyncflow.config import RunOptions, SessionConfig
 from asyncflow.fetch_feed import FetchMapper, feed_converter, retval_converter
 from asyncflow.framework.graph import Graph, Operation, Tensor
 from asyncflow.runtime.barrier import StepRunner
-from asyncflow.runtime.bind import BoundPlan
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.rendezvous import LocalRendezvous
 
@@ -53,10 +52,9 @@ class Session(Protocol):
 
     def _graph_ir(self) -> GraphIR: ...
 
-    def _bind(self, compiled: Compiled) -> list[BoundPlan]: ...
+    def _prepared(self, compiled: Compiled) -> Any: ...
 
-    def _runner(self, bound: Sequence[BoundPlan], frame: CallFrame,
-                retval_map: Sequence[tuple[int, int]], trace: bool = False,
+    def _runner(self, call: Any, frame: CallFrame, trace: bool = False,
                 rendezvous: LocalRendezvous | None = None) -> StepRunner: ...
 
     async def _run_step(self, step: StepRunner, options: RunOptions | None) -> list[Any]: ...
@@ -107,7 +105,7 @@ class PartialRuns:
         keys = compiled.client
         assert keys is not None
         rendezvous = LocalRendezvous()
-        step = sess._runner(sess._bind(compiled), CallFrame(()), (), False, rendezvous)
+        step = sess._runner(sess._prepared(compiled), CallFrame(()), False, rendezvous)
         handle = f"partial_run_{next(self._ids)}"
         state = _PartialRun(handle, step, rendezvous, asyncio.get_running_loop(),
                             dict(zip(feed_list, keys.feeds)),

@@ -61,8 +61,16 @@ class _CompiledCall:
     """Everything one run signature needs: the compiled plans with their kernels bound
     to this session, the feed converters and the fetch rebuild."""
 
-    __slots__ = ("bound", "compiled", "converters", "fast", "feed_keys",
-                 "rebuild", "retval_converters")
+    __slots__ = (
+        "bound",
+        "compiled",
+        "converters",
+        "fast",
+        "feed_keys",
+        "rebuild",
+        "retval_converters",
+        "single",
+    )
 
     def __init__(self, compiled: Compiled, bound: Sequence[BoundPlan], fetches: Sequence[Tensor],
                  feed_keys: tuple[Any, ...], converters: tuple[Callable[[Any], Any], ...],
@@ -73,11 +81,12 @@ class _CompiledCall:
         self.converters = converters
         self.rebuild = rebuild
         self.retval_converters = tuple(retval_converter(t) for t in fetches)
+        #: One partition whose retvals are the fetches: one Step, no barrier.
+        self.single = len(self.bound) == 1 and all(p == 0 for p, _ in compiled.retval_map)
         #: The fast path, defined once: one partition made only of inline kernels runs
         #: synchronously (no task, no task group) unless it is traced or outlasts
         #: its first time slice.
-        self.fast = (len(self.bound) == 1 and self.bound[0].all_inline
-                     and all(p == 0 for p, _ in compiled.retval_map))
+        self.fast = self.single and self.bound[0].all_inline
 
     def frame(self, feed_dict: Mapping[Any, Any] | None) -> CallFrame:
         """The call frame of one step: the converted feed values, in plan order."""
@@ -208,7 +217,7 @@ class Session:
         call = self._prepare(fetches, feed_dict)
         frame = call.frame(feed_dict)
         if call.fast and not _wants_trace(options, run_metadata) and not self._timeout_ms(options):
-            step = self._runner(call.bound, frame, call.compiled.retval_map)
+            step = self._runner(call, frame)
             values = step.run_inline()  # type: ignore[union-attr]
             assert values is not None
             with self._counter_lock:
@@ -247,8 +256,8 @@ class Session:
     async def _execute(self, call: _CompiledCall, frame: CallFrame,
                        options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
         """Run one step of ``call``: the one path of ``run`` and ``make_callable``."""
-        trace = _wants_trace(options, run_metadata)
-        step = self._runner(call.bound, frame, call.compiled.retval_map, trace)
+        trace = options is not None and _wants_trace(options, run_metadata)
+        step = self._runner(call, frame, trace)
         if call.fast and not trace:
             # The fast path: no loop registration, no task; a step that outlasts its
             # first time slice goes on below, yielding to the loop between budgets.
@@ -271,13 +280,12 @@ class Session:
                 run_metadata.partition_graphs = call.graph_defs()
         return call.results(values)
 
-    def _runner(self, bound: Sequence[BoundPlan], frame: CallFrame,
-                retval_map: Sequence[tuple[int, int]],
-                trace: bool = False, rendezvous: LocalRendezvous | None = None) -> StepRunner:
+    def _runner(self, call: _CompiledCall, frame: CallFrame, trace: bool = False,
+                rendezvous: LocalRendezvous | None = None) -> StepRunner:
         """The step of a compiled call: one partition's Step, or a barrier over several."""
-        if len(bound) == 1 and all(p == 0 for p, _ in retval_map):
-            return Step(bound[0], frame, trace=trace, rendezvous=rendezvous)
-        return ExecutorBarrier(bound, retval_map, frame, trace=trace,
+        if call.single:
+            return Step(call.bound[0], frame, trace, rendezvous)
+        return ExecutorBarrier(call.bound, call.compiled.retval_map, frame, trace=trace,
                                rendezvous=rendezvous)
 
     # -- partial runs ----------------------------------------------------------------------
@@ -384,15 +392,19 @@ class Session:
             for name, device in compiled.placement:
                 logger.info("%s: (%s): %s", name, ir.by_name[name].op if name in ir.by_name
                             else "", device)
-        converters = tuple(feed_converter(t) for t in feeds)
-        return _CompiledCall(compiled, self._bind(compiled), mapper.tensors, feed_keys,
-                             converters, mapper.rebuild)
+        return self._prepared(compiled, mapper.tensors, feed_keys,
+                              tuple(feed_converter(t) for t in feeds), mapper.rebuild)
 
-    def _bind(self, compiled: Compiled) -> list[BoundPlan]:
-        """Kernels for every plan of ``compiled``, on this session's devices and resources."""
+    def _prepared(self, compiled: Compiled, fetches: Sequence[Tensor] = (),
+                  feed_keys: tuple[Any, ...] = (),
+                  converters: tuple[Callable[[Any], Any], ...] = (),
+                  rebuild: Rebuild = list) -> _CompiledCall:
+        """``compiled`` with its kernels bound to this session's devices and resources:
+        the one place a compiled signature meets the runtime."""
         lookup = self._graph._by_name.get
-        return [bind(plan, self._device_of[plan.device], self._resources, lookup)
-                for plan in compiled.plans]
+        bound = [bind(plan, self._device_of[plan.device], self._resources, lookup)
+                 for plan in compiled.plans]
+        return _CompiledCall(compiled, bound, fetches, feed_keys, converters, rebuild)
 
     def _feed_tensor(self, key: Any) -> Tensor:
         graph = self._graph

@@ -67,7 +67,8 @@ class BoundPlan:
     #: What errors name for each node: the user's graph op when there is one.
     ops: tuple[Any, ...]
     device: LocalDevice
-    #: Every node is a plain inline kernel: a step may run to completion synchronously.
+    #: Every node runs synchronously (inline kernels, Switch / Merge / Enter / Exit /
+    #: NextIteration routing): a step may run to completion without awaiting.
     all_inline: bool
     #: Loops in the partition: readiness propagates through frames and iterations.
     frames: bool
@@ -99,7 +100,7 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
         kind = flow
         if flow == registry.INLINE and i in merge_inputs:
             kind = SPECIAL
-        if kind != registry.INLINE:
+        if flow != registry.INLINE and flow != registry.CONTROL:
             all_inline = False
         ins = plan.inputs[i]
         nodes.append(BoundNode(
