@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 import numpy as np
 
 from asyncflow import dtypes as _dtypes
+from asyncflow._backend import require_asyncio
 from asyncflow.framework import registry
 from asyncflow.framework.shapes import TensorShape, as_shape
 
@@ -261,6 +262,7 @@ class Tensor(TensorOperators):
     async def eval(self, feed_dict: Mapping[Any, Any] | None = None,
                    session: _Runner | None = None) -> Any:
         """The tensor's value in one step: ``await sess.run(tensor, feed_dict)`` (TF's shortcut)."""
+        require_asyncio(f"tensor {self.name!r}.eval()")
         return await _require_session(session, f"tensor {self.name!r}").run(self, feed_dict)
 
     @property
@@ -403,6 +405,7 @@ class Operation:
     async def run(self, feed_dict: Mapping[Any, Any] | None = None,
                   session: _Runner | None = None) -> None:
         """Run this op in one step: ``await sess.run(op, feed_dict)`` (TF's shortcut)."""
+        require_asyncio(f"operation {self._name!r}.run()")
         await _require_session(session, f"operation {self._name!r}").run(self, feed_dict)
 
     def __repr__(self) -> str:
@@ -907,8 +910,7 @@ def make_constant_value(value: Any, dtype: _dtypes.DType | None) -> np.ndarray:
     if dtype is None:
         dtype = _dtypes.dtype_of_value(value)
     if dtype.is_string:
-        array = np.empty(np.shape(value), dtype=object)
-        array[...] = value
+        array = _dtypes.as_string_array(value)
     else:
         source = np.asarray(value)
         if source.dtype.kind in "SUO" and source.size:

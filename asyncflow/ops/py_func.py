@@ -41,8 +41,15 @@ def _converter(op: Operation) -> Callable[[Any], Any]:
     n = len(targets)
     label = f"py_func {op.name!r}"
 
+    def as_output(value: Any, target: np.dtype[Any]) -> Any:
+        if target.kind == "O":  # af.string: bytes, str encoded as UTF-8 (as TF)
+            return dtypes.as_string_array(value)
+        return np.asarray(value, dtype=target)
+
     if op._attrs["single"]:
         (target,) = targets
+        if target.kind == "O":
+            return dtypes.as_string_array
         return lambda result: np.asarray(result, dtype=target)
 
     def convert(result: Any) -> Any:
@@ -53,8 +60,8 @@ def _converter(op: Operation) -> Callable[[Any], Any]:
             raise ValueError(f"{label} returned {len(values)} values, but expects to see "
                              f"{n} values")
         if n == 1:
-            return np.asarray(values[0], dtype=targets[0])
-        return [np.asarray(v, dtype=t) for v, t in zip(values, targets, strict=True)]
+            return as_output(values[0], targets[0])
+        return [as_output(v, t) for v, t in zip(values, targets, strict=True)]
 
     return convert
 
