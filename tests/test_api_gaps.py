@@ -127,7 +127,6 @@ def test_anyio_asyncio_backend_works() -> None:
 
 
 def test_trio_gets_a_clear_error() -> None:
-    pytest.importorskip("trio")  # in the test extra; guard for environments without it
     g, y = _graph()
 
     async def main() -> None:
