@@ -35,6 +35,7 @@ def build() -> tuple[af.Graph, af.Tensor, af.Tensor, af.Variable]:
         assert_type(doubled.get_shape(), af.TensorShape)
         first = assert_type(doubled[0], af.Tensor)
         bumped = assert_type(w + 1.0, af.Tensor)
+        bumped = assert_type(np.zeros((3, 1), np.float32) + bumped + w, af.Tensor)
         assert_type(w.assign_add(np.ones((3, 1), np.float32)), af.Tensor)
         total = af.reduce_sum(first) + af.reduce_sum(bumped)
     return g, x, total, w

@@ -37,7 +37,7 @@ def test_quickstart_async() -> None:
 
 def test_typed_graph() -> None:
     # CI also runs `mypy --strict examples/`, which checks its assert_type lines.
-    assert _run_example("typed_graph.py").splitlines() == ["total = 6.0"]
+    assert _run_example("typed_graph.py").splitlines() == ["total = 9.0"]
 
 
 def test_quickstart_sync() -> None:

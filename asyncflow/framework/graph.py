@@ -294,9 +294,13 @@ class Tensor(TensorOperators):
     def __index__(self) -> int:
         raise TypeError(f"af.Tensor {self.name!r} cannot be used as a Python index")
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        raise TypeError(f"cannot convert symbolic af.Tensor {self.name!r} to a numpy "
-                        f"array; fetch it with sess.run")
+    if not TYPE_CHECKING:
+        # Hidden from type checkers: with it, numpy's stubs would take a Tensor as
+        # array-like and type `ndarray * tensor` as an ndarray (it is a Tensor:
+        # __array_ufunc__ = None makes numpy defer to __rmul__).
+        def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+            raise TypeError(f"cannot convert symbolic af.Tensor {self.name!r} to a numpy "
+                            f"array; fetch it with sess.run")
 
 
 class Operation:
