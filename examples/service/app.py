@@ -25,9 +25,9 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import numpy as np
@@ -126,8 +126,9 @@ def parse_body(body: Any) -> tuple[int, Any, int]:
     """(user_id, amounts, timeout_ms) of a request body; ``BadRequest`` saying what is wrong."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
-    user_id, amounts = body.get("user_id"), body.get("amounts", [])
-    timeout_ms = body.get("timeout_ms", 1000)
+    fields = cast("dict[str, Any]", body)
+    user_id, amounts = fields.get("user_id"), fields.get("amounts", [])
+    timeout_ms = fields.get("timeout_ms", 1000)
     if not isinstance(user_id, int) or isinstance(user_id, bool):
         raise BadRequest("'user_id' must be an integer")
     if not isinstance(timeout_ms, int) or timeout_ms <= 0:
@@ -198,7 +199,7 @@ def create_app(risk_transport: httpx.AsyncBaseTransport | None = None,
     """The scoring app; its lifespan opens the risk client and the session, then closes both."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncGenerator[None, None]:
         async with httpx.AsyncClient(transport=risk_transport, base_url=risk_url) as client:
             scoring = build_graph(Backends(client, USERS))
             async with af.Session(graph=scoring.graph) as sess:
