@@ -7,8 +7,8 @@ asyncflow makes these fixtures available to every test suite (no conftest needed
     A fresh :class:`af.Graph`, the default graph for the duration of the test.
 ``af_session``
     An ``af.Session`` on ``af_graph``, closed after the test.  The test then fails
-    (an error at teardown) when it left tasks pending on its event loop or asyncflow
-    worker threads running.
+    (an error at teardown) when tasks started during it are still pending on its
+    event loop, or asyncflow worker threads it started are still running.
 ``af_session_factory``
     ``af_session_factory(config=None, graph=None)`` makes more sessions (default
     graph: ``af_graph``), each closed and checked the same way.
@@ -46,18 +46,30 @@ def af_graph() -> Iterator[Graph]:
         yield graph
 
 
+class _Snapshot:
+    """The tasks and asyncflow worker threads alive when a fixture started.
+
+    Only what appeared after it counts as leaked, so tasks of wider-scoped fixtures
+    (a server on a module-scoped loop) are left alone.
+    """
+
+    def __init__(self) -> None:
+        self.tasks = asyncio.all_tasks()
+        self.threads = _worker_threads()
+
+
 def _worker_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("asyncflow-")}
 
 
-async def _close_and_check(sessions: list[Session], threads_before: set[threading.Thread]
-                           ) -> None:
+async def _close_and_check(sessions: list[Session], before: _Snapshot) -> None:
     """Close ``sessions``; ``pytest.fail`` naming leaked tasks or worker threads."""
     for sess in sessions:
         await sess.close()
     current = asyncio.current_task()
-    tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-    threads = [t for t in _worker_threads() - threads_before if t.is_alive()]
+    tasks = [t for t in asyncio.all_tasks() - before.tasks
+             if t is not current and not t.done()]
+    threads = [t for t in _worker_threads() - before.threads if t.is_alive()]
     for task in tasks:  # do not let them run into the next test
         task.cancel()
     if tasks:
@@ -76,7 +88,7 @@ async def _close_and_check(sessions: list[Session], threads_before: set[threadin
 
 async def _af_session(af_graph: Graph) -> AsyncIterator[Session]:
     """A session on ``af_graph``; closed after the test, which fails if anything leaked."""
-    before = _worker_threads()
+    before = _Snapshot()
     sess = Session(graph=af_graph)
     try:
         yield sess
@@ -86,7 +98,7 @@ async def _af_session(af_graph: Graph) -> AsyncIterator[Session]:
 
 async def _af_session_factory(af_graph: Graph) -> AsyncIterator[SessionFactory]:
     """``make(config=None, graph=None)`` → a new session, closed and checked after the test."""
-    before = _worker_threads()
+    before = _Snapshot()
     sessions: list[Session] = []
 
     def make(config: SessionConfig | None = None, graph: Graph | None = None) -> Session:

@@ -127,6 +127,44 @@ def test_clean(af_session):
 '''
 
 
+WIDER_SCOPE_SUITE = '''
+import asyncio
+import pytest
+import pytest_asyncio
+import asyncflow as af
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def server():
+    task = asyncio.get_running_loop().create_task(asyncio.Event().wait(), name="server")
+    yield task
+    task.cancel()
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_one(server, af_session):
+    assert await af_session.run(af.constant(1) + 1) == 2
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_two(server, af_session):
+    assert not server.done()
+'''
+
+
+@pytest.mark.parametrize("mode", ["auto", "strict"])
+def test_tasks_of_wider_fixtures_are_not_leaks(pytester: pytest.Pytester, mode: str) -> None:
+    # All fixtures on the module's loop: af_session sees the server task, which it
+    # did not start and must not call a leak.
+    pytester.makeini(f"""
+        [pytest]
+        asyncio_mode = {mode}
+        asyncio_default_fixture_loop_scope = module
+        asyncio_default_test_loop_scope = module
+        filterwarnings = error
+    """)
+    pytester.makepyfile(test_user=WIDER_SCOPE_SUITE)
+    result = pytester.runpytest(*_plugin_args(), "-q")
+    result.assert_outcomes(passed=2)
+
+
 @pytest.mark.parametrize("suite", ["auto", "strict"], indirect=True)
 def test_leaks_fail_the_test(suite: pytest.Pytester, request: pytest.FixtureRequest) -> None:
     mode = request.node.callspec.params["suite"]
