@@ -5,6 +5,18 @@
     run one step and print each fetch as ``name = value``.  A feed value is JSON or
     the path of a ``.npy`` file; a bare op name ``x`` means its tensor ``x:0``.
 
+    A graph file may name Python functions (``py_func`` references,
+    ``"module:qualname"``); loading one imports its module, which runs code.  ``run``
+    therefore refuses every reference whose module is not allowed by
+    ``--allow-module M`` (repeatable; allows ``M`` and its submodules) or ``--trust``,
+    and lists the references it found.
+
+``asyncflow graph GRAPH.json [--format dot|mermaid]``
+    Print the graph as a Graphviz DOT or Mermaid picture (imports nothing).
+
+``asyncflow --version``
+    Print the version.
+
 ``asyncflow demo [--trace FILE]`` (``run`` takes ``--trace FILE`` too)
     Build and run a small graph that mixes numpy kernels with simulated async I/O
     kernels, then print the results and a per-node timing table taken from the
@@ -42,7 +54,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from asyncflow import __version__
+
     parser = _Parser(prog=PROG, description="Run asyncflow dataflow graphs.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     run = sub.add_parser("run", help="import a graph def (JSON) and run one step",
@@ -56,6 +71,15 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="an op to run without fetching a value")
     run.add_argument("--trace", metavar="FILE",
                      help="also write a Chrome trace (Perfetto, chrome://tracing) to FILE")
+    run.add_argument("--allow-module", action="append", default=[], metavar="M",
+                     help="let py_func references import module M (and its submodules)")
+    run.add_argument("--trust", action="store_true",
+                     help="let py_func references import any module (trusted files only)")
+    picture = sub.add_parser("graph", help="print a graph def as a DOT or Mermaid picture",
+                             description="Print a graph def as a picture (imports nothing).")
+    picture.add_argument("graph", metavar="GRAPH.json", help="a graph def written as JSON")
+    picture.add_argument("--format", choices=("dot", "mermaid"), default="dot",
+                         help="Graphviz DOT (default) or Mermaid")
     demo = sub.add_parser("demo", help="run a built-in graph mixing numpy and async I/O",
                           description="Run a built-in example graph and print its timing.")
     demo.add_argument("--trace", metavar="FILE",
@@ -70,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command == "run":
             return _run(args)
+        if args.command == "graph":
+            return _graph(args)
         return _demo(args)
     except SystemExit as exc:  # --help and --version print and exit through argparse
         return exc.code if isinstance(exc.code, int) else 0
@@ -101,16 +127,22 @@ def _describe(exc: BaseException) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     import asyncflow as af
+    from asyncflow.framework.graph_def import allowed_reference_modules
 
     graph_def = _load_graph_def(args.graph)
     if not args.fetch and not args.target:
         raise _UsageError("nothing to run: give at least one --fetch NAME or --target OP")
+    allowed = None if args.trust else frozenset(args.allow_module)
+    _check_references(args.graph, graph_def, allowed)
     graph = af.Graph()
-    with graph.as_default():
-        try:
+    token = allowed_reference_modules.set(allowed)  # the import itself checks again
+    try:
+        with graph.as_default():
             af.import_graph_def(graph_def, name="")
-        except (TypeError, ValueError) as exc:
-            raise _UsageError(f"cannot import graph file {args.graph!r}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise _UsageError(f"cannot import graph file {args.graph!r}: {exc}") from None
+    finally:
+        allowed_reference_modules.reset(token)
     feed_dict: dict[Any, Any] = {}
     for item in args.feed:
         name, value = _parse_feed(item)
@@ -127,6 +159,67 @@ def _run(args: argparse.Namespace) -> int:
     if metadata is not None:
         _write_trace(metadata.step_stats, args.trace)
         print(f"Chrome trace written to {args.trace}")
+    return 0
+
+
+def callable_references(graph_def: Any) -> dict[str, list[str]]:
+    """Every ``py_func`` reference (``"module:qualname"``) in a graph def, with where it is.
+
+    Walks the whole JSON value, so a reference anywhere the importer could decode one
+    (node attributes, the function library, nested values) is found.  Maps each
+    reference to the nodes (or ``"library"``) naming it.
+    """
+    found: dict[str, list[str]] = {}
+    nodes = graph_def.get("node") if isinstance(graph_def, dict) else None
+    roots: list[tuple[str, Any]] = []
+    if isinstance(nodes, list):
+        roots += [(str(n.get("name")) if isinstance(n, dict) else "?", n) for n in nodes]
+    rest = {k: v for k, v in graph_def.items() if k != "node"} \
+        if isinstance(graph_def, dict) else graph_def
+    roots.append(("library" if isinstance(graph_def, dict) else "?", rest))
+    for where, root in roots:
+        stack = [root]
+        while stack:  # iterative: graph defs can be deep and large
+            value = stack.pop()
+            if isinstance(value, dict):
+                ref = value.get("func")
+                if isinstance(ref, str):
+                    places = found.setdefault(ref, [])
+                    if where not in places:
+                        places.append(where)
+                stack.extend(value.values())
+            elif isinstance(value, list):
+                stack.extend(value)
+    return found
+
+
+def _check_references(path: str, graph_def: Any, allowed: frozenset[str] | None) -> None:
+    from asyncflow.framework.graph_def import reference_module_allowed
+
+    refs = callable_references(graph_def)
+    refused = {ref: where for ref, where in refs.items()
+               if not reference_module_allowed(ref.partition(":")[0], allowed)}
+    if not refused:
+        return
+    listed = ", ".join(f"{ref!r} (in {', '.join(repr(w) for w in where)})"
+                       for ref, where in sorted(refused.items()))
+    modules = sorted({ref.partition(":")[0] for ref in refused})
+    flags = " ".join(f"--allow-module {m}" for m in modules)
+    raise _UsageError(f"graph file {path!r} names Python functions that loading it would "
+                      f"import and run: {listed}; refusing to import "
+                      f"{', '.join(repr(m) for m in modules)}. If you trust this file, "
+                      f"pass {flags} (or --trust)")
+
+
+def _graph(args: argparse.Namespace) -> int:
+    from asyncflow import tracing
+
+    graph_def = _load_graph_def(args.graph)
+    render = tracing.to_dot if args.format == "dot" else tracing.to_mermaid
+    try:
+        print(render(graph_def))
+    except (TypeError, ValueError) as exc:
+        raise _UsageError(f"cannot draw graph file {args.graph!r}: {exc}") from None
     return 0
 
 

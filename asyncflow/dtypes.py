@@ -1,8 +1,9 @@
 """Element types of tensors and their mapping to numpy.
 
 A :class:`DType` is an interned value object: ``af.float32 is af.as_dtype("float32")``.
-Strings are stored as numpy ``object`` arrays of ``bytes``/``str`` values, like
-TensorFlow's ``tf.string`` in Python.
+String tensors hold ``bytes``, as TensorFlow's ``tf.string`` in Python: their
+values are numpy ``object`` arrays of ``bytes``, and ``str`` given as a constant,
+feed or ``py_func`` result is encoded as UTF-8 (:func:`as_string_array`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 __all__ = [
     "DType",
     "as_dtype",
+    "as_string_array",
     "bool",
     "complex64",
     "complex128",
@@ -159,7 +161,10 @@ def dtype_of_value(value: Any) -> DType:
     """The dtype TensorFlow infers for a Python or numpy value (``1`` → int32, ``1.0`` → float32)."""
     if isinstance(value, np.ndarray | np.generic):
         return as_dtype(value.dtype)
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except UnicodeError:  # str mixed with non-ASCII bytes: only a string tensor holds both
+        return string
     kind = arr.dtype.kind
     if kind == "i":
         # TF's convert_to_tensor: Python ints are int32 unless they do not fit.
@@ -171,3 +176,30 @@ def dtype_of_value(value: Any) -> DType:
     if kind == "c":
         return complex128
     return as_dtype(arr.dtype)
+
+
+def as_string_array(value: Any) -> np.ndarray:
+    """``value`` (bytes, str, or a nested list / array of them) as a string tensor value.
+
+    An ``object`` array of ``bytes`` of the same shape: ``str`` items are encoded as
+    UTF-8, ``bytes`` kept.  ``TypeError`` naming the first item that is neither
+    (TensorFlow does not turn numbers into strings either).
+    """
+    if isinstance(value, np.ndarray) and value.dtype.kind == "S":
+        items = [bytes(v) for v in value.reshape(-1)]
+        shape: tuple[int, ...] = value.shape
+    else:
+        source = np.array(value, dtype=object)
+        shape = source.shape
+        items = []
+        for item in source.reshape(-1).tolist():
+            if isinstance(item, bytes):
+                items.append(bytes(item))
+            elif isinstance(item, str):
+                items.append(item.encode("utf-8"))
+            else:
+                raise TypeError(f"a string tensor holds bytes or str, got "
+                                f"{type(item).__name__} {item!r}")
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array.reshape(shape)

@@ -1,4 +1,7 @@
-"""Step stats → a Chrome trace (``chrome://tracing``, https://ui.perfetto.dev).
+"""Step stats → a Chrome trace (``chrome://tracing``, https://ui.perfetto.dev); graph pictures.
+
+``af.tracing.to_dot(graph)`` / ``to_mermaid(graph)`` draw a graph or graph def
+(see :mod:`asyncflow.framework.pictures`).
 
 ``af.tracing.Timeline(run_metadata.step_stats).generate_chrome_trace_format()``
 returns the JSON text of a trace in the Trace Event Format:
@@ -18,9 +21,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asyncflow.framework.pictures import to_dot, to_mermaid
 from asyncflow.step_stats import NodeExecStats, StepStats
 
-__all__ = ["Timeline"]
+__all__ = ["Timeline", "to_dot", "to_mermaid"]
 
 
 class Timeline:

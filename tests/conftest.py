@@ -9,6 +9,8 @@ import pytest
 
 import asyncflow as af
 
+pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py runs pytest on sample suites
+
 
 @pytest.fixture(autouse=True)
 def _fresh_default_graph() -> Iterator[None]:

@@ -14,7 +14,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _run_example(name: str, *args: str) -> str:
-    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    # PYTHONPATH: the scripts import this checkout's asyncflow, not an installed one.
+    env = {**os.environ, "PYTHONWARNINGS": "error", "PYTHONPATH": str(EXAMPLES.parent)}
     proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True,
                           text=True, timeout=60, env=env, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -25,13 +26,18 @@ def _run_example(name: str, *args: str) -> str:
 def test_every_example_is_covered() -> None:
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
     assert scripts == {"quickstart_async.py", "quickstart_sync.py", "async_io_service.py",
-                       "save_and_load.py"}
+                       "save_and_load.py", "typed_graph.py"}
 
 
 def test_quickstart_async() -> None:
     lines = _run_example("quickstart_async.py").splitlines()
     assert lines == ["y = [[3.0, 4.0], [0.0, 0.0]]",
                      "concurrent = [[[0.0, 0.0]], [[1.0, 1.0]], [[3.0, 3.0]]]"]
+
+
+def test_typed_graph() -> None:
+    # CI also runs `mypy --strict examples/`, which checks its assert_type lines.
+    assert _run_example("typed_graph.py").splitlines() == ["total = 9.0"]
 
 
 def test_quickstart_sync() -> None:

@@ -17,11 +17,12 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 
 from asyncflow import dtypes as _dtypes
+from asyncflow._backend import require_asyncio
 from asyncflow.framework import registry
 from asyncflow.framework.shapes import TensorShape, as_shape
 
@@ -29,6 +30,7 @@ __all__ = [
     "Graph",
     "Operation",
     "Tensor",
+    "TensorLike",
     "colocate_with",
     "control_dependencies",
     "convert_to_tensor",
@@ -51,8 +53,152 @@ def _creation_site() -> tuple[str, int]:
         frame = frame.f_back  # type: ignore[assignment]
     return "<unknown>", 0
 
+class SupportsTensor(Protocol):
+    """Anything that stands for a tensor in an op's input (an ``af.Variable``)."""
 
-class Tensor:
+    def _as_graph_element(self) -> Tensor: ...
+
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    #: What an op input or an operator operand may be: a tensor, a variable, or a
+    #: constant value (a number, a string, a nested list, a numpy array).
+    TensorLike: TypeAlias = "Tensor | SupportsTensor | npt.ArrayLike"
+else:
+    TensorLike = Any
+
+#: Python operators on tensors, filled by ``asyncflow.ops.math_ops`` (which owns the
+#: ops they build) so that framework/ never imports ops/.  Keys: "add", "radd", ...
+_OPERATORS: dict[str, Callable[..., Tensor]] = {}
+
+
+def _operator(name: str) -> Callable[..., Tensor]:
+    try:
+        return _OPERATORS[name]
+    except KeyError:
+        raise RuntimeError(f"tensor operator {name!r} is not installed: import asyncflow "
+                           f"(asyncflow.ops.math_ops installs the operators)") from None
+
+
+class TensorOperators:
+    """Python operators that build ops, shared by :class:`Tensor` and ``af.Variable``.
+
+    Real, typed methods (a type checker sees ``x * 2.0`` as a ``Tensor``); each one
+    looks up the op constructor ``asyncflow.ops.math_ops`` installed for it.
+    """
+
+    __slots__ = ()
+
+    # numpy defers to us: ``ndarray + tensor`` calls ``tensor.__radd__``.
+    __array_priority__ = 100
+    __array_ufunc__ = None
+
+    def __add__(self, other: TensorLike) -> Tensor:
+        return _operator("add")(self, other)
+
+    def __radd__(self, other: TensorLike) -> Tensor:
+        return _operator("radd")(self, other)
+
+    def __sub__(self, other: TensorLike) -> Tensor:
+        return _operator("sub")(self, other)
+
+    def __rsub__(self, other: TensorLike) -> Tensor:
+        return _operator("rsub")(self, other)
+
+    def __mul__(self, other: TensorLike) -> Tensor:
+        return _operator("mul")(self, other)
+
+    def __rmul__(self, other: TensorLike) -> Tensor:
+        return _operator("rmul")(self, other)
+
+    def __truediv__(self, other: TensorLike) -> Tensor:
+        return _operator("truediv")(self, other)
+
+    def __rtruediv__(self, other: TensorLike) -> Tensor:
+        return _operator("rtruediv")(self, other)
+
+    def __floordiv__(self, other: TensorLike) -> Tensor:
+        return _operator("floordiv")(self, other)
+
+    def __rfloordiv__(self, other: TensorLike) -> Tensor:
+        return _operator("rfloordiv")(self, other)
+
+    def __mod__(self, other: TensorLike) -> Tensor:
+        return _operator("mod")(self, other)
+
+    def __rmod__(self, other: TensorLike) -> Tensor:
+        return _operator("rmod")(self, other)
+
+    def __pow__(self, other: TensorLike) -> Tensor:
+        return _operator("pow")(self, other)
+
+    def __rpow__(self, other: TensorLike) -> Tensor:
+        return _operator("rpow")(self, other)
+
+    def __matmul__(self, other: TensorLike) -> Tensor:
+        return _operator("matmul")(self, other)
+
+    def __rmatmul__(self, other: TensorLike) -> Tensor:
+        return _operator("rmatmul")(self, other)
+
+    def __and__(self, other: TensorLike) -> Tensor:
+        return _operator("and")(self, other)
+
+    def __rand__(self, other: TensorLike) -> Tensor:
+        return _operator("rand")(self, other)
+
+    def __or__(self, other: TensorLike) -> Tensor:
+        return _operator("or")(self, other)
+
+    def __ror__(self, other: TensorLike) -> Tensor:
+        return _operator("ror")(self, other)
+
+    def __xor__(self, other: TensorLike) -> Tensor:
+        return _operator("xor")(self, other)
+
+    def __rxor__(self, other: TensorLike) -> Tensor:
+        return _operator("rxor")(self, other)
+
+    def __lt__(self, other: TensorLike) -> Tensor:
+        return _operator("lt")(self, other)
+
+    def __le__(self, other: TensorLike) -> Tensor:
+        return _operator("le")(self, other)
+
+    def __gt__(self, other: TensorLike) -> Tensor:
+        return _operator("gt")(self, other)
+
+    def __ge__(self, other: TensorLike) -> Tensor:
+        return _operator("ge")(self, other)
+
+    def __neg__(self) -> Tensor:
+        return _operator("neg")(self)
+
+    def __abs__(self) -> Tensor:
+        return _operator("abs")(self)
+
+    def __invert__(self) -> Tensor:
+        return _operator("invert")(self)
+
+    def __getitem__(self, key: Any) -> Tensor:
+        return _operator("getitem")(self, key)
+
+
+class _Runner(Protocol):
+    """What :meth:`Tensor.eval` and :meth:`Operation.run` need of a session."""
+
+    async def run(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None) -> Any: ...
+
+
+def _require_session(session: _Runner | None, what: str) -> _Runner:
+    if session is None:
+        raise ValueError(f"cannot evaluate {what}: asyncflow has no default session; "
+                         f"pass session=sess")
+    return session
+
+
+class Tensor(TensorOperators):
     """One output of an :class:`Operation`: a symbolic handle to a value of a step.
 
     Tensors hash and compare by identity; ``bool(tensor)`` is a ``TypeError``.
@@ -97,6 +243,28 @@ class Tensor:
         """The static shape (TensorFlow 1.x name)."""
         return self._shape
 
+    def set_shape(self, shape: Any) -> None:
+        """Refine the static shape with what the caller knows (as TF's ``set_shape``).
+
+        The result is the shape merged with ``shape``; ops built afterwards see it.
+        A ``py_func`` output (unknown shape) is the usual case.  ``ValueError`` naming
+        the tensor when the shapes are incompatible.  Static information only: a
+        step does not check values against it.
+        """
+        new = as_shape(shape)
+        try:
+            merged = self._shape.merge_with(new)
+        except ValueError:
+            raise ValueError(f"cannot set the shape of tensor {self.name!r} to {new}: it "
+                             f"is incompatible with its shape {self._shape}") from None
+        self._shape = merged
+
+    async def eval(self, feed_dict: Mapping[Any, Any] | None = None,
+                   session: _Runner | None = None) -> Any:
+        """The tensor's value in one step: ``await sess.run(tensor, feed_dict)`` (TF's shortcut)."""
+        require_asyncio(f"tensor {self.name!r}.eval()")
+        return await _require_session(session, f"tensor {self.name!r}").run(self, feed_dict)
+
     @property
     def graph(self) -> Graph:
         """The graph this tensor belongs to."""
@@ -126,13 +294,13 @@ class Tensor:
     def __index__(self) -> int:
         raise TypeError(f"af.Tensor {self.name!r} cannot be used as a Python index")
 
-    # Arithmetic operators are installed by asyncflow.ops.math_ops (which owns the
-    # ops they build), so framework/ never imports ops/.
-    __array_priority__ = 100
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        raise TypeError(f"cannot convert symbolic af.Tensor {self.name!r} to a numpy "
-                        f"array; fetch it with sess.run")
+    if not TYPE_CHECKING:
+        # Hidden from type checkers: with it, numpy's stubs would take a Tensor as
+        # array-like and type `ndarray * tensor` as an ndarray (it is a Tensor:
+        # __array_ufunc__ = None makes numpy defer to __rmul__).
+        def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+            raise TypeError(f"cannot convert symbolic af.Tensor {self.name!r} to a numpy "
+                            f"array; fetch it with sess.run")
 
 
 class Operation:
@@ -240,6 +408,12 @@ class Operation:
     def values(self) -> tuple[Tensor, ...]:
         """The outputs (TensorFlow 1.x name)."""
         return self._outputs
+
+    async def run(self, feed_dict: Mapping[Any, Any] | None = None,
+                  session: _Runner | None = None) -> None:
+        """Run this op in one step: ``await sess.run(op, feed_dict)`` (TF's shortcut)."""
+        require_asyncio(f"operation {self._name!r}.run()")
+        await _require_session(session, f"operation {self._name!r}").run(self, feed_dict)
 
     def __repr__(self) -> str:
         return f"<af.Operation '{self._name}' type={self._type}>"
@@ -752,8 +926,7 @@ def make_constant_value(value: Any, dtype: _dtypes.DType | None) -> np.ndarray:
     if dtype is None:
         dtype = _dtypes.dtype_of_value(value)
     if dtype.is_string:
-        array = np.empty(np.shape(value), dtype=object)
-        array[...] = value
+        array = _dtypes.as_string_array(value)
     else:
         source = np.asarray(value)
         if source.dtype.kind in "SUO" and source.size:

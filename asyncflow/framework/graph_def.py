@@ -50,6 +50,7 @@ import importlib
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -222,6 +223,12 @@ def _callable_reference(func: Callable[..., Any]) -> str:
     if "<lambda>" in qualname or "<locals>" in qualname:
         raise ValueError(f"callable {ref!r} is a lambda or local function and cannot be "
                          f"serialized by reference; define it at module level")
+    if module == "__main__":
+        # It would resolve here, but "__main__" is another script in any program that
+        # loads the graph def: the reference could never load there.
+        raise ValueError(f"callable {ref!r} is defined in __main__ (the script being run), "
+                         f"so no other program can import it; move it to an importable "
+                         f"module")
     try:
         resolved = _resolve_reference(ref)
     except ValueError as exc:
@@ -232,6 +239,21 @@ def _callable_reference(func: Callable[..., Any]) -> str:
     return ref
 
 
+#: While set (by ``asyncflow run``), the modules a callable reference may import:
+#: a reference to module ``m`` loads only if ``m`` or a parent package of it is listed.
+#: ``None``: any module.
+allowed_reference_modules: ContextVar[frozenset[str] | None] = ContextVar(
+    "allowed_reference_modules", default=None)
+
+
+def reference_module_allowed(module_name: str, allowed: frozenset[str] | None) -> bool:
+    """True when ``allowed`` (``None``: everything) lets a reference import ``module_name``."""
+    if allowed is None:
+        return True
+    parts = module_name.split(".")
+    return any(".".join(parts[:i]) in allowed for i in range(1, len(parts) + 1))
+
+
 def _resolve_reference(ref: str) -> Any:
     module_name, sep, qualname = ref.partition(":")
     if not sep or not module_name or not qualname:
@@ -239,6 +261,9 @@ def _resolve_reference(ref: str) -> Any:
     if "<" in qualname:
         raise ValueError(f"callable reference {ref!r} names a lambda or local function, "
                          f"which cannot be imported")
+    if not reference_module_allowed(module_name, allowed_reference_modules.get()):
+        raise ValueError(f"callable reference {ref!r}: importing module "
+                         f"{module_name!r} is not allowed")
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or whatever the module raises on import

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from asyncflow import dtypes
+from asyncflow.framework import graph as graph_module
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape, broadcast_shapes, unknown_shape
@@ -1076,8 +1077,8 @@ def _matmul_named(a: Any, b: Any, name: str) -> Tensor:
 
 def _install_operators() -> None:
     # TF names operator-made ops in lowercase ("add", "truediv"); named functions
-    # keep the op type ("Less", "LogicalAnd").  Python picks the reflected method
-    # for `1 + x`; __array_ufunc__ = None makes numpy defer to it for `ndarray + x`.
+    # keep the op type ("Less", "LogicalAnd").  The typed methods of
+    # graph.TensorOperators look these up; Python picks the reflected one for `1 + x`.
     table: dict[str, tuple[Callable[..., Tensor], str]] = {
         "add": (add, "add"),
         "sub": (subtract, "sub"),
@@ -1091,17 +1092,14 @@ def _install_operators() -> None:
         "or": (logical_or, "LogicalOr"),
         "xor": (logical_xor, "LogicalXor"),
     }
-    for dunder, (fn, name) in table.items():
-        forward, reflected = _binary_operator(fn, name)
-        setattr(Tensor, f"__{dunder}__", forward)
-        setattr(Tensor, f"__r{dunder}__", reflected)
-    for dunder, fn, name in (("lt", less, "Less"), ("le", less_equal, "LessEqual"),
-                             ("gt", greater, "Greater"), ("ge", greater_equal, "GreaterEqual")):
-        setattr(Tensor, f"__{dunder}__", _binary_operator(fn, name)[0])
-    for dunder, method in (("__neg__", negative), ("__abs__", abs),
-                           ("__invert__", logical_not), ("__getitem__", strided_slice)):
-        setattr(Tensor, dunder, method)
-    Tensor.__array_ufunc__ = None  # type: ignore[attr-defined]
+    operators: dict[str, Callable[..., Tensor]] = {}
+    for key, (fn, name) in table.items():
+        operators[key], operators[f"r{key}"] = _binary_operator(fn, name)
+    for key, fn, name in (("lt", less, "Less"), ("le", less_equal, "LessEqual"),
+                          ("gt", greater, "Greater"), ("ge", greater_equal, "GreaterEqual")):
+        operators[key] = _binary_operator(fn, name)[0]
+    operators.update(neg=negative, abs=abs, invert=logical_not, getitem=strided_slice)
+    graph_module._OPERATORS.update(operators)
 
 
 _install_operators()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -41,8 +41,15 @@ def _converter(op: Operation) -> Callable[[Any], Any]:
     n = len(targets)
     label = f"py_func {op.name!r}"
 
+    def as_output(value: Any, target: np.dtype[Any]) -> Any:
+        if target.kind == "O":  # af.string: bytes, str encoded as UTF-8 (as TF)
+            return dtypes.as_string_array(value)
+        return np.asarray(value, dtype=target)
+
     if op._attrs["single"]:
         (target,) = targets
+        if target.kind == "O":
+            return dtypes.as_string_array
         return lambda result: np.asarray(result, dtype=target)
 
     def convert(result: Any) -> Any:
@@ -53,8 +60,8 @@ def _converter(op: Operation) -> Callable[[Any], Any]:
             raise ValueError(f"{label} returned {len(values)} values, but expects to see "
                              f"{n} values")
         if n == 1:
-            return np.asarray(values[0], dtype=targets[0])
-        return [np.asarray(v, dtype=t) for v, t in zip(values, targets, strict=True)]
+            return as_output(values[0], targets[0])
+        return [as_output(v, t) for v, t in zip(values, targets, strict=True)]
 
     return convert
 
@@ -84,12 +91,25 @@ def _is_async(func: Any) -> bool:
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call)
 
 
+@overload
+def py_func(func: Callable[..., Any], inp: Any,
+            Tout: dtypes.DType | str | type | np.dtype[Any], *, stateful: bool = True,
+            expensive: bool = False, name: str | None = None) -> Tensor: ...
+
+
+@overload
+def py_func(func: Callable[..., Any], inp: Any, Tout: list[Any] | tuple[Any, ...], *,
+            stateful: bool = True, expensive: bool = False,
+            name: str | None = None) -> Any: ...
+
+
 def py_func(func: Callable[..., Any], inp: Any, Tout: Any, *, stateful: bool = True,
             expensive: bool = False, name: str | None = None) -> Any:
     """An op that calls ``func(*input_values)`` with numpy values when it runs.
 
     ``Tout`` is a DType (returns a Tensor) or a list/tuple of DTypes (returns a list of
-    Tensors, even of length 1; ``[]`` returns the Operation and drops the result).  ``func`` may be ``def``
+    Tensors, even of length 1; ``[]`` returns the Operation and drops the result;
+    type checkers see ``Tensor`` for a single DType and ``Any`` for a list).  ``func`` may be ``def``
     (inline, or on a worker thread with ``expensive=True``) or ``async def`` (awaited
     on the event loop; ``expensive=True`` is then a ``ValueError``).  Output shapes
     are unknown.  ``stateful=False`` (op ``PyFuncStateless``) lets the optimizer fold

@@ -21,6 +21,7 @@ from asyncflow.framework.graph import (
     Graph,
     Operation,
     Tensor,
+    TensorOperators,
     convert_to_tensor,
     get_default_graph,
 )
@@ -85,7 +86,7 @@ def _assign_sub_kernel(op: Operation, resources: ResourceMgr
     return (lambda delta: store.update(lambda v: v - delta)), registry.INLINE
 
 
-class Variable:
+class Variable(TensorOperators):
     """A value that persists across runs of a session (TF 1.x ``tf.Variable``).
 
     Usable wherever a Tensor is (it converts to its value); fetching it gives its
@@ -206,23 +207,6 @@ class Variable:
 
     def __iter__(self) -> Any:
         raise TypeError(f"af.Variable {self.name!r} is not iterable")
-
-
-def _delegate(name: str) -> Callable[..., Any]:
-    def method(self: Variable, *args: Any) -> Any:
-        return getattr(self.value(), name)(*args)
-
-    method.__name__ = name
-    return method
-
-
-for _op in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
-            "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
-            "__rmod__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__neg__",
-            "__abs__", "__lt__", "__le__", "__gt__", "__ge__", "__and__", "__rand__",
-            "__or__", "__ror__", "__invert__", "__getitem__"):
-    setattr(Variable, _op, _delegate(_op))
-Variable.__array_ufunc__ = None  # type: ignore[attr-defined]  # numpy defers to us
 
 
 def global_variables(graph: Graph | None = None) -> list[Variable]:
