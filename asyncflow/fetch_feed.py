@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from asyncflow import dtypes as _dtypes
 from asyncflow.framework.graph import Graph, Operation, Tensor
 
 __all__ = ["FetchMapper", "Rebuild", "feed_converter", "fetch_key", "retval_converter"]
@@ -129,11 +130,10 @@ def feed_converter(t: Tensor) -> Callable[[Any], Any]:
                 raise TypeError(f"The value of a feed cannot be an af.Tensor object (feeding "
                                 f"{name!r}). Acceptable feed values include Python scalars, "
                                 f"strings, lists, numpy ndarrays.")
-            if tv is np.ndarray and v.dtype == np_dtype:
+            if is_string:
+                a = _dtypes.as_string_array(v)  # bytes, as TF (str is UTF-8 encoded)
+            elif tv is np.ndarray and v.dtype == np_dtype:
                 a = v
-            elif is_string:
-                a = np.empty(np.shape(v), dtype=object)
-                a[...] = v
             else:
                 try:
                     a = np.asarray(v, dtype=np_dtype)

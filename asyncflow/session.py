@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from asyncflow import errors
+from asyncflow._backend import require_asyncio
 from asyncflow.compiler.ir import GraphIR, graph_ir, ref_of
 from asyncflow.compiler.partition import partition_graph_def
 from asyncflow.compiler.pipeline import Compiled, compile_signature
@@ -256,6 +257,7 @@ class Session:
     async def _execute(self, call: _CompiledCall, frame: CallFrame,
                        options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
         """Run one step of ``call``: the one path of ``run`` and ``make_callable``."""
+        require_asyncio("Session.run")
         trace = options is not None and _wants_trace(options, run_metadata)
         step = self._runner(call, frame, trace)
         if call.fast and not trace:
@@ -297,6 +299,7 @@ class Session:
         ``fetches`` may include operations (targets).  The step runs on this event
         loop: later ``partial_run`` calls with this handle must use the same loop.
         """
+        require_asyncio("Session.partial_run_setup")
         return await self._partial_runs.setup(fetches, feeds)
 
     async def partial_run(self, handle: str, fetches: Any,
@@ -306,6 +309,7 @@ class Session:
         Each declared feed may be fed once and each fetch fetched once; anything else
         is an ``InvalidArgumentError`` with TensorFlow's message.
         """
+        require_asyncio("Session.partial_run")
         return await self._partial_runs.run(handle, fetches, feed_dict)
 
     def _timeout_ms(self, options: RunOptions | None) -> int:

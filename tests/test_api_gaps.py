@@ -143,6 +143,24 @@ def test_trio_gets_a_clear_error() -> None:
         with pytest.raises(RuntimeError, match=r"tensor 'mul:0'.eval\(\) needs the asyncio "
                                                r"event loop.*trio"):
             anyio.run(evaluate, backend="trio")
+
+        async def run() -> None:
+            await sess.run(y, {"x:0": 1.0})
+
+        with pytest.raises(RuntimeError, match=r"Session.run needs the asyncio event loop.*trio"):
+            anyio.run(run, backend="trio")
+
+        async def callable_() -> None:
+            await sess.make_callable(y, ["x:0"])(1.0)
+
+        with pytest.raises(RuntimeError, match=r"Session.run needs the asyncio event loop.*trio"):
+            anyio.run(callable_, backend="trio")
+
+        async def partial() -> None:
+            await sess.partial_run_setup([y], ["x:0"])
+
+        with pytest.raises(RuntimeError, match=r"partial_run_setup needs the asyncio"):
+            anyio.run(partial, backend="trio")
         assert sess.run_sync(y, {"x:0": 1.0}) == 2.0  # the session is unharmed
 
 
@@ -154,3 +172,14 @@ def test_require_asyncio_outside_any_loop() -> None:
 async def test_require_asyncio_inside_asyncio() -> None:
     require_asyncio()
     assert asyncio.get_running_loop() is not None
+
+
+async def test_string_feeds_are_bytes_as_tf(graph: af.Graph) -> None:
+    s = af.placeholder(af.string, name="s")
+    out = af.identity(s)
+    async with af.Session(graph=graph) as sess:
+        assert await sess.run(out, {s: "héllo"}) == "héllo".encode()
+        got = await sess.run(out, {s: np.array(["a", "b"])})
+        assert got.dtype == object
+        assert list(got) == [b"a", b"b"]
+        assert list(await sess.run(out, {s: [b"x", "y"]})) == [b"x", b"y"]
