@@ -1,6 +1,6 @@
 """The scale workload: build, first run and second run of a long scalar-add chain.
 
-``python -m benchmarks.scale {asyncflow,tf} N`` runs in a fresh subprocess so its
+``python -m benchmarks.scale {asyncflow,asyncflow-cond,tf} N`` runs in a fresh subprocess so its
 peak RSS (``ru_maxrss``) is this workload's alone, and prints one JSON object:
 µs per node for ``build`` / ``first_run`` (includes compiling the plan) /
 ``second_run`` (cached plan), ``peak_rss_mb`` and ``baseline_rss_mb`` (the peak
@@ -19,7 +19,9 @@ import benchmarks  # noqa: F401  (pins BLAS threads before numpy is imported)
 from benchmarks.sizes import peak_rss_mb
 
 
-def scale_asyncflow(n: int) -> dict[str, Any]:
+def scale_asyncflow(n: int, with_cond: bool = False) -> dict[str, Any]:
+    """The chain; ``with_cond``: the same chain with one ``af.cond`` halfway (its taken
+    branch adds 0, the other subtracts 1), which needs dead tensors but no frames."""
     import numpy as np
 
     import asyncflow as af
@@ -30,8 +32,13 @@ def scale_asyncflow(n: int) -> dict[str, Any]:
     with g.as_default():
         x0 = af.placeholder(af.float32, shape=(), name="x")
         one = af.constant(np.float32(1.0), name="one")
+        taken = af.constant(True, name="taken")
         x = x0
-        for _ in range(n):
+        for k in range(n):
+            if with_cond and k == n // 2:
+                before = x
+                x = af.cond(taken, lambda: before + np.float32(0.0),
+                            lambda: before - np.float32(1.0))
             x = x + one
     build = time.perf_counter() - start
 
@@ -81,7 +88,8 @@ def _result(n: int, build: float, first: float, second: float,
 
 def main(argv: list[str]) -> int:
     engine, n = argv[0], int(argv[1])
-    fn = {"asyncflow": scale_asyncflow, "tf": scale_tf}[engine]
+    fn = {"asyncflow": scale_asyncflow, "asyncflow-cond": lambda n: scale_asyncflow(n, True),
+          "tf": scale_tf}[engine]
     print(json.dumps(fn(n)))
     return 0
 

@@ -13,7 +13,7 @@ from typing import Any
 
 WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "callable", "callable.nested",
              "trace", "trace.off", "overlap", "parallel", "parallel.2dev", "loop",
-             "loop.cond", "queue", "variable", "scale")
+             "loop.cond", "queue", "variable", "scale", "scale.cond")
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,11 @@ def make_rows(s: Sizes) -> dict[str, Row]:
         Row("scale.peak_rss", "peak RSS (subprocess)", "MB",
             "the same subprocess's peak RSS after its imports",
             Target("<=", 400.0)),
+        Row("scale.cond.second_run", f"{s.scale_n:,} chain + one cond, run", "us/node",
+            "the same chain without the cond (its own subprocess)",
+            Target("<=", 1.2, relative=True)),
+        Row("scale.cond.peak_rss", f"{s.scale_n:,} chain + one cond, RSS", "MB",
+            "the same chain without the cond (peak RSS)", Target("<=", 1.2, relative=True)),
     ]
     return {r.id: r for r in rows}
 
@@ -1012,6 +1017,26 @@ def scale(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     rows["scale.peak_rss"].anchor = result["baseline_rss_mb"]
 
 
+def scale_cond(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """The 100k chain with one cond against the same chain, each in a fresh subprocess,
+    alternating (best of ``repeats`` for time; peak RSS is the same each time)."""
+    from benchmarks.external import run_child
+
+    del af
+    plain: list[dict[str, Any]] = []
+    cond: list[dict[str, Any]] = []
+    for _ in range(max(2, min(s.repeats, 3))):
+        for engine, out in (("asyncflow", plain), ("asyncflow-cond", cond)):
+            result = run_child(["benchmarks.scale", engine, str(s.scale_n)], timeout=600)
+            if "_error" in result:
+                raise RuntimeError(f"scale subprocess failed: {result['_error']}")
+            out.append(result)
+    rows["scale.cond.second_run"].ours = min(r["scale.second_run"] for r in cond)
+    rows["scale.cond.second_run"].anchor = min(r["scale.second_run"] for r in plain)
+    rows["scale.cond.peak_rss"].ours = min(r["scale.peak_rss"] for r in cond)
+    rows["scale.cond.peak_rss"].anchor = min(r["scale.peak_rss"] for r in plain)
+
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise AssertionError(message)
@@ -1034,6 +1059,7 @@ WORKLOAD_FUNCS: dict[str, Callable[[Af, Sizes, dict[str, Row]], None]] = {
     "queue": queue,
     "variable": variable,
     "scale": scale,
+    "scale.cond": scale_cond,
 }
 
 ROWS_OF: dict[str, tuple[str, ...]] = {
@@ -1053,4 +1079,5 @@ ROWS_OF: dict[str, tuple[str, ...]] = {
     "queue": ("queue",),
     "variable": ("variable",),
     "scale": ("scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss"),
+    "scale.cond": ("scale.cond.second_run", "scale.cond.peak_rss"),
 }

@@ -223,9 +223,9 @@ def test_compiled_partitions_pickle_and_round_trip(graph: af.Graph) -> None:
 
 
 def _same_node(a: NodeDef, b: NodeDef) -> None:
-    for f in dataclasses.fields(NodeDef):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if f.name == "attrs":
+    for field in NodeDef._fields:
+        x, y = getattr(a, field), getattr(b, field)
+        if field == "attrs":
             assert x.keys() == y.keys()
             for k in x:
                 if isinstance(x[k], np.ndarray):
@@ -233,7 +233,7 @@ def _same_node(a: NodeDef, b: NodeDef) -> None:
                 else:
                     assert x[k] == y[k], (a.name, k)
         else:
-            assert x == y, (a.name, f.name)
+            assert x == y, (a.name, field)
 
 
 def test_cross_device_loop_gets_a_control_loop_per_receiving_device(graph: af.Graph) -> None:
@@ -266,7 +266,7 @@ def test_graph_ir_is_cached_per_op_and_plain(graph: af.Graph) -> None:
     node = ir.by_name["b"]
     assert node.op == "AddV2" or node.op == "Add"
     assert node.inputs == (("a", 0), (b.op.inputs[1].op.name, 0))
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         node.name = "c"  # type: ignore[misc]
     pickle.loads(pickle.dumps(ir.nodes))
 

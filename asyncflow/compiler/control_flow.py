@@ -31,7 +31,7 @@ from asyncflow.framework.shapes import TensorShape
 
 __all__ = ["CF_ENTER", "CF_EXIT", "CF_MERGE", "CF_NEXT", "CF_NONE", "CF_SWITCH",
            "CONTROL_FLOW_OPS", "FrameInfo", "Frames", "StaticFrame", "add_control_loops",
-           "analyze_frames", "node_frames"]
+           "analyze_frames", "cond_info", "node_frames"]
 
 CF_NONE, CF_SWITCH, CF_MERGE, CF_ENTER, CF_EXIT, CF_NEXT = range(6)
 _KINDS = {"Switch": CF_SWITCH, "Merge": CF_MERGE, "Enter": CF_ENTER, "Exit": CF_EXIT,
@@ -174,6 +174,17 @@ def analyze_frames(sched: Sequence[NodeDef], frames: Frames) -> FrameInfo:
                     enters.get(k, 0))
         for k, p in enumerate(paths))
     return FrameInfo(kind, frame, child, constant, loop_merge, merge_controls, static)
+
+
+def cond_info(sched: Sequence[NodeDef]) -> FrameInfo:
+    """The control-flow facts of a partition without loops (Switch / Merge only, or
+    values received from devices where a branch may not have been taken): one frame."""
+    present = {n.name for n in sched}
+    kind = tuple(_KINDS.get(n.op, CF_NONE) for n in sched)
+    merge_controls = tuple(
+        len({c for c in n.control_inputs if c in present}) if k == CF_MERGE else 0
+        for n, k in zip(sched, kind))
+    return FrameInfo(kind, (), (), (), (), merge_controls, (StaticFrame("", -1, 1, (), 0),))
 
 
 # -- control loops for loops across devices -------------------------------------------

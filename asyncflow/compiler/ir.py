@@ -19,8 +19,8 @@ A ``NodeDef`` also answers the read-only questions a kernel factory asks of an o
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from asyncflow.dtypes import DType
@@ -33,9 +33,10 @@ __all__ = ["GraphIR", "NodeDef", "Ref", "ValueInfo", "format_ref", "graph_ir", "
 #: A tensor reference: (producing node's name, output index).
 Ref = tuple[str, int]
 
+_NO_ATTRS: Mapping[str, Any] = {}  # shared default: attrs are never mutated
 
-@dataclass(frozen=True, slots=True)
-class ValueInfo:
+
+class ValueInfo(NamedTuple):
     """The static dtype and shape of one tensor."""
 
     dtype: DType
@@ -51,17 +52,17 @@ class ValueInfo:
         return self.shape
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class NodeDef:
-    """One node of the IR.  ``device`` is the requested device before placement and
-    the full device name after it.  ``attrs`` is never mutated (passes replace nodes)."""
+class NodeDef(NamedTuple):
+    """One node of the IR: the requested ``device``, ``attrs`` never mutated (passes
+    make new nodes).  A named tuple: immutable, cheap to make (a 100,000-node graph
+    is converted on its first compile) and picklable."""
 
     name: str
     op: str
     inputs: tuple[Ref, ...] = ()
     control_inputs: tuple[str, ...] = ()
     device: str = ""
-    attrs: Mapping[str, Any] = field(default_factory=dict)
+    attrs: Mapping[str, Any] = _NO_ATTRS
     outputs: tuple[ValueInfo, ...] = ()
     input_types: tuple[ValueInfo, ...] = ()
     stateful: bool = False
@@ -153,18 +154,20 @@ def node_def_of(op: Operation) -> NodeDef:
     """The IR node of a graph op (cached on the op; ops are immutable once built)."""
     node: NodeDef | None = op._ir
     if node is None:
+        ins = op._inputs
+        input_types = []
+        for t in ins:
+            producer = t._op._ir  # usually converted already: share its ValueInfo
+            input_types.append(producer.outputs[t._value_index] if producer is not None
+                               else ValueInfo(t._dtype, t._shape))
+        attrs = op._attrs
+        site = op._traceback
         node = op._ir = NodeDef(
-            name=op._name,
-            op=op._type,
-            inputs=tuple((t._op._name, t._value_index) for t in op._inputs),
-            control_inputs=tuple(c._name for c in op._control_inputs),
-            device=op._device,
-            attrs=dict(op._attrs),
-            outputs=tuple(ValueInfo(t._dtype, t._shape) for t in op._outputs),
-            input_types=tuple(ValueInfo(t._dtype, t._shape) for t in op._inputs),
-            stateful=op._op_def.stateful,
-            traceback=op.traceback,
-        )
+            op._name, op._type, tuple([(t._op._name, t._value_index) for t in ins]),
+            tuple([c._name for c in op._control_inputs]) if op._control_inputs else (),
+            op._device, attrs.copy() if attrs else _NO_ATTRS,
+            tuple([ValueInfo(t._dtype, t._shape) for t in op._outputs]), tuple(input_types),
+            op._op_def.stateful, f"{site[0]}:{site[1]}")
     return node
 
 

@@ -74,7 +74,8 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
     placement = place(nodes, devices, allow_soft_placement=allow_soft_placement,
                       lookup=ir.by_name)
     nodes, placement = optimize(nodes, placement)
-    has_loops = any(n.op in CONTROL_FLOW_OPS for n in nodes)
+    control_flow = any(n.op in CONTROL_FLOW_OPS for n in nodes)
+    has_loops = control_flow and any(n.op == "Enter" for n in nodes)
     frames = loops = None
     if has_loops:
         if feeds:  # where the fed tensors live: in the graph as it is without the feeds
@@ -94,7 +95,7 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
     if frames is not None and len(set(placement)) > 1:
         nodes, placement, frames, loops = add_control_loops(nodes, placement, frames)
     parts = partition(nodes, placement, devices, feeds, fetches, targets, incarnation,
-                      frames, loops, control_flow=has_loops)
+                      frames, loops, control_flow=control_flow)
     fed = {r: k for k, r in enumerate(feeds)}
     where: dict[int, tuple[int, int]] = {}
     for p, part in enumerate(parts):

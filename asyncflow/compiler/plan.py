@@ -17,9 +17,10 @@ index-based tables the executor walks without a single name lookup:
 * **call frame** — feeds enter through ``_Arg`` slots (``arg_slots``) and fetches
   leave through ``_Retval`` reads (``retval_slots``); fetched and arg slots are never
   freed.
-* **propagation** — a partition with loop frames (Switch / Merge / Enter / Exit /
-  NextIteration) gets ``frames`` and ``edges_out`` and runs with the frame
-  propagator; every other partition runs with the plain one.
+* **propagation** — a partition with loop frames (an Enter) gets ``frames`` and
+  ``edges_out`` and runs with the frame propagator; every other partition runs with
+  the plain one (``frames`` then only says which nodes are Switches and Merges, when
+  the partition has them or may receive dead values).
 
 A plan is a plain value (no kernel, no graph, no lock): it pickles, and many
 concurrent steps share it.  Kernels are bound to it by :mod:`asyncflow.runtime.bind`.
@@ -34,6 +35,7 @@ from asyncflow.compiler.control_flow import (
     CONTROL_FLOW_OPS,
     FrameInfo,
     analyze_frames,
+    cond_info,
     node_frames,
 )
 from asyncflow.compiler.ir import NodeDef, Ref
@@ -122,25 +124,34 @@ def build_plan(part: PartitionDef) -> Plan:
     consumers: list[list[int]] = [[] for _ in range(n)]
     in_slots: list[tuple[int, ...]] = []
     readers: dict[int, list[int]] = {}
+    get_node = node_of.get
+    get_fed = fed_slot.get
+    # One pass per node, kept tight (a 100,000-node plan is built on its first run):
+    # producers in a small list (most nodes have one or two), readers by slot.
     for i, node in enumerate(sched):
-        ins = tuple(slot(r) for r in node.inputs)
-        in_slots.append(ins)
-        producers: set[int] = set()
+        ins_list: list[int] = []
+        producers: list[int] = []
         for r in node.inputs:
-            if fed_slot and r in fed_slot:
-                continue
-            p = node_of.get(r[0])
-            if p is not None:
-                producers.add(p)
+            s = get_fed(r) if fed_slot else None
+            if s is None:
+                s = slot_of[r[0]] + r[1]
+                p = get_node(r[0])
+                if p is not None and p not in producers:
+                    producers.append(p)
+            ins_list.append(s)
+            rs = readers.get(s)
+            if rs is None:
+                readers[s] = [i]
+            elif rs[-1] != i:  # a slot read twice by one node counts once
+                rs.append(i)
         for c in node.control_inputs:
-            p = node_of.get(c)
-            if p is not None:
-                producers.add(p)
+            p = get_node(c)
+            if p is not None and p not in producers:
+                producers.append(p)
+        in_slots.append(tuple(ins_list))
         pending[i] = len(producers)
         for p in producers:
             consumers[p].append(i)
-        for s in set(ins):
-            readers.setdefault(s, []).append(i)
 
     # -- last use ----------------------------------------------------------------
     retval_slots = tuple(slot(r) for _, r in part.retvals)
@@ -169,10 +180,12 @@ def build_plan(part: PartitionDef) -> Plan:
 
     frames = None
     edges_out: EdgesOut = ()
-    if any(node.op in CONTROL_FLOW_OPS or (part.control_flow and node.op == "_Recv")
-           for node in sched):
+    if any(node.op == "Enter" for node in sched):  # loops: the frame propagator
         frames = analyze_frames(sched, node_frames(sched))
         edges_out = _edges_out(sched, node_of, in_slots, fed_slot)
+    elif any(node.op in CONTROL_FLOW_OPS or (part.control_flow and node.op == "_Recv")
+             for node in sched):  # dead tensors, one frame: the plain propagator
+        frames = cond_info(sched)
     return Plan(
         partition=part,
         nodes=tuple(sched),

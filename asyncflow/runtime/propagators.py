@@ -131,7 +131,7 @@ def _dead_fetch(bound: BoundPlan, k: int, v: Dead) -> errors.InvalidArgumentErro
 class PlainPropagator:
     """Readiness by pending counts over one value list (graphs without loop frames)."""
 
-    __slots__ = ("_bound", "_dead", "_edges", "_kinds", "_merges", "_nodes", "_pending",
+    __slots__ = ("_bound", "_dead", "_kinds", "_merges", "_nodes", "_pending",
                  "_ready", "_refs", "_step", "_vals")
 
     def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
@@ -152,7 +152,6 @@ class PlainPropagator:
         # Invariant: _dead[i] is the Dead marker node i inherits, or None while live.
         self._dead: list[Dead | None] | None = [None] * len(nodes) if info is not None else None
         self._kinds = info.kind if info is not None else ()
-        self._edges = plan.edges_out
         # Merge node -> [control producers left, dead inputs, first live input, fired, origin]
         self._merges: dict[int, list[Any]] = {}
 
@@ -281,7 +280,8 @@ class PlainPropagator:
         cf = self._kinds[i] if self._kinds else CF_NONE
         step = self._step
         if cf == CF_MERGE:
-            m = self._merges.pop(i)
+            # No entry: every input is a preloaded constant (always live): the first.
+            m = self._merges.pop(i, None) or [0, 0, 0, True, None]
             if m[2] < 0:
                 d = m[4] or Dead(step._bound.ops[i].name)
                 self._store(node, (d, d))
@@ -321,26 +321,34 @@ class PlainPropagator:
         self._vals[node.out:node.out + node.num_outputs] = outs
 
     def _propagate(self, i: int, node: BoundNode, node_dead: Dead | None) -> None:
-        """Ready node ``i``'s consumers, marking those its dead outputs reach; then free."""
+        """Ready node ``i``'s consumers, marking those its dead outputs reach; then free.
+
+        A consumer reached from a dead node is dead (through data or control edges);
+        one that reads a dead output of a live node (a Switch's untaken side) is dead
+        too.  A Merge counts its dead and live inputs instead.
+        """
         vals = self._vals
         dead = self._dead
         assert dead is not None
+        nodes = self._nodes
         pending = self._pending
         push = self._ready.append
         kinds = self._kinds
-        for c, data, control in self._edges[i]:
+        first, end = node.out, node.out + node.num_outputs
+        for c in node.consumers:
             if kinds[c] == CF_MERGE:
-                self._merge_input(c, data, control)
+                self._merge_input(c, first, end)
                 continue
             if dead[c] is None:
-                if control and node_dead is not None:
+                if node_dead is not None:
                     dead[c] = node_dead
                 else:
-                    for _, s in data:
-                        v = vals[s]
-                        if isinstance(v, Dead):
-                            dead[c] = v
-                            break
+                    for s in nodes[c].inputs:
+                        if first <= s < end:
+                            v = vals[s]
+                            if isinstance(v, Dead):
+                                dead[c] = v
+                                break
             p = pending[c] - 1
             pending[c] = p
             if not p:
@@ -354,7 +362,9 @@ class PlainPropagator:
             if not r:
                 vals[s] = None
 
-    def _merge_input(self, c: int, data: Sequence[tuple[int, int]], control: bool) -> None:
+    def _merge_input(self, c: int, first: int, end: int) -> None:
+        """A producer of Merge ``c`` finished: its outputs are slots ``first:end``
+        (none of them read by ``c``: a control edge)."""
         m = self._merges.get(c)
         if m is None:
             info = self._bound.plan.frames
@@ -362,16 +372,19 @@ class PlainPropagator:
             m = self._merges[c] = [info.merge_controls[c], 0, -1, False, None]
         if m[3]:
             return  # already fired
-        if control:
-            m[0] -= 1
         vals = self._vals
-        for pos, s in data:
-            v = vals[s]
-            if isinstance(v, Dead):
-                m[1] += 1
-                m[4] = m[4] or v
-            elif m[2] < 0:
-                m[2] = pos
+        data = False
+        for pos, s in enumerate(self._nodes[c].inputs):
+            if first <= s < end:
+                data = True
+                v = vals[s]
+                if isinstance(v, Dead):
+                    m[1] += 1
+                    m[4] = m[4] or v
+                elif m[2] < 0:
+                    m[2] = pos
+        if not data:
+            m[0] -= 1
         if m[0] <= 0 and (m[2] >= 0 or m[1] >= self._nodes[c].arity):
             m[3] = True
             self._ready.append(c)
