@@ -36,9 +36,8 @@ def scale_asyncflow(n: int, with_cond: bool = False) -> dict[str, Any]:
         x = x0
         for k in range(n):
             if with_cond and k == n // 2:
-                before = x
-                x = af.cond(taken, lambda: before + np.float32(0.0),
-                            lambda: before - np.float32(1.0))
+                x = af.cond(taken, lambda b=x: b + np.float32(0.0),
+                            lambda b=x: b - np.float32(1.0))
             x = x + one
     build = time.perf_counter() - start
 
