@@ -72,6 +72,8 @@ class _PartialRun:
     fetch_keys: dict[Tensor, str]
     target_keys: dict[Operation, str]
     fed: set[Tensor] = field(default_factory=set)
+    #: What ended the step, when it failed (the root error partial_run reports).
+    error: BaseException | None = None
     fetched: set[Tensor | Operation] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
 
@@ -116,6 +118,7 @@ class PartialRuns:
             try:
                 await sess._run_step(step, None)
             except BaseException as exc:
+                state.error = exc
                 rendezvous.abort(exc)  # waiting partial_run calls fail with the root error
                 raise
 
@@ -166,7 +169,7 @@ class PartialRuns:
                 await state.rendezvous.recv(state.target_keys[op])
                 state.fetched.add(op)
         except errors.AbortedError as exc:
-            root = state.step.error
+            root = state.error
             self._runs.pop(handle, None)
             if isinstance(root, errors.OpError):
                 raise root from None

@@ -18,6 +18,7 @@ import gc
 import logging
 import random
 import threading
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -221,7 +222,10 @@ class Session:
         frame = call.frame(feed_dict)
         if call.fast and not _wants_trace(options, run_metadata) and not self._timeout_ms(options):
             step = self._runner(call, frame)
-            values = step.run_inline()  # type: ignore[union-attr]
+            try:
+                values = step.run_inline()  # type: ignore[union-attr]
+            finally:
+                step.release()
             assert values is not None
             with self._counter_lock:
                 self._steps += 1
@@ -265,11 +269,17 @@ class Session:
         if call.fast and not trace:
             # The fast path: no loop registration, no task; a step that outlasts its
             # first time slice goes on below, yielding to the loop between budgets.
-            values = step.run_inline(SLICE)  # type: ignore[union-attr]
+            try:
+                values = step.run_inline(SLICE)  # type: ignore[union-attr]
+            except errors.OpError:
+                step.release()
+                raise
             if values is not None:
                 with self._counter_lock:
                     self._steps += 1
-                return self._finished(call, step, values, options, run_metadata)
+                result = self._finished(call, step, values, options, run_metadata)
+                step.release()
+                return result
         values = await self._run_step(step, options)
         return self._finished(call, step, values, options, run_metadata)
 
@@ -333,11 +343,16 @@ class Session:
                     async with deadline:
                         return await step.run()
                 except TimeoutError as exc:
+                    if step.finished:
+                        # Every node ran before the deadline landed: the step's outcome
+                        # is its results (a dequeue that took elements delivers them).
+                        return step.results()
                     if step.error is not None:
                         # The first error wins, even over a deadline that passed while
                         # the step waited for its other kernels to stop.
                         raise step.error from None
                     if deadline.expired() and not isinstance(exc, errors.OpError):
+                        _clear_frames(exc)
                         raise errors.DeadlineExceededError(
                             None, None, f"Timed out waiting for the step to finish "
                                         f"(timeout_in_ms={timeout_ms})") from None
@@ -347,6 +362,7 @@ class Session:
             with self._in_flight_lock:
                 self._in_flight.pop(step, None)
             done.set_result(None)
+            step.release()
 
     # -- compiling ---------------------------------------------------------------------
 
@@ -491,6 +507,15 @@ class Session:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close_sync()
+
+
+def _clear_frames(exc: BaseException | None) -> None:
+    """Drop the locals of the finished frames a deadline's cancellation went through
+    (the step's and asyncio's task group and timeout, which keep the exception that
+    unwound them): nothing of the expired step is left for the cycle collector."""
+    while exc is not None:
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__context__
 
 
 @contextlib.contextmanager

@@ -176,6 +176,19 @@ class FIFOQueue:
     ``dequeue_many(n)``, ``close(cancel_pending_enqueues=False)``, ``size()``.
     Dequeue on a closed queue without enough elements → ``OutOfRangeError``;
     enqueue on a closed queue → ``CancelledError``.
+
+    What a step that fails, times out or is cancelled has done to a queue (TF's rule):
+
+    * a dequeue still *waiting* for elements takes none;
+    * a dequeue handed its elements whose step is cancelled before the dequeue
+      returned gives them back to the front of the queue, in order;
+    * a dequeue that *returned* inside a step that later fails (another node's error,
+      a deadline while other work still ran) has consumed its elements, as in TF;
+    * a step whose every node finished is reported finished, with its results, even
+      when its deadline or a ``close()`` lands in the same loop iteration;
+    * an enqueue that returned has put its elements, whatever happens to its step
+      afterwards; one cancelled while waiting for room puts the elements it has not
+      put yet nowhere (``enqueue_many`` may have put a prefix).
     """
 
     def __init__(self, capacity: int, dtypes: Any, shapes: Any = None, names: Any = None,

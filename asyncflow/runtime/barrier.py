@@ -31,7 +31,8 @@ __all__ = ["ExecutorBarrier", "StepRunner"]
 class ExecutorBarrier:
     """Runs the partitions of one step; same interface as a single :class:`Step`."""
 
-    __slots__ = ("_error", "_frame", "_loop", "_rendezvous", "_retval_map", "_steps")
+    __slots__ = ("_error", "_finished", "_frame", "_loop", "_rendezvous", "_retval_map",
+                 "_steps")
 
     def __init__(self, partitions: Sequence[BoundPlan],
                  retval_map: Sequence[tuple[int, int]],
@@ -48,6 +49,7 @@ class ExecutorBarrier:
             for plan in partitions
         ]
         self._error: errors.OpError | None = None
+        self._finished = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -73,12 +75,28 @@ class ExecutorBarrier:
             self._loop = None
         if self._error is not None:
             raise self._error
+        self._finished = True
+        return self.results()
+
+    @property
+    def finished(self) -> bool:
+        """Every partition finished and none failed."""
+        return self._finished or all(step.finished for step in self._steps)
+
+    def results(self) -> list[Any]:
+        """The fetched values of a finished step, in run order."""
         retvals = [step.frame.retvals for step in self._steps]
         args = self._frame.args
         out = [args[k] if p < 0 else retvals[p][k]  # type: ignore[index]
                for p, k in self._retval_map]
         self._frame.retvals = out
         return out
+
+    def release(self) -> None:
+        """Break the reference cycles of every partition's step (see ``Step.release``)."""
+        for step in self._steps:
+            step.release()
+        self._error = None
 
     async def _run_partition(self, step: Step) -> None:
         try:
@@ -87,8 +105,8 @@ class ExecutorBarrier:
             self._record(exc)
 
     def _record(self, error: errors.OpError) -> None:
-        if self._error is not None:
-            return  # derived from the first error (an abort or a cancellation)
+        if self._error is not None or self.finished:
+            return  # derived from the first error (an abort or a cancellation), or late
         self._error = error
         self._rendezvous.abort(error)
         derived = errors.CancelledError(None, None, f"step aborted: {error.message}")
@@ -103,7 +121,7 @@ class ExecutorBarrier:
         """Fail the step from any thread (used by ``Session.close``)."""
         loop = self._loop
         if loop is None:
-            if self._error is None:
+            if self._error is None and not self.finished:
                 self._error = error
             for step in self._steps:
                 step.abort_threadsafe(error)

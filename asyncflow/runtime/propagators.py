@@ -27,6 +27,7 @@ dead tensor as ``InvalidArgumentError`` naming it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import deque
 from collections.abc import Sequence
@@ -237,6 +238,8 @@ class PlainPropagator:
                     return True
         except Exception as exc:
             step.fail(i, exc)
+        except asyncio.CancelledError as exc:  # raised by the kernel itself: its failure
+            step.fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
         return True
 
     def complete(self, token: Any, v: Any) -> None:
@@ -509,6 +512,8 @@ class FramePropagator:
                 self._execute(i, frame, it, self._nodes[i], kinds[i])
             except Exception as exc:
                 step.fail(i, exc)
+            except asyncio.CancelledError as exc:  # raised by the kernel itself
+                step.fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
         return True
 
     def _read(self, st: _Iteration, slot: int) -> Any:

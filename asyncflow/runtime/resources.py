@@ -228,7 +228,11 @@ class FIFOQueueResource:
         except asyncio.CancelledError:
             with self._lock:
                 if waiter in self._getters:
-                    self._getters.remove(waiter)
+                    self._getters.remove(waiter)  # still waiting: it took nothing
+                elif fut.done() and not fut.cancelled() and fut.exception() is None:
+                    # Handed its elements, cancelled before it could deliver them to
+                    # its step: they go back to the front of the queue, in order.
+                    self._give_back(fut.result())
             raise
 
     def close(self, cancel_pending_enqueues: bool = False) -> None:

@@ -85,6 +85,7 @@ class Step:
         "_deferred",
         "_done",
         "_error",
+        "_finished",
         "_frame",
         "_label",
         "_loop",
@@ -116,6 +117,9 @@ class Step:
         self._recvs: set[asyncio.Future[Any]] = set()
         self._error: errors.OpError | None = None  # the first error; written once
         self._stopped = False  # no new node may start, late results are dropped
+        # Every node ran and nothing failed: the step's outcome is its results, whatever
+        # deadline, close or abort arrives after this (written once, on the loop thread).
+        self._finished = False
         #: The (frame name, iteration) the frame propagator is running a node in.
         self._label: tuple[str, int] | None = None
         self._stats: list[NodeExecStats] | None = None
@@ -167,9 +171,28 @@ class Step:
             raise self._error
         return self._retvals()
 
+    @property
+    def finished(self) -> bool:
+        """Every node of the step ran and none failed (its results stand)."""
+        return self._finished
+
+    def results(self) -> list[Any]:
+        """The retvals of a finished step (the outcome when a deadline or cancellation
+        arrived after its last node ran)."""
+        assert self._finished
+        return self._retvals()
+
     def abort(self, error: errors.OpError) -> None:
         """Fail the step with ``error`` (if it has not failed yet).  Loop thread only."""
         self._fail_with(error)
+
+    def release(self) -> None:
+        """The caller is done with the step (results taken, error read): break its
+        reference cycles (step <-> propagator, step -> error -> traceback -> frames ->
+        step) so it is freed by reference counting, not by the cycle collector."""
+        self._prop._step = None  # type: ignore[attr-defined]
+        self._error = None
+        self._cm = None
 
     def abort_threadsafe(self, error: errors.OpError) -> None:
         """Fail the step from any thread (used by ``Session.close``)."""
@@ -348,8 +371,12 @@ class Step:
         except Exception as exc:
             self._fail(i, exc)
             return
-        if (not prop.drain(time.perf_counter() + SLICE) or not self._outstanding
-                or self._error is not None):
+        if not prop.drain(time.perf_counter() + SLICE):
+            self._wake()  # the waiting loop goes on draining after a yield
+        elif self._error is not None:
+            self._wake()
+        elif not self._outstanding:
+            self._finished = True  # before any deadline or close can land
             self._wake()
 
     def _cancel_tasks(self) -> None:
@@ -371,8 +398,8 @@ class Step:
         self._fail_with(error)
 
     def _fail_with(self, error: errors.OpError) -> None:
-        if self._error is not None:
-            return  # the first error wins; this one is derived or late
+        if self._error is not None or self._finished:
+            return  # the first error wins; this one is derived, late, or the step is done
         self._error = error
         self._prop.clear()
         if self._cm is not None:
@@ -383,7 +410,14 @@ class Step:
     # -- results --------------------------------------------------------------------------
 
     def _retvals(self) -> list[Any]:
-        retvals = self._frame.retvals = self._prop.retvals()
+        """The fetched values (the _Retval nodes); marks the step finished."""
+        try:
+            retvals = self._frame.retvals = self._prop.retvals()
+        except errors.OpError as error:  # a fetched tensor is dead
+            self._finished = False
+            self._error = error
+            raise
+        self._finished = True
         return retvals
 
     # -- tracing --------------------------------------------------------------------------
@@ -459,6 +493,7 @@ class Step:
 
 class _Abortable(Protocol):
     _error: errors.OpError | None
+    _finished: bool
 
     def _fail_with(self, error: errors.OpError) -> None: ...
 
@@ -469,7 +504,7 @@ def abort_on_loop(step: _Abortable, loop: asyncio.AbstractEventLoop | None,
     if loop is None:
         # Not waiting on a loop: finished, not started, or running synchronously; the
         # error is recorded and seen at its next check.
-        if step._error is None:
+        if step._error is None and not step._finished:
             step._error = error
         return
     try:
