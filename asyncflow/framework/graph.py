@@ -123,6 +123,10 @@ class Tensor:
         raise TypeError(f"af.Tensor {self.name!r} is not iterable; index or slice it "
                         f"(tensor[i]) or use af.unstack-like ops instead")
 
+    def __getitem__(self, key: Any) -> Tensor:
+        """``tensor[key]``: one StridedSlice op (installed by ``asyncflow.ops.slice_ops``)."""
+        raise NotImplementedError("Tensor slicing needs asyncflow.ops.slice_ops")
+
     def __index__(self) -> int:
         raise TypeError(f"af.Tensor {self.name!r} cannot be used as a Python index")
 
@@ -285,6 +289,8 @@ class Graph:
         self._unfeedable: set[Tensor] = set()
         self._variables: list[Any] = []  # af.Variable objects, for global_variables()
         self._unfetchable: set[Operation] = set()
+        #: The graph-level random seed (af.set_random_seed); None when unset.
+        self._seed: int | None = None
 
     # -- building ---------------------------------------------------------------
 
