@@ -17,7 +17,7 @@ This module is the public API; everything it does not export is private.
 
 from __future__ import annotations
 
-from asyncflow import dtypes, errors, nn, raw_ops, testing, tracing
+from asyncflow import compat, dtypes, errors, nn, raw_ops, testing, tracing, train
 from asyncflow.config import RunMetadata, RunOptions, SessionConfig
 from asyncflow.dtypes import (
     DType,
@@ -184,6 +184,7 @@ __all__ = [
     "cast",
     "clip_by_value",
     "colocate_with",
+    "compat",
     "complex128",
     "complex64",
     "concat",
@@ -283,6 +284,7 @@ __all__ = [
     "tile",
     "top_k",
     "tracing",
+    "train",
     "transpose",
     "truncated_normal",
     "uint8",

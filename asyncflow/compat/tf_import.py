@@ -352,7 +352,7 @@ def supported_tf_op_types() -> tuple[str, ...]:
 
 # -- the import -----------------------------------------------------------------------------
 
-_DEVICE_TYPE = re.compile(r"(?:device:|/)([A-Za-z_]+):\d+", re.IGNORECASE)
+_DEVICE_TYPE = re.compile(r"device:([A-Za-z_]+):\d+|/(cpu|gpu):\d+", re.IGNORECASE)
 
 
 def _device(spec: str) -> str:
@@ -360,7 +360,7 @@ def _device(spec: str) -> str:
     if not spec:
         return ""
     m = _DEVICE_TYPE.search(spec)
-    if m is None or m.group(1).upper() != "CPU":
+    if m is None or (m.group(1) or m.group(2)).upper() != "CPU":
         return ""
     return spec
 

@@ -27,15 +27,17 @@ Specs = list[tuple[dtypes.DType, Any]]
 
 
 def _summarize(value: Any, summarize: int) -> str:
+    """TF's Print format: ``[a b c...]`` (first ``summarize`` elements); strings unquoted."""
+    def show(v: Any) -> str:
+        return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
     a = np.asarray(value)
-    if a.dtype == object:
-        a = np.vectorize(lambda v: v.decode("utf-8", "replace") if isinstance(v, bytes)
-                         else v, otypes=[object])(a)
+    if a.ndim == 0:
+        return show(a[()])
     flat = a.reshape(-1)
     n = flat.size if summarize < 0 else min(summarize, flat.size)
-    items = " ".join(str(v) for v in flat[:n].tolist())
     more = "..." if n < flat.size else ""
-    return f"[{items}{more}]" if a.ndim else str(a[()])
+    return "[" + " ".join(show(v) for v in flat[:n].tolist()) + more + "]"
 
 
 define_op("Print", lambda inputs, attrs: [(inputs[0]._dtype, inputs[0]._shape)], stateful=True)
