@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import asyncflow as af
 from asyncflow.compat import export_tf_graph_def, import_tf_graph_def, supported_tf_op_types
@@ -289,3 +291,27 @@ def test_export_refuses_ops_without_tf_twin() -> None:
     with pytest.raises(af.errors.UnimplementedError,
                        match=r"'local_fn' \(PyFunc\).*'remote_fn'.*'v' \(VariableV2\)"):
         export_tf_graph_def(g)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_corrupted_graphs_fail_cleanly(data: st.DataObject) -> None:
+    """Flipped, cut or inserted bytes: either the graph imports, or a clear error — never
+    another exception type, a crash or a hang."""
+    raw = bytearray((FIXTURES / data.draw(st.sampled_from(GRAPHS)).__add__(".pb")).read_bytes())
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        action = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        if action == "flip":
+            raw[i] ^= 1 << data.draw(st.integers(0, 7))
+        elif action == "cut":
+            del raw[i:]
+        else:
+            raw[i:i] = data.draw(st.binary(min_size=1, max_size=4))
+        if not raw:
+            break
+    with af.Graph().as_default():
+        try:
+            import_tf_graph_def(bytes(raw))
+        except (af.errors.OpError, ValueError, TypeError):
+            pass

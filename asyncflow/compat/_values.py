@@ -19,6 +19,9 @@ from asyncflow.framework.shapes import TensorShape
 __all__ = ["attr_from_proto", "attr_to_proto", "dtype_from_enum", "dtype_to_enum",
            "ndarray_from_proto", "ndarray_to_proto", "shape_from_proto", "shape_to_proto"]
 
+#: Larger constants are refused: a corrupt or hostile shape must not exhaust memory.
+_MAX_CONSTANT_BYTES = 1 << 31
+
 _BY_NAME = {
     "DT_FLOAT": dtypes.float32, "DT_DOUBLE": dtypes.float64, "DT_HALF": dtypes.float16,
     "DT_INT8": dtypes.int8, "DT_INT16": dtypes.int16, "DT_INT32": dtypes.int32,
@@ -85,7 +88,13 @@ def ndarray_from_proto(proto: Any, where: str) -> tuple[dtypes.DType, np.ndarray
         raise errors.InvalidArgumentError(None, None, f"{where}: tensor shape {shape} is not "
                                                       f"fully defined")
     dims = tuple(int(d) for d in shape.dims)  # type: ignore[arg-type]
-    count = int(np.prod(dims, dtype=np.int64))
+    count = 1
+    for d in dims:
+        count *= d  # Python ints: no overflow for absurd shapes
+    if count * dt.np.itemsize > _MAX_CONSTANT_BYTES:
+        raise errors.InvalidArgumentError(
+            None, None, f"{where}: a constant of shape {list(dims)} ({dt.name}) is larger "
+                        f"than {_MAX_CONSTANT_BYTES >> 30} GiB")
     if proto.tensor_content:
         if dt.is_string:
             raise errors.DataLossError(None, None, f"{where}: string tensors cannot use "

@@ -177,6 +177,19 @@ class _Ctx:
         value = self.node.attrs.get(key)
         return default if value is None else value
 
+    def required(self, key: str, kind: type | tuple[type, ...] | None = None) -> Any:
+        """An attribute TF's op registry requires; ``InvalidArgumentError`` when absent."""
+        value = self.node.attrs.get(key)
+        if value is None:
+            raise errors.InvalidArgumentError(None, None, f"node {self.node.name!r} "
+                                                          f"({self.node.op}) has no attr "
+                                                          f"{key!r}")
+        if kind is not None and not isinstance(value, kind):
+            raise errors.InvalidArgumentError(None, None, f"node {self.node.name!r} "
+                                                          f"({self.node.op}): attr {key!r} "
+                                                          f"is {value!r}")
+        return value
+
     def const(self, t: Tensor, what: str) -> Any:
         """The build-time value of ``t`` (a Const, possibly behind Identity ops)."""
         op = t.op
@@ -195,7 +208,8 @@ Converter = Callable[[_Ctx, list[Tensor]], Operation]
 def _same(op_type: str | None = None, /, **defaults: Any) -> Converter:
     """The same op (or ``op_type``) with the attributes in ``defaults`` (TF default values)."""
     def convert(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
-        attrs = {k: ctx.attr(k, d) for k, d in defaults.items()}
+        attrs = {k: ctx.attr(k, d) if d is not None else ctx.required(k)
+                 for k, d in defaults.items()}
         return ctx.op(op_type or ctx.node.op, inputs, attrs)
     return convert
 
@@ -208,7 +222,14 @@ def _const(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
 
 def _placeholder(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
     shape = ctx.attr("shape", TensorShape(None))
-    return ctx.op("Placeholder", inputs, {"dtype": ctx.attr("dtype"), "shape": shape})
+    if not isinstance(shape, TensorShape):
+        ctx.required("shape", TensorShape)
+    return ctx.op("Placeholder", inputs, {"dtype": ctx.required("dtype", dtypes.DType),
+                                          "shape": shape})
+
+
+def _cast(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
+    return ctx.op("Cast", inputs, {"DstT": ctx.required("DstT", dtypes.DType)})
 
 
 def _reduction(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
@@ -316,7 +337,7 @@ _CONVERTERS: dict[str, Converter] = {
     "Equal": _same(), "NotEqual": _same(), "Less": _same(), "LessEqual": _same(),
     "Greater": _same(), "GreaterEqual": _same(), "LogicalAnd": _same(),
     "LogicalOr": _same(), "LogicalNot": _same(),
-    "Cast": _same(DstT=None),
+    "Cast": _cast,
     "Sum": _reduction, "Mean": _reduction, "Max": _reduction, "Min": _reduction,
     "Prod": _reduction, "All": _reduction, "Any": _reduction,
     "ArgMax": _arg, "ArgMin": _arg,
@@ -475,9 +496,11 @@ def _convert(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
         return _CONVERTERS[node.op](ctx, inputs)
     except errors.OpError:
         raise
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:
+        # A shape function or converter tripping on malformed attributes or inputs.
         raise errors.InvalidArgumentError(None, None, f"cannot import node {node.name!r} "
-                                                      f"({node.op}): {exc}") from exc
+                                                      f"({node.op}): {type(exc).__name__}: "
+                                                      f"{exc}") from exc
 
 
 def _output(op: Operation, index: int, node: _Node | None) -> Tensor:
