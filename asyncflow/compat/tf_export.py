@@ -234,6 +234,7 @@ _EXPORTERS: dict[str, Exporter] = {
     "NoOp": _simple("NoOp", t=False), "Add": _simple("AddV2"),
     "LogicalAnd": _simple(t=False), "LogicalOr": _simple(t=False),
     "LogicalNot": _simple(t=False), "LoopCond": _simple(t=False),
+    "LogicalXor": _simple("NotEqual"),  # TF has no LogicalXor op: x != y on bools
     "LeakyRelu": _simple(None, "alpha"), "Softmax": _softmax,
     "BiasAdd": _simple(None, "data_format"), "MatMul": _matmul, "Cast": _cast,
     "Sum": _reduction, "Mean": _reduction, "Max": _reduction, "Min": _reduction,

@@ -393,8 +393,8 @@ def import_tf_graph_def(data: bytes | str | os.PathLike[str],
     """Import a TensorFlow ``GraphDef`` protobuf into the default graph.
 
     ``data``: serialized bytes, or a path to a binary ``.pb`` or text ``.pbtxt`` file.
-    As ``tf.import_graph_def``: op names get the prefix ``name/`` (uniquified; ``""``
-    for none); ``input_map`` maps graph-def tensor names (``"x:0"``, ``"x"``) to
+    As ``tf.import_graph_def``: op names get the prefix ``name/`` (uniquified; ``None``
+    means ``"import"``, ``""`` no prefix); ``input_map`` maps graph-def tensor names (``"x:0"``, ``"x"``) to
     tensors used in their place; ``return_elements`` lists names to return (``"op:0"``
     → Tensor, ``"op"`` → Operation), else ``None`` is returned.
 
@@ -420,6 +420,8 @@ def import_tf_graph_def(data: bytes | str | os.PathLike[str],
     mapped = _input_map(input_map, {n.name: n for n in nodes})
     graph = get_default_graph()
     prefix = ""
+    if name is None:
+        name = "import"  # as tf.import_graph_def
     if name:
         prefix = graph.unique_name(name.rstrip("/")) + "/"
     created = _create(graph, prefix, order, mapped)
