@@ -76,6 +76,15 @@ def test_conv2d_matches_loop_reference(graph: af.Graph, stride: int, pad: int) -
     np.testing.assert_allclose(run(y), _conv_reference(x, w, stride, pad), rtol=1e-10)
 
 
+def test_python_values_take_the_inputs_dtype(graph: af.Graph) -> None:
+    x = af.placeholder(af.float32, (1, 3, 3, 2))
+    y = af.nn.bias_add(af.nn.conv2d(x, np.ones((1, 1, 2, 2)), 1, "VALID"), [1, 2])
+    loss = af.nn.softmax_cross_entropy_with_logits(labels=[[0, 1]], logits=y[0, 0, :1])
+    assert y.dtype is af.float32
+    assert y.op.inputs[1].dtype is af.float32
+    assert loss.dtype is af.float32
+
+
 def test_big_conv_runs_on_a_worker_thread(graph: af.Graph) -> None:
     from asyncflow.framework import registry
 
@@ -240,8 +249,8 @@ def test_shapes_are_inferred(graph: af.Graph) -> None:
                           np.zeros((1, 1, 2, 1), np.float32), 1, "SAME", name="bad_conv"),
      ValueError, "in_channels"),
     (lambda: af.nn.conv2d(af.placeholder(af.float32, (1, 4, 4, 3)),
-                          np.zeros((1, 1, 3, 1), np.float64), 1, "SAME", name="bad_conv"),
-     TypeError, "dtype"),
+                          af.constant(np.zeros((1, 1, 3, 1), np.float64)), 1, "SAME",
+                          name="bad_conv"), TypeError, "dtype"),
     (lambda: af.nn.conv2d(af.placeholder(af.float32, (1, 4, 4, 3)),
                           np.zeros((1, 1, 3, 1), np.float32), 1, "FULL", name="bad_conv"),
      ValueError, "padding"),

@@ -312,6 +312,13 @@ def _avg_pool_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 
 # -- constructors ----------------------------------------------------------------------
 
+def _like(value: Any, x: Tensor) -> Tensor:
+    """A Tensor as is; a Python or numpy value converted to ``x``'s dtype (as TF's ``T``)."""
+    if isinstance(value, Tensor) or hasattr(value, "_as_graph_element"):
+        return convert_to_tensor(value)
+    return convert_to_tensor(value, dtype=x.dtype)
+
+
 def _four(value: Any, nchw: bool, what: str) -> list[int]:
     """TF's ``strides``/``ksize``/``dilations`` argument as the 4-element attribute."""
     if isinstance(value, int | np.integer):
@@ -355,7 +362,8 @@ def conv2d(input: Any, filter: Any = None, strides: Any = None, padding: Any = "
     nchw = data_format == "NCHW"
     attrs = {"strides": _four(strides, nchw, "strides"), "data_format": data_format,
              "dilations": _four(dilations, nchw, "dilations"), **_padding_attrs(padding, nchw)}
-    x, f = convert_to_tensor(input), convert_to_tensor(filter)
+    x = convert_to_tensor(input)
+    f = _like(filter, x)
     return make_op("Conv2D", (x, f), attrs, name=name, default_name="Conv2D").outputs[0]
 
 
@@ -371,7 +379,8 @@ def depthwise_conv2d(input: Any, filter: Any, strides: Any, padding: Any,
     dil = dilations if dilations is not None else (rate if rate is not None else 1)
     attrs = {"strides": _four(strides, nchw, "strides"), "data_format": data_format,
              "dilations": _four(dil, nchw, "dilations"), **_padding_attrs(padding, nchw)}
-    x, f = convert_to_tensor(input), convert_to_tensor(filter)
+    x = convert_to_tensor(input)
+    f = _like(filter, x)
     return make_op("DepthwiseConv2dNative", (x, f), attrs, name=name,
                    default_name="depthwise").outputs[0]
 

@@ -53,6 +53,13 @@ def _float_unary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Sp
     return [(x._dtype, x._shape)]
 
 
+def _like(value: Any, dtype: dtypes.DType) -> Tensor:
+    """A Tensor as is; a Python or numpy value converted to ``dtype`` (as TF's ``T``)."""
+    if isinstance(value, Tensor) or hasattr(value, "_as_graph_element"):
+        return convert_to_tensor(value)
+    return convert_to_tensor(value, dtype=dtype)
+
+
 # -- Relu ------------------------------------------------------------------------------
 
 define_op("Relu", _real_unary_shape)
@@ -291,7 +298,8 @@ def _bias_add_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 def bias_add(value: Any, bias: Any, data_format: str | None = None,
              name: str | None = None) -> Tensor:
     """``value + bias`` with a 1-D ``bias`` over the channel dimension (op ``BiasAdd``)."""
-    x, b = convert_to_tensor(value), convert_to_tensor(bias)
+    x = convert_to_tensor(value)
+    b = _like(bias, x.dtype)
     return make_op("BiasAdd", (x, b), {"data_format": data_format or "NHWC"}, name=name,
                    default_name="BiasAdd").outputs[0]
 
@@ -380,7 +388,7 @@ def fused_batch_norm(x: Any, scale: Any, offset: Any, mean: Any = None, variance
             raise ValueError("fused_batch_norm: mean and variance are required when "
                              "is_training=False")
         mean = variance = np.zeros((0,), np.float32)
-    tensors = tuple(convert_to_tensor(v) for v in (scale, offset, mean, variance))
+    tensors = tuple(_like(v, dtypes.float32) for v in (scale, offset, mean, variance))
     min_eps = 1.001e-5
     attrs = {"epsilon": float(max(epsilon, min_eps)), "data_format": data_format,
              "is_training": bool(is_training), "exponential_avg_factor": 1.0}
@@ -472,8 +480,7 @@ def softmax_cross_entropy_with_logits(labels: Any = None, logits: Any = None,
     if (dim if dim is not None else axis) != -1:
         raise ValueError("softmax_cross_entropy_with_logits supports axis=-1 only")
     lg = convert_to_tensor(logits)
-    lb = convert_to_tensor(labels, dtype=lg.dtype) if not hasattr(labels, "dtype") else \
-        convert_to_tensor(labels)
+    lb = _like(labels, lg.dtype)
     op = make_op("SoftmaxCrossEntropyWithLogits", (lg, lb), name=name,
                  default_name="SoftmaxCrossEntropyWithLogits")
     return op.outputs[0]
