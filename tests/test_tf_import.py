@@ -48,6 +48,18 @@ def test_frozen_tf_graph_runs_with_tf_outputs(name: str) -> None:
     _run_and_compare(g, name, prefix="import/")
 
 
+@pytest.mark.parametrize("name", ["cnn", "mlp_bn", "array_ops"])
+def test_imported_graphs_survive_the_json_graph_def(name: str) -> None:
+    # (control_flow waits for the JSON graph def's loop round trip, another change.)
+    g = af.Graph()
+    with g.as_default():
+        import_tf_graph_def(FIXTURES / f"{name}.pb", name="")
+    g2 = af.Graph()
+    with g2.as_default():
+        af.import_graph_def(json.loads(json.dumps(g.as_graph_def())))
+    _run_and_compare(g2, name)
+
+
 def test_every_fixture_op_type_is_supported() -> None:
     for name in GRAPHS:
         spec, _ = _fixture(name)

@@ -5,7 +5,8 @@ because the executor calls ``kernel(*inputs)`` in its hot loop.  Every kernel re
 exactly the dtype its shape function declared.
 
 The bottom of this module installs the Python operators on :class:`Tensor`
-(``x + y``, ``x[1:, None]``, ...), TensorFlow's pattern: framework/ never imports ops/.
+(``x + y``, ``-x``, ``x < y``, ...), TensorFlow's pattern: framework/ never imports ops/.
+Slicing (``x[1:, None]``) is installed by :mod:`asyncflow.ops.slice_ops`.
 """
 
 from __future__ import annotations
