@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from asyncflow.ops.conv_ops import avg_pool, conv2d, depthwise_conv2d, max_pool
-from asyncflow.ops.extra_math_ops import top_k
+from asyncflow.ops.extra_math_ops import softplus, softsign, top_k
 from asyncflow.ops.nn_ops import (
     bias_add,
     elu,
@@ -37,6 +37,8 @@ __all__ = [
     "sigmoid",
     "softmax",
     "softmax_cross_entropy_with_logits",
+    "softplus",
+    "softsign",
     "sparse_softmax_cross_entropy_with_logits",
     "top_k",
 ]

@@ -211,6 +211,23 @@ def test_compact_and_typed_tensor_values() -> None:
     assert b is np.True_
 
 
+def test_integer_div_truncates_as_tf() -> None:
+    m = messages()
+    a = m.TensorProto(dtype=3, int_val=[7, -7, 7, -7])
+    a.tensor_shape.dim.add(size=4)
+    b = m.TensorProto(dtype=3, int_val=[2, 2, -2, -2])
+    b.tensor_shape.dim.add(size=4)
+    data = _graph_def(("a", "Const", [], {"value": a, "dtype": 3}),
+                      ("b", "Const", [], {"value": b, "dtype": 3}),
+                      ("q", "Div", ["a", "b"], {}))
+    g = af.Graph()
+    with g.as_default():
+        import_tf_graph_def(data, name="")
+    assert g.get_operation_by_name("q").type == "TruncateDiv"
+    with af.Session(graph=g) as sess:
+        np.testing.assert_array_equal(sess.run_sync("q:0"), [3, -3, -3, 3])
+
+
 def test_devices_and_colocation() -> None:
     m = messages()
     gd = m.GraphDef()

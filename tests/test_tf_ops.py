@@ -291,6 +291,10 @@ def test_shapes_are_inferred(graph: af.Graph) -> None:
     (lambda: af.one_hot(np.zeros(2, np.float32), 3, name="bad_oh"), TypeError, "indices"),
     (lambda: af.erf(np.zeros(2, np.int32), name="bad_erf"), TypeError, "floating"),
     (lambda: af.Assert(np.zeros(2, bool), [1], name="bad_assert"), ValueError, "scalar"),
+    (lambda: af.broadcast_to(np.zeros((2, 3)), [4, 3], name="bad_bcast"), ValueError,
+     "cannot broadcast"),
+    (lambda: af.floor(np.zeros(2, np.int32), name="bad_floor"), TypeError, "floating"),
+    (lambda: af.is_nan(np.zeros(2, np.int32), name="bad_isnan"), TypeError, "floating"),
     (lambda: af.strided_slice(np.zeros((2, 3)), [5], [6], [1], shrink_axis_mask=1,
                               name="bad_ss"), ValueError, "out of bounds"),
 ], ids=lambda v: v if isinstance(v, str) else "")
@@ -404,10 +408,13 @@ def test_new_ops_are_exported() -> None:
                  "reverse", "cumsum", "top_k", "einsum", "rsqrt", "erf", "reduce_any",
                  "reduce_all", "logical_xor", "squared_difference", "random_uniform",
                  "random_normal", "truncated_normal", "set_random_seed", "Print", "Assert",
-                 "map_fn"):
+                 "map_fn", "floor", "ceil", "round", "sign", "reciprocal", "log1p", "expm1",
+                 "sin", "cos", "is_nan", "is_finite", "truncatediv", "truncatemod",
+                 "broadcast_to"):
         assert name in af.__all__, name
     for name in ("conv2d", "depthwise_conv2d", "bias_add", "max_pool", "avg_pool", "relu6",
                  "leaky_relu", "elu", "selu", "log_softmax", "fused_batch_norm",
                  "softmax_cross_entropy_with_logits",
-                 "sparse_softmax_cross_entropy_with_logits", "l2_normalize"):
+                 "sparse_softmax_cross_entropy_with_logits", "l2_normalize", "softplus",
+                 "softsign"):
         assert name in af.nn.__all__, name

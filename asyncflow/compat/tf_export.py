@@ -226,7 +226,9 @@ _UNARY = ("Identity", "Neg", "Abs", "Square", "Sqrt", "Rsqrt", "Exp", "Log", "Ta
           "ZerosLike", "OnesLike", "Exit", "NextIteration", "Sub", "Mul", "RealDiv",
           "FloorDiv", "FloorMod", "Pow", "Maximum", "Minimum", "SquaredDifference", "Equal",
           "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "Switch",
-          "Rank", "ClipByValue", "SoftmaxCrossEntropyWithLogits", "Where")
+          "Rank", "ClipByValue", "SoftmaxCrossEntropyWithLogits", "Where", "Floor", "Ceil",
+          "Round", "Sign", "Reciprocal", "Log1p", "Expm1", "Sin", "Cos", "Softplus",
+          "Softsign", "IsNan", "IsFinite", "TruncateDiv", "TruncateMod")
 
 _EXPORTERS: dict[str, Exporter] = {
     "Const": _const, "Placeholder": _placeholder,
@@ -246,6 +248,7 @@ _EXPORTERS: dict[str, Exporter] = {
     "Shape": _simple(None, "out_type"), "Size": _simple(None, "out_type"),
     "Range": _with_types("Range", {"Tidx": 0}),
     "Fill": _with_types("Fill", {"T": 1, "index_type": 0}),
+    "BroadcastTo": _with_types("BroadcastTo", {"T": 0, "Tidx": 1}),
     "SelectV2": _with_types("SelectV2", {"T": 1}), "Where": _simple(),
     "StridedSlice": _with_types("StridedSlice", {"T": 0, "Index": 1}, *_MASKS),
     "Slice": _with_types("Slice", {"T": 0, "Index": 1}),

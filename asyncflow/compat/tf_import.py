@@ -280,9 +280,9 @@ def _matmul_batch(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
 
 
 def _div(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
-    if not (inputs[0].dtype.is_floating or inputs[0].dtype.is_complex):
-        raise errors.UnimplementedError(None, None, f"node {ctx.node.name!r}: integer Div "
-                                                    f"(truncating) is not supported")
+    # TF's Div truncates integers toward zero (C semantics).
+    if inputs[0].dtype.is_integer:
+        return ctx.op("TruncateDiv", inputs, {})
     return ctx.op("RealDiv", inputs, {})
 
 
@@ -328,6 +328,11 @@ _CONVERTERS: dict[str, Converter] = {
     "Maximum": _same(), "Minimum": _same(), "SquaredDifference": _same(), "AddN": _same(),
     "Neg": _same(), "Abs": _same(), "Square": _same(), "Sqrt": _same(), "Rsqrt": _same(),
     "Exp": _same(), "Log": _same(), "Tanh": _same(), "Sigmoid": _same(), "Erf": _same(),
+    "Floor": _same(), "Ceil": _same(), "Round": _same(), "Sign": _same(),
+    "Reciprocal": _same(), "Inv": _same("Reciprocal"), "Log1p": _same(), "Expm1": _same(),
+    "Sin": _same(), "Cos": _same(), "Softplus": _same(), "Softsign": _same(),
+    "IsNan": _same(), "IsFinite": _same(), "TruncateDiv": _same(), "TruncateMod": _same(),
+    "BroadcastTo": _same(),
     "Relu": _same(), "Relu6": _same(), "Elu": _same(), "Selu": _same(),
     "LeakyRelu": _same(alpha=0.2), "Softmax": _same(axis=-1), "LogSoftmax": _same(),
     "BiasAdd": _same(data_format="NHWC"), "BiasAddV1": _bias_add_v1,

@@ -17,8 +17,10 @@ from asyncflow.framework.shapes import TensorShape, broadcast_shapes, unknown_sh
 from asyncflow.ops._base import binary_inputs, binary_shape, define_op, inline_kernel, make_op
 from asyncflow.ops.array_ops import _check_axis, _const_value, constant
 
-__all__ = ["clip_by_value", "cumsum", "einsum", "erf", "rsqrt", "squared_difference",
-           "top_k"]
+__all__ = ["broadcast_to", "ceil", "clip_by_value", "cos", "cumsum", "einsum", "erf",
+           "expm1", "floor", "is_finite", "is_nan", "log1p", "reciprocal", "round", "rsqrt",
+           "sign", "sin", "softplus", "softsign", "squared_difference", "top_k", "truncatediv",
+           "truncatemod"]
 
 Specs = list[tuple[dtypes.DType, Any]]
 
@@ -305,3 +307,186 @@ def einsum(equation: str, *inputs: Any, name: str | None = None, **kwargs: Any) 
     tensors = [convert_to_tensor(x) for x in inputs]
     return make_op("Einsum", tensors, {"equation": str(equation), "N": len(tensors)},
                    name=name, default_name="einsum").outputs[0]
+
+
+# -- simple elementwise ops frozen graphs often hold ------------------------------------------
+
+def _real_float_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+    (x,) = inputs
+    if not x._dtype.is_floating:
+        raise TypeError(f"input {x.name!r} has dtype {x._dtype.name}, expected a floating "
+                        f"dtype")
+    return [(x._dtype, x._shape)]
+
+
+def _numeric_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+    (x,) = inputs
+    if not x._dtype.is_numeric:
+        raise TypeError(f"input {x.name!r} has dtype {x._dtype.name}, expected numeric")
+    return [(x._dtype, x._shape)]
+
+
+def _float_to_bool_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+    (x,) = inputs
+    _real_float_shape(inputs, attrs)
+    return [(dtypes.bool, x._shape)]
+
+
+def _softplus(x: Any) -> Any:
+    # log(1 + exp(x)) without overflow: max(x, 0) + log1p(exp(-|x|)).
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+def _softsign(x: Any) -> Any:
+    return x / (1 + np.abs(x))
+
+
+def _round(x: Any) -> Any:
+    return np.rint(x) if x.dtype.kind in "fc" else x
+
+
+def _reciprocal(x: Any) -> Any:
+    return np.reciprocal(x) if x.dtype.kind in "fc" else x.dtype.type(1) // x
+
+
+# op type -> (shape function, numpy kernel, public name, docstring)
+_UNARY: dict[str, tuple[Any, Callable[..., Any], str, str]] = {
+    "Floor": (_real_float_shape, np.floor, "floor", "The largest integer <= x, elementwise"),
+    "Ceil": (_real_float_shape, np.ceil, "ceil", "The smallest integer >= x, elementwise"),
+    "Round": (_numeric_shape, _round, "round",
+              "x rounded to the nearest integer, halves to even (as TF), elementwise"),
+    "Sign": (_numeric_shape, np.sign, "sign", "-1, 0 or 1 by the sign of x, elementwise"),
+    "Reciprocal": (_numeric_shape, _reciprocal, "reciprocal", "1 / x, elementwise"),
+    "Log1p": (_float_shape, np.log1p, "log1p", "log(1 + x), accurate near 0, elementwise"),
+    "Expm1": (_float_shape, np.expm1, "expm1", "exp(x) - 1, accurate near 0, elementwise"),
+    "Sin": (_float_shape, np.sin, "sin", "The sine of x, elementwise"),
+    "Cos": (_float_shape, np.cos, "cos", "The cosine of x, elementwise"),
+    "Softplus": (_real_float_shape, _softplus, "softplus",
+                 "log(1 + exp(x)) without overflow, elementwise"),
+    "Softsign": (_real_float_shape, _softsign, "softsign", "x / (1 + |x|), elementwise"),
+    "IsNan": (_float_to_bool_shape, np.isnan, "is_nan", "Whether x is NaN, elementwise"),
+    "IsFinite": (_float_to_bool_shape, np.isfinite, "is_finite",
+                 "Whether x is finite, elementwise"),
+}
+
+
+def _unary_constructor(op_type: str, public: str, doc: str) -> Callable[..., Tensor]:
+    def make(x: Any, name: str | None = None) -> Tensor:
+        t = convert_to_tensor(x)
+        return make_op(op_type, (t,), name=name, default_name=op_type).outputs[0]
+
+    make.__name__ = make.__qualname__ = public
+    make.__doc__ = f"{doc} (op ``{op_type}``)."
+    return make
+
+
+for _type, (_shape_fn, _kernel, _public, _doc) in _UNARY.items():
+    define_op(_type, _shape_fn)
+    inline_kernel(_type, _kernel)
+
+floor = _unary_constructor("Floor", *_UNARY["Floor"][2:])
+ceil = _unary_constructor("Ceil", *_UNARY["Ceil"][2:])
+round = _unary_constructor("Round", *_UNARY["Round"][2:])
+sign = _unary_constructor("Sign", *_UNARY["Sign"][2:])
+reciprocal = _unary_constructor("Reciprocal", *_UNARY["Reciprocal"][2:])
+log1p = _unary_constructor("Log1p", *_UNARY["Log1p"][2:])
+expm1 = _unary_constructor("Expm1", *_UNARY["Expm1"][2:])
+sin = _unary_constructor("Sin", *_UNARY["Sin"][2:])
+cos = _unary_constructor("Cos", *_UNARY["Cos"][2:])
+_softplus_op = _unary_constructor("Softplus", *_UNARY["Softplus"][2:])
+_softsign_op = _unary_constructor("Softsign", *_UNARY["Softsign"][2:])
+
+
+def softplus(features: Any, name: str | None = None) -> Tensor:
+    """``log(1 + exp(features))`` without overflow, elementwise (op ``Softplus``)."""
+    return _softplus_op(features, name=name)
+
+
+def softsign(features: Any, name: str | None = None) -> Tensor:
+    """``features / (1 + |features|)``, elementwise (op ``Softsign``)."""
+    return _softsign_op(features, name=name)
+
+is_nan = _unary_constructor("IsNan", *_UNARY["IsNan"][2:])
+is_finite = _unary_constructor("IsFinite", *_UNARY["IsFinite"][2:])
+
+
+# -- TruncateDiv, TruncateMod (C-style integer division, TF's Div on ints) -------------------
+
+def _int_binary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+    specs = binary_shape(inputs, attrs)
+    if not (inputs[0]._dtype.is_integer or inputs[0]._dtype.is_floating):
+        raise TypeError(f"inputs have dtype {inputs[0]._dtype.name}, expected a real dtype")
+    return specs
+
+
+def _truncate_div(x: Any, y: Any) -> Any:
+    if np.asarray(x).dtype.kind == "f":
+        return np.trunc(x / y)
+    if np.any(np.asarray(y) == 0):
+        raise ValueError("Integer division by zero")
+    q = np.floor_divide(x, y)
+    # Floor division rounds toward -inf; truncation toward 0 differs when signs differ.
+    return q + ((np.remainder(x, y) != 0) & ((np.asarray(x) < 0) != (np.asarray(y) < 0)))
+
+
+def _truncate_mod(x: Any, y: Any) -> Any:
+    return np.fmod(x, y)
+
+
+define_op("TruncateDiv", _int_binary_shape)
+inline_kernel("TruncateDiv", _truncate_div)
+define_op("TruncateMod", _int_binary_shape)
+inline_kernel("TruncateMod", _truncate_mod)
+
+
+def truncatediv(x: Any, y: Any, name: str | None = None) -> Tensor:
+    """``x / y`` rounded toward zero, as C (op ``TruncateDiv``)."""
+    a, b = binary_inputs(x, y, name or "TruncateDiv")
+    return make_op("TruncateDiv", (a, b), name=name, default_name="TruncateDiv").outputs[0]
+
+
+def truncatemod(x: Any, y: Any, name: str | None = None) -> Tensor:
+    """The remainder of :func:`truncatediv`, with the sign of ``x`` (op ``TruncateMod``)."""
+    a, b = binary_inputs(x, y, name or "TruncateMod")
+    return make_op("TruncateMod", (a, b), name=name, default_name="TruncateMod").outputs[0]
+
+
+# -- BroadcastTo ---------------------------------------------------------------------------
+
+def _broadcast_to_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+    x, shape = inputs
+    if shape._dtype not in (dtypes.int32, dtypes.int64):
+        raise TypeError(f"shape {shape.name!r} must be int32 or int64, got "
+                        f"{shape._dtype.name}")
+    value = _const_value(shape)
+    if value is None:
+        n = shape._shape[0] if shape._shape.rank == 1 else None
+        return [(x._dtype, unknown_shape(n))]
+    target = TensorShape(np.asarray(value).reshape(-1).tolist())
+    try:
+        merged = broadcast_shapes(x._shape, target)
+    except ValueError:
+        raise ValueError(f"cannot broadcast {x.name!r} of shape {x._shape} to "
+                         f"{target}") from None
+    if merged.rank != target.rank or not merged.is_compatible_with(target):
+        raise ValueError(f"cannot broadcast {x.name!r} of shape {x._shape} to {target}")
+    return [(x._dtype, target)]
+
+
+define_op("BroadcastTo", _broadcast_to_shape)
+
+
+def _broadcast_to_kernel(x: Any, shape: Any) -> Any:
+    # A read-only broadcast view: kernels never write their inputs.
+    return np.broadcast_to(x, tuple(np.asarray(shape).tolist()))
+
+
+inline_kernel("BroadcastTo", _broadcast_to_kernel)
+
+
+def broadcast_to(input: Any, shape: Any, name: str | None = None) -> Tensor:
+    """``input`` broadcast to ``shape`` with numpy's rules (op ``BroadcastTo``)."""
+    x = convert_to_tensor(input)
+    s = shape if isinstance(shape, Tensor) else constant(
+        np.asarray(shape, np.int32).reshape(-1), dtype=dtypes.int32)
+    return make_op("BroadcastTo", (x, s), name=name, default_name="BroadcastTo").outputs[0]
