@@ -6,16 +6,16 @@ as op seed, so rebuilding the same graph gives the same sequence; an op seed wit
 a graph seed pairs with TF's default graph seed 87654321; neither gives fresh
 randomness per session.  The seeds land in the ``seed``/``seed2`` attributes as in TF.
 
-The numbers come from numpy's generator seeded by ``(seed, seed2)``: reproducible run
-to run and session to session, but not bit-identical to TF's Philox streams.  The
-generator is per session and op (the session's resource manager), so consecutive
-runs draw new numbers, as TF's stateful random kernels do.  The ops are stateful:
-never constant-folded or merged.
+The numbers are TensorFlow's: :mod:`asyncflow.ops._philox` reproduces its Philox4x32-10
+streams and distributions, so a seeded op gives TF's values (to float32 rounding of
+log / sin / cos), run after run.  The stream lives per session and op (the session's
+resource manager), so consecutive runs draw new numbers and a new session starts
+over, as in TF.  The ops are stateful: never constant-folded or merged.
 """
 
 from __future__ import annotations
 
-import threading
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +26,7 @@ from asyncflow.framework import registry
 from asyncflow.framework.graph import Graph, Operation, Tensor, convert_to_tensor, get_default_graph
 from asyncflow.framework.shapes import TensorShape, unknown_shape
 from asyncflow.ops._base import define_op, make_op
+from asyncflow.ops._philox import PhiloxStream
 from asyncflow.ops.array_ops import _const_value, constant
 
 __all__ = ["get_seed", "random_normal", "random_uniform", "set_random_seed",
@@ -99,19 +100,10 @@ for _type in ("RandomUniform", "RandomStandardNormal", "TruncatedNormal"):
 define_op("RandomUniformInt", _int_random_shape, stateful=True)
 
 
-class _RandomState:
-    """One op's generator in one session; a lock because run_sync may use threads."""
-
-    def __init__(self, seed: int, seed2: int) -> None:
-        self.lock = threading.Lock()
-        self.rng = (np.random.default_rng() if seed == 0 and seed2 == 0
-                    else np.random.default_rng([seed, seed2]))
-
-
-def _state(op: Operation, resources: Any) -> _RandomState:
+def _stream(op: Operation, resources: Any) -> PhiloxStream:
     seed, seed2 = int(op._attrs.get("seed", 0)), int(op._attrs.get("seed2", 0))
-    return resources.lookup_or_create("random", op._name, _RandomState,  # type: ignore[no-any-return]
-                                      lambda: _RandomState(seed, seed2))
+    return resources.lookup_or_create("random", op._name, PhiloxStream,  # type: ignore[no-any-return]
+                                      lambda: PhiloxStream(seed, seed2))
 
 
 def _dims(shape: Any) -> tuple[int, ...]:
@@ -121,25 +113,14 @@ def _dims(shape: Any) -> tuple[int, ...]:
     return dims
 
 
-def _truncated(rng: np.random.Generator, dims: tuple[int, ...]) -> np.ndarray:
-    out = rng.standard_normal(dims)
-    bad = np.abs(out) > 2.0
-    while np.any(bad):  # resample beyond two standard deviations, as TF
-        out[bad] = rng.standard_normal(int(bad.sum()))
-        bad = np.abs(out) > 2.0
-    return out
-
-
-def _float_factory(draw: Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
-                   ) -> Callable[[Operation, Any], tuple[Callable[..., Any], int]]:
+def _float_factory(method: str) -> Callable[[Operation, Any], tuple[Callable[..., Any], int]]:
     def factory(op: Operation, resources: Any) -> tuple[Callable[..., Any], int]:
-        state = _state(op, resources)
+        draw = getattr(_stream(op, resources), method)
         dt = op._attrs["dtype"].np
 
         def random_kernel(shape: Any) -> Any:
             dims = _dims(shape)
-            with state.lock:
-                return draw(state.rng, dims).astype(dt, copy=False)
+            return draw(math.prod(dims), dt).reshape(dims)
 
         return random_kernel, registry.INLINE
 
@@ -147,22 +128,23 @@ def _float_factory(draw: Callable[[np.random.Generator, tuple[int, ...]], np.nda
 
 
 registry.register_kernel_factory("RandomUniform", needs_resources=True)(
-    _float_factory(lambda rng, dims: rng.random(dims)))
+    _float_factory("uniform"))
 registry.register_kernel_factory("RandomStandardNormal", needs_resources=True)(
-    _float_factory(lambda rng, dims: rng.standard_normal(dims)))
+    _float_factory("normal"))
 registry.register_kernel_factory("TruncatedNormal", needs_resources=True)(
-    _float_factory(_truncated))
+    _float_factory("truncated_normal"))
 
 
 @registry.register_kernel_factory("RandomUniformInt", needs_resources=True)
 def _uniform_int_factory(op: Operation, resources: Any) -> tuple[Callable[..., Any], int]:
-    state = _state(op, resources)
+    stream = _stream(op, resources)
+    dt = op._outputs[0]._dtype.np
 
     def uniform_int_kernel(shape: Any, lo: Any, hi: Any) -> Any:
         if not lo < hi:
             raise ValueError(f"Need minval < maxval: {lo} >= {hi}")
-        with state.lock:
-            return state.rng.integers(lo, hi, _dims(shape), dtype=np.asarray(lo).dtype)
+        dims = _dims(shape)
+        return stream.uniform_int(math.prod(dims), int(lo), int(hi), dt).reshape(dims)
 
     return uniform_int_kernel, registry.INLINE
 
