@@ -26,18 +26,55 @@ __all__ = ["Assert", "Print"]
 Specs = list[tuple[dtypes.DType, Any]]
 
 
-def _summarize(value: Any, summarize: int) -> str:
-    """TF's Print format: ``[a b c...]`` (first ``summarize`` elements); strings unquoted."""
-    def show(v: Any) -> str:
-        return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+def _element(v: Any) -> str:
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, np.bool_ | bool):
+        return "1" if v else "0"
+    if isinstance(v, np.float64):
+        return f"{float(v):.17g}"
+    if isinstance(v, np.floating):  # float32 and float16 print as float32, as TF
+        return f"{float(v):.9g}"
+    return str(v)
 
+
+def _summarize(value: Any, summarize: int) -> str:
+    """TF 1.x's ``Tensor::SummarizeValue``: nested ``[...]`` per dimension, the first
+    ``summarize`` elements (all when negative), ``...`` where elements were left out."""
     a = np.asarray(value)
-    if a.ndim == 0:
-        return show(a[()])
     flat = a.reshape(-1)
-    n = flat.size if summarize < 0 else min(summarize, flat.size)
-    more = "..." if n < flat.size else ""
-    return "[" + " ".join(show(v) for v in flat[:n].tolist()) + more + "]"
+    limit = flat.size if summarize < 0 else min(summarize, flat.size)
+    if a.ndim == 0:
+        out = " ".join(_element(v) for v in flat[:limit])
+    else:
+        parts: list[str] = []
+        index = [0]
+
+        def one_dim(dim: int) -> None:
+            if index[0] >= limit:
+                return
+            if dim == a.ndim - 1:
+                for i in range(a.shape[dim]):
+                    if index[0] >= limit:
+                        if dim != 0:
+                            parts.append("...")
+                        return
+                    if i > 0:
+                        parts.append(" ")
+                    parts.append(_element(flat[index[0]]))
+                    index[0] += 1
+                return
+            for _ in range(a.shape[dim]):
+                opened = index[0] < limit
+                if opened:
+                    parts.append("[")
+                one_dim(dim + 1)
+                if index[0] < limit or opened:
+                    parts.append("]")
+
+        one_dim(0)
+        out = "".join(parts)
+    return out + ("..." if flat.size > limit else "")
 
 
 define_op("Print", lambda inputs, attrs: [(inputs[0]._dtype, inputs[0]._shape)], stateful=True)
@@ -55,7 +92,8 @@ def _print_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
             count[0] += 1
             show = first_n < 0 or count[0] <= first_n
         if show:
-            sys.stderr.write(message + "".join(_summarize(d, summarize) for d in data) + "\n")
+            sys.stderr.write(message + "".join(f"[{_summarize(d, summarize)}]" for d in data)
+                             + "\n")
         return x
 
     return print_kernel, registry.INLINE
@@ -90,9 +128,8 @@ def _assert_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 
     def assert_kernel(cond: Any, *data: Any) -> None:
         if not bool(cond):
-            shown = ", ".join(_summarize(d, summarize) for d in data)
-            raise errors.InvalidArgumentError(
-                None, op, f"assertion failed: [{shown}]")
+            shown = " ".join(f"[{_summarize(d, summarize)}]" for d in data)
+            raise errors.InvalidArgumentError(None, op, f"assertion failed: {shown}")
 
     return assert_kernel, registry.INLINE
 
