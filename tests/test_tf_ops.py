@@ -433,6 +433,9 @@ def test_map_fn(graph: af.Graph) -> None:
     np.testing.assert_allclose(out[2], v * 2)
     empty = run(squares, {x: np.zeros((0, 3), np.float32)})
     assert empty.shape == (0,)
+    known = af.map_fn(lambda row: row[:2] * 2.0, af.constant(v))
+    assert known.shape.as_list() == [4, 2]
+    np.testing.assert_allclose(run(known), v[:, :2] * 2)
 
 
 def test_new_ops_are_exported() -> None:

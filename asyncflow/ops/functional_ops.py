@@ -84,4 +84,8 @@ def map_fn(fn: Callable[..., Any], elems: Any, dtype: Any = None,
                             shape_invariants=invariants,
                             parallel_iterations=parallel_iterations or 10)
         outs = list(result[1:])
+        lead = tensors[0].shape[0] if tensors[0].shape.rank else None
+        if lead is not None:  # a known leading dimension carries over, as TF
+            for out, p in zip(outs, probe):
+                out._shape = out._shape.merge_with(TensorShape([lead, *p.shape.as_list()]))
     return outs if returned_sequence[0] else outs[0]
