@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncflow.ops.conv_ops import avg_pool, conv2d, depthwise_conv2d, max_pool
+from asyncflow.ops.conv_ops import avg_pool, conv2d, conv2d_transpose, depthwise_conv2d, max_pool
 from asyncflow.ops.extra_math_ops import softplus, softsign, top_k
 from asyncflow.ops.nn_ops import (
     bias_add,
@@ -24,6 +24,7 @@ __all__ = [
     "avg_pool",
     "bias_add",
     "conv2d",
+    "conv2d_transpose",
     "depthwise_conv2d",
     "elu",
     "fused_batch_norm",

@@ -218,6 +218,9 @@ def test_shapes_are_inferred(graph: af.Graph) -> None:
     assert af.nn.depthwise_conv2d(x, np.zeros((3, 3, 3, 2), np.float32), [1, 1, 1, 1],
                                   "SAME").shape.as_list() == [None, 9, 8, 6]
     assert af.nn.max_pool(x, 3, 2, "SAME").shape.as_list() == [None, 5, 4, 3]
+    assert af.nn.conv2d_transpose(af.placeholder(af.float32, (2, 5, 4, 4)),
+                                  np.zeros((3, 3, 3, 4), np.float32), [2, 9, 8, 3], 2,
+                                  "SAME").shape.as_list() == [2, 9, 8, 3]
     assert af.nn.avg_pool(x, 2, 2, "VALID").shape.as_list() == [None, 4, 4, 3]
     nchw = af.placeholder(af.float32, (None, 3, 9, 8))
     assert af.nn.conv2d(nchw, np.zeros((3, 3, 3, 4), np.float32), 2, "SAME",
@@ -257,6 +260,12 @@ def test_shapes_are_inferred(graph: af.Graph) -> None:
     (lambda: af.nn.depthwise_conv2d(af.placeholder(af.float32, (1, 4, 4, 3)),
                                     np.zeros((1, 1, 2, 1), np.float32), [1, 1, 1, 1], "SAME",
                                     name="bad_dw"), ValueError, "in_channels"),
+    (lambda: af.nn.conv2d_transpose(af.placeholder(af.float32, (2, 5, 4, 4)),
+                                    np.zeros((3, 3, 3, 5), np.float32), [2, 9, 8, 3], 2,
+                                    name="bad_convt"), ValueError, "out_channels"),
+    (lambda: af.nn.conv2d_transpose(af.placeholder(af.float32, (2, 5, 4, 4)),
+                                    np.zeros((3, 3, 3, 4), np.float32), [2, 9, 8, 2], 2,
+                                    name="bad_convt"), ValueError, "in_channels"),
     (lambda: af.nn.max_pool(af.placeholder(af.float32, (4, 4)), 2, 2, "SAME",
                             name="bad_pool"), ValueError, "rank 4"),
     (lambda: af.nn.avg_pool(af.placeholder(af.float32, (1, 4, 4, 1)), [2, 2, 2, 2], 1,
@@ -448,7 +457,7 @@ def test_new_ops_are_exported() -> None:
                  "sin", "cos", "is_nan", "is_finite", "truncatediv", "truncatemod",
                  "broadcast_to"):
         assert name in af.__all__, name
-    for name in ("conv2d", "depthwise_conv2d", "bias_add", "max_pool", "avg_pool", "relu6",
+    for name in ("conv2d", "conv2d_transpose", "depthwise_conv2d", "bias_add", "max_pool", "avg_pool", "relu6",
                  "leaky_relu", "elu", "selu", "log_softmax", "fused_batch_norm",
                  "softmax_cross_entropy_with_logits",
                  "sparse_softmax_cross_entropy_with_logits", "l2_normalize", "softplus",

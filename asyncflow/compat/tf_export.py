@@ -264,6 +264,7 @@ _EXPORTERS: dict[str, Exporter] = {
     "Cumsum": _with_types("Cumsum", {"T": 0, "Tidx": 1}, "exclusive", "reverse"),
     "TopKV2": _simple(None, "sorted"), "Einsum": _n_inputs("Einsum", "equation"),
     "Conv2D": _simple(None, *_CONV), "DepthwiseConv2dNative": _simple(None, *_CONV),
+    "Conv2DBackpropInput": _with_types("Conv2DBackpropInput", {"T": 2}, *_CONV),
     "MaxPool": _simple(None, *_POOL), "AvgPool": _simple(None, *_POOL),
     "FusedBatchNorm": _batch_norm, "FusedBatchNormV2": _batch_norm,
     "FusedBatchNormV3": _batch_norm,

@@ -359,6 +359,7 @@ _CONVERTERS: dict[str, Converter] = {
     "ReverseV2": _same(), "Cumsum": _same(exclusive=False, reverse=False),
     "TopKV2": _same(sorted=True), "Einsum": _same(equation=None), "ClipByValue": _same(),
     "Conv2D": _same(**_CONV), "DepthwiseConv2dNative": _same(**_CONV),
+    "Conv2DBackpropInput": _same(**_CONV),
     "MaxPool": _same(**_POOL), "AvgPool": _same(**_POOL),
     "FusedBatchNorm": _same(**_BN), "FusedBatchNormV2": _same(**_BN),
     "FusedBatchNormV3": _same(**_BN),

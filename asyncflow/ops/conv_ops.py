@@ -30,7 +30,7 @@ from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape
 from asyncflow.ops._base import define_op, make_op
 
-__all__ = ["avg_pool", "conv2d", "depthwise_conv2d", "max_pool"]
+__all__ = ["avg_pool", "conv2d", "conv2d_transpose", "depthwise_conv2d", "max_pool"]
 
 Specs = list[tuple[dtypes.DType, Any]]
 
@@ -168,6 +168,39 @@ def _pool_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
 define_op("Conv2D", lambda inputs, attrs: _conv_shape(inputs, attrs, depthwise=False))
 define_op("DepthwiseConv2dNative",
           lambda inputs, attrs: _conv_shape(inputs, attrs, depthwise=True))
+def _conv_backprop_input_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+    sizes, f, dy = inputs
+    _float_input(dy)
+    if f._dtype is not dy._dtype:
+        raise TypeError(f"filter {f.name!r} has dtype {f._dtype.name}, out_backprop "
+                        f"{dy.name!r} has {dy._dtype.name}")
+    if sizes._dtype not in (dtypes.int32, dtypes.int64):
+        raise TypeError(f"input_sizes {sizes.name!r} must be int32 or int64")
+    nchw = _check_format(attrs)
+    _check_padding(attrs, allow_explicit=True)
+    _spatial(attrs["strides"], nchw, "strides")
+    _spatial(attrs["dilations"], nchw, "dilations")
+    _nhwc_dims(dy, nchw, "out_backprop")
+    if f._shape.rank not in (4, None):
+        raise ValueError(f"filter must be rank 4, got shape {f._shape} ({f.name})")
+    o = _nhwc_dims(dy, nchw, "out_backprop")[3]
+    if f._shape.rank == 4 and o is not None and f._shape[3] not in (None, o):
+        raise ValueError(f"out_backprop depth {o} does not match the filter's out_channels "
+                         f"{f._shape[3]} (filter {f.name!r} shape {f._shape})")
+    value = sizes._op._attrs.get("value") if sizes._op._type == "Const" else None
+    if value is None:
+        return [(dy._dtype, TensorShape([None] * 4))]
+    dims = [int(d) for d in np.asarray(value).reshape(-1)]
+    if len(dims) != 4:
+        raise ValueError(f"input_sizes must have 4 elements, got {dims}")
+    c = dims[1] if nchw else dims[3]
+    if f._shape.rank == 4 and f._shape[2] not in (None, c):
+        raise ValueError(f"input_sizes depth {c} does not match the filter's in_channels "
+                         f"{f._shape[2]}")
+    return [(dy._dtype, TensorShape(dims))]
+
+
+define_op("Conv2DBackpropInput", _conv_backprop_input_shape)
 define_op("MaxPool", _pool_shape)
 define_op("AvgPool", _pool_shape)
 
@@ -279,6 +312,45 @@ def _pool_reduce(x: np.ndarray, k: tuple[int, int], s: tuple[int, int], padding:
     return out
 
 
+@registry.register_kernel_factory("Conv2DBackpropInput")
+def _conv_backprop_input_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
+    nchw, (_, s, d, padding, explicit) = _geometry(op, None)
+
+    def backprop_input_kernel(sizes: np.ndarray, f: np.ndarray, dy: np.ndarray) -> Any:
+        n, h, w, c = (int(v) for v in sizes)
+        kh, kw = f.shape[0], f.shape[1]
+        oh, ph = _out_and_pads(h, kh, s[0], d[0], padding, explicit[0])
+        ow, pw = _out_and_pads(w, kw, s[1], d[1], padding, explicit[1])
+        assert oh is not None
+        assert ow is not None
+        assert ph is not None
+        assert pw is not None
+        if dy.shape != (n, oh, ow, f.shape[3]) or f.shape[2] != c:
+            raise ValueError(f"out_backprop of shape {list(dy.shape)} and filter of shape "
+                             f"{list(f.shape)} do not fit input_sizes {[n, h, w, c]}")
+        # The transpose of the convolution: each filter tap scatters dy @ tap^T back to
+        # the input positions it read (one matmul per tap, strided adds).
+        rows = max((oh - 1) * s[0] + (kh - 1) * d[0] + 1, ph[0] + h)
+        cols = max((ow - 1) * s[1] + (kw - 1) * d[1] + 1, pw[0] + w)
+        buf = np.zeros((n, rows, cols, c), np.result_type(dy.dtype, f.dtype))
+        for i in range(kh):
+            for j in range(kw):
+                tap = dy @ f[i, j].T
+                buf[:, i * d[0]:i * d[0] + (oh - 1) * s[0] + 1:s[0],
+                    j * d[1]:j * d[1] + (ow - 1) * s[1] + 1:s[1], :] += tap
+        return buf[:, ph[0]:ph[0] + h, pw[0]:pw[0] + w, :].astype(dy.dtype, copy=False)
+
+    if not nchw:
+        return backprop_input_kernel, _conv_kind(op)
+
+    def nchw_kernel(sizes: np.ndarray, f: np.ndarray, dy: np.ndarray) -> Any:
+        nhwc = np.asarray(sizes)[[0, 2, 3, 1]]
+        y = backprop_input_kernel(nhwc, f, np.transpose(dy, (0, 2, 3, 1)))
+        return np.ascontiguousarray(np.transpose(y, (0, 3, 1, 2)))
+
+    return nchw_kernel, _conv_kind(op)
+
+
 def _lowest(dtype: np.dtype[Any]) -> Any:
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
@@ -383,6 +455,33 @@ def depthwise_conv2d(input: Any, filter: Any, strides: Any, padding: Any,
     f = _like(filter, x)
     return make_op("DepthwiseConv2dNative", (x, f), attrs, name=name,
                    default_name="depthwise").outputs[0]
+
+
+def conv2d_transpose(value: Any = None, filter: Any = None, output_shape: Any = None,
+                     strides: Any = None, padding: Any = "SAME", data_format: str = "NHWC",
+                     name: str | None = None, input: Any = None, filters: Any = None,
+                     dilations: Any = None) -> Tensor:
+    """The transpose (gradient) of :func:`conv2d`: ``value`` of the convolution's output
+    shape back to ``output_shape`` (op ``Conv2DBackpropInput``); the filter is
+    ``[KH, KW, out_channels, in_channels]`` as TF's."""
+    value = input if input is not None else value
+    filter = filters if filters is not None else filter
+    if value is None or filter is None or output_shape is None or strides is None:
+        raise TypeError("conv2d_transpose needs value, filter, output_shape and strides")
+    nchw = data_format == "NCHW"
+    attrs = {"strides": _four(strides, nchw, "strides"), "data_format": data_format,
+             "dilations": _four(1 if dilations is None else dilations, nchw, "dilations"),
+             **_padding_attrs(padding, nchw)}
+    dy = convert_to_tensor(value)
+    f = _like(filter, dy)
+    if isinstance(output_shape, Tensor) or hasattr(output_shape, "_as_graph_element"):
+        sizes = convert_to_tensor(output_shape)
+    else:
+        from asyncflow.ops.array_ops import constant
+
+        sizes = constant(np.asarray(output_shape, np.int32).reshape(-1), dtype=dtypes.int32)
+    return make_op("Conv2DBackpropInput", (sizes, f, dy), attrs, name=name,
+                   default_name="conv2d_transpose").outputs[0]
 
 
 def _pool(op_type: str, value: Any, ksize: Any, strides: Any, padding: str,
