@@ -187,6 +187,33 @@ def test_malformed_graphs_name_the_node() -> None:
             import_tf_graph_def(data)
 
 
+def test_a_failing_node_leaves_the_graph_unchanged() -> None:
+    m = messages()
+    w = m.TensorProto(dtype=1, float_val=[1.0])
+    for d in (1, 1, 2, 1):  # in_channels 2: does not fit an input of depth 3
+        w.tensor_shape.dim.add(size=d)
+    gd = m.GraphDef()
+    x = gd.node.add(name="x", op="Placeholder")
+    x.attr["dtype"].type = 1
+    for d in (1, 4, 4, 3):
+        x.attr["shape"].shape.dim.add(size=d)
+    k = gd.node.add(name="w", op="Const")
+    k.attr["dtype"].type = 1
+    k.attr["value"].tensor.CopyFrom(w)
+    conv = gd.node.add(name="conv", op="Conv2D", input=["x", "w"])
+    conv.attr["T"].type = 1
+    conv.attr["strides"].list.i.extend([1, 1, 1, 1])
+    conv.attr["padding"].s = b"SAME"
+    g = af.Graph()
+    with g.as_default():
+        before = af.constant(1.0, name="before")
+        with pytest.raises(af.errors.InvalidArgumentError, match=r"'conv'.*in_channels"):
+            import_tf_graph_def(gd.SerializeToString())
+    assert g.get_operations() == [before.op]
+    with af.Session(graph=g) as sess:  # the graph (and a session on it) stay usable
+        assert sess.run_sync(before) == 1.0
+
+
 def test_compact_and_typed_tensor_values() -> None:
     m = messages()
     fill = m.TensorProto(dtype=1, float_val=[1.5, 2.0])

@@ -400,13 +400,15 @@ def import_tf_graph_def(data: bytes | str | os.PathLike[str],
 
     ``data``: serialized bytes, or a path to a binary ``.pb`` or text ``.pbtxt`` file.
     As ``tf.import_graph_def``: op names get the prefix ``name/`` (uniquified; ``None``
-    means ``"import"``, ``""`` no prefix); ``input_map`` maps graph-def tensor names (``"x:0"``, ``"x"``) to
-    tensors used in their place; ``return_elements`` lists names to return (``"op:0"``
-    → Tensor, ``"op"`` → Operation), else ``None`` is returned.
+    means ``"import"``, ``""`` no prefix); ``input_map`` maps graph-def tensor names
+    (``"x:0"``, ``"x"``) to tensors used in their place; ``return_elements`` lists names
+    to return (``"op:0"`` → Tensor, ``"op"`` → Operation), else ``None`` is returned.
 
     Unsupported op types → one ``UnimplementedError`` listing each with its count;
     undecodable bytes → ``DataLossError``; malformed nodes → ``InvalidArgumentError``
-    naming the node.  Needs the ``protobuf`` package (``pip install 'asyncflow[tf]'``).
+    naming the node.  All or nothing: the graph def is first built into a scratch
+    graph, so on any error the target graph is unchanged.  Needs the ``protobuf``
+    package (``pip install 'asyncflow[tf]'``).
     """
     graph_def = _parse(data)
     if len(graph_def.library.function):
@@ -425,6 +427,9 @@ def import_tf_graph_def(data: bytes | str | os.PathLike[str],
     order = _order(nodes)
     mapped = _input_map(input_map, {n.name: n for n in nodes})
     graph = get_default_graph()
+    if graph.finalized:
+        raise RuntimeError(f"cannot import a GraphDef: graph {graph!r} is finalized")
+    _dry_run(order, mapped)
     prefix = ""
     if name is None:
         name = "import"  # as tf.import_graph_def
@@ -456,6 +461,18 @@ def _input_map(input_map: Mapping[str, Any] | None, nodes: dict[str, _Node]
         raise ValueError(f"Attempted to map inputs that were not found in graph_def: "
                          f"{sorted(missing)}")
     return out
+
+
+def _dry_run(order: list[_Node], mapped: dict[tuple[str, int], Tensor]) -> None:
+    """Build everything into a scratch graph first: the graph is append-only, so this is
+    how a failing node leaves the caller's graph untouched.  Mapped inputs become
+    placeholders of the same dtype and shape there."""
+    scratch = Graph()
+    with scratch.as_default():
+        stand_ins = {key: scratch.create_op("Placeholder", (), {"dtype": t.dtype,
+                                                                 "shape": t.shape}).outputs[0]
+                     for key, t in mapped.items()}
+    _create(scratch, "", order, stand_ins)
 
 
 def _create(graph: Graph, prefix: str, order: list[_Node],
