@@ -263,7 +263,39 @@ def tf_workload(name: str, s: Sizes) -> Results:
         out.update(_tf_queue(tf1, s))
     elif name == "variable":
         out.update(_tf_variable(tf1, s))
+    elif name == "cnn":
+        out.update(_tf_cnn(tf1, s))
     return out
+
+
+def _tf_cnn(tf1: Any, s: Sizes) -> Results:
+    """asyncflow's cnn workload: the same model and weights (benchmarks.cnn) in a TF 1.x
+    graph, run with the default session config (grappler and TF's intra-op threads on:
+    what a TF user gets)."""
+    import numpy as np
+
+    from benchmarks import cnn as model
+
+    p = model.weights(s.cnn_image)
+    x_val = model.images(s.cnn_batch, s.cnn_image)
+    g = tf1.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf1.float32, (None, s.cnn_image, s.cnn_image, 3), name="images")
+        probs = model.build(tf1.nn, tf1, x, p)
+    one_thread = tf1.ConfigProto(inter_op_parallelism_threads=1,
+                                 intra_op_parallelism_threads=1)
+    one_thread.use_per_session_threads = True
+    with tf1.Session(graph=g) as sess, tf1.Session(graph=g, config=one_thread) as single:
+        for session in (sess, single):
+            got = session.run(probs, {x: x_val})
+            if not np.allclose(got, model.numpy_forward(x_val, p), rtol=1e-4, atol=1e-6):
+                raise AssertionError("TF's CNN probabilities differ from numpy's")
+        best = _tf_best_of(sess, probs, {x: x_val}, s.repeats)
+        best_single = _tf_best_of(single, probs, {x: x_val}, s.repeats)
+    return {"cnn": best * 1e3,
+            "_note.cnn": f"TF 1.x cnn: default ConfigProto (intra-op threads = cores); "
+                         f"with 1 inter- and 1 intra-op thread {best_single * 1e3:.2f} "
+                         f"ms/batch (asyncflow's BLAS is pinned to 1 thread here)"}
 
 
 @contextlib.contextmanager
@@ -617,7 +649,7 @@ def _add_n(values: list[Any]) -> Any:
 _SUPPORTED = {
     "tf": {"chain", "xdev.k1", "xdev.k100", "wide", "tiny", "callable", "callable.nested",
            "trace", "trace.off", "parallel", "parallel.2dev", "loop", "loop.cond", "queue",
-           "variable", "scale"},
+           "variable", "cnn", "scale"},
     "dask": {"chain", "wide", "tiny", "parallel"},
 }
 

@@ -13,7 +13,7 @@ from typing import Any
 
 WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "callable", "callable.nested",
              "trace", "trace.off", "overlap", "parallel", "parallel.2dev", "loop",
-             "loop.cond", "queue", "variable", "scale", "scale.cond")
+             "loop.cond", "queue", "variable", "cnn", "scale", "scale.cond")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,8 @@ class Sizes:
     variable_n: int = 50_000  # assign_add steps in all
     variable_tasks: int = 100  # concurrent asyncio tasks running them
     tf_variable_threads: int = 8  # TF's anchor: threads running the assign_add steps
+    cnn_batch: int = 32  # images per step of the small-CNN workload
+    cnn_image: int = 32  # their height and width (NHWC, 3 channels)
     state_repeats: int = 3  # best-of-N for queue / variable (TF's steps are slow)
     repeats: int = 5  # best-of-N for the microbenchmarks
     slow_repeats: int = 5  # best-of-N for overlap / parallel / Dask
@@ -72,6 +74,8 @@ QUICK = Sizes(
     loop_cond_n=1_000,
     queue_n=1_000,
     variable_n=2_000,
+    cnn_batch=2,
+    cnn_image=16,
     state_repeats=1,
     repeats=2,
     slow_repeats=1,

@@ -76,6 +76,8 @@ def make_rows(s: Sizes) -> dict[str, Row]:
         Row("variable", f"assign_add, {s.variable_tasks} tasks", "steps/s",
             f"{s.variable_tasks} tasks: int += 1, then await asyncio.sleep(0)",
             better="higher"),
+        Row("cnn", f"CNN, {s.cnn_batch}x{s.cnn_image}x{s.cnn_image}x3", "ms/batch",
+            "numpy calls of the same layers (the kernels without the runtime)"),
         Row("scale.build", f"build {s.scale_n:,} nodes", "us/node", "",
             Target("<=", 10.0)),
         Row("scale.first_run", "first run (compiles)", "us/node",
@@ -999,6 +1001,44 @@ def variable(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
                     "task on every update)" if sequential else ""))
 
 
+# --------------------------------------------------------------------------- cnn
+
+
+def cnn(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """Inference steps of a small image classifier (conv / bias / relu / pool x2, dense,
+    softmax): asyncflow's NN kernels inside the runtime, against the same numpy calls
+    made directly.  The big convolutions are expensive kernels (worker threads)."""
+    from benchmarks import cnn as model
+
+    p = model.weights(s.cnn_image)
+    x_val = model.images(s.cnn_batch, s.cnn_image)
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, (None, s.cnn_image, s.cnn_image, 3), name="images")
+        probs = model.build(af.nn, af, x, p)
+    expected = model.numpy_forward(x_val, p)
+
+    def plain() -> object:
+        return model.numpy_forward(x_val, p)
+
+    async def main() -> tuple[list[float], list[float]]:
+        async with af.Session(graph=g) as sess:
+            got = await sess.run(probs, feed_dict={x: x_val})  # compiles
+            _check(bool(np.allclose(got, expected, rtol=1e-4, atol=1e-6)),
+                   "the CNN's probabilities differ from numpy's")
+            ours, anchor = [], []
+            for _ in range(s.repeats):
+                anchor.append(timed(plain))
+                ours.append(await _atimed(lambda: sess.run(probs, feed_dict={x: x_val})))
+            return ours, anchor
+
+    ours, anchor = asyncio.run(main())
+    row = rows["cnn"]
+    row.ours, row.anchor = min(ours) * 1e3, min(anchor) * 1e3
+    row.notes.append(f"{len(g.get_operations())} ops; the TF anchor runs the same "
+                     f"model (same weights) with TF's default session config")
+
+
 # --------------------------------------------------------------------------- scale
 
 
@@ -1058,6 +1098,7 @@ WORKLOAD_FUNCS: dict[str, Callable[[Af, Sizes, dict[str, Row]], None]] = {
     "loop.cond": loop(with_cond=True),
     "queue": queue,
     "variable": variable,
+    "cnn": cnn,
     "scale": scale,
     "scale.cond": scale_cond,
 }
@@ -1078,6 +1119,7 @@ ROWS_OF: dict[str, tuple[str, ...]] = {
     "loop.cond": ("loop.cond",),
     "queue": ("queue",),
     "variable": ("variable",),
+    "cnn": ("cnn",),
     "scale": ("scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss"),
     "scale.cond": ("scale.cond.second_run", "scale.cond.peak_rss"),
 }

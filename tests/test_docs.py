@@ -44,6 +44,9 @@ def test_python_blocks_run_and_print_what_they_promise(path: Path, tmp_path: Pat
     code = "\n\n".join(blocks(path))
     assert code, f"{path.name} has no python blocks"
     env = {**os.environ, "PYTHONWARNINGS": "error", "PYTHONPATH": str(ROOT)}
+    # The blocks run as a reader runs them from a checkout (files they read, like the
+    # TF fixtures, are under tests/), writing only into a scratch directory.
+    (tmp_path / "tests").symlink_to(ROOT / "tests")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr

@@ -346,11 +346,17 @@ def test_getitem_errors(g: af.Graph) -> None:
         run(c[i], {i: 7})
 
 
-def test_getitem_spec_is_json_friendly(g: af.Graph) -> None:
+def test_getitem_is_tf_strided_slice(g: af.Graph) -> None:
     import json
 
     t = af.constant(A)[1, ..., None, ::2]
-    json.dumps(t.op.get_attr("spec"))
+    # TensorFlow's form: (input, begin, end, strides) and the five masks as ints.
+    assert [x.op.type for x in t.op.inputs] == ["Const"] * 4
+    assert t.op.get_attr("shrink_axis_mask") == 0b0001
+    assert t.op.get_attr("ellipsis_mask") == 0b0010
+    assert t.op.get_attr("new_axis_mask") == 0b0100
+    assert t.op.get_attr("begin_mask") == t.op.get_attr("end_mask") == 0b1000
+    json.dumps(g.as_graph_def())
 
 
 @settings(max_examples=80, deadline=None)

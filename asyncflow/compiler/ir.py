@@ -37,10 +37,13 @@ _NO_ATTRS: Mapping[str, Any] = {}  # shared default: attrs are never mutated
 
 
 class ValueInfo(NamedTuple):
-    """The static dtype and shape of one tensor."""
+    """The static dtype and shape of one tensor, and its value when it is a constant
+    known at compile time (a ``Const`` without control inputs): kernel factories may
+    specialise on it, as on a graph tensor whose op is a ``Const``."""
 
     dtype: DType
     shape: TensorShape
+    value: Any = None
 
     # The names kernel factories use on graph tensors.
     @property
@@ -166,6 +169,8 @@ def node_def_of(op: Operation) -> NodeDef:
             op._name, op._type, tuple([(t._op._name, t._value_index) for t in ins]),
             tuple([c._name for c in op._control_inputs]) if op._control_inputs else (),
             op._device, attrs.copy() if attrs else _NO_ATTRS,
+            (ValueInfo(op._outputs[0]._dtype, op._outputs[0]._shape, attrs["value"]),)
+            if op._type == "Const" and not op._control_inputs else
             tuple([ValueInfo(t._dtype, t._shape) for t in op._outputs]), tuple(input_types),
             op._op_def.stateful, f"{site[0]}:{site[1]}")
     return node

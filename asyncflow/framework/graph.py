@@ -462,6 +462,8 @@ class Graph:
         self._unfeedable: set[Tensor] = set()
         self._variables: list[Any] = []  # af.Variable objects, for global_variables()
         self._unfetchable: set[Operation] = set()
+        #: The graph-level random seed (af.set_random_seed); None when unset.
+        self._seed: int | None = None
 
     # -- building ---------------------------------------------------------------
 

@@ -188,9 +188,15 @@ Specs = list[tuple[dtypes.DType, Any]]
 
 
 def _const_value(t: Tensor) -> np.ndarray | None:
-    """The value of ``t`` when it is a constant (known at build time), else None."""
-    if t._op._type == "Const":
-        value: np.ndarray = t._op._attrs["value"]
+    """The value of ``t`` when it is a constant (known at build time), else None.
+
+    ``t`` is a graph tensor (shape functions) or a compiled node's input ``ValueInfo``
+    (kernel factories), which carries the value of a constant input."""
+    op = getattr(t, "_op", None)
+    if op is None:
+        return getattr(t, "value", None)
+    if op._type == "Const":
+        value: np.ndarray = op._attrs["value"]
         return value
     return None
 

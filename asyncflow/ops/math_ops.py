@@ -5,14 +5,14 @@ because the executor calls ``kernel(*inputs)`` in its hot loop.  Every kernel re
 exactly the dtype its shape function declared.
 
 The bottom of this module installs the Python operators on :class:`Tensor`
-(``x + y``, ``x[1:, None]``, ...), TensorFlow's pattern: framework/ never imports ops/.
+(``x + y``, ``-x``, ``x < y``, ...), TensorFlow's pattern: framework/ never imports ops/.
+Slicing (``x[1:, None]``) is installed by :mod:`asyncflow.ops.slice_ops`.
 """
 
 from __future__ import annotations
 
 import builtins
 import functools
-import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -70,7 +70,6 @@ __all__ = [
     "reduce_sum",
     "sqrt",
     "square",
-    "strided_slice",
     "subtract",
     "tanh",
     "truediv",
@@ -922,142 +921,6 @@ def where(condition: Any, x: Any = None, y: Any = None, name: str | None = None)
     return make_op("SelectV2", (cond, xt, yt), name=name, default_name="Select").outputs[0]
 
 
-# -- StridedSlice (tensor[...]) -------------------------------------------------------
-#
-# The index spec is a JSON-friendly list, one entry per index item:
-#   ["index", i]                     an int (the dimension is removed)
-#   ["index", [k]]                   a rank-0 int tensor, data input k
-#   ["slice", start, stop, step]     each an int, None, or [k] for data input k
-#   ["newaxis"] / ["ellipsis"]
-
-def _index_spec(key: Any) -> tuple[list[list[Any]], list[Tensor]]:
-    items = key if isinstance(key, tuple) else (key,)
-    spec: list[list[Any]] = []
-    extra: list[Tensor] = []
-
-    def bound(v: Any) -> Any:
-        if v is None:
-            return None
-        if isinstance(v, Tensor) or hasattr(v, "_as_graph_element"):
-            t = convert_to_tensor(v)
-            if not t.dtype.is_integer or t.shape.rank not in (0, None):
-                raise TypeError(f"a tensor index must be a scalar integer tensor, "
-                                f"got {t!r}")
-            extra.append(t)
-            return [len(extra)]
-        if isinstance(v, bool) or not isinstance(v, int | np.integer):
-            raise TypeError(f"only integers, slices (`:`), ellipsis (`...`), af.newaxis "
-                            f"(`None`) and scalar int tensors are valid indices, got {v!r}")
-        return int(v)
-
-    for item in items:
-        if item is None:
-            spec.append(["newaxis"])
-        elif item is Ellipsis:
-            spec.append(["ellipsis"])
-        elif isinstance(item, slice):
-            step = bound(item.step)
-            if step == 0:
-                raise ValueError("slice step cannot be zero")
-            spec.append(["slice", bound(item.start), bound(item.stop), step])
-        else:
-            spec.append(["index", bound(item)])
-    if sum(1 for s in spec if s[0] == "ellipsis") > 1:
-        raise ValueError("an index can only have a single ellipsis ('...')")
-    return spec, extra
-
-
-def _strided_slice_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
-    x = inputs[0]
-    spec = attrs["spec"]
-    consumed = sum(1 for s in spec if s[0] in ("index", "slice"))
-    has_ellipsis = any(s[0] == "ellipsis" for s in spec)
-    rank = x._shape.rank
-    if rank is None:
-        return [(x._dtype, unknown_shape())]
-    if consumed > rank:
-        raise ValueError(f"too many indices for tensor {x.name!r} of rank {rank}: {consumed}")
-    if not has_ellipsis:
-        spec = [*spec, ["ellipsis"]]
-    dims = iter(x._shape.as_list())
-    out: list[int | None] = []
-    for s in spec:
-        kind = s[0]
-        if kind == "newaxis":
-            out.append(1)
-        elif kind == "ellipsis":
-            for _ in builtins.range(rank - consumed):
-                out.append(next(dims))
-        elif kind == "index":
-            d = next(dims)
-            i = s[1]
-            if isinstance(i, int) and d is not None and not -d <= i < d:
-                raise ValueError(f"index {i} is out of bounds for dimension of size {d} "
-                                 f"of tensor {x.name!r}")
-        else:
-            d = next(dims)
-            start, stop, step = s[1:]
-            known = all(v is None or isinstance(v, int) for v in (start, stop, step))
-            out.append(len(builtins.range(d)[slice(start, stop, step)])
-                       if known and d is not None else None)
-    return [(x._dtype, TensorShape(out))]
-
-
-define_op("StridedSlice", _strided_slice_shape)
-
-
-def _build_key(spec: list[list[Any]], values: Sequence[Any]) -> tuple[Any, ...]:
-    def bound(v: Any) -> Any:
-        return int(values[v[0] - 1]) if isinstance(v, list) else v
-
-    key: list[Any] = []
-    for s in spec:
-        kind = s[0]
-        if kind == "newaxis":
-            key.append(None)
-        elif kind == "ellipsis":
-            key.append(Ellipsis)
-        elif kind == "index":
-            key.append(bound(s[1]))
-        else:
-            key.append(slice(bound(s[1]), bound(s[2]), bound(s[3])))
-    return tuple(key)
-
-
-@registry.register_kernel_factory("StridedSlice")
-def _strided_slice_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
-    spec = op._attrs["spec"]
-    if len(op._inputs) == 1:
-        getter = operator.itemgetter(_build_key(spec, ()))
-
-        def slice_kernel(x: Any) -> Any:
-            try:
-                return getter(x)
-            except IndexError as exc:
-                raise ValueError(f"slice out of range: {exc}") from None
-
-        return slice_kernel, registry.INLINE
-
-    def dynamic_slice_kernel(x: Any, *values: Any) -> Any:
-        try:
-            return x[_build_key(spec, values)]
-        except IndexError as exc:
-            raise ValueError(f"slice out of range: {exc}") from None
-
-    return dynamic_slice_kernel, registry.INLINE
-
-
-def strided_slice(input: Any, key: Any, name: str | None = None) -> Tensor:
-    """``input[key]`` with numpy basic indexing (op ``StridedSlice``).
-
-    ``key`` holds ints, slices, ``None`` (new axis), ``...`` and scalar int tensors.
-    """
-    x = convert_to_tensor(input)
-    spec, extra = _index_spec(key)
-    return make_op("StridedSlice", (x, *extra), {"spec": spec}, name=name,
-                   default_name="strided_slice").outputs[0]
-
-
 # -- Tensor operators ---------------------------------------------------------------
 
 def _binary_operator(fn: Callable[..., Tensor], name: str
@@ -1098,8 +961,9 @@ def _install_operators() -> None:
     for key, fn, name in (("lt", less, "Less"), ("le", less_equal, "LessEqual"),
                           ("gt", greater, "Greater"), ("ge", greater_equal, "GreaterEqual")):
         operators[key] = _binary_operator(fn, name)[0]
-    operators.update(neg=negative, abs=abs, invert=logical_not, getitem=strided_slice)
+    operators.update(neg=negative, abs=abs, invert=logical_not)
     graph_module._OPERATORS.update(operators)
+    # getitem (StridedSlice) is installed by asyncflow.ops.slice_ops.
 
 
 _install_operators()

@@ -1,0 +1,507 @@
+"""Convolution and pooling: Conv2D, DepthwiseConv2dNative, MaxPool, AvgPool (``af.nn``).
+
+The kernels are numpy vectorized: the padded input is viewed as windows with
+``sliding_window_view`` (no copy), strided and dilated by slicing the view, then
+contracted with the filter by ``tensordot`` (an im2col + one BLAS matmul) or reduced
+(pooling).  Everything runs in NHWC; NCHW inputs are transposed in and out.
+
+Geometry follows TensorFlow exactly: ``VALID`` uses no padding; ``SAME`` gives
+``ceil(in / stride)`` outputs with the padding split as ``(total // 2, total - total // 2)``
+(the extra row/column at the bottom/right); ``EXPLICIT`` takes TF's
+``explicit_paddings`` (8 ints, ``[before, after]`` per dimension in data format order).
+
+A convolution whose static size says it is worth a thread hop (``_EXPENSIVE_MACS``
+multiply-adds or more, unknown dimensions counted as 1) is marked expensive so it
+runs on a worker thread of its device; numpy's BLAS releases the GIL meanwhile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from asyncflow import dtypes
+from asyncflow.framework import registry
+from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
+from asyncflow.framework.shapes import TensorShape
+from asyncflow.ops._base import define_op, make_op
+
+__all__ = ["avg_pool", "conv2d", "conv2d_transpose", "depthwise_conv2d", "max_pool"]
+
+Specs = list[tuple[dtypes.DType, Any]]
+
+#: Convolutions with at least this many multiply-adds run on a worker thread.
+_EXPENSIVE_MACS = 1 << 20
+
+_FLOATS = (dtypes.float16, dtypes.float32, dtypes.float64)
+
+
+# -- geometry ---------------------------------------------------------------------------
+
+def _out_and_pads(size: int | None, k: int | None, stride: int, dilation: int,
+                  padding: str, explicit: tuple[int, int]) -> tuple[int | None,
+                                                                   tuple[int, int] | None]:
+    """Output length and ``(before, after)`` padding of one spatial dimension."""
+    if size is None or k is None:
+        return None, None
+    ek = (k - 1) * dilation + 1
+    if padding == "VALID":
+        return max(-(-(size - ek + 1) // stride), 0), (0, 0)
+    if padding == "SAME":
+        out = -(-size // stride)
+        total = max((out - 1) * stride + ek - size, 0)
+        return out, (total // 2, total - total // 2)
+    before, after = explicit
+    return max((size + before + after - ek) // stride + 1, 0), (before, after)
+
+
+def _check_format(attrs: Mapping[str, Any]) -> bool:
+    """True for NCHW; ``ValueError`` for formats that are neither."""
+    fmt = attrs["data_format"]
+    if fmt not in ("NHWC", "NCHW"):
+        raise ValueError(f"data_format must be 'NHWC' or 'NCHW', got {fmt!r}")
+    return bool(fmt == "NCHW")
+
+
+def _spatial(values: Sequence[int], nchw: bool, what: str) -> tuple[int, int]:
+    if len(values) != 4:
+        raise ValueError(f"{what} must have 4 elements, got {list(values)}")
+    n, a, b, c = (values[0], values[2], values[3], values[1]) if nchw else values
+    if n != 1 or c != 1:
+        raise ValueError(f"{what} on the batch and depth dimensions must be 1, got "
+                         f"{list(values)}")
+    if a < 1 or b < 1:
+        raise ValueError(f"{what} must be >= 1, got {list(values)}")
+    return a, b
+
+
+def _explicit(attrs: Mapping[str, Any], nchw: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    if attrs["padding"] != "EXPLICIT":
+        return (0, 0), (0, 0)
+    pads = list(attrs.get("explicit_paddings") or [])
+    if len(pads) != 8 or any(p < 0 for p in pads):
+        raise ValueError(f"explicit_paddings must be 8 non-negative ints, got {pads}")
+    if nchw:
+        return (pads[4], pads[5]), (pads[6], pads[7])
+    if pads[0] or pads[1] or pads[6] or pads[7]:
+        raise ValueError(f"explicit_paddings on the batch and depth dimensions must be 0, "
+                         f"got {pads}")
+    return (pads[2], pads[3]), (pads[4], pads[5])
+
+
+def _check_padding(attrs: Mapping[str, Any], allow_explicit: bool) -> None:
+    allowed = ("SAME", "VALID", "EXPLICIT") if allow_explicit else ("SAME", "VALID")
+    if attrs["padding"] not in allowed:
+        raise ValueError(f"padding must be one of {', '.join(allowed)}, "
+                         f"got {attrs['padding']!r}")
+
+
+def _nhwc_dims(x: Tensor, nchw: bool, what: str) -> list[int | None]:
+    if x._shape.rank is None:
+        return [None, None, None, None]
+    if x._shape.rank != 4:
+        raise ValueError(f"{what} must be rank 4, got shape {x._shape} ({x.name})")
+    d = x._shape.as_list()
+    return [d[0], d[2], d[3], d[1]] if nchw else d
+
+
+def _from_nhwc(dims: list[int | None], nchw: bool) -> TensorShape:
+    n, h, w, c = dims
+    return TensorShape([n, c, h, w] if nchw else [n, h, w, c])
+
+
+def _float_input(t: Tensor) -> None:
+    if t._dtype not in _FLOATS:
+        raise TypeError(f"input {t.name!r} has dtype {t._dtype.name}, expected float16, "
+                        f"float32 or float64")
+
+
+# -- shape functions ----------------------------------------------------------------------
+
+def _conv_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any], depthwise: bool) -> Specs:
+    x, f = inputs
+    _float_input(x)
+    if f._dtype is not x._dtype:
+        raise TypeError(f"filter {f.name!r} has dtype {f._dtype.name}, input {x.name!r} "
+                        f"has {x._dtype.name}")
+    nchw = _check_format(attrs)
+    _check_padding(attrs, allow_explicit=True)
+    sh, sw = _spatial(attrs["strides"], nchw, "strides")
+    dh, dw = _spatial(attrs["dilations"], nchw, "dilations")
+    ph, pw = _explicit(attrs, nchw)
+    n, h, w, c = _nhwc_dims(x, nchw, "input")
+    if f._shape.rank is not None and f._shape.rank != 4:
+        raise ValueError(f"filter must be rank 4, got shape {f._shape} ({f.name})")
+    kh, kw, fc, fo = f._shape.as_list() if f._shape.rank == 4 else [None] * 4
+    if c is not None and fc is not None and c != fc:
+        raise ValueError(f"input depth {c} does not match the filter's in_channels {fc} "
+                         f"(input {x.name!r} shape {x._shape}, filter {f.name!r} shape "
+                         f"{f._shape})")
+    oh, _ = _out_and_pads(h, kh, sh, dh, attrs["padding"], ph)
+    ow, _ = _out_and_pads(w, kw, sw, dw, attrs["padding"], pw)
+    if depthwise:
+        cin = c if c is not None else fc
+        out_c = cin * fo if cin is not None and fo is not None else None
+    else:
+        out_c = fo
+    return [(x._dtype, _from_nhwc([n, oh, ow, out_c], nchw))]
+
+
+def _pool_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+    (x,) = inputs
+    if not (x._dtype.is_floating or x._dtype.is_integer):
+        raise TypeError(f"input {x.name!r} has dtype {x._dtype.name}, expected a real dtype")
+    nchw = _check_format(attrs)
+    _check_padding(attrs, allow_explicit=False)
+    kh, kw = _spatial(attrs["ksize"], nchw, "ksize")
+    sh, sw = _spatial(attrs["strides"], nchw, "strides")
+    n, h, w, c = _nhwc_dims(x, nchw, "input")
+    oh, _ = _out_and_pads(h, kh, sh, 1, attrs["padding"], (0, 0))
+    ow, _ = _out_and_pads(w, kw, sw, 1, attrs["padding"], (0, 0))
+    return [(x._dtype, _from_nhwc([n, oh, ow, c], nchw))]
+
+
+define_op("Conv2D", lambda inputs, attrs: _conv_shape(inputs, attrs, depthwise=False))
+define_op("DepthwiseConv2dNative",
+          lambda inputs, attrs: _conv_shape(inputs, attrs, depthwise=True))
+def _conv_backprop_input_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+    sizes, f, dy = inputs
+    _float_input(dy)
+    if f._dtype is not dy._dtype:
+        raise TypeError(f"filter {f.name!r} has dtype {f._dtype.name}, out_backprop "
+                        f"{dy.name!r} has {dy._dtype.name}")
+    if sizes._dtype not in (dtypes.int32, dtypes.int64):
+        raise TypeError(f"input_sizes {sizes.name!r} must be int32 or int64")
+    nchw = _check_format(attrs)
+    _check_padding(attrs, allow_explicit=True)
+    _spatial(attrs["strides"], nchw, "strides")
+    _spatial(attrs["dilations"], nchw, "dilations")
+    _nhwc_dims(dy, nchw, "out_backprop")
+    if f._shape.rank not in (4, None):
+        raise ValueError(f"filter must be rank 4, got shape {f._shape} ({f.name})")
+    o = _nhwc_dims(dy, nchw, "out_backprop")[3]
+    if f._shape.rank == 4 and o is not None and f._shape[3] not in (None, o):
+        raise ValueError(f"out_backprop depth {o} does not match the filter's out_channels "
+                         f"{f._shape[3]} (filter {f.name!r} shape {f._shape})")
+    value = sizes._op._attrs.get("value") if sizes._op._type == "Const" else None
+    if value is None:
+        return [(dy._dtype, TensorShape([None] * 4))]
+    dims = [int(d) for d in np.asarray(value).reshape(-1)]
+    if len(dims) != 4:
+        raise ValueError(f"input_sizes must have 4 elements, got {dims}")
+    c = dims[1] if nchw else dims[3]
+    if f._shape.rank == 4 and f._shape[2] not in (None, c):
+        raise ValueError(f"input_sizes depth {c} does not match the filter's in_channels "
+                         f"{f._shape[2]}")
+    return [(dy._dtype, TensorShape(dims))]
+
+
+define_op("Conv2DBackpropInput", _conv_backprop_input_shape)
+define_op("MaxPool", _pool_shape)
+define_op("AvgPool", _pool_shape)
+
+
+# -- kernels ---------------------------------------------------------------------------
+
+def _windows(x: np.ndarray, k: tuple[int, int], s: tuple[int, int], d: tuple[int, int],
+             padding: str, explicit: tuple[tuple[int, int], tuple[int, int]],
+             pad_value: Any) -> np.ndarray:
+    """``x`` (NHWC) as a ``(N, OH, OW, C, KH, KW)`` view of its (padded) windows."""
+    _, ph = _out_and_pads(x.shape[1], k[0], s[0], d[0], padding, explicit[0])
+    _, pw = _out_and_pads(x.shape[2], k[1], s[1], d[1], padding, explicit[1])
+    assert ph is not None
+    assert pw is not None
+    if any(ph) or any(pw):
+        x = np.pad(x, ((0, 0), ph, pw, (0, 0)), constant_values=pad_value)
+    ek = ((k[0] - 1) * d[0] + 1, (k[1] - 1) * d[1] + 1)
+    if x.shape[1] < ek[0] or x.shape[2] < ek[1]:
+        shape = (x.shape[0], 0, 0, x.shape[3], k[0], k[1])
+        return np.zeros(shape, x.dtype)
+    view = sliding_window_view(x, ek, axis=(1, 2))
+    return view[:, ::s[0], ::s[1], :, ::d[0], ::d[1]]
+
+
+def _geometry(op: Operation, ksize_attr: str | None) -> tuple[bool, Any]:
+    attrs = op._attrs
+    nchw = attrs["data_format"] == "NCHW"
+    s = _spatial(attrs["strides"], nchw, "strides")
+    d = _spatial(attrs["dilations"], nchw, "dilations") if "dilations" in attrs else (1, 1)
+    k = _spatial(attrs[ksize_attr], nchw, "ksize") if ksize_attr else None
+    explicit = _explicit(attrs, nchw)
+    return nchw, (k, s, d, attrs["padding"], explicit)
+
+
+def _in_nhwc(fn: Callable[..., Any], nchw: bool) -> Callable[..., Any]:
+    if not nchw:
+        return fn
+
+    def nchw_kernel(x: np.ndarray, *rest: Any) -> Any:
+        y = fn(np.transpose(x, (0, 2, 3, 1)), *rest)
+        return np.ascontiguousarray(np.transpose(y, (0, 3, 1, 2)))
+
+    return nchw_kernel
+
+
+def _conv_kind(op: Operation) -> int:
+    out = op._outputs[0]._shape
+    f = op._inputs[1]._shape
+    if out.rank is None or f.rank is None:
+        return registry.EXPENSIVE
+    kh, kw, c, _ = (d or 1 for d in f)
+    macs = math.prod(d or 1 for d in out) * kh * kw * (1 if op._type != "Conv2D" else c)
+    return registry.EXPENSIVE if macs >= _EXPENSIVE_MACS else registry.INLINE
+
+
+@registry.register_kernel_factory("Conv2D")
+def _conv2d_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
+    nchw, (_, s, d, padding, explicit) = _geometry(op, None)
+
+    def conv2d_kernel(x: np.ndarray, f: np.ndarray) -> Any:
+        win = _windows(x, (f.shape[0], f.shape[1]), s, d, padding, explicit, 0)
+        if win.shape[3] != f.shape[2]:
+            raise ValueError(f"input depth {win.shape[3]} does not match the filter's "
+                             f"in_channels {f.shape[2]}")
+        # im2col with the channels innermost (the copy reads x nearly in order; about
+        # twice as fast as tensordot's own transpose), then one BLAS matmul.
+        n, oh, ow = win.shape[:3]
+        cols = win.transpose(0, 1, 2, 4, 5, 3).reshape(n * oh * ow, -1)
+        y = cols @ f.reshape(-1, f.shape[3])
+        return y.reshape(n, oh, ow, f.shape[3]).astype(x.dtype, copy=False)
+
+    return _in_nhwc(conv2d_kernel, nchw), _conv_kind(op)
+
+
+@registry.register_kernel_factory("DepthwiseConv2dNative")
+def _depthwise_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
+    nchw, (_, s, d, padding, explicit) = _geometry(op, None)
+
+    def depthwise_kernel(x: np.ndarray, f: np.ndarray) -> Any:
+        win = _windows(x, (f.shape[0], f.shape[1]), s, d, padding, explicit, 0)
+        if win.shape[3] != f.shape[2]:
+            raise ValueError(f"input depth {win.shape[3]} does not match the filter's "
+                             f"in_channels {f.shape[2]}")
+        y = np.einsum("nhwcij,ijcm->nhwcm", win, f, optimize=True)
+        return y.reshape(*y.shape[:3], -1).astype(x.dtype, copy=False)
+
+    return _in_nhwc(depthwise_kernel, nchw), _conv_kind(op)
+
+
+def _pool_reduce(x: np.ndarray, k: tuple[int, int], s: tuple[int, int], padding: str,
+                 pad_value: Any, ufunc: Any) -> Any:
+    """``ufunc``-reduce each pooling window: one ufunc call per window offset on a strided
+    view (``kh * kw`` calls), cheaper than reducing a 6-D window view."""
+    oh, ph = _out_and_pads(x.shape[1], k[0], s[0], 1, padding, (0, 0))
+    ow, pw = _out_and_pads(x.shape[2], k[1], s[1], 1, padding, (0, 0))
+    assert oh is not None
+    assert ow is not None
+    assert ph is not None
+    assert pw is not None
+    if any(ph) or any(pw):
+        x = np.pad(x, ((0, 0), ph, pw, (0, 0)), constant_values=pad_value)
+    if oh == 0 or ow == 0:
+        return np.zeros((x.shape[0], oh, ow, x.shape[3]), x.dtype)
+    out = None
+    for i in range(k[0]):
+        for j in range(k[1]):
+            view = x[:, i:i + (oh - 1) * s[0] + 1:s[0], j:j + (ow - 1) * s[1] + 1:s[1], :]
+            out = view.copy() if out is None else ufunc(out, view, out=out)
+    return out
+
+
+@registry.register_kernel_factory("Conv2DBackpropInput")
+def _conv_backprop_input_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
+    nchw, (_, s, d, padding, explicit) = _geometry(op, None)
+
+    def backprop_input_kernel(sizes: np.ndarray, f: np.ndarray, dy: np.ndarray) -> Any:
+        n, h, w, c = (int(v) for v in sizes)
+        kh, kw = f.shape[0], f.shape[1]
+        oh, ph = _out_and_pads(h, kh, s[0], d[0], padding, explicit[0])
+        ow, pw = _out_and_pads(w, kw, s[1], d[1], padding, explicit[1])
+        assert oh is not None
+        assert ow is not None
+        assert ph is not None
+        assert pw is not None
+        if dy.shape != (n, oh, ow, f.shape[3]) or f.shape[2] != c:
+            raise ValueError(f"out_backprop of shape {list(dy.shape)} and filter of shape "
+                             f"{list(f.shape)} do not fit input_sizes {[n, h, w, c]}")
+        # The transpose of the convolution: each filter tap scatters dy @ tap^T back to
+        # the input positions it read (one matmul per tap, strided adds).
+        rows = max((oh - 1) * s[0] + (kh - 1) * d[0] + 1, ph[0] + h)
+        cols = max((ow - 1) * s[1] + (kw - 1) * d[1] + 1, pw[0] + w)
+        buf = np.zeros((n, rows, cols, c), np.result_type(dy.dtype, f.dtype))
+        for i in range(kh):
+            for j in range(kw):
+                tap = dy @ f[i, j].T
+                buf[:, i * d[0]:i * d[0] + (oh - 1) * s[0] + 1:s[0],
+                    j * d[1]:j * d[1] + (ow - 1) * s[1] + 1:s[1], :] += tap
+        return buf[:, ph[0]:ph[0] + h, pw[0]:pw[0] + w, :].astype(dy.dtype, copy=False)
+
+    if not nchw:
+        return backprop_input_kernel, _conv_kind(op)
+
+    def nchw_kernel(sizes: np.ndarray, f: np.ndarray, dy: np.ndarray) -> Any:
+        nhwc = np.asarray(sizes)[[0, 2, 3, 1]]
+        y = backprop_input_kernel(nhwc, f, np.transpose(dy, (0, 2, 3, 1)))
+        return np.ascontiguousarray(np.transpose(y, (0, 3, 1, 2)))
+
+    return nchw_kernel, _conv_kind(op)
+
+
+def _lowest(dtype: np.dtype[Any]) -> Any:
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+@registry.register_kernel_factory("MaxPool")
+def _max_pool_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
+    nchw, (k, s, _d, padding, _explicit) = _geometry(op, "ksize")
+
+    def max_pool_kernel(x: np.ndarray) -> Any:
+        return _pool_reduce(x, k, s, padding, _lowest(x.dtype), np.maximum)
+
+    return _in_nhwc(max_pool_kernel, nchw), registry.INLINE
+
+
+@registry.register_kernel_factory("AvgPool")
+def _avg_pool_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
+    nchw, (k, s, _d, padding, _explicit) = _geometry(op, "ksize")
+
+    def avg_pool_kernel(x: np.ndarray) -> Any:
+        acc = x if x.dtype.kind == "f" else x.astype(np.float64)
+        total = _pool_reduce(acc, k, s, padding, 0, np.add)
+        if padding == "VALID":
+            return (total / (k[0] * k[1])).astype(x.dtype, copy=False)
+        # As TF: SAME averages over the window's valid (unpadded) elements only.
+        ones = np.ones((1, x.shape[1], x.shape[2], 1), acc.dtype)
+        count = _pool_reduce(ones, k, s, padding, 0, np.add)
+        return (total / count).astype(x.dtype, copy=False)
+
+    return _in_nhwc(avg_pool_kernel, nchw), registry.INLINE
+
+
+# -- constructors ----------------------------------------------------------------------
+
+def _like(value: Any, x: Tensor) -> Tensor:
+    """A Tensor as is; a Python or numpy value converted to ``x``'s dtype (as TF's ``T``)."""
+    if isinstance(value, Tensor) or hasattr(value, "_as_graph_element"):
+        return convert_to_tensor(value)
+    return convert_to_tensor(value, dtype=x.dtype)
+
+
+def _four(value: Any, nchw: bool, what: str) -> list[int]:
+    """TF's ``strides``/``ksize``/``dilations`` argument as the 4-element attribute."""
+    if isinstance(value, int | np.integer):
+        a = b = int(value)
+    else:
+        items = [int(v) for v in value]
+        if len(items) == 4:
+            return items
+        if len(items) == 1:
+            a = b = items[0]
+        elif len(items) == 2:
+            a, b = items
+        else:
+            raise ValueError(f"{what} must be an int or a list of 1, 2 or 4 ints, "
+                             f"got {value!r}")
+    return [1, 1, a, b] if nchw else [1, a, b, 1]
+
+
+def _padding_attrs(padding: Any, nchw: bool) -> dict[str, Any]:
+    if isinstance(padding, str):
+        return {"padding": padding.upper(), "explicit_paddings": []}
+    pairs = [[int(p) for p in pair] for pair in padding]
+    if len(pairs) != 4 or any(len(p) != 2 for p in pairs):
+        raise ValueError(f"explicit padding must be 4 [before, after] pairs, got {padding!r}")
+    return {"padding": "EXPLICIT", "explicit_paddings": [p for pair in pairs for p in pair]}
+
+
+def conv2d(input: Any, filter: Any = None, strides: Any = None, padding: Any = "VALID",
+           use_cudnn_on_gpu: bool = True, data_format: str = "NHWC", dilations: Any = 1,
+           name: str | None = None, filters: Any = None) -> Tensor:
+    """2-D convolution of a rank-4 ``input`` with a ``[KH, KW, in, out]`` filter (``Conv2D``).
+
+    ``strides``/``dilations``: an int, 2 ints or TF's 4; ``padding``: ``"SAME"``,
+    ``"VALID"`` or explicit ``[[0, 0], [top, bottom], [left, right], [0, 0]]`` pairs in
+    ``data_format`` order (``"NHWC"`` or ``"NCHW"``).
+    """
+    if filters is not None:
+        filter = filters
+    if filter is None or strides is None:
+        raise TypeError("conv2d needs a filter and strides")
+    nchw = data_format == "NCHW"
+    attrs = {"strides": _four(strides, nchw, "strides"), "data_format": data_format,
+             "dilations": _four(dilations, nchw, "dilations"), **_padding_attrs(padding, nchw)}
+    x = convert_to_tensor(input)
+    f = _like(filter, x)
+    return make_op("Conv2D", (x, f), attrs, name=name, default_name="Conv2D").outputs[0]
+
+
+def depthwise_conv2d(input: Any, filter: Any, strides: Any, padding: Any,
+                     rate: Any = None, name: str | None = None, data_format: str = "NHWC",
+                     dilations: Any = None) -> Tensor:
+    """Depthwise 2-D convolution with a ``[KH, KW, in, multiplier]`` filter.
+
+    Output depth is ``in * multiplier`` (op ``DepthwiseConv2dNative``); ``rate`` (TF 1.x)
+    or ``dilations`` dilate the filter.
+    """
+    nchw = data_format == "NCHW"
+    dil = dilations if dilations is not None else (rate if rate is not None else 1)
+    attrs = {"strides": _four(strides, nchw, "strides"), "data_format": data_format,
+             "dilations": _four(dil, nchw, "dilations"), **_padding_attrs(padding, nchw)}
+    x = convert_to_tensor(input)
+    f = _like(filter, x)
+    return make_op("DepthwiseConv2dNative", (x, f), attrs, name=name,
+                   default_name="depthwise").outputs[0]
+
+
+def conv2d_transpose(value: Any = None, filter: Any = None, output_shape: Any = None,
+                     strides: Any = None, padding: Any = "SAME", data_format: str = "NHWC",
+                     name: str | None = None, input: Any = None, filters: Any = None,
+                     dilations: Any = None) -> Tensor:
+    """The transpose (gradient) of :func:`conv2d`: ``value`` of the convolution's output
+    shape back to ``output_shape`` (op ``Conv2DBackpropInput``); the filter is
+    ``[KH, KW, out_channels, in_channels]`` as TF's."""
+    value = input if input is not None else value
+    filter = filters if filters is not None else filter
+    if value is None or filter is None or output_shape is None or strides is None:
+        raise TypeError("conv2d_transpose needs value, filter, output_shape and strides")
+    nchw = data_format == "NCHW"
+    attrs = {"strides": _four(strides, nchw, "strides"), "data_format": data_format,
+             "dilations": _four(1 if dilations is None else dilations, nchw, "dilations"),
+             **_padding_attrs(padding, nchw)}
+    dy = convert_to_tensor(value)
+    f = _like(filter, dy)
+    if isinstance(output_shape, Tensor) or hasattr(output_shape, "_as_graph_element"):
+        sizes = convert_to_tensor(output_shape)
+    else:
+        from asyncflow.ops.array_ops import constant
+
+        sizes = constant(np.asarray(output_shape, np.int32).reshape(-1), dtype=dtypes.int32)
+    return make_op("Conv2DBackpropInput", (sizes, f, dy), attrs, name=name,
+                   default_name="conv2d_transpose").outputs[0]
+
+
+def _pool(op_type: str, value: Any, ksize: Any, strides: Any, padding: str,
+          data_format: str, name: str | None) -> Tensor:
+    nchw = data_format == "NCHW"
+    attrs = {"ksize": _four(ksize, nchw, "ksize"), "strides": _four(strides, nchw, "strides"),
+             "padding": padding.upper(), "data_format": data_format}
+    return make_op(op_type, (convert_to_tensor(value),), attrs, name=name,
+                   default_name=op_type).outputs[0]
+
+
+def max_pool(value: Any, ksize: Any, strides: Any, padding: str, data_format: str = "NHWC",
+             name: str | None = None, input: Any = None) -> Tensor:
+    """Max pooling over ``ksize`` windows (op ``MaxPool``); SAME pads with -inf."""
+    return _pool("MaxPool", input if input is not None else value, ksize, strides, padding,
+                 data_format, name)
+
+
+def avg_pool(value: Any, ksize: Any, strides: Any, padding: str, data_format: str = "NHWC",
+             name: str | None = None, input: Any = None) -> Tensor:
+    """Average pooling (op ``AvgPool``); SAME averages the valid elements only, as TF."""
+    return _pool("AvgPool", input if input is not None else value, ksize, strides, padding,
+                 data_format, name)
