@@ -18,7 +18,7 @@ This module is the public API; everything it does not export is private.
 from __future__ import annotations
 
 from asyncflow import dtypes, errors, nn, raw_ops, testing, tracing
-from asyncflow.config import RunMetadata, RunOptions, SessionConfig
+from asyncflow.config import GraphOptions, OptimizerOptions, RunMetadata, RunOptions, SessionConfig
 from asyncflow.dtypes import (
     DType,
     as_dtype,
@@ -36,6 +36,7 @@ from asyncflow.dtypes import (
     uint8,
 )
 from asyncflow.framework.device_spec import DeviceSpec
+from asyncflow.framework.function import Defun
 from asyncflow.framework.graph import (
     Graph,
     Operation,
@@ -128,10 +129,13 @@ __version__ = "0.1.0"
 __all__ = [
     "CancellationManager",
     "DType",
+    "Defun",
     "DeviceSpec",
     "FIFOQueue",
     "Graph",
+    "GraphOptions",
     "Operation",
+    "OptimizerOptions",
     "RunMetadata",
     "RunOptions",
     "Session",

@@ -25,6 +25,7 @@ from typing import Any
 from asyncflow import errors
 from asyncflow._backend import require_asyncio
 from asyncflow.compiler.ir import GraphIR, graph_ir, ref_of
+from asyncflow.compiler.optimize import OptimizerStats
 from asyncflow.compiler.partition import partition_graph_def
 from asyncflow.compiler.pipeline import Compiled, compile_signature
 from asyncflow.compiler.placement import place
@@ -56,6 +57,9 @@ class SessionStatistics:
     cached_plans: int
     in_flight: int
     closed: bool
+    #: Per cached plan: what the graph optimizer did (nodes removed by constant
+    #: folding and CSE, calls inlined), in compile order.
+    optimizer: tuple[OptimizerStats, ...] = ()
 
 
 class _CompiledCall:
@@ -179,6 +183,7 @@ class Session:
             cached_plans=len(self._cache),
             in_flight=len(self._in_flight),
             closed=self._closed,
+            optimizer=tuple(c.compiled.optimizer for c in list(self._cache.values())),
         )
 
     def __repr__(self) -> str:
@@ -391,7 +396,8 @@ class Session:
         compiled = compile_signature(
             ir, feeds=[ref_of(t) for t in feeds], fetches=[ref_of(t) for t in mapper.tensors],
             targets=[op.name for op in mapper.targets], devices=self._device_names,
-            incarnation=self._incarnation, allow_soft_placement=soft)
+            incarnation=self._incarnation, allow_soft_placement=soft,
+            options=self._config.graph_options.optimizer_options)
         if self._config.log_device_placement:
             for name, device in compiled.placement:
                 logger.info("%s: (%s): %s", name, ir.by_name[name].op if name in ir.by_name
