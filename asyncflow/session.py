@@ -34,6 +34,7 @@ from asyncflow.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Tensor, get_default_graph
 from asyncflow.partial_run import PartialRuns
+from asyncflow.runtime import function_call as _function_call  # installs the call kernel
 from asyncflow.runtime.barrier import ExecutorBarrier, StepRunner
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
@@ -45,6 +46,7 @@ from asyncflow.runtime.step import SLICE, Step
 __all__ = ["Session", "SessionStatistics"]
 
 logger = logging.getLogger("asyncflow.session")
+del _function_call
 
 
 @dataclass(frozen=True, slots=True)
