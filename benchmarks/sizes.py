@@ -13,7 +13,7 @@ from typing import Any
 
 WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "callable", "callable.nested",
              "trace", "trace.off", "overlap", "parallel", "parallel.2dev", "loop",
-             "loop.cond", "queue", "variable", "scale")
+             "loop.cond", "queue", "variable", "scale", "opt.fold", "opt.cse", "opt.call")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,9 @@ class Sizes:
     variable_tasks: int = 100  # concurrent asyncio tasks running them
     tf_variable_threads: int = 8  # TF's anchor: threads running the assign_add steps
     state_repeats: int = 3  # best-of-N for queue / variable (TF's steps are slow)
+    fold_n: int = 2_000  # constant subexpressions in the folding workload
+    cse_n: int = 3_000  # ops in the CSE workload (30 % of them duplicates)
+    call_n: int = 1_000  # chained function calls
     repeats: int = 5  # best-of-N for the microbenchmarks
     slow_repeats: int = 5  # best-of-N for overlap / parallel / Dask
 
@@ -73,6 +76,9 @@ QUICK = Sizes(
     queue_n=1_000,
     variable_n=2_000,
     state_repeats=1,
+    fold_n=100,
+    cse_n=150,
+    call_n=50,
     repeats=2,
     slow_repeats=1,
 )

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.optimizer import OPT_ROWS_OF, OPT_WORKLOADS, opt_rows
 from benchmarks.report import Row, Target
 from benchmarks.sizes import Sizes, timed
 
@@ -85,6 +86,7 @@ def make_rows(s: Sizes) -> dict[str, Row]:
         Row("scale.peak_rss", "peak RSS (subprocess)", "MB",
             "the same subprocess's peak RSS after its imports",
             Target("<=", 400.0)),
+        *opt_rows(s),
     ]
     return {r.id: r for r in rows}
 
@@ -240,8 +242,12 @@ def wide(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     def numpy_wide() -> object:
         return np.sum([np.add(xv, onev) for _ in range(n)], dtype=np.float32)
 
+    # Optimizer off (as TF's anchor): CSE would merge the n identical adds into one.
+    config = af.SessionConfig(graph_options=af.GraphOptions(
+        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+
     async def main() -> tuple[list[float], list[float], int | None]:
-        async with af.Session(graph=g) as sess:
+        async with af.Session(graph=g, config=config) as sess:
             value = await sess.run(y, feed_dict={x: 1.0})
             _check(value == 2 * n, f"wide computed {value!r}, expected {2 * n}")
             executed = await _executed_nodes(af, sess, y, {x: 1.0})
@@ -1034,6 +1040,7 @@ WORKLOAD_FUNCS: dict[str, Callable[[Af, Sizes, dict[str, Row]], None]] = {
     "queue": queue,
     "variable": variable,
     "scale": scale,
+    **OPT_WORKLOADS,
 }
 
 ROWS_OF: dict[str, tuple[str, ...]] = {
@@ -1053,4 +1060,5 @@ ROWS_OF: dict[str, tuple[str, ...]] = {
     "queue": ("queue",),
     "variable": ("variable",),
     "scale": ("scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss"),
+    **OPT_ROWS_OF,
 }
