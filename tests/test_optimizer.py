@@ -509,3 +509,24 @@ def test_concurrent_compiles_from_threads_agree() -> None:
         for t in threads:
             t.join()
     assert out == [24.0] * 4
+
+
+@pytest.mark.parametrize("options", [
+    L1, NO_INLINE, L0,
+    af.OptimizerOptions(do_constant_folding=False, do_common_subexpression_elimination=False),
+], ids=["L1", "call_kernel", "L0", "inline_only"])
+def test_calls_inside_a_loop_and_a_cond(options: af.OptimizerOptions) -> None:
+    # An inlined body's constants must join the call's frame (a loop body, a branch).
+    g = af.Graph()
+    with g.as_default():
+        @af.Defun(af.float32)
+        def inc(t: af.Tensor) -> af.Tensor:
+            return t + af.constant(1.0) * 2.0
+
+        x = af.placeholder(af.float32, shape=(), name="x")
+        _, s = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, af.reshape(inc(s), [])),
+                             [af.constant(0), x])
+        c = af.cond(x > 0.0, lambda: af.reshape(inc(x), []), lambda: x)
+    with af.Session(g, config=config(options)) as sess:
+        assert sess.run_sync([s, c], {x: 1.0}) == [7.0, 3.0]
+        assert sess.run_sync([s, c], {x: -1.0}) == [5.0, -1.0]

@@ -141,8 +141,11 @@ def _evaluate(node: NodeDef, device: str, values: dict[str, tuple[Any, ...]],
     if len(outs) != len(node.outputs):
         return None
     arrays = tuple(_frozen(v) for v in outs)
-    if any(a is None or a.nbytes > max_bytes for a in arrays):
-        return None
+    for a, info in zip(arrays, node.outputs):
+        if a is None or a.nbytes > max_bytes:
+            return None
+        if a.dtype != info.dtype.np and not info.dtype.is_string:
+            return None  # e.g. a Python float from a py_func: folding would change it
     values[node.name] = arrays
     carried[node.name] = _carried(node, node.inputs, values, carried)
     return arrays

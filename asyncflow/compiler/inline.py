@@ -16,7 +16,7 @@ optimizer's fixed-point loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +27,7 @@ __all__ = ["inline_functions"]
 
 
 def inline_functions(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Sequence[str],
-                     *, allow_soft_placement: bool = False
+                     *, feeds: Collection[Ref] = (), allow_soft_placement: bool = False
                      ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], int]:
     """Inline every call of ``nodes``; returns the nodes, their placement and the
     number of calls inlined."""
@@ -43,7 +43,7 @@ def inline_functions(nodes: Sequence[NodeDef], placement: Sequence[int], devices
             out.append(node)
             where.append(d)
             continue
-        body = _inlined_body(node, fn, taken)
+        body = _inlined_body(node, fn, taken, feeds)
         for b in body:
             out.append(b)
             where.append(d if not b.device or b is body[-1] else
@@ -52,8 +52,15 @@ def inline_functions(nodes: Sequence[NodeDef], placement: Sequence[int], devices
     return tuple(out), tuple(where), calls
 
 
-def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str]) -> list[NodeDef]:
+def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str],
+                  feeds: Collection[Ref]) -> list[NodeDef]:
     """The body of ``fn`` renamed under ``call``; the last node stands for the call."""
+    # What the body's input-less nodes (constants) wait for: the call's control inputs,
+    # or else the producer of one of its inputs.  That keeps them in the call's frame
+    # inside a loop or a cond branch (TF's input control node), and never fires them
+    # before the call could have started.
+    start = call.control_inputs or next(
+        ((r[0],) for r in call.inputs if r not in feeds), ())
     prefix = call.name + "/"
     names: dict[str, str] = {}
     for n in fn.nodes:
@@ -85,7 +92,7 @@ def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str]) -> list[NodeDe
         inputs = tuple(ref(r) for r in n.inputs)
         controls = tuple(args[c][0] if c in args else names[c] for c in n.control_inputs)
         if not inputs and not controls:
-            controls = call.control_inputs  # input-less nodes start with the call
+            controls = start  # input-less nodes start with the call
         used.update(r[0] for r in n.inputs)
         used.update(n.control_inputs)
         out.append(replace(n, name=names[n.name], inputs=inputs, control_inputs=controls,

@@ -66,7 +66,7 @@ def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
         changed = False
         if options.inlining:
             nodes, placement, calls = inline_functions(
-                nodes, placement, devices, allow_soft_placement=allow_soft_placement)
+                nodes, placement, devices, feeds=fed, allow_soft_placement=allow_soft_placement)
             inlined += calls
             changed |= calls > 0
         if options.folding:
