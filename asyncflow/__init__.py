@@ -18,7 +18,7 @@ This module is the public API; everything it does not export is private.
 from __future__ import annotations
 
 from asyncflow import compat, dtypes, errors, nn, raw_ops, testing, tracing, train
-from asyncflow.config import RunMetadata, RunOptions, SessionConfig
+from asyncflow.config import GraphOptions, OptimizerOptions, RunMetadata, RunOptions, SessionConfig
 from asyncflow.dtypes import (
     DType,
     as_dtype,
@@ -36,6 +36,7 @@ from asyncflow.dtypes import (
     uint8,
 )
 from asyncflow.framework.device_spec import DeviceSpec
+from asyncflow.framework.function import Defun
 from asyncflow.framework.graph import (
     Graph,
     Operation,
@@ -173,10 +174,13 @@ __all__ = [
     "Assert",
     "CancellationManager",
     "DType",
+    "Defun",
     "DeviceSpec",
     "FIFOQueue",
     "Graph",
+    "GraphOptions",
     "Operation",
+    "OptimizerOptions",
     "Print",
     "RunMetadata",
     "RunOptions",

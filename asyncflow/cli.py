@@ -75,6 +75,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="let py_func references import module M (and its submodules)")
     run.add_argument("--trust", action="store_true",
                      help="let py_func references import any module (trusted files only)")
+    run.add_argument("--opt-level", type=int, choices=(0, 1), default=1,
+                     help="graph optimizations: 1 (default) folds constants, merges common "
+                          "subexpressions and inlines functions; 0 runs the graph as written")
     picture = sub.add_parser("graph", help="print a graph def as a DOT or Mermaid picture",
                              description="Print a graph def as a picture (imports nothing).")
     picture.add_argument("graph", metavar="GRAPH.json", help="a graph def written as JSON")
@@ -151,7 +154,10 @@ def _run(args: argparse.Namespace) -> int:
     targets = [_operation(graph, name) for name in args.target]
     options = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE) if args.trace else None
     metadata = af.RunMetadata() if args.trace else None
-    with af.Session(graph=graph) as sess:
+    level = af.OptimizerOptions.L1 if args.opt_level == 1 else af.OptimizerOptions.L0
+    config = af.SessionConfig(graph_options=af.GraphOptions(
+        optimizer_options=af.OptimizerOptions(opt_level=level)))
+    with af.Session(graph=graph, config=config) as sess:
         results = sess.run_sync([fetches, targets], feed_dict=feed_dict, options=options,
                                 run_metadata=metadata)[0]
     for tensor, value in zip(fetches, results, strict=True):

@@ -10,7 +10,68 @@ from typing import Any, ClassVar
 
 from asyncflow.step_stats import StepStats
 
-__all__ = ["RunMetadata", "RunOptions", "SessionConfig"]
+__all__ = ["GraphOptions", "OptimizerOptions", "RunMetadata", "RunOptions", "SessionConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerOptions:
+    """Which graph optimizations run on every compiled plan (TensorFlow's ``OptimizerOptions``).
+
+    ``opt_level=L1`` (the default) enables constant folding, common-subexpression
+    elimination and function inlining; ``L0`` disables all three whatever the
+    ``do_*`` flags say.  At ``L1`` each ``do_*`` flag turns its pass on or off.
+    Constants larger than ``max_folded_constant_in_bytes`` are never folded.
+    Results are identical at every level.
+
+    TensorFlow differs in one detail: there ``L1`` forces folding and CSE on and the
+    flags matter only at ``L0``; here (DESIGN §6) ``L0`` means no optimization at
+    all and the flags select passes at ``L1``.
+    """
+
+    L1: ClassVar[int] = 0
+    L0: ClassVar[int] = -1
+
+    opt_level: int = 0
+    do_constant_folding: bool = True
+    do_common_subexpression_elimination: bool = True
+    do_function_inlining: bool = True
+    max_folded_constant_in_bytes: int = 10 * 2**20
+
+    def __post_init__(self) -> None:
+        if self.opt_level not in (OptimizerOptions.L0, OptimizerOptions.L1):
+            raise ValueError(f"opt_level must be OptimizerOptions.L0 or .L1, "
+                             f"got {self.opt_level!r}")
+        size = self.max_folded_constant_in_bytes
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"max_folded_constant_in_bytes must be an int >= 0, got {size!r}")
+
+    @property
+    def folding(self) -> bool:
+        """Constant folding runs."""
+        return self.opt_level == OptimizerOptions.L1 and self.do_constant_folding
+
+    @property
+    def cse(self) -> bool:
+        """Common-subexpression elimination runs."""
+        return (self.opt_level == OptimizerOptions.L1
+                and self.do_common_subexpression_elimination)
+
+    @property
+    def inlining(self) -> bool:
+        """Function calls are inlined (otherwise a call kernel runs the body)."""
+        return self.opt_level == OptimizerOptions.L1 and self.do_function_inlining
+
+
+@dataclass(frozen=True, slots=True)
+class GraphOptions:
+    """Graph-level options of a session (TensorFlow's ``GraphOptions``)."""
+
+    optimizer_options: OptimizerOptions = field(default_factory=OptimizerOptions)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.optimizer_options, OptimizerOptions):
+            raise TypeError(f"optimizer_options must be an af.OptimizerOptions, "
+                            f"got {type(self.optimizer_options).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +88,7 @@ class SessionConfig:
     * ``place_pruned_graph`` — validate device requests only for the ops a run
       needs (False, as TF: every op of the graph must ask for a valid device).
     * ``log_device_placement`` — log each node's device through ``logging``.
+    * ``graph_options`` — graph optimizations (:class:`GraphOptions`).
     """
 
     device_count: dict[str, int] = field(default_factory=lambda: {"CPU": 1})
@@ -35,8 +97,12 @@ class SessionConfig:
     allow_soft_placement: bool = False
     place_pruned_graph: bool = False
     log_device_placement: bool = False
+    graph_options: GraphOptions = field(default_factory=GraphOptions)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.graph_options, GraphOptions):
+            raise TypeError(f"graph_options must be an af.GraphOptions, "
+                            f"got {type(self.graph_options).__name__}")
         if not isinstance(self.device_count, dict):
             raise TypeError(f"device_count must be a dict like {{'CPU': 2}}, "
                             f"got {self.device_count!r}")

@@ -103,7 +103,8 @@ class PartialRuns:
             fetches=[ref_of(t) for t in mapper.tensors],
             targets=[op.name for op in mapper.targets], devices=sess.list_devices(),
             incarnation=sess._incarnation,
-            allow_soft_placement=sess.config.allow_soft_placement, client=CLIENT)
+            allow_soft_placement=sess.config.allow_soft_placement, client=CLIENT,
+            options=sess.config.graph_options.optimizer_options)
         keys = compiled.client
         assert keys is not None
         rendezvous = LocalRendezvous()

@@ -28,6 +28,7 @@ from typing import Any
 from asyncflow import errors
 from asyncflow._backend import require_asyncio
 from asyncflow.compiler.ir import GraphIR, graph_ir, ref_of
+from asyncflow.compiler.optimize import OptimizerStats
 from asyncflow.compiler.partition import partition_graph_def
 from asyncflow.compiler.pipeline import Compiled, compile_signature
 from asyncflow.compiler.placement import place
@@ -36,6 +37,7 @@ from asyncflow.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Tensor, get_default_graph
 from asyncflow.partial_run import PartialRuns
+from asyncflow.runtime import function_call as _function_call  # installs the call kernel
 from asyncflow.runtime.barrier import ExecutorBarrier, StepRunner
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
@@ -47,6 +49,7 @@ from asyncflow.runtime.step import SLICE, Step
 __all__ = ["Session", "SessionStatistics"]
 
 logger = logging.getLogger("asyncflow.session")
+del _function_call
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,9 @@ class SessionStatistics:
     cached_plans: int
     in_flight: int
     closed: bool
+    #: Per cached plan: what the graph optimizer did (nodes removed by constant
+    #: folding and CSE, calls inlined), in compile order.
+    optimizer: tuple[OptimizerStats, ...] = ()
 
 
 class _CompiledCall:
@@ -182,6 +188,7 @@ class Session:
             cached_plans=len(self._cache),
             in_flight=len(self._in_flight),
             closed=self._closed,
+            optimizer=tuple(c.compiled.optimizer for c in list(self._cache.values())),
         )
 
     def __repr__(self) -> str:
@@ -410,7 +417,8 @@ class Session:
         compiled = compile_signature(
             ir, feeds=[ref_of(t) for t in feeds], fetches=[ref_of(t) for t in mapper.tensors],
             targets=[op.name for op in mapper.targets], devices=self._device_names,
-            incarnation=self._incarnation, allow_soft_placement=soft)
+            incarnation=self._incarnation, allow_soft_placement=soft,
+            options=self._config.graph_options.optimizer_options)
         if self._config.log_device_placement:
             for name, device in compiled.placement:
                 logger.info("%s: (%s): %s", name, ir.by_name[name].op if name in ir.by_name

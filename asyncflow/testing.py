@@ -124,10 +124,14 @@ class _Interpreter:
                     stack.append((c, False))
 
     def compute(self, op: Operation) -> tuple[Any, ...]:
-        fn, kind = registry.get_kernel(op.type).instantiate(op, self._resources)
-        result = fn(*[self.value(t) for t in op.inputs])
-        if kind == registry.ASYNC or inspect.isawaitable(result):
-            result = _run_coroutine(result)
+        function = op._graph._functions.get(op.type)
+        if function is not None:
+            result = self.call(function, [self.value(t) for t in op.inputs])
+        else:
+            fn, kind = registry.get_kernel(op.type).instantiate(op, self._resources)
+            result = fn(*[self.value(t) for t in op.inputs])
+            if kind == registry.ASYNC or inspect.isawaitable(result):
+                result = _run_coroutine(result)
         n = len(op.outputs)
         if n == 0:
             return ()
@@ -143,6 +147,20 @@ class _Interpreter:
                                          f"returned {got} for output {t.name!r} declared "
                                          f"{t.dtype.name}")
         return outputs
+
+
+    def call(self, function: Any, args: list[Any]) -> Any:
+        """A function call (``af.Defun``): its body evaluated on the call's inputs."""
+        body = function.body
+        feeds = {body.get_operation_by_name(a).outputs[0]: v
+                 for a, v in zip(function.args, args, strict=True)}
+        inner = _Interpreter(feeds, self.check_dtypes)
+        inner._resources = self._resources
+        results = [inner.fetch(body, t) for t in function.rets]
+        for op in body.get_operations():  # side effects run even when nothing uses them
+            if op._op_def.stateful and op.type != "Placeholder":
+                inner.run(op)
+        return results[0] if len(results) == 1 else results
 
 
 def _as_result(value: Any) -> Any:

@@ -265,6 +265,13 @@ def tf_workload(name: str, s: Sizes) -> Results:
         out.update(_tf_variable(tf1, s))
     elif name == "cnn":
         out.update(_tf_cnn(tf1, s))
+    elif name == "opt.call":
+        from benchmarks.optimizer import tf_call
+
+        out["opt.call.inlined"] = tf_call(tf1, s, inline=True)
+        out["opt.call.kernel"] = tf_call(tf1, s, inline=False)
+        out["_note.opt.call.inlined"] = ("TF 1.x: function.Defun chain, grappler off, "
+                                         "do_function_inlining on / off")
     return out
 
 
@@ -648,6 +655,7 @@ def _add_n(values: list[Any]) -> Any:
 
 _SUPPORTED = {
     "tf": {"chain", "xdev.k1", "xdev.k100", "wide", "tiny", "callable", "callable.nested",
+           "opt.call",
            "trace", "trace.off", "parallel", "parallel.2dev", "loop", "loop.cond", "queue",
            "variable", "cnn", "scale"},
     "dask": {"chain", "wide", "tiny", "parallel"},

@@ -13,7 +13,8 @@ from typing import Any
 
 WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "callable", "callable.nested",
              "trace", "trace.off", "overlap", "parallel", "parallel.2dev", "loop",
-             "loop.cond", "queue", "variable", "cnn", "scale", "scale.cond")
+             "loop.cond", "queue", "variable", "cnn", "scale", "scale.cond", "opt.fold",
+             "opt.cse", "opt.call")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,9 @@ class Sizes:
     cnn_batch: int = 32  # images per step of the small-CNN workload
     cnn_image: int = 32  # their height and width (NHWC, 3 channels)
     state_repeats: int = 3  # best-of-N for queue / variable (TF's steps are slow)
+    fold_n: int = 2_000  # constant subexpressions in the folding workload
+    cse_n: int = 3_000  # ops in the CSE workload (30 % of them duplicates)
+    call_n: int = 1_000  # chained function calls
     repeats: int = 5  # best-of-N for the microbenchmarks
     slow_repeats: int = 5  # best-of-N for overlap / parallel / Dask
 
@@ -77,6 +81,9 @@ QUICK = Sizes(
     cnn_batch=2,
     cnn_image=16,
     state_repeats=1,
+    fold_n=100,
+    cse_n=150,
+    call_n=50,
     repeats=2,
     slow_repeats=1,
 )

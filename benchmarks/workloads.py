@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.optimizer import OPT_ROWS_OF, OPT_WORKLOADS, opt_rows
 from benchmarks.report import Row, Target
 from benchmarks.sizes import Sizes, timed
 
@@ -92,6 +93,7 @@ def make_rows(s: Sizes) -> dict[str, Row]:
             Target("<=", 1.2, relative=True)),
         Row("scale.cond.peak_rss", f"{s.scale_n:,} chain + one cond, RSS", "MB",
             "the same chain without the cond (peak RSS)", Target("<=", 1.2, relative=True)),
+        *opt_rows(s),
     ]
     return {r.id: r for r in rows}
 
@@ -247,8 +249,12 @@ def wide(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     def numpy_wide() -> object:
         return np.sum([np.add(xv, onev) for _ in range(n)], dtype=np.float32)
 
+    # Optimizer off (as TF's anchor): CSE would merge the n identical adds into one.
+    config = af.SessionConfig(graph_options=af.GraphOptions(
+        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+
     async def main() -> tuple[list[float], list[float], int | None]:
-        async with af.Session(graph=g) as sess:
+        async with af.Session(graph=g, config=config) as sess:
             value = await sess.run(y, feed_dict={x: 1.0})
             _check(value == 2 * n, f"wide computed {value!r}, expected {2 * n}")
             executed = await _executed_nodes(af, sess, y, {x: 1.0})
@@ -1101,6 +1107,7 @@ WORKLOAD_FUNCS: dict[str, Callable[[Af, Sizes, dict[str, Row]], None]] = {
     "cnn": cnn,
     "scale": scale,
     "scale.cond": scale_cond,
+    **OPT_WORKLOADS,
 }
 
 ROWS_OF: dict[str, tuple[str, ...]] = {
@@ -1122,4 +1129,5 @@ ROWS_OF: dict[str, tuple[str, ...]] = {
     "cnn": ("cnn",),
     "scale": ("scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss"),
     "scale.cond": ("scale.cond.second_run", "scale.cond.peak_rss"),
+    **OPT_ROWS_OF,
 }

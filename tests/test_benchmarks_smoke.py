@@ -21,9 +21,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ROW_IDS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny.run", "tiny.run_sync", "callable",
            "callable.nested", "trace", "trace.off", "overlap", "parallel", "parallel.2dev",
            "loop", "loop.cond", "queue", "variable", "cnn", "scale.build", "scale.first_run",
-           "scale.second_run", "scale.peak_rss", "scale.cond.second_run", "scale.cond.peak_rss")
+           "scale.second_run", "scale.peak_rss", "scale.cond.second_run", "scale.cond.peak_rss",
+           "opt.fold.first_run", "opt.fold.steady", "opt.cse", "opt.call.inlined",
+           "opt.call.kernel")
 TARGETED = ("chain", "wide", "tiny.run", "overlap", "parallel", "scale.build",
-            "scale.first_run", "scale.peak_rss", "scale.cond.second_run", "scale.cond.peak_rss")
+            "scale.first_run", "scale.peak_rss", "scale.cond.second_run", "scale.cond.peak_rss",
+            "opt.fold.first_run", "opt.fold.steady", "opt.cse")
 
 
 def _table_ids(stdout: str) -> list[str]:

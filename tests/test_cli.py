@@ -141,3 +141,31 @@ def test_python_dash_m_asyncflow_error_has_no_traceback() -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("asyncflow: error: cannot read graph file")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("level", "call_kind", "folded"), [("0", "async", False),
+                                                          ("1", "inline", True)])
+def test_run_opt_level(capsys: pytest.CaptureFixture[str], tmp_path: Path, level: str,
+                       call_kind: str, folded: bool) -> None:
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, name="x")
+        af.add(af.constant(1.0, name="one"), af.constant(2.0, name="two"), name="k")
+
+        @af.Defun(af.float32, func_name="twice")
+        def twice(t: af.Tensor) -> af.Tensor:
+            return t * 2.0
+
+        twice(x * g.get_tensor_by_name("k:0"), name="y")
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(g.as_graph_def()))
+    trace = tmp_path / "trace.json"
+    status, out, err = _run(capsys, "run", path, "--feed", "x=2", "--fetch", "y",
+                            "--opt-level", level, "--trace", trace)
+    assert status == 0, err
+    assert out.splitlines()[0] == "y:0 = 12.0"
+    events = json.loads(trace.read_text())["traceEvents"]
+    kinds = {e["args"]["name"]: e["args"]["kind"] for e in events if e.get("ph") == "X"}
+    assert "y/mul" in kinds  # the body ran under the call's name, inlined or called
+    assert kinds["y"] == call_kind  # the call kernel (async) or the inlined call's Identity
+    assert ("k" in kinds) is not folded  # a folded k is a Const, computed before the run

@@ -21,6 +21,10 @@ from asyncflow.compiler.prune import prune
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"
 TWO = af.SessionConfig(device_count={"CPU": 2})
+# The same, unoptimized: the constant graphs below would otherwise be folded into one
+# constant per device, and these tests are about the edges between devices.
+TWO_L0 = af.SessionConfig(device_count={"CPU": 2}, graph_options=af.GraphOptions(
+    optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
 
 
 def minus_ax(graph: af.Graph) -> tuple[af.Tensor, af.Tensor]:
@@ -54,7 +58,7 @@ async def test_partition_graphs_show_send_recv(graph: af.Graph) -> None:
     _y, neg = minus_ax(graph)
     md = af.RunMetadata()
     opts = af.RunOptions(output_partition_graphs=True)
-    async with af.Session(graph=graph, config=TWO) as sess:
+    async with af.Session(graph=graph, config=TWO_L0) as sess:
         await sess.run(neg, options=opts, run_metadata=md)
     assert len(md.partition_graphs) == 2
     json.dumps(md.partition_graphs)
@@ -269,7 +273,7 @@ async def test_traced_multi_device_step(graph: af.Graph) -> None:
     _y, neg = minus_ax(graph)
     md = af.RunMetadata()
     opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
-    async with af.Session(graph=graph, config=TWO) as sess:
+    async with af.Session(graph=graph, config=TWO_L0) as sess:
         await sess.run(neg, options=opts, run_metadata=md)
     names = {d.device: [n.node_name for n in d.node_stats if n.kind == "inline"]
              for d in md.step_stats.dev_stats}

@@ -98,13 +98,14 @@ def test_partition_graphs_can_be_drawn() -> None:
     g = af.Graph()
     with g.as_default():
         with af.device("/cpu:0"):
-            a = af.constant(np.ones(2, np.float32), name="a")
+            x = af.placeholder(af.float32, shape=[2], name="x")
+            a = af.abs(x, name="a")
         with af.device("/cpu:1"):
             b = af.negative(a, name="b")
     options = af.RunOptions(output_partition_graphs=True)
     meta = af.RunMetadata()
     with af.Session(graph=g, config=af.SessionConfig(device_count={"CPU": 2})) as sess:
-        sess.run_sync(b, options=options, run_metadata=meta)
+        sess.run_sync(b, {x: np.ones(2, np.float32)}, options=options, run_metadata=meta)
     pictures = [af.tracing.to_mermaid(pg) for pg in meta.partition_graphs]
     assert any("<br/>_Send" in p for p in pictures)
     assert any("<br/>_Recv" in p for p in pictures)

@@ -32,8 +32,21 @@ def _thread_identity(v: np.ndarray) -> np.ndarray:
     return v + 0.5
 
 
+@af.Defun(af.float64, af.float64, func_name="prop_scaled_add")
+def _scaled_add(x: af.Tensor, y: af.Tensor) -> af.Tensor:
+    return x * 2.0 + y
+
+
+@af.Defun(af.float64, func_name="prop_nested")
+def _nested(x: af.Tensor) -> af.Tensor:
+    return _scaled_add(af.tanh(x), x) - af.constant(np.ones(3)) * 0.5
+
+
 @st.composite
-def random_graphs(draw: st.DrawFn) -> tuple[af.Graph, list[Any], dict[Any, Any]]:
+def random_graphs(draw: st.DrawFn, optimizable: bool = False
+                  ) -> tuple[af.Graph, list[Any], dict[Any, Any]]:
+    """A random graph; ``optimizable`` adds constant subgraphs, duplicated
+    subexpressions and function calls (nested too) for the optimizer to work on."""
     g = af.Graph()
     values = st.lists(st.floats(-2, 2, allow_nan=False, width=64), min_size=3, max_size=3)
     with g.as_default():
@@ -47,15 +60,37 @@ def random_graphs(draw: st.DrawFn) -> tuple[af.Graph, list[Any], dict[Any, Any]]
             else:
                 tensors.append(af.constant(np.array(draw(values)), name=f"c{k}"))
         ops: list[af.Operation] = []
+        made: list[tuple[Any, tuple[af.Tensor, ...]]] = []  # (op function, inputs)
+        kinds = ["binary", "unary", "add_n", "async", "thread"]
+        if optimizable:
+            kinds += ["const", "dup", "call", "nested"]
         for _ in range(draw(st.integers(1, 25))):
-            kind = draw(st.sampled_from(["binary", "unary", "add_n", "async", "thread"]))
+            kind = draw(st.sampled_from(kinds))
+            if kind == "dup" and not made:
+                kind = "const"
             pick = st.sampled_from(tensors)
             deps = draw(st.lists(st.sampled_from(ops), max_size=2)) if ops else []
             with af.control_dependencies(deps):
-                if kind == "binary":
-                    t = draw(st.sampled_from(BINARY))(draw(pick), draw(pick))
+                if kind == "const":
+                    fn = draw(st.sampled_from(BINARY))
+                    t = fn(af.constant(np.array(draw(values))), af.constant(np.array(draw(values))))
+                elif kind == "dup":
+                    fn, args = draw(st.sampled_from(made))
+                    t = fn(*args)
+                elif kind == "call":
+                    t = af.reshape(_scaled_add(draw(pick), draw(pick)), SHAPE)
+                elif kind == "nested":
+                    t = af.reshape(_nested(draw(pick)), SHAPE)
+                elif kind == "binary":
+                    fn = draw(st.sampled_from(BINARY))
+                    args = (draw(pick), draw(pick))
+                    t = fn(*args)
+                    made.append((fn, args))
                 elif kind == "unary":
-                    t = draw(st.sampled_from(UNARY))(draw(pick))
+                    fn = draw(st.sampled_from(UNARY))
+                    args = (draw(pick),)
+                    t = fn(*args)
+                    made.append((fn, args))
                 elif kind == "add_n":
                     t = af.add_n(draw(st.lists(pick, min_size=1, max_size=4)))
                 elif kind == "async":
@@ -101,3 +136,24 @@ def test_session_matches_reference(case: tuple[af.Graph, list[Any], dict[Any, An
         again = sess.run_sync(fetches, feeds)  # the cached plan gives the same answer
     _assert_same(got, expected)
     _assert_same(again, expected)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_graphs(optimizable=True))
+def test_optimizer_levels_agree_with_reference(
+        case: tuple[af.Graph, list[Any], dict[Any, Any]]) -> None:
+    graph, fetches, feeds = case
+    expected = af.testing.reference_run(fetches, feeds, graph=graph)
+    levels = [af.OptimizerOptions(), af.OptimizerOptions(do_function_inlining=False),
+              af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)]
+    sizes = []
+    for options in levels:
+        config = af.SessionConfig(inter_op_parallelism_threads=2, graph_options=af.GraphOptions(
+            optimizer_options=options))
+        with af.Session(graph=graph, config=config) as sess:
+            _assert_same(sess.run_sync(fetches, feeds), expected)
+            (stats,) = sess.statistics().optimizer
+            sizes.append(stats.nodes_after)
+    if not any(op.type.startswith("prop_") for op in graph.get_operations()):
+        assert sizes[0] <= sizes[2]  # without calls (whose inlining adds nodes), never more

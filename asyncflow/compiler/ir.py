@@ -27,8 +27,12 @@ if TYPE_CHECKING:
     from asyncflow.framework.graph import Graph, Operation, Tensor
     from asyncflow.framework.shapes import TensorShape
 
-__all__ = ["GraphIR", "NodeDef", "Ref", "ValueInfo", "format_ref", "graph_ir", "node_def_of",
-           "parse_ref", "ref_of"]
+__all__ = ["FUNCTION_ATTR", "FunctionIR", "GraphIR", "NodeDef", "Ref", "ValueInfo", "format_ref",
+           "function_ir", "graph_ir", "node_def_of", "parse_ref", "ref_of"]
+
+#: The attribute of a function call node that holds the function's :class:`FunctionIR`
+#: (so a call node is self-contained: inlining and the call kernel need nothing else).
+FUNCTION_ATTR = "_function"
 
 #: A tensor reference: (producing node's name, output index).
 Ref = tuple[str, int]
@@ -135,6 +139,30 @@ class GraphIR:
                        {n.name: k for k, n in enumerate(nodes)})
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class FunctionIR:
+    """A function of the library as IR: its body's nodes (topological order), the
+    names of its argument nodes (declared, then captured) and the returned refs."""
+
+    name: str
+    nodes: tuple[NodeDef, ...]
+    args: tuple[str, ...]
+    rets: tuple[Ref, ...]
+
+    def __repr__(self) -> str:
+        return f"<FunctionIR {self.name!r} nodes={len(self.nodes)} args={len(self.args)}>"
+
+
+def function_ir(fdef: Any) -> FunctionIR:
+    """The IR of a library function (a ``framework.function.FunctionDef``), made once."""
+    fir: FunctionIR | None = fdef._ir
+    if fir is None:
+        fir = fdef._ir = FunctionIR(
+            fdef.name, graph_ir(fdef.body).nodes, tuple(fdef.args),
+            tuple(ref_of(t) for t in fdef.rets))
+    return fir
+
+
 def format_ref(ref: Ref) -> str:
     """``"name"`` for output 0, ``"name:k"`` otherwise (TensorFlow's input strings)."""
     return ref[0] if ref[1] == 0 else f"{ref[0]}:{ref[1]}"
@@ -164,6 +192,9 @@ def node_def_of(op: Operation) -> NodeDef:
             input_types.append(producer.outputs[t._value_index] if producer is not None
                                else ValueInfo(t._dtype, t._shape))
         attrs = op._attrs
+        functions = op._graph._functions
+        if functions and op._type in functions:  # a call: the body travels with it
+            attrs = {**attrs, FUNCTION_ATTR: function_ir(functions[op._type])}
         site = op._traceback
         node = op._ir = NodeDef(
             op._name, op._type, tuple([(t._op._name, t._value_index) for t in ins]),

@@ -1,21 +1,87 @@
-"""The optimizer's place in the pipeline: after placement, before control-flow
-lowering and partitioning (TF's ``GraphOptimizer`` runs there too).
+"""The graph optimizer: TensorFlow's ``GraphOptimizer``, over the IR.
 
-Constant folding, common-subexpression elimination and function inlining are
-passes over the IR that will run here (see DESIGN §6); until they exist, the
-pipeline hands the pruned, placed nodes through unchanged.
+It runs once per compiled plan after placement and before control-flow lowering
+and partitioning.  Each pass is a pure function from placed nodes to placed nodes
+that reports whether it changed anything; the driver repeats the enabled passes —
+function inlining (:mod:`~asyncflow.compiler.inline`), constant folding
+(:mod:`~asyncflow.compiler.constant_folding`), common-subexpression elimination
+(:mod:`~asyncflow.compiler.cse`) — until none does (at most ``MAX_ROUNDS`` rounds,
+as TF), so folding can expose duplicates, merging can expose constants and inlined
+bodies are folded and merged with the rest of the graph.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from asyncflow.compiler.ir import NodeDef
+from asyncflow.compiler.constant_folding import fold_constants
+from asyncflow.compiler.cse import eliminate_common_subexpressions
+from asyncflow.compiler.inline import inline_functions
+from asyncflow.compiler.ir import FUNCTION_ATTR, NodeDef, Ref
+from asyncflow.config import OptimizerOptions
 
-__all__ = ["optimize"]
+__all__ = ["MAX_ROUNDS", "OPTIONS_ATTR", "OptimizerStats", "optimize"]
+
+MAX_ROUNDS = 10
+
+#: The attribute of a call node left for the call kernel: the options its body is
+#: compiled with (the caller's).
+OPTIONS_ATTR = "_optimizer_options"
 
 
-def optimize(nodes: Sequence[NodeDef], placement: Sequence[int]
-             ) -> tuple[tuple[NodeDef, ...], tuple[int, ...]]:
-    """The optimized nodes and their placement (no pass is enabled yet)."""
-    return tuple(nodes), tuple(placement)
+@dataclass(frozen=True, slots=True)
+class OptimizerStats:
+    """What the optimizer did to one plan: nodes before and after, nodes removed by
+    constant folding and by CSE, calls inlined (each replaced by its body)."""
+
+    nodes_before: int = 0
+    nodes_after: int = 0
+    folded: int = 0
+    cse: int = 0
+    inlined: int = 0
+    rounds: int = 0
+
+
+_DEFAULT = OptimizerOptions()
+
+
+def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
+             devices: Sequence[str] = (), options: OptimizerOptions = _DEFAULT,
+             feeds: Sequence[Ref] = (), fetches: Sequence[Ref] = (),
+             targets: Sequence[str] = (), allow_soft_placement: bool = False
+             ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], OptimizerStats]:
+    """The optimized nodes, their placement and what changed."""
+    nodes, placement = tuple(nodes), tuple(placement)
+    before = len(nodes)
+    if not options.inlining:
+        nodes = tuple(n._replace(attrs={**n.attrs, OPTIONS_ATTR: options})
+                      if FUNCTION_ATTR in n.attrs else n for n in nodes)
+    if not (options.folding or options.cse or options.inlining):
+        return nodes, placement, OptimizerStats(before, before)
+    fed = frozenset(feeds)
+    protected = frozenset({r[0] for r in fetches} | set(targets) | {r[0] for r in fed})
+    folded = merged = inlined = rounds = 0
+    for rounds in range(1, MAX_ROUNDS + 1):  # noqa: B007 (reported below)
+        changed = False
+        if options.inlining:
+            nodes, placement, calls = inline_functions(
+                nodes, placement, devices, feeds=fed, allow_soft_placement=allow_soft_placement)
+            inlined += calls
+            changed |= calls > 0
+        if options.folding:
+            n = len(nodes)
+            nodes, placement, did = fold_constants(
+                nodes, placement, devices, feeds=fed, fetches=fetches, targets=targets,
+                max_bytes=options.max_folded_constant_in_bytes)
+            folded += n - len(nodes)
+            changed |= did
+        if options.cse:
+            n = len(nodes)
+            nodes, placement, did = eliminate_common_subexpressions(
+                nodes, placement, feeds=fed, protected=protected)
+            merged += n - len(nodes)
+            changed |= did
+        if not changed:
+            break
+    return nodes, placement, OptimizerStats(before, len(nodes), folded, merged, inlined, rounds)

@@ -11,7 +11,7 @@ bound to it afterwards (:func:`asyncflow.runtime.bind.bind`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncflow import errors
 from asyncflow.compiler.control_flow import (
@@ -21,13 +21,16 @@ from asyncflow.compiler.control_flow import (
     node_frames,
 )
 from asyncflow.compiler.ir import GraphIR, NodeDef, Ref
-from asyncflow.compiler.optimize import optimize
+from asyncflow.compiler.optimize import OptimizerStats, optimize
 from asyncflow.compiler.partition import PartitionDef, add_client_edges, partition
 from asyncflow.compiler.placement import place
 from asyncflow.compiler.plan import Plan, build_plan
 from asyncflow.compiler.prune import prune
+from asyncflow.config import OptimizerOptions
 
 __all__ = ["ClientKeys", "Compiled", "compile_signature"]
+
+_DEFAULT_OPTIONS = OptimizerOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +47,14 @@ class Compiled:
     """A compiled run signature: one plan per partition, and where each fetch comes from.
 
     ``retval_map[k]`` is ``(partition, index)`` for fetch ``k``, or ``(-1, feed index)``
-    for a fetch that is also fed.
+    for a fetch that is also fed.  ``optimizer`` says what the graph optimizer did.
     """
 
     plans: tuple[Plan, ...]
     retval_map: tuple[tuple[int, int], ...]
     placement: tuple[tuple[str, str], ...]   # (node name, device) of every node that runs
     client: ClientKeys | None = None
+    optimizer: OptimizerStats = field(default_factory=OptimizerStats)
 
     @property
     def partitions(self) -> tuple[PartitionDef, ...]:
@@ -64,8 +68,11 @@ class Compiled:
 def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Ref],
                       targets: Sequence[str], devices: Sequence[str], incarnation: int,
                       allow_soft_placement: bool = False,
-                      client: str | None = None) -> Compiled:
+                      client: str | None = None,
+                      options: OptimizerOptions | None = None) -> Compiled:
     """Compile the run of ``fetches`` / ``targets`` with ``feeds`` on ``devices``.
+
+    ``options`` select the graph optimizations (default: ``OptimizerOptions()``, L1).
 
     With ``client`` (a partial run), feeds and fetches travel through the step's
     rendezvous from and to that device instead of the call frame.
@@ -73,7 +80,9 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
     nodes = prune(ir, fetches, targets, feeds)
     placement = place(nodes, devices, allow_soft_placement=allow_soft_placement,
                       lookup=ir.by_name)
-    nodes, placement = optimize(nodes, placement)
+    nodes, placement, stats = optimize(
+        nodes, placement, devices=devices, options=options or _DEFAULT_OPTIONS, feeds=feeds,
+        fetches=fetches, targets=targets, allow_soft_placement=allow_soft_placement)
     control_flow = any(n.op in CONTROL_FLOW_OPS for n in nodes)
     has_loops = control_flow and any(n.op == "Enter" for n in nodes)
     frames = loops = None
@@ -103,7 +112,8 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
             where[k] = (p, local)
     retval_map = tuple((-1, fed[r]) if r in fed else where[k] for k, r in enumerate(fetches))
     return Compiled(tuple(build_plan(part) for part in parts), retval_map,
-                    tuple((n.name, devices[d]) for n, d in zip(nodes, placement)), client_keys)
+                    tuple((n.name, devices[d]) for n, d in zip(nodes, placement)), client_keys,
+                    stats)
 
 
 def _check_not_in_loop(frames: Frames, nodes: Sequence[NodeDef], refs: Sequence[Ref],

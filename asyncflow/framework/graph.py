@@ -464,6 +464,9 @@ class Graph:
         self._unfetchable: set[Operation] = set()
         #: The graph-level random seed (af.set_random_seed); None when unset.
         self._seed: int | None = None
+        #: The function library (``af.Defun``): function name -> its definition.  A
+        #: call op's type is the function's name (TF's FunctionLibraryDefinition).
+        self._functions: dict[str, Any] = {}
 
     # -- building ---------------------------------------------------------------
 
@@ -481,7 +484,8 @@ class Graph:
         Build-time errors (bad dtypes → ``TypeError``, incompatible shapes →
         ``ValueError``) name the op.
         """
-        op_def = registry.get_op_def(op_type)
+        function = self._functions.get(op_type) if self._functions else None
+        op_def = function.op_def if function is not None else registry.get_op_def(op_type)
         inputs = tuple(inputs)
         for i, t in enumerate(inputs):
             if not isinstance(t, Tensor):
@@ -658,6 +662,11 @@ class Graph:
         """Build ops inside a control-flow context (``None``: the root context)."""
         with _pushed(self._stacks.cf_context, ctx):
             yield
+
+    def _can_capture(self, graph: Graph) -> bool:
+        """Whether tensors of ``graph`` may be used here (a function body captures
+        tensors of the graphs it is defined in; a plain graph never)."""
+        return False
 
     def _current_control_flow_context(self) -> Any:
         stacks = self._stacks

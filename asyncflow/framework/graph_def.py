@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
 import importlib
 import math
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from asyncflow import dtypes as _dtypes
+from asyncflow.framework import function as _function
 from asyncflow.framework import graph as _graph
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
@@ -129,7 +130,25 @@ def graph_to_graph_def(graph: Graph) -> dict[str, Any]:
     nodes = []
     for op in graph.get_operations():
         nodes.append(_node_def(op))
-    return {"versions": {"producer": PRODUCER, "format": FORMAT}, "node": nodes}
+    out: dict[str, Any] = {"versions": {"producer": PRODUCER, "format": FORMAT}, "node": nodes}
+    if graph._functions:
+        out["library"] = {"function": [_function_def(f) for f in graph._functions.values()]}
+    return out
+
+
+def _function_def(f: _function.FunctionDef) -> dict[str, Any]:
+    """One function of the library: signature, body (with its own library), results."""
+    return {
+        "signature": {
+            "name": f.name,
+            "input_arg": [{"name": a, "type": t.name} for a, t in zip(f.args, f.input_types)],
+            "output_arg": [{"name": n, "type": t.dtype.name}
+                           for n, t in zip(f.out_names, f.rets)],
+        },
+        "num_declared": f.num_declared,
+        "ret": [t.name for t in f.rets],
+        "body": graph_to_graph_def(f.body),
+    }
 
 
 def _node_def(op: Operation) -> dict[str, Any]:
@@ -524,12 +543,15 @@ def import_graph_def(
         raise RuntimeError(f"cannot import a graph def: graph {graph!r} is finalized")
     prefix = _prefix(name)
     node_list = _node_list(graph_def)
-    nodes = _parse_nodes(node_list, prefix)
+    library = _parse_library(graph_def.get("library"), graph)
+    nodes = _parse_nodes(node_list, prefix, {**graph._functions, **library})
     mapped = _parse_input_map(input_map, graph)
     _check_inputs(nodes, mapped)
     back = _back_edges(nodes, mapped)
     order = _topological_order(nodes, mapped, back)
     _check_names_free(nodes, graph)
+    for f in library.values():
+        _function.add_to_library(graph, f)
     created = _create_ops(graph, nodes, order, mapped, back)
     if return_elements is None:
         return None
@@ -567,11 +589,49 @@ def _node_list(graph_def: Any) -> list[Any]:
     return node_list
 
 
-def _parse_nodes(node_list: list[Any], prefix: str) -> dict[str, _Node]:
+def _parse_library(raw: Any, graph: Graph) -> dict[str, _function.FunctionDef]:
+    """The functions of a graph def's ``"library"`` not yet in ``graph``'s, rebuilt
+    (each body imported into its own function graph), callees first."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("function", []), list):
+        raise ValueError(f"graph def 'library' must be a dict with a 'function' list, "
+                         f"got {_short(raw)}")
+    out: dict[str, _function.FunctionDef] = {}
+    for i, entry in enumerate(raw.get("function", [])):
+        try:
+            sig = entry["signature"]
+            name = sig["name"]
+            args = [a["name"] for a in sig["input_arg"]]
+            out_names = [a["name"] for a in sig["output_arg"]]
+            num_declared = entry["num_declared"]
+            rets, body_def = entry["ret"], entry["body"]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"graph def library function #{i} is malformed: missing or "
+                             f"bad field {exc}") from None
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"graph def library function #{i} has no valid name")
+        if name in graph._functions or name in out:
+            continue
+        body = _function.FuncGraph(name, None)
+        try:
+            import_graph_def(body_def, graph=body)
+            ret_tensors = [body.get_tensor_by_name(r) for r in rets]
+            for a in args:
+                body.get_operation_by_name(a)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ValueError(f"graph def library function {name!r}: {exc}") from None
+        out[name] = _function.FunctionDef(name, body, args, num_declared, ret_tensors,
+                                          out_names)
+    return out
+
+
+def _parse_nodes(node_list: list[Any], prefix: str,
+                 functions: Mapping[str, Any] | None = None) -> dict[str, _Node]:
     nodes: dict[str, _Node] = {}
     seen_lower: dict[str, str] = {}
     for i, raw in enumerate(node_list):
-        node = _parse_node(i, raw, prefix)
+        node = _parse_node(i, raw, prefix, functions or {})
         # Graph names are unique case-insensitively (the uniquifier folds case).
         other = seen_lower.get(node.name.lower())
         if other is not None:
@@ -582,7 +642,7 @@ def _parse_nodes(node_list: list[Any], prefix: str) -> dict[str, _Node]:
     return nodes
 
 
-def _parse_node(i: int, raw: Any, prefix: str) -> _Node:
+def _parse_node(i: int, raw: Any, prefix: str, functions: Mapping[str, Any]) -> _Node:
     if not isinstance(raw, Mapping):
         raise ValueError(f"graph def node #{i} must be a dict, got {_short(raw)}")
     name = raw.get("name")
@@ -599,7 +659,8 @@ def _parse_node(i: int, raw: Any, prefix: str) -> _Node:
     if not isinstance(op_type, str):
         raise ValueError(f"{where} has no valid 'op' field (got {_short(op_type)})")
     try:
-        registry.get_op_def(op_type)
+        if op_type not in functions:
+            registry.get_op_def(op_type)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
     device = raw.get("device", "")
@@ -725,8 +786,11 @@ def _dependencies(node: _Node, mapped: dict[tuple[str, int], Any],
 
 def _topological_order(nodes: dict[str, _Node], mapped: dict[tuple[str, int], Any],
                        back: dict[str, tuple[int, ...]]) -> list[_Node]:
-    """Kahn's algorithm without the back edges, stable in graph-def order;
+    """Kahn's algorithm without the back edges, stable in graph-def order (of the
+    ready nodes, the earliest in the graph def goes first, so a graph def written in
+    creation order imports in that order and exports again unchanged);
     ``ValueError`` naming a cycle (one that no back edge closes)."""
+    position = {name: k for k, name in enumerate(nodes)}
     pending: dict[str, int] = {}
     consumers: dict[str, list[str]] = {name: [] for name in nodes}
     for node in nodes.values():
@@ -734,15 +798,16 @@ def _topological_order(nodes: dict[str, _Node], mapped: dict[tuple[str, int], An
         pending[node.name] = len(deps)
         for d in deps:
             consumers[d].append(node.name)
-    ready = deque(name for name, n in pending.items() if n == 0)
+    ready = [position[name] for name, n in pending.items() if n == 0]
+    names = list(nodes)
     order: list[_Node] = []
     while ready:
-        name = ready.popleft()
+        name = names[heapq.heappop(ready)]
         order.append(nodes[name])
         for c in consumers[name]:
             pending[c] -= 1
             if pending[c] == 0:
-                ready.append(c)
+                heapq.heappush(ready, position[c])
     if len(order) != len(nodes):
         cycle = _find_cycle({n for n, k in pending.items() if k > 0}, nodes, mapped, back)
         shown = " -> ".join(repr(n) for n in cycle[:10]) + (" -> ..." if len(cycle) > 10 else "")

@@ -64,7 +64,7 @@ def make_op(op_type: str, inputs: Sequence[Tensor], attrs: Mapping[str, Any] | N
     """Create an op of ``op_type`` in the default graph (named ``name`` or ``default_name``)."""
     graph = get_default_graph()
     for t in inputs:
-        if t._op._graph is not graph:
+        if t._op._graph is not graph and not graph._can_capture(t._op._graph):
             # TF picks the inputs' graph; we do the same when they agree.
             graph = t._op._graph
             break
@@ -82,7 +82,8 @@ def binary_inputs(x: Any, y: Any, op_name: str) -> tuple[Tensor, Tensor]:
     whatever the default graph is.
     """
     graph = _graph_of(x) or _graph_of(y)
-    if graph is not None and graph is not get_default_graph():
+    default = get_default_graph()
+    if graph is not None and graph is not default and not default._can_capture(graph):
         with graph.as_default():
             return binary_inputs(x, y, op_name)
     if isinstance(x, Tensor) or not _is_python_scalar_like(x):

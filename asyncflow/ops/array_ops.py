@@ -160,6 +160,11 @@ def identity(input: Any, name: str | None = None) -> Tensor:
     return make_op("Identity", (x,), name=name, default_name="Identity").outputs[0]
 
 
+# Several values passed through as they are: what an inlined function call with
+# several outputs becomes (compiler/inline.py), as in TensorFlow.
+define_op("IdentityN", lambda inputs, attrs: [(t.dtype, t.shape) for t in inputs])
+inline_kernel("IdentityN", lambda *xs: xs)
+
 define_op("NoOp", lambda inputs, attrs: [])
 inline_kernel("NoOp", lambda: None)
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from asyncflow import errors
+from asyncflow.compiler.ir import FUNCTION_ATTR
 from asyncflow.compiler.keys import frame_key
 from asyncflow.framework import registry
 
@@ -40,6 +41,11 @@ __all__ = ["SPECIAL", "BoundNode", "BoundPlan", "bind"]
 SPECIAL = 6
 
 _TOKEN = np.bool_(True)  # what a control-edge _Send carries
+
+#: Makes the kernel of a function call node, ``(node, device, resources, cache) ->
+#: (kernel, kind)``: installed by :mod:`asyncflow.runtime.function_call`, which builds
+#: on this module and the executor (so this module cannot import it).
+call_kernel_factory: list[Callable[..., tuple[Callable[..., Any], int]] | None] = [None]
 
 
 class BoundNode(NamedTuple):
@@ -87,16 +93,21 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
                     if merges and any(c in merges for c in cons)}
     nodes: list[BoundNode] = []
     all_inline = True
+    bodies: dict[Any, Any] = {}  # function bodies bound for this plan, shared by its calls
     for i, node in enumerate(plan.nodes):
-        kdef = kernel_cache.get(node.op)
-        if kdef is None:
-            try:
-                kdef = kernel_cache[node.op] = registry.get_kernel(node.op, device.device_type)
-            except errors.NotFoundError as exc:
-                raise errors.NotFoundError(
-                    None, _op_for(node, op_lookup),
-                    f"{exc.message} (needed by node {node.name!r})") from None
-        kernel, flow = kdef.instantiate(node, resources)  # type: ignore[arg-type]
+        if FUNCTION_ATTR in node.attrs:  # a call the optimizer did not inline
+            kernel, flow = _call_kernel(node, device, resources, bodies, op_lookup)
+        else:
+            kdef = kernel_cache.get(node.op)
+            if kdef is None:
+                try:
+                    kdef = kernel_cache[node.op] = registry.get_kernel(node.op,
+                                                                       device.device_type)
+                except errors.NotFoundError as exc:
+                    raise errors.NotFoundError(
+                        None, _op_for(node, op_lookup),
+                        f"{exc.message} (needed by node {node.name!r})") from None
+            kernel, flow = kdef.instantiate(node, resources)  # type: ignore[arg-type]
         kind = flow
         if flow == registry.INLINE and i in merge_inputs:
             kind = SPECIAL
@@ -109,6 +120,16 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
             operator.itemgetter(*ins) if len(ins) > 2 else None, flow))
     return BoundPlan(plan, tuple(nodes), tuple(_op_for(n, op_lookup) for n in plan.nodes),
                      device, all_inline, plan.loops)
+
+
+def _call_kernel(node: NodeDef, device: LocalDevice, resources: Any, bodies: dict[Any, Any],
+                 op_lookup: Callable[[str], Any] | None) -> tuple[Callable[..., Any], int]:
+    factory = call_kernel_factory[0]
+    if factory is None:
+        raise errors.NotFoundError(None, _op_for(node, op_lookup),
+                                   f"no kernel for function call {node.name!r} (op "
+                                   f"{node.op}): asyncflow.runtime.function_call is not loaded")
+    return factory(node, device, resources, bodies)
 
 
 def _op_for(node: NodeDef, op_lookup: Callable[[str], Any] | None) -> Any:

@@ -57,13 +57,19 @@ if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["SLICE", "Step", "abort_on_loop", "format_node_error"]
+__all__ = ["SLICE", "Step", "abort_on_loop", "current_step", "format_node_error"]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
 SLICE = 0.001
 
 _ASYNC = registry.ASYNC
+
+#: The step whose async kernel runs in this task (set in the kernel's own task, so
+#: it is seen only there): a function call kernel runs its body as a nested step
+#: that joins this one's tracing.
+current_step: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
+    "asyncflow_current_step", default=None)
 _SEND = registry.SEND
 _RECV = registry.RECV
 
@@ -324,6 +330,7 @@ class Step:
             node = self._nodes[i]
             if node.flow == _ASYNC:
                 self._label = label  # what a traced kernel records (frame, iteration)
+                current_step.set(self)
                 work: Coroutine[Any, Any, Any] = node.kernel(*args)
             else:
                 work = self._bound.device.run_in_thread(
@@ -456,6 +463,16 @@ class Step:
     def tracing(self) -> bool:
         """Whether this step records node stats."""
         return self._stats is not None
+
+    def merge_stats(self, stats: StepStats, prefix: str) -> None:
+        """Add a nested step's node stats (a function call's body), names prefixed."""
+        if self._stats is None:
+            return
+        for dev in stats.dev_stats:
+            for n in dev.node_stats:
+                n.node_name = prefix + n.node_name
+                n.timeline_label = prefix + n.timeline_label
+                self._stats.append(n)
 
     def _traced_node(self, i: int, node: BoundNode) -> BoundNode:
         flow = node.flow

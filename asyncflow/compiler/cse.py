@@ -1,0 +1,89 @@
+"""Common-subexpression elimination: one node per distinct computation.
+
+As TensorFlow's ``OptimizeCSE`` (``graph/optimizer_cse.cc``): in topological order,
+each node gets a structural key — op type, inputs (after earlier merges), the set
+of control inputs, device and attributes — and a node whose key was seen before is
+dropped, its consumers rewired to the first one.  Keys are compared for equality,
+not only by hash (a dict does both).  Never merged: stateful ops (each runs as
+often as it is written), placeholders (which one is unfed must stay visible), and
+control-flow routing.  Nodes the caller names (fetched, targeted, fed) are never
+removed, though they may absorb later duplicates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from asyncflow.compiler.control_flow import CONTROL_FLOW_OPS
+from asyncflow.compiler.ir import NodeDef, Ref
+
+__all__ = ["eliminate_common_subexpressions"]
+
+_NEVER = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval", "_Send",
+                    "_Recv"}) | CONTROL_FLOW_OPS
+
+
+def eliminate_common_subexpressions(
+        nodes: Sequence[NodeDef], placement: Sequence[int], *, feeds: Collection[Ref],
+        protected: Collection[str]) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool]:
+    """Merge equivalent nodes; returns the nodes, their placement and whether any merged."""
+    seen: dict[Hashable, str] = {}
+    rename: dict[str, str] = {}
+    out: list[NodeDef] = []
+    where: list[int] = []
+    for node, d in zip(nodes, placement):
+        if rename:
+            node = _rewired(node, rename, feeds)
+        if node.stateful or node.op in _NEVER:
+            out.append(node)
+            where.append(d)
+            continue
+        key = (node.op, node.inputs, frozenset(node.control_inputs), d, _attrs_key(node))
+        first = seen.get(key)
+        if first is not None and node.name not in protected:
+            rename[node.name] = first
+            continue
+        seen.setdefault(key, node.name)
+        out.append(node)
+        where.append(d)
+    if not rename:
+        return tuple(nodes), tuple(placement), False
+    return tuple(out), tuple(where), True
+
+
+def _rewired(node: NodeDef, rename: dict[str, str], feeds: Collection[Ref]) -> NodeDef:
+    inputs = tuple((rename.get(r[0], r[0]), r[1]) if r not in feeds else r
+                   for r in node.inputs)
+    controls = tuple(dict.fromkeys(rename.get(c, c) for c in node.control_inputs))
+    if inputs == node.inputs and controls == node.control_inputs:
+        return node
+    return node._replace(inputs=inputs, control_inputs=controls)
+
+
+def _attrs_key(node: NodeDef) -> Hashable:
+    return tuple(sorted((k, _value_key(v)) for k, v in node.attrs.items()))
+
+
+def _value_key(value: Any) -> Hashable:
+    """A hashable key equal for equal attribute values (exact: bytes, not ==)."""
+    if isinstance(value, np.ndarray | np.generic):
+        a = np.asarray(value)
+        if a.dtype.kind == "O":
+            return ("objects", a.shape, tuple(_value_key(v) for v in a.flat))
+        return ("array", a.dtype.str, a.shape, a.tobytes())
+    if isinstance(value, float):
+        return ("float", value.hex())
+    if isinstance(value, complex):
+        return ("complex", value.real.hex(), value.imag.hex())
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(_value_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted(((repr(k), _value_key(v)) for k, v in value.items()))))
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return (type(value).__name__, value)
