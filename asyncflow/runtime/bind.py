@@ -64,7 +64,7 @@ class BoundNode(NamedTuple):
     flow: int               # the kernel's own kind (differs from ``kind`` for SPECIAL)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
 class BoundPlan:
     """A plan with its kernels: what one :class:`~asyncflow.runtime.step.Step` runs."""
 

@@ -38,6 +38,7 @@ import functools
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -128,11 +129,13 @@ class Step:
         self._finished = False
         #: The (frame name, iteration) the frame propagator is running a node in.
         self._label: tuple[str, int] | None = None
-        self._stats: list[NodeExecStats] | None = None
+        # Traced steps: one raw record per node run (made into NodeExecStats only when
+        # the stats are read, so a traced node costs little more than two clock reads).
+        self._stats: list[Any] | None = None
         nodes = bound.nodes
         if trace:
             self._stats = []
-            nodes = tuple(self._traced_node(i, n) for i, n in enumerate(nodes))
+            nodes = _traced_nodes(bound)
         self._nodes = nodes
         prop: Propagator = (FramePropagator if bound.frames else PlainPropagator)(
             self, bound, nodes, frame.args)
@@ -165,6 +168,9 @@ class Step:
         if cm is None:
             cm = self._cm = CancellationManager()
         token = _activate_cancellation(cm)
+        # Traced kernels (shared by every traced step of the plan) find their step here;
+        # tasks and recv callbacks made during the step inherit it.
+        tracing = _TRACING.set(self) if self._stats is not None else None
         try:
             with np.errstate(all="ignore"):
                 finished = self._error is not None or self._prop.drain(
@@ -172,6 +178,8 @@ class Step:
                 if self._error is None and (not finished or self._outstanding):
                     await self._run_tasks()
         finally:
+            if tracing is not None:
+                _TRACING.reset(tracing)
             _deactivate_cancellation(token)
         if self._error is not None:
             raise self._error
@@ -219,7 +227,8 @@ class Step:
         """The step's stats when it ran traced (one device: the partition's)."""
         if self._stats is None:
             return None
-        return StepStats([DeviceStepStats(self._bound.plan.device, list(self._stats))])
+        return StepStats([DeviceStepStats(self._bound.plan.device,
+                                          [self._exec_stats(r) for r in self._stats])])
 
     # -- waiting for tasks ----------------------------------------------------------------
 
@@ -432,24 +441,28 @@ class Step:
     def record(self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any],
                key: str = "") -> None:
         """Append node ``i``'s stats (traced steps only)."""
+        self._stats.append((i, kind, start, end, threading.get_ident(),  # type: ignore[union-attr]
+                            tuple(_output_info(o) for o in outputs), key, self._label))
+
+    def _exec_stats(self, record: Any) -> NodeExecStats:
+        """A raw record as TF's ``NodeExecStats`` (merged nested stats are already so)."""
+        if isinstance(record, NodeExecStats):
+            return record
+        i, kind, start, end, tid, outputs, key, label = record
         op = self._bound.ops[i]
-        label = self._label
-        outs = []
-        for k, o in enumerate(outputs):
-            if o is None or isinstance(o, Dead):
-                continue
-            a = np.asarray(o)
-            outs.append(NodeOutput(k, tuple(a.shape), a.dtype.name, int(a.nbytes)))
+        outs = [NodeOutput(k, tuple(shape), _dtype_name(dtype), int(nbytes))
+                for k, info in enumerate(outputs) if info is not None
+                for shape, dtype, nbytes in (info,)]
         start_us = int(start * 1e6)
         dur = int((end - start) * 1e6)
         where = f" [frame {label[0]} iter {label[1]}]" if label is not None and label[0] else ""
-        self._stats.append(NodeExecStats(  # type: ignore[union-attr]
+        return NodeExecStats(
             node_name=op.name, op_type=op.type, kind=kind, scheduled_micros=start_us,
             all_start_micros=start_us, op_start_rel_micros=0, op_end_rel_micros=dur,
-            all_end_rel_micros=dur, thread_id=threading.get_ident(),
+            all_end_rel_micros=dur, thread_id=tid,
             timeline_label=f"{op.name} = {op.type}(){where}", output=outs,
             rendezvous_key=key, frame_name=label[0] if label is not None else "",
-            iter_id=label[1] if label is not None else 0))
+            iter_id=label[1] if label is not None else 0)
 
     def _record_transfer(self, i: int, start: float, frame_id: int, iter_id: int) -> None:
         node = self._bound.plan.nodes[i]
@@ -472,40 +485,88 @@ class Step:
             for n in dev.node_stats:
                 n.node_name = prefix + n.node_name
                 n.timeline_label = prefix + n.timeline_label
-                self._stats.append(n)
+                self._stats.append(n)  # already a NodeExecStats
 
-    def _traced_node(self, i: int, node: BoundNode) -> BoundNode:
-        flow = node.flow
-        if flow not in (registry.INLINE, registry.ASYNC, registry.EXPENSIVE):
-            return node  # transfers are recorded by dispatch, control flow by the propagator
-        kernel = node.kernel
-        kind = registry.KERNEL_KINDS[flow]
-        single = node.num_outputs == 1
 
-        def outputs(v: Any) -> Sequence[Any]:
-            return (v,) if single else (v or ())
+#: The step a traced kernel records into (set by ``Step.run`` of a traced step).
+_TRACING: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
+    "asyncflow_tracing_step", default=None)
+#: Traced kernels per bound plan, made once: a traced step allocates no closures (and
+#: so no reference cycles) per node.
+_TRACED: weakref.WeakKeyDictionary[BoundPlan, tuple[BoundNode, ...]] = (
+    weakref.WeakKeyDictionary())
 
-        if flow == _ASYNC:
-            async def timed(coro: Coroutine[Any, Any, Any], label: tuple[str, int] | None
-                            ) -> Any:
-                start = time.time()
-                v = await coro
-                saved, self._label = self._label, label
-                self.record(i, kind, start, time.time(), outputs(v))
-                self._label = saved
-                return v
 
-            def traced_async(*args: Any) -> Any:
-                return timed(kernel(*args), self._label)
-            wrapped: Callable[..., Any] = traced_async
-        else:
-            def traced(*args: Any) -> Any:
-                start = time.time()
-                v = kernel(*args)
-                self.record(i, kind, start, time.time(), outputs(v))
-                return v
-            wrapped = traced
-        return node._replace(kernel=wrapped)
+def _traced_nodes(bound: BoundPlan) -> tuple[BoundNode, ...]:
+    nodes = _TRACED.get(bound)
+    if nodes is None:
+        nodes = _TRACED[bound] = tuple(_traced_node(i, n) for i, n in enumerate(bound.nodes))
+    return nodes
+
+
+def _traced_node(i: int, node: BoundNode) -> BoundNode:
+    """``node`` with a kernel that records when it ran into the current traced step."""
+    flow = node.flow
+    if flow not in (registry.INLINE, registry.ASYNC, registry.EXPENSIVE):
+        return node  # transfers are recorded by dispatch, control flow by the propagator
+    kernel = node.kernel
+    kind = registry.KERNEL_KINDS[flow]
+    single = node.num_outputs == 1
+    now = time.time
+    current = _TRACING.get
+
+    def info(v: Any) -> tuple[Any, ...]:
+        return (_output_info(v),) if single else tuple(_output_info(o) for o in (v or ()))
+
+    if flow == _ASYNC:
+        async def timed(coro: Coroutine[Any, Any, Any], step: Step | None,
+                        label: tuple[str, int] | None) -> Any:
+            start = now()
+            v = await coro
+            if step is not None and step._stats is not None:
+                step._stats.append((i, kind, start, now(), threading.get_ident(), info(v),
+                                    "", label))
+            return v
+
+        def traced_async(*args: Any) -> Any:
+            step = current()
+            return timed(kernel(*args), step, step._label if step is not None else None)
+        wrapped: Callable[..., Any] = traced_async
+    else:
+        ident = threading.get_ident
+
+        def traced(*args: Any) -> Any:
+            # The per-node cost of tracing: two clock reads, one lookup, one tuple.
+            start = now()
+            v = kernel(*args)
+            end = now()
+            step = current()
+            if step is not None and step._stats is not None:
+                step._stats.append((i, kind, start, end, ident(), info(v), "", step._label))
+            return v
+        wrapped = traced
+    return BoundNode(wrapped, *node[1:])
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    """The name of a dtype given by its scalar type, memoized (numpy computes
+    ``dtype.name`` anew on every access, and hashing dtypes is slow)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+    return name
+
+
+def _output_info(o: Any) -> tuple[tuple[int, ...], Any, int] | None:
+    """(shape, dtype, bytes) of a node's output, without keeping the value alive."""
+    if o is None or isinstance(o, Dead):
+        return None
+    if not isinstance(o, np.ndarray | np.generic):
+        o = np.asarray(o)
+    return o.shape, o.dtype.type, o.nbytes  # the scalar type: hashed fast, named later
 
 
 class _Abortable(Protocol):
