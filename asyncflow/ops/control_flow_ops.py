@@ -8,7 +8,7 @@
   dead only when every input is dead.
 * ``enter`` / ``exit`` / ``next_iteration`` open, leave and advance a loop *frame*;
   the executor keeps per-frame, per-iteration state (see
-  :mod:`asyncflow.runtime.frames`).
+  :mod:`asyncflow.runtime.propagators`).
 
 The builders use *contexts* (``CondContext``, ``WhileContext``) while the user's
 functions run: a tensor from outside a branch enters it through a ``Switch`` on the
@@ -124,8 +124,8 @@ define_op("LoopCond", _loop_cond_shape)
 
 
 def _control_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
-    def not_callable(*args: Any) -> Any:  # the frame executor routes these itself
-        raise AssertionError(f"{op.type} is executed by the frame executor")
+    def not_callable(*args: Any) -> Any:  # the propagators route these themselves
+        raise AssertionError(f"{op.type} is routed by the executor's propagator")
 
     return not_callable, registry.CONTROL
 
