@@ -120,11 +120,16 @@ def feed_converter(t: Tensor) -> Callable[[Any], Any]:
         raise ValueError(f"Cannot feed value of shape {shape!r} for Tensor {name!r}, which "
                          f"has shape {t._shape}")
 
+    floating = np_dtype.kind == "f"
+
     def convert(v: Any) -> Any:
         tv = type(v)
         if tv is scalar_type:
             a = v
             shape: tuple[int, ...] = ()
+        elif tv is float and floating:  # the common feed: one Python float
+            a = scalar_type(v)
+            shape = ()
         else:
             if isinstance(v, Tensor) or hasattr(v, "_as_graph_element"):
                 raise TypeError(f"The value of a feed cannot be an af.Tensor object (feeding "

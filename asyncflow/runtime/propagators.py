@@ -79,6 +79,7 @@ class Step(Protocol):
     _error: errors.OpError | None
     _label: tuple[str, int] | None
     _bound: BoundPlan
+    _stats: list[Any] | None  # None unless the step is traced
 
     @property
     def tracing(self) -> bool: ...
@@ -292,7 +293,8 @@ class PlainPropagator:
             else:
                 self._store(node, (vals[node.inputs[m[2]]], np.int32(m[2])))
                 self._propagate(i, node, None)
-            self._trace_control(i)
+            if self._step._stats is not None:
+                self._trace_control(i)
             return
         dead = self._dead[i] if self._dead is not None else None
         if dead is not None:
@@ -309,7 +311,8 @@ class PlainPropagator:
             marker = Dead(step._bound.ops[i].name)
             self._store(node, (marker, data) if vals[node.inputs[1]] else (data, marker))
             self._propagate(i, node, None)
-            self._trace_control(i)
+            if self._step._stats is not None:
+                self._trace_control(i)
             return
         args = [vals[s] for s in node.inputs]
         if node.flow == _INLINE:  # an inline kernel whose output a Merge counts
@@ -393,12 +396,10 @@ class PlainPropagator:
             self._ready.append(c)
 
     def _trace_control(self, i: int) -> None:
-        step = self._step
-        if step.tracing:
-            import time
+        import time
 
-            now = time.time()
-            step.record(i, "control", now, now, ())
+        now = time.time()
+        self._step.record(i, "control", now, now, ())
 
     def retvals(self) -> list[Any]:
         vals = self._vals
@@ -523,8 +524,11 @@ class FramePropagator:
     def _execute(self, i: int, frame: _Frame, it: int, node: BoundNode, kind: int) -> None:
         st = frame.iters[it]
         step = self._step
-        if step.tracing:
+        if step._stats is not None:  # traced: kernels record their frame and iteration
             step._label = (self._info.frames[frame.static].name, it)
+        if kind == CF_NONE and node.flow == _INLINE and i not in st.dead:
+            self._run_inline(i, frame, it, st, node)
+            return
         if kind == CF_MERGE:
             m = st.merges.pop(i)
             if m[2] < 0:
@@ -533,7 +537,8 @@ class FramePropagator:
             else:
                 value = self._read(st, node.inputs[m[2]])
                 self._complete(i, frame, it, (value, np.int32(m[2])), None)
-            self._trace_control(i)
+            if self._step._stats is not None:
+                self._trace_control(i)
             return
         dead = st.dead.get(i)
         if kind == CF_NONE:
@@ -560,11 +565,13 @@ class FramePropagator:
             else:
                 outs = (dead, dead)
             self._complete(i, frame, it, outs, dead)
-            self._trace_control(i)
+            if self._step._stats is not None:
+                self._trace_control(i)
             return
         value = dead if dead is not None else self._read(st, node.inputs[0])
         self._release(st, node)
-        self._trace_control(i)
+        if self._step._stats is not None:
+            self._trace_control(i)
         if kind == CF_ENTER:
             child = self._child(frame, it, self._info.child[i])
             if self._info.constant[i]:
@@ -600,6 +607,40 @@ class FramePropagator:
             self._done_token(frame, it)
             return
         raise errors.InternalError(None, self._bound.ops[i], f"unknown control-flow kind {kind}")
+
+    def _run_inline(self, i: int, frame: _Frame, it: int, st: _Iteration,
+                    node: BoundNode) -> None:
+        """A live inline node: the common case of a loop body, in one piece (what
+        ``_complete`` / ``_activate`` / ``_release`` / ``_done_token`` do, without the
+        dead-tensor checks a live node's own outputs never need)."""
+        vals = st.vals
+        initial = self._initial
+        v = node.kernel(*[vals[s] if s in vals else initial[s] for s in node.inputs])
+        nout = node.num_outputs
+        if nout == 1:
+            vals[node.out] = v
+        elif nout:
+            for k, o in enumerate(_check_outputs(v, nout)):
+                vals[node.out + k] = o
+        kinds = self._info.kind
+        pending = st.pending
+        initial_pending = self._initial_pending
+        push = self._ready.append
+        for c, data, control in self._bound.plan.edges_out[i]:
+            if kinds[c] == CF_MERGE:
+                self._activate_merge(c, frame, it, st, data, control)
+                continue
+            p = pending.get(c, initial_pending[c]) - 1
+            if p:
+                pending[c] = p
+            else:
+                pending.pop(c, None)
+                st.outstanding += 1
+                push((c, frame, it))
+        self._release(st, node)
+        st.outstanding -= 1
+        if not st.outstanding:
+            self._check_iteration(frame, it)
 
     def complete(self, token: Any, v: Any) -> None:
         i, frame, it = token
@@ -754,12 +795,10 @@ class FramePropagator:
         self._check_iteration(parent, frame.parent_iter)
 
     def _trace_control(self, i: int) -> None:
-        step = self._step
-        if step.tracing:
-            import time
+        import time
 
-            now = time.time()
-            step.record(i, "control", now, now, ())
+        now = time.time()
+        self._step.record(i, "control", now, now, ())
 
     def retvals(self) -> list[Any]:
         st = self._root.iters[0]
