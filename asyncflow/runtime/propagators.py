@@ -260,14 +260,7 @@ class PlainPropagator:
         if self._dead is not None:
             self._propagate(i, node, None)
             return
-        for s in node.frees:
-            vals[s] = None
-        refs = self._refs
-        for s in node.counted:
-            r = refs[s] - 1  # type: ignore[index]
-            refs[s] = r  # type: ignore[index]
-            if not r:
-                vals[s] = None
+        self._release(node)
         pending = self._pending
         push = self._ready.append
         for c in node.consumers:
@@ -359,6 +352,11 @@ class PlainPropagator:
             pending[c] = p
             if not p:
                 push(c)
+        self._release(node)
+
+    def _release(self, node: BoundNode) -> None:
+        """Free the slots whose last reader ``node`` is (the hot loop does this inline)."""
+        vals = self._vals
         for s in node.frees:
             vals[s] = None
         refs = self._refs
