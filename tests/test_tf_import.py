@@ -48,9 +48,8 @@ def test_frozen_tf_graph_runs_with_tf_outputs(name: str) -> None:
     _run_and_compare(g, name, prefix="import/")
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp_bn", "array_ops"])
+@pytest.mark.parametrize("name", ["cnn", "mlp_bn", "array_ops", "control_flow"])
 def test_imported_graphs_survive_the_json_graph_def(name: str) -> None:
-    # (control_flow waits for the JSON graph def's loop round trip, another change.)
     g = af.Graph()
     with g.as_default():
         import_tf_graph_def(FIXTURES / f"{name}.pb", name="")
