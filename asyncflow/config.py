@@ -27,6 +27,9 @@ class SessionConfig:
     * ``place_pruned_graph`` — validate device requests only for the ops a run
       needs (False, as TF: every op of the graph must ask for a valid device).
     * ``log_device_placement`` — log each node's device through ``logging``.
+    * ``isolate_session_state`` — on a cluster, give this session its own variables
+      and queues on every task instead of the containers shared by every session
+      connected to the cluster (TF semantics).
     """
 
     device_count: dict[str, int] = field(default_factory=lambda: {"CPU": 1})
@@ -35,6 +38,7 @@ class SessionConfig:
     allow_soft_placement: bool = False
     place_pruned_graph: bool = False
     log_device_placement: bool = False
+    isolate_session_state: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.device_count, dict):

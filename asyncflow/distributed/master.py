@@ -1,0 +1,409 @@
+"""The master: a session's side of distributed execution (TF's ``MasterSession``).
+
+``af.Session(cluster, graph=g)`` asks the cluster for a :class:`Master`.  The session
+compiles as always, over its own devices (``/job:localhost/...``) followed by the
+cluster's; the master then
+
+* binds the partitions of the session's own devices here, groups the others by task
+  and registers each task's partitions with its worker **once per plan**
+  (``register_graph`` → handle; lazily, by the first step, from whatever loop runs it);
+* runs a step (:class:`DistributedStep`) as one task group: the local partitions'
+  executors and one ``run_graph(handle, step_id, ...)`` per task, concurrently; the
+  first error aborts the step on every task (``abort_step``) and is what the caller
+  sees, named with its node and task; derived errors (aborts, cancellations) are
+  dropped; when the step is over, ``cleanup_step`` frees its rendezvous everywhere
+  (and stops a task still running it: deadlines, cancellation, ``close``);
+* fails every running step that touches a task whose worker died
+  (:meth:`Cluster.mark_unavailable`) with ``UnavailableError`` naming the task.
+
+All Dask calls run on the cluster's client loop (:meth:`Cluster._call`), so steps may
+run on any loop and thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from distributed.protocol.serialize import ToPickle
+
+from asyncflow import errors
+from asyncflow.compiler.pipeline import Compiled
+from asyncflow.compiler.plan import Plan
+from asyncflow.distributed._dask import unwire, wire
+from asyncflow.distributed.rendezvous import LOCAL_TASK, RemoteRendezvous, task_of
+from asyncflow.framework.graph import Tensor
+from asyncflow.runtime.barrier import ExecutorBarrier
+from asyncflow.runtime.bind import bind
+from asyncflow.runtime.call_frame import CallFrame
+from asyncflow.session import _CompiledCall
+from asyncflow.step_stats import StepStats
+
+if TYPE_CHECKING:
+    from asyncflow.fetch_feed import Rebuild
+    from asyncflow.session import Session
+
+__all__ = ["Cluster", "DistributedCall", "DistributedStep", "Master"]
+
+T = TypeVar("T")
+
+
+class Cluster(Protocol):
+    """What the master uses of its :class:`asyncflow.distributed.Cluster`."""
+
+    tasks: tuple[str, ...]
+    cpus_per_task: int
+    assignment: dict[str, str]
+    _closed: bool
+
+    def devices(self) -> list[str]: ...
+    def unavailable(self, task: str) -> errors.UnavailableError | None: ...
+    def add_watcher(self, fn: Callable[[str, errors.UnavailableError], None]) -> None: ...
+    def remove_watcher(self, fn: Callable[[str, errors.UnavailableError], None]) -> None: ...
+    async def rpc(self, task: str, op: str, **kwargs: Any) -> Any: ...
+    async def _call(self, coro: Coroutine[Any, Any, T]) -> T: ...
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]: ...
+    def _run_sync(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T: ...
+
+
+#: How long cleaning a step up on the tasks may take before the master gives up on it.
+_CLEANUP_TIMEOUT = 10.0
+
+
+class DistributedCall(_CompiledCall):
+    """A compiled signature over local and remote partitions."""
+
+    __slots__ = ("_handles", "_lock", "master", "needs", "remote", "sources")
+
+    def __init__(self, master: Master, compiled: Compiled, local: Sequence[int],
+                 bound: Sequence[Any], fetches: Sequence[Tensor], feed_keys: tuple[Any, ...],
+                 converters: tuple[Callable[[Any], Any], ...], rebuild: Rebuild) -> None:
+        super().__init__(compiled, bound, fetches, feed_keys, converters, rebuild)
+        self.single = self.fast = False
+        self.master = master
+        plans = compiled.plans
+        where: dict[int, tuple[str, int]] = {p: (LOCAL_TASK, i) for i, p in enumerate(local)}
+        #: task → its partitions' plans, in compiled order.
+        self.remote: dict[str, list[Plan]] = {}
+        offsets: dict[int, int] = {}
+        for p, plan in enumerate(plans):
+            task = task_of(plan.device)
+            if task == LOCAL_TASK:
+                continue
+            mine = self.remote.setdefault(task, [])
+            offsets[p] = sum(len(q.partition.retvals) for q in mine)
+            where[p] = (task, len(mine))
+            mine.append(plan)
+        #: fetch k → ("", feed index) | (LOCAL_TASK, local partition, index) |
+        #: (task, flat index into that task's returned values)
+        self.sources: list[tuple[str, int, int]] = []
+        for p, k in compiled.retval_map:
+            if p < 0:
+                self.sources.append(("", k, 0))
+                continue
+            task, i = where[p]
+            self.sources.append((task, i, k) if task == LOCAL_TASK
+                                else (task, offsets[p] + k, 0))
+        #: task → the feed indices its partitions read.
+        self.needs = {task: {k for plan in mine for k, _ in plan.partition.args}
+                      for task, mine in self.remote.items()}
+        self._handles: Future[dict[str, str]] | None = None
+        self._lock = threading.Lock()
+
+    async def handles(self) -> dict[str, str]:
+        """Register every task's partitions (once, by the first step) → task → handle."""
+        with self._lock:
+            cf = self._handles
+            if cf is None or (cf.done() and cf.exception() is not None):
+                cf = self._handles = self.master.cluster._submit(self._register())
+        return await asyncio.wrap_future(cf)
+
+    async def _register(self) -> dict[str, str]:
+        master = self.master
+        handles: dict[str, str] = {}
+
+        async def one(task: str, plans: list[Plan]) -> None:
+            reply = await master.cluster.rpc(
+                task, "register_graph", session=master.handle, isolate=master.isolate,
+                cpus=master.cluster.cpus_per_task, addresses=master.cluster.assignment,
+                plans=ToPickle(tuple(plans)))
+            if not reply["ok"]:
+                raise unwire(reply["error"])
+            handles[task] = reply["handle"]
+
+        async with asyncio.TaskGroup() as tg:
+            for task, plans in self.remote.items():
+                tg.create_task(one(task, plans))
+        return handles
+
+
+def _derived(error: errors.OpError) -> bool:
+    """Errors caused by another error of the step (never what the caller sees)."""
+    if isinstance(error, errors.AbortedError):
+        return True
+    return isinstance(error, errors.CancelledError) and (
+        "step aborted" in error.message or "stopped by the session" in error.message)
+
+
+class DistributedStep(ExecutorBarrier):
+    """One step over the session's own partitions and every task's."""
+
+    __slots__ = ("_call", "_derived_error", "_master", "_remote_stats", "_remote_values",
+                 "_step_id", "_tg", "_trace")
+
+    def __init__(self, master: Master, call: DistributedCall, frame: CallFrame,
+                 trace: bool = False) -> None:
+        self._master = master
+        self._call = call
+        self._trace = trace
+        self._step_id = random.getrandbits(63)
+        self._derived_error: errors.OpError | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._remote_values: dict[str, list[Any]] = {}
+        self._remote_stats: list[StepStats] = []
+        rendezvous = RemoteRendezvous(LOCAL_TASK, self._step_id, master.pull, master.push,
+                                      on_error=self._record)
+        super().__init__(call.bound, (), frame, trace=trace, rendezvous=rendezvous)
+
+    @property
+    def step_id(self) -> int:
+        """The step's id on every task."""
+        return self._step_id
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The remote tasks this step runs on."""
+        return tuple(self._call.remote)
+
+    async def run(self) -> list[Any]:
+        """Run every partition, local and remote; the fetched values, or the root error."""
+        self._loop = asyncio.get_running_loop()
+        master = self._master
+        master._started(self)
+        try:
+            handles = await self._call.handles()
+            for task in self._call.remote:
+                dead = master.cluster.unavailable(task)
+                if dead is not None:
+                    raise dead
+            await self._run_all(handles)
+        finally:
+            master._stopped(self)
+            self._loop = None
+        if self._error is not None:
+            raise self._error
+        if self._derived_error is not None:
+            raise self._derived_error
+        return self._results()
+
+    async def _run_all(self, handles: dict[str, str]) -> None:
+        rendezvous = self._rendezvous
+        assert isinstance(rendezvous, RemoteRendezvous)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                rendezvous.attach(tg)
+                for step in self._steps:
+                    tg.create_task(self._run_partition(step))
+                for task in self._call.remote:
+                    tg.create_task(self._run_remote(task, handles[task]))
+        except BaseExceptionGroup as group:
+            raise group.exceptions[0] from None
+        finally:
+            self._tg = None
+            rendezvous.attach(None)
+            await self._cleanup()
+
+    async def _run_remote(self, task: str, handle: str) -> None:
+        needs = self._call.needs[task]
+        args = [wire(v) if k in needs else None for k, v in enumerate(self._frame.args)]
+        try:
+            reply = await self._master.call(task, "run_graph", session=self._master.handle,
+                                            handle=handle, step_id=self._step_id, args=args,
+                                            trace=self._trace)
+        except errors.OpError as exc:
+            self._record(exc)
+            return
+        if not reply["ok"]:
+            self._record(unwire(reply["error"]))
+            return
+        self._remote_values[task] = reply["values"]
+        stats = reply["stats"]
+        if stats is not None:
+            self._remote_stats.append(unwire(stats))
+
+    async def _cleanup(self) -> None:
+        """Free the step's rendezvous on every task; stops a task still running it."""
+        master = self._master
+
+        async def one(task: str) -> None:
+            if master.cluster.unavailable(task) is None:
+                try:
+                    await master.cluster.rpc(task, "cleanup_step", step_id=self._step_id)
+                except errors.OpError:
+                    pass  # the task died meanwhile: nothing left to clean up there
+
+        async def all_tasks() -> None:
+            async with asyncio.timeout(_CLEANUP_TIMEOUT), asyncio.TaskGroup() as tg:
+                for task in self._call.remote:
+                    tg.create_task(one(task))
+        try:
+            await master.cluster._call(all_tasks())
+        except TimeoutError:
+            pass  # an unresponsive task: its worker's removal will be reported
+
+    def _record(self, error: errors.OpError) -> None:
+        if self._error is not None:
+            return
+        if _derived(error):
+            if self._derived_error is None:
+                self._derived_error = error
+                self._rendezvous.abort(error)
+                derived = errors.CancelledError(None, None, f"step aborted: {error.message}")
+                for step in self._steps:
+                    step.abort(derived)
+                self._abort_remote(error)
+            return
+        super()._record(error)
+        self._abort_remote(error)
+
+    def _abort_remote(self, error: errors.OpError) -> None:
+        tg = self._tg
+        if tg is None:
+            return
+        for task in self._call.remote:
+            if self._master.cluster.unavailable(task) is None:
+                tg.create_task(self._send_abort(task, error))
+
+    async def _send_abort(self, task: str, error: errors.OpError) -> None:
+        try:
+            await self._master.call(task, "abort_step", step_id=self._step_id,
+                                    error=ToPickle(error))
+        except errors.OpError:
+            pass  # unreachable: the step fails there anyway
+
+    def _results(self) -> list[Any]:
+        retvals = [step.frame.retvals for step in self._steps]
+        args = self._frame.args
+        out = []
+        for task, i, k in self._call.sources:
+            if not task:
+                out.append(args[i])
+            elif task == LOCAL_TASK:
+                out.append(retvals[i][k])  # type: ignore[index]
+            else:
+                out.append(self._remote_values[task][i])
+        self._frame.retvals = out
+        return out
+
+    @property
+    def stats(self) -> StepStats | None:
+        """Every partition's node stats, local and remote, merged per device."""
+        merged = super().stats
+        for stats in self._remote_stats:
+            if merged is None:
+                merged = StepStats([])
+            merged.dev_stats.extend(stats.dev_stats)
+        return merged
+
+
+class Master:
+    """The distributed side of one session."""
+
+    def __init__(self, cluster: Cluster, session: Session) -> None:
+        self.cluster = cluster
+        self.session = session
+        self.handle = f"session_{uuid.uuid4().hex}"
+        self.isolate = session.config.isolate_session_state
+        self.device_names = tuple(cluster.devices())
+        self._running: set[DistributedStep] = set()
+        self._lock = threading.Lock()
+        self._registered = False
+        cluster.add_watcher(self._on_unavailable)
+
+    # -- the session's seams ------------------------------------------------------------
+
+    def prepared(self, compiled: Compiled, fetches: Sequence[Tensor],
+                 feed_keys: tuple[Any, ...], converters: tuple[Callable[[Any], Any], ...],
+                 rebuild: Rebuild) -> DistributedCall:
+        """Bind the session's own partitions; the others are registered by the first step."""
+        sess = self.session
+        lookup = sess._graph._by_name.get
+        local = [p for p, plan in enumerate(compiled.plans)
+                 if task_of(plan.device) == LOCAL_TASK]
+        bound = [bind(compiled.plans[p], sess._device_of[compiled.plans[p].device],
+                      sess._resources, lookup) for p in local]
+        self._registered = True
+        return DistributedCall(self, compiled, local, bound, fetches, feed_keys, converters,
+                               rebuild)
+
+    def runner(self, call: Any, frame: CallFrame, trace: bool = False) -> DistributedStep:
+        """The step of a compiled call."""
+        if not isinstance(call, DistributedCall):
+            raise errors.UnimplementedError(
+                None, None, "this kind of run is not supported on a cluster yet")
+        return DistributedStep(self, call, frame, trace)
+
+    # -- transport (from any loop; the work runs on the client's loop) --------------------
+
+    async def call(self, task: str, op: str, **kwargs: Any) -> Any:
+        return await self.cluster._call(self.cluster.rpc(task, op, **kwargs))
+
+    async def pull(self, task: str, step_id: int, key: str) -> tuple[Any, bool]:
+        reply = await self.call(task, "recv_tensor", step_id=step_id, key=key)
+        if not reply["ok"]:
+            raise unwire(reply["error"])
+        return reply["value"], reply["dead"]
+
+    async def push(self, task: str, step_id: int, key: str, value: Any, is_dead: bool) -> None:
+        await self.call(task, "send_tensor", step_id=step_id, key=key, value=wire(value),
+                        dead=is_dead)
+
+    # -- liveness -------------------------------------------------------------------------
+
+    def _started(self, step: DistributedStep) -> None:
+        with self._lock:
+            self._running.add(step)
+
+    def _stopped(self, step: DistributedStep) -> None:
+        with self._lock:
+            self._running.discard(step)
+
+    def _on_unavailable(self, task: str, error: errors.UnavailableError) -> None:
+        with self._lock:
+            steps = [s for s in self._running if task in s.tasks]
+        for step in steps:
+            step.abort_threadsafe(error)
+
+    # -- closing --------------------------------------------------------------------------
+
+    async def _close_remote(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for task in self.cluster.tasks:
+                if self.cluster.unavailable(task) is None:
+                    tg.create_task(self._close_on(task))
+
+    async def _close_on(self, task: str) -> None:
+        try:
+            await self.cluster.rpc(task, "close_session", session=self.handle)
+        except errors.OpError:
+            pass  # gone: nothing to close there
+
+    def _forget(self) -> bool:
+        self.cluster.remove_watcher(self._on_unavailable)
+        return self._registered and not self.cluster._closed
+
+    async def close(self) -> None:
+        """Drop this session's graphs (and isolated state) on every task."""
+        if self._forget():
+            await self.cluster._call(self._close_remote())
+
+    def close_sync(self) -> None:
+        """``close`` for code without an event loop."""
+        if self._forget():
+            self.cluster._run_sync(self._close_remote(), timeout=_CLEANUP_TIMEOUT)

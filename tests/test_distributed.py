@@ -1,0 +1,303 @@
+"""Distributed execution on a Dask ``LocalCluster`` of worker processes (DESIGN.md §5).
+
+One cluster (one ``ps`` task, two ``worker`` tasks) serves the module; state is reset between
+tests.  Results are compared with a local session (or the reference interpreter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncflow as af
+
+afd = pytest.importorskip("asyncflow.distributed")
+
+PS = "/job:ps/task:0"
+W0 = "/job:worker/task:0"
+W1 = "/job:worker/task:1"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    with afd.LocalCluster(jobs={"ps": 1, "worker": 2}) as c:
+        yield c
+    gc.collect()  # a quiet point (DESIGN.md §5, testing note)
+
+
+@pytest.fixture(autouse=True)
+def _reset(cluster: Any) -> Iterator[None]:
+    yield
+    asyncio.run(afd.reset(cluster))
+    gc.collect()
+
+
+def _ps_graph() -> tuple[af.Graph, Any, Any, Any]:
+    g = af.Graph()
+    with g.as_default():
+        with af.device(PS):
+            w = af.Variable(np.arange(3, dtype=np.float32), name="w")
+        with af.device(W1):
+            y = af.reduce_sum(w * 2.0, name="y")
+        x = af.placeholder(af.float32, shape=(3,), name="x")
+        with af.device(W0):
+            z = af.multiply(x, w.read_value(), name="z")
+    return g, w, y, z
+
+
+# -- the cluster ------------------------------------------------------------------------
+
+def test_devices_and_assignment_are_deterministic(cluster: Any) -> None:
+    assert cluster.devices() == [
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:worker/replica:0/task:0/device:CPU:0",
+        "/job:worker/replica:0/task:1/device:CPU:0"]
+    addresses = list(cluster.assignment.values())
+    assert list(cluster.assignment) == ["/job:ps/replica:0/task:0",
+                                        "/job:worker/replica:0/task:0",
+                                        "/job:worker/replica:0/task:1"]
+    assert addresses == sorted(addresses)
+    assert len(set(addresses)) == 3
+
+
+def test_bad_jobs_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="task count"):
+        afd.LocalCluster(jobs={"worker": 0})
+    with pytest.raises(ValueError, match="cpus_per_task"):
+        afd.LocalCluster(jobs={"worker": 1}, cpus_per_task=0)
+
+
+def test_import_without_dask_names_the_extra() -> None:
+    code = ("import sys; sys.modules['distributed'] = None\n"
+            "import asyncflow\n"
+            "assert 'dask' not in sys.modules\n"
+            "try:\n    import asyncflow.distributed\n"
+            "except ImportError as e:\n    print(e)\n")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(af.__file__))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=60, check=True).stdout
+    assert 'pip install "asyncflow[distributed]"' in out
+
+
+# -- running ----------------------------------------------------------------------------
+
+async def test_ps_worker_graph_matches_a_local_session(cluster: Any) -> None:
+    g, w, y, z = _ps_graph()
+    async with af.Session(cluster, graph=g) as sess:
+        await sess.run(w.initializer)
+        got = await sess.run({"y": y, "pair": (z, [y])}, feed_dict={"x:0": [1, 2, 3]})
+    async with af.Session(graph=g, config=af.SessionConfig(allow_soft_placement=True)) as local:
+        await local.run(w.initializer)
+        want = await local.run({"y": y, "pair": (z, [y])}, feed_dict={"x:0": [1, 2, 3]})
+    assert got["y"] == want["y"] == np.float32(6.0)
+    assert isinstance(got["y"], np.float32)
+    np.testing.assert_array_equal(got["pair"][0], want["pair"][0])
+    assert got["pair"][1] == [np.float32(6.0)]
+
+
+async def test_feed_a_remote_tensor_and_make_callable(cluster: Any) -> None:
+    g, w, y, z = _ps_graph()
+    async with af.Session(cluster, graph=g) as sess:
+        await sess.run(w.initializer)
+        # w's value lives on ps; feeding it cuts the remote read off.
+        assert await sess.run(y, {w: np.ones(3, np.float32)}) == np.float32(6.0)
+        fn = sess.make_callable([z, y], feed_list=[g.get_tensor_by_name("x:0")])
+        outs = await asyncio.gather(*(fn(np.full(3, k, np.float32)) for k in range(5)))
+    for k, (zv, yv) in enumerate(outs):
+        np.testing.assert_array_equal(zv, k * np.arange(3, dtype=np.float32))
+        assert yv == np.float32(6.0)
+
+
+def test_run_sync_from_plain_code(cluster: Any) -> None:
+    g, w, y, _ = _ps_graph()
+    with af.Session(cluster, graph=g) as sess:
+        sess.run_sync(w.initializer)
+        assert sess.run_sync(y) == np.float32(6.0)
+        assert sess.run_sync(y) == np.float32(6.0)
+
+
+async def test_state_is_shared_across_sessions_unless_isolated(cluster: Any) -> None:
+    g, w, y, _ = _ps_graph()
+    with g.as_default():
+        bump = w.assign_add(np.ones(3, np.float32))
+    async with af.Session(cluster, graph=g) as a, af.Session(cluster, graph=g) as b:
+        await a.run(w.initializer)
+        await a.run(bump)
+        np.testing.assert_array_equal(await b.run(w), [1, 2, 3])  # the same ps variable
+    isolated = af.SessionConfig(isolate_session_state=True)
+    async with af.Session(cluster, graph=g, config=isolated) as c:
+        with pytest.raises(af.errors.FailedPreconditionError, match="w"):
+            await c.run(y)
+    await afd.reset(cluster)
+    async with af.Session(cluster, graph=g) as d:
+        with pytest.raises(af.errors.FailedPreconditionError, match="w"):
+            await d.run(y)
+
+
+async def test_unknown_job_or_task_names_it(cluster: Any) -> None:
+    g = af.Graph()
+    with g.as_default(), af.device("/job:worker/task:7"):
+        af.constant(1.0, name="c")
+    with pytest.raises(af.errors.InvalidArgumentError, match="/job:worker/task:7"):
+        async with af.Session(cluster, graph=g) as sess:
+            await sess.run("c:0")
+
+
+async def test_remote_error_names_node_and_task_and_session_stays_usable(cluster: Any) -> None:
+    def boom(v: np.ndarray) -> np.ndarray:
+        raise ValueError("bad value on the worker")
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(2,), name="x")
+        with af.device(W0):
+            a = af.py_func(boom, [x], af.float32, name="boom")
+        with af.device(W1):
+            b = af.identity(x * 2.0, name="fine")
+        total = af.add(a, b, name="total")
+    async with af.Session(cluster, graph=g) as sess:
+        with pytest.raises(af.errors.InvalidArgumentError) as info:
+            await sess.run(total, {x: [1, 2]})
+        assert info.value.node_name == "boom"
+        assert "bad value on the worker" in info.value.message
+        assert "/job:worker/replica:0/task:0" in info.value.message
+        np.testing.assert_array_equal(await sess.run(b, {x: [1, 2]}), [2, 4])
+
+
+async def test_py_func_sync_async_expensive_ship_to_the_worker(cluster: Any) -> None:
+    async def slow_double(v: np.ndarray) -> np.ndarray:
+        await asyncio.sleep(0.01)
+        return v * 2
+
+    def where(v: np.ndarray) -> np.ndarray:
+        return v + os.getpid()
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float64, shape=(2,), name="x")
+        with af.device(W0):
+            a = af.py_func(slow_double, [x], af.float64)
+        with af.device(W1):
+            b = af.py_func(lambda v: v + 1, [a], af.float64, expensive=True)
+            pid = af.py_func(where, [af.zeros((1,), af.float64)], af.float64)
+    async with af.Session(cluster, graph=g) as sess:
+        got, remote_pid = await sess.run([b, pid], {x: [1.0, 2.0]})
+    np.testing.assert_array_equal(got, [3.0, 5.0])
+    assert int(remote_pid[0]) != os.getpid()
+
+
+async def test_control_flow_across_tasks(cluster: Any) -> None:
+    g = af.Graph()
+    with g.as_default():
+        n = af.placeholder(af.int32, shape=(), name="n")
+        with af.device(W0):
+            i0 = af.constant(0, name="i0")
+        with af.device(W1):
+            step = af.constant(3, name="step")
+
+        def body(i: Any, s: Any) -> Any:
+            with af.device(W1):
+                s2 = s + step
+            return i + 1, s2
+
+        _, total = af.while_loop(lambda i, s: i < n, body, [i0, af.constant(0)])
+        with af.device(PS):
+            picked = af.cond(n > 2, lambda: total * 10, lambda: total - 1)
+    async with af.Session(cluster, graph=g) as sess:
+        got = [await sess.run([total, picked], {n: k}) for k in (0, 2, 4)]
+    # total = 3 n; picked = 10 total if n > 2 else total - 1
+    assert [[int(a), int(b)] for a, b in got] == [[0, -1], [6, 5], [12, 120]]
+
+
+async def test_full_trace_merges_every_task(cluster: Any) -> None:
+    g, w, y, z = _ps_graph()
+    async with af.Session(cluster, graph=g) as sess:
+        await sess.run(w.initializer)
+        meta = af.RunMetadata()
+        opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE,
+                             output_partition_graphs=True)
+        await sess.run([y, z], {"x:0": [1, 1, 1]}, options=opts, run_metadata=meta)
+    devices = {d.device for d in meta.step_stats.dev_stats}
+    assert {"/job:ps/replica:0/task:0/device:CPU:0",
+            "/job:worker/replica:0/task:0/device:CPU:0",
+            "/job:worker/replica:0/task:1/device:CPU:0"} <= devices
+    names = {n.node_name for d in meta.step_stats.dev_stats for n in d.node_stats}
+    assert {"y", "z"} <= names
+    trace = af.tracing.Timeline(meta.step_stats).generate_chrome_trace_format()
+    assert "/job:ps/replica:0/task:0" in trace
+    graph_devices = {pg["device"] for pg in meta.partition_graphs}
+    assert devices <= graph_devices
+    ops = {n["op"] for pg in meta.partition_graphs for n in pg["node"]}
+    assert {"_Send", "_Recv"} <= ops
+
+
+async def test_many_concurrent_steps(cluster: Any) -> None:
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        with af.device(W0):
+            a = x * 2.0
+        with af.device(W1):
+            b = a + 1.0
+    async with af.Session(cluster, graph=g) as sess:
+        outs = await asyncio.gather(*(sess.run(b, {x: float(k)}) for k in range(150)))
+    assert [float(v) for v in outs] == [2.0 * k + 1.0 for k in range(150)]
+
+
+async def test_deadline_and_cancel_stop_remote_kernels(cluster: Any) -> None:
+    async def forever(v: np.ndarray) -> np.ndarray:
+        await asyncio.sleep(60)
+        return v
+
+    g = af.Graph()
+    with g.as_default(), af.device(W0):
+        hang = af.py_func(forever, [af.constant(1.0)], af.float32, name="hang")
+    async with af.Session(cluster, graph=g) as sess:
+        start = time.perf_counter()
+        with pytest.raises(af.errors.DeadlineExceededError):
+            await sess.run(hang, options=af.RunOptions(timeout_in_ms=200))
+        assert time.perf_counter() - start < 5
+        task = asyncio.ensure_future(sess.run(hang))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sess.statistics().in_flight == 0
+
+
+async def test_close_cancels_in_flight_remote_steps(cluster: Any) -> None:
+    async def forever(v: np.ndarray) -> np.ndarray:
+        await asyncio.sleep(60)
+        return v
+
+    g = af.Graph()
+    with g.as_default(), af.device(W1):
+        hang = af.py_func(forever, [af.constant(1.0)], af.float32, name="hang")
+    sess = af.Session(cluster, graph=g)
+    task = asyncio.ensure_future(sess.run(hang))
+    await asyncio.sleep(0.3)
+    start = time.perf_counter()
+    await sess.close()
+    with pytest.raises(af.errors.CancelledError):
+        await task
+    assert time.perf_counter() - start < 5
+
+
+def test_fewer_workers_than_tasks_is_a_value_error(cluster: Any) -> None:
+    client = cluster.client
+    assert client is not None
+
+    async def connect() -> None:
+        address = cluster.dask_cluster.scheduler_address
+        await afd.Cluster.connect(address, jobs={"worker": 5})
+    with pytest.raises(ValueError, match=r"needs 5 Dask workers .* has 3"):
+        asyncio.run(connect())
