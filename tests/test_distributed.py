@@ -301,3 +301,69 @@ def test_fewer_workers_than_tasks_is_a_value_error(cluster: Any) -> None:
         await afd.Cluster.connect(address, jobs={"worker": 5})
     with pytest.raises(ValueError, match=r"needs 5 Dask workers .* has 3"):
         asyncio.run(connect())
+
+
+# -- an existing Dask cluster, connected by address; a worker killed mid-step ------------
+
+@pytest.fixture(scope="module")
+def dask_cluster() -> Iterator[Any]:
+    import distributed
+
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as dc:
+        yield dc
+    gc.collect()
+
+
+def test_from_client_uses_an_existing_client(dask_cluster: Any) -> None:
+    import distributed
+
+    g = af.Graph()
+    with g.as_default():
+        with af.device(W0):
+            a = af.constant(np.arange(4.0), name="a")
+        with af.device(W1):
+            b = af.reduce_sum(a * a, name="b")
+    with distributed.Client(dask_cluster, set_as_default=False) as client:
+        cluster = afd.Cluster.from_client(client, jobs={"worker": 2})
+        with cluster, af.Session(cluster, graph=g) as sess:
+            assert sess.run_sync(b) == 14.0
+        assert client.status == "running"  # the caller's client stays open
+
+
+async def test_connect_by_address_and_kill_a_worker_mid_step(dask_cluster: Any) -> None:
+    import signal
+
+    async def slow(v: np.ndarray) -> np.ndarray:
+        await asyncio.sleep(30)
+        return v
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        with af.device(W0):
+            hang = af.py_func(slow, [x], af.float32, name="hang")
+            quick0 = af.identity(x + 1.0, name="quick0")
+        with af.device(W1):
+            quick = af.identity(x * 2.0, name="quick")
+            both = af.add(hang, quick, name="both")
+    cluster = await afd.Cluster.connect(dask_cluster.scheduler_address, jobs={"worker": 2})
+    async with cluster, af.Session(cluster, graph=g) as sess:
+        assert await sess.run(quick0, {x: 1.0}) == 2.0
+        async def worker_pids() -> dict[str, int]:
+            return await cluster.client.run(os.getpid)  # type: ignore[no-any-return]
+        pids = await cluster._call(worker_pids())
+        victim = pids[cluster.assignment["/job:worker/replica:0/task:0"]]
+        step = asyncio.ensure_future(sess.run(both, {x: 1.0}))
+        await asyncio.sleep(0.5)
+        os.kill(victim, signal.SIGKILL)
+        start = time.perf_counter()
+        with pytest.raises(af.errors.UnavailableError, match="/job:worker/replica:0/task:0"):
+            await step
+        assert time.perf_counter() - start < 1.0
+        # Steps that need the dead task fail at once; the others still run.
+        start = time.perf_counter()
+        with pytest.raises(af.errors.UnavailableError, match="/job:worker/replica:0/task:0"):
+            await sess.run(quick0, {x: 1.0})
+        assert time.perf_counter() - start < 1.0
+        assert await sess.run(quick, {x: 4.0}) == 8.0

@@ -276,7 +276,7 @@ class LocalCluster(Cluster):
     async def _start(self) -> None:
         self.dask_cluster = await _dask.LocalCluster(
             n_workers=len(self.tasks), threads_per_worker=self.cpus_per_task,
-            processes=True, asynchronous=True, dashboard_address=None,
+            processes=True, asynchronous=True, dashboard_address=":0",
             worker_dashboard_address=None)
         await self._open_client(self.dask_cluster)
 
