@@ -11,8 +11,9 @@ cluster's; the master then
   executors and one ``run_graph(handle, step_id, ...)`` per task, concurrently; the
   first error aborts the step on every task (``abort_step``) and is what the caller
   sees, named with its node and task; derived errors (aborts, cancellations) are
-  dropped; when the step is over, ``cleanup_step`` frees its rendezvous everywhere
-  (and stops a task still running it: deadlines, cancellation, ``close``);
+  dropped; a step that did not succeed is cleaned up on every task
+  (``cleanup_step``: stops a task still running it — deadlines, cancellation,
+  ``close`` — and frees its rendezvous; after a success the tasks free it themselves);
 * fails every running step that touches a task whose worker died
   (:meth:`Cluster.mark_unavailable`) with ``UnavailableError`` naming the task.
 
@@ -117,6 +118,9 @@ class DistributedCall(_CompiledCall):
 
     async def handles(self) -> dict[str, str]:
         """Register every task's partitions (once, by the first step) → task → handle."""
+        cf = self._handles
+        if cf is not None and cf.done() and cf.exception() is None:
+            return cf.result()  # registered: no lock, no loop round trip
         with self._lock:
             cf = self._handles
             if cf is None or (cf.done() and cf.exception() is not None):
@@ -204,6 +208,7 @@ class DistributedStep(ExecutorBarrier):
     async def _run_all(self, handles: dict[str, str]) -> None:
         rendezvous = self._rendezvous
         assert isinstance(rendezvous, RemoteRendezvous)
+        ok = False
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -212,12 +217,14 @@ class DistributedStep(ExecutorBarrier):
                     tg.create_task(self._run_partition(step))
                 for task in self._call.remote:
                     tg.create_task(self._run_remote(task, handles[task]))
+            ok = True
         except BaseExceptionGroup as group:
             raise group.exceptions[0] from None
         finally:
             self._tg = None
             rendezvous.attach(None)
-            await self._cleanup()
+            if not ok or self._error is not None or self._derived_error is not None:
+                await self._cleanup()
 
     async def _run_remote(self, task: str, handle: str) -> None:
         needs = self._call.needs[task]

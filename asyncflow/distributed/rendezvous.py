@@ -100,6 +100,10 @@ class RemoteRendezvous(LocalRendezvous):
         fut.add_done_callback(done)
         return fut
 
+    def idle(self) -> bool:
+        """Nothing queued, nobody waiting: every value sent here was taken."""
+        return not self._values and not self._waiters and not self._transfers
+
     def local_recv_future(self, key: str) -> asyncio.Future[Item]:
         """A recv from this task's own table (what a peer's pull waits on)."""
         return super().recv_future(key)

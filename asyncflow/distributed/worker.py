@@ -12,8 +12,10 @@ TensorFlow's ``distributed_runtime`` shapes, on one event loop:
   a handle; ``run`` executes them by handle and step id (one
   :class:`~asyncflow.runtime.barrier.ExecutorBarrier` over the task's partitions).
 * :class:`RendezvousMgr` — step id → :class:`RemoteRendezvous`, created by whichever
-  comes first (the step, a peer's pull, the session's push) and removed by
-  ``cleanup(step_id)`` after the step, which fails whatever still waits on it.
+  comes first (the step, a peer's pull, the session's push).  After a step that
+  succeeded here it is removed as soon as peers have pulled every value sent here
+  (``finish``; no message needed); after a failure, the session's
+  ``cleanup_step`` removes it and fails whatever still waits on it.
 
 Nothing here knows about Dask: the transport (``pull``) is injected, so a worker is
 driven in process by the unit tests and by :mod:`asyncflow.distributed._dask` in a
@@ -64,6 +66,8 @@ class RendezvousMgr:
         self._pull = pull
         self._table: dict[int, RemoteRendezvous] = {}
         self._finished: OrderedDict[int, None] = OrderedDict()
+        # Steps that succeeded here, whose sent values peers have not all pulled yet.
+        self._draining: set[int] = set()
 
     def find_or_create(self, step_id: int) -> RemoteRendezvous:
         """The step's rendezvous; one that is already over comes back aborted."""
@@ -77,8 +81,24 @@ class RendezvousMgr:
                 self._table[step_id] = rdv
         return rdv
 
+    def finish(self, step_id: int) -> None:
+        """The step succeeded on this task: forget it once its values were pulled."""
+        rdv = self._table.get(step_id)
+        if rdv is None or rdv.idle():
+            self.cleanup(step_id)
+        else:
+            self._draining.add(step_id)
+
+    def taken(self, step_id: int) -> None:
+        """A peer pulled a value of ``step_id``: maybe the last one."""
+        if step_id in self._draining:
+            rdv = self._table.get(step_id)
+            if rdv is None or rdv.idle():
+                self.cleanup(step_id)
+
     def cleanup(self, step_id: int) -> None:
         """The step is over: fail what still waits on its rendezvous and forget it."""
+        self._draining.discard(step_id)
         rdv = self._table.pop(step_id, None)
         self._finished[step_id] = None
         if len(self._finished) > _REMEMBERED_STEPS:
@@ -242,6 +262,7 @@ class WorkerEnv:
                     rdv.attach(None)
             if failed is not None:
                 raise failed
+            self.rendezvous.finish(step_id)
         except errors.OpError as exc:
             raise on_task(exc, self.task) from None
         finally:
@@ -253,9 +274,11 @@ class WorkerEnv:
         """A peer's pull: wait for this task's send of ``key`` in step ``step_id``."""
         rdv = self.rendezvous.find_or_create(step_id)
         try:
-            return await rdv.local_recv_future(key)
+            item = await rdv.local_recv_future(key)
         except errors.OpError as exc:
             raise on_task(exc, self.task) from None
+        self.rendezvous.taken(step_id)
+        return item
 
     def send_tensor(self, step_id: int, key: str, value: Any, is_dead: bool) -> None:
         """The session's push of a value this task receives."""
