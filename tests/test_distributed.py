@@ -17,8 +17,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import asyncflow as af
+from asyncflow.testing import reference_run
 
 afd = pytest.importorskip("asyncflow.distributed")
 
@@ -367,3 +370,77 @@ async def test_connect_by_address_and_kill_a_worker_mid_step(dask_cluster: Any) 
             await sess.run(quick0, {x: 1.0})
         assert time.perf_counter() - start < 1.0
         assert await sess.run(quick, {x: 4.0}) == 8.0
+
+
+# -- random DAGs over random tasks == the reference interpreter ---------------------------
+
+DAG_DEVICES = ["", PS, W0, W1]
+
+
+async def _async_plus(v: np.ndarray) -> np.ndarray:
+    await asyncio.sleep(0)
+    return v + 1.0
+
+
+def _thread_half(v: np.ndarray) -> np.ndarray:
+    return v * 0.5
+
+
+@st.composite
+def placed_graphs(draw: st.DrawFn) -> tuple[af.Graph, list[Any], dict[Any, Any]]:
+    g = af.Graph()
+    values = st.lists(st.floats(-2, 2, allow_nan=False, width=64), min_size=3, max_size=3)
+    with g.as_default():
+        tensors: list[Any] = []
+        feeds: dict[Any, Any] = {}
+        for k in range(draw(st.integers(1, 3))):
+            with af.device(draw(st.sampled_from(DAG_DEVICES))):
+                if draw(st.booleans()):
+                    p = af.placeholder(af.float64, shape=(3,), name=f"p{k}")
+                    feeds[p] = np.array(draw(values))
+                    tensors.append(p)
+                else:
+                    tensors.append(af.constant(np.array(draw(values)), name=f"c{k}"))
+        ops: list[Any] = []
+        for _ in range(draw(st.integers(1, 12))):
+            pick = st.sampled_from(tensors)
+            kind = draw(st.sampled_from(["add", "mul", "neg", "add_n", "async", "thread"]))
+            deps = draw(st.lists(st.sampled_from(ops), max_size=1)) if ops else []
+            with af.device(draw(st.sampled_from(DAG_DEVICES))), af.control_dependencies(deps):
+                if kind == "add":
+                    t = af.add(draw(pick), draw(pick))
+                elif kind == "mul":
+                    t = af.multiply(draw(pick), draw(pick))
+                elif kind == "neg":
+                    t = af.negative(draw(pick))
+                elif kind == "add_n":
+                    t = af.add_n(draw(st.lists(pick, min_size=1, max_size=3)))
+                else:
+                    fn = _async_plus if kind == "async" else _thread_half
+                    t = af.reshape(af.py_func(fn, [draw(pick)], af.float64,
+                                              expensive=kind == "thread"), (3,))
+            tensors.append(t)
+            ops.append(t.op)
+        fetches = draw(st.lists(st.sampled_from(tensors), min_size=1, max_size=3))
+        if draw(st.booleans()):
+            t = draw(st.sampled_from(tensors))
+            if t not in feeds:
+                feeds[t] = np.array(draw(values))  # maybe a tensor living on a remote task
+    return g, fetches, feeds
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(case=placed_graphs())
+def test_random_dags_on_random_tasks_match_the_reference(
+        cluster: Any, case: tuple[af.Graph, list[Any], dict[Any, Any]]) -> None:
+    graph, fetches, feeds = case
+    expected = reference_run(fetches, feeds, graph=graph)
+    with af.Session(cluster, graph=graph) as sess:
+        got = sess.run_sync(fetches, feeds)
+        again = sess.run_sync(fetches, feeds)
+    for a, b, c in zip(got, again, expected):
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, c)
+        assert np.asarray(a).dtype == np.asarray(c).dtype

@@ -24,7 +24,8 @@ run on any loop and thread.
 from __future__ import annotations
 
 import asyncio
-import random
+import itertools
+import secrets
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -165,7 +166,7 @@ class DistributedStep(ExecutorBarrier):
         self._master = master
         self._call = call
         self._trace = trace
-        self._step_id = random.getrandbits(63)
+        self._step_id = master.new_step_id()
         self._derived_error: errors.OpError | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._remote_values: dict[str, list[Any]] = {}
@@ -331,6 +332,9 @@ class Master:
         self._running: set[DistributedStep] = set()
         self._lock = threading.Lock()
         self._registered = False
+        # Step ids are unique per task across every session using it: a random base
+        # (from the OS, not `random`, which tests and apps may seed) plus a counter.
+        self._step_ids = itertools.count(secrets.randbits(62))
         cluster.add_watcher(self._on_unavailable)
 
     # -- the session's seams ------------------------------------------------------------
@@ -348,6 +352,10 @@ class Master:
         self._registered = True
         return DistributedCall(self, compiled, local, bound, fetches, feed_keys, converters,
                                rebuild)
+
+    def new_step_id(self) -> int:
+        """A fresh step id (thread-safe: ``next`` on a count is atomic)."""
+        return next(self._step_ids)
 
     def runner(self, call: Any, frame: CallFrame, trace: bool = False) -> DistributedStep:
         """The step of a compiled call."""

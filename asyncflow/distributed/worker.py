@@ -115,6 +115,7 @@ class RendezvousMgr:
 class _Item:
     """A registered graph: the task's partitions with bound kernels."""
 
+    plans: tuple[Plan, ...]
     bound: tuple[BoundPlan, ...]
     retval_map: tuple[tuple[int, int], ...]  # every partition's retvals, in order
 
@@ -130,13 +131,21 @@ class GraphMgr:
 
     def register(self, plans: Sequence[Plan]) -> str:
         """Bind ``plans`` (this task's partitions of one compiled signature) → a handle."""
+        handle = f"graph_{next(self._ids)}"
+        self._items[handle] = self._bind(tuple(plans))
+        return handle
+
+    def _bind(self, plans: tuple[Plan, ...]) -> _Item:
         bound = tuple(bind(plan, self._env.device(plan.device), self._resources)
                       for plan in plans)
         retval_map = tuple((p, k) for p, plan in enumerate(plans)
                            for k in range(len(plan.partition.retvals)))
-        handle = f"graph_{next(self._ids)}"
-        self._items[handle] = _Item(bound, retval_map)
-        return handle
+        return _Item(plans, bound, retval_map)
+
+    def rebind(self) -> None:
+        """Bind every graph again (kernels hold their resources: after a reset)."""
+        for handle, item in list(self._items.items()):
+            self._items[handle] = self._bind(item.plans)
 
     def deregister(self, handle: str) -> None:
         """Forget a registered graph (unknown handles are ignored)."""
@@ -307,6 +316,7 @@ class WorkerEnv:
         self.resources.clear()
         for ws in self.sessions.all():
             ws.resources.clear()
+            ws.graph_mgr.rebind()
 
     def close(self) -> None:
         """Stop the devices' threads."""
