@@ -294,7 +294,8 @@ class Session:
                 rendezvous: LocalRendezvous | None = None) -> StepRunner:
         """The step of a compiled call: one partition's Step, or a barrier over several."""
         if self._master is not None:
-            return self._master.runner(call, frame, trace)  # type: ignore[no-any-return]
+            return self._master.runner(  # type: ignore[no-any-return]
+                call, frame, trace, rendezvous)
         if call.single:
             return Step(call.bound[0], frame, trace, rendezvous)
         return ExecutorBarrier(call.bound, call.compiled.retval_map, frame, trace=trace,

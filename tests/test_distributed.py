@@ -444,3 +444,18 @@ def test_random_dags_on_random_tasks_match_the_reference(
         np.testing.assert_array_equal(a, c)
         np.testing.assert_array_equal(b, c)
         assert np.asarray(a).dtype == np.asarray(c).dtype
+
+
+async def test_partial_run_feeds_and_fetches_across_tasks(cluster: Any) -> None:
+    g = af.Graph()
+    with g.as_default():
+        a = af.placeholder(af.float32, shape=(), name="a")
+        b = af.placeholder(af.float32, shape=(), name="b")
+        with af.device(W0):
+            r1 = af.add(a, 1.0, name="r1")
+        with af.device(W1):
+            r2 = af.multiply(r1, b, name="r2")
+    async with af.Session(cluster, graph=g) as sess:
+        h = await sess.partial_run_setup([r1, r2], [a, b])
+        assert await sess.partial_run(h, r1, {a: 2.0}) == 3.0
+        assert await sess.partial_run(h, r2, {b: 4.0}) == 12.0

@@ -43,6 +43,7 @@ from asyncflow.framework.graph import Tensor
 from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.bind import bind
 from asyncflow.runtime.call_frame import CallFrame
+from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.session import _CompiledCall
 from asyncflow.step_stats import StepStats
 
@@ -158,12 +159,14 @@ def _derived(error: errors.OpError) -> bool:
 class DistributedStep(ExecutorBarrier):
     """One step over the session's own partitions and every task's."""
 
-    __slots__ = ("_call", "_derived_error", "_master", "_remote_stats", "_remote_values",
-                 "_step_id", "_tg", "_trace")
+    __slots__ = ("_call", "_client", "_derived_error", "_master", "_remote_stats",
+                 "_remote_values", "_step_id", "_tg", "_trace")
 
     def __init__(self, master: Master, call: DistributedCall, frame: CallFrame,
-                 trace: bool = False) -> None:
+                 trace: bool = False, client: LocalRendezvous | None = None) -> None:
         self._master = master
+        #: A partial run's rendezvous, where the caller feeds and fetches by key.
+        self._client = client
         self._call = call
         self._trace = trace
         self._step_id = master.new_step_id()
@@ -218,6 +221,12 @@ class DistributedStep(ExecutorBarrier):
                     tg.create_task(self._run_partition(step))
                 for task in self._call.remote:
                     tg.create_task(self._run_remote(task, handles[task]))
+                keys = self._call.compiled.client
+                if self._client is not None and keys is not None:
+                    for key in keys.feeds:
+                        tg.create_task(self._bridge(self._client, rendezvous, key))
+                    for key in (*keys.fetches, *keys.targets):
+                        tg.create_task(self._bridge(rendezvous, self._client, key))
             ok = True
         except BaseExceptionGroup as group:
             raise group.exceptions[0] from None
@@ -244,6 +253,14 @@ class DistributedStep(ExecutorBarrier):
         stats = reply["stats"]
         if stats is not None:
             self._remote_stats.append(unwire(stats))
+
+    async def _bridge(self, src: LocalRendezvous, dst: LocalRendezvous, key: str) -> None:
+        """Partial runs: move one client feed into the step, or one fetch out of it."""
+        try:
+            value, dead = await src.recv(key)
+            dst.send(key, value, dead)
+        except errors.OpError as exc:
+            self._record(exc)
 
     async def _cleanup(self) -> None:
         """Free the step's rendezvous on every task; stops a task still running it."""
@@ -272,12 +289,16 @@ class DistributedStep(ExecutorBarrier):
             if self._derived_error is None:
                 self._derived_error = error
                 self._rendezvous.abort(error)
+                if self._client is not None:
+                    self._client.abort(error)
                 derived = errors.CancelledError(None, None, f"step aborted: {error.message}")
                 for step in self._steps:
                     step.abort(derived)
                 self._abort_remote(error)
             return
         super()._record(error)
+        if self._client is not None:
+            self._client.abort(error)  # a partial run's pending calls fail with it
         self._abort_remote(error)
 
     def _abort_remote(self, error: errors.OpError) -> None:
@@ -357,12 +378,11 @@ class Master:
         """A fresh step id (thread-safe: ``next`` on a count is atomic)."""
         return next(self._step_ids)
 
-    def runner(self, call: Any, frame: CallFrame, trace: bool = False) -> DistributedStep:
-        """The step of a compiled call."""
-        if not isinstance(call, DistributedCall):
-            raise errors.UnimplementedError(
-                None, None, "this kind of run is not supported on a cluster yet")
-        return DistributedStep(self, call, frame, trace)
+    def runner(self, call: Any, frame: CallFrame, trace: bool = False,
+               rendezvous: LocalRendezvous | None = None) -> DistributedStep:
+        """The step of a compiled call (``rendezvous``: a partial run's)."""
+        assert isinstance(call, DistributedCall)
+        return DistributedStep(self, call, frame, trace, rendezvous)
 
     # -- transport (from any loop; the work runs on the client's loop) --------------------
 
