@@ -459,3 +459,24 @@ async def test_partial_run_feeds_and_fetches_across_tasks(cluster: Any) -> None:
         h = await sess.partial_run_setup([r1, r2], [a, b])
         assert await sess.partial_run(h, r1, {a: 2.0}) == 3.0
         assert await sess.partial_run(h, r2, {b: 4.0}) == 12.0
+
+
+async def test_a_py_func_that_cannot_ship_is_a_clear_error(cluster: Any) -> None:
+    import threading
+
+    lock = threading.Lock()
+
+    def locked(v: np.ndarray) -> np.ndarray:
+        with lock:
+            return v
+
+    g = af.Graph()
+    with g.as_default(), af.device(W0):
+        y = af.py_func(locked, [af.constant(1.0)], af.float32, name="locked")
+    async with af.Session(cluster, graph=g) as sess:
+        with pytest.raises(af.errors.InvalidArgumentError,
+                           match="cannot register the partitions of task /job:worker"):
+            await sess.run(y)
+        with g.as_default(), af.device(W1):
+            ok = af.constant(2.0, name="ok") * 2.0
+        assert await sess.run(ok) == 4.0

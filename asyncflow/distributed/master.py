@@ -76,6 +76,9 @@ class Cluster(Protocol):
 
 #: How long cleaning a step up on the tasks may take before the master gives up on it.
 _CLEANUP_TIMEOUT = 10.0
+#: How long a task may take to answer once its step was aborted (a task that neither
+#: answers nor dies — a hung process, a partitioned network — is given up on then).
+_ABORT_GRACE = 5.0
 
 
 class DistributedCall(_CompiledCall):
@@ -134,17 +137,27 @@ class DistributedCall(_CompiledCall):
         handles: dict[str, str] = {}
 
         async def one(task: str, plans: list[Plan]) -> None:
-            reply = await master.cluster.rpc(
-                task, "register_graph", session=master.handle, isolate=master.isolate,
-                cpus=master.cluster.cpus_per_task, addresses=master.cluster.assignment,
-                plans=ToPickle(tuple(plans)))
+            try:
+                reply = await master.cluster.rpc(
+                    task, "register_graph", session=master.handle, isolate=master.isolate,
+                    cpus=master.cluster.cpus_per_task, addresses=master.cluster.assignment,
+                    plans=ToPickle(tuple(plans)))
+            except errors.OpError:
+                raise
+            except Exception as exc:  # e.g. a py_func that cannot be pickled
+                raise errors.InvalidArgumentError(
+                    None, None, f"cannot register the partitions of task {task}: "
+                                f"{type(exc).__name__}: {exc}") from exc
             if not reply["ok"]:
                 raise unwire(reply["error"])
             handles[task] = reply["handle"]
 
-        async with asyncio.TaskGroup() as tg:
-            for task, plans in self.remote.items():
-                tg.create_task(one(task, plans))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for task, plans in self.remote.items():
+                    tg.create_task(one(task, plans))
+        except BaseExceptionGroup as group:
+            raise group.exceptions[0] from None
         return handles
 
 
@@ -159,8 +172,8 @@ def _derived(error: errors.OpError) -> bool:
 class DistributedStep(ExecutorBarrier):
     """One step over the session's own partitions and every task's."""
 
-    __slots__ = ("_call", "_client", "_derived_error", "_master", "_remote_stats",
-                 "_remote_values", "_step_id", "_tg", "_trace")
+    __slots__ = ("_call", "_client", "_derived_error", "_give_up", "_master", "_remote_runs",
+                 "_remote_stats", "_remote_values", "_step_id", "_tg", "_trace")
 
     def __init__(self, master: Master, call: DistributedCall, frame: CallFrame,
                  trace: bool = False, client: LocalRendezvous | None = None) -> None:
@@ -174,6 +187,8 @@ class DistributedStep(ExecutorBarrier):
         self._tg: asyncio.TaskGroup | None = None
         self._remote_values: dict[str, list[Any]] = {}
         self._remote_stats: list[StepStats] = []
+        self._remote_runs: dict[str, asyncio.Task[None]] = {}
+        self._give_up: asyncio.TimerHandle | None = None
         rendezvous = RemoteRendezvous(LOCAL_TASK, self._step_id, master.pull, master.push,
                                       on_error=self._record)
         super().__init__(call.bound, (), frame, trace=trace, rendezvous=rendezvous)
@@ -220,7 +235,8 @@ class DistributedStep(ExecutorBarrier):
                 for step in self._steps:
                     tg.create_task(self._run_partition(step))
                 for task in self._call.remote:
-                    tg.create_task(self._run_remote(task, handles[task]))
+                    self._remote_runs[task] = tg.create_task(
+                        self._run_remote(task, handles[task]))
                 keys = self._call.compiled.client
                 if self._client is not None and keys is not None:
                     for key in keys.feeds:
@@ -232,6 +248,8 @@ class DistributedStep(ExecutorBarrier):
             raise group.exceptions[0] from None
         finally:
             self._tg = None
+            if self._give_up is not None:
+                self._give_up.cancel()
             rendezvous.attach(None)
             if not ok or self._error is not None or self._derived_error is not None:
                 await self._cleanup()
@@ -305,9 +323,23 @@ class DistributedStep(ExecutorBarrier):
         tg = self._tg
         if tg is None:
             return
+        if self._loop is not None and self._give_up is None:
+            # Bounded: tasks that have not answered the abort in time are given up on.
+            self._give_up = self._loop.call_later(_ABORT_GRACE, self._stop_waiting)
         for task in self._call.remote:
             if self._master.cluster.unavailable(task) is None:
                 tg.create_task(self._send_abort(task, error))
+
+    def _stop_waiting(self, task: str | None = None) -> None:
+        """Stop awaiting ``task``'s ``run_graph`` (every task's when None)."""
+        for name, run in self._remote_runs.items():
+            if task is None or name == task:
+                run.cancel()
+
+    def lost(self, task: str, error: errors.UnavailableError) -> None:
+        """``task``'s process is gone: fail the step, stop waiting for it (loop thread)."""
+        self._record(error)
+        self._stop_waiting(task)
 
     async def _send_abort(self, task: str, error: errors.OpError) -> None:
         try:
@@ -413,7 +445,14 @@ class Master:
         with self._lock:
             steps = [s for s in self._running if task in s.tasks]
         for step in steps:
-            step.abort_threadsafe(error)
+            loop = step._loop
+            if loop is None:
+                step.abort_threadsafe(error)
+                continue
+            try:
+                loop.call_soon_threadsafe(step.lost, task, error)
+            except RuntimeError:  # its loop closed: the step is over
+                pass
 
     # -- closing --------------------------------------------------------------------------
 
