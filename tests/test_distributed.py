@@ -351,6 +351,7 @@ async def test_connect_by_address_and_kill_a_worker_mid_step(dask_cluster: Any) 
             quick = af.identity(x * 2.0, name="quick")
             both = af.add(hang, quick, name="both")
     cluster = await afd.Cluster.connect(dask_cluster.scheduler_address, jobs={"worker": 2})
+    client_thread = cluster._own_loop._thread
     async with cluster, af.Session(cluster, graph=g) as sess:
         assert await sess.run(quick0, {x: 1.0}) == 2.0
         async def worker_pids() -> dict[str, int]:
@@ -370,6 +371,8 @@ async def test_connect_by_address_and_kill_a_worker_mid_step(dask_cluster: Any) 
             await sess.run(quick0, {x: 1.0})
         assert time.perf_counter() - start < 1.0
         assert await sess.run(quick, {x: 4.0}) == 8.0
+        await afd.reset(cluster)  # the live task only
+    assert not client_thread.is_alive()  # closing the cluster joined its client's thread
 
 
 # -- random DAGs over random tasks == the reference interpreter ---------------------------

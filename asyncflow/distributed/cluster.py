@@ -316,9 +316,13 @@ class LocalCluster(Cluster):
 async def reset(cluster: Cluster) -> None:
     """Clear every resource container (variables, queues) on every task of ``cluster``."""
     async def reset_all() -> None:
-        async with asyncio.TaskGroup() as tg:
-            for task in cluster.tasks:
-                tg.create_task(cluster.rpc(task, "reset"))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for task in cluster.tasks:
+                    if cluster.unavailable(task) is None:  # a dead task has no state left
+                        tg.create_task(cluster.rpc(task, "reset"))
+        except BaseExceptionGroup as group:
+            raise group.exceptions[0] from None
     await cluster._call(reset_all())
 
 
