@@ -32,7 +32,7 @@ W1 = "/job:worker/task:1"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    with afd.LocalCluster(jobs={"ps": 1, "worker": 2}) as c:
+    with afd.LocalCluster(jobs={"ps": 1, "worker": 2}, cpus_per_task=2) as c:
         yield c
     gc.collect()  # a quiet point (DESIGN.md §5, testing note)
 
@@ -61,9 +61,11 @@ def _ps_graph() -> tuple[af.Graph, Any, Any, Any]:
 
 def test_devices_and_assignment_are_deterministic(cluster: Any) -> None:
     assert cluster.devices() == [
-        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:0/device:CPU:1",
         "/job:worker/replica:0/task:0/device:CPU:0",
-        "/job:worker/replica:0/task:1/device:CPU:0"]
+        "/job:worker/replica:0/task:0/device:CPU:1",
+        "/job:worker/replica:0/task:1/device:CPU:0",
+        "/job:worker/replica:0/task:1/device:CPU:1"]
     addresses = list(cluster.assignment.values())
     assert list(cluster.assignment) == ["/job:ps/replica:0/task:0",
                                         "/job:worker/replica:0/task:0",
@@ -92,6 +94,22 @@ def test_import_without_dask_names_the_extra() -> None:
 
 
 # -- running ----------------------------------------------------------------------------
+
+async def test_two_devices_of_one_task_stay_in_its_process(cluster: Any) -> None:
+    g = af.Graph()
+    with g.as_default():
+        with af.device("/job:worker/task:1/cpu:0"):
+            a = af.constant(np.arange(3.0), name="a") + 1.0
+        with af.device("/job:worker/task:1/cpu:1"):
+            b = af.reduce_sum(a * a, name="b")
+    async with af.Session(cluster, graph=g) as sess:
+        meta = af.RunMetadata()
+        opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
+        assert await sess.run(b, options=opts, run_metadata=meta) == 14.0
+    devices = {d.device for d in meta.step_stats.dev_stats}
+    assert devices == {"/job:worker/replica:0/task:1/device:CPU:0",
+                       "/job:worker/replica:0/task:1/device:CPU:1"}
+
 
 async def test_ps_worker_graph_matches_a_local_session(cluster: Any) -> None:
     g, w, y, z = _ps_graph()
