@@ -274,35 +274,50 @@ async def test_many_concurrent_steps(cluster: Any) -> None:
     assert [float(v) for v in outs] == [2.0 * k + 1.0 for k in range(150)]
 
 
-async def test_deadline_and_cancel_stop_remote_kernels(cluster: Any) -> None:
-    async def forever(v: np.ndarray) -> np.ndarray:
-        await asyncio.sleep(60)
-        return v
+def _hanging(path: str) -> Any:
+    """An async kernel that sleeps for a minute and notes in ``path`` when cancelled."""
+    def note() -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"cancelled in {os.getpid()}\n")
 
+    async def forever(v: np.ndarray) -> np.ndarray:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            note()
+            raise
+        return v
+    return forever
+
+
+async def test_deadline_and_cancel_stop_remote_kernels(cluster: Any, tmp_path: Any) -> None:
+    marker = tmp_path / "cancelled.txt"
     g = af.Graph()
     with g.as_default(), af.device(W0):
-        hang = af.py_func(forever, [af.constant(1.0)], af.float32, name="hang")
+        hang = af.py_func(_hanging(str(marker)), [af.constant(1.0)], af.float32, name="hang")
     async with af.Session(cluster, graph=g) as sess:
         start = time.perf_counter()
         with pytest.raises(af.errors.DeadlineExceededError):
             await sess.run(hang, options=af.RunOptions(timeout_in_ms=200))
         assert time.perf_counter() - start < 5
+        # The remote kernel was cancelled before run() returned.
+        (line,) = marker.read_text().splitlines()
+        assert line.startswith("cancelled in ")
+        assert int(line.split()[-1]) != os.getpid()
         task = asyncio.ensure_future(sess.run(hang))
         await asyncio.sleep(0.2)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        assert len(marker.read_text().splitlines()) == 2
         assert sess.statistics().in_flight == 0
 
 
-async def test_close_cancels_in_flight_remote_steps(cluster: Any) -> None:
-    async def forever(v: np.ndarray) -> np.ndarray:
-        await asyncio.sleep(60)
-        return v
-
+async def test_close_cancels_in_flight_remote_steps(cluster: Any, tmp_path: Any) -> None:
+    marker = tmp_path / "cancelled.txt"
     g = af.Graph()
     with g.as_default(), af.device(W1):
-        hang = af.py_func(forever, [af.constant(1.0)], af.float32, name="hang")
+        hang = af.py_func(_hanging(str(marker)), [af.constant(1.0)], af.float32, name="hang")
     sess = af.Session(cluster, graph=g)
     task = asyncio.ensure_future(sess.run(hang))
     await asyncio.sleep(0.3)
@@ -311,6 +326,7 @@ async def test_close_cancels_in_flight_remote_steps(cluster: Any) -> None:
     with pytest.raises(af.errors.CancelledError):
         await task
     assert time.perf_counter() - start < 5
+    assert len(marker.read_text().splitlines()) == 1
 
 
 def test_fewer_workers_than_tasks_is_a_value_error(cluster: Any) -> None:
