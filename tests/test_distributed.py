@@ -275,14 +275,14 @@ async def test_many_concurrent_steps(cluster: Any) -> None:
 
 
 def _hanging(path: str) -> Any:
-    """An async kernel that sleeps for a minute and notes in ``path`` when cancelled."""
+    """An async kernel that sleeps for its input's seconds; notes in ``path`` when cancelled."""
     def note() -> None:
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"cancelled in {os.getpid()}\n")
 
     async def forever(v: np.ndarray) -> np.ndarray:
         try:
-            await asyncio.sleep(60)
+            await asyncio.sleep(float(v))
         except asyncio.CancelledError:
             note()
             raise
@@ -293,18 +293,21 @@ def _hanging(path: str) -> Any:
 async def test_deadline_and_cancel_stop_remote_kernels(cluster: Any, tmp_path: Any) -> None:
     marker = tmp_path / "cancelled.txt"
     g = af.Graph()
-    with g.as_default(), af.device(W0):
-        hang = af.py_func(_hanging(str(marker)), [af.constant(1.0)], af.float32, name="hang")
+    with g.as_default():
+        seconds = af.placeholder(af.float32, shape=(), name="seconds")
+        with af.device(W0):
+            hang = af.py_func(_hanging(str(marker)), [seconds], af.float32, name="hang")
     async with af.Session(cluster, graph=g) as sess:
+        assert await sess.run(hang, {seconds: 0.0}) == 0.0  # registered and warm
         start = time.perf_counter()
         with pytest.raises(af.errors.DeadlineExceededError):
-            await sess.run(hang, options=af.RunOptions(timeout_in_ms=200))
+            await sess.run(hang, {seconds: 60.0}, options=af.RunOptions(timeout_in_ms=200))
         assert time.perf_counter() - start < 5
         # The remote kernel was cancelled before run() returned.
         (line,) = marker.read_text().splitlines()
         assert line.startswith("cancelled in ")
         assert int(line.split()[-1]) != os.getpid()
-        task = asyncio.ensure_future(sess.run(hang))
+        task = asyncio.ensure_future(sess.run(hang, {seconds: 60.0}))
         await asyncio.sleep(0.2)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -317,7 +320,7 @@ async def test_close_cancels_in_flight_remote_steps(cluster: Any, tmp_path: Any)
     marker = tmp_path / "cancelled.txt"
     g = af.Graph()
     with g.as_default(), af.device(W1):
-        hang = af.py_func(_hanging(str(marker)), [af.constant(1.0)], af.float32, name="hang")
+        hang = af.py_func(_hanging(str(marker)), [af.constant(60.0)], af.float32, name="hang")
     sess = af.Session(cluster, graph=g)
     task = asyncio.ensure_future(sess.run(hang))
     await asyncio.sleep(0.3)

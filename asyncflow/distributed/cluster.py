@@ -84,6 +84,10 @@ class Cluster:
         self._own_loop: _Loop | None = None
         self._owns_client = False
         self._dead: dict[str, str] = {}  # task → why it is unavailable
+        # In-flight calls per task (cluster loop only): a task's death ends them at once,
+        # even a connect that Dask would retry for its whole connect timeout.
+        self._calls: dict[str, set[asyncio.Task[Any]]] = {}
+        self._severed: set[asyncio.Task[Any]] = set()
         self._watchers: list[Callable[[str, errors.UnavailableError], None]] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -170,8 +174,20 @@ class Cluster:
             watchers = list(self._watchers)
         error = self.unavailable(task)
         assert error is not None
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._sever, task)
+            except RuntimeError:  # the client's loop is closed: nothing in flight
+                pass
         for watcher in watchers:
             watcher(task, error)
+
+    def _sever(self, task: str) -> None:
+        """End every call in flight to ``task`` (cluster loop)."""
+        for call in self._calls.get(task, ()):
+            if call.cancel():
+                self._severed.add(call)
 
     def add_watcher(self, fn: Callable[[str, errors.UnavailableError], None]) -> None:
         with self._lock:
@@ -197,6 +213,10 @@ class Cluster:
         if client is None or self._closed:
             raise errors.UnavailableError(None, None, f"cluster is closed (task {task})")
         address = self.assignment[task]
+        me = asyncio.current_task()
+        assert me is not None
+        calls = self._calls.setdefault(task, set())
+        calls.add(me)
         try:
             return await getattr(client.rpc(address), f"asyncflow_{op}")(task=task, **kwargs)
         except (distributed.comm.core.CommClosedError, OSError) as exc:
@@ -204,6 +224,17 @@ class Cluster:
             dead = self.unavailable(task)
             assert dead is not None
             raise dead from None
+        except asyncio.CancelledError:
+            if me not in self._severed:
+                raise  # the caller's cancellation
+            # Cancelled by _sever, like asyncio.timeout turns its own cancel into an error.
+            self._severed.discard(me)
+            me.uncancel()
+            dead = self.unavailable(task)
+            assert dead is not None
+            raise dead from None
+        finally:
+            calls.discard(me)
 
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on the client's loop, from any loop."""

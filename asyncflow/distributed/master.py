@@ -121,16 +121,26 @@ class DistributedCall(_CompiledCall):
         self._handles: Future[dict[str, str]] | None = None
         self._lock = threading.Lock()
 
-    async def handles(self) -> dict[str, str]:
-        """Register every task's partitions (once, by the first step) → task → handle."""
-        cf = self._handles
-        if cf is not None and cf.done() and cf.exception() is None:
-            return cf.result()  # registered: no lock, no loop round trip
+    def register(self) -> Future[dict[str, str]]:
+        """Start registering every task's partitions (once; again after a failure).
+
+        Runs on the cluster's loop; the caller does not wait (compiling starts it, the
+        first step awaits it).
+        """
         with self._lock:
             cf = self._handles
-            if cf is None or (cf.done() and cf.exception() is not None):
+            if cf is None or (cf.done() and (cf.cancelled() or cf.exception() is not None)):
                 cf = self._handles = self.master.cluster._submit(self._register())
-        return await asyncio.wrap_future(cf)
+        return cf
+
+    async def handles(self) -> dict[str, str]:
+        """Task → graph handle, once registration finished."""
+        cf = self._handles
+        if cf is not None and cf.done() and not cf.cancelled() and cf.exception() is None:
+            return cf.result()  # registered: no lock, no loop round trip
+        # Shielded: a step cancelled (or past its deadline) while waiting does not
+        # cancel the registration other steps of this plan share.
+        return await asyncio.shield(asyncio.wrap_future(self.register()))
 
     async def _register(self) -> dict[str, str]:
         master = self.master
@@ -403,8 +413,11 @@ class Master:
         bound = [bind(compiled.plans[p], sess._device_of[compiled.plans[p].device],
                       sess._resources, lookup) for p in local]
         self._registered = True
-        return DistributedCall(self, compiled, local, bound, fetches, feed_keys, converters,
+        call = DistributedCall(self, compiled, local, bound, fetches, feed_keys, converters,
                                rebuild)
+        if call.remote:
+            call.register()  # in the background: a plan is registered by compiling it
+        return call
 
     def new_step_id(self) -> int:
         """A fresh step id (thread-safe: ``next`` on a count is atomic)."""
