@@ -197,3 +197,41 @@ async def test_the_session_side_pushes_and_pulls() -> None:
     assert pushed == [(A, to_a, 1.5)]
     assert got == (np.float32(4.0), False)
     assert rdv.recv_nowait(local) == (2.5, False)
+
+
+async def test_a_dead_task_ends_calls_in_flight_to_it() -> None:
+    # The master's view of a cluster, without Dask: a call to a task that hangs (as a
+    # connect to a dead address does, retrying) ends as soon as the task is declared
+    # gone, from any thread; calls to other tasks are not touched.
+    from asyncflow.distributed.cluster import Cluster
+
+    started = asyncio.Event()
+
+    class Hanging:
+        async def asyncflow_run_graph(self, **kwargs: Any) -> Any:
+            started.set()
+            await asyncio.sleep(60)
+
+    class Client:
+        def rpc(self, address: str) -> Hanging:
+            return Hanging()
+
+    cluster = Cluster({"worker": 2})
+    cluster.client = Client()
+    cluster.assignment = {A: "tcp://a", B: "tcp://b"}
+    cluster._loop = asyncio.get_running_loop()
+    lost: list[str] = []
+    cluster.add_watcher(lambda task, error: lost.append(task))
+    call_a = asyncio.ensure_future(cluster.rpc(A, "run_graph"))
+    call_b = asyncio.ensure_future(cluster.rpc(B, "run_graph"))
+    await started.wait()
+    await asyncio.to_thread(cluster.mark_unavailable, A, "killed")
+    with pytest.raises(af.errors.UnavailableError, match=f"task {A} .* killed"):
+        await call_a
+    assert lost == [A]
+    assert not call_b.done()
+    with pytest.raises(af.errors.UnavailableError, match="killed"):
+        await cluster.rpc(A, "run_graph")  # later calls fail before sending anything
+    call_b.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call_b  # the caller's own cancellation stays a cancellation
