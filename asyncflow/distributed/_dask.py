@@ -1,11 +1,13 @@
 """The worker service inside a Dask worker process: a ``WorkerPlugin`` that adds
 asyncflow's handlers to the worker's server and hosts the task's own event loop.
 
-Dask's comms carry every message (``worker.handlers``, ``rpc``); numpy arrays travel
-as buffers (``to_serialize``), partitions, errors and step stats with Dask's pickle
-(cloudpickle, so ``py_func`` bodies ship too).  Handlers run on Dask's event loop and
-hand the work to the task's loop, in a thread of its own, so a long step never
-stalls the worker's heartbeats; pulls from peers go back through Dask's loop.
+Dask's comms carry every message (``worker.handlers``, ``ConnectionPool``); numpy
+arrays travel as buffers (``to_serialize``), partitions, errors and step stats with
+Dask's pickle (cloudpickle, so ``py_func`` bodies ship too).  Handlers run on Dask's
+event loop and hand the work to the task's loop, in a thread of its own, so a long
+step never stalls the worker's heartbeats.  Pulls from peers leave from the task's
+loop through a Dask ``ConnectionPool`` of its own (configured like the worker's), so
+a cross-task recv costs no hop through Dask's loop on the consuming side.
 
 Handlers (all take ``task``, the task name the master assigned to this worker):
 ``register_graph``, ``deregister_graph``, ``close_session``, ``run_graph``,
@@ -21,6 +23,7 @@ from typing import Any, TypeVar
 
 from distributed import WorkerPlugin
 from distributed.comm.core import CommClosedError
+from distributed.core import ConnectionPool
 from distributed.protocol.serialize import ToPickle, to_serialize
 
 from asyncflow import errors
@@ -87,14 +90,13 @@ class AsyncflowWorker(WorkerPlugin):
         self._envs: dict[str, WorkerEnv] = {}
         self._addresses: dict[str, str] = {}
         self._worker: Any = None
-        self._dask_loop: asyncio.AbstractEventLoop | None = None
         self._task_loop: _TaskLoop | None = None
+        self._pool: Any = None  # the task loop's ConnectionPool (made by the first pull)
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def setup(self, worker: Any) -> None:
         self._worker = worker
-        self._dask_loop = asyncio.get_running_loop()
         self._task_loop = _TaskLoop(f"asyncflow-task-{worker.address}")
         for name in ("register_graph", "deregister_graph", "close_session", "run_graph",
                      "recv_tensor", "send_tensor", "abort_step", "cleanup_step", "reset"):
@@ -106,6 +108,9 @@ class AsyncflowWorker(WorkerPlugin):
                 del worker.handlers[name]
         if self._task_loop is not None:
             envs, self._envs = list(self._envs.values()), {}
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                asyncio.run_coroutine_threadsafe(pool.close(), self._task_loop.loop).result(10)
             self._task_loop.stop()
             self._task_loop = None
             for env in envs:
@@ -123,19 +128,24 @@ class AsyncflowWorker(WorkerPlugin):
         assert self._task_loop is not None
         return await self._task_loop.call(coro)
 
-    async def _pull(self, task: str, step_id: int, key: str) -> tuple[Any, bool]:
-        """A cross-task recv (on the task loop): ask the producer, through Dask's loop."""
-        assert self._dask_loop is not None
-        cf = asyncio.run_coroutine_threadsafe(self._rpc_pull(task, step_id, key),
-                                              self._dask_loop)
-        return await asyncio.wrap_future(cf)
+    async def _task_pool(self) -> Any:
+        pool = self._pool
+        if pool is None:
+            dask_pool = self._worker.rpc
+            pool = ConnectionPool(
+                serializers=dask_pool.serializers, deserializers=dask_pool.deserializers,
+                connection_args=dask_pool.connection_args, timeout=dask_pool.timeout)
+            await pool.start()  # never suspends: no second pool can be made meanwhile
+            self._pool = pool
+        return pool
 
-    async def _rpc_pull(self, task: str, step_id: int, key: str) -> tuple[Any, bool]:
+    async def _pull(self, task: str, step_id: int, key: str) -> tuple[Any, bool]:
+        """A cross-task recv (on the task loop): ask the producer's worker."""
         address = self._addresses.get(task)
         if address is None:
             raise errors.UnavailableError(None, None, f"task {task} has no known worker")
         try:
-            reply = await self._worker.rpc(address).asyncflow_recv_tensor(
+            reply = await (await self._task_pool())(address).asyncflow_recv_tensor(
                 task=task, step_id=step_id, key=key)
         except COMM_ERRORS as exc:
             raise unavailable(task, address, exc) from None
