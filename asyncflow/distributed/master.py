@@ -224,7 +224,9 @@ class DistributedStep(ExecutorBarrier):
                 dead = master.cluster.unavailable(task)
                 if dead is not None:
                     raise dead
-            await self._run_all(handles)
+            if self._error is None and self._derived_error is None:
+                # (Aborted while registering, e.g. by close(): start nothing remote.)
+                await self._run_all(handles)
         finally:
             master._stopped(self)
             self._loop = None
@@ -399,6 +401,10 @@ class Master:
         # (from the OS, not `random`, which tests and apps may seed) plus a counter.
         self._step_ids = itertools.count(secrets.randbits(62))
         cluster.add_watcher(self._on_unavailable)
+
+    def __repr__(self) -> str:
+        return (f"<Master {self.handle} tasks={len(self.cluster.tasks)} "
+                f"running={len(self._running)}>")
 
     # -- the session's seams ------------------------------------------------------------
 
