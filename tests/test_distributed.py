@@ -520,3 +520,18 @@ async def test_a_py_func_that_cannot_ship_is_a_clear_error(cluster: Any) -> None
         with g.as_default(), af.device(W1):
             ok = af.constant(2.0, name="ok") * 2.0
         assert await sess.run(ok) == 4.0
+
+
+def test_run_sync_from_several_threads(cluster: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        with af.device(W0):
+            a = x + 1.0
+        with af.device(W1):
+            b = a * 3.0
+    with af.Session(cluster, graph=g) as sess, ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda k: sess.run_sync(b, {x: float(k)}), range(24)))
+    assert [float(v) for v in outs] == [3.0 * (k + 1) for k in range(24)]

@@ -235,3 +235,15 @@ async def test_a_dead_task_ends_calls_in_flight_to_it() -> None:
     call_b.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call_b  # the caller's own cancellation stays a cancellation
+
+
+def test_arrays_travel_as_buffers_not_pickles() -> None:
+    from distributed.protocol.serialize import serialize_and_split
+
+    from asyncflow.distributed._dask import wire
+
+    array = np.arange(1 << 16, dtype=np.float32)
+    header, frames = serialize_and_split(wire(array))
+    assert header["serializer"] == "dask"  # Dask's numpy serializer, not pickle
+    # The frame is the array's own memory: no copy, no pickle of the data.
+    assert any(np.shares_memory(np.frombuffer(f, np.uint8), array) for f in frames)
