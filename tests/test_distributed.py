@@ -535,3 +535,13 @@ def test_run_sync_from_several_threads(cluster: Any) -> None:
     with af.Session(cluster, graph=g) as sess, ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(lambda k: sess.run_sync(b, {x: float(k)}), range(24)))
     assert [float(v) for v in outs] == [3.0 * (k + 1) for k in range(24)]
+
+
+async def test_a_cluster_that_is_not_started_or_closed_says_so() -> None:
+    g = af.Graph()
+    with g.as_default(), af.device(W0):
+        y = af.constant(1.0, name="y") + 1.0
+    cluster = afd.LocalCluster(jobs={"worker": 1})
+    async with af.Session(cluster, graph=g) as sess:
+        with pytest.raises(af.errors.UnavailableError, match="not started"):
+            await sess.run(y)

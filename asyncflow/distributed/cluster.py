@@ -211,7 +211,10 @@ class Cluster:
             raise dead
         client = self.client
         if client is None or self._closed:
-            raise errors.UnavailableError(None, None, f"cluster is closed (task {task})")
+            state = "closed" if self._closed else (
+                "not started (use `async with afd.LocalCluster(...) as cluster`)")
+            raise errors.UnavailableError(None, None, f"cannot reach task {task}: the cluster "
+                                                      f"is {state}")
         address = self.assignment[task]
         me = asyncio.current_task()
         assert me is not None
@@ -238,12 +241,20 @@ class Cluster:
 
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on the client's loop, from any loop."""
-        assert self._loop is not None
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        return await asyncio.wrap_future(self._submit(coro))
 
     def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        """Start ``coro`` on the client's loop; its result as a concurrent future."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            coro.close()
+            failed: Future[T] = Future()
+            state = "closed" if self._closed else (
+                "not started (use `async with afd.LocalCluster(...) as cluster`)")
+            failed.set_exception(errors.UnavailableError(
+                None, None, f"the cluster {self!r} is {state}"))
+            return failed
+        return asyncio.run_coroutine_threadsafe(coro, loop)
 
     def _run_sync(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return self._submit(coro).result(timeout)

@@ -494,9 +494,15 @@ class Master:
     async def close(self) -> None:
         """Drop this session's graphs (and isolated state) on every task."""
         if self._forget():
-            await self.cluster._call(self._close_remote())
+            try:
+                await self.cluster._call(self._close_remote())
+            except errors.UnavailableError:
+                pass  # the cluster is gone (or never started): nothing to drop there
 
     def close_sync(self) -> None:
         """``close`` for code without an event loop."""
         if self._forget():
-            self.cluster._run_sync(self._close_remote(), timeout=_CLEANUP_TIMEOUT)
+            try:
+                self.cluster._run_sync(self._close_remote(), timeout=_CLEANUP_TIMEOUT)
+            except errors.UnavailableError:
+                pass  # the cluster is gone (or never started): nothing to drop there
