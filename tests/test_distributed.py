@@ -44,6 +44,20 @@ def _reset(cluster: Any) -> Iterator[None]:
     gc.collect()
 
 
+async def _open_rendezvous(cluster: Any) -> dict[str, int]:
+    """Step rendezvous each task still holds (none once its steps are over)."""
+    def count(dask_worker: Any) -> dict[str, int]:
+        plugin = dask_worker.plugins["asyncflow"]
+        return {task: len(env.rendezvous) for task, env in plugin._envs.items()}
+
+    async def run() -> dict[str, dict[str, int]]:
+        return await cluster.client.run(count)  # type: ignore[no-any-return]
+    out: dict[str, int] = {}
+    for counts in (await cluster._call(run())).values():
+        out.update(counts)
+    return out
+
+
 def _ps_graph() -> tuple[af.Graph, Any, Any, Any]:
     g = af.Graph()
     with g.as_default():
@@ -192,6 +206,7 @@ async def test_remote_error_names_node_and_task_and_session_stays_usable(cluster
         assert "bad value on the worker" in info.value.message
         assert "/job:worker/replica:0/task:0" in info.value.message
         np.testing.assert_array_equal(await sess.run(b, {x: [1, 2]}), [2, 4])
+    assert set((await _open_rendezvous(cluster)).values()) == {0}  # the failed step too
 
 
 async def test_py_func_sync_async_expensive_ship_to_the_worker(cluster: Any) -> None:
@@ -237,6 +252,10 @@ async def test_control_flow_across_tasks(cluster: Any) -> None:
         got = [await sess.run([total, picked], {n: k}) for k in (0, 2, 4)]
     # total = 3 n; picked = 10 total if n > 2 else total - 1
     assert [[int(a), int(b)] for a, b in got] == [[0, -1], [6, 5], [12, 120]]
+    # Every value sent across tasks, once per iteration, was received: nothing is left.
+    counts = await _open_rendezvous(cluster)
+    assert {"/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"} <= set(counts)
+    assert set(counts.values()) == {0}
 
 
 async def test_full_trace_merges_every_task(cluster: Any) -> None:
@@ -272,6 +291,9 @@ async def test_many_concurrent_steps(cluster: Any) -> None:
     async with af.Session(cluster, graph=g) as sess:
         outs = await asyncio.gather(*(sess.run(b, {x: float(k)}) for k in range(150)))
     assert [float(v) for v in outs] == [2.0 * k + 1.0 for k in range(150)]
+    counts = await _open_rendezvous(cluster)
+    assert {"/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"} <= set(counts)
+    assert set(counts.values()) == {0}
 
 
 def _hanging(path: str) -> Any:
