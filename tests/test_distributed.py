@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -33,8 +34,12 @@ W1 = "/job:worker/task:1"
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     with afd.LocalCluster(jobs={"ps": 1, "worker": 2}, cpus_per_task=2) as c:
+        thread = c._own_loop._thread
         yield c
     gc.collect()  # a quiet point (DESIGN.md §5, testing note)
+    # Nothing outlives the cluster: its client thread and its worker processes are gone.
+    assert not thread.is_alive()
+    assert multiprocessing.active_children() == []
 
 
 @pytest.fixture(autouse=True)
