@@ -398,6 +398,23 @@ def test_from_client_uses_an_existing_client(dask_cluster: Any) -> None:
         assert client.status == "running"  # the caller's client stays open
 
 
+async def test_two_clients_of_one_cluster_share_task_state(dask_cluster: Any) -> None:
+    g = af.Graph()
+    with g.as_default(), af.device(W1):
+        v = af.Variable(np.float32(1.0), name="shared_v")
+        bump = v.assign_add(np.float32(1.0))
+    first = await afd.Cluster.connect(dask_cluster.scheduler_address, jobs={"worker": 2})
+    async with first, af.Session(first, graph=g) as a:
+        await a.run(v.initializer)
+        # A second client connects later (installing the worker service again leaves
+        # the running one, and its state, in place) and sees the first one's variable.
+        second = await afd.Cluster.connect(dask_cluster.scheduler_address, jobs={"worker": 2})
+        async with second, af.Session(second, graph=g) as b:
+            assert await b.run(bump) == 2.0
+        assert await a.run(v) == 2.0
+        await afd.reset(first)
+
+
 async def test_connect_by_address_and_kill_a_worker_mid_step(dask_cluster: Any) -> None:
     import signal
 

@@ -85,6 +85,9 @@ class AsyncflowWorker(WorkerPlugin):
     """Installed on every Dask worker by :class:`asyncflow.distributed.Cluster`."""
 
     name = PLUGIN_NAME
+    #: A second client registering it keeps the first one's: every client of the
+    #: cluster shares the tasks' state (variables on ps tasks), as in TF.
+    idempotent = True
 
     def __init__(self) -> None:
         self._envs: dict[str, WorkerEnv] = {}
@@ -102,19 +105,20 @@ class AsyncflowWorker(WorkerPlugin):
                      "recv_tensor", "send_tensor", "abort_step", "cleanup_step", "reset"):
             worker.handlers[f"asyncflow_{name}"] = getattr(self, f"_h_{name}")
 
-    def teardown(self, worker: Any) -> None:
+    async def teardown(self, worker: Any) -> None:
         for name in list(worker.handlers):
             if name.startswith("asyncflow_"):
                 del worker.handlers[name]
-        if self._task_loop is not None:
+        task_loop, self._task_loop = self._task_loop, None
+        if task_loop is not None:
             envs, self._envs = list(self._envs.values()), {}
             pool, self._pool = self._pool, None
             if pool is not None:
-                asyncio.run_coroutine_threadsafe(pool.close(), self._task_loop.loop).result(10)
-            self._task_loop.stop()
-            self._task_loop = None
+                await task_loop.call(pool.close())
+            # Joining threads would block Dask's loop: done on a thread of its own.
+            await asyncio.to_thread(task_loop.stop)
             for env in envs:
-                env.close()
+                await asyncio.to_thread(env.close)
 
     # -- plumbing -------------------------------------------------------------------------
 
