@@ -89,6 +89,9 @@ class SessionConfig:
       needs (False, as TF: every op of the graph must ask for a valid device).
     * ``log_device_placement`` — log each node's device through ``logging``.
     * ``graph_options`` — graph optimizations (:class:`GraphOptions`).
+    * ``isolate_session_state`` — on a cluster, give this session its own variables
+      and queues on every task instead of the containers shared by every session
+      connected to the cluster (TF semantics).
     """
 
     device_count: dict[str, int] = field(default_factory=lambda: {"CPU": 1})
@@ -98,6 +101,7 @@ class SessionConfig:
     place_pruned_graph: bool = False
     log_device_placement: bool = False
     graph_options: GraphOptions = field(default_factory=GraphOptions)
+    isolate_session_state: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.graph_options, GraphOptions):

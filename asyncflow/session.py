@@ -121,12 +121,15 @@ class Session:
     close it on exit.  Safe to use from many tasks and threads at once.
     """
 
-    def __init__(self, target: str | Graph = "", graph: Graph | None = None,
+    def __init__(self, target: str | Graph | Any = "", graph: Graph | None = None,
                  config: SessionConfig | None = None) -> None:
         if isinstance(target, Graph) and graph is None:
             # Convenience: af.Session(g) (TF's first positional argument is `target`).
             graph, target = target, ""
-        if target:
+        # A cluster (asyncflow.distributed) as target: it makes this session's master.
+        make_master = None if isinstance(target, str) else getattr(
+            target, "_asyncflow_master", None)
+        if make_master is None and target:
             raise ValueError(f"target {target!r}: only the in-process target '' is supported")
         if graph is None:
             graph = get_default_graph()
@@ -162,6 +165,11 @@ class Session:
         # The graph's IR and the whole-graph placement check, per graph version.
         self._ir_cache: tuple[int, GraphIR] | None = None
         self._placement_checked = -1
+        #: The distributed master (None in process): the cluster's devices follow ours.
+        self._master: Any = None
+        if make_master is not None:
+            self._master = make_master(self)
+            self._device_names += self._master.device_names
 
     # -- properties ------------------------------------------------------------------
 
@@ -304,6 +312,9 @@ class Session:
     def _runner(self, call: _CompiledCall, frame: CallFrame, trace: bool = False,
                 rendezvous: LocalRendezvous | None = None) -> StepRunner:
         """The step of a compiled call: one partition's Step, or a barrier over several."""
+        if self._master is not None:
+            return self._master.runner(  # type: ignore[no-any-return]
+                call, frame, trace, rendezvous)
         if call.single:
             return Step(call.bound[0], frame, trace, rendezvous)
         return ExecutorBarrier(call.bound, call.compiled.retval_map, frame, trace=trace,
@@ -432,6 +443,9 @@ class Session:
                   rebuild: Rebuild = list) -> _CompiledCall:
         """``compiled`` with its kernels bound to this session's devices and resources:
         the one place a compiled signature meets the runtime."""
+        if self._master is not None:
+            return self._master.prepared(  # type: ignore[no-any-return]
+                compiled, fetches, feed_keys, converters, rebuild)
         lookup = self._graph._by_name.get
         bound = [bind(plan, self._device_of[plan.device], self._resources, lookup)
                  for plan in compiled.plans]
@@ -486,6 +500,8 @@ class Session:
             await asyncio.wrap_future(done)
         # Abandoned partial runs: their steps were aborted above (or had not started).
         await self._partial_runs.close()
+        if self._master is not None:
+            await self._master.close()
         self._resources.clear()
         for d in self._devices:
             d.close()
@@ -498,6 +514,8 @@ class Session:
         except RuntimeError:
             for done in waits:
                 done.result()
+        if self._master is not None:
+            self._master.close_sync()
         self._resources.clear()
         for d in self._devices:
             d.close()

@@ -128,6 +128,11 @@ def _apply_external(engine: str, attr: str, results: dict[str, Any],
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["distributed"]:  # python -m benchmarks distributed [--quick]
+        from benchmarks import dist
+
+        return dist.main(argv[1:])
     args = parse_args(argv)
     sizes = QUICK if args.quick else FULL
     if args.repeats:

@@ -171,3 +171,12 @@ def test_child_modules_import_without_the_anchors(module: str) -> None:
     code = (f"import importlib, sys; importlib.import_module({module!r}); "
             "assert 'tensorflow' not in sys.modules and 'dask' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
+
+
+def test_distributed_quick_run_reports_every_row() -> None:
+    pytest.importorskip("distributed")
+    proc = _run_benchmarks("distributed", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    assert _table_ids(proc.stdout) == ["dist.step", "dist.bytes", "dist.concurrent",
+                                       "dist.kill"]
+    assert "Dask's own worker-to-worker pull" in proc.stdout

@@ -26,7 +26,7 @@ def _run_example(name: str, *args: str) -> str:
 def test_every_example_is_covered() -> None:
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
     assert scripts == {"quickstart_async.py", "quickstart_sync.py", "async_io_service.py",
-                       "save_and_load.py", "typed_graph.py"}
+                       "save_and_load.py", "typed_graph.py", "distributed_local.py"}
 
 
 def test_quickstart_async() -> None:
@@ -68,3 +68,11 @@ def test_save_and_load(tmp_path: Path, use_cli: bool) -> None:
                               text=True, timeout=60, check=False)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == "y:0 = [0. 2.]"
+
+
+def test_distributed_local() -> None:
+    pytest.importorskip("distributed")
+    lines = _run_example("distributed_local.py").splitlines()
+    # w = 0.5 * (0 + 1 + 2) per element; total = 2 * sum(w)
+    assert lines == ["devices: 3", "w = [1.5, 1.5, 1.5]", "total = 9.0",
+                     "kernel ran in another process: True"]

@@ -1,0 +1,148 @@
+"""The remote rendezvous: a step's :class:`LocalRendezvous`, plus the edges that cross tasks.
+
+TensorFlow's ``BaseRemoteRendezvous`` on the event loop.  Same-task edges stay in
+the local table.  A ``_Recv`` whose producer lives on another task *pulls* the value
+(``recv_tensor(step_id, key)``) from that task, whose local rendezvous answers when
+the ``_Send`` has run.  The session's own process (``/job:localhost``) is no server,
+so its sends to a remote task are *pushed* (``send_tensor``) instead, and remote
+tasks never pull from it.
+
+Transfers are tasks of the step's task group (:meth:`attach`); a recv that is
+cancelled (its step failed) cancels its pull, and :meth:`abort` fails every pending
+transfer at once, so no remote wait outlives its step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asyncflow import errors
+from asyncflow.runtime.rendezvous import Item, LocalRendezvous
+
+__all__ = ["LOCAL_TASK", "PullFn", "PushFn", "RemoteRendezvous", "task_of"]
+
+#: The task of the session's own process.
+LOCAL_TASK = "/job:localhost/replica:0/task:0"
+
+#: ``pull(task, step_id, key)``: the value ``task`` sent under ``key`` in step ``step_id``.
+PullFn = Callable[[str, int, str], Awaitable[Item]]
+#: ``push(task, step_id, key, value, is_dead)``: hand a value to ``task``'s rendezvous.
+PushFn = Callable[[str, int, str, Any, bool], Awaitable[None]]
+
+
+def task_of(device: str) -> str:
+    """``/job:J/replica:R/task:T`` of a full device name."""
+    cut = device.find("/device:")
+    return device if cut < 0 else device[:cut]
+
+
+class RemoteRendezvous(LocalRendezvous):
+    """The rendezvous of one step on one task (or in the session's process)."""
+
+    __slots__ = ("_on_error", "_pull", "_push", "_step_id", "_task", "_tg", "_transfers")
+
+    def __init__(self, task: str, step_id: int, pull: PullFn, push: PushFn | None = None,
+                 on_error: Callable[[errors.OpError], None] | None = None) -> None:
+        super().__init__()
+        self._task = task
+        self._step_id = step_id
+        self._pull = pull
+        self._push = push
+        self._on_error = on_error
+        self._tg: asyncio.TaskGroup | None = None
+        # Pending remote recvs: failed at once by abort().
+        self._transfers: set[asyncio.Future[Item]] = set()
+
+    @property
+    def step_id(self) -> int:
+        """The step this rendezvous belongs to."""
+        return self._step_id
+
+    def attach(self, tg: asyncio.TaskGroup | None) -> None:
+        """Run transfers in ``tg`` (the step's task group); None when the step ends."""
+        self._tg = tg
+
+    def _remote(self, device: str) -> str | None:
+        task = task_of(device)
+        return None if task == self._task else task
+
+    def send(self, key: str, value: Any, is_dead: bool = False) -> None:
+        """Local, unless the consumer is remote and this is the session (push it there)."""
+        push = self._push
+        if push is not None:
+            dst = self._remote(key.split(";", 3)[2])
+            if dst is not None:
+                if self._aborted is not None:
+                    raise self._abort_error(key)
+                self._sent += 1
+                self._spawn(self._pushing(push, dst, key, value, is_dead))
+                return
+        super().send(key, value, is_dead)
+
+    def recv_future(self, key: str) -> asyncio.Future[Item]:
+        """Local, unless the producer is another task: then a pull from it."""
+        src = self._remote(key[:key.index(";")])
+        if src is None or (self._push is None and src == LOCAL_TASK):
+            # Same task, or a worker receiving from the session (which pushes).
+            return super().recv_future(key)
+        fut: asyncio.Future[Item] = asyncio.get_running_loop().create_future()
+        if self._aborted is not None:
+            fut.set_exception(self._abort_error(key))
+            return fut
+        self._transfers.add(fut)
+        task = self._spawn(self._pulling(src, key, fut))
+
+        def done(f: asyncio.Future[Item]) -> None:
+            self._transfers.discard(f)
+            task.cancel()  # the recv was cancelled (its step failed): stop pulling
+        fut.add_done_callback(done)
+        return fut
+
+    def idle(self) -> bool:
+        """Nothing queued, nobody waiting: every value sent here was taken."""
+        return not self._values and not self._waiters and not self._transfers
+
+    def local_recv_future(self, key: str) -> asyncio.Future[Item]:
+        """A recv from this task's own table (what a peer's pull waits on)."""
+        return super().recv_future(key)
+
+    def abort(self, error: BaseException) -> None:
+        """Abort locally, and fail every pending pull."""
+        if self._aborted is not None:
+            return
+        super().abort(error)
+        pending, self._transfers = self._transfers, set()
+        for fut in pending:
+            if not fut.done():
+                fut.set_exception(self._abort_error("(remote recv)"))
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        tg = self._tg
+        if tg is None:
+            coro.close()
+            raise errors.InternalError(
+                None, None, f"step {self._step_id}: a cross-task transfer outside a step")
+        return tg.create_task(coro)
+
+    async def _pulling(self, src: str, key: str, fut: asyncio.Future[Item]) -> None:
+        try:
+            item = await self._pull(src, self._step_id, key)
+        except Exception as exc:
+            if not fut.done():
+                fut.set_exception(exc)
+            return
+        if not fut.done():
+            self._received += 1
+            fut.set_result(item)
+
+    async def _pushing(self, push: PushFn, dst: str, key: str, value: Any,
+                       is_dead: bool) -> None:
+        try:
+            await push(dst, self._step_id, key, value, is_dead)
+        except Exception as exc:
+            error = exc if isinstance(exc, errors.OpError) else errors.from_exception(exc)
+            if self._on_error is not None:
+                self._on_error(error)
+            self.abort(error)

@@ -1,0 +1,328 @@
+"""The worker side of one task: ``WorkerEnv`` → ``SessionMgr`` → ``WorkerSession`` →
+``GraphMgr``, and a ``RendezvousMgr``.
+
+TensorFlow's ``distributed_runtime`` shapes, on one event loop:
+
+* :class:`WorkerEnv` — the task: its devices (each with a bounded thread pool for
+  expensive kernels), the resource container shared by every session connected to
+  the cluster, the session manager and the rendezvous manager.
+* :class:`WorkerSession` — one per master session: its resources (the shared
+  container, or its own with ``isolate_session_state``) and its :class:`GraphMgr`.
+* :class:`GraphMgr` — ``register`` a task's partitions once (kernels bound here) →
+  a handle; ``run`` executes them by handle and step id (one
+  :class:`~asyncflow.runtime.barrier.ExecutorBarrier` over the task's partitions).
+* :class:`RendezvousMgr` — step id → :class:`RemoteRendezvous`, created by whichever
+  comes first (the step, a peer's pull, the session's push).  After a step that
+  succeeded here it is removed as soon as peers have pulled every value sent here
+  (``finish``; no message needed); after a failure, the session's
+  ``cleanup_step`` removes it and fails whatever still waits on it.
+
+Nothing here knows about Dask: the transport (``pull``) is injected, so a worker is
+driven in process by the unit tests and by :mod:`asyncflow.distributed._dask` in a
+Dask worker process, where every method runs on the task's own event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from asyncflow import errors
+from asyncflow.compiler.plan import Plan
+from asyncflow.distributed.rendezvous import PullFn, RemoteRendezvous
+from asyncflow.runtime.barrier import ExecutorBarrier
+from asyncflow.runtime.bind import BoundPlan, bind
+from asyncflow.runtime.call_frame import CallFrame
+from asyncflow.runtime.devices import LocalDevice
+from asyncflow.runtime.resources import ResourceMgr
+from asyncflow.step_stats import StepStats
+
+__all__ = ["GraphMgr", "RendezvousMgr", "SessionMgr", "WorkerEnv", "WorkerSession",
+           "on_task"]
+
+#: How many finished step ids a task remembers, so a late pull or push for a step that
+#: is over fails at once instead of waiting in a fresh rendezvous.
+_REMEMBERED_STEPS = 4096
+
+
+def on_task(error: errors.OpError, task: str) -> errors.OpError:
+    """``error`` with the task it happened on in its message (once)."""
+    if f"(on task {task})" in error.message:
+        return error
+    tagged = type(error)(error.node_name, None, f"{error.message} (on task {task})")
+    tagged.__cause__ = error
+    return tagged
+
+
+class RendezvousMgr:
+    """Step id → the step's rendezvous on this task (TF's ``BaseRendezvousMgr``)."""
+
+    def __init__(self, task: str, pull: PullFn) -> None:
+        self._task = task
+        self._pull = pull
+        self._table: dict[int, RemoteRendezvous] = {}
+        self._finished: OrderedDict[int, None] = OrderedDict()
+        # Steps that succeeded here, whose sent values peers have not all pulled yet.
+        self._draining: set[int] = set()
+
+    def find_or_create(self, step_id: int) -> RemoteRendezvous:
+        """The step's rendezvous; one that is already over comes back aborted."""
+        rdv = self._table.get(step_id)
+        if rdv is None:
+            rdv = RemoteRendezvous(self._task, step_id, self._pull)
+            if step_id in self._finished:
+                rdv.abort(errors.AbortedError(
+                    None, None, f"step {step_id} is over on task {self._task}"))
+            else:
+                self._table[step_id] = rdv
+        return rdv
+
+    def finish(self, step_id: int) -> None:
+        """The step succeeded on this task: forget it once its values were pulled."""
+        rdv = self._table.get(step_id)
+        if rdv is None or rdv.idle():
+            self.cleanup(step_id)
+        else:
+            self._draining.add(step_id)
+
+    def taken(self, step_id: int) -> None:
+        """A peer pulled a value of ``step_id``: maybe the last one."""
+        if step_id in self._draining:
+            rdv = self._table.get(step_id)
+            if rdv is None or rdv.idle():
+                self.cleanup(step_id)
+
+    def cleanup(self, step_id: int) -> None:
+        """The step is over: fail what still waits on its rendezvous and forget it."""
+        self._draining.discard(step_id)
+        rdv = self._table.pop(step_id, None)
+        self._finished[step_id] = None
+        if len(self._finished) > _REMEMBERED_STEPS:
+            self._finished.popitem(last=False)
+        if rdv is not None:
+            rdv.abort(errors.AbortedError(
+                None, None, f"step {step_id} is over on task {self._task}"))
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Item:
+    """A registered graph: the task's partitions with bound kernels."""
+
+    plans: tuple[Plan, ...]
+    bound: tuple[BoundPlan, ...]
+    retval_map: tuple[tuple[int, int], ...]  # every partition's retvals, in order
+
+
+class GraphMgr:
+    """Handle → registered partitions of one worker session (TF's ``GraphMgr``)."""
+
+    def __init__(self, env: WorkerEnv, resources: ResourceMgr) -> None:
+        self._env = env
+        self._resources = resources
+        self._items: dict[str, _Item] = {}
+        self._ids = itertools.count(1)
+
+    def register(self, plans: Sequence[Plan]) -> str:
+        """Bind ``plans`` (this task's partitions of one compiled signature) → a handle."""
+        handle = f"graph_{next(self._ids)}"
+        self._items[handle] = self._bind(tuple(plans))
+        return handle
+
+    def _bind(self, plans: tuple[Plan, ...]) -> _Item:
+        bound = tuple(bind(plan, self._env.device(plan.device), self._resources)
+                      for plan in plans)
+        retval_map = tuple((p, k) for p, plan in enumerate(plans)
+                           for k in range(len(plan.partition.retvals)))
+        return _Item(plans, bound, retval_map)
+
+    def rebind(self) -> None:
+        """Bind every graph again (kernels hold their resources: after a reset)."""
+        for handle, item in list(self._items.items()):
+            self._items[handle] = self._bind(item.plans)
+
+    def deregister(self, handle: str) -> None:
+        """Forget a registered graph (unknown handles are ignored)."""
+        self._items.pop(handle, None)
+
+    def get(self, handle: str) -> _Item:
+        item = self._items.get(handle)
+        if item is None:
+            raise errors.NotFoundError(
+                None, None, f"graph handle {handle!r} is not registered on task "
+                            f"{self._env.task}")
+        return item
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class WorkerSession:
+    """The state of one master session on this task."""
+
+    def __init__(self, env: WorkerEnv, handle: str, isolate: bool) -> None:
+        self.handle = handle
+        self.resources = ResourceMgr() if isolate else env.resources
+        self.graph_mgr = GraphMgr(env, self.resources)
+
+
+class SessionMgr:
+    """Master session handle → :class:`WorkerSession` (TF's ``SessionMgr``)."""
+
+    def __init__(self, env: WorkerEnv) -> None:
+        self._env = env
+        self._sessions: dict[str, WorkerSession] = {}
+
+    def find_or_create(self, handle: str, isolate: bool) -> WorkerSession:
+        ws = self._sessions.get(handle)
+        if ws is None:
+            ws = self._sessions[handle] = WorkerSession(self._env, handle, isolate)
+        return ws
+
+    def get(self, handle: str) -> WorkerSession:
+        ws = self._sessions.get(handle)
+        if ws is None:
+            raise errors.NotFoundError(
+                None, None, f"session {handle!r} is unknown on task {self._env.task} "
+                            f"(closed, or the worker restarted)")
+        return ws
+
+    def delete(self, handle: str) -> None:
+        ws = self._sessions.pop(handle, None)
+        if ws is not None and ws.resources is not self._env.resources:
+            ws.resources.clear()
+
+    def all(self) -> list[WorkerSession]:
+        return list(self._sessions.values())
+
+
+class WorkerEnv:
+    """One task of the cluster: devices, shared resources, sessions, rendezvous.
+
+    Every method runs on the task's event loop (one thread), so no lock is needed.
+    """
+
+    def __init__(self, task: str, cpus: int, threads: int, pull: PullFn) -> None:
+        self.task = task
+        self.devices = tuple(LocalDevice(f"{task}/device:CPU:{i}", "CPU", i, threads)
+                             for i in range(cpus))
+        self._device_of = {d.name: d for d in self.devices}
+        self.resources = ResourceMgr()
+        self.sessions = SessionMgr(self)
+        self.rendezvous = RendezvousMgr(task, pull)
+        self._running: dict[int, tuple[ExecutorBarrier, asyncio.Event]] = {}
+
+    def device(self, name: str) -> LocalDevice:
+        device = self._device_of.get(name)
+        if device is None:
+            raise errors.InvalidArgumentError(
+                None, None, f"device {name!r} does not exist on task {self.task} "
+                            f"(it has {', '.join(self._device_of)})")
+        return device
+
+    # -- the worker service -------------------------------------------------------------
+
+    def register_graph(self, session: str, isolate: bool, plans: Sequence[Plan]) -> str:
+        """Register this task's partitions of a plan for ``session`` → a graph handle."""
+        return self.sessions.find_or_create(session, isolate).graph_mgr.register(plans)
+
+    def deregister_graph(self, session: str, handle: str) -> None:
+        self.sessions.get(session).graph_mgr.deregister(handle)
+
+    def close_session(self, session: str) -> None:
+        """Drop a master session's graphs (and its own resources when isolated)."""
+        self.sessions.delete(session)
+
+    async def run_graph(self, session: str, handle: str, step_id: int, args: Sequence[Any],
+                        trace: bool = False) -> tuple[list[Any], StepStats | None]:
+        """Run the registered partitions once as step ``step_id``: (retvals, stats).
+
+        Raises the step's root error as an ``OpError`` that names the task.
+        """
+        try:
+            item = self.sessions.get(session).graph_mgr.get(handle)
+        except errors.OpError as exc:
+            raise on_task(exc, self.task) from None
+        rdv = self.rendezvous.find_or_create(step_id)
+        barrier = ExecutorBarrier(item.bound, item.retval_map, CallFrame(list(args)),
+                                  trace=trace, rendezvous=rdv)
+        finished = asyncio.Event()
+        self._running[step_id] = (barrier, finished)
+        try:
+            if rdv.aborted is not None:  # aborted (or cleaned up) before it started
+                cause = rdv.aborted
+                raise cause if isinstance(cause, errors.OpError) else errors.AbortedError(
+                    None, None, f"step {step_id} was aborted before it started")
+            failed: errors.OpError | None = None
+            async with asyncio.TaskGroup() as tg:  # the step's transfers
+                rdv.attach(tg)
+                try:
+                    values = await barrier.run()
+                except errors.OpError as exc:
+                    failed = exc  # raised below: not as an ExceptionGroup of the transfers
+                finally:
+                    # Values sent here stay until peers pulled them (cleanup_step).
+                    rdv.attach(None)
+            if failed is not None:
+                raise failed
+            self.rendezvous.finish(step_id)
+        except errors.OpError as exc:
+            raise on_task(exc, self.task) from None
+        finally:
+            self._running.pop(step_id, None)
+            finished.set()
+        return values, barrier.stats
+
+    async def recv_tensor(self, step_id: int, key: str) -> tuple[Any, bool]:
+        """A peer's pull: wait for this task's send of ``key`` in step ``step_id``."""
+        rdv = self.rendezvous.find_or_create(step_id)
+        try:
+            item = await rdv.local_recv_future(key)
+        except errors.OpError as exc:
+            raise on_task(exc, self.task) from None
+        self.rendezvous.taken(step_id)
+        return item
+
+    def send_tensor(self, step_id: int, key: str, value: Any, is_dead: bool) -> None:
+        """The session's push of a value this task receives."""
+        rdv = self.rendezvous.find_or_create(step_id)
+        if rdv.aborted is None:
+            rdv.send(key, value, is_dead)
+
+    def abort_step(self, step_id: int, error: errors.OpError) -> None:
+        """Fail step ``step_id`` here (another task failed, or the caller gave up)."""
+        running = self._running.get(step_id)
+        if running is not None:
+            running[0].abort(error)
+        self.rendezvous.find_or_create(step_id).abort(error)
+
+    async def cleanup_step(self, step_id: int) -> None:
+        """The step is over everywhere: stop it here if it still runs, forget its rendezvous."""
+        running = self._running.get(step_id)
+        if running is not None:
+            running[0].abort(errors.CancelledError(
+                None, None, f"step {step_id} was stopped by the session"))
+            await running[1].wait()
+        self.rendezvous.cleanup(step_id)
+
+    def reset(self) -> None:
+        """Clear every resource container of this task (``afd.reset``)."""
+        self.resources.clear()
+        for ws in self.sessions.all():
+            ws.resources.clear()
+            ws.graph_mgr.rebind()
+
+    def close(self) -> None:
+        """Stop the devices' threads."""
+        for d in self.devices:
+            d.close()
+
+    def __repr__(self) -> str:
+        return (f"<WorkerEnv {self.task} sessions={len(self.sessions.all())} "
+                f"running={len(self._running)}>")

@@ -1,0 +1,237 @@
+"""``python -m benchmarks distributed``: asyncflow on a Dask cluster, beside Dask itself.
+
+One ``afd.LocalCluster`` of two worker processes (``/job:worker/task:0`` and ``:1``)
+serves every row; each asyncflow figure is measured in the same run, repeat by
+repeat, beside Dask's own anchor on the same workers through the same client:
+
+* ``dist.step``  — a 2-task step passing one 8-byte tensor (task 0 computes it, task 1
+  consumes it, the session fetches the result); anchor: a ``client.submit`` chain of
+  the same two tasks pinned to the same two workers (one worker-to-worker pull).
+* ``dist.bytes`` — a 64 MiB float32 tensor made on task 0 and summed on task 1, in
+  GB/s of tensor crossing tasks; anchor: ``np.ones`` on worker 0 summed on worker 1.
+* ``dist.concurrent`` — steps/s with 100 concurrent tiny 2-task steps; anchor: 100
+  concurrent submit chains.
+* ``dist.kill`` — ms from ``kill -9`` of task 0's worker mid-step to the caller's
+  ``UnavailableError`` (no anchor).
+
+Exit status 0 when every row ran (targets are reported, never asserted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from benchmarks import report
+from benchmarks.report import Row, Target
+
+W0 = "/job:worker/task:0"
+W1 = "/job:worker/task:1"
+
+
+def _rows(mib: int) -> dict[str, Row]:
+    rows = [
+        Row("dist.step", "2-task step, 8-byte tensor", "ms/step",
+            "client.submit chain of 2 tasks on the same 2 workers", Target("<=", 2.0)),
+        Row("dist.bytes", f"{mib} MiB float32 across tasks", "GB/s",
+            "np.ones on worker 0, np.sum on worker 1 (submit)", Target(">=", 1.0),
+            better="higher"),
+        Row("dist.concurrent", "100 concurrent 2-task steps", "steps/s",
+            "100 concurrent 2-task submit chains", better="higher"),
+        Row("dist.kill", "kill -9 of a worker mid-step", "ms", "(none)",
+            Target("<=", 1000.0)),
+    ]
+    return {r.id: r for r in rows}
+
+
+async def _best(fn: Callable[[], Awaitable[object]], n: int, repeats: int) -> float:
+    """Best of ``repeats`` of the mean seconds per call over ``n`` calls."""
+    await fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(n):
+            await fn()
+        best = min(best, (time.perf_counter() - start) / n)
+    return best
+
+
+async def run(quick: bool, rows: dict[str, Row]) -> bool:
+    import asyncflow as af
+    import asyncflow.distributed as afd
+
+    n_steps, repeats, mib = (20, 2, 4) if quick else (200, 5, 64)
+    ok = True
+    async with afd.LocalCluster(jobs={"worker": 2}) as cluster:
+        client = cluster.client
+        w0, w1 = (cluster.assignment[f"/job:worker/replica:0/task:{t}"] for t in (0, 1))
+
+        def on_client(coro_fn: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+            async def call() -> Any:
+                async def inner() -> Any:
+                    return await coro_fn()
+                return await cluster._call(inner())
+            return call
+
+        g = af.Graph()
+        elems = mib * 2**20 // 4
+        with g.as_default():
+            x = af.placeholder(af.float64, shape=(), name="x")
+            with af.device(W0):
+                a = af.add(x, 1.0, name="a")
+                big = af.ones((elems,), af.float32, name="big")
+            with af.device(W1):
+                b = af.multiply(a, 2.0, name="b")
+                total = af.reduce_sum(big, name="total")
+
+        def add1(v: float) -> float:
+            return v + 1.0
+
+        def mul2(v: float) -> float:
+            return v * 2.0
+
+        async def dask_chain() -> Any:
+            fa = client.submit(add1, 1.0, workers=[w0], pure=False)
+            fb = client.submit(mul2, fa, workers=[w1], pure=False)
+            return await fb
+
+        async def dask_bytes() -> Any:
+            fa = client.submit(np.ones, (elems,), np.float32, workers=[w0], pure=False)
+            fb = client.submit(np.sum, fa, workers=[w1], pure=False)
+            return await fb
+
+        async with af.Session(cluster, graph=g) as sess:
+            try:
+                assert await sess.run(b, {x: 1.0}) == 4.0
+                ours = await _best(lambda: sess.run(b, {x: 1.0}), n_steps, repeats)
+                anchor = await _best(on_client(dask_chain), n_steps, repeats)
+                rows["dist.step"].ours, rows["dist.step"].anchor = ours * 1e3, anchor * 1e3
+                pull = await _dask_pull(cluster, w0, w1, n_steps)
+                rows["dist.step"].notes.append(
+                    f"Dask's own worker-to-worker pull of the same 8 bytes (get_data_from_"
+                    f"worker, timed inside worker 1): {pull * 1e3:.2f} ms")
+            except Exception as exc:
+                ok = _failed(rows["dist.step"], exc)
+            try:
+                assert await sess.run(total) == elems
+                nbytes = elems * 4
+                ours = await _best(lambda: sess.run(total), max(n_steps // 20, 3), repeats)
+                anchor = await _best(on_client(dask_bytes), max(n_steps // 20, 3), repeats)
+                rows["dist.bytes"].ours = nbytes / ours / 1e9
+                rows["dist.bytes"].anchor = nbytes / anchor / 1e9
+            except Exception as exc:
+                ok = _failed(rows["dist.bytes"], exc)
+            try:
+                async def ours_100() -> None:
+                    await asyncio.gather(*(sess.run(b, {x: 1.0}) for _ in range(100)))
+
+                async def dask_100() -> None:
+                    await asyncio.gather(*(dask_chain() for _ in range(100)))
+
+                ours = await _best(ours_100, 1, repeats)
+                anchor = await _best(on_client(dask_100), 1, repeats)
+                rows["dist.concurrent"].ours = 100 / ours
+                rows["dist.concurrent"].anchor = 100 / anchor
+            except Exception as exc:
+                ok = _failed(rows["dist.concurrent"], exc)
+            try:
+                rows["dist.kill"].ours = await _kill(af, cluster, sess, w0) * 1e3
+            except Exception as exc:
+                ok = _failed(rows["dist.kill"], exc)
+    return ok
+
+
+async def _dask_pull(cluster: Any, w0: str, w1: str, n: int) -> float:
+    """Seconds per worker-to-worker pull of an 8-byte value, measured on worker 1."""
+    client = cluster.client
+
+    def one() -> Any:
+        return np.float64(1.0)
+
+    async def timed_pulls(dask_worker: Any, key: Any) -> float:
+        from distributed.worker import get_data_from_worker
+
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(n):
+                await get_data_from_worker(dask_worker.rpc, [key], w0, who=dask_worker.address)
+            best = min(best, (time.perf_counter() - start) / n)
+        return best
+
+    async def measure() -> float:
+        fut = client.submit(one, workers=[w0], pure=False)
+        await fut
+        out = await client.run(timed_pulls, key=fut.key, workers=[w1])
+        return float(out[w1])
+
+    return await cluster._call(measure())
+
+
+async def _kill(af: Any, cluster: Any, sess: Any, w0: str) -> float:
+    g = af.Graph()
+
+    async def slow(v: np.ndarray) -> np.ndarray:
+        await asyncio.sleep(30)
+        return v
+
+    with g.as_default(), af.device(W0):
+        hang = af.py_func(slow, [af.constant(1.0)], af.float32)
+
+    async def pids() -> Any:
+        return await cluster.client.run(os.getpid)
+
+    pid = (await cluster._call(pids()))[w0]
+    async with af.Session(cluster, graph=g) as s:
+        step = asyncio.ensure_future(s.run(hang))
+        await asyncio.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        start = time.perf_counter()
+        try:
+            await step
+        except af.errors.UnavailableError:
+            return time.perf_counter() - start
+    raise RuntimeError("the step did not fail with UnavailableError")
+
+
+def _failed(row: Row, exc: Exception) -> bool:
+    row.error = f"{type(exc).__name__}: {exc}"
+    print(f"[benchmarks] {row.id} FAILED:\n{traceback.format_exc()}", file=sys.stderr)
+    return False
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks distributed",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes, few repeats: a smoke run, not a measurement")
+    args = p.parse_args(argv)
+    rows = _rows(4 if args.quick else 64)
+    start = time.perf_counter()
+    ok = asyncio.run(run(args.quick, rows))
+    table = list(rows.values())
+    print(f"asyncflow distributed benchmarks ({'quick' if args.quick else 'full'}) - "
+          f"Dask LocalCluster of 2 worker processes, {os.cpu_count()} CPUs, "
+          f"{time.perf_counter() - start:.0f} s")
+    print()
+    print(report.render_table(table))
+    print()
+    print(report.render_anchor_legend(table))
+    notes = report.render_notes(table)
+    if notes:
+        print()
+        print(notes)
+    print()
+    print("targets:")
+    print(report.render_targets(table))
+    return 0 if ok else 1

@@ -1,0 +1,250 @@
+"""The worker side of distributed execution, driven in process (no Dask cluster).
+
+Two :class:`WorkerEnv` tasks share this test's event loop; a cross-task ``_Recv``
+pulls from the producer's env directly, as the Dask transport does over comms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncflow as af
+from asyncflow.compiler.ir import graph_ir, ref_of
+from asyncflow.compiler.pipeline import compile_signature
+
+pytest.importorskip("distributed")
+
+from asyncflow.distributed.rendezvous import LOCAL_TASK, RemoteRendezvous, task_of
+from asyncflow.distributed.worker import RendezvousMgr, WorkerEnv
+
+A = "/job:worker/replica:0/task:0"
+B = "/job:worker/replica:0/task:1"
+DEVICES = [f"{LOCAL_TASK}/device:CPU:0", f"{A}/device:CPU:0", f"{B}/device:CPU:0"]
+
+
+class Tasks:
+    """Two in-process tasks whose pulls call each other's ``recv_tensor``."""
+
+    def __init__(self) -> None:
+        self.pulls: list[tuple[str, str]] = []
+        self.envs = {t: WorkerEnv(t, 1, 1, self.pull) for t in (A, B)}
+
+    async def pull(self, task: str, step_id: int, key: str) -> tuple[Any, bool]:
+        self.pulls.append((task, key))
+        return await self.envs[task].recv_tensor(step_id, key)
+
+    def register(self, g: af.Graph, fetches: list[Any], session: str = "s",
+                 isolate: bool = False) -> tuple[dict[str, str], Any]:
+        compiled = compile_signature(  # L0: the graphs' constants must cross tasks
+            graph_ir(g), feeds=[], fetches=[ref_of(t) for t in fetches], targets=[],
+            devices=DEVICES, incarnation=7,
+            options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0))
+        handles = {}
+        for task in (A, B):
+            plans = [p for p in compiled.plans if task_of(p.device) == task]
+            handles[task] = self.envs[task].register_graph(session, isolate, plans)
+        return handles, compiled
+
+    async def run(self, handles: dict[str, str], step_id: int,
+                  session: str = "s") -> dict[str, list[Any]]:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                runs = {t: tg.create_task(self.envs[t].run_graph(session, h, step_id, []))
+                        for t, h in handles.items()}
+        except ExceptionGroup as group:
+            raise group.exceptions[0] from None
+        return {t: r.result()[0] for t, r in runs.items()}
+
+    def close(self) -> None:
+        for env in self.envs.values():
+            env.close()
+
+
+def _two_task_graph() -> tuple[af.Graph, Any]:
+    g = af.Graph()
+    with g.as_default():
+        with af.device("/job:worker/task:0"):
+            a = af.constant(np.arange(3.0), name="a") * 2.0
+        with af.device("/job:worker/task:1"):
+            b = af.reduce_sum(a, name="b")
+    return g, b
+
+
+async def test_a_cross_task_recv_pulls_from_the_producer() -> None:
+    tasks = Tasks()
+    g, b = _two_task_graph()
+    handles, _ = tasks.register(g, [b])
+    out = await tasks.run(handles, step_id=1)
+    assert out[B] == [6.0]
+    assert out[A] == []
+    assert [t for t, _ in tasks.pulls] == [A]
+    # Both tasks forgot the step: it succeeded and every value was pulled.
+    assert len(tasks.envs[A].rendezvous) == len(tasks.envs[B].rendezvous) == 0
+    out = await tasks.run(handles, step_id=2)  # registered once, run again
+    assert out[B] == [6.0]
+    tasks.close()
+
+
+async def test_a_late_pull_for_a_finished_step_fails_at_once() -> None:
+    mgr = RendezvousMgr(A, pull=None)  # type: ignore[arg-type]
+    mgr.find_or_create(5)
+    mgr.cleanup(5)
+    rdv = mgr.find_or_create(5)
+    assert rdv.aborted is not None
+    with pytest.raises(af.errors.AbortedError, match="step 5 is over"):
+        await rdv.local_recv_future("k")
+
+
+async def test_failure_on_one_task_names_it_and_aborts_the_peer_pull() -> None:
+    def boom(v: np.ndarray) -> np.ndarray:
+        raise ValueError("no good")
+
+    g = af.Graph()
+    with g.as_default():
+        with af.device("/job:worker/task:0"):
+            a = af.py_func(boom, [af.constant(1.0)], af.float32, name="boom")
+        with af.device("/job:worker/task:1"):
+            b = af.identity(a, name="b")
+    tasks = Tasks()
+    handles, _ = tasks.register(g, [b])
+    envs = tasks.envs
+    run_a = envs[A].run_graph("s", handles[A], 3, [])
+    run_b = asyncio.ensure_future(envs[B].run_graph("s", handles[B], 3, []))
+    with pytest.raises(af.errors.InvalidArgumentError) as info:
+        await run_a
+    assert info.value.node_name == "boom"
+    assert f"(on task {A})" in info.value.message
+    # The session would now abort the step everywhere: B's pending pull fails.
+    envs[A].abort_step(3, info.value)
+    await envs[B].cleanup_step(3)
+    with pytest.raises(af.errors.OpError, match=B):
+        await run_b
+    await envs[A].cleanup_step(3)
+    assert len(envs[A].rendezvous) == len(envs[B].rendezvous) == 0
+    tasks.close()
+
+
+async def test_cleanup_stops_a_step_still_running() -> None:
+    async def forever(v: np.ndarray) -> np.ndarray:
+        await asyncio.sleep(60)
+        return v
+
+    g = af.Graph()
+    with g.as_default(), af.device("/job:worker/task:0"):
+        hang = af.py_func(forever, [af.constant(1.0)], af.float32, name="hang")
+    tasks = Tasks()
+    handles, _ = tasks.register(g, [hang])
+    run = asyncio.ensure_future(tasks.envs[A].run_graph("s", handles[A], 9, []))
+    await asyncio.sleep(0.01)
+    await tasks.envs[A].cleanup_step(9)  # returns once the step stopped
+    assert run.done()
+    with pytest.raises(af.errors.CancelledError):
+        await run
+    tasks.close()
+
+
+async def test_state_shared_per_task_unless_isolated() -> None:
+    g = af.Graph()
+    with g.as_default(), af.device("/job:worker/task:0"):
+        v = af.Variable(np.float32(1.0), name="v")
+        bump = v.assign_add(np.float32(1.0))
+    tasks = Tasks()
+    env = tasks.envs[A]
+    init = env.register_graph("s1", False, list(compile_signature(
+        graph_ir(g), feeds=[], fetches=[], targets=[v.initializer.name], devices=DEVICES,
+        incarnation=1).plans))
+    await env.run_graph("s1", init, 1, [])
+    shared, _ = tasks.register(g, [bump], session="s2")
+    assert (await tasks.run(shared, 2, session="s2"))[A] == [2.0]
+    isolated, _ = tasks.register(g, [bump], session="s3", isolate=True)
+    with pytest.raises(af.errors.FailedPreconditionError, match="v"):
+        await tasks.run(isolated, 3, session="s3")
+    env.reset()
+    with pytest.raises(af.errors.FailedPreconditionError, match="v"):
+        await tasks.run(shared, 4, session="s2")
+    tasks.close()
+
+
+async def test_unknown_graph_handle_names_the_task() -> None:
+    tasks = Tasks()
+    with pytest.raises(af.errors.NotFoundError, match=f"session 'nope' is unknown on task {A}"):
+        await tasks.envs[A].run_graph("nope", "graph_1", 1, [])
+    tasks.close()
+
+
+async def test_the_session_side_pushes_and_pulls() -> None:
+    pushed: list[tuple[str, str, Any]] = []
+
+    async def push(task: str, step_id: int, key: str, value: Any, dead: bool) -> None:
+        pushed.append((task, key, value))
+
+    async def pull(task: str, step_id: int, key: str) -> tuple[Any, bool]:
+        return np.float32(4.0), False
+
+    rdv = RemoteRendezvous(LOCAL_TASK, 1, pull, push)
+    to_a = f"{DEVICES[0]};0000000000000007;{DEVICES[1]};x:0;0:0"
+    from_a = f"{DEVICES[1]};0000000000000007;{DEVICES[0]};y:0;0:0"
+    local = f"{DEVICES[0]};0000000000000007;{DEVICES[0]};z:0;0:0"
+    async with asyncio.TaskGroup() as tg:
+        rdv.attach(tg)
+        rdv.send(to_a, 1.5)
+        rdv.send(local, 2.5)
+        got = await rdv.recv_future(from_a)
+        rdv.attach(None)
+    assert pushed == [(A, to_a, 1.5)]
+    assert got == (np.float32(4.0), False)
+    assert rdv.recv_nowait(local) == (2.5, False)
+
+
+async def test_a_dead_task_ends_calls_in_flight_to_it() -> None:
+    # The master's view of a cluster, without Dask: a call to a task that hangs (as a
+    # connect to a dead address does, retrying) ends as soon as the task is declared
+    # gone, from any thread; calls to other tasks are not touched.
+    from asyncflow.distributed.cluster import Cluster
+
+    started = asyncio.Event()
+
+    class Hanging:
+        async def asyncflow_run_graph(self, **kwargs: Any) -> Any:
+            started.set()
+            await asyncio.sleep(60)
+
+    class Client:
+        def rpc(self, address: str) -> Hanging:
+            return Hanging()
+
+    cluster = Cluster({"worker": 2})
+    cluster.client = Client()
+    cluster.assignment = {A: "tcp://a", B: "tcp://b"}
+    cluster._loop = asyncio.get_running_loop()
+    lost: list[str] = []
+    cluster.add_watcher(lambda task, error: lost.append(task))
+    call_a = asyncio.ensure_future(cluster.rpc(A, "run_graph"))
+    call_b = asyncio.ensure_future(cluster.rpc(B, "run_graph"))
+    await started.wait()
+    await asyncio.to_thread(cluster.mark_unavailable, A, "killed")
+    with pytest.raises(af.errors.UnavailableError, match=f"task {A} .* killed"):
+        await call_a
+    assert lost == [A]
+    assert not call_b.done()
+    with pytest.raises(af.errors.UnavailableError, match="killed"):
+        await cluster.rpc(A, "run_graph")  # later calls fail before sending anything
+    call_b.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call_b  # the caller's own cancellation stays a cancellation
+
+
+def test_arrays_travel_as_buffers_not_pickles() -> None:
+    from distributed.protocol.serialize import serialize_and_split
+
+    from asyncflow.distributed._dask import wire
+
+    array = np.arange(1 << 16, dtype=np.float32)
+    header, frames = serialize_and_split(wire(array))
+    assert header["serializer"] == "dask"  # Dask's numpy serializer, not pickle
+    # The frame is the array's own memory: no copy, no pickle of the data.
+    assert any(np.shares_memory(np.frombuffer(f, np.uint8), array) for f in frames)
