@@ -1,9 +1,15 @@
 """Session: the DirectSession of asyncflow.
 
 ``await sess.run(fetches, feed_dict)`` resolves its *signature* (the fetch
-structure, the feed keys), looks up the compiled call for it — compiling once on a
-miss: prune → place → plan — then runs one :class:`~asyncflow.runtime.executor.Step`
-and rebuilds the caller's fetch structure from the step's return values.
+structure, the feed keys), looks up the compiled call for it — on a miss compiling
+it once (:func:`~asyncflow.compiler.pipeline.compile_signature`: prune → place →
+optimize → control flow → partition → plan, pure) and binding its kernels to this
+session's devices and resources (:func:`~asyncflow.runtime.bind.bind`) — then runs
+one :class:`~asyncflow.runtime.step.Step` per partition (an
+:class:`~asyncflow.runtime.barrier.ExecutorBarrier` over several) and rebuilds the
+caller's fetch structure from the step's return values.  ``run``,
+``make_callable`` and ``partial_run`` share that one compile-and-bind path, and one
+definition of the fast path (``_CompiledCall.fast``).
 
 Long-lived state (the plan cache, the devices and their thread pools, the set of
 in-flight steps) holds nothing bound to an event loop, so one session serves

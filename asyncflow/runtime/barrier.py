@@ -1,7 +1,7 @@
 """The ExecutorBarrier: the partitions of one step, run as one ``asyncio.TaskGroup``.
 
 TensorFlow's ``ExecutorBarrier`` counts N executors down and reports the first
-error.  Here each partition's :class:`~asyncflow.runtime.executor.Step` is a task of
+error.  Here each partition's :class:`~asyncflow.runtime.step.Step` is a task of
 one task group.  The first partition to fail records its error (once), aborts the
 step's rendezvous — so every recv waiting in a peer partition fails at once instead
 of waiting forever — and aborts the other partitions.  Their errors are derived
