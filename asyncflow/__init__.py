@@ -18,6 +18,7 @@ This module is the public API; everything it does not export is private.
 from __future__ import annotations
 
 from asyncflow import dtypes, errors, nn, raw_ops, testing, tracing
+from asyncflow.callables import SessionCallable
 from asyncflow.config import RunMetadata, RunOptions, SessionConfig
 from asyncflow.dtypes import (
     DType,
@@ -135,6 +136,7 @@ __all__ = [
     "RunMetadata",
     "RunOptions",
     "Session",
+    "SessionCallable",
     "SessionConfig",
     "SessionStatistics",
     "Tensor",

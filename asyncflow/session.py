@@ -24,6 +24,7 @@ from typing import Any
 
 from asyncflow import errors
 from asyncflow._backend import require_asyncio
+from asyncflow.callables import SessionCallable
 from asyncflow.compiler.ir import GraphIR, graph_ir, ref_of
 from asyncflow.compiler.partition import partition_graph_def
 from asyncflow.compiler.pipeline import Compiled, compile_signature
@@ -39,6 +40,7 @@ from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
+from asyncflow.runtime.runners import SyncRunners
 from asyncflow.runtime.step import SLICE, Step
 
 __all__ = ["Session", "SessionStatistics"]
@@ -149,6 +151,8 @@ class Session:
         # Variables and queues of this session (plans bind their kernels to it).
         self._resources = ResourceMgr()
         self._partial_runs = PartialRuns(self)
+        # run_sync's event loops: one per calling thread, closed with the session.
+        self._runners = SyncRunners()
         self._device_of = {d.name: d for d in self._devices}
         # The graph's IR and the whole-graph placement check, per graph version.
         self._ir_cache: tuple[int, GraphIR] | None = None
@@ -201,22 +205,22 @@ class Session:
     def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
                  options: RunOptions | None = None,
                  run_metadata: RunMetadata | None = None) -> Any:
-        """``run`` for code without an event loop: ``asyncio.run(self.run(...))``.
+        """``run`` for code without an event loop.
 
-        A plan made only of inline kernels, untraced and without a deadline, never
-        awaits, so it runs without creating an event loop at all (same results, same
-        errors).  Called while an event loop runs in this thread, it raises
-        ``RuntimeError``: use ``await sess.run(...)``.
+        The step runs on this session's event loop for the calling thread (one
+        ``asyncio.Runner`` per session and thread, made on first use and closed with
+        the session), so async kernels see the same loop from call to call.  A plan
+        made only of inline kernels, untraced and without a deadline, never awaits,
+        so it runs without any event loop (same results, same errors).  Called while
+        an event loop runs in this thread, it raises ``RuntimeError``: use
+        ``await sess.run(...)``.
         """
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise RuntimeError("Session.run_sync() cannot be called while an event loop is "
-                               "running in this thread; use `await sess.run(...)` instead")
+        _check_no_running_loop("Session.run_sync()", "sess.run(...)")
         call = self._prepare(fetches, feed_dict)
-        frame = call.frame(feed_dict)
+        return self._run_sync(call, call.frame(feed_dict), options, run_metadata)
+
+    def _run_sync(self, call: _CompiledCall, frame: CallFrame, options: RunOptions | None,
+                  run_metadata: RunMetadata | None) -> Any:
         if call.fast and not _wants_trace(options, run_metadata) and not self._timeout_ms(options):
             step = self._runner(call, frame)
             values = step.run_inline()  # type: ignore[union-attr]
@@ -224,14 +228,15 @@ class Session:
             with self._counter_lock:
                 self._steps += 1
             return self._finished(call, step, values, options, run_metadata)
-        return asyncio.run(self._execute(call, frame, options, run_metadata))
+        return self._runners.run(self._execute(call, frame, options, run_metadata))
 
     def make_callable(self, fetches: Any, feed_list: Sequence[Any] | None = None,
-                      accept_options: bool = False) -> Callable[..., Any]:
+                      accept_options: bool = False) -> SessionCallable:
         """An async callable running ``fetches`` with positional feed values.
 
         The signature is resolved and compiled now; each call skips that work.
         ``accept_options=True`` adds ``options=`` and ``run_metadata=`` keywords.
+        ``fn.run_sync(*feed_values)`` calls it from plain code, as ``run_sync``.
         """
         feed_list = list(feed_list or ())
         feed_dict = dict.fromkeys(feed_list)
@@ -241,18 +246,28 @@ class Session:
         converters = call.converters
         n = len(feed_list)
 
-        async def callable_(*feed_values: Any, options: RunOptions | None = None,
-                            run_metadata: RunMetadata | None = None) -> Any:
+        def frame_of(feed_values: tuple[Any, ...], options: RunOptions | None,
+                     run_metadata: RunMetadata | None) -> CallFrame:
             if len(feed_values) != n:
                 raise TypeError(f"expected {n} feed values (for {feed_list!r}), got "
                                 f"{len(feed_values)}")
             if (options is not None or run_metadata is not None) and not accept_options:
                 raise TypeError("this callable was made without accept_options=True")
             self._check_open()
-            frame = CallFrame([conv(v) for conv, v in zip(converters, feed_values)])
+            return CallFrame([conv(v) for conv, v in zip(converters, feed_values)])
+
+        async def run(feed_values: tuple[Any, ...], options: RunOptions | None,
+                      run_metadata: RunMetadata | None) -> Any:
+            frame = frame_of(feed_values, options, run_metadata)
             return await self._execute(call, frame, options, run_metadata)
 
-        return callable_
+        def run_sync(feed_values: tuple[Any, ...], options: RunOptions | None,
+                     run_metadata: RunMetadata | None) -> Any:
+            _check_no_running_loop("SessionCallable.run_sync()", "fn(...)")
+            frame = frame_of(feed_values, options, run_metadata)
+            return self._run_sync(call, frame, options, run_metadata)
+
+        return SessionCallable(run, run_sync)
 
     async def _execute(self, call: _CompiledCall, frame: CallFrame,
                        options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
@@ -459,6 +474,7 @@ class Session:
             await asyncio.wrap_future(done)
         # Abandoned partial runs: their steps were aborted above (or had not started).
         await self._partial_runs.close()
+        await self._runners.close_elsewhere()
         self._resources.clear()
         for d in self._devices:
             d.close()
@@ -471,6 +487,7 @@ class Session:
         except RuntimeError:
             for done in waits:
                 done.result()
+        self._runners.close()
         self._resources.clear()
         for d in self._devices:
             d.close()
@@ -488,6 +505,15 @@ class Session:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close_sync()
+
+
+def _check_no_running_loop(what: str, instead: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(f"{what} cannot be called while an event loop is running in this "
+                       f"thread; use `await {instead}` instead")
 
 
 def _wants_trace(options: RunOptions | None, run_metadata: RunMetadata | None) -> bool:

@@ -16,7 +16,7 @@ def test_all_is_complete() -> None:
     # Subpackages appear as attributes once imported; they are implementation rooms.
     # pytest_plugin is loaded by pytest (entry point pytest11), which also rewrites the
     # package's asserts and leaves its helpers ("@py_builtins") in the namespace.
-    internal = {"cli", "compiler", "config", "fetch_feed", "framework", "ops",
+    internal = {"callables", "cli", "compiler", "config", "fetch_feed", "framework", "ops",
                 "partial_run", "pytest_plugin", "runtime", "session", "step_stats"}
     public = {name for name in vars(af) if name.isidentifier() and not name.startswith("_")}
     public -= internal | {"annotations"}

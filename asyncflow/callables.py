@@ -1,0 +1,38 @@
+"""What ``Session.make_callable`` returns: a compiled signature, called with feed values."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asyncflow.config import RunMetadata, RunOptions
+
+__all__ = ["SessionCallable"]
+
+
+class SessionCallable:
+    """``await fn(*feed_values)`` runs one step of a signature compiled once;
+    ``fn.run_sync(*feed_values)`` does the same from code without a running loop
+    (on the session's loop for the calling thread, as ``Session.run_sync``).
+
+    ``options=`` and ``run_metadata=`` keywords are accepted when the callable was
+    made with ``accept_options=True``.
+    """
+
+    __slots__ = ("_run", "_run_sync")
+
+    def __init__(self, run: Callable[..., Awaitable[Any]], run_sync: Callable[..., Any]) -> None:
+        self._run = run
+        self._run_sync = run_sync
+
+    async def __call__(self, *feed_values: Any, options: RunOptions | None = None,
+                       run_metadata: RunMetadata | None = None) -> Any:
+        return await self._run(feed_values, options, run_metadata)
+
+    def run_sync(self, *feed_values: Any, options: RunOptions | None = None,
+                 run_metadata: RunMetadata | None = None) -> Any:
+        """Call it from plain code (no event loop running in this thread)."""
+        return self._run_sync(feed_values, options, run_metadata)
+
+    def __repr__(self) -> str:
+        return f"<SessionCallable {self._run!r}>"
