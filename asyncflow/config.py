@@ -27,6 +27,9 @@ class SessionConfig:
     * ``place_pruned_graph`` — validate device requests only for the ops a run
       needs (False, as TF: every op of the graph must ask for a valid device).
     * ``log_device_placement`` — log each node's device through ``logging``.
+    * ``max_concurrent_steps`` — backpressure: at most this many steps of the session
+      run at once; later ones wait their turn (FIFO), and the wait counts against
+      their deadline (``timeout_in_ms``).  0: no limit.
     """
 
     device_count: dict[str, int] = field(default_factory=lambda: {"CPU": 1})
@@ -35,6 +38,7 @@ class SessionConfig:
     allow_soft_placement: bool = False
     place_pruned_graph: bool = False
     log_device_placement: bool = False
+    max_concurrent_steps: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.device_count, dict):
@@ -48,7 +52,8 @@ class SessionConfig:
                                  f"only 'CPU' devices exist")
         if self.device_count.get("CPU", self.device_count.get("cpu", 1)) < 1:
             raise ValueError("device_count must provide at least one CPU device")
-        for name in ("inter_op_parallelism_threads", "operation_timeout_in_ms"):
+        for name in ("inter_op_parallelism_threads", "operation_timeout_in_ms",
+                     "max_concurrent_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")

@@ -16,9 +16,10 @@ import asyncio
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
@@ -34,6 +35,7 @@ from asyncflow.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Tensor, get_default_graph
 from asyncflow.partial_run import PartialRuns
+from asyncflow.runtime.admission import Admission
 from asyncflow.runtime.barrier import ExecutorBarrier, StepRunner
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
@@ -58,6 +60,13 @@ class SessionStatistics:
     cached_plans: int
     in_flight: int
     closed: bool
+    #: Steps waiting for a slot (``SessionConfig.max_concurrent_steps``), FIFO.
+    waiting: int = 0
+    #: Steps that returned their values / that raised (errors, deadlines, cancels).
+    completed: int = 0
+    failed: int = 0
+    #: Compiles per run signature ("fetches <- feeds"), in the order first compiled.
+    compiles_per_plan: Mapping[str, int] = field(default_factory=dict)
 
 
 class _CompiledCall:
@@ -72,6 +81,7 @@ class _CompiledCall:
         "feed_keys",
         "rebuild",
         "retval_converters",
+        "signature",
         "single",
     )
 
@@ -84,6 +94,9 @@ class _CompiledCall:
         self.converters = converters
         self.rebuild = rebuild
         self.retval_converters = tuple(retval_converter(t) for t in fetches)
+        #: A readable name of the signature (statistics): "fetches <- feeds".
+        self.signature = (f"[{', '.join(t.name for t in fetches)}] <- "
+                          f"[{', '.join(_feed_name(k) for k in feed_keys)}]")
         #: One partition whose retvals are the fetches: one Step, no barrier.
         self.single = len(self.bound) == 1 and all(p == 0 for p, _ in compiled.retval_map)
         #: The fast path, defined once: one partition made only of inline kernels runs
@@ -153,6 +166,12 @@ class Session:
         self._partial_runs = PartialRuns(self)
         # run_sync's event loops: one per calling thread, closed with the session.
         self._runners = SyncRunners()
+        # Backpressure (None: no limit); outcome counters and compiles per signature.
+        self._admission = (Admission(config.max_concurrent_steps)
+                           if config.max_concurrent_steps else None)
+        self._completed = 0
+        self._failed = 0
+        self._plan_compiles: dict[str, int] = {}
         self._device_of = {d.name: d for d in self._devices}
         # The graph's IR and the whole-graph placement check, per graph version.
         self._ir_cache: tuple[int, GraphIR] | None = None
@@ -183,6 +202,10 @@ class Session:
             cached_plans=len(self._cache),
             in_flight=len(self._in_flight),
             closed=self._closed,
+            waiting=self._admission.waiting if self._admission is not None else 0,
+            completed=self._completed,
+            failed=self._failed,
+            compiles_per_plan=dict(self._plan_compiles),
         )
 
     def __repr__(self) -> str:
@@ -221,12 +244,20 @@ class Session:
 
     def _run_sync(self, call: _CompiledCall, frame: CallFrame, options: RunOptions | None,
                   run_metadata: RunMetadata | None) -> Any:
-        if call.fast and not _wants_trace(options, run_metadata) and not self._timeout_ms(options):
+        if (call.fast and not _wants_trace(options, run_metadata) and not self._timeout_ms(options)
+                and self._admission is None):
             step = self._runner(call, frame)
-            values = step.run_inline()  # type: ignore[union-attr]
+            try:
+                values = step.run_inline()  # type: ignore[union-attr]
+            except BaseException:
+                with self._counter_lock:
+                    self._steps += 1
+                    self._failed += 1
+                raise
             assert values is not None
             with self._counter_lock:
                 self._steps += 1
+                self._completed += 1
             return self._finished(call, step, values, options, run_metadata)
         return self._runners.run(self._execute(call, frame, options, run_metadata))
 
@@ -270,21 +301,76 @@ class Session:
         return SessionCallable(run, run_sync)
 
     async def _execute(self, call: _CompiledCall, frame: CallFrame,
-                       options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
+                       options: RunOptions | None, run_metadata: RunMetadata | None,
+                       admitted: bool = False) -> Any:
         """Run one step of ``call``: the one path of ``run`` and ``make_callable``."""
         require_asyncio("Session.run")
+        if self._admission is not None and not admitted:
+            return await self._admitted(call, frame, options, run_metadata)
         trace = options is not None and _wants_trace(options, run_metadata)
         step = self._runner(call, frame, trace)
         if call.fast and not trace:
             # The fast path: no loop registration, no task; a step that outlasts its
             # first time slice goes on below, yielding to the loop between budgets.
-            values = step.run_inline(SLICE)  # type: ignore[union-attr]
+            try:
+                values = step.run_inline(SLICE)  # type: ignore[union-attr]
+            except BaseException:
+                self._count_failed()
+                raise
             if values is not None:
                 with self._counter_lock:
                     self._steps += 1
+                    self._completed += 1
                 return self._finished(call, step, values, options, run_metadata)
-        values = await self._run_step(step, options)
+        try:
+            values = await self._run_step(step, options)
+        except BaseException:
+            self._count_failed()
+            raise
+        with self._counter_lock:
+            self._completed += 1
         return self._finished(call, step, values, options, run_metadata)
+
+    def _count_failed(self) -> None:
+        with self._counter_lock:
+            self._failed += 1
+
+    async def _admitted(self, call: _CompiledCall, frame: CallFrame,
+                        options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
+        """``_execute`` with a step slot held (``SessionConfig.max_concurrent_steps``)."""
+        admission = self._admission
+        assert admission is not None
+        if not admission.try_acquire():
+            try:
+                options = await self._wait_for_slot(admission, options)
+            except BaseException:
+                self._count_failed()
+                raise
+        try:
+            return await self._execute(call, frame, options, run_metadata, admitted=True)
+        finally:
+            admission.release()
+
+    async def _wait_for_slot(self, admission: Admission,
+                             options: RunOptions | None) -> RunOptions | None:
+        """Wait (FIFO) for a step slot; returns ``options`` with the deadline left."""
+        timeout_ms = self._timeout_ms(options)
+        if timeout_ms <= 0:
+            await admission.acquire()
+            return options
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout_ms / 1000) as deadline:
+                await admission.acquire()
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise errors.DeadlineExceededError(
+                None, None, f"Timed out waiting for a step slot: {admission.limit} steps in "
+                            f"flight (max_concurrent_steps), timeout_in_ms={timeout_ms}") from None
+        left = max(1, timeout_ms - int((time.monotonic() - start) * 1000))
+        return replace(options, timeout_in_ms=left) if options is not None else RunOptions(
+            timeout_in_ms=left)
 
     def _finished(self, call: _CompiledCall, step: StepRunner, values: list[Any],
                   options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
@@ -377,6 +463,8 @@ class Session:
                     self._cache[key] = call
                     with self._counter_lock:
                         self._compiles += 1
+                        label = call.signature
+                        self._plan_compiles[label] = self._plan_compiles.get(label, 0) + 1
                     return call
         with self._counter_lock:
             self._hits += 1
@@ -505,6 +593,11 @@ class Session:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close_sync()
+
+
+def _feed_name(key: Any) -> str:
+    name = getattr(key, "name", key)
+    return name if isinstance(name, str) else repr(key)
 
 
 def _check_no_running_loop(what: str, instead: str) -> None:
