@@ -13,11 +13,12 @@ in-flight steps) holds nothing bound to an event loop, so one session serves
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from types import TracebackType
@@ -44,6 +45,7 @@ from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
 from asyncflow.runtime.runners import SyncRunners
 from asyncflow.runtime.step import SLICE, Step
+from asyncflow.streaming import stream
 
 __all__ = ["Session", "SessionStatistics"]
 
@@ -260,6 +262,29 @@ class Session:
                 self._completed += 1
             return self._finished(call, step, values, options, run_metadata)
         return self._runners.run(self._execute(call, frame, options, run_metadata))
+
+    def run_stream(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
+                   options: RunOptions | None = None) -> AsyncIterator[tuple[Any, Any]]:
+        """Run one step and yield ``(fetch, value)`` for each element of ``fetches`` (a
+        list or tuple of fetches, or one) as soon as its value is ready.
+
+        ``async for fetch, value in sess.run_stream([a, b], feed_dict): ...`` — values
+        come in readiness order, not fetch order; a fetch made of several tensors (a
+        nested structure) comes once all of them are ready.  The step's first error is
+        raised where it happens, after the values ready before it.  Leaving the loop
+        early cancels the rest of the step: deterministically with
+        ``async with contextlib.aclosing(sess.run_stream(...)) as stream:`` (a bare
+        ``break`` leaves the generator to the garbage collector, which closes it on
+        the loop soon after).  Fetches no kernel produces (operations, fed tensors,
+        the outputs of ``cond`` / ``while_loop`` routing) come when the step ends.
+        """
+        return stream(self, fetches, feed_dict, options)
+
+    def _streaming(self, call: _CompiledCall, bound: Sequence[BoundPlan]) -> _CompiledCall:
+        """``call`` running ``bound`` (its plans with retval watchers) instead."""
+        twin = copy.copy(call)
+        twin.bound = tuple(bound)
+        return twin
 
     def make_callable(self, fetches: Any, feed_list: Sequence[Any] | None = None,
                       accept_options: bool = False) -> SessionCallable:
