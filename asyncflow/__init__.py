@@ -121,6 +121,7 @@ from asyncflow.ops.state_ops import (
     global_variables_initializer,
     variables_initializer,
 )
+from asyncflow.progress import ProgressEvent
 from asyncflow.runtime.cancellation import CancellationManager, get_cancellation_manager
 from asyncflow.session import Session, SessionStatistics
 
@@ -133,6 +134,7 @@ __all__ = [
     "FIFOQueue",
     "Graph",
     "Operation",
+    "ProgressEvent",
     "RunMetadata",
     "RunOptions",
     "Session",

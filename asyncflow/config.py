@@ -5,9 +5,11 @@ Field names follow TensorFlow's ``ConfigProto``, ``RunOptions`` and ``RunMetadat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from asyncflow.progress import ProgressEvent
 from asyncflow.step_stats import StepStats
 
 __all__ = ["RunMetadata", "RunOptions", "SessionConfig"]
@@ -61,7 +63,13 @@ class SessionConfig:
 
 @dataclass(slots=True)
 class RunOptions:
-    """Options of one run: deadline, tracing, partition graph output."""
+    """Options of one run: deadline, tracing, partition graph output, progress.
+
+    ``progress=callback`` calls ``callback(af.ProgressEvent)`` on the step's event
+    loop every 0.1 s while the step runs, and once more (``finished=True``) when it
+    ends: kernels done out of total and the kernels running longest.  A callback
+    that raises is logged and dropped.  Without it a run pays nothing for progress.
+    """
 
     NO_TRACE: ClassVar[int] = 0
     SOFTWARE_TRACE: ClassVar[int] = 1
@@ -71,6 +79,7 @@ class RunOptions:
     timeout_in_ms: int = 0
     trace_level: int = 0
     output_partition_graphs: bool = False
+    progress: Callable[[ProgressEvent], object] | None = None
 
 
 @dataclass(slots=True)

@@ -41,6 +41,7 @@ from asyncflow.runtime.barrier import ExecutorBarrier, StepRunner
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
+from asyncflow.runtime.progress import ProgressTracker
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
 from asyncflow.runtime.runners import SyncRunners
@@ -247,7 +248,7 @@ class Session:
     def _run_sync(self, call: _CompiledCall, frame: CallFrame, options: RunOptions | None,
                   run_metadata: RunMetadata | None) -> Any:
         if (call.fast and not _wants_trace(options, run_metadata) and not self._timeout_ms(options)
-                and self._admission is None):
+                and self._admission is None and (options is None or options.progress is None)):
             step = self._runner(call, frame)
             try:
                 values = step.run_inline()  # type: ignore[union-attr]
@@ -281,7 +282,8 @@ class Session:
         return stream(self, fetches, feed_dict, options)
 
     def _streaming(self, call: _CompiledCall, bound: Sequence[BoundPlan]) -> _CompiledCall:
-        """``call`` running ``bound`` (its plans with retval watchers) instead."""
+        """``call`` running ``bound`` instead: its plans with some kernels wrapped, per
+        step (retval watchers for ``run_stream``, counters for progress)."""
         twin = copy.copy(call)
         twin.bound = tuple(bound)
         return twin
@@ -330,6 +332,8 @@ class Session:
                        admitted: bool = False) -> Any:
         """Run one step of ``call``: the one path of ``run`` and ``make_callable``."""
         require_asyncio("Session.run")
+        if options is not None and options.progress is not None:
+            return await self._with_progress(call, frame, options, run_metadata)
         if self._admission is not None and not admitted:
             return await self._admitted(call, frame, options, run_metadata)
         trace = options is not None and _wants_trace(options, run_metadata)
@@ -355,6 +359,27 @@ class Session:
         with self._counter_lock:
             self._completed += 1
         return self._finished(call, step, values, options, run_metadata)
+
+    async def _with_progress(self, call: _CompiledCall, frame: CallFrame, options: RunOptions,
+                             run_metadata: RunMetadata | None) -> Any:
+        """``_execute`` reporting to ``options.progress`` (a ticker task beside the step)."""
+        assert options.progress is not None
+        tracker = ProgressTracker(options.progress)
+        counted = self._streaming(call, [tracker.watch(b) for b in call.bound])
+        error: Exception | None = None
+        async with asyncio.TaskGroup() as tg:
+            ticker = tg.create_task(tracker.tick())
+            try:
+                result = await self._execute(counted, frame, replace(options, progress=None),
+                                             run_metadata)
+            except Exception as exc:  # raised below as itself, never in an ExceptionGroup
+                error = exc
+            finally:
+                ticker.cancel()
+                tracker.report(finished=True)
+        if error is not None:
+            raise error
+        return result
 
     def _count_failed(self) -> None:
         with self._counter_lock:

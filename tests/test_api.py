@@ -17,7 +17,7 @@ def test_all_is_complete() -> None:
     # pytest_plugin is loaded by pytest (entry point pytest11), which also rewrites the
     # package's asserts and leaves its helpers ("@py_builtins") in the namespace.
     internal = {"callables", "cli", "compiler", "config", "fetch_feed", "framework", "ops",
-                "partial_run", "pytest_plugin", "runtime", "session", "step_stats", "streaming"}
+                "partial_run", "progress", "pytest_plugin", "runtime", "session", "step_stats", "streaming"}
     public = {name for name in vars(af) if name.isidentifier() and not name.startswith("_")}
     public -= internal | {"annotations"}
     assert public == set(af.__all__)
