@@ -55,7 +55,13 @@ logger = logging.getLogger("asyncflow.session")
 
 @dataclass(frozen=True, slots=True)
 class SessionStatistics:
-    """A snapshot of a session's counters."""
+    """A snapshot of a session's counters (``Session.statistics()``).
+
+    ``in_flight`` counts steps registered on a loop (an all-inline step that finishes
+    within its first time slice never is); ``completed`` / ``failed`` count every
+    ``run``, ``run_sync``, callable call and ``run_stream`` step by outcome (a
+    cancelled or timed-out step, or one refused a slot before its deadline, failed).
+    """
 
     steps_started: int
     compiles: int
@@ -197,7 +203,8 @@ class Session:
         return list(self._device_names)
 
     def statistics(self) -> SessionStatistics:
-        """Counters: steps started, compiles, plan-cache hits, cached plans, in-flight steps."""
+        """A frozen snapshot: steps started, compiles (in all and per signature), plan-cache
+        hits, cached plans, steps in flight / waiting for a slot / completed / failed."""
         return SessionStatistics(
             steps_started=self._steps,
             compiles=self._compiles,
