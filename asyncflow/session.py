@@ -404,6 +404,9 @@ class Session:
                 self._count_failed()
                 raise
         try:
+            if self._closed:  # closed while this step waited for its slot
+                self._count_failed()
+                self._check_open()
             return await self._execute(call, frame, options, run_metadata, admitted=True)
         finally:
             admission.release()

@@ -99,6 +99,23 @@ async def test_a_cancelled_waiter_takes_no_slot(graph: af.Graph) -> None:
         assert entered == [0, 2]
 
 
+async def test_close_fails_the_running_and_the_waiting_steps(graph: af.Graph) -> None:
+    x, y, entered, _, _ = _gated(graph)
+    fast = x * 2  # an all-inline plan: it would run at once if it got a slot
+    sess = af.Session(graph=graph, config=af.SessionConfig(max_concurrent_steps=1))
+    running = asyncio.create_task(sess.run(y, {x: 0}))
+    await _until(lambda: entered == [0])
+    waiting = asyncio.create_task(sess.run(fast, {x: 1}))
+    await _until(lambda: sess.statistics().waiting == 1)
+    await sess.close()
+    with pytest.raises(af.errors.CancelledError, match="closed"):
+        await running
+    with pytest.raises(RuntimeError, match="closed"):
+        await waiting
+    stats = sess.statistics()
+    assert (stats.completed, stats.failed, stats.waiting) == (0, 2, 0)
+
+
 def test_steps_from_several_threads_and_loops_share_the_limit(graph: af.Graph) -> None:
     x = af.placeholder(af.float32, shape=(), name="x")
     lock = threading.Lock()

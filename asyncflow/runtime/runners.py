@@ -123,10 +123,10 @@ class SyncRunners:
     async def close_elsewhere(self) -> None:
         """:meth:`close` from async code: the runners are closed on a helper thread
         (a loop cannot run inside another one), which this awaits and joins."""
-        if not self._entries:
-            with self._lock:
+        with self._lock:
+            if not self._entries:
                 self._closed = True
-            return
+                return
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
 
