@@ -19,11 +19,13 @@ class SessionCallable:
     made with ``accept_options=True``.
     """
 
-    __slots__ = ("_run", "_run_sync")
+    __slots__ = ("_run", "_run_sync", "_signature")
 
-    def __init__(self, run: Callable[..., Awaitable[Any]], run_sync: Callable[..., Any]) -> None:
+    def __init__(self, run: Callable[..., Awaitable[Any]], run_sync: Callable[..., Any],
+                 signature: str = "") -> None:
         self._run = run
         self._run_sync = run_sync
+        self._signature = signature
 
     async def __call__(self, *feed_values: Any, options: RunOptions | None = None,
                        run_metadata: RunMetadata | None = None) -> Any:
@@ -35,4 +37,4 @@ class SessionCallable:
         return self._run_sync(feed_values, options, run_metadata)
 
     def __repr__(self) -> str:
-        return f"<SessionCallable {self._run!r}>"
+        return f"<SessionCallable {self._signature}>"

@@ -18,7 +18,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from types import TracebackType
@@ -272,7 +272,7 @@ class Session:
         return self._runners.run(self._execute(call, frame, options, run_metadata))
 
     def run_stream(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
-                   options: RunOptions | None = None) -> AsyncIterator[tuple[Any, Any]]:
+                   options: RunOptions | None = None) -> AsyncGenerator[tuple[Any, Any], None]:
         """Run one step and yield ``(fetch, value)`` for each element of ``fetches`` (a
         list or tuple of fetches, or one) as soon as its value is ready.
 
@@ -332,7 +332,7 @@ class Session:
             frame = frame_of(feed_values, options, run_metadata)
             return self._run_sync(call, frame, options, run_metadata)
 
-        return SessionCallable(run, run_sync)
+        return SessionCallable(run, run_sync, call.signature)
 
     async def _execute(self, call: _CompiledCall, frame: CallFrame,
                        options: RunOptions | None, run_metadata: RunMetadata | None,

@@ -14,7 +14,7 @@ and waits for it to stop: nothing keeps running.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncflow._backend import require_asyncio
@@ -57,7 +57,7 @@ class _Session(Protocol):
 
 
 async def stream(session: _Session, fetches: Any, feed_dict: Mapping[Any, Any] | None,
-                 options: RunOptions | None) -> AsyncIterator[tuple[Any, Any]]:
+                 options: RunOptions | None) -> AsyncGenerator[tuple[Any, Any], None]:
     """The body of ``Session.run_stream`` (see there)."""
     require_asyncio("Session.run_stream")
     elements = list(fetches) if isinstance(fetches, list | tuple) else [fetches]

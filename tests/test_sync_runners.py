@@ -73,6 +73,7 @@ def test_callable_run_sync_shares_the_loop(graph: af.Graph) -> None:
     with af.Session(graph=graph) as sess:
         fn = sess.make_callable(y, feed_list=[x])
         assert isinstance(fn, af.SessionCallable)
+        assert repr(fn) == "<SessionCallable [PyFunc:0] <- [x:0]>"
         assert fn.run_sync(1.0) == 2.0
         assert fn.run_sync(2.0) == 3.0
         assert sess.run_sync(y, {x: 0.0}) == 1.0
