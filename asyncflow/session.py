@@ -17,7 +17,6 @@ import copy
 import logging
 import random
 import threading
-import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -373,20 +372,8 @@ class Session:
         assert options.progress is not None
         tracker = ProgressTracker(options.progress)
         counted = self._streaming(call, [tracker.watch(b) for b in call.bound])
-        error: Exception | None = None
-        async with asyncio.TaskGroup() as tg:
-            ticker = tg.create_task(tracker.tick())
-            try:
-                result = await self._execute(counted, frame, replace(options, progress=None),
-                                             run_metadata)
-            except Exception as exc:  # raised below as itself, never in an ExceptionGroup
-                error = exc
-            finally:
-                ticker.cancel()
-                tracker.report(finished=True)
-        if error is not None:
-            raise error
-        return result
+        return await tracker.run_beside(
+            self._execute(counted, frame, replace(options, progress=None), run_metadata))
 
     def _count_failed(self) -> None:
         with self._counter_lock:
@@ -399,10 +386,13 @@ class Session:
         assert admission is not None
         if not admission.try_acquire():
             try:
-                options = await self._wait_for_slot(admission, options)
+                left = await admission.acquire_within(self._timeout_ms(options))
             except BaseException:
                 self._count_failed()
                 raise
+            if left:  # the rest of the deadline is the step's
+                options = (replace(options, timeout_in_ms=left) if options is not None
+                           else RunOptions(timeout_in_ms=left))
         try:
             if self._closed:  # closed while this step waited for its slot
                 self._count_failed()
@@ -410,27 +400,6 @@ class Session:
             return await self._execute(call, frame, options, run_metadata, admitted=True)
         finally:
             admission.release()
-
-    async def _wait_for_slot(self, admission: Admission,
-                             options: RunOptions | None) -> RunOptions | None:
-        """Wait (FIFO) for a step slot; returns ``options`` with the deadline left."""
-        timeout_ms = self._timeout_ms(options)
-        if timeout_ms <= 0:
-            await admission.acquire()
-            return options
-        start = time.monotonic()
-        try:
-            async with asyncio.timeout(timeout_ms / 1000) as deadline:
-                await admission.acquire()
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            raise errors.DeadlineExceededError(
-                None, None, f"Timed out waiting for a step slot: {admission.limit} steps in "
-                            f"flight (max_concurrent_steps), timeout_in_ms={timeout_ms}") from None
-        left = max(1, timeout_ms - int((time.monotonic() - start) * 1000))
-        return replace(options, timeout_in_ms=left) if options is not None else RunOptions(
-            timeout_in_ms=left)
 
     def _finished(self, call: _CompiledCall, step: StepRunner, values: list[Any],
                   options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
+
+from asyncflow import errors
 
 __all__ = ["Admission"]
 
@@ -79,6 +82,27 @@ class Admission:
             if granted:  # handed a slot just as it was cancelled: pass it on
                 self.release()
             raise
+
+    async def acquire_within(self, timeout_ms: int) -> int:
+        """:meth:`acquire` within a deadline (``timeout_ms``; 0: none); returns the
+        milliseconds of it left (at least 1; 0 without a deadline).
+
+        Past the deadline: ``DeadlineExceededError``, no slot taken.
+        """
+        if timeout_ms <= 0:
+            await self.acquire()
+            return 0
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout_ms / 1000) as deadline:
+                await self.acquire()
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise errors.DeadlineExceededError(
+                None, None, f"Timed out waiting for a step slot: {self.limit} steps in "
+                            f"flight (max_concurrent_steps), timeout_in_ms={timeout_ms}") from None
+        return max(1, timeout_ms - int((time.monotonic() - start) * 1000))
 
     def release(self) -> None:
         """Give a slot back: to the oldest waiter, or to the pool."""

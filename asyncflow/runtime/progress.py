@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncflow.framework import registry
 from asyncflow.progress import ProgressEvent
@@ -36,6 +36,8 @@ from asyncflow.runtime.bind import BoundNode, BoundPlan
 __all__ = ["INTERVAL", "ProgressTracker"]
 
 logger = logging.getLogger("asyncflow.progress")
+
+T = TypeVar("T")
 
 #: Seconds between two progress events of a step.
 INTERVAL = 0.1
@@ -145,6 +147,23 @@ class ProgressTracker:
             logger.exception("progress callback %r raised; it will not be called again",
                              callback)
             self._callback = None
+
+    async def run_beside(self, work: Coroutine[Any, Any, T]) -> T:
+        """Await ``work`` (the step) with a ticker task beside it, then report the
+        finished event; ``work``'s exception is raised as itself."""
+        error: Exception | None = None
+        async with asyncio.TaskGroup() as tg:
+            ticker = tg.create_task(self.tick())
+            try:
+                result = await work
+            except Exception as exc:  # raised below, never inside an ExceptionGroup
+                error = exc
+            finally:
+                ticker.cancel()
+                self.report(finished=True)
+        if error is not None:
+            raise error
+        return result
 
     async def tick(self, interval: float = INTERVAL) -> None:
         """Report every ``interval`` seconds until cancelled."""
