@@ -9,7 +9,9 @@
     ``"module:qualname"``); loading one imports its module, which runs code.  ``run``
     therefore refuses every reference whose module is not allowed by
     ``--allow-module M`` (repeatable; allows ``M`` and its submodules) or ``--trust``,
-    and lists the references it found.
+    and lists the references it found.  ``--progress`` draws a live progress bar on
+    stderr (``rich``, the ``progress`` extra) once a run passes one second: kernels
+    done / total and the kernel running longest.
 
 ``asyncflow graph GRAPH.json [--format dot|mermaid]``
     Print the graph as a Graphviz DOT or Mermaid picture (imports nothing).
