@@ -283,7 +283,7 @@ class Session:
         ``async with contextlib.aclosing(sess.run_stream(...)) as stream:`` (a bare
         ``break`` leaves the generator to the garbage collector, which closes it on
         the loop soon after).  Fetches no kernel produces (operations, fed tensors,
-        the outputs of ``cond`` / ``while_loop`` routing) come when the step ends.
+        ``while_loop`` outputs) come when the step ends.
         """
         return stream(self, fetches, feed_dict, options)
 

@@ -4,7 +4,7 @@ One step runs (the same compiled signature, admission, deadline and counters as
 ``run``), in a task of a task group owned by the generator.  Kernels producing a
 fetched value report it (:mod:`asyncflow.runtime.streaming`) through a queue, and
 the generator yields each fetch once all its tensors are there: readiness order.
-A fetch no kernel reports (an operation, a fed tensor, a control-flow output) is
+A fetch no kernel reports (an operation, a fed tensor, a ``while_loop`` output) is
 yielded when the step ends, in fetch order.  The step's first error is raised by
 the generator after the values that were ready before it.  Leaving the ``async
 for`` early (``break``, an exception, ``aclose()``) cancels the rest of the step

@@ -149,3 +149,46 @@ async def test_a_closed_session_refuses(graph: af.Graph) -> None:
     with pytest.raises(RuntimeError, match="closed"):
         async for _ in sess.run_stream([x]):
             pass
+
+
+async def test_cond_outputs_stream_when_the_taken_branch_computed_them(graph: af.Graph) -> None:
+    gates: dict[str, asyncio.Event] = {}
+    log: list[str] = []
+    x = af.placeholder(af.float32, shape=(), name="x")
+    p = af.placeholder(af.bool, shape=(), name="p")
+    slow = _gated("slow", x, gates, log)
+
+    async def fetched(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v * np.float32(100)
+
+    def taken() -> af.Tensor:
+        return af.py_func(fetched, [x], af.float32, name="fetched")
+
+    inner = af.cond(p, lambda: af.cond(x > 0.0, lambda: x * 2.0, lambda: x * 3.0),
+                    lambda: x - 1.0)
+    outer = af.cond(p, taken, lambda: x * -1.0)
+    passthrough = af.cond(p, lambda: x, lambda: x * 0.0)  # the taken branch returns x itself
+    fetches = [slow, outer, inner, passthrough]
+    config = af.SessionConfig(device_count={"CPU": 2})
+    with af.device("/cpu:1"):
+        remote = af.cond(p, lambda: x + 0.5, lambda: x - 0.5)
+    async with af.Session(graph=graph, config=config) as sess:
+        seen = []
+        async with asyncio.timeout(5):  # without streamed conds: slow is never released
+            async for fetch, value in sess.run_stream([*fetches, remote], {x: 2.0, p: True}):
+                seen.append((fetch, value))
+                if len(seen) == 3:  # the conds computed in their branches: slow may end now
+                    gates.setdefault("slow", asyncio.Event()).set()
+        for pred in (False, True):  # either branch: the values of run, once each
+            feed = {x: 2.0, p: pred}
+            got = [(f.name, v) async for f, v in sess.run_stream([*fetches, remote], feed)]
+            assert sorted(got) == sorted(
+                (f.name, v) for f, v in zip([*fetches, remote],
+                                            await sess.run([*fetches, remote], feed)))
+    names = [f.name for f, _ in seen]
+    assert set(names[:3]) == {outer.name, inner.name, remote.name}
+    assert names[3:] == [slow.name, passthrough.name]  # x unchanged: known at the end
+    assert {f.name: v for f, v in seen} == {
+        outer.name: 200.0, inner.name: 4.0, remote.name: 2.5, slow.name: 3.0,
+        passthrough.name: 2.0}

@@ -9,10 +9,12 @@ wrapper hands the output to ``notify(k, value)`` and returns it unchanged.  Ever
 other node is the very same :class:`~asyncflow.runtime.bind.BoundNode`.
 
 Covered: inline, async, worker-thread and ``_Recv`` nodes (a fetch produced on
-another device is seen when it arrives).  A retval that no kernel produces — a
-preloaded constant, a fed value, the output of control-flow routing (a ``cond``'s
-Merge, a loop's Exit), a dead tensor — is not notified; the caller takes it from
-the step's results when the step ends.
+another device is seen when it arrives), and a ``cond``'s output (its Merge runs
+no kernel: the kernels computing the branch outputs are watched instead, see
+:func:`watch_retvals`).  A retval that no kernel produces — a preloaded constant,
+a fed value, a loop's Exit, a branch that returns an outside tensor unchanged, a
+dead tensor — is not notified; the caller takes it from the step's results when
+the step ends.
 """
 
 from __future__ import annotations
@@ -31,22 +33,39 @@ __all__ = ["Notify", "watch_retvals"]
 #: the step's loop thread.
 Notify = Callable[[int, Any], None]
 
+_WATCHED = (registry.INLINE, registry.EXPENSIVE, registry.ASYNC, registry.RECV)
+
 
 def watch_retvals(bound: BoundPlan, notify: Notify,
                   loop: asyncio.AbstractEventLoop) -> BoundPlan:
     """A copy of ``bound`` whose retval-producing nodes report their outputs."""
     plan = bound.plan
-    by_slot: dict[int, list[int]] = {}
-    for k, slot in enumerate(plan.retval_slots):
-        by_slot.setdefault(slot, []).append(k)
-    if not by_slot:
+    if not plan.retval_slots:
         return bound
+    producer = {node.out + j: (i, j) for i, node in enumerate(bound.nodes)
+                for j in range(node.num_outputs)}
+    watch: dict[int, dict[int, list[int]]] = {}  # node -> output -> retvals it gives
+
+    def source(slot: int, k: int) -> None:
+        found = producer.get(slot)
+        if found is None:
+            return  # a preloaded constant or a fed value: taken from the results
+        i, j = found
+        if bound.nodes[i].flow in _WATCHED:
+            watch.setdefault(i, {}).setdefault(j, []).append(k)
+        elif plan.nodes[i].op == "Merge" and j == 0:
+            # A cond's output: its value is that of the one live input, and in a
+            # branch only the taken side's kernels ever run (every op of a branch
+            # hangs off its Switch or pivot; dead nodes run no kernel).  So the
+            # first input kernel to finish gives the Merge's value.
+            for s in bound.nodes[i].inputs:
+                source(s, k)
+
+    for k, slot in enumerate(plan.retval_slots):
+        source(slot, k)
     nodes = list(bound.nodes)
-    for i, node in enumerate(nodes):
-        outs = [(j, by_slot[node.out + j]) for j in range(node.num_outputs)
-                if node.out + j in by_slot]
-        if outs:
-            nodes[i] = _watched(node, outs, notify, loop)
+    for i, outs in watch.items():
+        nodes[i] = _watched(nodes[i], sorted(outs.items()), notify, loop)
     return replace(bound, nodes=tuple(nodes))
 
 
@@ -66,7 +85,7 @@ def _watched(node: BoundNode, outs: list[tuple[int, list[int]]], notify: Notify,
                 notify(k, value)
 
     flow = node.flow
-    wrapped: Callable[..., Any]
+    wrapped: Callable[..., Any]  # one of these four kinds (_WATCHED)
     if flow == registry.INLINE:
         def inline(*args: Any) -> Any:
             v = kernel(*args)
@@ -88,7 +107,7 @@ def _watched(node: BoundNode, outs: list[tuple[int, list[int]]], notify: Notify,
         def start(*args: Any) -> Any:
             return awaited(kernel(*args))
         wrapped = start
-    elif flow == registry.RECV:
+    else:  # registry.RECV
         def received(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled() or fut.exception() is not None:
                 return
@@ -101,6 +120,4 @@ def _watched(node: BoundNode, outs: list[tuple[int, list[int]]], notify: Notify,
             fut.add_done_callback(received)
             return fut
         wrapped = recv
-    else:
-        return node  # control-flow routing: no kernel call to watch
     return node._replace(kernel=wrapped)
