@@ -180,6 +180,8 @@ class Session:
         self._completed = 0
         self._failed = 0
         self._plan_compiles: dict[str, int] = {}
+        #: run_sync of an all-inline plan may skip the event loop (see _run_sync).
+        self._loop_free = not config.operation_timeout_in_ms and self._admission is None
         self._device_of = {d.name: d for d in self._devices}
         # The graph's IR and the whole-graph placement check, per graph version.
         self._ir_cache: tuple[int, GraphIR] | None = None
@@ -247,14 +249,22 @@ class Session:
         an event loop runs in this thread, it raises ``RuntimeError``: use
         ``await sess.run(...)``.
         """
-        _check_no_running_loop("Session.run_sync()", "sess.run(...)")
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            _check_no_running_loop("Session.run_sync()", "sess.run(...)")
         call = self._prepare(fetches, feed_dict)
         return self._run_sync(call, call.frame(feed_dict), options, run_metadata)
 
     def _run_sync(self, call: _CompiledCall, frame: CallFrame, options: RunOptions | None,
                   run_metadata: RunMetadata | None) -> Any:
-        if (call.fast and not _wants_trace(options, run_metadata) and not self._timeout_ms(options)
-                and self._admission is None and (options is None or options.progress is None)):
+        # No loop at all: an all-inline plan, no deadline (its own or the session's), no
+        # slot to wait for, no trace, no progress ticker.
+        if call.fast and self._loop_free and (options is None or (
+                not options.timeout_in_ms and options.progress is None
+                and not _wants_trace(options, run_metadata))):
             step = self._runner(call, frame)
             try:
                 values = step.run_inline()  # type: ignore[union-attr]
