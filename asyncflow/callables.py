@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from asyncflow.config import RunMetadata, RunOptions
@@ -21,15 +21,16 @@ class SessionCallable:
 
     __slots__ = ("_run", "_run_sync", "_signature")
 
-    def __init__(self, run: Callable[..., Awaitable[Any]], run_sync: Callable[..., Any],
+    def __init__(self, run: Callable[..., Coroutine[Any, Any, Any]], run_sync: Callable[..., Any],
                  signature: str = "") -> None:
         self._run = run
         self._run_sync = run_sync
         self._signature = signature
 
-    async def __call__(self, *feed_values: Any, options: RunOptions | None = None,
-                       run_metadata: RunMetadata | None = None) -> Any:
-        return await self._run(feed_values, options, run_metadata)
+    def __call__(self, *feed_values: Any, options: RunOptions | None = None,
+                 run_metadata: RunMetadata | None = None) -> Coroutine[Any, Any, Any]:
+        # The step's coroutine itself (no wrapping coroutine): await it.
+        return self._run(feed_values, options, run_metadata)
 
     def run_sync(self, *feed_values: Any, options: RunOptions | None = None,
                  run_metadata: RunMetadata | None = None) -> Any:
