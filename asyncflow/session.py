@@ -17,6 +17,7 @@ import copy
 import logging
 import random
 import threading
+import weakref
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -172,8 +173,10 @@ class Session:
         # Variables and queues of this session (plans bind their kernels to it).
         self._resources = ResourceMgr()
         self._partial_runs = PartialRuns(self)
-        # run_sync's event loops: one per calling thread, closed with the session.
+        # run_sync's event loops: one per calling thread, closed with the session (or
+        # when a session nobody closed is collected).
         self._runners = SyncRunners()
+        weakref.finalize(self, self._runners.close)
         # Backpressure (None: no limit); outcome counters and compiles per signature.
         self._admission = (Admission(config.max_concurrent_steps)
                            if config.max_concurrent_steps else None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from typing import Any
 
@@ -180,4 +181,13 @@ async def test_async_close_closes_the_runners(graph: af.Graph) -> None:
     assert len(loops) == 1
     assert not loops[0].is_closed()
     await sess.close()
+    assert loops[0].is_closed()
+
+
+def test_a_session_nobody_closed_closes_its_loops_when_collected(graph: af.Graph) -> None:
+    y, loops = _loop_recorder(graph)
+    sess = af.Session(graph=graph)
+    assert sess.run_sync(y) == 1.0
+    del sess
+    gc.collect()
     assert loops[0].is_closed()
