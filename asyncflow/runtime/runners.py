@@ -9,8 +9,9 @@ runner kept across calls so that
   client's connection pool — keep working from one ``run_sync`` to the next.
 
 Each calling thread gets its own runner (a loop runs in one thread at a time).
-Runners are closed with the session (:meth:`SyncRunners.close`), including those
-of threads that have exited meanwhile; a new runner also closes the runners of
+Runners are closed with the session (:meth:`SyncRunners.close`; also when a
+session nobody closed is collected), including those of threads that have exited
+meanwhile; a new runner also closes the runners of
 exited threads it finds, so a session used from many short-lived threads keeps
 at most one loop per live thread.  A runner's loop is never installed as the
 thread's current event loop (``loop_factory``), so closing it from another
