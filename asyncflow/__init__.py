@@ -18,6 +18,7 @@ This module is the public API; everything it does not export is private.
 from __future__ import annotations
 
 from asyncflow import compat, dtypes, errors, nn, raw_ops, testing, tracing, train
+from asyncflow.callables import SessionCallable
 from asyncflow.config import GraphOptions, OptimizerOptions, RunMetadata, RunOptions, SessionConfig
 from asyncflow.dtypes import (
     DType,
@@ -165,6 +166,7 @@ from asyncflow.ops.state_ops import (
     global_variables_initializer,
     variables_initializer,
 )
+from asyncflow.progress import ProgressEvent
 from asyncflow.runtime.cancellation import CancellationManager, get_cancellation_manager
 from asyncflow.session import Session, SessionStatistics
 
@@ -182,9 +184,11 @@ __all__ = [
     "Operation",
     "OptimizerOptions",
     "Print",
+    "ProgressEvent",
     "RunMetadata",
     "RunOptions",
     "Session",
+    "SessionCallable",
     "SessionConfig",
     "SessionStatistics",
     "Tensor",

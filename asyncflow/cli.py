@@ -9,7 +9,9 @@
     ``"module:qualname"``); loading one imports its module, which runs code.  ``run``
     therefore refuses every reference whose module is not allowed by
     ``--allow-module M`` (repeatable; allows ``M`` and its submodules) or ``--trust``,
-    and lists the references it found.
+    and lists the references it found.  ``--progress`` draws a live progress bar on
+    stderr (``rich``, the ``progress`` extra) once a run passes one second: kernels
+    done / total and the kernel running longest.
 
 ``asyncflow graph GRAPH.json [--format dot|mermaid]``
     Print the graph as a Graphviz DOT or Mermaid picture (imports nothing).
@@ -71,6 +73,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="an op to run without fetching a value")
     run.add_argument("--trace", metavar="FILE",
                      help="also write a Chrome trace (Perfetto, chrome://tracing) to FILE")
+    run.add_argument("--progress", action="store_true",
+                     help="show a live progress bar on stderr for runs over ~1 s (nodes done / "
+                          "total, the node running longest); needs the 'progress' extra")
     run.add_argument("--allow-module", action="append", default=[], metavar="M",
                      help="let py_func references import module M (and its submodules)")
     run.add_argument("--trust", action="store_true",
@@ -157,15 +162,68 @@ def _run(args: argparse.Namespace) -> int:
     level = af.OptimizerOptions.L1 if args.opt_level == 1 else af.OptimizerOptions.L0
     config = af.SessionConfig(graph_options=af.GraphOptions(
         optimizer_options=af.OptimizerOptions(opt_level=level)))
+    bar = _ProgressBar() if args.progress else None
+    if bar is not None:
+        options = options or af.RunOptions()
+        options.progress = bar.update
     with af.Session(graph=graph, config=config) as sess:
-        results = sess.run_sync([fetches, targets], feed_dict=feed_dict, options=options,
-                                run_metadata=metadata)[0]
+        try:
+            results = sess.run_sync([fetches, targets], feed_dict=feed_dict, options=options,
+                                    run_metadata=metadata)[0]
+        finally:
+            if bar is not None:
+                bar.close()
     for tensor, value in zip(fetches, results, strict=True):
         print(_format_fetch(tensor.name, value))
     if metadata is not None:
         _write_trace(metadata.step_stats, args.trace)
         print(f"Chrome trace written to {args.trace}")
     return 0
+
+
+#: Seconds a run goes on before ``--progress`` shows its bar (short runs show none).
+PROGRESS_AFTER = 1.0
+
+
+class _ProgressBar:
+    """``--progress``: a rich progress bar on stderr, shown once a run passes
+    :data:`PROGRESS_AFTER` seconds; fed by ``RunOptions(progress=...)`` events."""
+
+    def __init__(self) -> None:
+        try:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+        except ImportError:
+            raise _UsageError("--progress needs the 'rich' library: "
+                              "pip install 'asyncflow[progress]'") from None
+        # No refresh thread: each event (every 0.1 s, on the run's loop) refreshes.
+        self._progress = Progress(
+            TextColumn("nodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[longest]}"),
+            console=Console(stderr=True), auto_refresh=False)
+        self._task: Any = None
+
+    def update(self, event: Any) -> None:
+        if self._task is None:
+            if event.elapsed < PROGRESS_AFTER:
+                return
+            self._progress.start()
+            self._task = self._progress.add_task("run", total=event.nodes_total, longest="")
+        longest = event.longest
+        text = f"running {longest[0]} for {longest[1]:.1f} s" if longest else ""
+        self._progress.update(self._task, completed=event.nodes_done, longest=text,
+                              total=event.nodes_total)
+        self._progress.refresh()
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._progress.stop()
 
 
 def callable_references(graph_def: Any) -> dict[str, list[str]]:

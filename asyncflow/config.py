@@ -5,9 +5,11 @@ Field names follow TensorFlow's ``ConfigProto``, ``RunOptions`` and ``RunMetadat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from asyncflow.progress import ProgressEvent
 from asyncflow.step_stats import StepStats
 
 __all__ = ["GraphOptions", "OptimizerOptions", "RunMetadata", "RunOptions", "SessionConfig"]
@@ -92,6 +94,9 @@ class SessionConfig:
     * ``isolate_session_state`` — on a cluster, give this session its own variables
       and queues on every task instead of the containers shared by every session
       connected to the cluster (TF semantics).
+    * ``max_concurrent_steps`` — backpressure: at most this many steps of the session
+      run at once; later ones wait their turn (FIFO), and the wait counts against
+      their deadline (``timeout_in_ms``).  0: no limit.
     """
 
     device_count: dict[str, int] = field(default_factory=lambda: {"CPU": 1})
@@ -102,6 +107,7 @@ class SessionConfig:
     log_device_placement: bool = False
     graph_options: GraphOptions = field(default_factory=GraphOptions)
     isolate_session_state: bool = False
+    max_concurrent_steps: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.graph_options, GraphOptions):
@@ -118,7 +124,8 @@ class SessionConfig:
                                  f"only 'CPU' devices exist")
         if self.device_count.get("CPU", self.device_count.get("cpu", 1)) < 1:
             raise ValueError("device_count must provide at least one CPU device")
-        for name in ("inter_op_parallelism_threads", "operation_timeout_in_ms"):
+        for name in ("inter_op_parallelism_threads", "operation_timeout_in_ms",
+                     "max_concurrent_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -126,7 +133,13 @@ class SessionConfig:
 
 @dataclass(slots=True)
 class RunOptions:
-    """Options of one run: deadline, tracing, partition graph output."""
+    """Options of one run: deadline, tracing, partition graph output, progress.
+
+    ``progress=callback`` calls ``callback(af.ProgressEvent)`` on the step's event
+    loop every 0.1 s while the step runs, and once more (``finished=True``) when it
+    ends: kernels done out of total and the kernels running longest.  A callback
+    that raises is logged and dropped.  Without it a run pays nothing for progress.
+    """
 
     NO_TRACE: ClassVar[int] = 0
     SOFTWARE_TRACE: ClassVar[int] = 1
@@ -136,6 +149,7 @@ class RunOptions:
     timeout_in_ms: int = 0
     trace_level: int = 0
     output_partition_graphs: bool = False
+    progress: Callable[[ProgressEvent], object] | None = None
 
 
 @dataclass(slots=True)

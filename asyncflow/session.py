@@ -20,19 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import gc
 import logging
 import random
 import threading
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
 from asyncflow import errors
 from asyncflow._backend import require_asyncio
+from asyncflow.callables import SessionCallable
 from asyncflow.compiler.ir import GraphIR, graph_ir, ref_of
 from asyncflow.compiler.optimize import OptimizerStats
 from asyncflow.compiler.partition import partition_graph_def
@@ -44,13 +47,17 @@ from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Tensor, get_default_graph
 from asyncflow.partial_run import PartialRuns
 from asyncflow.runtime import function_call as _function_call  # installs the call kernel
+from asyncflow.runtime.admission import Admission
 from asyncflow.runtime.barrier import ExecutorBarrier, StepRunner
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
+from asyncflow.runtime.progress import ProgressTracker
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
+from asyncflow.runtime.runners import SyncRunners
 from asyncflow.runtime.step import SLICE, Step
+from asyncflow.streaming import stream
 
 __all__ = ["Session", "SessionStatistics"]
 
@@ -60,7 +67,13 @@ del _function_call
 
 @dataclass(frozen=True, slots=True)
 class SessionStatistics:
-    """A snapshot of a session's counters."""
+    """A snapshot of a session's counters (``Session.statistics()``).
+
+    ``in_flight`` counts steps registered on a loop (an all-inline step that finishes
+    within its first time slice never is); ``completed`` / ``failed`` count every
+    ``run``, ``run_sync``, callable call and ``run_stream`` step by outcome (a
+    cancelled or timed-out step, or one refused a slot before its deadline, failed).
+    """
 
     steps_started: int
     compiles: int
@@ -71,6 +84,13 @@ class SessionStatistics:
     #: Per cached plan: what the graph optimizer did (nodes removed by constant
     #: folding and CSE, calls inlined), in compile order.
     optimizer: tuple[OptimizerStats, ...] = ()
+    #: Steps waiting for a slot (``SessionConfig.max_concurrent_steps``), FIFO.
+    waiting: int = 0
+    #: Steps that returned their values / that raised (errors, deadlines, cancels).
+    completed: int = 0
+    failed: int = 0
+    #: Compiles per run signature ("fetches <- feeds"), in the order first compiled.
+    compiles_per_plan: Mapping[str, int] = field(default_factory=dict)
 
 
 class _CompiledCall:
@@ -85,6 +105,7 @@ class _CompiledCall:
         "feed_keys",
         "rebuild",
         "retval_converters",
+        "signature",
         "single",
     )
 
@@ -97,6 +118,9 @@ class _CompiledCall:
         self.converters = converters
         self.rebuild = rebuild
         self.retval_converters = tuple(retval_converter(t) for t in fetches)
+        #: A readable name of the signature (statistics): "fetches <- feeds".
+        self.signature = (f"[{', '.join(t.name for t in fetches)}] <- "
+                          f"[{', '.join(_feed_name(k) for k in feed_keys)}]")
         #: One partition whose retvals are the fetches: one Step, no barrier.
         self.single = len(self.bound) == 1 and all(p == 0 for p, _ in compiled.retval_map)
         #: The fast path, defined once: one partition made only of inline kernels runs
@@ -167,6 +191,18 @@ class Session:
         # Variables and queues of this session (plans bind their kernels to it).
         self._resources = ResourceMgr()
         self._partial_runs = PartialRuns(self)
+        # run_sync's event loops: one per calling thread, closed with the session (or
+        # when a session nobody closed is collected).
+        self._runners = SyncRunners()
+        weakref.finalize(self, self._runners.close)
+        # Backpressure (None: no limit); outcome counters and compiles per signature.
+        self._admission = (Admission(config.max_concurrent_steps)
+                           if config.max_concurrent_steps else None)
+        self._completed = 0
+        self._failed = 0
+        self._plan_compiles: dict[str, int] = {}
+        #: run_sync of an all-inline plan may skip the event loop (see _run_sync).
+        self._loop_free = not config.operation_timeout_in_ms and self._admission is None
         self._device_of = {d.name: d for d in self._devices}
         # The graph's IR and the whole-graph placement check, per graph version.
         self._ir_cache: tuple[int, GraphIR] | None = None
@@ -194,7 +230,8 @@ class Session:
         return list(self._device_names)
 
     def statistics(self) -> SessionStatistics:
-        """Counters: steps started, compiles, plan-cache hits, cached plans, in-flight steps."""
+        """A frozen snapshot: steps started, compiles (in all and per signature), plan-cache
+        hits, cached plans, steps in flight / waiting for a slot / completed / failed."""
         return SessionStatistics(
             steps_started=self._steps,
             compiles=self._compiles,
@@ -203,6 +240,10 @@ class Session:
             in_flight=len(self._in_flight),
             closed=self._closed,
             optimizer=tuple(c.compiled.optimizer for c in list(self._cache.values())),
+            waiting=self._admission.waiting if self._admission is not None else 0,
+            completed=self._completed,
+            failed=self._failed,
+            compiles_per_plan=dict(self._plan_compiles),
         )
 
     def __repr__(self) -> str:
@@ -225,40 +266,80 @@ class Session:
     def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
                  options: RunOptions | None = None,
                  run_metadata: RunMetadata | None = None) -> Any:
-        """``run`` for code without an event loop: ``asyncio.run(self.run(...))``.
+        """``run`` for code without an event loop.
 
-        A plan made only of inline kernels, untraced and without a deadline, never
-        awaits, so it runs without creating an event loop at all (same results, same
-        errors).  Called while an event loop runs in this thread, it raises
-        ``RuntimeError``: use ``await sess.run(...)``.
+        The step runs on this session's event loop for the calling thread (one
+        ``asyncio.Runner`` per session and thread, made on first use and closed with
+        the session), so async kernels see the same loop from call to call.  A plan
+        made only of inline kernels, untraced and without a deadline, never awaits,
+        so it runs without any event loop (same results, same errors).  Called while
+        an event loop runs in this thread, it raises ``RuntimeError``: use
+        ``await sess.run(...)``.
         """
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             pass
         else:
-            raise RuntimeError("Session.run_sync() cannot be called while an event loop is "
-                               "running in this thread; use `await sess.run(...)` instead")
+            _check_no_running_loop("Session.run_sync()", "sess.run(...)")
         call = self._prepare(fetches, feed_dict)
-        frame = call.frame(feed_dict)
-        if call.fast and not _wants_trace(options, run_metadata) and not self._timeout_ms(options):
+        return self._run_sync(call, call.frame(feed_dict), options, run_metadata)
+
+    def _run_sync(self, call: _CompiledCall, frame: CallFrame, options: RunOptions | None,
+                  run_metadata: RunMetadata | None) -> Any:
+        # No loop at all: an all-inline plan, no deadline (its own or the session's), no
+        # slot to wait for, no trace, no progress ticker.
+        if call.fast and self._loop_free and (options is None or (
+                not options.timeout_in_ms and options.progress is None
+                and not _wants_trace(options, run_metadata))):
             step = self._runner(call, frame)
             try:
                 values = step.run_inline()  # type: ignore[union-attr]
-            finally:
+            except BaseException:
                 step.release()
+                with self._counter_lock:
+                    self._steps += 1
+                    self._failed += 1
+                raise
+            step.release()
             assert values is not None
             with self._counter_lock:
                 self._steps += 1
+                self._completed += 1
             return self._finished(call, step, values, options, run_metadata)
-        return asyncio.run(self._execute(call, frame, options, run_metadata))
+        return self._runners.run(self._execute(call, frame, options, run_metadata))
+
+    def run_stream(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
+                   options: RunOptions | None = None) -> AsyncGenerator[tuple[Any, Any], None]:
+        """Run one step and yield ``(fetch, value)`` for each element of ``fetches`` (a
+        list or tuple of fetches, or one) as soon as its value is ready.
+
+        ``async for fetch, value in sess.run_stream([a, b], feed_dict): ...`` — values
+        come in readiness order, not fetch order; a fetch made of several tensors (a
+        nested structure) comes once all of them are ready.  The step's first error is
+        raised where it happens, after the values ready before it.  Leaving the loop
+        early cancels the rest of the step: deterministically with
+        ``async with contextlib.aclosing(sess.run_stream(...)) as stream:`` (a bare
+        ``break`` leaves the generator to the garbage collector, which closes it on
+        the loop soon after).  Fetches no kernel produces (operations, fed tensors,
+        ``while_loop`` outputs) come when the step ends.
+        """
+        return stream(self, fetches, feed_dict, options)
+
+    def _streaming(self, call: _CompiledCall, bound: Sequence[BoundPlan]) -> _CompiledCall:
+        """``call`` running ``bound`` instead: its plans with some kernels wrapped, per
+        step (retval watchers for ``run_stream``, counters for progress)."""
+        twin = copy.copy(call)
+        twin.bound = tuple(bound)
+        return twin
 
     def make_callable(self, fetches: Any, feed_list: Sequence[Any] | None = None,
-                      accept_options: bool = False) -> Callable[..., Any]:
+                      accept_options: bool = False) -> SessionCallable:
         """An async callable running ``fetches`` with positional feed values.
 
         The signature is resolved and compiled now; each call skips that work.
         ``accept_options=True`` adds ``options=`` and ``run_metadata=`` keywords.
+        ``fn.run_sync(*feed_values)`` calls it from plain code, as ``run_sync``.
         """
         feed_list = list(feed_list or ())
         feed_dict = dict.fromkeys(feed_list)
@@ -268,23 +349,38 @@ class Session:
         converters = call.converters
         n = len(feed_list)
 
-        async def callable_(*feed_values: Any, options: RunOptions | None = None,
-                            run_metadata: RunMetadata | None = None) -> Any:
+        def frame_of(feed_values: tuple[Any, ...], options: RunOptions | None,
+                     run_metadata: RunMetadata | None) -> CallFrame:
             if len(feed_values) != n:
                 raise TypeError(f"expected {n} feed values (for {feed_list!r}), got "
                                 f"{len(feed_values)}")
             if (options is not None or run_metadata is not None) and not accept_options:
                 raise TypeError("this callable was made without accept_options=True")
             self._check_open()
-            frame = CallFrame([conv(v) for conv, v in zip(converters, feed_values)])
+            return CallFrame([conv(v) for conv, v in zip(converters, feed_values)])
+
+        async def run(feed_values: tuple[Any, ...], options: RunOptions | None,
+                      run_metadata: RunMetadata | None) -> Any:
+            frame = frame_of(feed_values, options, run_metadata)
             return await self._execute(call, frame, options, run_metadata)
 
-        return callable_
+        def run_sync(feed_values: tuple[Any, ...], options: RunOptions | None,
+                     run_metadata: RunMetadata | None) -> Any:
+            _check_no_running_loop("SessionCallable.run_sync()", "fn(...)")
+            frame = frame_of(feed_values, options, run_metadata)
+            return self._run_sync(call, frame, options, run_metadata)
+
+        return SessionCallable(run, run_sync, call.signature)
 
     async def _execute(self, call: _CompiledCall, frame: CallFrame,
-                       options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
+                       options: RunOptions | None, run_metadata: RunMetadata | None,
+                       admitted: bool = False) -> Any:
         """Run one step of ``call``: the one path of ``run`` and ``make_callable``."""
         require_asyncio("Session.run")
+        if options is not None and options.progress is not None:
+            return await self._with_progress(call, frame, options, run_metadata)
+        if self._admission is not None and not admitted:
+            return await self._admitted(call, frame, options, run_metadata)
         trace = options is not None and _wants_trace(options, run_metadata)
         step = self._runner(call, frame, trace)
         if call.fast and not trace:
@@ -292,17 +388,60 @@ class Session:
             # first time slice goes on below, yielding to the loop between budgets.
             try:
                 values = step.run_inline(SLICE)  # type: ignore[union-attr]
-            except errors.OpError:
+            except BaseException:
                 step.release()
+                self._count_failed()
                 raise
             if values is not None:
                 with self._counter_lock:
                     self._steps += 1
+                    self._completed += 1
                 result = self._finished(call, step, values, options, run_metadata)
                 step.release()
                 return result
-        values = await self._run_step(step, options)
+        try:
+            values = await self._run_step(step, options)
+        except BaseException:
+            self._count_failed()
+            raise
+        with self._counter_lock:
+            self._completed += 1
         return self._finished(call, step, values, options, run_metadata)
+
+    async def _with_progress(self, call: _CompiledCall, frame: CallFrame, options: RunOptions,
+                             run_metadata: RunMetadata | None) -> Any:
+        """``_execute`` reporting to ``options.progress`` (a ticker task beside the step)."""
+        assert options.progress is not None
+        tracker = ProgressTracker(options.progress)
+        counted = self._streaming(call, [tracker.watch(b) for b in call.bound])
+        return await tracker.run_beside(
+            self._execute(counted, frame, replace(options, progress=None), run_metadata))
+
+    def _count_failed(self) -> None:
+        with self._counter_lock:
+            self._failed += 1
+
+    async def _admitted(self, call: _CompiledCall, frame: CallFrame,
+                        options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
+        """``_execute`` with a step slot held (``SessionConfig.max_concurrent_steps``)."""
+        admission = self._admission
+        assert admission is not None
+        if not admission.try_acquire():
+            try:
+                left = await admission.acquire_within(self._timeout_ms(options))
+            except BaseException:
+                self._count_failed()
+                raise
+            if left:  # the rest of the deadline is the step's
+                options = (replace(options, timeout_in_ms=left) if options is not None
+                           else RunOptions(timeout_in_ms=left))
+        try:
+            if self._closed:  # closed while this step waited for its slot
+                self._count_failed()
+                self._check_open()
+            return await self._execute(call, frame, options, run_metadata, admitted=True)
+        finally:
+            admission.release()
 
     def _finished(self, call: _CompiledCall, step: StepRunner, values: list[Any],
                   options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
@@ -405,6 +544,8 @@ class Session:
                     self._cache[key] = call
                     with self._counter_lock:
                         self._compiles += 1
+                        label = call.signature
+                        self._plan_compiles[label] = self._plan_compiles.get(label, 0) + 1
                     return call
         with self._counter_lock:
             self._hits += 1
@@ -508,6 +649,7 @@ class Session:
         await self._partial_runs.close()
         if self._master is not None:
             await self._master.close()
+        await self._runners.close_elsewhere()
         self._resources.clear()
         for d in self._devices:
             d.close()
@@ -522,6 +664,7 @@ class Session:
                 done.result()
         if self._master is not None:
             self._master.close_sync()
+        self._runners.close()
         self._resources.clear()
         for d in self._devices:
             d.close()
@@ -561,6 +704,20 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _feed_name(key: Any) -> str:
+    name = getattr(key, "name", key)
+    return name if isinstance(name, str) else repr(key)
+
+
+def _check_no_running_loop(what: str, instead: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(f"{what} cannot be called while an event loop is running in this "
+                       f"thread; use `await {instead}` instead")
 
 
 def _wants_trace(options: RunOptions | None, run_metadata: RunMetadata | None) -> bool:

@@ -48,6 +48,9 @@ def make_rows(s: Sizes) -> dict[str, Row]:
             Target("<=", 20.0)),
         Row("tiny.run_sync", "sess.run_sync (3 ops)", "us/run",
             "asyncio.run of an empty coroutine"),
+        Row("tiny.run_sync.async", "run_sync, 1 async py_func", "us/run",
+            "asyncio.run(sess.run(...)) of the same graph (a fresh loop per call)",
+            Target("<=", 1 / 3, relative=True)),
         Row("callable", "make_callable (3 ops)", "us/call",
             "await sess.run of the same graph, fetch and feed (tiny.run's call)"),
         Row("callable.nested", "nested fetches, 2 feeds", "us/call",
@@ -343,6 +346,34 @@ def tiny(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     if row.ours < row.anchor:
         row.notes.append("faster than asyncio.run itself: run_sync of a plan made only of "
                          "inline kernels never creates an event loop")
+
+    # run_sync of a plan that needs a loop: the session's loop for this thread, kept
+    # across calls, against a fresh loop per call.
+    ga = af.Graph()
+    with ga.as_default():
+        xa = af.placeholder(af.float32, shape=(), name="x")
+
+        async def echo(v: Any) -> Any:
+            return v
+
+        ya = af.py_func(echo, [xa], af.float32)
+    with af.Session(graph=ga) as sess:
+        _check(sess.run_sync(ya, feed_dict={xa: 1.0}) == 1.0, "async tiny graph: wrong value")
+
+        def ours_async() -> None:
+            for _ in range(sync_calls):
+                sess.run_sync(ya, feed_dict={xa: 1.0})
+
+        def anchor_async() -> None:
+            for _ in range(sync_calls):
+                asyncio.run(sess.run(ya, feed_dict={xa: 1.0}))
+
+        ours, anchor = [], []
+        for _ in range(s.repeats):
+            anchor.append(timed(anchor_async))
+            ours.append(timed(ours_async))
+    row = rows["tiny.run_sync.async"]
+    row.ours, row.anchor = min(ours) / sync_calls * 1e6, min(anchor) / sync_calls * 1e6
 
 
 # --------------------------------------------------------------------------- callable
@@ -1114,7 +1145,7 @@ ROWS_OF: dict[str, tuple[str, ...]] = {
     "chain": ("chain",),
     **{f"xdev.k{k}": (f"xdev.k{k}",) for k in XDEV_KS},
     "wide": ("wide",),
-    "tiny": ("tiny.run", "tiny.run_sync"),
+    "tiny": ("tiny.run", "tiny.run_sync", "tiny.run_sync.async"),
     "callable": ("callable",),
     "callable.nested": ("callable.nested",),
     "trace": ("trace",),

@@ -18,8 +18,9 @@ def test_all_is_complete() -> None:
     # package's asserts and leaves its helpers ("@py_builtins") in the namespace.
     # asyncflow.distributed is public but optional (it needs Dask): imported explicitly,
     # never by `import asyncflow`, so it cannot be in __all__.
-    internal = {"cli", "compiler", "config", "distributed", "fetch_feed", "framework", "ops",
-                "partial_run", "pytest_plugin", "runtime", "session", "step_stats"}
+    internal = {"callables", "cli", "compiler", "config", "distributed", "fetch_feed",
+                "framework", "ops", "partial_run", "progress", "pytest_plugin", "runtime",
+                "session", "step_stats", "streaming"}
     public = {name for name in vars(af) if name.isidentifier() and not name.startswith("_")}
     public -= internal | {"annotations"}
     assert public == set(af.__all__)

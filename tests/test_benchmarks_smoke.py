@@ -18,15 +18,15 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-ROW_IDS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny.run", "tiny.run_sync", "callable",
-           "callable.nested", "trace", "trace.off", "overlap", "parallel", "parallel.2dev",
-           "loop", "loop.cond", "queue", "variable", "cnn", "scale.build", "scale.first_run",
-           "scale.second_run", "scale.peak_rss", "scale.cond.second_run", "scale.cond.peak_rss",
-           "opt.fold.first_run", "opt.fold.steady", "opt.cse", "opt.call.inlined",
-           "opt.call.kernel")
-TARGETED = ("chain", "wide", "tiny.run", "overlap", "parallel", "scale.build",
-            "scale.first_run", "scale.peak_rss", "scale.cond.second_run", "scale.cond.peak_rss",
-            "opt.fold.first_run", "opt.fold.steady", "opt.cse")
+ROW_IDS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny.run", "tiny.run_sync",
+           "tiny.run_sync.async", "callable", "callable.nested", "trace", "trace.off", "overlap",
+           "parallel", "parallel.2dev", "loop", "loop.cond", "queue", "variable", "cnn",
+           "scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss",
+           "scale.cond.second_run", "scale.cond.peak_rss", "opt.fold.first_run",
+           "opt.fold.steady", "opt.cse", "opt.call.inlined", "opt.call.kernel")
+TARGETED = ("chain", "wide", "tiny.run", "tiny.run_sync.async", "overlap", "parallel",
+            "scale.build", "scale.first_run", "scale.peak_rss", "scale.cond.second_run",
+            "scale.cond.peak_rss", "opt.fold.first_run", "opt.fold.steady", "opt.cse")
 
 
 def _table_ids(stdout: str) -> list[str]:
@@ -73,7 +73,7 @@ def test_quick_run_reports_every_workload(tmp_path: Path) -> None:
 def test_only_runs_the_named_workload() -> None:
     proc = _run_benchmarks("--quick", "--no-external", "--only", "tiny")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert _table_ids(proc.stdout) == ["tiny.run", "tiny.run_sync"]
+    assert _table_ids(proc.stdout) == ["tiny.run", "tiny.run_sync", "tiny.run_sync.async"]
 
 
 def test_multi_device_rows_are_selectable_and_untargeted() -> None:

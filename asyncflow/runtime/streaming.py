@@ -1,0 +1,123 @@
+"""Watching retvals: a step that says when each fetched value is produced.
+
+``Session.run_stream`` yields each fetch as soon as its value exists.  The executor
+is not told about it: the hot loop of :mod:`asyncflow.runtime.propagators` stays
+exactly as it is for ordinary runs (no per-node check).  Instead, a streaming step
+runs a *copy* of the bound plan (made per step, cheap: a tuple of named tuples) in
+which only the nodes that produce a retval slot have their kernel wrapped; the
+wrapper hands the output to ``notify(k, value)`` and returns it unchanged.  Every
+other node is the very same :class:`~asyncflow.runtime.bind.BoundNode`.
+
+Covered: inline, async, worker-thread and ``_Recv`` nodes (a fetch produced on
+another device is seen when it arrives), and a ``cond``'s output (its Merge runs
+no kernel: the kernels computing the branch outputs are watched instead, see
+:func:`watch_retvals`).  A retval that no kernel produces — a preloaded constant,
+a fed value, a loop's Exit, a branch that returns an outside tensor unchanged, a
+dead tensor — is not notified; the caller takes it from the step's results when
+the step ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any
+
+from asyncflow.framework import registry
+from asyncflow.runtime.bind import BoundNode, BoundPlan
+
+__all__ = ["Notify", "watch_retvals"]
+
+#: ``notify(k, value)``: retval ``k`` of the partition now has ``value``.  Called on
+#: the step's loop thread.
+Notify = Callable[[int, Any], None]
+
+_WATCHED = (registry.INLINE, registry.EXPENSIVE, registry.ASYNC, registry.RECV)
+
+
+def watch_retvals(bound: BoundPlan, notify: Notify,
+                  loop: asyncio.AbstractEventLoop) -> BoundPlan:
+    """A copy of ``bound`` whose retval-producing nodes report their outputs."""
+    plan = bound.plan
+    if not plan.retval_slots:
+        return bound
+    producer = {node.out + j: (i, j) for i, node in enumerate(bound.nodes)
+                for j in range(node.num_outputs)}
+    watch: dict[int, dict[int, list[int]]] = {}  # node -> output -> retvals it gives
+
+    def source(slot: int, k: int) -> None:
+        found = producer.get(slot)
+        if found is None:
+            return  # a preloaded constant or a fed value: taken from the results
+        i, j = found
+        if bound.nodes[i].flow in _WATCHED:
+            watch.setdefault(i, {}).setdefault(j, []).append(k)
+        elif plan.nodes[i].op == "Merge" and j == 0:
+            # A cond's output: its value is that of the one live input, and in a
+            # branch only the taken side's kernels ever run (every op of a branch
+            # hangs off its Switch or pivot; dead nodes run no kernel).  So the
+            # first input kernel to finish gives the Merge's value.
+            for s in bound.nodes[i].inputs:
+                source(s, k)
+
+    for k, slot in enumerate(plan.retval_slots):
+        source(slot, k)
+    nodes = list(bound.nodes)
+    for i, outs in watch.items():
+        nodes[i] = _watched(nodes[i], sorted(outs.items()), notify, loop)
+    return replace(bound, nodes=tuple(nodes))
+
+
+def _watched(node: BoundNode, outs: list[tuple[int, list[int]]], notify: Notify,
+             loop: asyncio.AbstractEventLoop) -> BoundNode:
+    kernel = node.kernel
+    single = node.num_outputs == 1
+
+    nout = node.num_outputs
+
+    def tell(v: Any) -> None:
+        if not single and not (isinstance(v, list | tuple) and len(v) == nout):
+            return  # a wrong output count: the step reports it
+        for j, ks in outs:
+            value = v if single else v[j]
+            for k in ks:
+                notify(k, value)
+
+    flow = node.flow
+    wrapped: Callable[..., Any]  # one of these four kinds (_WATCHED)
+    if flow == registry.INLINE:
+        def inline(*args: Any) -> Any:
+            v = kernel(*args)
+            tell(v)
+            return v
+        wrapped = inline
+    elif flow == registry.EXPENSIVE:
+        def on_thread(*args: Any) -> Any:  # runs on a worker thread: tell on the loop
+            v = kernel(*args)
+            loop.call_soon_threadsafe(tell, v)
+            return v
+        wrapped = on_thread
+    elif flow == registry.ASYNC:
+        async def awaited(coro: Coroutine[Any, Any, Any]) -> Any:
+            v = await coro
+            tell(v)
+            return v
+
+        def start(*args: Any) -> Any:
+            return awaited(kernel(*args))
+        wrapped = start
+    else:  # registry.RECV
+        def received(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                return
+            value, dead = fut.result()
+            if not dead:
+                tell(value)
+
+        def recv(*args: Any) -> Any:
+            fut = kernel(*args)
+            fut.add_done_callback(received)
+            return fut
+        wrapped = recv
+    return node._replace(kernel=wrapped)

@@ -1,0 +1,145 @@
+"""``Session.run_stream``: each fetch of a step, yielded as soon as its value is ready.
+
+One step runs (the same compiled signature, admission, deadline and counters as
+``run``), in a task of a task group owned by the generator.  Kernels producing a
+fetched value report it (:mod:`asyncflow.runtime.streaming`) through a queue, and
+the generator yields each fetch once all its tensors are there: readiness order.
+A fetch no kernel reports (an operation, a fed tensor, a ``while_loop`` output) is
+yielded when the step ends, in fetch order.  The step's first error is raised by
+the generator after the values that were ready before it.  Leaving the ``async
+for`` early (``break``, an exception, ``aclose()``) cancels the rest of the step
+and waits for it to stop: nothing keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from asyncflow._backend import require_asyncio
+from asyncflow.fetch_feed import FetchMapper
+from asyncflow.runtime.streaming import watch_retvals
+
+if TYPE_CHECKING:
+    from asyncflow.config import RunOptions
+    from asyncflow.framework.graph import Graph
+    from asyncflow.runtime.bind import BoundPlan
+    from asyncflow.runtime.call_frame import CallFrame
+
+__all__ = ["stream"]
+
+
+class _Call(Protocol):
+    """What streaming needs of a session's compiled call."""
+
+    bound: tuple[BoundPlan, ...]
+    retval_converters: tuple[Any, ...]
+
+    @property
+    def compiled(self) -> Any: ...
+
+    def frame(self, feed_dict: Mapping[Any, Any] | None) -> CallFrame: ...
+
+    def results(self, values: Sequence[Any]) -> Any: ...
+
+
+class _Session(Protocol):
+    @property
+    def graph(self) -> Graph: ...
+
+    def _prepare(self, fetches: Any, feed_dict: Mapping[Any, Any] | None) -> Any: ...
+
+    def _streaming(self, call: Any, bound: Sequence[BoundPlan]) -> Any: ...
+
+    async def _execute(self, call: Any, frame: CallFrame, options: RunOptions | None,
+                       run_metadata: None) -> Any: ...
+
+
+async def stream(session: _Session, fetches: Any, feed_dict: Mapping[Any, Any] | None,
+                 options: RunOptions | None) -> AsyncGenerator[tuple[Any, Any], None]:
+    """The body of ``Session.run_stream`` (see there)."""
+    require_asyncio("Session.run_stream")
+    elements = list(fetches) if isinstance(fetches, list | tuple) else [fetches]
+    call: _Call = session._prepare(elements, feed_dict)
+    frame = call.frame(feed_dict)
+    # Which fetched tensors (call order) each element needs, and how it is rebuilt.
+    graph = session.graph
+    order = {t: k for k, t in enumerate(FetchMapper(graph, elements).tensors)}
+    parts = []
+    left: list[int] = []  # elements yielded once their tensors are reported
+    at_end: list[int] = []  # an element naming an operation is done when the step is
+    for e, element in enumerate(elements):
+        sub = FetchMapper(graph, element)
+        parts.append(([order[t] for t in sub.tensors], sub.rebuild))
+        (at_end if sub.targets else left).append(e)
+
+    ready: dict[int, Any] = {}
+    queue: asyncio.Queue[int | None] = asyncio.Queue()
+
+    def notify(k: int, value: Any) -> None:
+        if k not in ready:
+            ready[k] = call.retval_converters[k](value)
+            queue.put_nowait(k)
+
+    loop = asyncio.get_running_loop()
+    retval_map = call.compiled.retval_map
+    watched = []
+    for p, bound in enumerate(call.bound):
+        targets: dict[int, list[int]] = {}
+        for k, (part, index) in enumerate(retval_map):
+            if part == p:
+                targets.setdefault(index, []).append(k)
+        watched.append(watch_retvals(bound, _fan_out(targets, notify), loop))
+    streaming = session._streaming(call, watched)
+    for k, (part, index) in enumerate(retval_map):
+        if part < 0:  # fetched and fed: ready now
+            notify(k, frame.args[index])
+
+    outcome: list[Any] = []  # the step's results, or its exception
+
+    async def drive() -> None:
+        try:
+            outcome.append(await session._execute(streaming, frame, options, None))
+        except Exception as exc:  # handed to the consumer, never to the task group
+            outcome.append(exc)
+        finally:
+            queue.put_nowait(None)
+
+    leaving: BaseException | None = None
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(drive())
+        try:
+            while left:
+                k_new = await queue.get()
+                if k_new is None:
+                    break
+                for e in [e for e in left if all(k in ready for k in parts[e][0])]:
+                    left.remove(e)
+                    ks, rebuild = parts[e]
+                    yield elements[e], rebuild([ready[k] for k in ks])
+            else:
+                await task  # everything was yielded: the step still finishes
+        except (GeneratorExit, Exception) as exc:
+            # The consumer left (aclose, or an exception thrown in): cancel the step,
+            # let the group wait for it, then leave with that exception as itself
+            # (a task group would wrap it in an ExceptionGroup).
+            leaving = exc
+        finally:
+            task.cancel()  # a no-op once it is done; else the consumer left early
+    if leaving is not None:
+        raise leaving
+    result = outcome[0]  # drive() records its outcome before it ends
+    if isinstance(result, BaseException):
+        raise result
+    for e in sorted(left + at_end):  # fetches no kernel reported: from the step's results
+        yield elements[e], result[e]
+
+
+def _fan_out(targets: dict[int, list[int]], notify: Callable[[int, Any], None]
+             ) -> Callable[[int, Any], None]:
+    """Partition retval ``index`` → the fetches (call order) it is."""
+    def tell(index: int, value: Any) -> None:
+        for k in targets.get(index, ()):
+            notify(k, value)
+    return tell
