@@ -44,6 +44,16 @@ def test_integer_division_by_zero_is_invalid_argument(dtype: af.DType, op: Any) 
     assert run(out, {y: [2, 4]}).tolist() == ([3, 1] if op is af.floordiv else [1, 2])
 
 
+@pytest.mark.parametrize("op", [af.truncatediv, af.truncatemod])
+def test_integer_truncating_division_by_zero_fails(op: Any) -> None:
+    # TF 2.21 fails these steps too (with InternalError, a TF bug: see README).
+    out = op(af.constant([5, -5]), af.constant([0, 3]))
+    with pytest.raises(af.errors.InvalidArgumentError, match="Integer division by zero"):
+        run(out)
+    assert run(op(af.constant([5, -5, 7]), af.constant([2, 3, -2]))).tolist() == (
+        [2, -1, -3] if op is af.truncatediv else [1, -2, 1])
+
+
 def test_integer_floordiv_and_mod_round_toward_negative_infinity() -> None:
     x, y = af.constant([7, -7, 7, -7]), af.constant([2, 2, -2, -2])
     assert run(x // y).tolist() == [3, -4, -4, 3]

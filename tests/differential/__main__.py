@@ -19,9 +19,20 @@ from collections.abc import Callable
 from .oracles import Outcome, compare, quiet_tensorflow, run_asyncflow, run_numpy
 from .programs import CATEGORIES, Program, generate
 
+
 # Deliberate differences (README, "Differences from TF 1.x"): a predicate on the
 # disagreement and the program, and the README entry it falls under.
-DOCUMENTED: list[tuple[str, Callable[[str, Program], bool]]] = []
+def _truncate_by_zero(why: str, program: Program) -> bool:
+    truncating = any(value in ("truncatediv", "truncatemod")  # as an op, a branch, a body
+                     for n in program.nodes for value in n.attrs.values()
+                     if isinstance(value, str))
+    return truncating and "'InvalidArgumentError') vs ('run', 'InternalError')" in why
+
+
+DOCUMENTED: list[tuple[str, Callable[[str, Program], bool]]] = [
+    ("integer truncatediv/truncatemod by zero: InvalidArgumentError (TF: InternalError)",
+     _truncate_by_zero),
+]
 
 
 def _classify(why: str, program: Program) -> str | None:

@@ -41,8 +41,11 @@ class _Api:
         self.where = where
 
     def fn(self, name: str) -> Any:
-        return getattr(self, name) if name in ("sigmoid", "mod", "where") else \
-            getattr(self.m, name)
+        if name in ("sigmoid", "mod", "where"):
+            return getattr(self, name)
+        if name.startswith("nn."):
+            return getattr(self.m.nn, name[3:])
+        return getattr(self.m, name)
 
 
 def _build(program: Program, api: _Api) -> dict[int, Any]:
@@ -82,6 +85,29 @@ def _build_node(n: Node, a: list[Any], api: _Api) -> Any:
         return m.reshape(a[0], list(at["shape"]))
     if k == "concat":
         return m.concat([a[0], a[1]], at["axis"])
+    if k == "clip":
+        return m.clip_by_value(a[0], at["lo"], at["hi"])
+    if k == "add_n":
+        return m.add_n(a)
+    if k == "stack":
+        return m.stack(a, axis=at["axis"])
+    if k == "one_hot":
+        return m.one_hot(a[0], at["depth"])
+    if k == "matmul":
+        return m.matmul(a[0], a[1])
+    if k == "cumsum":
+        return m.cumsum(a[0], axis=at["axis"], exclusive=at["exclusive"],
+                        reverse=at["reverse"])
+    if k == "reverse":
+        return m.reverse(a[0], [at["axis"]])
+    if k == "tile":
+        return m.tile(a[0], at["multiples"])
+    if k == "pad":
+        return m.pad(a[0], at["paddings"])
+    if k == "slice":
+        return a[0][at["begin"]::at["step"]]
+    if k == "expand_squeeze":
+        return m.squeeze(m.expand_dims(a[0], at["axis"]), [at["axis"]])
     if k == "cond":
         pred, x, y = a
         return m.cond(pred, lambda: api.fn(at["true"])(x, y), lambda: api.fn(at["false"])(x))
@@ -246,17 +272,57 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
 
 
+def _truncatediv(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    _check_divisor(y)
+    q = np.abs(x) // np.abs(y)
+    return np.where((x < 0) != (y < 0), -q, q).astype(x.dtype)
+
+
+def _truncatemod(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    _check_divisor(y)
+    return np.fmod(x, y)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - np.max(x, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+
+
+def _selu(x: np.ndarray) -> np.ndarray:
+    alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+    return (scale * np.where(x > 0, x, alpha * np.expm1(x))).astype(x.dtype)
+
+
 NP_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
     "minimum": np.minimum, "floordiv": _floordiv, "mod": _mod, "divide": _divide,
     "pow": np.power, "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
     "greater_equal": np.greater_equal, "equal": np.equal, "not_equal": np.not_equal,
     "logical_and": np.logical_and, "logical_or": np.logical_or,
+    "squared_difference": lambda x, y: np.square(x - y), "truncatediv": _truncatediv,
+    "truncatemod": _truncatemod,
 }
 NP_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "negative": np.negative, "abs": np.abs, "square": np.square, "sqrt": np.sqrt,
     "exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": _sigmoid,
     "logical_not": np.logical_not, "identity": lambda x: x,
+    "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "round": np.round,
+    "reciprocal": lambda x: 1 / x, "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin,
+    "cos": np.cos, "log1p": np.log1p, "expm1": np.expm1, "is_nan": np.isnan,
+    "is_finite": np.isfinite, "nn.relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
+    "nn.relu6": lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)),
+                                     np.asarray(6, x.dtype)),
+    "nn.elu": lambda x: np.where(x > 0, x, np.expm1(x)),
+    "nn.selu": _selu,
+    "nn.softplus": lambda x: (np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0)).astype(x.dtype),
+    "nn.leaky_relu": lambda x: np.where(x > 0, x, x * np.asarray(0.2, x.dtype)),
+    "zeros_like": np.zeros_like, "ones_like": np.ones_like,
+    "nn.softmax": _softmax, "nn.log_softmax": _log_softmax,
 }
 
 
@@ -359,33 +425,78 @@ class _NumpyInterpreter:
             return np.reshape(v(n.args[0]), at["shape"])
         if k == "concat":
             return np.concatenate([v(n.args[0]), v(n.args[1])], axis=at["axis"])
+        if k in ("clip", "add_n", "stack", "one_hot", "matmul", "cumsum", "reverse", "tile",
+                 "pad", "slice", "expand_squeeze"):
+            return self.structural(n, [v(i) for i in n.args])
+        if k in ("cond", "cond_unary", "while"):
+            # The operands are made outside the branch / loop, so they are computed
+            # whichever branch is taken and however many iterations run (as TF).
+            args = [v(i) for i in n.args]
         if k == "cond":
-            if v(n.args[0]):
-                return np.asarray(NP_BINARY[at["true"]](v(n.args[1]), v(n.args[2])))
-            return np.asarray(NP_UNARY[at["false"]](v(n.args[1])))
+            if args[0]:
+                return np.asarray(NP_BINARY[at["true"]](args[1], args[2]))
+            return np.asarray(NP_UNARY[at["false"]](args[1]))
         if k == "cond_unary":
-            return np.logical_not(v(n.args[1])) if v(n.args[0]) else v(n.args[1])
+            return np.logical_not(args[1]) if args[0] else args[1]
         if k == "while":
-            acc = v(n.args[1])
-            for _ in range(int(v(n.args[0]))):
-                acc = np.asarray(NP_BINARY[at["op"]](acc, v(n.args[2]))).astype(acc.dtype)
+            acc = args[1]
+            for _ in range(int(args[0])):
+                acc = np.asarray(NP_BINARY[at["op"]](acc, args[2])).astype(acc.dtype)
             return acc
         if k == "case":
             return self.case(n, v)
         return self.stateful(n, v)
 
+    def structural(self, n: Node, a: list[np.ndarray]) -> Any:
+        k, at = n.kind, n.attrs
+        x = a[0]
+        if k == "clip":
+            return np.minimum(np.maximum(x, np.asarray(at["lo"], x.dtype)),
+                              np.asarray(at["hi"], x.dtype))
+        if k == "add_n":
+            total = a[0]
+            for y in a[1:]:
+                total = total + y
+            return total
+        if k == "stack":
+            return np.stack(a, axis=at["axis"])
+        if k == "one_hot":
+            depth = at["depth"]
+            return (x[..., None] == np.arange(depth)).astype(np.float32)
+        if k == "matmul":
+            return np.matmul(x, a[1])
+        if k == "cumsum":
+            axis = at["axis"]
+            y = np.flip(x, axis) if at["reverse"] else x
+            c = np.cumsum(y, axis=axis, dtype=x.dtype)
+            if at["exclusive"]:
+                c = np.concatenate([np.zeros_like(np.take(c, [0], axis=axis)),
+                                    np.delete(c, -1, axis=axis)], axis=axis) \
+                    if c.shape[axis] else c
+            return np.flip(c, axis) if at["reverse"] else c
+        if k == "reverse":
+            return np.flip(x, at["axis"])
+        if k == "tile":
+            return np.tile(x, at["multiples"]) if at["multiples"] else x
+        if k == "pad":
+            return np.pad(x, at["paddings"])
+        if k == "slice":
+            return x[at["begin"]::at["step"]]
+        return x  # expand_squeeze
+
     def case(self, n: Node, v: Callable[[int], Any]) -> Any:
         at = n.attrs
         *preds, x = n.args
         truth = [bool(v(p)) for p in preds]
+        value = v(x)  # made outside the branches: computed whatever is taken
         if at["exclusive"] and sum(truth) > 1:
             raise _invalid("more than one predicate is true with exclusive=True")
         for t, f in zip(truth, at["fns"], strict=True):
             if t:
-                return NP_UNARY[f](v(x))
+                return NP_UNARY[f](value)
         if at["default"] is None:  # TF: the last fn, asserting its predicate
             raise _invalid("None of conditions evaluated as True")
-        return NP_UNARY[at["default"]](v(x))
+        return NP_UNARY[at["default"]](value)
 
     def stateful(self, n: Node, v: Callable[[int], Any]) -> Any:
         k, at = n.kind, n.attrs

@@ -30,14 +30,21 @@ NUMERIC = FLOATS + INTS
 BINARY: dict[str, tuple[str, ...]] = {
     "add": NUMERIC, "subtract": NUMERIC, "multiply": NUMERIC, "maximum": NUMERIC,
     "minimum": NUMERIC, "floordiv": NUMERIC, "mod": NUMERIC, "divide": NUMERIC,
-    "pow": FLOATS,
+    "pow": FLOATS, "squared_difference": NUMERIC, "truncatediv": INTS, "truncatemod": NUMERIC,
 }
 COMPARE = ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
 LOGICAL = ("logical_and", "logical_or")
 UNARY: dict[str, tuple[str, ...]] = {
     "negative": NUMERIC, "abs": NUMERIC, "square": NUMERIC, "sqrt": FLOATS, "exp": FLOATS,
-    "log": FLOATS, "tanh": FLOATS, "sigmoid": FLOATS,
+    "log": FLOATS, "tanh": FLOATS, "sigmoid": FLOATS, "sign": NUMERIC, "floor": FLOATS,
+    "ceil": FLOATS, "round": FLOATS, "reciprocal": FLOATS, "rsqrt": FLOATS, "sin": FLOATS,
+    "cos": FLOATS, "log1p": FLOATS, "expm1": FLOATS, "nn.relu": NUMERIC,
+    "nn.relu6": NUMERIC, "nn.elu": FLOATS, "nn.selu": FLOATS, "nn.softplus": FLOATS,
+    "nn.leaky_relu": FLOATS, "zeros_like": NUMERIC, "ones_like": NUMERIC,
 }
+# Unary ops giving bool, and ops over the last axis (rank >= 1).
+PREDICATE = ("is_nan", "is_finite")
+LAST_AXIS = ("nn.softmax", "nn.log_softmax")
 REDUCE = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod")
 # Shape-preserving unary ops used as branch and loop bodies (every numeric dtype).
 BODY_UNARY = ("negative", "abs", "square")
@@ -160,6 +167,15 @@ class _Gen:
             return self.leaf(rng.choice(NUMERIC), self.shape())
         choice = rng.random()
         if base.dtype == "bool":
+            if choice < 0.15:
+                return self.add("unary", (base.id,), {"op": "logical_not"}, "bool", base.shape)
+            if choice < 0.3 and base.shape:
+                axis = rng.randrange(len(base.shape))
+                shape = tuple(d for i, d in enumerate(base.shape) if i != axis)
+                return self.add("reduce", (base.id,), {"op": rng.choice(("reduce_any",
+                                                                          "reduce_all")),
+                                                       "axis": axis, "keepdims": False},
+                                "bool", shape)
             if choice < 0.5:
                 other = self.operand("bool", base.shape)
                 return self.add("logical", (base.id, other), {"op": rng.choice(LOGICAL)},
@@ -179,7 +195,14 @@ class _Gen:
             return self.add("binary", args, {"op": op}, out, shape)
         if choice < 0.5:
             op = rng.choice([k for k, v in UNARY.items() if dt in v])
+            if dt in FLOATS and rng.random() < 0.15:
+                return self.add("unary", (base.id,), {"op": rng.choice(PREDICATE)}, "bool",
+                                base.shape)
+            if dt in FLOATS and base.shape and base.shape[-1] and rng.random() < 0.15:
+                op = rng.choice(LAST_AXIS)
             return self.add("unary", (base.id,), {"op": op}, dt, base.shape)
+        if choice < 0.55:
+            return self.structural(base)
         if choice < 0.6:
             other = self.operand(dt, base.shape)
             return self.add("compare", (base.id, other), {"op": rng.choice(COMPARE)}, "bool",
@@ -203,6 +226,61 @@ class _Gen:
             shape[axis] *= 2
             return self.add("concat", (base.id, other), {"axis": axis}, dt, tuple(shape))
         return self.add("unary", (base.id,), {"op": "negative"}, dt, base.shape)
+
+    def structural(self, base: Node) -> int:
+        """Shape-moving ops: cumsum, reverse, tile, expand_dims/squeeze, stack, pad,
+        clip_by_value, one_hot, matmul, add_n, strided slices."""
+        rng = self.rng
+        dt = base.dtype
+        assert dt is not None
+        rank = len(base.shape)
+        kind = rng.choice(("cumsum", "reverse", "tile", "expand_squeeze", "stack", "pad",
+                           "clip", "one_hot", "matmul", "add_n", "slice"))
+        if kind == "clip":
+            lo, hi = sorted(random_value(rng, dt, (2,)).tolist())
+            return self.add("clip", (base.id,), {"lo": lo, "hi": hi}, dt, base.shape)
+        if kind == "add_n":
+            others = [self.operand(dt, base.shape, exact=True) for _ in range(rng.randint(1, 3))]
+            return self.add("add_n", (base.id, *others), {}, dt, base.shape)
+        if kind == "stack":
+            other = self.operand(dt, base.shape, exact=True)
+            axis = rng.randint(0, rank)
+            shape = (*base.shape[:axis], 2, *base.shape[axis:])
+            return self.add("stack", (base.id, other), {"axis": axis}, dt, shape)
+        if kind == "one_hot" and dt in INTS:
+            depth = rng.randint(1, 4)
+            return self.add("one_hot", (base.id,), {"depth": depth}, "float32",
+                            (*base.shape, depth))
+        if kind == "matmul" and dt in FLOATS and rank == 2:
+            inner = base.shape[1]
+            other = self.leaf(dt, (inner, rng.randint(1, 3)))
+            return self.add("matmul", (base.id, other), {}, dt,
+                            (base.shape[0], self.nodes[other].shape[1]))
+        if not rank:
+            if kind == "expand_squeeze":
+                return self.add("expand_squeeze", (base.id,), {"axis": 0}, dt, ())
+            return self.add("tile", (base.id,), {"multiples": []}, dt, ())
+        axis = rng.randrange(rank)
+        if kind == "cumsum":
+            return self.add("cumsum", (base.id,), {"axis": axis, "exclusive": rng.random() < .5,
+                                                   "reverse": rng.random() < .5}, dt, base.shape)
+        if kind == "reverse":
+            return self.add("reverse", (base.id,), {"axis": axis}, dt, base.shape)
+        if kind == "tile":
+            mult = [rng.randint(1, 2) for _ in base.shape]
+            return self.add("tile", (base.id,), {"multiples": mult}, dt,
+                            tuple(d * m for d, m in zip(base.shape, mult, strict=True)))
+        if kind == "pad":
+            pads = [[rng.randint(0, 1), rng.randint(0, 1)] for _ in base.shape]
+            return self.add("pad", (base.id,), {"paddings": pads}, dt,
+                            tuple(d + a + b for d, (a, b) in zip(base.shape, pads, strict=True)))
+        if kind == "slice":
+            step = rng.choice((1, 2, -1))
+            begin = rng.randint(0, max(base.shape[0] - 1, 0))
+            length = len(range(base.shape[0])[begin::step])
+            return self.add("slice", (base.id,), {"begin": begin, "step": step}, dt,
+                            (length, *base.shape[1:]))
+        return self.add("expand_squeeze", (base.id,), {"axis": axis}, dt, base.shape)
 
     def reduction(self, base: Node) -> int:
         rng = self.rng
