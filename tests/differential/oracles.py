@@ -331,6 +331,9 @@ def _reduce(op: str, x: np.ndarray, axis: int | None, keep: bool) -> np.ndarray:
         return np.sum(x, axis=axis, keepdims=keep, dtype=x.dtype)
     if op == "reduce_prod":
         return np.prod(x, axis=axis, keepdims=keep, dtype=x.dtype)
+    if op in ("reduce_any", "reduce_all"):
+        return np.asarray((np.any if op == "reduce_any" else np.all)(x, axis=axis,
+                                                                      keepdims=keep))
     if op in ("reduce_max", "reduce_min"):
         lowest = op == "reduce_max"
         if x.dtype.kind == "f":
