@@ -29,9 +29,16 @@ def _truncate_by_zero(why: str, program: Program) -> bool:
     return truncating and "'InvalidArgumentError') vs ('run', 'InternalError')" in why
 
 
+def _where_rows(why: str, program: Program) -> bool:
+    rows = any(n.kind == "where" and len(program.nodes[n.args[0]].shape) == 1
+               and len(n.shape) == 2 for n in program.nodes)
+    return rows and "values differ" in why
+
+
 DOCUMENTED: list[tuple[str, Callable[[str, Program], bool]]] = [
     ("integer truncatediv/truncatemod by zero: InvalidArgumentError (TF: InternalError)",
      _truncate_by_zero),
+    ("where(vector cond, matrices) broadcasts (TF 1.x's tf.where picks rows)", _where_rows),
 ]
 
 

@@ -194,7 +194,7 @@ def run_tensorflow(program: Program) -> Outcome:
 
     tf1 = tf.compat.v1
     tf1.disable_v2_behavior()  # graph mode, v1 control flow, ref variables
-    api = _Api(tf1, sigmoid=tf1.sigmoid, mod=tf1.math.floormod, where=tf1.where_v2)
+    api = _Api(tf1, sigmoid=tf1.sigmoid, mod=tf1.math.floormod, where=_tf_where(tf1))
     graph = tf1.Graph()
     config = tf1.ConfigProto(device_count={"CPU": 2}, inter_op_parallelism_threads=2,
                              intra_op_parallelism_threads=1)
@@ -207,6 +207,17 @@ def run_tensorflow(program: Program) -> Outcome:
     with tf1.Session(graph=graph, config=config) as sess:
         return _drive(program, build,
                       lambda f, d: sess.run(f, feed_dict=d, options=options))
+
+
+def _tf_where(tf1: Any) -> Callable[[Any, Any, Any], Any]:
+    """TF 1.x's ``tf.where`` (Select) where it accepts the operands (same shapes; a
+    scalar or vector condition), else ``tf.where_v2`` (broadcasting, TF >= 1.14)."""
+    def where(cond: Any, x: Any, y: Any) -> Any:
+        if x.shape == y.shape and (cond.shape == x.shape or cond.shape.rank in (0, 1)):
+            return tf1.where(cond, x, y)
+        return tf1.where_v2(cond, x, y)
+
+    return where
 
 
 def run_reference(program: Program) -> Outcome | None:

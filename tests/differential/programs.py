@@ -180,6 +180,12 @@ class _Gen:
                 other = self.operand("bool", base.shape)
                 return self.add("logical", (base.id, other), {"op": rng.choice(LOGICAL)},
                                 "bool", base.shape)
+            if base.shape == (2,) and rng.random() < 0.1:
+                # A vector condition with square matrices: asyncflow broadcasts (picks
+                # columns), TF 1.x's tf.where picks rows -- a documented difference.
+                dt = rng.choice(NUMERIC)
+                x, y = self.leaf(dt, (2, 2)), self.leaf(dt, (2, 2))
+                return self.add("where", (base.id, x, y), {}, dt, (2, 2))
             x = self.operand(rng.choice(NUMERIC), base.shape)
             y = self.operand(self.nodes[x].dtype or "float32", base.shape)
             return self.add("where", (base.id, x, y), {}, self.nodes[x].dtype,
