@@ -180,12 +180,6 @@ class _Gen:
                 other = self.operand("bool", base.shape)
                 return self.add("logical", (base.id, other), {"op": rng.choice(LOGICAL)},
                                 "bool", base.shape)
-            if base.shape == (2,) and rng.random() < 0.1:
-                # A vector condition with square matrices: asyncflow broadcasts (picks
-                # columns), TF 1.x's tf.where picks rows -- a documented difference.
-                dt = rng.choice(NUMERIC)
-                x, y = self.leaf(dt, (2, 2)), self.leaf(dt, (2, 2))
-                return self.add("where", (base.id, x, y), {}, dt, (2, 2))
             x = self.operand(rng.choice(NUMERIC), base.shape)
             y = self.operand(self.nodes[x].dtype or "float32", base.shape)
             return self.add("where", (base.id, x, y), {}, self.nodes[x].dtype,
@@ -211,8 +205,16 @@ class _Gen:
             return self.structural(base)
         if choice < 0.6:
             other = self.operand(dt, base.shape)
-            return self.add("compare", (base.id, other), {"op": rng.choice(COMPARE)}, "bool",
-                            base.shape)
+            cmp = self.add("compare", (base.id, other), {"op": rng.choice(COMPARE)}, "bool",
+                           base.shape)
+            if len(base.shape) == 1 and base.shape[0] and rng.random() < 0.3:
+                # A vector condition with square matrices: asyncflow broadcasts (picks
+                # columns), TF 1.x's tf.where picks rows -- a documented difference.
+                wdt = rng.choice(NUMERIC)
+                square = (base.shape[0], base.shape[0])
+                x, y = self.leaf(wdt, square), self.leaf(wdt, square)
+                return self.add("where", (cmp, x, y), {}, wdt, square)
+            return cmp
         if choice < 0.75:
             return self.reduction(base)
         if choice < 0.8:
