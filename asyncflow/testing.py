@@ -29,7 +29,8 @@ __all__ = ["reference_run"]
 
 
 def reference_run(fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
-                  graph: Graph | None = None, *, check_dtypes: bool = True) -> Any:
+                  graph: Graph | None = None, *, check_dtypes: bool = True,
+                  resources: ResourceMgr | None = None) -> Any:
     """Evaluate ``fetches`` sequentially; the result has the structure of ``fetches``.
 
     ``fetches`` is a Tensor, an Operation (gives ``None``), a tensor or op name, or a
@@ -37,6 +38,8 @@ def reference_run(fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
     ``"op:0"`` names to values (converted to the tensor's dtype).  0-d results are
     numpy scalars, others ``np.ndarray``.  With ``check_dtypes`` an ``AssertionError``
     names any op whose kernel returned a dtype other than the one it declared.
+    ``resources`` carries variables and queues from one call to the next (a session's
+    state); by default every call starts from a fresh resource manager.
     """
     if graph is None:
         graph = _graph_of(fetches) or get_default_graph()
@@ -45,7 +48,7 @@ def reference_run(fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
         t = graph.as_graph_element(key, allow_operation=False)
         assert isinstance(t, Tensor)
         feeds[t] = np.asarray(value, dtype=t.dtype.np)
-    interpreter = _Interpreter(feeds, check_dtypes)
+    interpreter = _Interpreter(feeds, check_dtypes, resources)
     with np.errstate(all="ignore"):
         return _map_structure(fetches, lambda leaf: interpreter.fetch(graph, leaf))
 
@@ -76,12 +79,14 @@ def _map_structure(structure: Any, fn: Any) -> Any:
 class _Interpreter:
     """Memoized evaluation of ops; one instance per :func:`reference_run` call."""
 
-    def __init__(self, feeds: dict[Tensor, Any], check_dtypes: bool) -> None:
+    def __init__(self, feeds: dict[Tensor, Any], check_dtypes: bool,
+                 resources: ResourceMgr | None = None) -> None:
         self.feeds = feeds
         self.check_dtypes = check_dtypes
         self.done: dict[Operation, tuple[Any, ...]] = {}
-        # Stateful ops (variables, queues) get a fresh resource manager per run.
-        self._resources = ResourceMgr()
+        # Stateful ops (variables, queues) get a fresh resource manager per run
+        # unless the caller passes one to keep state across runs.
+        self._resources = ResourceMgr() if resources is None else resources
 
     def fetch(self, graph: Graph, leaf: Any) -> Any:
         element = graph.as_graph_element(leaf)

@@ -495,5 +495,6 @@ def test_fuzzed_graph_defs_fail_cleanly(graph_def: Any) -> None:
     try:
         with g.as_default():
             import_graph_def(graph_def)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, af.errors.InvalidArgumentError):
+        # InvalidArgumentError: a dtype attr holding no valid dtype (as TF).
         pass

@@ -197,6 +197,25 @@ def test_cse_merges_equal_nodes_and_rewires_consumers() -> None:
     assert merged["out"].inputs == (("a1", 0), ("a1", 0))
 
 
+def test_cse_never_merges_into_a_fed_node() -> None:
+    # Found by tests/test_property.py: a duplicate of a fed node computes its own
+    # value; merging it into the fed node would hand its consumers the fed value.
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float64, shape=(3,), name="x")
+        fed = af.negative(x, name="fed")
+        twin = af.negative(x, name="twin")
+        with af.control_dependencies([fed.op]):  # keeps the fed node in the plan
+            out = af.identity(twin, name="out")
+    feeds = {x: np.zeros(3), fed: np.array([0.0, 0.0, 1.0])}
+    with af.Session(graph=g) as sess:
+        np.testing.assert_array_equal(sess.run_sync(out, feeds), [-0.0, -0.0, -0.0])
+    nodes, where = placed(g, [out], feeds=[x, fed])
+    merged, _ = _cse(nodes, where, protected=["out", "x", "fed"],
+                     feeds=[ref_of(x), ref_of(fed)])
+    assert merged["out"].inputs == (("twin", 0),)
+
+
 def test_cse_refusals() -> None:
     g = af.Graph()
     with g.as_default():

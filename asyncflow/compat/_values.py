@@ -48,7 +48,10 @@ def dtype_from_enum(value: int, where: str) -> dtypes.DType:
     base = value - 100 if value > 100 else value
     dt = _FROM_ENUM.get(base)
     if dt is None:
-        name = _ENUM_NAME.get(base, f"enum value {value}")
+        name = _ENUM_NAME.get(base)
+        if name is None:  # not a DataType at all: the graph def is wrong, as TF says
+            raise errors.InvalidArgumentError(
+                None, None, f"{where}: {value} is not a valid DataType")
         raise errors.UnimplementedError(None, None, f"{where}: TF dtype {name} is not supported")
     return dt
 

@@ -7,7 +7,8 @@ dropped, its consumers rewired to the first one.  Keys are compared for equality
 not only by hash (a dict does both).  Never merged: stateful ops (each runs as
 often as it is written), placeholders (which one is unfed must stay visible), and
 control-flow routing.  Nodes the caller names (fetched, targeted, fed) are never
-removed, though they may absorb later duplicates.
+removed; fetched and targeted ones may absorb later duplicates, fed ones never (their
+outputs are the fed values, not what a duplicate computes).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def eliminate_common_subexpressions(
     """Merge equivalent nodes; returns the nodes, their placement and whether any merged."""
     seen: dict[Hashable, str] = {}
     rename: dict[str, str] = {}
+    # A fed node's outputs are the feed, not its computation: it absorbs nothing.
+    fed_nodes = frozenset(r[0] for r in feeds)
     out: list[NodeDef] = []
     where: list[int] = []
     for node, d in zip(nodes, placement):
@@ -46,7 +49,8 @@ def eliminate_common_subexpressions(
         if first is not None and node.name not in protected:
             rename[node.name] = first
             continue
-        seen.setdefault(key, node.name)
+        if node.name not in fed_nodes:
+            seen.setdefault(key, node.name)
         out.append(node)
         where.append(d)
     if not rename:

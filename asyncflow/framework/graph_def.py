@@ -34,7 +34,9 @@ Merge is created with the value entering the loop in its place and rewired when
 its NextIteration exists; any other cycle is an error.  Everything that can be
 checked before an op is added is checked first — structure, names, op types,
 attributes, inputs, cycles, clashes with existing names — so a malformed graph def
-is a ``ValueError`` naming the node and leaves the graph untouched.  A shape
+is a ``ValueError`` naming the node and leaves the graph untouched (a dtype attr
+— ``dtype``, ``T``, ``component_types``, ... — holding no valid dtype is
+``InvalidArgumentError`` naming node and attr, as TF).  A shape
 function that rejects an imported node (or a back edge whose dtype or shape does
 not fit its Merge) still raises after the earlier nodes were added (graphs are
 append-only).  Partition graphs (``RunMetadata.partition_graphs``, with ``_Arg`` /
@@ -56,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from asyncflow import dtypes as _dtypes
+from asyncflow import errors
 from asyncflow.framework import function as _function
 from asyncflow.framework import graph as _graph
 from asyncflow.framework import registry
@@ -680,8 +683,31 @@ def _parse_node(i: int, raw: Any, prefix: str, functions: Mapping[str, Any]) -> 
         try:
             attrs[key] = decode_attr(encoded)
         except ValueError as exc:
+            if key in _DTYPE_ATTRS:
+                raise errors.InvalidArgumentError(
+                    None, None, f"{where}, attr {key!r}: {exc}") from None
             raise ValueError(f"{where}, attr {key!r}: {exc}") from None
+        if key in _DTYPE_ATTRS:
+            _check_dtype_attr(where, key, attrs[key])
     return _Node(name, prefix + name, op_type, inputs, controls, device, attrs)
+
+
+# Attributes that hold a dtype (or a list of dtypes) by TF's naming conventions.
+_DTYPE_ATTRS = frozenset({
+    "dtype", "T", "DstT", "SrcT", "Tout", "Tin", "Tidx", "Tindices", "Tparams", "Tshape",
+    "Tpaddings", "Tmultiples", "Tperm", "Taxis", "Index", "out_type", "output_type",
+    "component_types",
+})
+
+
+def _check_dtype_attr(where: str, key: str, value: Any) -> None:
+    """``InvalidArgumentError`` naming node and attr when a dtype attr holds no dtype
+    (TF: "... is not a valid DataType")."""
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    for item in items:
+        if not isinstance(item, _dtypes.DType):
+            raise errors.InvalidArgumentError(
+                None, None, f"{where}, attr {key!r}: {_short(item)} is not a valid dtype")
 
 
 def _parse_inputs(raw_inputs: list[Any], where: str) -> tuple[list[tuple[str, int]], list[str]]:

@@ -16,6 +16,8 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from asyncflow import dtypes
 from asyncflow.framework import registry
 from asyncflow.framework.graph import (
@@ -106,9 +108,21 @@ def _graph_of(value: Any) -> Any:
     return None
 
 
+def _has_float(value: Any) -> bool:
+    if isinstance(value, float | np.floating):
+        return True
+    if isinstance(value, list | tuple):
+        return any(_has_float(v) for v in value)
+    return isinstance(value, np.ndarray) and value.dtype.kind == "f"
+
+
 def _convert_like(value: Any, dtype: dtypes.DType, op_name: str) -> Tensor:
     if isinstance(value, Tensor) or not _is_python_scalar_like(value):
         return convert_to_tensor(value)
+    if (dtype.is_integer or dtype.is_bool) and _has_float(value):
+        # As TF: a float literal never silently becomes an integer, even 2.0.
+        raise TypeError(f"{op_name}: expected {dtype.name} for the other operand, got "
+                        f"{value!r} of type {type(value).__name__!r}")
     try:
         return convert_to_tensor(value, dtype=dtype)
     except (TypeError, ValueError) as exc:

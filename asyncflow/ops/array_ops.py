@@ -72,21 +72,28 @@ def constant(value: Any, dtype: Any = None, shape: Any = None, name: str | None 
     as ``shape`` is reshaped to it; anything else is a ``TypeError``/``ValueError``.
     """
     target = dtypes.as_dtype(dtype) if dtype is not None else None
+    what = f"af.constant {name or 'Const'!r}"
     if isinstance(value, Tensor):
-        raise TypeError(f"af.constant needs a constant value, got Tensor {value.name!r}")
-    array = make_constant_value(value, target)
+        raise TypeError(f"{what} needs a constant value, got Tensor {value.name!r}")
+    try:
+        array = make_constant_value(value, target)
+    except ValueError as exc:  # e.g. a ragged nested list
+        raise ValueError(f"{what}: {exc}") from None
+    except TypeError as exc:
+        raise TypeError(f"{what}: {exc}") from None
     if shape is not None:
         static = as_shape(shape)
         if not static.is_fully_defined():
-            raise ValueError(f"af.constant shape must be fully defined, got {shape!r}")
+            raise ValueError(f"{what}: shape must be fully defined, got {shape!r}")
         dims = tuple(int(d or 0) for d in static)
         if array.size == 1:
             array = np.broadcast_to(array.reshape(()), dims).copy()
         elif array.size == int(np.prod(dims, dtype=np.int64)):
             array = array.reshape(dims).copy()
         else:
-            raise TypeError(f"af.constant: value with {array.size} elements cannot fill "
-                            f"shape {list(dims)}")
+            # ValueError as TF ("Too many elements provided ...").
+            raise ValueError(f"{what}: value with {array.size} elements cannot fill "
+                             f"shape {list(dims)}")
         array.flags.writeable = False
     dt = dtypes.as_dtype(array.dtype) if target is None else target
     return make_op("Const", (), {"value": array, "dtype": dt}, name=name,
@@ -500,10 +507,14 @@ def _gather_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     axis = op._attrs["axis"]
 
     def gather_kernel(params: Any, indices: Any) -> Any:
-        try:
-            return np.take(params, indices, axis=axis)
-        except IndexError as exc:
-            raise ValueError(f"gather: {exc}") from None
+        # np.take would wrap negative indices; TF rejects them like any other bad index.
+        limit = params.shape[axis]
+        if indices.size and (indices.min() < 0 or indices.max() >= limit):
+            bad = np.argwhere((indices < 0) | (indices >= limit))[0]
+            raise errors.InvalidArgumentError(
+                None, None, f"indices[{','.join(map(str, bad))}] = "
+                f"{indices[tuple(bad)]} is not in [0, {limit})")
+        return np.take(params, indices, axis=axis)
 
     return gather_kernel, registry.INLINE
 

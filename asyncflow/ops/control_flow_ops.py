@@ -459,13 +459,15 @@ def case(pred_fn_pairs: Any, default: Callable[[], Any] | None = None, exclusive
         _as_pred(p, "case")
         if not callable(fn):
             raise TypeError(f"case: {fn!r} is not callable")
-    if default is None:
-        # As TF: the last pair's function is the default.
-        *pairs, (_, default) = pairs
-        if not pairs:
-            return default()
     graph = get_default_graph()
     with graph.name_scope(name):
+        if default is None:
+            # As TF: the last pair's function is the default, guarded by an assert that
+            # its predicate holds, so that no true predicate fails the step.
+            default = _asserted_default(pairs)
+            pairs = pairs[:-1]
+            if not pairs:
+                return default()
         preds = [convert_to_tensor(p) for p, _ in pairs]
         if exclusive:
             default = _exclusive_guard(preds, default)
@@ -473,6 +475,26 @@ def case(pred_fn_pairs: Any, default: Callable[[], Any] | None = None, exclusive
         for p, fn in reversed(pairs):
             result_fn = _nest(p, fn, result_fn)
         return result_fn()
+
+
+def _asserted_default(pairs: list[tuple[Any, Callable[[], Any]]]) -> Callable[[], Any]:
+    from asyncflow.framework.graph import control_dependencies
+    from asyncflow.ops.array_ops import identity, stack
+    from asyncflow.ops.logging_ops import Assert
+
+    last_pred, last_fn = pairs[-1]
+    preds = [convert_to_tensor(p) for p, _ in pairs]
+
+    def default() -> Any:
+        check = Assert(last_pred, ["Input error: None of conditions evaluated as True:",
+                                   stack(preds, name="preds_c")], name="none_true")
+        with control_dependencies([check]):
+            # identity() inside the block: the assert gates tensors made outside too.
+            result = last_fn()
+            return _pack(result, [t if t is None or isinstance(t, Operation) else identity(t)
+                                  for t in _flatten(result)])
+
+    return default
 
 
 def _nest(pred: Any, fn: Callable[[], Any], otherwise: Callable[[], Any]) -> Callable[[], Any]:

@@ -142,6 +142,9 @@ def _dequeue_kernel(op: Operation, resources: ResourceMgr) -> tuple[Callable[...
     n = op._attrs.get("n")
     types = [dt.np for dt in op._attrs["component_types"]]
     single = len(types) == 1
+    # dequeue_many(0) gives [0, *component shape] (TF), [0] when the shape is unknown.
+    empty_shapes = [(0,) if s.dims is None or None in s.dims else (0, *s.dims)
+                    for s in op._attrs["shapes"]] or [(0,)] * len(types)
 
     async def dequeue(handle: Any) -> Any:
         elements = await get().get(1 if n is None else n)
@@ -149,7 +152,8 @@ def _dequeue_kernel(op: Operation, resources: ResourceMgr) -> tuple[Callable[...
             values = list(elements[0])
         else:
             values = [np.stack([np.asarray(e[k]) for e in elements]).astype(dt, copy=False)
-                      if elements else np.empty((0,), dt) for k, dt in enumerate(types)]
+                      if elements else np.empty(empty_shapes[k], dt)
+                      for k, dt in enumerate(types)]
         return values[0] if single else values
 
     return dequeue, registry.ASYNC

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncflow import dtypes
+from asyncflow import dtypes, errors
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape, broadcast_shapes, unknown_shape
@@ -423,13 +423,16 @@ def _truncate_div(x: Any, y: Any) -> Any:
     if np.asarray(x).dtype.kind == "f":
         return np.trunc(x / y)
     if np.any(np.asarray(y) == 0):
-        raise ValueError("Integer division by zero")
+        raise errors.InvalidArgumentError(None, None, "Integer division by zero")
     q = np.floor_divide(x, y)
     # Floor division rounds toward -inf; truncation toward 0 differs when signs differ.
     return q + ((np.remainder(x, y) != 0) & ((np.asarray(x) < 0) != (np.asarray(y) < 0)))
 
 
 def _truncate_mod(x: Any, y: Any) -> Any:
+    # numpy's fmod gives 0 for an integer x % 0; TF fails the step.
+    if np.asarray(x).dtype.kind in "iu" and np.any(np.asarray(y) == 0):
+        raise errors.InvalidArgumentError(None, None, "Integer division by zero")
     return np.fmod(x, y)
 
 

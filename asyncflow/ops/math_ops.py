@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncflow import dtypes
+from asyncflow import dtypes, errors
 from asyncflow.framework import graph as graph_module
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
@@ -233,7 +233,28 @@ truediv = divide
 
 
 define_op("FloorDiv", _real_binary_shape)
-inline_kernel("FloorDiv", np.floor_divide)
+
+
+def _check_integer_divisor(y: Any) -> None:
+    if not np.all(y):
+        raise errors.InvalidArgumentError(None, None, "Integer division by zero")
+
+
+def _int_floordiv(x: Any, y: Any) -> Any:
+    _check_integer_divisor(y)
+    return np.floor_divide(x, y)
+
+
+def _float_floordiv(x: Any, y: Any) -> Any:
+    # TF's float FloorDiv is floor(x / y); numpy's floor_divide differs at the edges
+    # (-5.0 // inf is -1.0 in numpy, -0.0 in TF).
+    return np.floor(np.true_divide(x, y))
+
+
+@registry.register_kernel_factory("FloorDiv")
+def _floordiv_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
+    integer = op._inputs[0]._dtype.is_integer
+    return (_int_floordiv if integer else _float_floordiv), registry.INLINE
 
 
 def floordiv(x: Any, y: Any, name: str | None = None) -> Tensor:
@@ -242,7 +263,17 @@ def floordiv(x: Any, y: Any, name: str | None = None) -> Tensor:
 
 
 define_op("FloorMod", _real_binary_shape)
-inline_kernel("FloorMod", np.remainder)
+
+
+def _int_floormod(x: Any, y: Any) -> Any:
+    _check_integer_divisor(y)
+    return np.remainder(x, y)
+
+
+@registry.register_kernel_factory("FloorMod")
+def _floormod_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
+    integer = op._inputs[0]._dtype.is_integer
+    return (_int_floormod if integer else np.remainder), registry.INLINE
 
 
 def mod(x: Any, y: Any, name: str | None = None) -> Tensor:
@@ -683,15 +714,65 @@ _BOOL = (lambda d: d.is_bool, "bool")
 
 for _type, _fn, _allowed, _pass_dtype in (
     ("Sum", np.sum, _NUMERIC, True),
-    ("Mean", np.mean, _NUMERIC, True),
     ("Prod", np.prod, _NUMERIC, True),
-    ("Max", np.max, _ORDERED, False),
-    ("Min", np.min, _ORDERED, False),
     ("All", np.all, _BOOL, False),
     ("Any", np.any, _BOOL, False),
 ):
     define_op(_type, _reduce_shape_fn(*_allowed))
     registry.register_kernel_factory(_type)(_reduction_factory(_fn, _pass_dtype))
+
+
+def _extreme_factory(fn: Callable[..., Any], lowest: bool) -> registry.KernelFactory:
+    """Max / Min: over an empty axis the result is the identity, as TF.
+
+    The identity of max is -inf for floats and the dtype's minimum for integers
+    (min: +inf / the maximum); numpy raises for an empty reduction without it.
+    """
+    def factory(op: Operation) -> tuple[Callable[..., Any], int]:
+        dt = op._inputs[0]._dtype.np
+        if dt.kind == "f":
+            initial: Any = -np.inf if lowest else np.inf
+        else:
+            info = np.iinfo(dt)
+            initial = info.min if lowest else info.max
+        return functools.partial(fn, axis=_np_axis(op._attrs["axis"]),
+                                 keepdims=op._attrs["keep_dims"],
+                                 initial=initial), registry.INLINE
+
+    return factory
+
+
+define_op("Max", _reduce_shape_fn(*_ORDERED))
+registry.register_kernel_factory("Max")(_extreme_factory(np.max, lowest=True))
+define_op("Min", _reduce_shape_fn(*_ORDERED))
+registry.register_kernel_factory("Min")(_extreme_factory(np.min, lowest=False))
+define_op("Mean", _reduce_shape_fn(*_NUMERIC))
+
+
+def _integer_mean(x: Any, axis: tuple[int, ...] | None, keepdims: bool) -> Any:
+    # TF accumulates in a wider type and truncates toward zero; an empty mean is 0.
+    wide = np.uint64 if x.dtype.kind == "u" else np.int64
+    total = np.sum(x, axis=axis, keepdims=keepdims, dtype=wide)
+    count = x.size // max(np.size(total), 1) if x.size else 0
+    if count == 0:
+        return np.zeros_like(total, dtype=x.dtype)[()]
+    quotient = np.abs(total) // count
+    return np.where(total < 0, -quotient, quotient).astype(x.dtype)[()]
+
+
+def _float_mean(x: Any, axis: tuple[int, ...] | None, keepdims: bool) -> Any:
+    if x.size == 0:  # nan as TF, without numpy's "Mean of empty slice" warning
+        shape = np.sum(x, axis=axis, keepdims=keepdims).shape
+        return np.full(shape, np.nan, dtype=x.dtype)[()]
+    return np.mean(x, axis=axis, keepdims=keepdims, dtype=x.dtype)
+
+
+@registry.register_kernel_factory("Mean")
+def _mean_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
+    dt = op._inputs[0]._dtype
+    fn = _integer_mean if dt.is_integer else _float_mean
+    return functools.partial(fn, axis=_np_axis(op._attrs["axis"]),
+                             keepdims=op._attrs["keep_dims"]), registry.INLINE
 
 
 def reduce_sum(input_tensor: Any, axis: Any = None, keepdims: Any = None,
@@ -767,24 +848,33 @@ def _arg_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     return [(out, TensorShape(dims))]
 
 
-def _arg_factory(fn: Callable[..., Any]) -> registry.KernelFactory:
+def _arg_factory(fn: Callable[..., Any], nan_as: float) -> registry.KernelFactory:
+    """ArgMax / ArgMin as TF's CPU kernel: NaNs are skipped (an all-NaN slice gives 0),
+    ties give the first index, an empty axis is ``InvalidArgumentError``."""
     def factory(op: Operation) -> tuple[Callable[..., Any], int]:
-        kernel = functools.partial(fn, axis=op._attrs["axis"])
+        axis = op._attrs["axis"]
         out = op._attrs["output_type"].np
-        if out == np.dtype(np.intp):
-            return kernel, registry.INLINE
+        floating = op._inputs[0]._dtype.is_floating
 
         def arg_kernel(x: Any) -> Any:
-            return kernel(x).astype(out)
+            if x.shape[axis] == 0:
+                raise errors.InvalidArgumentError(
+                    None, None, f"Reduction axis {axis} is empty in shape "
+                    f"[{','.join(map(str, x.shape))}]")
+            if floating:
+                nans = np.isnan(x)
+                if nans.any():
+                    x = np.where(nans, nan_as, x)
+            return fn(x, axis=axis).astype(out)
 
         return arg_kernel, registry.INLINE
 
     return factory
 
 
-for _type, _arg_fn in (("ArgMax", np.argmax), ("ArgMin", np.argmin)):
+for _type, _arg_fn, _nan_as in (("ArgMax", np.argmax, -np.inf), ("ArgMin", np.argmin, np.inf)):
     define_op(_type, _arg_shape)
-    registry.register_kernel_factory(_type)(_arg_factory(_arg_fn))
+    registry.register_kernel_factory(_type)(_arg_factory(_arg_fn, _nan_as))
 
 
 def _arg(op_type: str, input: Any, axis: Any, name: str | None, output_type: Any,
@@ -904,6 +994,9 @@ inline_kernel("SelectV2", np.where)
 def _where_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     (cond,) = inputs
     _check_dtype(cond, lambda d: d.is_bool or d.is_numeric, "bool or numeric")
+    if cond._shape.rank == 0:
+        raise ValueError(f"where(condition) needs a condition of rank >= 1 to give "
+                         f"coordinates of, got scalar {cond.name!r}")
     return [(dtypes.int64, TensorShape([None, cond._shape.rank]))]
 
 
@@ -911,6 +1004,9 @@ define_op("Where", _where_shape)
 
 
 def _where_kernel(cond: Any) -> np.ndarray:
+    if cond.ndim == 0:  # a fed scalar: TF's kernel rejects it too
+        raise errors.InvalidArgumentError(None, None, "WhereOp : Unhandled input "
+                                          "dimensions: 0")
     return np.argwhere(cond).astype(np.int64, copy=False)
 
 

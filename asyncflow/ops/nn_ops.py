@@ -84,8 +84,11 @@ define_op("Sigmoid", _float_unary_shape)
 
 
 def _sigmoid_kernel(x: Any) -> Any:
-    # 1 / (1 + exp(-x)) overflows for large negative x; the tanh form never does.
-    return 0.5 * (np.tanh(0.5 * x) + 1.0)
+    # exp(-|x|) never overflows; for x < 0 the result is e / (1 + e), which keeps the
+    # relative precision of tiny results (sigmoid(-700) = 9.86e-305 as TF, where the
+    # tanh form rounds to 0 below -37).
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype, copy=False)[()]
 
 
 inline_kernel("Sigmoid", _sigmoid_kernel)

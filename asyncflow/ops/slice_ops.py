@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncflow import dtypes
+from asyncflow import dtypes, errors
 from asyncflow.framework import graph as graph_module
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
@@ -514,8 +514,10 @@ def _gather_nd_kernel(params: Any, indices: Any) -> Any:
     bad = (indices < 0) | (indices >= bounds)
     if np.any(bad):
         where = np.argwhere(bad.any(axis=-1))[0]
-        raise ValueError(f"indices{list(where)} = {indices[tuple(where)].tolist()} does not "
-                         f"index into param shape {list(params.shape)}")
+        raise errors.InvalidArgumentError(
+            None, None, f"indices[{','.join(map(str, where))}] = "
+            f"{indices[tuple(where)].tolist()} does not index into param shape "
+            f"[{','.join(map(str, params.shape))}]")
     return params[tuple(np.moveaxis(indices, -1, 0))]
 
 

@@ -236,8 +236,13 @@ class FIFOQueueResource:
             raise
 
     def close(self, cancel_pending_enqueues: bool = False) -> None:
-        """Close: no new enqueues; waiting dequeues that cannot be served fail."""
+        """Close: no new enqueues; waiting dequeues that cannot be served fail.
+
+        Closing a closed queue is ``CancelledError`` ("already closed"), as TF (after
+        cancelling pending enqueues if asked).
+        """
         with self._lock:
+            was_closed = self._closed
             self._closed = True
             if cancel_pending_enqueues:
                 while self._putters:
@@ -246,6 +251,8 @@ class FIFOQueueResource:
                         None, None, f"Queue {self.name!r} is closed: pending enqueue "
                                     f"cancelled."), None)
             self._serve_locked()
+        if was_closed:
+            raise errors.CancelledError(None, None, f"Queue {self.name!r} is already closed.")
 
     def release(self) -> None:
         """Session close: fail every waiter with ``CancelledError``."""
