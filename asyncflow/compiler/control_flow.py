@@ -141,10 +141,9 @@ def analyze_frames(sched: Sequence[NodeDef], frames: Frames) -> FrameInfo:
     def frame_index(path: FramePath) -> int:
         k = index.get(path)
         if k is None:
-            parent = frame_index(path[:-1])
+            frame_index(path[:-1])  # a parent frame gets its index first
             k = index[path] = len(paths)
             paths.append(path)
-            del parent
         return k
 
     node_of = {n.name: i for i, n in enumerate(sched)}

@@ -81,9 +81,6 @@ class Step(Protocol):
     _bound: BoundPlan
     _stats: list[Any] | None  # None unless the step is traced
 
-    @property
-    def tracing(self) -> bool: ...
-
     def dispatch(self, token: Any, i: int, node: BoundNode, args: list[Any],
                  frame_id: int = 0, iter_id: int = 0, is_dead: bool = False) -> None: ...
 
