@@ -43,10 +43,12 @@ def _nested(x: af.Tensor) -> af.Tensor:
 
 
 @st.composite
-def random_graphs(draw: st.DrawFn, optimizable: bool = False
+def random_graphs(draw: st.DrawFn, optimizable: bool = False, inline_only: bool = False
                   ) -> tuple[af.Graph, list[Any], dict[Any, Any]]:
     """A random graph; ``optimizable`` adds constant subgraphs, duplicated
-    subexpressions and function calls (nested too) for the optimizer to work on."""
+    subexpressions and function calls (nested too) for the optimizer to work on;
+    ``inline_only`` leaves out the async and expensive py_funcs (plans the static
+    schedule takes)."""
     g = af.Graph()
     values = st.lists(st.floats(-2, 2, allow_nan=False, width=64), min_size=3, max_size=3)
     with g.as_default():
@@ -61,7 +63,7 @@ def random_graphs(draw: st.DrawFn, optimizable: bool = False
                 tensors.append(af.constant(np.array(draw(values)), name=f"c{k}"))
         ops: list[af.Operation] = []
         made: list[tuple[Any, tuple[af.Tensor, ...]]] = []  # (op function, inputs)
-        kinds = ["binary", "unary", "add_n", "async", "thread"]
+        kinds = ["binary", "unary", "add_n"] + ([] if inline_only else ["async", "thread"])
         if optimizable:
             kinds += ["const", "dup", "call", "nested"]
         for _ in range(draw(st.integers(1, 25))):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -78,6 +78,12 @@ class BoundPlan:
     all_inline: bool
     #: Loops in the partition: readiness propagates through frames and iterations.
     frames: bool
+    #: Only inline kernels and no control flow (no dead tensor, no frame): untraced
+    #: steps may replay a static schedule (:class:`~asyncflow.runtime.propagators.StaticSchedule`).
+    schedulable: bool = False
+    #: What the runtime derives from the plan once and keeps with it (the static
+    #: schedule, the traced kernels), keyed by what it is.
+    derived: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (f"<BoundPlan {self.plan.device} nodes={len(self.nodes)} "
@@ -118,8 +124,9 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
             kernel, kind, len(ins), ins, plan.out[i], len(node.outputs), plan.consumers[i],
             plan.frees[i], plan.counted[i],
             operator.itemgetter(*ins) if len(ins) > 2 else None, flow))
+    schedulable = plan.frames is None and all(n.kind == registry.INLINE for n in nodes)
     return BoundPlan(plan, tuple(nodes), tuple(_op_for(n, op_lookup) for n in plan.nodes),
-                     device, all_inline, plan.loops)
+                     device, all_inline, plan.loops, schedulable)
 
 
 def _call_kernel(node: NodeDef, device: LocalDevice, resources: Any, bodies: dict[Any, Any],

@@ -51,7 +51,14 @@ from asyncflow.runtime.bind import BoundNode, BoundPlan
 from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.cancellation import _activate as _activate_cancellation
 from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
-from asyncflow.runtime.propagators import Dead, FramePropagator, PlainPropagator, Propagator
+from asyncflow.runtime.propagators import (
+    Dead,
+    FramePropagator,
+    PlainPropagator,
+    Propagator,
+    SchedulePropagator,
+    StaticSchedule,
+)
 from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
 
 if TYPE_CHECKING:
@@ -164,8 +171,13 @@ class Step:
             self._stats = []
             nodes = _traced_nodes(bound)
         self._nodes = nodes
-        prop: Propagator = (FramePropagator if bound.frames else PlainPropagator)(
-            self, bound, nodes, frame.args)
+        prop: Propagator
+        if bound.frames:
+            prop = FramePropagator(self, bound, nodes, frame.args)
+        elif bound.schedulable and not trace and (blocks := _schedule(bound)) is not None:
+            prop = SchedulePropagator(self, bound, blocks, frame.args)
+        else:
+            prop = PlainPropagator(self, bound, nodes, frame.args)
         self._prop = prop
 
     # -- public -------------------------------------------------------------------------
@@ -234,7 +246,7 @@ class Step:
         """The caller is done with the step (results taken, error read): break its
         reference cycles (step <-> propagator, step -> error -> traceback -> frames ->
         step) so it is freed by reference counting, not by the cycle collector."""
-        self._prop._step = None  # type: ignore[attr-defined]
+        self._prop._step = None  # type: ignore[assignment]
         self._error = None
         self._cm = None
 
@@ -525,6 +537,14 @@ _TRACING: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
 #: so no reference cycles) per node.
 _TRACED: weakref.WeakKeyDictionary[BoundPlan, tuple[BoundNode, ...]] = (
     weakref.WeakKeyDictionary())
+
+
+def _schedule(bound: BoundPlan) -> Any:
+    """The static schedule's blocks of a schedulable plan (None until it has run enough)."""
+    schedule = bound.derived.get("schedule")
+    if schedule is None:
+        schedule = bound.derived["schedule"] = StaticSchedule(bound)
+    return schedule.get()
 
 
 def _traced_nodes(bound: BoundPlan) -> tuple[BoundNode, ...]:

@@ -1,0 +1,184 @@
+"""The static schedule (an all-inline plan without control flow replayed as a straight
+line) against the general plain propagator on the same graphs.
+
+Every test runs both paths: ``SCHEDULE_AFTER`` set to 0 (the schedule from the first
+run) and to a huge number (never a schedule), and checks that results, errors,
+deadlines, yielding and freeing of values agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import asyncflow as af
+from asyncflow.runtime import propagators
+from tests.test_property import _assert_same, random_graphs
+
+PATHS = ("schedule", "general")
+
+
+@contextlib.contextmanager
+def path(name: str) -> Iterator[None]:
+    """Force the schedule (built before the first run) or the general path."""
+    saved = propagators.SCHEDULE_AFTER
+    propagators.SCHEDULE_AFTER = 0 if name == "schedule" else 10**9
+    try:
+        yield
+    finally:
+        propagators.SCHEDULE_AFTER = saved
+
+
+def scheduled(sess: af.Session) -> list[bool]:
+    """For each cached plan of ``sess``: whether its steps replay a static schedule."""
+    out = []
+    for call in sess._cache.values():
+        for bound in call.bound:
+            schedule = bound.derived.get("schedule")
+            out.append(schedule is not None and schedule.blocks is not None)
+    return out
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_graphs(inline_only=True))
+def test_schedule_matches_general_path_and_reference(
+        case: tuple[af.Graph, list[Any], dict[Any, Any]]) -> None:
+    graph, fetches, feeds = case
+    expected = af.testing.reference_run(fetches, feeds, graph=graph)
+    for name in PATHS:
+        with path(name), af.Session(graph=graph) as sess:
+            _assert_same(sess.run_sync(fetches, feeds), expected)
+            _assert_same(sess.run_sync(fetches, feeds), expected)
+            assert all(scheduled(sess)) if name == "schedule" else not any(scheduled(sess))
+
+
+def test_first_run_is_general_then_scheduled() -> None:
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=())
+        y = (x + 1.0) * 2.0
+    with af.Session(graph=g) as sess:
+        assert sess.run_sync(y, {x: 1.0}) == 4.0
+        assert scheduled(sess) == [False]  # the first run pays no scheduling
+        assert sess.run_sync(y, {x: 2.0}) == 6.0
+        assert scheduled(sess) == [True]
+        assert sess.run_sync(y, {x: 3.0}) == 8.0
+
+
+def test_not_scheduled_with_async_kernels_control_flow_or_trace() -> None:
+    async def slow(v: Any) -> Any:
+        return v
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=())
+        a = af.py_func(slow, [x + 1.0], af.float32)
+        c = af.cond(x > 0.0, lambda: x * 2.0, lambda: x - 1.0)
+        y = x * 3.0
+    with path("schedule"), af.Session(graph=g) as sess:
+        for fetch in (a, c):
+            for _ in range(2):
+                sess.run_sync(fetch, {x: 1.0})
+        assert not any(scheduled(sess))
+        md = af.RunMetadata()
+        opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
+        for _ in range(2):
+            assert sess.run_sync(y, {x: 2.0}, options=opts, run_metadata=md) == 6.0
+            names = {s.node_name for d in md.step_stats.dev_stats for s in d.node_stats}
+            assert y.op.name in names  # traced steps record every node (general path)
+        assert sess.run_sync(y, {x: 2.0}) == 6.0  # untraced: the schedule again
+        assert any(scheduled(sess))
+
+
+@pytest.mark.parametrize("name", PATHS)
+def test_failing_kernel_names_the_node_on_both_paths(name: str) -> None:
+    def boom(v: Any) -> Any:
+        if v > 5:
+            raise ValueError("too big")
+        return v
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=())
+        y = x
+        for _ in range(10):
+            y = y + 1.0
+        bad = af.py_func(boom, [y], af.float32, name="checker")
+        z = bad * 2.0
+    with path(name), af.Session(graph=g) as sess:
+        assert sess.run_sync(z, {x: -10.0}) == 2 * 0.0
+        with pytest.raises(af.errors.InvalidArgumentError) as info:
+            sess.run_sync(z, {x: 0.0})
+        assert "checker" in str(info.value)
+        assert "test_schedule.py" in str(info.value)  # the line that created it
+        assert sess.run_sync(z, {x: -9.0}) == 2 * 1.0  # the session stays usable
+
+
+@pytest.mark.parametrize("name", PATHS)
+async def test_long_schedule_yields_and_meets_deadlines(name: str) -> None:
+    def sleepy(v: Any) -> Any:
+        time.sleep(0.0001)
+        return v + np.float32(1)
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=())
+        y = x
+        for _ in range(2500):  # >= 250 ms of inline work in 10 blocks of 256 nodes
+            y = af.py_func(sleepy, [y], af.float32)
+    with path(name), af.Session(graph=g) as sess:
+        assert await sess.run(y, {x: 0.0}) == 2500.0
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0)
+                ticks += 1
+
+        async with asyncio.TaskGroup() as tg:
+            t = tg.create_task(ticker())
+            assert await sess.run(y, {x: 1.0}) == 2501.0
+            t.cancel()
+        assert ticks >= 4  # the step yielded to the loop between blocks
+        with pytest.raises(af.errors.DeadlineExceededError):
+            await sess.run(y, {x: 0.0}, options=af.RunOptions(timeout_in_ms=50))
+        assert await sess.run(x + 1.0, {x: 1.0}) == 2.0
+        assert scheduled(sess)[0] is (name == "schedule")
+
+
+@pytest.mark.parametrize("name", PATHS)
+def test_values_are_freed_after_their_last_reader(name: str) -> None:
+    alive: list[weakref.ref[Any]] = []
+    most = [0]
+
+    def grow(v: Any) -> Any:
+        most[0] = max(most[0], sum(r() is not None for r in alive))
+        out = v + 1.0
+        alive.append(weakref.ref(out))
+        return out
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float64, shape=(1000,))
+        y = x
+        for _ in range(50):
+            y = af.py_func(grow, [y], af.float64)
+        fanned = af.add_n([y, y * 2.0, y * 3.0])  # a slot with several readers
+    with path(name), af.Session(graph=g) as sess:
+        for _ in range(2):
+            alive.clear()
+            most[0] = 0
+            out = sess.run_sync(fanned, {x: np.zeros(1000)})
+            np.testing.assert_array_equal(out, np.full(1000, 300.0))
+            assert most[0] <= 2  # the chain holds one or two arrays, not fifty
+        assert scheduled(sess) == [name == "schedule"]
