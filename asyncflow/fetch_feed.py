@@ -121,13 +121,18 @@ def feed_converter(t: Tensor) -> Callable[[Any], Any]:
                          f"has shape {t._shape}")
 
     floating = np_dtype.kind == "f"
+    scalar_ok = dims is None or not dims  # a 0-d value passes the shape check
 
     def convert(v: Any) -> Any:
         tv = type(v)
         if tv is scalar_type:
+            if scalar_ok:
+                return v
             a = v
             shape: tuple[int, ...] = ()
         elif tv is float and floating:  # the common feed: one Python float
+            if scalar_ok:
+                return scalar_type(v)
             a = scalar_type(v)
             shape = ()
         else:

@@ -103,6 +103,7 @@ class _CompiledCall:
         "converters",
         "fast",
         "feed_keys",
+        "lone",
         "rebuild",
         "retval_converters",
         "signature",
@@ -118,6 +119,13 @@ class _CompiledCall:
         self.converters = converters
         self.rebuild = rebuild
         self.retval_converters = tuple(retval_converter(t) for t in fetches)
+        #: The converter of the one fetched tensor when the fetch is that tensor itself
+        #: (not a structure holding it): results skip the rebuild.
+        self.lone: Callable[[Any], Any] | None = None
+        if len(fetches) == 1:
+            probe = object()
+            if rebuild([probe]) is probe:
+                self.lone = self.retval_converters[0]
         #: A readable name of the signature (statistics): "fetches <- feeds".
         self.signature = (f"[{', '.join(t.name for t in fetches)}] <- "
                           f"[{', '.join(_feed_name(k) for k in feed_keys)}]")
@@ -130,11 +138,17 @@ class _CompiledCall:
 
     def frame(self, feed_dict: Mapping[Any, Any] | None) -> CallFrame:
         """The call frame of one step: the converted feed values, in plan order."""
-        if not self.converters:
+        converters = self.converters
+        if len(converters) == 1:  # the common case, without a comprehension
+            for v in feed_dict.values():  # type: ignore[union-attr]
+                return CallFrame([converters[0](v)])
+        if not converters:
             return CallFrame(())
-        return CallFrame([conv(v) for conv, v in zip(self.converters, feed_dict.values())])  # type: ignore[union-attr]
+        return CallFrame([conv(v) for conv, v in zip(converters, feed_dict.values())])  # type: ignore[union-attr]
 
     def results(self, values: Sequence[Any]) -> Any:
+        if self.lone is not None:  # one tensor fetched, as itself
+            return self.lone(values[0])
         return self.rebuild([c(v) for c, v in zip(self.retval_converters, values)])
 
     def graph_defs(self) -> list[dict[str, Any]]:
@@ -261,6 +275,15 @@ class Session:
         step raises one ``af.errors.OpError`` naming the node.
         """
         call = self._prepare(fetches, feed_dict)
+        if call.fast and options is None and self._admission is None:
+            # The common case without an extra coroutine: an all-inline plan runs in
+            # this call; one that outlasts its first time slice goes on awaited.
+            require_asyncio("Session.run")
+            step = self._runner(call, call.frame(feed_dict))
+            values = self._inline(step)
+            if values is not None:
+                return self._inline_done(call, step, values, None, run_metadata)
+            return await self._awaited(call, step, None, run_metadata)
         return await self._execute(call, call.frame(feed_dict), options, run_metadata)
 
     def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
@@ -362,6 +385,13 @@ class Session:
         async def run(feed_values: tuple[Any, ...], options: RunOptions | None,
                       run_metadata: RunMetadata | None) -> Any:
             frame = frame_of(feed_values, options, run_metadata)
+            if call.fast and options is None and self._admission is None:  # as run()
+                require_asyncio("Session.run")
+                step = self._runner(call, frame)
+                values = self._inline(step)
+                if values is not None:
+                    return self._inline_done(call, step, values, None, run_metadata)
+                return await self._awaited(call, step, None, run_metadata)
             return await self._execute(call, frame, options, run_metadata)
 
         def run_sync(feed_values: tuple[Any, ...], options: RunOptions | None,
@@ -384,21 +414,34 @@ class Session:
         trace = options is not None and _wants_trace(options, run_metadata)
         step = self._runner(call, frame, trace)
         if call.fast and not trace:
-            # The fast path: no loop registration, no task; a step that outlasts its
-            # first time slice goes on below, yielding to the loop between budgets.
-            try:
-                values = step.run_inline(SLICE)  # type: ignore[union-attr]
-            except BaseException:
-                step.release()
-                self._count_failed()
-                raise
+            values = self._inline(step)
             if values is not None:
-                with self._counter_lock:
-                    self._steps += 1
-                    self._completed += 1
-                result = self._finished(call, step, values, options, run_metadata)
-                step.release()
-                return result
+                return self._inline_done(call, step, values, options, run_metadata)
+        return await self._awaited(call, step, options, run_metadata)
+
+    def _inline(self, step: StepRunner) -> list[Any] | None:
+        """The fast path of an all-inline step: no loop registration, no task.  Its
+        values, or None when it outlasts its first time slice (it then goes on awaited,
+        yielding to the loop between slices)."""
+        try:
+            return step.run_inline(SLICE)  # type: ignore[union-attr]
+        except BaseException:
+            step.release()
+            self._count_failed()
+            raise
+
+    def _inline_done(self, call: _CompiledCall, step: StepRunner, values: list[Any],
+                     options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
+        with self._counter_lock:
+            self._steps += 1
+            self._completed += 1
+        result = self._finished(call, step, values, options, run_metadata)
+        step.release()
+        return result
+
+    async def _awaited(self, call: _CompiledCall, step: StepRunner, options: RunOptions | None,
+                       run_metadata: RunMetadata | None) -> Any:
+        """Run ``step`` on the event loop (deadline, in-flight registry) to its outcome."""
         try:
             values = await self._run_step(step, options)
         except BaseException:

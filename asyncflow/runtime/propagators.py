@@ -426,12 +426,15 @@ class StaticSchedule:
     frees, counted, getter, node)`` (``in0`` / ``in1`` are -1 when unused).
     """
 
-    __slots__ = ("_bound", "_lock", "blocks", "runs")
+    __slots__ = ("_bound", "args", "blocks", "runs")
 
     def __init__(self, bound: BoundPlan) -> None:
         self._bound = bound
         self.runs = 0
         self.blocks: tuple[tuple[tuple[Any, ...], ...], ...] | None = None
+        plan = bound.plan
+        #: (slot, feed index) of every _Arg node.
+        self.args = tuple((s, k) for s, (k, _) in zip(plan.arg_slots, plan.partition.args))
 
     def get(self) -> tuple[tuple[tuple[Any, ...], ...], ...] | None:
         """The schedule's blocks, or None while the plan still runs on the general path
@@ -469,14 +472,16 @@ class SchedulePropagator:
 
     __slots__ = ("_blocks", "_bound", "_next", "_refs", "_step", "_vals")
 
-    def __init__(self, step: Step, bound: BoundPlan,
-                 blocks: tuple[tuple[tuple[Any, ...], ...], ...], args: Sequence[Any]) -> None:
+    def __init__(self, step: Step, bound: BoundPlan, schedule: StaticSchedule,
+                 args: Sequence[Any]) -> None:
         plan = bound.plan
         self._step = step
         self._bound = bound
+        blocks = schedule.blocks
+        assert blocks is not None
         self._blocks = blocks
         vals = list(plan.initial_values)
-        for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
+        for s, k in schedule.args:  # the _Arg nodes
             vals[s] = args[k]
         self._vals = vals
         self._refs = list(plan.initial_refs) if plan.initial_refs is not None else None

@@ -174,8 +174,12 @@ class Step:
         prop: Propagator
         if bound.frames:
             prop = FramePropagator(self, bound, nodes, frame.args)
-        elif bound.schedulable and not trace and (blocks := _schedule(bound)) is not None:
-            prop = SchedulePropagator(self, bound, blocks, frame.args)
+        elif bound.schedulable and not trace:
+            schedule = bound.derived.get("schedule")
+            if schedule is None or schedule.blocks is None:
+                schedule = _schedule(bound)  # None while the plan runs the general path
+            prop = (PlainPropagator(self, bound, nodes, frame.args) if schedule is None
+                    else SchedulePropagator(self, bound, schedule, frame.args))
         else:
             prop = PlainPropagator(self, bound, nodes, frame.args)
         self._prop = prop
@@ -539,12 +543,13 @@ _TRACED: weakref.WeakKeyDictionary[BoundPlan, tuple[BoundNode, ...]] = (
     weakref.WeakKeyDictionary())
 
 
-def _schedule(bound: BoundPlan) -> Any:
-    """The static schedule's blocks of a schedulable plan (None until it has run enough)."""
+def _schedule(bound: BoundPlan) -> StaticSchedule | None:
+    """The static schedule of a schedulable plan, once it has run enough (else None;
+    counts the run)."""
     schedule = bound.derived.get("schedule")
     if schedule is None:
         schedule = bound.derived["schedule"] = StaticSchedule(bound)
-    return schedule.get()
+    return schedule if schedule.get() is not None else None
 
 
 def _traced_nodes(bound: BoundPlan) -> tuple[BoundNode, ...]:
