@@ -196,7 +196,8 @@ class Session:
         self._compiles = 0
         self._hits = 0
         self._steps = 0
-        self._in_flight: dict[StepRunner, Future[None]] = {}
+        #: Steps running on a loop; the future (made when close waits) is set when one ends.
+        self._in_flight: dict[StepRunner, Future[None] | None] = {}
         self._in_flight_lock = threading.Lock()
         self._closed = False
         # Rendezvous keys carry this session's incarnation (TF: a random 64-bit id
@@ -537,10 +538,9 @@ class Session:
     async def _run_step(self, step: StepRunner, options: RunOptions | None) -> list[Any]:
         with self._counter_lock:
             self._steps += 1
-        done: Future[None] = Future()
         with self._in_flight_lock:
             self._check_open()
-            self._in_flight[step] = done
+            self._in_flight[step] = None
         timeout_ms = self._timeout_ms(options)
         try:
             if timeout_ms > 0:
@@ -566,8 +566,9 @@ class Session:
             return await step.run()
         finally:
             with self._in_flight_lock:
-                self._in_flight.pop(step, None)
-            done.set_result(None)
+                done = self._in_flight.pop(step, None)
+            if done is not None:  # close() waits for this step
+                done.set_result(None)
             step.release()
 
     # -- compiling ---------------------------------------------------------------------
@@ -677,7 +678,11 @@ class Session:
     def _begin_close(self) -> list[Future[None]]:
         with self._in_flight_lock:
             self._closed = True
-            steps = list(self._in_flight.items())
+            steps = []
+            for step, done in self._in_flight.items():
+                if done is None:  # made only now: a step that ends sets it (see _run_step)
+                    done = self._in_flight[step] = Future()
+                steps.append((step, done))
         for step, _ in steps:
             step.abort_threadsafe(errors.CancelledError(
                 None, None, "Session has been closed: the step was cancelled"))

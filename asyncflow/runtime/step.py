@@ -121,6 +121,7 @@ class Step:
     the propagator's."""
 
     __slots__ = (
+        "_alone",
         "_bound",
         "_cm",
         "_deferred",
@@ -149,6 +150,9 @@ class Step:
         self._rendezvous = rendezvous
         self._cm = cancellation
         self._tg: asyncio.TaskGroup | None = None
+        # [task, cancelled by the step] while a lone node is awaited in the step's own
+        # task (see _await_alone), else None.
+        self._alone: list[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._done: asyncio.Future[None] | None = None
         # Dispatched, unfinished nodes: tasks (and deferred ones) and waiting recvs.
@@ -283,6 +287,13 @@ class Step:
         self._loop = loop
         prop = self._prop
         try:
+            deferred = self._deferred
+            if (len(deferred) == 1 and self._outstanding == 1
+                    and self._nodes[deferred[0][1]].flow == _ASYNC):
+                await self._await_alone()
+                if self._error is not None or self._stopped or (
+                        not self._outstanding and not prop.has_ready()):
+                    return
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 deferred, self._deferred = self._deferred, []
@@ -322,6 +333,44 @@ class Step:
             self._stopped = True
             self._tg = None
             self._loop = None
+
+    async def _await_alone(self) -> None:
+        """While the step's only work is one async node, await it right in this task:
+        no task group, no task, no wake-up future — the common step of a service (a
+        few inline kernels around one I/O call) costs one await.
+
+        Returns as soon as the step is done, failed, or has other work than that one
+        async node (the task group takes over; thread kernels always run there, so
+        the cancellation manager is cancelled before they are).  The caller's
+        cancellation (or deadline) reaches the kernel as it would reach its task, and
+        stops the step even when the kernel swallows it; an abort of the step (first
+        error elsewhere, ``Session.close``) cancels this task and is taken back here.
+        """
+        prop = self._prop
+        task = asyncio.current_task()
+        assert task is not None
+        nodes = self._nodes
+        while (self._error is None and self._outstanding == 1 and len(self._deferred) == 1
+               and nodes[self._deferred[0][1]].flow == _ASYNC and not prop.has_ready()):
+            token, i, args = self._deferred.pop()
+            # [this task, cancelled by the step's abort, its cancel requests before]
+            alone = self._alone = [task, False, task.cancelling()]
+            try:
+                await self._run_node(token, i, args, self._label, alone=True)
+            except asyncio.CancelledError:
+                if not alone[1] or task.uncancel() > 0:
+                    # The caller was cancelled (or its deadline passed): nothing new
+                    # may start; the kernel has seen the cancellation.
+                    self._stopped = True
+                    if self._cm is not None:
+                        self._cm.cancel()
+                    raise
+                return  # the step's own abort: its error is the outcome
+            finally:
+                self._alone = None
+            if alone[1]:  # aborted, but the kernel finished anyway: take the cancel back
+                task.uncancel()
+                return
 
     def _wake(self) -> None:
         done = self._done
@@ -375,22 +424,37 @@ class Step:
         task.add_done_callback(self._tasks.discard)
 
     async def _run_node(self, token: Any, i: int, args: list[Any],
-                        label: tuple[str, int] | None) -> None:
-        """Run one async or thread node and finish it (a task body).
+                        label: tuple[str, int] | None, alone: bool = False) -> None:
+        """Run one async or thread node and finish it (a task body, or awaited by the
+        step's own task when it is the step's only work: ``alone``).
 
         The kernel's coroutine is made here, inside the task, so a task cancelled
         before it starts leaves no coroutine that was never awaited.
         """
+        reset = None
         try:
             node = self._nodes[i]
             if node.flow == _ASYNC:
                 self._label = label  # what a traced kernel records (frame, iteration)
-                current_step.set(self)
+                if alone:
+                    reset = current_step.set(self)
+                else:
+                    current_step.set(self)
                 work: Coroutine[Any, Any, Any] = node.kernel(*args)
             else:
                 work = self._bound.device.run_in_thread(
                     _call_in_thread, contextvars.copy_context(), node.kernel, args)
-            v = await work
+            try:
+                v = await work
+            finally:
+                if reset is not None:
+                    current_step.reset(reset)
+            if alone:
+                a = self._alone
+                if a is not None and not a[1] and a[0].cancelling() > a[2]:
+                    # The caller was cancelled and the kernel returned anyway: as with
+                    # a task group, the cancellation wins and no further node starts.
+                    raise asyncio.CancelledError
         except Exception as exc:
             self._outstanding -= 1
             self._fail(i, exc)
@@ -442,6 +506,10 @@ class Step:
             self._wake()
 
     def _cancel_tasks(self) -> None:
+        alone = self._alone
+        if alone is not None and not alone[1] and alone[0] is not asyncio.current_task():
+            alone[1] = True  # the lone node awaited in the step's own task: see _await_alone
+            alone[0].cancel()
         for task in self._tasks:
             task.cancel()
         for fut in self._recvs:

@@ -1,0 +1,192 @@
+"""A step whose only pending work is one async node awaits it in the
+caller's task (no task group, no task); everything else — results, errors naming the
+node, deadlines, caller cancellation, aborts (``Session.close``, a failure on another
+device) — behaves as on the task-group path, and the caller's task is left exactly
+as it was (no stray cancellation, ``current_step`` reset)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncflow as af
+from asyncflow.runtime.step import current_step
+
+TWO = af.SessionConfig(device_count={"CPU": 2})
+
+
+def _graph(kernel: Any) -> tuple[af.Graph, af.Tensor, af.Tensor]:
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        y = af.py_func(kernel, [x + 1.0], af.float32, name="io") * 2.0
+    return g, x, y
+
+
+async def test_lone_kernel_runs_in_the_callers_task_and_parallel_ones_in_tasks() -> None:
+    seen: list[Any] = []
+
+    async def who(v: Any) -> Any:
+        await asyncio.sleep(0)
+        seen.append(asyncio.current_task())
+        return v
+
+    g, x, y = _graph(who)
+    with g.as_default():
+        both = af.py_func(who, [x], af.float32) + af.py_func(who, [x], af.float32)
+    async with af.Session(graph=g) as sess:
+        me = asyncio.current_task()
+        assert await sess.run(y, {x: 1.0}) == 4.0
+        assert seen == [me]  # awaited right here: no task was made for it
+        seen.clear()
+        assert await sess.run(both, {x: 1.5}) == 3.0
+        assert len(seen) == 2
+        assert me not in seen
+        assert current_step.get() is None
+
+
+async def test_lone_kernel_then_parallel_work_falls_back_to_the_task_group() -> None:
+    async def slow(v: Any) -> Any:
+        await asyncio.sleep(0.001)
+        return v + np.float32(1)
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=())
+        a = af.py_func(slow, [x], af.float32)
+        b = af.py_func(slow, [a], af.float32) + af.py_func(slow, [a * 2.0], af.float32)
+    async with af.Session(graph=g) as sess:
+        assert await sess.run(b, {x: 1.0}) == 3.0 + 5.0
+
+
+async def test_lone_kernel_error_names_the_node_and_session_stays_usable() -> None:
+    async def flaky(v: Any) -> Any:
+        await asyncio.sleep(0)
+        if v > 2:
+            raise ValueError("bad value")
+        return v
+
+    g, x, y = _graph(flaky)
+    async with af.Session(graph=g) as sess:
+        with pytest.raises(af.errors.InvalidArgumentError, match="io") as info:
+            await sess.run(y, {x: 5.0})
+        assert "test_lone_node.py" in str(info.value)
+        assert await sess.run(y, {x: 0.5}) == 3.0
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_deadline_cancels_the_lone_kernel() -> None:
+    ended: list[str] = []
+
+    async def hang(v: Any) -> Any:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+        return v
+
+    g, x, y = _graph(hang)
+    async with af.Session(graph=g) as sess:
+        with pytest.raises(af.errors.DeadlineExceededError):
+            await sess.run(y, {x: 1.0}, options=af.RunOptions(timeout_in_ms=30))
+        assert ended == ["cancelled"]
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+        await asyncio.sleep(0)  # no cancellation is left pending on this task
+
+
+async def test_caller_cancellation_reaches_the_lone_kernel() -> None:
+    ended: list[str] = []
+    started = asyncio.Event()
+
+    async def hang(v: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+        return v
+
+    g, x, y = _graph(hang)
+    async with af.Session(graph=g) as sess:
+        run = asyncio.ensure_future(sess.run(y, {x: 1.0}))
+        await started.wait()
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        assert ended == ["cancelled"]
+        assert sess.statistics().in_flight == 0
+
+
+@pytest.mark.parametrize("swallow", [False, True])
+async def test_close_aborts_the_lone_kernel_without_cancelling_the_caller(swallow: bool) -> None:
+    started = asyncio.Event()
+
+    async def hang(v: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            if not swallow:
+                raise
+        return v  # a kernel that swallows the cancellation still ends the step
+
+    g, x, y = _graph(hang)
+    sess = af.Session(graph=g)
+    outcome: list[Any] = []
+
+    async def caller() -> None:
+        try:
+            await sess.run(y, {x: 1.0})
+        except af.errors.CancelledError as exc:
+            outcome.append(exc)
+        me = asyncio.current_task()
+        assert me is not None
+        assert me.cancelling() == 0
+        await asyncio.sleep(0.01)  # nothing pending: this task goes on normally
+        outcome.append("went on")
+
+    task = asyncio.ensure_future(caller())
+    await started.wait()
+    await sess.close()
+    await task
+    assert isinstance(outcome[0], af.errors.CancelledError)
+    assert "closed" in str(outcome[0])
+    assert outcome[1] == "went on"
+
+
+async def test_failure_on_another_device_aborts_the_lone_kernel() -> None:
+    started = asyncio.Event()
+    ended: list[str] = []
+
+    async def hang(v: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+        return v
+
+    async def fail(v: Any) -> Any:
+        await started.wait()
+        raise RuntimeError("device 1 broke")
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=())
+        with af.device("/cpu:0"):
+            a = af.py_func(hang, [x], af.float32, name="hang")
+        with af.device("/cpu:1"):
+            b = af.py_func(fail, [x], af.float32, name="fail")
+        out = a + b
+    async with af.Session(graph=g, config=TWO) as sess:
+        with pytest.raises(af.errors.UnknownError, match="device 1 broke"):
+            await sess.run(out, {x: 1.0})
+        assert ended == ["cancelled"]
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+        await asyncio.sleep(0)
