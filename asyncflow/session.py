@@ -276,14 +276,15 @@ class Session:
         step raises one ``af.errors.OpError`` naming the node.
         """
         call = self._prepare(fetches, feed_dict)
-        if call.fast and options is None and self._admission is None:
+        if options is None and self._admission is None:
             # The common case without an extra coroutine: an all-inline plan runs in
-            # this call; one that outlasts its first time slice goes on awaited.
+            # this call (one that outlasts its first time slice goes on awaited).
             require_asyncio("Session.run")
             step = self._runner(call, call.frame(feed_dict))
-            values = self._inline(step)
-            if values is not None:
-                return self._inline_done(call, step, values, None, run_metadata)
+            if call.fast:
+                values = self._inline(step)
+                if values is not None:
+                    return self._inline_done(call, step, values, None, run_metadata)
             return await self._awaited(call, step, None, run_metadata)
         return await self._execute(call, call.frame(feed_dict), options, run_metadata)
 
@@ -386,12 +387,13 @@ class Session:
         async def run(feed_values: tuple[Any, ...], options: RunOptions | None,
                       run_metadata: RunMetadata | None) -> Any:
             frame = frame_of(feed_values, options, run_metadata)
-            if call.fast and options is None and self._admission is None:  # as run()
+            if options is None and self._admission is None:  # as run()
                 require_asyncio("Session.run")
                 step = self._runner(call, frame)
-                values = self._inline(step)
-                if values is not None:
-                    return self._inline_done(call, step, values, None, run_metadata)
+                if call.fast:
+                    values = self._inline(step)
+                    if values is not None:
+                        return self._inline_done(call, step, values, None, run_metadata)
                 return await self._awaited(call, step, None, run_metadata)
             return await self._execute(call, frame, options, run_metadata)
 
