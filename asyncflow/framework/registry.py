@@ -41,6 +41,7 @@ __all__ = [
     "SEND",
     "KernelDef",
     "OpDef",
+    "find_op_def",
     "get_kernel",
     "get_op_def",
     "register_kernel",
@@ -115,6 +116,10 @@ def _add_op_def(op_def: OpDef) -> None:
             raise errors.AlreadyExistsError(
                 None, None, f"op type {op_def.type!r} is already registered")
         _OPS[op_def.type] = op_def
+
+
+#: The OpDef of a type, or None: a bare dict lookup for the graph's hot path.
+find_op_def = _OPS.get
 
 
 def get_op_def(op_type: str) -> OpDef:
