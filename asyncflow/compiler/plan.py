@@ -84,12 +84,13 @@ class Plan:
                 f"retvals={len(self.retval_slots)} frames={self.frames is not None}>")
 
 
-def _preloadable(node: NodeDef) -> bool:
-    return node.op == "Const" and not node.control_inputs
-
-
 def build_plan(part: PartitionDef) -> Plan:
-    """Lower one partition into a :class:`Plan`."""
+    """Lower one partition into a :class:`Plan`.
+
+    Kept tight: a 100,000-node plan is built on its first run, so every table is
+    made in one pass per node with flat lists indexed by node or slot (no per-slot
+    containers, no empty list per node).
+    """
     nodes = part.nodes
     # -- slots ------------------------------------------------------------------
     slot_of: dict[str, int] = {}
@@ -112,7 +113,7 @@ def build_plan(part: PartitionDef) -> Plan:
     node_of: dict[str, int] = {}
     sched: list[NodeDef] = []
     for node in nodes:
-        if _preloadable(node):
+        if node.op == "Const" and not node.control_inputs:  # preloaded, never runs
             value = node.attrs["value"]
             initial_values[slot_of[node.name]] = value[()] if value.ndim == 0 else value
         else:
@@ -121,81 +122,103 @@ def build_plan(part: PartitionDef) -> Plan:
 
     n = len(sched)
     pending = [0] * n
-    consumers: list[list[int]] = [[] for _ in range(n)]
+    consumers: list[Any] = [()] * n      # a list once the node has a consumer
     in_slots: list[tuple[int, ...]] = []
-    readers: dict[int, list[int]] = {}
+    out_slots: list[int] = []
+    # Per slot: how many distinct nodes read it, and the last one that did.
+    reads = [0] * n_slots
+    last_reader = [-1] * n_slots
     get_node = node_of.get
     get_fed = fed_slot.get
-    # One pass per node, kept tight (a 100,000-node plan is built on its first run):
-    # producers in a small list (most nodes have one or two), readers by slot.
+    # One pass per node, kept tight: producers in a small list (most nodes have one
+    # or two).
     for i, node in enumerate(sched):
         ins_list: list[int] = []
         producers: list[int] = []
         for r in node.inputs:
             s = get_fed(r) if fed_slot else None
             if s is None:
-                s = slot_of[r[0]] + r[1]
-                p = get_node(r[0])
+                name = r[0]
+                s = slot_of[name] + r[1]
+                p = get_node(name)
                 if p is not None and p not in producers:
                     producers.append(p)
             ins_list.append(s)
-            rs = readers.get(s)
-            if rs is None:
-                readers[s] = [i]
-            elif rs[-1] != i:  # a slot read twice by one node counts once
-                rs.append(i)
+            if last_reader[s] != i:  # a slot read twice by one node counts once
+                last_reader[s] = i
+                reads[s] += 1
         for c in node.control_inputs:
             p = get_node(c)
             if p is not None and p not in producers:
                 producers.append(p)
         in_slots.append(tuple(ins_list))
+        out_slots.append(slot_of[node.name])
         pending[i] = len(producers)
         for p in producers:
-            consumers[p].append(i)
+            cs = consumers[p]
+            if cs:
+                cs.append(i)
+            else:
+                consumers[p] = [i]
 
     # -- last use ----------------------------------------------------------------
     retval_slots = tuple(slot(r) for _, r in part.retvals)
     keep = set(arg_slots)
     keep.update(retval_slots)
-    frees: list[list[int]] = [[] for _ in range(n)]
-    counted: list[list[int]] = [[] for _ in range(n)]
+    frees: list[Any] = [()] * n    # a list once the node frees a slot
+    counted: list[Any] = [()] * n
     refs: list[int] | None = None
-    for s, rs in readers.items():
-        if s in keep or initial_values[s] is not None:
-            continue
-        if len(rs) == 1:
-            frees[rs[0]].append(s)
-        else:
+    for s in range(n_slots):
+        k = reads[s]
+        if k == 1:  # sole reader frees it, unless fetched, fed or preloaded
+            if s not in keep and initial_values[s] is None:
+                reader = last_reader[s]
+                f = frees[reader]
+                if f:
+                    f.append(s)
+                else:
+                    frees[reader] = [s]
+        elif k > 1 and s not in keep and initial_values[s] is None:
             if refs is None:
                 refs = [0] * n_slots
-            refs[s] = len(rs)
-            for reader in rs:
-                counted[reader].append(s)
-    for i, node in enumerate(sched):
-        base = slot_of[node.name]
-        for k in range(len(node.outputs)):
-            s = base + k
-            if s not in readers and s not in keep:
-                frees[i].append(s)
+            refs[s] = k
+    if refs is not None:  # reference counted slots: every reader releases once
+        for i, ins in enumerate(in_slots):
+            for s in dict.fromkeys(ins):
+                if refs[s]:
+                    c = counted[i]
+                    if c:
+                        c.append(s)
+                    else:
+                        counted[i] = [s]
+    for i, node in enumerate(sched):  # outputs nobody reads: freed by their producer
+        base = out_slots[i]
+        for s in range(base, base + len(node.outputs)):
+            if not reads[s] and s not in keep:
+                f = frees[i]
+                if f:
+                    f.append(s)
+                else:
+                    frees[i] = [s]
 
     frames = None
     edges_out: EdgesOut = ()
-    if any(node.op == "Enter" for node in sched):  # loops: the frame propagator
+    ops = {node.op for node in sched}
+    if "Enter" in ops:  # loops: the frame propagator
         frames = analyze_frames(sched, node_frames(sched))
         edges_out = _edges_out(sched, node_of, in_slots, fed_slot)
-    elif any(node.op in CONTROL_FLOW_OPS or (part.control_flow and node.op == "_Recv")
-             for node in sched):  # dead tensors, one frame: the plain propagator
-        frames = cond_info(sched)
+    elif not ops.isdisjoint(CONTROL_FLOW_OPS) or (part.control_flow and "_Recv" in ops):
+        frames = cond_info(sched)  # dead tensors, one frame: the plain propagator
     return Plan(
         partition=part,
         nodes=tuple(sched),
         inputs=tuple(in_slots),
-        out=tuple(slot_of[node.name] for node in sched),
-        consumers=tuple(tuple(c) for c in consumers),
-        frees=tuple(tuple(f) for f in frees),
-        counted=tuple(tuple(c) for c in counted),
+        out=tuple(out_slots),
+        consumers=tuple([tuple(c) for c in consumers]),
+        frees=tuple([tuple(f) for f in frees]),
+        counted=tuple([tuple(c) for c in counted]),
         initial_pending=tuple(pending),
-        initial_ready=tuple(i for i in range(n) if not pending[i]),
+        initial_ready=tuple([i for i in range(n) if not pending[i]]),
         initial_values=tuple(initial_values),
         initial_refs=tuple(refs) if refs is not None else None,
         arg_slots=arg_slots,
