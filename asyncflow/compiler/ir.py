@@ -225,11 +225,14 @@ def node_def_of(op: Operation, infos: _Infos | None = None) -> NodeDef:
     """
     node: NodeDef | None = op._ir
     if node is None:
-        ins = op._inputs
+        refs = []
         input_types = []
-        for t in ins:
-            producer = t._op._ir  # usually converted already: share its ValueInfo
-            input_types.append(producer.outputs[t._value_index] if producer is not None
+        for t in op._inputs:
+            producer = t._op
+            k = t._value_index
+            refs.append((producer._name, k))
+            converted = producer._ir  # usually converted already: share its ValueInfo
+            input_types.append(converted.outputs[k] if converted is not None
                                else _info(t, infos))
         attrs = op._attrs
         functions = op._graph._functions
@@ -240,13 +243,17 @@ def node_def_of(op: Operation, infos: _Infos | None = None) -> NodeDef:
         if op._type == "Const" and not controls:
             outputs: tuple[ValueInfo, ...] = (
                 ValueInfo(outs[0]._dtype, outs[0]._shape, attrs["value"]),)
+        elif len(outs) == 1:
+            outputs = (_info(outs[0], infos),)
         else:
             outputs = tuple([_info(t, infos) for t in outs])
+        lines = _SITES.get(op._file)
+        site = lines.get(op._line) if lines is not None else None
         node = op._ir = _new_node((
-            op._name, op._type, tuple([(t._op._name, t._value_index) for t in ins]),
+            op._name, op._type, tuple(refs),
             tuple([c._name for c in controls]) if controls else (),
             op._device, attrs.copy() if attrs else _NO_ATTRS, outputs, tuple(input_types),
-            op._op_def.stateful, _site(op._file, op._line)))
+            op._op_def.stateful, site if site is not None else _site(op._file, op._line)))
     return node
 
 

@@ -37,7 +37,7 @@ def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
         node = by_name[name]
         if fed:
             for r in node.inputs:
-                if r not in fed:
+                if r[0] not in needed and r not in fed:
                     push(r[0])
             for c in node.control_inputs:
                 # As TF's FeedInputs: a control edge from a fed Placeholder is carried
@@ -46,7 +46,11 @@ def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
                     push(c)
         else:
             for r in node.inputs:
-                push(r[0])
+                if r[0] not in needed:
+                    push(r[0])
             stack.extend(node.control_inputs)
+    nodes = ir.nodes
+    if len(needed) * 4 >= len(nodes):  # most of the graph: one ordered scan, no sort
+        return tuple([n for n in nodes if n.name in needed])
     position = ir.position
-    return tuple(by_name[name] for name in sorted(needed, key=position.__getitem__))
+    return tuple([by_name[name] for name in sorted(needed, key=position.__getitem__)])

@@ -58,7 +58,7 @@ def inline_kernel(op_type: str, fn: Callable[..., Any] | None = None,
             return fn, registry.INLINE
         return functools.partial(fn, **{a: op._attrs[a] for a in bound}), registry.INLINE
 
-    registry.register_kernel_factory(op_type)(factory)
+    registry.register_kernel_factory(op_type, static=not bound)(factory)
     return fn
 
 
