@@ -93,66 +93,78 @@ def build_plan(part: PartitionDef) -> Plan:
     """
     nodes = part.nodes
     # -- slots ------------------------------------------------------------------
-    slot_of: dict[str, int] = {}
+    # Nodes by position in ``nodes``: one name lookup per input edge, the rest lists.
+    position: dict[str, int] = {}
+    base: list[int] = []  # first output slot, by position
     n_slots = 0
-    for node in nodes:
-        slot_of[node.name] = n_slots
+    for k, node in enumerate(nodes):
+        position[node.name] = k
+        base.append(n_slots)
         n_slots += len(node.outputs)
     fed_slot: dict[Ref, int] = {}
     for k, (_, r) in enumerate(part.args):
         fed_slot[r] = n_slots + k
+    fed_names = {r[0] for r in fed_slot}
     arg_slots = tuple(range(n_slots, n_slots + len(part.args)))
     n_slots += len(part.args)
     initial_values: list[Any] = [None] * n_slots
 
     def slot(r: Ref) -> int:
         s = fed_slot.get(r) if fed_slot else None
-        return s if s is not None else slot_of[r[0]] + r[1]
+        return s if s is not None else base[position[r[0]]] + r[1]
 
     # -- nodes -------------------------------------------------------------------
-    node_of: dict[str, int] = {}
+    scheduled = [-1] * len(nodes)  # by position: the node's index in sched, -1 if preloaded
+    owner = [-1] * n_slots  # by slot: the scheduled node producing it
     sched: list[NodeDef] = []
-    for node in nodes:
+    out_slots: list[int] = []
+    for k, node in enumerate(nodes):
         if node.op == "Const" and not node.control_inputs:  # preloaded, never runs
             value = node.attrs["value"]
-            initial_values[slot_of[node.name]] = value[()] if value.ndim == 0 else value
+            initial_values[base[k]] = value[()] if value.ndim == 0 else value
         else:
-            node_of[node.name] = len(sched)
+            i = scheduled[k] = len(sched)
             sched.append(node)
+            first = base[k]
+            out_slots.append(first)
+            if len(node.outputs) == 1:
+                owner[first] = i
+            else:
+                owner[first:first + len(node.outputs)] = [i] * len(node.outputs)
 
     n = len(sched)
     pending = [0] * n
     consumers: list[Any] = [()] * n      # a list once the node has a consumer
     in_slots: list[tuple[int, ...]] = []
-    out_slots: list[int] = []
     # Per slot: how many distinct nodes read it, and the last one that did.
     reads = [0] * n_slots
     last_reader = [-1] * n_slots
-    get_node = node_of.get
-    get_fed = fed_slot.get
+    get_position = position.get
     # One pass per node, kept tight: producers in a small list (most nodes have one
     # or two).
     for i, node in enumerate(sched):
         ins_list: list[int] = []
         producers: list[int] = []
         for r in node.inputs:
-            s = get_fed(r) if fed_slot else None
-            if s is None:
-                name = r[0]
-                s = slot_of[name] + r[1]
-                p = get_node(name)
-                if p is not None and p not in producers:
+            name = r[0]
+            if name in fed_names and r in fed_slot:
+                s = fed_slot[r]
+            else:
+                k = position[name]
+                s = base[k] + r[1]
+                p = scheduled[k]
+                if p >= 0 and p not in producers:
                     producers.append(p)
             ins_list.append(s)
             if last_reader[s] != i:  # a slot read twice by one node counts once
                 last_reader[s] = i
                 reads[s] += 1
         for c in node.control_inputs:
-            p = get_node(c)
-            if p is not None and p not in producers:
+            at = get_position(c)
+            p = scheduled[at] if at is not None else -1
+            if p >= 0 and p not in producers:
                 producers.append(p)
         in_slots.append(tuple(ins_list))
-        out_slots.append(slot_of[node.name])
         pending[i] = len(producers)
         for p in producers:
             cs = consumers[p]
@@ -178,7 +190,15 @@ def build_plan(part: PartitionDef) -> Plan:
                     f.append(s)
                 else:
                     frees[reader] = [s]
-        elif k > 1 and s not in keep and initial_values[s] is None:
+        elif k == 0:  # an output nobody reads: freed by its producer
+            producer = owner[s]
+            if producer >= 0 and s not in keep:
+                f = frees[producer]
+                if f:
+                    f.append(s)
+                else:
+                    frees[producer] = [s]
+        elif s not in keep and initial_values[s] is None:
             if refs is None:
                 refs = [0] * n_slots
             refs[s] = k
@@ -191,22 +211,14 @@ def build_plan(part: PartitionDef) -> Plan:
                         c.append(s)
                     else:
                         counted[i] = [s]
-    for i, node in enumerate(sched):  # outputs nobody reads: freed by their producer
-        base = out_slots[i]
-        for s in range(base, base + len(node.outputs)):
-            if not reads[s] and s not in keep:
-                f = frees[i]
-                if f:
-                    f.append(s)
-                else:
-                    frees[i] = [s]
 
     frames = None
     edges_out: EdgesOut = ()
     ops = {node.op for node in sched}
     if "Enter" in ops:  # loops: the frame propagator
         frames = analyze_frames(sched, node_frames(sched))
-        edges_out = _edges_out(sched, node_of, in_slots, fed_slot)
+        edges_out = _edges_out(sched, {node.name: i for i, node in enumerate(sched)},
+                               in_slots, fed_slot)
     elif not ops.isdisjoint(CONTROL_FLOW_OPS) or (part.control_flow and "_Recv" in ops):
         frames = cond_info(sched)  # dead tensors, one frame: the plain propagator
     return Plan(
@@ -214,9 +226,9 @@ def build_plan(part: PartitionDef) -> Plan:
         nodes=tuple(sched),
         inputs=tuple(in_slots),
         out=tuple(out_slots),
-        consumers=tuple([tuple(c) for c in consumers]),
-        frees=tuple([tuple(f) for f in frees]),
-        counted=tuple([tuple(c) for c in counted]),
+        consumers=tuple(map(tuple, consumers)),
+        frees=tuple(map(tuple, frees)),
+        counted=tuple(map(tuple, counted)),
         initial_pending=tuple(pending),
         initial_ready=tuple([i for i in range(n) if not pending[i]]),
         initial_values=tuple(initial_values),
