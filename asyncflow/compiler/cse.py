@@ -32,14 +32,14 @@ def eliminate_common_subexpressions(
         protected: Collection[str]) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool]:
     """Merge equivalent nodes; returns the nodes, their placement and whether any merged.
 
-    Two nodes can only be equivalent when their op types and inputs are: nodes are
-    first grouped by those (cheap), and the full key (control inputs, device,
-    attributes) is made only in a group that gets a second node.  The result is
-    exactly that of a dict on full keys.
+    Two nodes can only be equivalent when their inputs are: nodes are first grouped
+    by their inputs (a tuple they already have), and the full key (op, control
+    inputs, device, attributes) is made only in a group that gets a second node.
+    The result is exactly that of a dict on full keys.
     """
-    # (op, inputs) -> the group's first node and device, until a second node arrives;
-    # then full key -> the first node's name.
-    groups: dict[tuple[str, tuple[Ref, ...]], tuple[NodeDef, int] | dict[Hashable, str]] = {}
+    # inputs -> the group's first node and device, until a second node arrives; then
+    # full key -> the first node's name.
+    groups: dict[tuple[Ref, ...], tuple[NodeDef, int] | dict[Hashable, str]] = {}
     rename: dict[str, str] = {}
     # A fed node's outputs are the feed, not its computation: it absorbs nothing.
     fed_nodes = frozenset(r[0] for r in feeds)
@@ -53,7 +53,7 @@ def eliminate_common_subexpressions(
                 out.append(node)
                 where.append(d)
             continue
-        group = (node.op, node.inputs)
+        group = node.inputs
         seen = groups.get(group)
         if seen is None:
             if node.name not in fed_nodes:

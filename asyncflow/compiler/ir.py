@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -130,14 +130,22 @@ class GraphIR:
 
     nodes: tuple[NodeDef, ...]
     by_name: Mapping[str, NodeDef]
-    position: Mapping[str, int]
+    _positions: dict[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def position(self) -> Mapping[str, int]:
+        """Node name -> index in ``nodes`` (made on first use: only pruning a small
+        part of a large graph asks)."""
+        positions = self._positions
+        if not positions and self.nodes:
+            positions.update({n.name: k for k, n in enumerate(self.nodes)})
+        return positions
 
     @staticmethod
     def of(nodes: Iterable[NodeDef]) -> GraphIR:
         """Index ``nodes`` (already in topological order)."""
         nodes = tuple(nodes)
-        return GraphIR(nodes, {n.name: n for n in nodes},
-                       {n.name: k for k, n in enumerate(nodes)})
+        return GraphIR(nodes, {n.name: n for n in nodes})
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -239,14 +247,21 @@ def node_def_of(op: Operation, infos: _Infos | None = None) -> NodeDef:
         if functions and op._type in functions:  # a call: the body travels with it
             attrs = {**attrs, FUNCTION_ATTR: function_ir(functions[op._type])}
         controls = op._control_inputs
-        outs = op._outputs
-        if op._type == "Const" and not controls:
-            outputs: tuple[ValueInfo, ...] = (
-                ValueInfo(outs[0]._dtype, outs[0]._shape, attrs["value"]),)
-        elif len(outs) == 1:
-            outputs = (_info(outs[0], infos),)
+        out = op._out
+        outputs: tuple[ValueInfo, ...]
+        if isinstance(out, tuple):  # none or several
+            outputs = tuple([_info(t, infos) for t in out])
+        elif op._type == "Const" and not controls:
+            outputs = (ValueInfo(out._dtype, out._shape, attrs["value"]),)
         else:
-            outputs = tuple([_info(t, infos) for t in outs])
+            # Elementwise ops pass their first input's dtype and shape object on:
+            # share its ValueInfo (unless it carries a constant's value).
+            first = input_types[0] if input_types else None
+            if first is not None and first.shape is out._shape and \
+                    first.dtype is out._dtype and first.value is None:
+                outputs = (first,)
+            else:
+                outputs = (_info(out, infos),)
         lines = _SITES.get(op._file)
         site = lines.get(op._line) if lines is not None else None
         node = op._ir = _new_node((

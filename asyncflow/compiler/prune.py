@@ -29,6 +29,7 @@ def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
     needed: set[str] = set()
     add = needed.add
     push = stack.append
+    fed_names = {r[0] for r in fed}  # a string test spares most inputs the tuple's
     while stack:
         name = stack.pop()
         if name in needed:
@@ -37,8 +38,9 @@ def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
         node = by_name[name]
         if fed:
             for r in node.inputs:
-                if r[0] not in needed and r not in fed:
-                    push(r[0])
+                source = r[0]
+                if source not in needed and (source not in fed_names or r not in fed):
+                    push(source)
             for c in node.control_inputs:
                 # As TF's FeedInputs: a control edge from a fed Placeholder is carried
                 # by the feed, so the Placeholder itself need not (and cannot) run.

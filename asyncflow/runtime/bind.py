@@ -133,8 +133,8 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
             operator.itemgetter(*ins) if arity > 2 else None, flow)))
     if op_lookup is None:
         ops: tuple[Any, ...] = plan.nodes
-    else:
-        ops = tuple([_op_for(n, op_lookup) for n in plan.nodes])
+    else:  # _op_for of every node
+        ops = tuple([op if (op := op_lookup(n.name)) is not None else n for n in plan.nodes])
     return BoundPlan(plan, tuple(nodes), ops, device, all_inline, plan.loops)
 
 
