@@ -743,16 +743,31 @@ def _clear_frames(exc: BaseException | None) -> None:
         exc = exc.__context__
 
 
+#: Young objects a compile must leave behind before they are promoted (see _gc_paused).
+_PROMOTE_AFTER = 50_000
+
+
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     """Compiling makes several objects per node and frees none: a cycle collection
-    pass over them in the middle is pure cost (30-50 % of a large first run)."""
+    pass over them in the middle is pure cost (30-50 % of a large first run).
+
+    On the way out, a compile that left many young objects (a large plan) has them
+    promoted to the oldest generation (``gc.freeze()`` + ``gc.unfreeze()`` moves every
+    tracked object there without a collection): they live as long as the plan cache,
+    and the young collection the next allocation would start finds nothing to free
+    in them after scanning them all (another third of a large first run).  Not when
+    the application froze objects itself: unfreezing would thaw them.
+    """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            if gc.get_count()[0] > _PROMOTE_AFTER and gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

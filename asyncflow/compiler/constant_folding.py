@@ -78,17 +78,24 @@ def fold_constants(nodes: Sequence[NodeDef], placement: Sequence[int], devices: 
     placement and whether anything changed."""
     values: dict[str, tuple[Any, ...]] = {}    # constant node -> its output values
     carried: dict[str, tuple[str, ...]] = {}  # constant node -> non-constant control deps
-    out: list[NodeDef] = []
-    changed = False
+    out: list[NodeDef] | None = None  # made at the first fold (before it: ``nodes``)
     with np.errstate(all="ignore"):
-        for node, d in zip(nodes, placement):
+        for k, (node, d) in enumerate(zip(nodes, placement)):
+            ins = node.inputs
+            if ins and ins[0][0] not in values:
+                # An input from a non-constant node: not constant (what _evaluate says
+                # too), decided without a call (most nodes of a large graph).
+                if out is not None:
+                    out.append(node)
+                continue
             result = _evaluate(node, devices[d], values, carried, feeds, max_bytes)
             if result is not None and len(result) == 1 and node.op != "Const":
+                if out is None:
+                    out = list(nodes[:k])
                 out.append(_as_const(node, result[0], carried[node.name]))
-                changed = True
-            else:
+            elif out is not None:
                 out.append(node)
-    if not changed:
+    if out is None:
         return tuple(nodes), tuple(placement), False
     return _live(out, placement, fetches, targets, feeds)
 

@@ -30,32 +30,62 @@ _NEVER = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval", 
 def eliminate_common_subexpressions(
         nodes: Sequence[NodeDef], placement: Sequence[int], *, feeds: Collection[Ref],
         protected: Collection[str]) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool]:
-    """Merge equivalent nodes; returns the nodes, their placement and whether any merged."""
-    seen: dict[Hashable, str] = {}
+    """Merge equivalent nodes; returns the nodes, their placement and whether any merged.
+
+    Two nodes can only be equivalent when their inputs are: nodes are first grouped
+    by their inputs (a tuple they already have), and the full key (op, control
+    inputs, device, attributes) is made only in a group that gets a second node.
+    The result is exactly that of a dict on full keys.
+    """
+    # inputs -> the group's first node and device, until a second node arrives; then
+    # full key -> the first node's name.
+    groups: dict[tuple[Ref, ...], tuple[NodeDef, int] | dict[Hashable, str]] = {}
     rename: dict[str, str] = {}
     # A fed node's outputs are the feed, not its computation: it absorbs nothing.
     fed_nodes = frozenset(r[0] for r in feeds)
     out: list[NodeDef] = []
     where: list[int] = []
-    for node, d in zip(nodes, placement):
+    for k, (node, d) in enumerate(zip(nodes, placement)):
         if rename:
             node = _rewired(node, rename, feeds)
         if node.stateful or node.op in _NEVER:
-            out.append(node)
-            where.append(d)
+            if rename:
+                out.append(node)
+                where.append(d)
             continue
-        key = (node.op, node.inputs, frozenset(node.control_inputs), d, _attrs_key(node))
+        group = node.inputs
+        seen = groups.get(group)
+        if seen is None:
+            if node.name not in fed_nodes:
+                groups[group] = (node, d)
+            if rename:
+                out.append(node)
+                where.append(d)
+            continue
+        if not isinstance(seen, dict):  # the group's second node: now keys are needed
+            first_node, first_d = seen
+            seen = groups[group] = {_key(first_node, first_d): first_node.name}
+        key = _key(node, d)
         first = seen.get(key)
         if first is not None and node.name not in protected:
+            if not rename:  # the first merge: every node before it is unchanged
+                out = list(nodes[:k])
+                where = list(placement[:k])
             rename[node.name] = first
             continue
         if node.name not in fed_nodes:
             seen.setdefault(key, node.name)
-        out.append(node)
-        where.append(d)
+        if rename:
+            out.append(node)
+            where.append(d)
     if not rename:
         return tuple(nodes), tuple(placement), False
     return tuple(out), tuple(where), True
+
+
+def _key(node: NodeDef, device: int) -> Hashable:
+    """What makes two nodes the same computation."""
+    return (node.op, node.inputs, frozenset(node.control_inputs), device, _attrs_key(node))
 
 
 def _rewired(node: NodeDef, rename: dict[str, str], feeds: Collection[Ref]) -> NodeDef:

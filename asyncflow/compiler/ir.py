@@ -18,8 +18,9 @@ A ``NodeDef`` also answers the read-only questions a kernel factory asks of an o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -129,14 +130,22 @@ class GraphIR:
 
     nodes: tuple[NodeDef, ...]
     by_name: Mapping[str, NodeDef]
-    position: Mapping[str, int]
+    _positions: dict[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def position(self) -> Mapping[str, int]:
+        """Node name -> index in ``nodes`` (made on first use: only pruning a small
+        part of a large graph asks)."""
+        positions = self._positions
+        if not positions and self.nodes:
+            positions.update({n.name: k for k, n in enumerate(self.nodes)})
+        return positions
 
     @staticmethod
     def of(nodes: Iterable[NodeDef]) -> GraphIR:
         """Index ``nodes`` (already in topological order)."""
         nodes = tuple(nodes)
-        return GraphIR(nodes, {n.name: n for n in nodes},
-                       {n.name: k for k, n in enumerate(nodes)})
+        return GraphIR(nodes, {n.name: n for n in nodes})
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -181,32 +190,90 @@ def ref_of(t: Tensor) -> Ref:
     return t._op._name, t._value_index
 
 
-def node_def_of(op: Operation) -> NodeDef:
-    """The IR node of a graph op (cached on the op; ops are immutable once built)."""
+#: "file:line" strings by file and line: every op made on one line of user code
+#: shares one string (a loop building 100,000 ops has one creation site).
+_SITES: dict[str, dict[int, str]] = {}
+
+
+def _site(file: str, line: int) -> str:
+    lines = _SITES.get(file)
+    if lines is None:
+        lines = _SITES[file] = {}
+    site = lines.get(line)
+    if site is None:
+        site = lines[line] = f"{file}:{line}"
+    return site
+
+
+# NodeDef / ValueInfo from a ready tuple of all fields, without the named tuple's
+# Python-level __new__ (one call less per node on a first compile).
+_new_node: Any = functools.partial(tuple.__new__, NodeDef)
+_new_info: Any = functools.partial(tuple.__new__, ValueInfo)
+
+#: The ValueInfos made by one graph_ir call, by (dtype, id of shape object): tensors
+#: of one dtype and one shape object share one (shapes are immutable and alive for
+#: the whole call, held by the graph's tensors).
+_Infos = dict[tuple[Any, int], ValueInfo]
+
+
+def _info(t: Tensor, infos: _Infos | None) -> ValueInfo:
+    if infos is None:
+        return ValueInfo(t._dtype, t._shape)
+    key = (t._dtype, id(t._shape))
+    info = infos.get(key)
+    if info is None:
+        info = infos[key] = _new_info((t._dtype, t._shape, None))
+    return info
+
+
+def node_def_of(op: Operation, infos: _Infos | None = None) -> NodeDef:
+    """The IR node of a graph op (cached on the op; ops are immutable once built).
+
+    ``infos``: a cache of ValueInfos shared by the nodes of one conversion.
+    """
     node: NodeDef | None = op._ir
     if node is None:
-        ins = op._inputs
+        refs = []
         input_types = []
-        for t in ins:
-            producer = t._op._ir  # usually converted already: share its ValueInfo
-            input_types.append(producer.outputs[t._value_index] if producer is not None
-                               else ValueInfo(t._dtype, t._shape))
+        for t in op._inputs:
+            producer = t._op
+            k = t._value_index
+            refs.append((producer._name, k))
+            converted = producer._ir  # usually converted already: share its ValueInfo
+            input_types.append(converted.outputs[k] if converted is not None
+                               else _info(t, infos))
         attrs = op._attrs
         functions = op._graph._functions
         if functions and op._type in functions:  # a call: the body travels with it
             attrs = {**attrs, FUNCTION_ATTR: function_ir(functions[op._type])}
-        site = op._traceback
-        node = op._ir = NodeDef(
-            op._name, op._type, tuple([(t._op._name, t._value_index) for t in ins]),
-            tuple([c._name for c in op._control_inputs]) if op._control_inputs else (),
-            op._device, attrs.copy() if attrs else _NO_ATTRS,
-            (ValueInfo(op._outputs[0]._dtype, op._outputs[0]._shape, attrs["value"]),)
-            if op._type == "Const" and not op._control_inputs else
-            tuple([ValueInfo(t._dtype, t._shape) for t in op._outputs]), tuple(input_types),
-            op._op_def.stateful, f"{site[0]}:{site[1]}")
+        controls = op._control_inputs
+        out = op._out
+        outputs: tuple[ValueInfo, ...]
+        if isinstance(out, tuple):  # none or several
+            outputs = tuple([_info(t, infos) for t in out])
+        elif op._type == "Const" and not controls:
+            outputs = (ValueInfo(out._dtype, out._shape, attrs["value"]),)
+        else:
+            # Elementwise ops pass their first input's dtype and shape object on:
+            # share its ValueInfo (unless it carries a constant's value).
+            first = input_types[0] if input_types else None
+            if first is not None and first.shape is out._shape and \
+                    first.dtype is out._dtype and first.value is None:
+                outputs = (first,)
+            else:
+                outputs = (_info(out, infos),)
+        lines = _SITES.get(op._file)
+        site = lines.get(op._line) if lines is not None else None
+        node = op._ir = _new_node((
+            op._name, op._type, tuple(refs),
+            tuple([c._name for c in controls]) if controls else (),
+            op._device, attrs.copy() if attrs else _NO_ATTRS, outputs, tuple(input_types),
+            op._op_def.stateful, site if site is not None else _site(op._file, op._line)))
     return node
 
 
 def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
     """The IR of ``graph`` (or of ``ops``, a topologically ordered subset)."""
-    return GraphIR.of(node_def_of(op) for op in (graph.get_operations() if ops is None else ops))
+    infos: _Infos = {}
+    return GraphIR.of([node_def_of(op, infos)
+                       for op in (graph.get_operations() if ops is None else ops)])

@@ -80,8 +80,11 @@ def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Seque
     ``frames`` and ``loops`` come from :func:`~asyncflow.compiler.control_flow.add_control_loops`
     when the run has loops spanning devices.
     """
-    device_of = {n.name: d for n, d in zip(nodes, placement)}
     fed = {r: k for k, r in enumerate(feeds)}
+    if len(set(placement)) == 1 and not loops:
+        return (_one_partition(nodes, placement[0], devices, feeds, fed, fetches, targets,
+                               control_flow),)
+    device_of = {n.name: d for n, d in zip(nodes, placement)}
     nodes_of: dict[int, list[NodeDef]] = {}
     args_of: dict[int, set[int]] = {}
     recvs: dict[tuple[Ref | str, int], str] = {}  # (tensor, or control source name; dst)
@@ -136,6 +139,32 @@ def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Seque
                      tuple((k, feeds[k]) for k in sorted(args_of.get(d, ()))),
                      tuple(retvals_of.get(d, ())), tuple(targets_of.get(d, ())), control_flow)
         for d in sorted(nodes_of))
+
+
+def _one_partition(nodes: Sequence[NodeDef], d: int, devices: Sequence[str],
+                   feeds: Sequence[Ref], fed: Mapping[Ref, int], fetches: Sequence[Ref],
+                   targets: Sequence[str], control_flow: bool) -> PartitionDef:
+    """:func:`partition` when every node is on device ``d``: no edge is cut, so a node
+    changes only when a control input is not in the run (a fed Placeholder's: the feed
+    carries it), and the partition reads the feeds some node reads."""
+    out = list(nodes)
+    names: set[str] | None = None
+    for k, n in enumerate(out):
+        if n.control_inputs:
+            if names is None:
+                names = {m.name for m in nodes}
+            if any(c not in names for c in n.control_inputs):
+                out[k] = n._replace(
+                    control_inputs=tuple(c for c in n.control_inputs if c in names))
+    args: list[int] = []
+    if fed:
+        read: set[Ref] = set()
+        for n in nodes:
+            read.update(n.inputs)
+        args = sorted(k for r, k in fed.items() if r in read)
+    return PartitionDef(devices[d], tuple(out), tuple((k, feeds[k]) for k in args),
+                        tuple((k, r) for k, r in enumerate(fetches) if r not in fed),
+                        tuple(targets), control_flow)
 
 
 def _make_pair(source: Ref | str, infos: Mapping[str, NodeDef], src: int, dst: int,

@@ -52,9 +52,19 @@ class Compiled:
 
     plans: tuple[Plan, ...]
     retval_map: tuple[tuple[int, int], ...]
-    placement: tuple[tuple[str, str], ...]   # (node name, device) of every node that runs
+    #: Every node that runs, and the index in ``devices`` of its device (see placement).
+    node_names: tuple[str, ...]
+    node_devices: tuple[int, ...]
+    devices: tuple[str, ...]
     client: ClientKeys | None = None
     optimizer: OptimizerStats = field(default_factory=OptimizerStats)
+
+    @property
+    def placement(self) -> tuple[tuple[str, str], ...]:
+        """(node name, device) of every node that runs (made when asked: a large
+        compile would otherwise make a pair per node for a log line)."""
+        devices = self.devices
+        return tuple((name, devices[d]) for name, d in zip(self.node_names, self.node_devices))
 
     @property
     def partitions(self) -> tuple[PartitionDef, ...]:
@@ -83,8 +93,9 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
     nodes, placement, stats = optimize(
         nodes, placement, devices=devices, options=options or _DEFAULT_OPTIONS, feeds=feeds,
         fetches=fetches, targets=targets, allow_soft_placement=allow_soft_placement)
-    control_flow = any(n.op in CONTROL_FLOW_OPS for n in nodes)
-    has_loops = control_flow and any(n.op == "Enter" for n in nodes)
+    ops = {n.op for n in nodes}
+    control_flow = not ops.isdisjoint(CONTROL_FLOW_OPS)
+    has_loops = "Enter" in ops
     frames = loops = None
     if has_loops:
         if feeds:  # where the fed tensors live: in the graph as it is without the feeds
@@ -111,9 +122,9 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
         for local, (k, _) in enumerate(part.retvals):
             where[k] = (p, local)
     retval_map = tuple((-1, fed[r]) if r in fed else where[k] for k, r in enumerate(fetches))
-    return Compiled(tuple(build_plan(part) for part in parts), retval_map,
-                    tuple((n.name, devices[d]) for n, d in zip(nodes, placement)), client_keys,
-                    stats)
+    return Compiled(tuple([build_plan(part) for part in parts]), retval_map,
+                    tuple([n.name for n in nodes]), tuple(placement), tuple(devices),
+                    client_keys, stats)
 
 
 def _check_not_in_loop(frames: Frames, nodes: Sequence[NodeDef], refs: Sequence[Ref],

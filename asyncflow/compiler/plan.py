@@ -84,118 +84,153 @@ class Plan:
                 f"retvals={len(self.retval_slots)} frames={self.frames is not None}>")
 
 
-def _preloadable(node: NodeDef) -> bool:
-    return node.op == "Const" and not node.control_inputs
-
-
 def build_plan(part: PartitionDef) -> Plan:
-    """Lower one partition into a :class:`Plan`."""
+    """Lower one partition into a :class:`Plan`.
+
+    Kept tight: a 100,000-node plan is built on its first run, so every table is
+    made in one pass per node with flat lists indexed by node or slot (no per-slot
+    containers, no empty list per node).
+    """
     nodes = part.nodes
     # -- slots ------------------------------------------------------------------
-    slot_of: dict[str, int] = {}
+    # Nodes by position in ``nodes``: one name lookup per input edge, the rest lists.
+    position: dict[str, int] = {}
+    base: list[int] = []  # first output slot, by position
     n_slots = 0
-    for node in nodes:
-        slot_of[node.name] = n_slots
+    for k, node in enumerate(nodes):
+        position[node.name] = k
+        base.append(n_slots)
         n_slots += len(node.outputs)
     fed_slot: dict[Ref, int] = {}
     for k, (_, r) in enumerate(part.args):
         fed_slot[r] = n_slots + k
+    fed_names = {r[0] for r in fed_slot}
     arg_slots = tuple(range(n_slots, n_slots + len(part.args)))
     n_slots += len(part.args)
     initial_values: list[Any] = [None] * n_slots
 
     def slot(r: Ref) -> int:
         s = fed_slot.get(r) if fed_slot else None
-        return s if s is not None else slot_of[r[0]] + r[1]
+        return s if s is not None else base[position[r[0]]] + r[1]
 
     # -- nodes -------------------------------------------------------------------
-    node_of: dict[str, int] = {}
+    scheduled = [-1] * len(nodes)  # by position: the node's index in sched, -1 if preloaded
+    owner = [-1] * n_slots  # by slot: the scheduled node producing it
     sched: list[NodeDef] = []
-    for node in nodes:
-        if _preloadable(node):
+    out_slots: list[int] = []
+    for k, node in enumerate(nodes):
+        if node.op == "Const" and not node.control_inputs:  # preloaded, never runs
             value = node.attrs["value"]
-            initial_values[slot_of[node.name]] = value[()] if value.ndim == 0 else value
+            initial_values[base[k]] = value[()] if value.ndim == 0 else value
         else:
-            node_of[node.name] = len(sched)
+            i = scheduled[k] = len(sched)
             sched.append(node)
+            first = base[k]
+            out_slots.append(first)
+            if len(node.outputs) == 1:
+                owner[first] = i
+            else:
+                owner[first:first + len(node.outputs)] = [i] * len(node.outputs)
 
     n = len(sched)
     pending = [0] * n
-    consumers: list[list[int]] = [[] for _ in range(n)]
+    consumers: list[Any] = [()] * n      # a list once the node has a consumer
     in_slots: list[tuple[int, ...]] = []
-    readers: dict[int, list[int]] = {}
-    get_node = node_of.get
-    get_fed = fed_slot.get
-    # One pass per node, kept tight (a 100,000-node plan is built on its first run):
-    # producers in a small list (most nodes have one or two), readers by slot.
+    # Per slot: how many distinct nodes read it, and the last one that did.
+    reads = [0] * n_slots
+    last_reader = [-1] * n_slots
+    get_position = position.get
+    # One pass per node, kept tight: producers in a small list (most nodes have one
+    # or two).
     for i, node in enumerate(sched):
         ins_list: list[int] = []
         producers: list[int] = []
         for r in node.inputs:
-            s = get_fed(r) if fed_slot else None
-            if s is None:
-                s = slot_of[r[0]] + r[1]
-                p = get_node(r[0])
-                if p is not None and p not in producers:
+            name = r[0]
+            if name in fed_names and r in fed_slot:
+                s = fed_slot[r]
+            else:
+                k = position[name]
+                s = base[k] + r[1]
+                p = scheduled[k]
+                if p >= 0 and p not in producers:
                     producers.append(p)
             ins_list.append(s)
-            rs = readers.get(s)
-            if rs is None:
-                readers[s] = [i]
-            elif rs[-1] != i:  # a slot read twice by one node counts once
-                rs.append(i)
+            if last_reader[s] != i:  # a slot read twice by one node counts once
+                last_reader[s] = i
+                reads[s] += 1
         for c in node.control_inputs:
-            p = get_node(c)
-            if p is not None and p not in producers:
+            at = get_position(c)
+            p = scheduled[at] if at is not None else -1
+            if p >= 0 and p not in producers:
                 producers.append(p)
         in_slots.append(tuple(ins_list))
         pending[i] = len(producers)
         for p in producers:
-            consumers[p].append(i)
+            cs = consumers[p]
+            if cs:
+                cs.append(i)
+            else:
+                consumers[p] = [i]
 
     # -- last use ----------------------------------------------------------------
     retval_slots = tuple(slot(r) for _, r in part.retvals)
     keep = set(arg_slots)
     keep.update(retval_slots)
-    frees: list[list[int]] = [[] for _ in range(n)]
-    counted: list[list[int]] = [[] for _ in range(n)]
+    frees: list[Any] = [()] * n    # a list once the node frees a slot
+    counted: list[Any] = [()] * n
     refs: list[int] | None = None
-    for s, rs in readers.items():
-        if s in keep or initial_values[s] is not None:
-            continue
-        if len(rs) == 1:
-            frees[rs[0]].append(s)
-        else:
+    for s in range(n_slots):
+        k = reads[s]
+        if k == 1:  # sole reader frees it, unless fetched, fed or preloaded
+            if s not in keep and initial_values[s] is None:
+                reader = last_reader[s]
+                f = frees[reader]
+                if f:
+                    f.append(s)
+                else:
+                    frees[reader] = [s]
+        elif k == 0:  # an output nobody reads: freed by its producer
+            producer = owner[s]
+            if producer >= 0 and s not in keep:
+                f = frees[producer]
+                if f:
+                    f.append(s)
+                else:
+                    frees[producer] = [s]
+        elif s not in keep and initial_values[s] is None:
             if refs is None:
                 refs = [0] * n_slots
-            refs[s] = len(rs)
-            for reader in rs:
-                counted[reader].append(s)
-    for i, node in enumerate(sched):
-        base = slot_of[node.name]
-        for k in range(len(node.outputs)):
-            s = base + k
-            if s not in readers and s not in keep:
-                frees[i].append(s)
+            refs[s] = k
+    if refs is not None:  # reference counted slots: every reader releases once
+        for i, ins in enumerate(in_slots):
+            for s in dict.fromkeys(ins):
+                if refs[s]:
+                    c = counted[i]
+                    if c:
+                        c.append(s)
+                    else:
+                        counted[i] = [s]
 
     frames = None
     edges_out: EdgesOut = ()
-    if any(node.op == "Enter" for node in sched):  # loops: the frame propagator
+    ops = {node.op for node in sched}
+    if "Enter" in ops:  # loops: the frame propagator
         frames = analyze_frames(sched, node_frames(sched))
-        edges_out = _edges_out(sched, node_of, in_slots, fed_slot)
-    elif any(node.op in CONTROL_FLOW_OPS or (part.control_flow and node.op == "_Recv")
-             for node in sched):  # dead tensors, one frame: the plain propagator
-        frames = cond_info(sched)
+        edges_out = _edges_out(sched, {node.name: i for i, node in enumerate(sched)},
+                               in_slots, fed_slot)
+    elif not ops.isdisjoint(CONTROL_FLOW_OPS) or (part.control_flow and "_Recv" in ops):
+        frames = cond_info(sched)  # dead tensors, one frame: the plain propagator
     return Plan(
         partition=part,
         nodes=tuple(sched),
         inputs=tuple(in_slots),
-        out=tuple(slot_of[node.name] for node in sched),
-        consumers=tuple(tuple(c) for c in consumers),
-        frees=tuple(tuple(f) for f in frees),
-        counted=tuple(tuple(c) for c in counted),
+        out=tuple(out_slots),
+        consumers=tuple(map(tuple, consumers)),
+        frees=tuple(map(tuple, frees)),
+        counted=tuple(map(tuple, counted)),
         initial_pending=tuple(pending),
-        initial_ready=tuple(i for i in range(n) if not pending[i]),
+        initial_ready=tuple([i for i in range(n) if not pending[i]]),
         initial_values=tuple(initial_values),
         initial_refs=tuple(refs) if refs is not None else None,
         arg_slots=arg_slots,

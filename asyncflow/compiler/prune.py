@@ -29,6 +29,7 @@ def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
     needed: set[str] = set()
     add = needed.add
     push = stack.append
+    fed_names = {r[0] for r in fed}  # a string test spares most inputs the tuple's
     while stack:
         name = stack.pop()
         if name in needed:
@@ -37,8 +38,9 @@ def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
         node = by_name[name]
         if fed:
             for r in node.inputs:
-                if r not in fed:
-                    push(r[0])
+                source = r[0]
+                if source not in needed and (source not in fed_names or r not in fed):
+                    push(source)
             for c in node.control_inputs:
                 # As TF's FeedInputs: a control edge from a fed Placeholder is carried
                 # by the feed, so the Placeholder itself need not (and cannot) run.
@@ -46,7 +48,11 @@ def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
                     push(c)
         else:
             for r in node.inputs:
-                push(r[0])
+                if r[0] not in needed:
+                    push(r[0])
             stack.extend(node.control_inputs)
+    nodes = ir.nodes
+    if len(needed) * 4 >= len(nodes):  # most of the graph: one ordered scan, no sort
+        return tuple([n for n in nodes if n.name in needed])
     position = ir.position
-    return tuple(by_name[name] for name in sorted(needed, key=position.__getitem__))
+    return tuple([by_name[name] for name in sorted(needed, key=position.__getitem__)])

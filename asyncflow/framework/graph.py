@@ -43,15 +43,19 @@ __all__ = [
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _creation_site() -> tuple[str, int]:
-    """(filename, line) of the innermost stack frame outside the asyncflow package."""
-    frame = sys._getframe(2)
+def _creation_site(depth: int) -> tuple[str, int]:
+    """(filename, line) of the innermost stack frame outside the asyncflow package,
+    starting ``depth`` frames above the caller (frames known to be asyncflow's are
+    skipped without looking at them: ``sys._getframe(depth)`` walks them in C)."""
+    frame: Any = sys._getframe(depth + 1)
+    package = _PACKAGE_DIR
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith(_PACKAGE_DIR):
-            return filename, frame.f_lineno
-        frame = frame.f_back  # type: ignore[assignment]
+        code = frame.f_code
+        if not code.co_filename.startswith(package):
+            return code.co_filename, frame.f_lineno
+        frame = frame.f_back
     return "<unknown>", 0
+
 
 class SupportsTensor(Protocol):
     """Anything that stands for a tensor in an op's input (an ``af.Variable``)."""
@@ -68,17 +72,24 @@ if TYPE_CHECKING:
 else:
     TensorLike = Any
 
+def _not_installed(name: str) -> Callable[..., Tensor]:
+    def operator(*args: Any) -> Tensor:
+        raise RuntimeError(f"tensor operator {name!r} is not installed: import asyncflow "
+                           f"(asyncflow.ops.math_ops installs the operators)")
+
+    return operator
+
+
 #: Python operators on tensors, filled by ``asyncflow.ops.math_ops`` (which owns the
 #: ops they build) so that framework/ never imports ops/.  Keys: "add", "radd", ...
-_OPERATORS: dict[str, Callable[..., Tensor]] = {}
-
-
-def _operator(name: str) -> Callable[..., Tensor]:
-    try:
-        return _OPERATORS[name]
-    except KeyError:
-        raise RuntimeError(f"tensor operator {name!r} is not installed: import asyncflow "
-                           f"(asyncflow.ops.math_ops installs the operators)") from None
+#: Every key is present from the start (a stub raising until the real one is set),
+#: so an operator is one dict lookup and one call.
+_OPERATORS: dict[str, Callable[..., Tensor]] = {
+    name: _not_installed(name) for base in (
+        "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or",
+        "xor") for name in (base, f"r{base}")}
+_OPERATORS.update((name, _not_installed(name)) for name in (
+    "lt", "le", "gt", "ge", "neg", "abs", "invert", "getitem"))
 
 
 class TensorOperators:
@@ -95,94 +106,94 @@ class TensorOperators:
     __array_ufunc__ = None
 
     def __add__(self, other: TensorLike) -> Tensor:
-        return _operator("add")(self, other)
+        return _OPERATORS["add"](self, other)
 
     def __radd__(self, other: TensorLike) -> Tensor:
-        return _operator("radd")(self, other)
+        return _OPERATORS["radd"](self, other)
 
     def __sub__(self, other: TensorLike) -> Tensor:
-        return _operator("sub")(self, other)
+        return _OPERATORS["sub"](self, other)
 
     def __rsub__(self, other: TensorLike) -> Tensor:
-        return _operator("rsub")(self, other)
+        return _OPERATORS["rsub"](self, other)
 
     def __mul__(self, other: TensorLike) -> Tensor:
-        return _operator("mul")(self, other)
+        return _OPERATORS["mul"](self, other)
 
     def __rmul__(self, other: TensorLike) -> Tensor:
-        return _operator("rmul")(self, other)
+        return _OPERATORS["rmul"](self, other)
 
     def __truediv__(self, other: TensorLike) -> Tensor:
-        return _operator("truediv")(self, other)
+        return _OPERATORS["truediv"](self, other)
 
     def __rtruediv__(self, other: TensorLike) -> Tensor:
-        return _operator("rtruediv")(self, other)
+        return _OPERATORS["rtruediv"](self, other)
 
     def __floordiv__(self, other: TensorLike) -> Tensor:
-        return _operator("floordiv")(self, other)
+        return _OPERATORS["floordiv"](self, other)
 
     def __rfloordiv__(self, other: TensorLike) -> Tensor:
-        return _operator("rfloordiv")(self, other)
+        return _OPERATORS["rfloordiv"](self, other)
 
     def __mod__(self, other: TensorLike) -> Tensor:
-        return _operator("mod")(self, other)
+        return _OPERATORS["mod"](self, other)
 
     def __rmod__(self, other: TensorLike) -> Tensor:
-        return _operator("rmod")(self, other)
+        return _OPERATORS["rmod"](self, other)
 
     def __pow__(self, other: TensorLike) -> Tensor:
-        return _operator("pow")(self, other)
+        return _OPERATORS["pow"](self, other)
 
     def __rpow__(self, other: TensorLike) -> Tensor:
-        return _operator("rpow")(self, other)
+        return _OPERATORS["rpow"](self, other)
 
     def __matmul__(self, other: TensorLike) -> Tensor:
-        return _operator("matmul")(self, other)
+        return _OPERATORS["matmul"](self, other)
 
     def __rmatmul__(self, other: TensorLike) -> Tensor:
-        return _operator("rmatmul")(self, other)
+        return _OPERATORS["rmatmul"](self, other)
 
     def __and__(self, other: TensorLike) -> Tensor:
-        return _operator("and")(self, other)
+        return _OPERATORS["and"](self, other)
 
     def __rand__(self, other: TensorLike) -> Tensor:
-        return _operator("rand")(self, other)
+        return _OPERATORS["rand"](self, other)
 
     def __or__(self, other: TensorLike) -> Tensor:
-        return _operator("or")(self, other)
+        return _OPERATORS["or"](self, other)
 
     def __ror__(self, other: TensorLike) -> Tensor:
-        return _operator("ror")(self, other)
+        return _OPERATORS["ror"](self, other)
 
     def __xor__(self, other: TensorLike) -> Tensor:
-        return _operator("xor")(self, other)
+        return _OPERATORS["xor"](self, other)
 
     def __rxor__(self, other: TensorLike) -> Tensor:
-        return _operator("rxor")(self, other)
+        return _OPERATORS["rxor"](self, other)
 
     def __lt__(self, other: TensorLike) -> Tensor:
-        return _operator("lt")(self, other)
+        return _OPERATORS["lt"](self, other)
 
     def __le__(self, other: TensorLike) -> Tensor:
-        return _operator("le")(self, other)
+        return _OPERATORS["le"](self, other)
 
     def __gt__(self, other: TensorLike) -> Tensor:
-        return _operator("gt")(self, other)
+        return _OPERATORS["gt"](self, other)
 
     def __ge__(self, other: TensorLike) -> Tensor:
-        return _operator("ge")(self, other)
+        return _OPERATORS["ge"](self, other)
 
     def __neg__(self) -> Tensor:
-        return _operator("neg")(self)
+        return _OPERATORS["neg"](self)
 
     def __abs__(self) -> Tensor:
-        return _operator("abs")(self)
+        return _OPERATORS["abs"](self)
 
     def __invert__(self) -> Tensor:
-        return _operator("invert")(self)
+        return _OPERATORS["invert"](self)
 
     def __getitem__(self, key: Any) -> Tensor:
-        return _operator("getitem")(self, key)
+        return _OPERATORS["getitem"](self, key)
 
 
 class _Runner(Protocol):
@@ -312,22 +323,26 @@ class Operation:
         "_control_inputs",
         "_ctx",
         "_device",
+        "_file",
         "_graph",
-        "_id",
         "_inputs",
         "_ir",
+        "_line",
         "_name",
         "_op_def",
-        "_outputs",
-        "_traceback",
+        "_out",
         "_type",
     )
 
-    _outputs: tuple[Tensor, ...]
+    #: The output: the Tensor itself for a single-output op (most ops), else the
+    #: tuple of outputs.  Not a 1-tuple: a large graph is mostly single-output ops,
+    #: and every object kept per op is one more for each garbage-collector pass
+    #: over the graph while it is being built (see ``_outputs``).
+    _out: Tensor | tuple[Tensor, ...]
 
     def __init__(self, graph: Graph, name: str, op_type: str, inputs: tuple[Tensor, ...],
                  control_inputs: tuple[Operation, ...], attrs: dict[str, Any], device: str,
-                 traceback: tuple[str, int], op_id: int, op_def: registry.OpDef) -> None:
+                 traceback: tuple[str, int], op_def: registry.OpDef) -> None:
         self._graph = graph
         self._name = name
         self._type = op_type
@@ -335,13 +350,19 @@ class Operation:
         self._control_inputs = control_inputs
         self._attrs = attrs
         self._device = device
-        self._traceback = traceback
-        self._id = op_id
+        # Where the op was made, kept as two fields and formatted only when asked
+        # (op.traceback, an error message, the IR).
+        self._file, self._line = traceback
         self._op_def = op_def
         #: The control-flow context (cond branch / while loop) the op was built in.
         self._ctx: Any = None
         #: The op's compiler IR node, made on first compile (see compiler.ir).
         self._ir: Any = None
+
+    @property
+    def _outputs(self) -> tuple[Tensor, ...]:
+        out = self._out
+        return (out,) if type(out) is Tensor else out  # type: ignore[return-value]
 
     @property
     def name(self) -> str:
@@ -381,7 +402,7 @@ class Operation:
     @property
     def traceback(self) -> str:
         """Where in user code this op was created, as ``"file:line"``."""
-        return f"{self._traceback[0]}:{self._traceback[1]}"
+        return f"{self._file}:{self._line}"
 
     @property
     def stateful(self) -> bool:
@@ -420,24 +441,28 @@ class Operation:
 
 
 @contextlib.contextmanager
-def _pushed(stack: list[Any], item: Any) -> Iterator[None]:
+def _pushed(graph: Graph, stack: list[Any], item: Any) -> Iterator[None]:
     """``item`` on top of a per-thread context stack for the duration of the block."""
+    graph._scope_opened()
     stack.append(item)
     try:
         yield
     finally:
         stack.pop()
+        graph._scope_closed()
 
 
 @contextlib.contextmanager
-def _cleared(stacks: Any, name: str) -> Iterator[None]:
+def _cleared(graph: Graph, stacks: Any, name: str) -> Iterator[None]:
     """The per-thread stack ``name`` emptied for the duration of the block."""
+    graph._scope_opened()
     saved = getattr(stacks, name)
     setattr(stacks, name, [])
     try:
         yield
     finally:
         setattr(stacks, name, saved)
+        graph._scope_closed()
 
 
 class _ThreadStacks(threading.local):
@@ -459,6 +484,10 @@ class Graph:
         self._names_in_use: dict[str, int] = {}
         self._finalized = False
         self._stacks = _ThreadStacks()
+        #: How many scope blocks (name scope, control dependencies, device,
+        #: colocation, control-flow context) are open on this graph in any thread.
+        #: At zero every thread's stacks are empty: ``_create_op`` skips reading them.
+        self._scopes = 0
         self._unfeedable: set[Tensor] = set()
         self._variables: list[Any] = []  # af.Variable objects, for global_variables()
         self._unfetchable: set[Operation] = set()
@@ -484,52 +513,78 @@ class Graph:
         Build-time errors (bad dtypes → ``TypeError``, incompatible shapes →
         ``ValueError``) name the op.
         """
-        function = self._functions.get(op_type) if self._functions else None
-        op_def = function.op_def if function is not None else registry.get_op_def(op_type)
+        return self._create_op(op_type, inputs, attrs, name, control_inputs, 2)
+
+    def _create_op(self, op_type: str, inputs: Iterable[Tensor],
+                   attrs: Mapping[str, Any] | None, name: str | None,
+                   control_inputs: Iterable[Operation], depth: int,
+                   plain_name: bool = False) -> Operation:
+        """:meth:`create_op`, for the op constructors: ``depth`` frames above this one
+        are asyncflow's own (the search for the user's line starts above them);
+        ``plain_name``: ``name`` is asyncflow's own, a valid name not ending in "/"
+        (as an op type is), so it needs no checking.
+
+        Kept tight (a 100,000-node graph is built op by op): the common case (no
+        control dependency, control-flow context or colocation) takes no detour.
+        """
+        functions = self._functions
+        function = functions.get(op_type) if functions else None
+        if function is not None:
+            op_def = function.op_def
+        else:
+            op_def = registry.find_op_def(op_type) or registry.get_op_def(op_type)
         inputs = tuple(inputs)
-        for i, t in enumerate(inputs):
-            if not isinstance(t, Tensor):
-                raise TypeError(f"input {i} of new {op_type} op must be an af.Tensor, "
-                                f"got {type(t).__name__}")
-            if t._op._graph is not self:
-                raise ValueError(f"input {t.name!r} of new {op_type} op is from a "
-                                 f"different graph")
+        for t in inputs:
+            if type(t) is not Tensor or t._op._graph is not self:
+                self._check_inputs(op_type, inputs)
+                break
         attrs = dict(attrs) if attrs else {}
-        stacks = self._stacks
         controls: list[Operation] = []
-        for frame in stacks.control:
-            controls.extend(frame)
-        for c in control_inputs:
-            if not isinstance(c, Operation):
-                raise TypeError(f"control input of new {op_type} op must be an "
-                                f"af.Operation, got {type(c).__name__}")
-            controls.append(c)
-        ctx = stacks.cf_context[-1] if stacks.cf_context else None
-        if ctx is not None:
-            # Inside af.cond / af.while_loop: values from outside the branch or loop
-            # enter through Switch / Enter, and input-less ops hang off the pivot.
-            prepared, controls = ctx.prepare_op(op_type, inputs, controls)
-            inputs = tuple(prepared)
-        if controls:
-            seen: set[Operation] = set()
-            data_ops = {t._op for t in inputs}
-            controls = [c for c in controls
-                        if not (c in seen or c in data_ops or seen.add(c))]  # type: ignore[func-returns-value]
-            for c in controls:
-                if c._graph is not self:
-                    raise ValueError(f"control input {c.name!r} of new {op_type} op is "
-                                     f"from a different graph")
-        device = stacks.device[-1] if stacks.device else ""
-        if stacks.colocate and "_class" not in attrs:
-            # As TF: colocation wins over the device scope; placement honours "_class".
-            attrs["_class"] = [f"loc:@{stacks.colocate[-1]._name}"]
-            device = stacks.colocate[-1]._device
-        site = _creation_site()
+        ctx = None
+        device = ""
+        scope = ""
+        if self._scopes or control_inputs:
+            stacks = self._stacks
+            control_stack = stacks.control
+            cf_stack = stacks.cf_context
+            scope = stacks.name_scope
+            for frame in control_stack:
+                controls.extend(frame)
+            for c in control_inputs:
+                if not isinstance(c, Operation):
+                    raise TypeError(f"control input of new {op_type} op must be an "
+                                    f"af.Operation, got {type(c).__name__}")
+                controls.append(c)
+            ctx = cf_stack[-1] if cf_stack else None
+            if ctx is not None:
+                # Inside af.cond / af.while_loop: values from outside the branch or loop
+                # enter through Switch / Enter, and input-less ops hang off the pivot.
+                prepared, controls = ctx.prepare_op(op_type, inputs, controls)
+                inputs = tuple(prepared)
+            if controls:
+                seen: set[Operation] = set()
+                data_ops = {t._op for t in inputs}
+                controls = [c for c in controls
+                            if not (c in seen or c in data_ops or seen.add(c))]  # type: ignore[func-returns-value]
+                for c in controls:
+                    if c._graph is not self:
+                        raise ValueError(f"control input {c.name!r} of new {op_type} op is "
+                                         f"from a different graph")
+            device_stack = stacks.device
+            if device_stack:
+                device = device_stack[-1]
+            colocate = stacks.colocate
+            if colocate and "_class" not in attrs:
+                # As TF: colocation wins over the device scope; placement honours "_class".
+                attrs["_class"] = [f"loc:@{colocate[-1]._name}"]
+                device = colocate[-1]._device
+        site = _creation_site(depth)
         with self._lock:
             if self._finalized:
                 raise RuntimeError(f"cannot add op of type {op_type!r}: graph {self!r} is "
                                    f"finalized")
-            full_name = self._unique_name_locked(name or op_type, explicit=name is not None)
+            full_name = self._unique_name_locked(
+                name or op_type, explicit=name is not None and not plain_name, scope=scope)
             try:
                 specs = op_def.shape_fn(inputs, attrs)
             except (TypeError, ValueError) as exc:
@@ -541,37 +596,59 @@ class Graph:
                 self._release_name_locked(full_name)
                 raise
             op = Operation(self, full_name, op_type, inputs, tuple(controls), attrs, device,
-                           site, len(self._ops), op_def)
-            op._ctx = ctx
-            op._outputs = tuple(
-                Tensor(op, i, dt, shape if isinstance(shape, TensorShape) else as_shape(shape))
-                for i, (dt, shape) in enumerate(specs))
+                           site, op_def)
+            if ctx is not None:
+                op._ctx = ctx
+            if len(specs) == 1:
+                ((dt, shape),) = specs
+                op._out = Tensor(op, 0, dt, shape if isinstance(shape, TensorShape)
+                                 else as_shape(shape))
+            else:
+                op._out = tuple(
+                    Tensor(op, i, dt, shape if isinstance(shape, TensorShape)
+                           else as_shape(shape))
+                    for i, (dt, shape) in enumerate(specs))
             self._ops.append(op)
             self._by_name[full_name] = op
         return op
 
-    def _unique_name_locked(self, name: str, *, explicit: bool) -> str:
-        if explicit and name.endswith("/") and len(name) > 1:
-            # As TF: a name ending in "/" (a name scope's) is used exactly as given.
-            exact = name[:-1]
-            if exact in self._by_name:
-                raise ValueError(f"an op named {exact!r} already exists")
-            self._names_in_use.setdefault(exact.lower(), 1)
-            return exact
+    def _check_inputs(self, op_type: str, inputs: tuple[Any, ...]) -> None:
+        for i, t in enumerate(inputs):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"input {i} of new {op_type} op must be an af.Tensor, "
+                                f"got {type(t).__name__}")
+            if t._op._graph is not self:
+                raise ValueError(f"input {t.name!r} of new {op_type} op is from a "
+                                 f"different graph")
+
+    def _unique_name_locked(self, name: str, *, explicit: bool,
+                            scope: str | None = None) -> str:
+        """Reserve a unique name for ``name`` in the name scope (``scope``: the current
+        one, when the caller has read it already)."""
         if explicit:
+            if name.endswith("/") and len(name) > 1:
+                # As TF: a name ending in "/" (a name scope's) is used exactly as given.
+                exact = name[:-1]
+                if exact in self._by_name:
+                    raise ValueError(f"an op named {exact!r} already exists")
+                self._names_in_use.setdefault(exact.lower(), 1)
+                return exact
             _check_op_name(name)
-        scope = self._stacks.name_scope
-        name = scope + name if scope else name
+        if scope is None:
+            scope = self._stacks.name_scope
+        if scope:
+            name = scope + name
         key = name.lower()
-        i = self._names_in_use.get(key, 0)
-        self._names_in_use[key] = i + 1
+        names = self._names_in_use
+        i = names.get(key, 0)
+        names[key] = i + 1
         if i > 0:
             base = key
-            while key in self._names_in_use:
+            while key in names:
                 key = f"{base}_{i}"
                 i += 1
-            self._names_in_use[key] = 1
-            name = f"{name}_{i - 1}"
+            names[key] = 1
+            name = key if name == base else f"{name}_{i - 1}"
         return name
 
     def _release_name_locked(self, name: str) -> None:
@@ -609,11 +686,21 @@ class Graph:
         else:
             with self._lock:
                 new = self._unique_name_locked(name, explicit=True) + "/"
+        self._scope_opened()
         stacks.name_scope = new
         try:
             yield new
         finally:
             stacks.name_scope = old
+            self._scope_closed()
+
+    def _scope_opened(self) -> None:
+        with self._lock:
+            self._scopes += 1
+
+    def _scope_closed(self) -> None:
+        with self._lock:
+            self._scopes -= 1
 
     @contextlib.contextmanager
     def control_dependencies(self, control_inputs: Iterable[Any] | None) -> Iterator[None]:
@@ -622,10 +709,10 @@ class Graph:
         ``None`` clears the enclosing control dependencies.
         """
         if control_inputs is None:
-            with _cleared(self._stacks, "control"):
+            with _cleared(self, self._stacks, "control"):
                 yield
             return
-        with _pushed(self._stacks.control, [_as_operation(c, self) for c in control_inputs]):
+        with _pushed(self, self._stacks.control, [_as_operation(c, self) for c in control_inputs]):
             yield
 
     @contextlib.contextmanager
@@ -636,7 +723,7 @@ class Graph:
             if to_string is None:
                 raise TypeError(f"device must be a string, got {device_name!r}")
             device_name = to_string()
-        with _pushed(self._stacks.device, device_name or ""):
+        with _pushed(self, self._stacks.device, device_name or ""):
             yield
 
     @contextlib.contextmanager
@@ -648,19 +735,19 @@ class Graph:
         devices.  ``None`` clears the enclosing colocation.
         """
         if op is None:
-            with _cleared(self._stacks, "colocate"):
+            with _cleared(self, self._stacks, "colocate"):
                 yield
             return
         target = _as_operation(op, self)
         if target._graph is not self:
             raise ValueError(f"cannot colocate with {target.name!r}: it is from another graph")
-        with _pushed(self._stacks.colocate, target):
+        with _pushed(self, self._stacks.colocate, target):
             yield
 
     @contextlib.contextmanager
     def _control_flow_context(self, ctx: Any) -> Iterator[None]:
         """Build ops inside a control-flow context (``None``: the root context)."""
-        with _pushed(self._stacks.cf_context, ctx):
+        with _pushed(self, self._stacks.cf_context, ctx):
             yield
 
     def _can_capture(self, graph: Graph) -> bool:
@@ -807,7 +894,7 @@ _graph_def_writer: list[Callable[[Graph], dict[str, Any]]] = [_no_writer]
 def _check_op_name(name: str) -> None:
     if not isinstance(name, str):
         raise TypeError(f"op name must be a string, got {type(name).__name__}")
-    if not name or ":" in name or name.startswith("^") or name.startswith("/"):
+    if not name or ":" in name or name.startswith(("^", "/")):
         raise ValueError(f"{name!r} is not a valid op name (no ':', no leading '^' or '/')")
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "SEND",
     "KernelDef",
     "OpDef",
+    "find_op_def",
     "get_kernel",
     "get_op_def",
     "register_kernel",
@@ -92,6 +93,9 @@ class KernelDef:
     device_type: str
     factory: Callable[..., tuple[Callable[..., Any], int]]
     needs_resources: bool = False
+    #: The factory returns the same kernel whatever the op (no attribute bound, no
+    #: specialisation): binding may call it once per op type.
+    static: bool = False
 
     def instantiate(self, op: Operation, resources: Any = None
                     ) -> tuple[Callable[..., Any], int]:
@@ -115,6 +119,10 @@ def _add_op_def(op_def: OpDef) -> None:
             raise errors.AlreadyExistsError(
                 None, None, f"op type {op_def.type!r} is already registered")
         _OPS[op_def.type] = op_def
+
+
+#: The OpDef of a type, or None: a bare dict lookup for the graph's hot path.
+find_op_def = _OPS.get
 
 
 def get_op_def(op_type: str) -> OpDef:
@@ -143,17 +151,19 @@ def get_kernel(op_type: str, device_type: str = "CPU") -> KernelDef:
 
 
 def register_kernel_factory(
-    op_type: str, device_type: str = "CPU", *, needs_resources: bool = False
+    op_type: str, device_type: str = "CPU", *, needs_resources: bool = False,
+    static: bool = False,
 ) -> Callable[[Any], Any]:
     """Decorator: register a kernel *factory* (``op -> (callable, kind)``) for ``op_type``.
 
     With ``needs_resources=True`` the factory is ``(op, resources) -> (callable, kind)``.
+    ``static=True`` promises it returns the same kernel for every op (see KernelDef).
     """
 
     def decorate(factory: Any) -> Any:
         with _lock:
             _KERNELS[(op_type, device_type)] = KernelDef(op_type, device_type, factory,
-                                                         needs_resources)
+                                                         needs_resources, static)
         return factory
 
     return decorate

@@ -21,6 +21,7 @@ import numpy as np
 from asyncflow import dtypes
 from asyncflow.framework import registry
 from asyncflow.framework.graph import (
+    Graph,
     Operation,
     Tensor,
     convert_to_tensor,
@@ -57,7 +58,7 @@ def inline_kernel(op_type: str, fn: Callable[..., Any] | None = None,
             return fn, registry.INLINE
         return functools.partial(fn, **{a: op._attrs[a] for a in bound}), registry.INLINE
 
-    registry.register_kernel_factory(op_type)(factory)
+    registry.register_kernel_factory(op_type, static=not bound)(factory)
     return fn
 
 
@@ -70,6 +71,8 @@ def make_op(op_type: str, inputs: Sequence[Tensor], attrs: Mapping[str, Any] | N
             # TF picks the inputs' graph; we do the same when they agree.
             graph = t._op._graph
             break
+    if type(graph) is Graph:  # a subclass (a function body) may override create_op
+        return graph._create_op(op_type, inputs, attrs, name or default_name or op_type, (), 2)
     return graph.create_op(op_type, inputs, attrs, name=name or default_name or op_type)
 
 

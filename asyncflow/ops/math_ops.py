@@ -22,7 +22,13 @@ import numpy as np
 from asyncflow import dtypes, errors
 from asyncflow.framework import graph as graph_module
 from asyncflow.framework import registry
-from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
+from asyncflow.framework.graph import (
+    Graph,
+    Operation,
+    Tensor,
+    convert_to_tensor,
+    get_default_graph,
+)
 from asyncflow.framework.shapes import TensorShape, broadcast_shapes, unknown_shape
 from asyncflow.ops._base import (
     binary_inputs,
@@ -93,17 +99,44 @@ def _check_dtype(t: Tensor, allowed: Callable[[dtypes.DType], bool], what: str) 
         raise TypeError(f"input {t.name!r} has dtype {t._dtype.name}, expected {what}")
 
 
-def _numeric_binary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
-    specs = binary_shape(inputs, attrs)
-    _check_dtype(inputs[0], lambda d: d.is_numeric, "a numeric dtype")
-    return specs
+def _is_numeric(d: dtypes.DType) -> bool:
+    return d.is_numeric
 
 
-def _real_binary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
-    specs = binary_shape(inputs, attrs)
-    _check_dtype(inputs[0], lambda d: d.is_integer or d.is_floating,
-                 "an integer or floating dtype")
-    return specs
+def _is_numeric_or_string(d: dtypes.DType) -> bool:
+    return d.is_numeric or d.is_string
+
+
+def _is_real(d: dtypes.DType) -> bool:
+    return d.is_integer or d.is_floating
+
+
+def _binary_checked(allowed: Callable[[dtypes.DType], bool], what: str
+                    ) -> Callable[[Sequence[Tensor], Mapping[str, Any]], Specs]:
+    """The shape function of a binary op on ``allowed`` dtypes: :func:`binary_shape`,
+    then ``_check_dtype`` of the first operand, in one call (a shape function runs
+    once per op built; ``allowed`` once per dtype)."""
+    verdicts: dict[dtypes.DType, bool] = {}
+
+    def shape_fn(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+        x, y = inputs
+        dt = x._dtype
+        if dt is not y._dtype:
+            raise TypeError(f"inputs must have the same dtype, got {dt.name} "
+                            f"({x.name}) and {y._dtype.name} ({y.name})")
+        shape = broadcast_shapes(x._shape, y._shape)
+        ok = verdicts.get(dt)
+        if ok is None:
+            ok = verdicts[dt] = allowed(dt)
+        if not ok:
+            raise TypeError(f"input {x.name!r} has dtype {dt.name}, expected {what}")
+        return [(dt, shape)]
+
+    return shape_fn
+
+
+_numeric_binary_shape = _binary_checked(_is_numeric, "a numeric dtype")
+_real_binary_shape = _binary_checked(_is_real, "an integer or floating dtype")
 
 
 def _compare_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
@@ -113,8 +146,7 @@ def _compare_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
 
 def _order_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     specs = _compare_shape(inputs, attrs)
-    _check_dtype(inputs[0], lambda d: d.is_integer or d.is_floating,
-                 "an integer or floating dtype")
+    _check_dtype(inputs[0], _is_real, "an integer or floating dtype")
     return specs
 
 
@@ -133,10 +165,6 @@ def _unary_checked(allowed: Callable[[dtypes.DType], bool], what: str
     return shape_fn
 
 
-def _is_numeric(d: dtypes.DType) -> bool:
-    return d.is_numeric
-
-
 def _is_inexact(d: dtypes.DType) -> bool:
     return d.is_floating or d.is_complex
 
@@ -153,10 +181,7 @@ def _unary(op_type: str, x: Any, name: str | None, default_name: str | None = No
 
 # -- elementwise binary arithmetic ------------------------------------------------------
 
-def _add_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
-    specs = binary_shape(inputs, attrs)
-    _check_dtype(inputs[0], lambda d: d.is_numeric or d.is_string, "a numeric or string dtype")
-    return specs
+_add_shape = _binary_checked(_is_numeric_or_string, "a numeric or string dtype")
 
 
 # The arithmetic and comparison kernels are Python's operators: on numpy values they
@@ -1030,15 +1055,33 @@ def where(condition: Any, x: Any = None, y: Any = None, name: str | None = None)
 
 # -- Tensor operators ---------------------------------------------------------------
 
-def _binary_operator(fn: Callable[..., Tensor], name: str
+def _binary_operator(fn: Callable[..., Tensor], name: str, op_type: str | None = None
                      ) -> tuple[Callable[[Tensor, Any], Tensor], Callable[[Tensor, Any], Tensor]]:
+    """The forward and reflected operator of ``fn``.  With ``op_type`` (``fn`` is
+    ``_binary(op_type, ...)``), two tensors go straight to the op: there is nothing
+    to convert, and a long chain of ``x + y`` is built op by op."""
     def forward(self: Tensor, other: Any) -> Tensor:
         return fn(self, other, name=name)
 
     def reflected(self: Tensor, other: Any) -> Tensor:
         return fn(other, self, name=name)
 
-    return forward, reflected
+    if op_type is None:
+        return forward, reflected
+
+    def forward_fast(self: Tensor, other: Any) -> Tensor:
+        # Only ever called by a graph.TensorOperators method: the frames of both are
+        # asyncflow's (depth 3 of _create_op starts the creation-site search above).
+        if type(other) is Tensor and type(self) is Tensor:
+            graph = self._op._graph
+            if other._op._graph is graph and type(graph) is Graph and \
+                    get_default_graph() is graph:  # what make_op would pick
+                return graph._create_op(op_type, (self, other), None, name, (), 3,
+                                        True)._outputs[0]
+            return make_op(op_type, (self, other), name=name)._outputs[0]
+        return fn(self, other, name=name)
+
+    return forward_fast, reflected
 
 
 def _matmul_named(a: Any, b: Any, name: str) -> Tensor:
@@ -1049,25 +1092,25 @@ def _install_operators() -> None:
     # TF names operator-made ops in lowercase ("add", "truediv"); named functions
     # keep the op type ("Less", "LogicalAnd").  The typed methods of
     # graph.TensorOperators look these up; Python picks the reflected one for `1 + x`.
-    table: dict[str, tuple[Callable[..., Tensor], str]] = {
-        "add": (add, "add"),
-        "sub": (subtract, "sub"),
-        "mul": (multiply, "mul"),
-        "truediv": (divide, "truediv"),
-        "floordiv": (floordiv, "floordiv"),
-        "mod": (mod, "mod"),
-        "pow": (pow, "pow"),
-        "matmul": (_matmul_named, "matmul"),
-        "and": (logical_and, "LogicalAnd"),
-        "or": (logical_or, "LogicalOr"),
-        "xor": (logical_xor, "LogicalXor"),
+    table: dict[str, tuple[Callable[..., Tensor], str, str | None]] = {
+        "add": (add, "add", "Add"),
+        "sub": (subtract, "sub", "Sub"),
+        "mul": (multiply, "mul", "Mul"),
+        "truediv": (divide, "truediv", None),
+        "floordiv": (floordiv, "floordiv", "FloorDiv"),
+        "mod": (mod, "mod", "FloorMod"),
+        "pow": (pow, "pow", "Pow"),
+        "matmul": (_matmul_named, "matmul", None),
+        "and": (logical_and, "LogicalAnd", None),
+        "or": (logical_or, "LogicalOr", None),
+        "xor": (logical_xor, "LogicalXor", None),
     }
     operators: dict[str, Callable[..., Tensor]] = {}
-    for key, (fn, name) in table.items():
-        operators[key], operators[f"r{key}"] = _binary_operator(fn, name)
+    for key, (fn, name, op_type) in table.items():
+        operators[key], operators[f"r{key}"] = _binary_operator(fn, name, op_type)
     for key, fn, name in (("lt", less, "Less"), ("le", less_equal, "LessEqual"),
                           ("gt", greater, "Greater"), ("ge", greater_equal, "GreaterEqual")):
-        operators[key] = _binary_operator(fn, name)[0]
+        operators[key] = _binary_operator(fn, name, name)[0]
     operators.update(neg=negative, abs=abs, invert=logical_not)
     graph_module._OPERATORS.update(operators)
     # getitem (StridedSlice) is installed by asyncflow.ops.slice_ops.

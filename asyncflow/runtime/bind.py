@@ -15,6 +15,7 @@ loop frame.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,43 +91,60 @@ class BoundPlan:
                 f"all_inline={self.all_inline} frames={self.frames}>")
 
 
+#: A BoundNode from a ready tuple of its fields (no Python-level __new__ per node).
+_new_bound: Any = functools.partial(tuple.__new__, BoundNode)
+
+
 def bind(plan: Plan, device: LocalDevice, resources: Any = None,
          op_lookup: Callable[[str], Any] | None = None) -> BoundPlan:
     """Instantiate the kernels of ``plan`` for ``device`` (and ``resources``)."""
     kernel_cache: dict[str, registry.KernelDef] = {}
+    static: dict[str, tuple[Callable[..., Any], int]] = {}  # kernels of static factories
     merges = {i for i, node in enumerate(plan.nodes) if node.op == "Merge"}
     merge_inputs = {p for p, cons in enumerate(plan.consumers)
-                    if merges and any(c in merges for c in cons)}
+                    if any(c in merges for c in cons)} if merges else set()
     nodes: list[BoundNode] = []
     all_inline = True
     bodies: dict[Any, Any] = {}  # function bodies bound for this plan, shared by its calls
-    for i, node in enumerate(plan.nodes):
+    for i, (node, ins, out, consumers, frees, counted) in enumerate(zip(
+            plan.nodes, plan.inputs, plan.out, plan.consumers, plan.frees, plan.counted)):
+        op_type = node.op
+        known = static.get(op_type)
         if FUNCTION_ATTR in node.attrs:  # a call the optimizer did not inline
             kernel, flow = _call_kernel(node, device, resources, bodies, op_lookup)
+        elif known is not None:
+            kernel, flow = known
         else:
-            kdef = kernel_cache.get(node.op)
+            kdef = kernel_cache.get(op_type)
             if kdef is None:
                 try:
-                    kdef = kernel_cache[node.op] = registry.get_kernel(node.op,
+                    kdef = kernel_cache[op_type] = registry.get_kernel(op_type,
                                                                        device.device_type)
                 except errors.NotFoundError as exc:
                     raise errors.NotFoundError(
                         None, _op_for(node, op_lookup),
                         f"{exc.message} (needed by node {node.name!r})") from None
-            kernel, flow = kdef.instantiate(node, resources)  # type: ignore[arg-type]
+            kernel, flow = kdef.instantiate(node, resources)
+            if kdef.static:
+                static[op_type] = (kernel, flow)
         kind = flow
-        if flow == registry.INLINE and i in merge_inputs:
-            kind = SPECIAL
-        if flow != registry.INLINE and flow != registry.CONTROL:
+        if flow == registry.INLINE:
+            if merge_inputs and i in merge_inputs:
+                kind = SPECIAL
+        elif flow != registry.CONTROL:
             all_inline = False
-        ins = plan.inputs[i]
-        nodes.append(BoundNode(
-            kernel, kind, len(ins), ins, plan.out[i], len(node.outputs), plan.consumers[i],
-            plan.frees[i], plan.counted[i],
-            operator.itemgetter(*ins) if len(ins) > 2 else None, flow))
-    schedulable = plan.frames is None and all(n.kind == registry.INLINE for n in nodes)
-    return BoundPlan(plan, tuple(nodes), tuple(_op_for(n, op_lookup) for n in plan.nodes),
-                     device, all_inline, plan.loops, schedulable)
+        arity = len(ins)
+        nodes.append(_new_bound((
+            kernel, kind, arity, ins, out, len(node.outputs), consumers, frees, counted,
+            operator.itemgetter(*ins) if arity > 2 else None, flow)))
+    if op_lookup is None:
+        ops: tuple[Any, ...] = plan.nodes
+    else:  # _op_for of every node
+        ops = tuple([op if (op := op_lookup(n.name)) is not None else n for n in plan.nodes])
+    # Without control-flow info there is no Switch / Merge (no CONTROL or SPECIAL kind):
+    # all_inline then means every node is an inline kernel.
+    schedulable = plan.frames is None and all_inline
+    return BoundPlan(plan, tuple(nodes), ops, device, all_inline, plan.loops, schedulable)
 
 
 def _call_kernel(node: NodeDef, device: LocalDevice, resources: Any, bodies: dict[Any, Any],
