@@ -271,7 +271,7 @@ class Session:
         The step runs on this session's event loop for the calling thread (one
         ``asyncio.Runner`` per session and thread, made on first use and closed with
         the session), so async kernels see the same loop from call to call.  A plan
-        made only of inline kernels, untraced and without a deadline, never awaits,
+        made only of inline kernels, without a deadline (traced or not), never awaits,
         so it runs without any event loop (same results, same errors).  Called while
         an event loop runs in this thread, it raises ``RuntimeError``: use
         ``await sess.run(...)``.
@@ -288,11 +288,10 @@ class Session:
     def _run_sync(self, call: _CompiledCall, frame: CallFrame, options: RunOptions | None,
                   run_metadata: RunMetadata | None) -> Any:
         # No loop at all: an all-inline plan, no deadline (its own or the session's), no
-        # slot to wait for, no trace, no progress ticker.
+        # slot to wait for, no progress ticker (traced or not: tracing never awaits).
         if call.fast and self._loop_free and (options is None or (
-                not options.timeout_in_ms and options.progress is None
-                and not _wants_trace(options, run_metadata))):
-            step = self._runner(call, frame)
+                not options.timeout_in_ms and options.progress is None)):
+            step = self._runner(call, frame, _wants_trace(options, run_metadata))
             try:
                 values = step.run_inline()  # type: ignore[union-attr]
             except BaseException:
@@ -383,9 +382,10 @@ class Session:
             return await self._admitted(call, frame, options, run_metadata)
         trace = options is not None and _wants_trace(options, run_metadata)
         step = self._runner(call, frame, trace)
-        if call.fast and not trace:
-            # The fast path: no loop registration, no task; a step that outlasts its
-            # first time slice goes on below, yielding to the loop between budgets.
+        if call.fast:
+            # The fast path (traced or not): no loop registration, no task; a step that
+            # outlasts its first time slice goes on below, yielding to the loop between
+            # budgets.
             try:
                 values = step.run_inline(SLICE)  # type: ignore[union-attr]
             except BaseException:

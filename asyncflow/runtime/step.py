@@ -132,6 +132,7 @@ class Step:
         "_stopped",
         "_tasks",
         "_tg",
+        "_tid",
     )
 
     def __init__(self, bound: BoundPlan, frame: CallFrame, trace: bool = False,
@@ -159,6 +160,7 @@ class Step:
         # Traced steps: one raw record per node run (made into NodeExecStats only when
         # the stats are read, so a traced node costs little more than two clock reads).
         self._stats: list[Any] | None = None
+        self._tid = 0  # the thread a traced step's inline nodes run on
         nodes = bound.nodes
         if trace:
             self._stats = []
@@ -177,10 +179,13 @@ class Step:
         continues with ``await run()``).  Only for plans whose nodes are all inline.
         """
         quiet = _quiet_numpy()
+        tracing = self._trace_on() if self._stats is not None else None
         try:
             finished = self._prop.drain(
                 math.inf if slice_s is None else time.perf_counter() + slice_s)
         finally:
+            if tracing is not None:
+                self._trace_off(tracing)
             _restore_numpy(quiet)
         if self._error is not None:
             raise self._error
@@ -200,7 +205,7 @@ class Step:
         token = _activate_cancellation(cm)
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
-        tracing = _TRACING.set(self) if self._stats is not None else None
+        tracing = self._trace_on() if self._stats is not None else None
         quiet = _quiet_numpy()
         try:
             finished = self._error is not None or self._prop.drain(time.perf_counter() + SLICE)
@@ -209,7 +214,7 @@ class Step:
         finally:
             _restore_numpy(quiet)
             if tracing is not None:
-                _TRACING.reset(tracing)
+                self._trace_off(tracing)
             _deactivate_cancellation(token)
         if self._error is not None:
             raise self._error
@@ -254,11 +259,13 @@ class Step:
 
     @property
     def stats(self) -> StepStats | None:
-        """The step's stats when it ran traced (one device: the partition's)."""
+        """The step's stats when it ran traced (one device: the partition's); its
+        NodeExecStats are made from the raw records when first read."""
         if self._stats is None:
             return None
-        return StepStats([DeviceStepStats(self._bound.plan.device,
-                                          [self._exec_stats(r) for r in self._stats])])
+        return StepStats([DeviceStepStats.deferred(
+            self._bound.plan.device,
+            functools.partial(_node_stats, self._bound, self._stats, self._tid))])
 
     # -- waiting for tasks ----------------------------------------------------------------
 
@@ -467,32 +474,36 @@ class Step:
         return retvals
 
     # -- tracing --------------------------------------------------------------------------
+    #
+    # A traced step keeps raw records in ``_stats`` and makes them into TF's
+    # NodeExecStats only when someone reads ``stats`` (RunMetadata.step_stats builds
+    # them on first access), so a traced node costs two clock reads and one small
+    # tuple.  Records, in the order things happened:
+    #   (i, start, end, info)                        an inline single-output node of a
+    #                                                 frame-free plan, on the step's thread
+    #   (i, kind, start, end, tid, infos, key, label) any other node
+    #   NodeExecStats                                 a nested step's (merge_stats)
+    # ``info`` is what ``_output_info`` gives, or a numpy scalar type for a scalar.
+
+    def _trace_on(self) -> Any:
+        """Make this step the one its traced kernels record into (in this context)."""
+        stats = self._stats
+        if stats is None:
+            return None
+        self._tid = threading.get_ident()  # where its inline nodes run
+        return _TRACING.set(self), _RECORD.set(stats.append)
+
+    @staticmethod
+    def _trace_off(tokens: Any) -> None:
+        if tokens is not None:
+            _RECORD.reset(tokens[1])
+            _TRACING.reset(tokens[0])
 
     def record(self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any],
                key: str = "") -> None:
         """Append node ``i``'s stats (traced steps only)."""
         self._stats.append((i, kind, start, end, threading.get_ident(),  # type: ignore[union-attr]
                             tuple(_output_info(o) for o in outputs), key, self._label))
-
-    def _exec_stats(self, record: Any) -> NodeExecStats:
-        """A raw record as TF's ``NodeExecStats`` (merged nested stats are already so)."""
-        if isinstance(record, NodeExecStats):
-            return record
-        i, kind, start, end, tid, outputs, key, label = record
-        op = self._bound.ops[i]
-        outs = [NodeOutput(k, tuple(shape), _dtype_name(dtype), int(nbytes))
-                for k, info in enumerate(outputs) if info is not None
-                for shape, dtype, nbytes in (info,)]
-        start_us = int(start * 1e6)
-        dur = int((end - start) * 1e6)
-        where = f" [frame {label[0]} iter {label[1]}]" if label is not None and label[0] else ""
-        return NodeExecStats(
-            node_name=op.name, op_type=op.type, kind=kind, scheduled_micros=start_us,
-            all_start_micros=start_us, op_start_rel_micros=0, op_end_rel_micros=dur,
-            all_end_rel_micros=dur, thread_id=tid,
-            timeline_label=f"{op.name} = {op.type}(){where}", output=outs,
-            rendezvous_key=key, frame_name=label[0] if label is not None else "",
-            iter_id=label[1] if label is not None else 0)
 
     def _record_transfer(self, i: int, start: float, frame_id: int, iter_id: int) -> None:
         node = self._bound.plan.nodes[i]
@@ -518,28 +529,57 @@ class Step:
                 self._stats.append(n)  # already a NodeExecStats
 
 
-#: The step a traced kernel records into (set by ``Step.run`` of a traced step).
+#: The step a traced kernel records into (set by ``Step.run`` of a traced step) and
+#: its records' ``append`` (what the inline kernels of frame-free plans use).
 _TRACING: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "asyncflow_tracing_step", default=None)
-#: Traced kernels per bound plan, made once: a traced step allocates no closures (and
-#: so no reference cycles) per node.
-_TRACED: weakref.WeakKeyDictionary[BoundPlan, tuple[BoundNode, ...]] = (
-    weakref.WeakKeyDictionary())
+_RECORD: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
+    "asyncflow_trace_record", default=None)
+
+
+class _Traced:
+    """What tracing a bound plan needs, made once per plan: the traced kernels (a
+    traced step allocates no closures, and so no reference cycles, per node), and the
+    names NodeExecStats carry."""
+
+    __slots__ = ("_names", "nodes")
+
+    def __init__(self, bound: BoundPlan) -> None:
+        frames = bound.frames
+        self.nodes = tuple(_traced_node(i, n, frames) for i, n in enumerate(bound.nodes))
+        self._names: list[tuple[str, str, str]] | None = None
+
+    def names(self, bound: BoundPlan) -> list[tuple[str, str, str]]:
+        """(node name, op type, timeline label) per node, made on first use."""
+        names = self._names
+        if names is None:
+            names = self._names = [(op.name, op.type, f"{op.name} = {op.type}()")
+                                   for op in bound.ops]
+        return names
+
+
+_TRACED: weakref.WeakKeyDictionary[BoundPlan, _Traced] = weakref.WeakKeyDictionary()
+
+
+def _traced(bound: BoundPlan) -> _Traced:
+    traced = _TRACED.get(bound)
+    if traced is None:
+        traced = _TRACED[bound] = _Traced(bound)
+    return traced
 
 
 def _traced_nodes(bound: BoundPlan) -> tuple[BoundNode, ...]:
-    nodes = _TRACED.get(bound)
-    if nodes is None:
-        nodes = _TRACED[bound] = tuple(_traced_node(i, n) for i, n in enumerate(bound.nodes))
-    return nodes
+    return _traced(bound).nodes
 
 
-def _traced_node(i: int, node: BoundNode) -> BoundNode:
+def _traced_node(i: int, node: BoundNode, frames: bool) -> BoundNode:
     """``node`` with a kernel that records when it ran into the current traced step."""
     flow = node.flow
     if flow not in (registry.INLINE, registry.ASYNC, registry.EXPENSIVE):
         return node  # transfers are recorded by dispatch, control flow by the propagator
     kernel = node.kernel
+    if flow == registry.INLINE and node.num_outputs == 1 and not frames:
+        return BoundNode(_compact_traced(i, kernel, node.arity), *node[1:])
     kind = registry.KERNEL_KINDS[flow]
     single = node.num_outputs == 1
     now = time.time
@@ -566,7 +606,6 @@ def _traced_node(i: int, node: BoundNode) -> BoundNode:
         ident = threading.get_ident
 
         def traced(*args: Any) -> Any:
-            # The per-node cost of tracing: two clock reads, one lookup, one tuple.
             start = now()
             v = kernel(*args)
             end = now()
@@ -578,16 +617,107 @@ def _traced_node(i: int, node: BoundNode) -> BoundNode:
     return BoundNode(wrapped, *node[1:])
 
 
-_DTYPE_NAMES: dict[Any, str] = {}
+def _compact_traced(i: int, kernel: Callable[..., Any], arity: int) -> Callable[..., Any]:
+    """The traced kernel of an inline single-output node of a frame-free plan: the
+    per-node cost of tracing is two clock reads, one context variable read and one
+    4-tuple (a numpy scalar output is recorded as its type: no attribute reads)."""
+    now = time.time
+    current = _RECORD.get
+    scalars = _SCALAR_TYPES
+    info = _output_info
+    if arity == 2:
+        def traced2(a: Any, b: Any) -> Any:
+            start = now()
+            v = kernel(a, b)
+            end = now()
+            record = current()
+            if record is not None:
+                t = type(v)
+                record((i, start, end, t if t in scalars else info(v)))
+            return v
+        return traced2
+    if arity == 1:
+        def traced1(a: Any) -> Any:
+            start = now()
+            v = kernel(a)
+            end = now()
+            record = current()
+            if record is not None:
+                t = type(v)
+                record((i, start, end, t if t in scalars else info(v)))
+            return v
+        return traced1
+
+    def traced(*args: Any) -> Any:
+        start = now()
+        v = kernel(*args)
+        end = now()
+        record = current()
+        if record is not None:
+            t = type(v)
+            record((i, start, end, t if t in scalars else info(v)))
+        return v
+    return traced
 
 
-def _dtype_name(dtype: Any) -> str:
-    """The name of a dtype given by its scalar type, memoized (numpy computes
-    ``dtype.name`` anew on every access, and hashing dtypes is slow)."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
-    return name
+def _node_stats(bound: BoundPlan, records: list[Any], tid: int) -> list[NodeExecStats]:
+    """A traced step's raw records as TF's ``NodeExecStats`` (see ``Step.record``)."""
+    names = _traced(bound).names(bound)
+    out: list[NodeExecStats] = []
+    append = out.append
+    for r in records:
+        if isinstance(r, NodeExecStats):
+            append(r)
+            continue
+        if len(r) == 4:
+            i, start, end, info = r
+            kind, key, label = "inline", "", None
+            outputs: tuple[Any, ...] = (info,)
+        else:
+            i, kind, start, end, tid_r, outputs, key, label = r
+        name, op_type, timeline = names[i]
+        start_us = int(start * 1e6)
+        dur = int((end - start) * 1e6)
+        frame, iteration = label if label is not None else ("", 0)
+        if frame:
+            timeline = f"{name} = {op_type}() [frame {frame} iter {iteration}]"
+        append(NodeExecStats(
+            name, op_type, kind, start_us, start_us, 0, dur, dur,
+            tid if len(r) == 4 else tid_r, timeline, _node_outputs(outputs), key, frame,
+            iteration))
+    return out
+
+
+def _node_outputs(infos: tuple[Any, ...]) -> list[NodeOutput]:
+    outs = []
+    for k, info in enumerate(infos):
+        if info is None:
+            continue
+        if isinstance(info, type):  # a numpy scalar
+            name, size = _dtype_info(info)
+            outs.append(NodeOutput(k, (), name, size))
+        else:
+            shape, dtype, nbytes = info
+            outs.append(NodeOutput(k, tuple(shape), _dtype_info(dtype)[0], int(nbytes)))
+    return outs
+
+
+_DTYPE_INFO: dict[Any, tuple[str, int]] = {}
+
+#: numpy scalar types of a fixed size: a traced node's scalar output is recorded as
+#: its type alone (``np.str_`` / ``np.bytes_`` / ``np.void`` vary in size: not here).
+_SCALAR_TYPES = frozenset(
+    np.dtype(c).type for c in "?bBhHiIlLqQefdgFDG")
+
+
+def _dtype_info(dtype: Any) -> tuple[str, int]:
+    """The name and item size of a dtype given by its scalar type, memoized (numpy
+    computes ``dtype.name`` anew on every access)."""
+    info = _DTYPE_INFO.get(dtype)
+    if info is None:
+        d = np.dtype(dtype)
+        info = _DTYPE_INFO[dtype] = (d.name, d.itemsize)
+    return info
 
 
 def _output_info(o: Any) -> tuple[tuple[int, ...], Any, int] | None:
