@@ -45,6 +45,7 @@ from asyncflow.config import RunMetadata, RunOptions, SessionConfig
 from asyncflow.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key, retval_converter
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Tensor, get_default_graph
+from asyncflow.framework.registry import RECV
 from asyncflow.partial_run import PartialRuns
 from asyncflow.runtime import function_call as _function_call  # installs the call kernel
 from asyncflow.runtime.admission import Admission
@@ -69,8 +70,8 @@ del _function_call
 class SessionStatistics:
     """A snapshot of a session's counters (``Session.statistics()``).
 
-    ``in_flight`` counts steps registered on a loop (an all-inline step that finishes
-    within its first time slice never is); ``completed`` / ``failed`` count every
+    ``in_flight`` counts steps registered on a loop (a step that finishes within its
+    first time slice without waiting never is); ``completed`` / ``failed`` count every
     ``run``, ``run_sync``, callable call and ``run_stream`` step by outcome (a
     cancelled or timed-out step, or one refused a slot before its deadline, failed).
     """
@@ -103,6 +104,7 @@ class _CompiledCall:
         "converters",
         "fast",
         "feed_keys",
+        "no_recvs",
         "rebuild",
         "retval_converters",
         "signature",
@@ -127,6 +129,15 @@ class _CompiledCall:
         #: synchronously (no task, no task group) unless it is traced or outlasts
         #: its first time slice.
         self.fast = self.single and self.bound[0].all_inline
+        self.no_recvs = all(n.flow != RECV for b in self.bound for n in b.nodes)
+
+    @property
+    def inline_first(self) -> bool:
+        """Run the first time slice synchronously, before any loop registration: the
+        fast path, and one partition whose async kernels may finish at once (queue ops
+        with a ``nowait`` twin); what is left goes on awaited.  Not with receives (their
+        callbacks would outrun the step's registration)."""
+        return self.single and self.no_recvs
 
     def frame(self, feed_dict: Mapping[Any, Any] | None) -> CallFrame:
         """The call frame of one step: the converted feed values, in plan order."""
@@ -382,10 +393,10 @@ class Session:
             return await self._admitted(call, frame, options, run_metadata)
         trace = options is not None and _wants_trace(options, run_metadata)
         step = self._runner(call, frame, trace)
-        if call.fast:
+        if call.inline_first:
             # The fast path (traced or not): no loop registration, no task; a step that
-            # outlasts its first time slice goes on below, yielding to the loop between
-            # budgets.
+            # outlasts its first time slice, or has async kernels that must wait, goes
+            # on below, yielding to the loop between budgets.
             try:
                 values = step.run_inline(SLICE)  # type: ignore[union-attr]
             except BaseException:

@@ -52,6 +52,7 @@ from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.cancellation import _activate as _activate_cancellation
 from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
 from asyncflow.runtime.propagators import Dead, FramePropagator, PlainPropagator, Propagator
+from asyncflow.runtime.resources import WOULD_BLOCK
 from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
 
 if TYPE_CHECKING:
@@ -176,7 +177,8 @@ class Step:
         """Run without an event loop, for at most ``slice_s`` seconds (to the end when None).
 
         Returns the retvals when the step finished, None when work is left (the caller
-        continues with ``await run()``).  Only for plans whose nodes are all inline.
+        continues with ``await run()``, which also starts the async kernels that could
+        not finish at once).  Not for plans with receives.
         """
         quiet = _quiet_numpy()
         tracing = self._trace_on() if self._stats is not None else None
@@ -350,6 +352,16 @@ class Step:
             fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
                                                     frame_id, iter_id))
             return
+        if kind == _ASYNC:
+            # An async kernel with a ``nowait`` twin (queue ops) first tries to finish
+            # at once, like an inline node: no task, no future.  Its error fails node i
+            # through the drain.
+            nowait = getattr(node.kernel, "nowait", None)
+            if nowait is not None:
+                v = nowait(*args)
+                if v is not WOULD_BLOCK:
+                    self._prop.complete(token, v)
+                    return
         self._outstanding += 1
         tg = self._tg
         if tg is None:
