@@ -9,6 +9,7 @@ import asyncio
 import pickle
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -154,3 +155,26 @@ async def test_step_stats_are_made_once_and_pickle(graph: af.Graph) -> None:
     assert built == [1]  # built once
     with pytest.raises(TypeError):
         hash(lazy)
+
+
+def test_a_traced_schedule_replays_the_same_order_with_traced_kernels(
+        graph: af.Graph) -> None:
+    from asyncflow.runtime.step import _traced_nodes, traced_schedule
+
+    x = af.placeholder(af.float32, shape=(), name="x")
+    z = af.multiply(af.add(x, 1.0, name="y"), 2.0, name="z")
+    with af.Session(graph=graph) as sess:
+        assert sess.run_sync(z, {x: 1.0}) == 4.0
+        bound = sess._prepare(z, {x: 1.0}).bound[0]
+    # A schedule's entries: the kernel first, the node index last, anything between.
+    entries = tuple((n.kernel, n.arity, i) for i, n in enumerate(bound.nodes))
+    schedule = SimpleNamespace(blocks=(entries[:2], entries[2:]), args=((0, 0),))
+    traced = traced_schedule(bound, schedule)
+    assert traced is traced_schedule(bound, schedule)  # made once per schedule
+    assert traced.args is schedule.args
+    assert [len(b) for b in traced.blocks] == [2, len(entries) - 2]
+    nodes = _traced_nodes(bound)
+    flat = [e for b in traced.blocks for e in b]
+    assert [e[1:] for e in flat] == [e[1:] for e in entries]
+    assert all(e[0] is nodes[e[-1]].kernel for e in flat)
+    assert sum(e[0] is not u[0] for e, u in zip(flat, entries, strict=True)) >= 2  # y, z

@@ -554,12 +554,25 @@ class _Traced:
     traced step allocates no closures, and so no reference cycles, per node), and the
     names NodeExecStats carry."""
 
-    __slots__ = ("_names", "nodes")
+    __slots__ = ("_names", "_schedule", "nodes")
 
     def __init__(self, bound: BoundPlan) -> None:
         frames = bound.frames
         self.nodes = tuple(_traced_node(i, n, frames) for i, n in enumerate(bound.nodes))
         self._names: list[tuple[str, str, str]] | None = None
+        self._schedule: tuple[Any, _TracedSchedule] | None = None
+
+    def schedule(self, schedule: Any) -> _TracedSchedule:
+        """``schedule`` (a plan's straight-line schedule: ``blocks`` of entries whose
+        first item is the kernel and last the node index, and ``args``) with the traced
+        kernels: a traced step replays the same order as an untraced one."""
+        made = self._schedule
+        if made is None or made[0] is not schedule:
+            nodes = self.nodes
+            blocks = tuple(tuple((nodes[e[-1]].kernel, *e[1:]) for e in block)
+                           for block in schedule.blocks)
+            made = self._schedule = (schedule, _TracedSchedule(blocks, schedule.args))
+        return made[1]
 
     def names(self, bound: BoundPlan) -> list[tuple[str, str, str]]:
         """(node name, op type, timeline label) per node, made on first use."""
@@ -568,6 +581,16 @@ class _Traced:
             names = self._names = [(op.name, op.type, f"{op.name} = {op.type}()")
                                    for op in bound.ops]
         return names
+
+
+class _TracedSchedule:
+    """A straight-line schedule with traced kernels (what the schedule propagator reads)."""
+
+    __slots__ = ("args", "blocks")
+
+    def __init__(self, blocks: tuple[tuple[tuple[Any, ...], ...], ...], args: Any) -> None:
+        self.blocks = blocks
+        self.args = args
 
 
 _TRACED: weakref.WeakKeyDictionary[BoundPlan, _Traced] = weakref.WeakKeyDictionary()
@@ -582,6 +605,11 @@ def _traced(bound: BoundPlan) -> _Traced:
 
 def _traced_nodes(bound: BoundPlan) -> tuple[BoundNode, ...]:
     return _traced(bound).nodes
+
+
+def traced_schedule(bound: BoundPlan, schedule: Any) -> _TracedSchedule:
+    """``bound``'s straight-line ``schedule`` with the kernels of a traced step."""
+    return _traced(bound).schedule(schedule)
 
 
 def _traced_node(i: int, node: BoundNode, frames: bool) -> BoundNode:
