@@ -51,7 +51,7 @@ async def test_ops_that_can_finish_at_once_make_no_task(graph: af.Graph) -> None
             blocked = asyncio.create_task(sess.run(enq, {x: 4}))
             await asyncio.sleep(0.01)
             assert not blocked.done()
-            assert made[0] >= 2  # the caller's task and the step's kernel task
+            assert made[0] >= 1  # at least the caller's task: the step waits
             assert sess.statistics().in_flight == 1
             assert await sess.run(deq) == 2
             await blocked

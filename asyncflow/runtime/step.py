@@ -39,6 +39,7 @@ import math
 import threading
 import time
 import weakref
+from array import array
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -117,6 +118,7 @@ class Step:
     __slots__ = (
         "_bound",
         "_cm",
+        "_compact",
         "_deferred",
         "_done",
         "_error",
@@ -158,14 +160,18 @@ class Step:
         self._finished = False
         #: The (frame name, iteration) the frame propagator is running a node in.
         self._label: tuple[str, int] | None = None
-        # Traced steps: one raw record per node run (made into NodeExecStats only when
-        # the stats are read, so a traced node costs little more than two clock reads).
+        # Traced steps: raw records, made into NodeExecStats only when the stats are
+        # read (see "tracing" below): a traced inline node costs one clock read.
         self._stats: list[Any] | None = None
+        self._compact: tuple[array[float], list[Any]] | None = None
         self._tid = 0  # the thread a traced step's inline nodes run on
         nodes = bound.nodes
         if trace:
             self._stats = []
             nodes = _traced_nodes(bound)
+            if not bound.frames:
+                n = len(nodes)
+                self._compact = (array("d", bytes(8 * n)), [None] * n)
         self._nodes = nodes
         prop: Propagator = (FramePropagator if bound.frames else PlainPropagator)(
             self, bound, nodes, frame.args)
@@ -267,7 +273,8 @@ class Step:
             return None
         return StepStats([DeviceStepStats.deferred(
             self._bound.plan.device,
-            functools.partial(_node_stats, self._bound, self._stats, self._tid))])
+            functools.partial(_node_stats, self._bound, self._stats, self._compact,
+                              self._tid))])
 
     # -- waiting for tasks ----------------------------------------------------------------
 
@@ -286,6 +293,8 @@ class Step:
                 try:
                     while self._error is None:
                         if prop.has_ready():
+                            if self._stats is not None:
+                                self._stats.append(time.time())  # a trace boundary
                             if not prop.drain(time.perf_counter() + SLICE):
                                 await asyncio.sleep(0)  # deadlines, cancels and tasks run
                             continue
@@ -436,6 +445,8 @@ class Step:
         except Exception as exc:
             self._fail(i, exc)
             return
+        if self._stats is not None:
+            self._stats.append(time.time())  # a trace boundary
         if not prop.drain(time.perf_counter() + SLICE):
             self._wake()  # the waiting loop goes on draining after a yield
         elif self._error is not None:
@@ -487,15 +498,20 @@ class Step:
 
     # -- tracing --------------------------------------------------------------------------
     #
-    # A traced step keeps raw records in ``_stats`` and makes them into TF's
-    # NodeExecStats only when someone reads ``stats`` (RunMetadata.step_stats builds
-    # them on first access), so a traced node costs two clock reads and one small
-    # tuple.  Records, in the order things happened:
-    #   (i, start, end, info)                        an inline single-output node of a
-    #                                                 frame-free plan, on the step's thread
-    #   (i, kind, start, end, tid, infos, key, label) any other node
-    #   NodeExecStats                                 a nested step's (merge_stats)
-    # ``info`` is what ``_output_info`` gives, or a numpy scalar type for a scalar.
+    # A traced step keeps raw records and makes them into TF's NodeExecStats only
+    # when someone reads ``stats`` (RunMetadata.step_stats builds them on first
+    # access).  The inline nodes of a frame-free plan (each runs at most once) write
+    # into ``_compact`` at their own index: ``ends[i]``, the time the kernel returned
+    # (a raw double: no object is kept per node), and ``infos[i]``, its outputs'
+    # info.  One clock read per node: a node starts where the step's previous event
+    # on its thread ended — the node before it, a transfer or control record, or a
+    # *boundary*, a bare time appended to ``_stats`` before every drain, when the
+    # step takes up work after the loop ran something else.  ``_stats`` holds, in
+    # the order things happened:
+    #   a float                                         a boundary
+    #   (i, kind, start, end, tid, infos, key, label)  any other node run
+    #   NodeExecStats                                   a nested step's (merge_stats)
+    # An info is what ``_output_info`` gives, or a numpy scalar's type for a scalar.
 
     def _trace_on(self) -> Any:
         """Make this step the one its traced kernels record into (in this context)."""
@@ -503,7 +519,8 @@ class Step:
         if stats is None:
             return None
         self._tid = threading.get_ident()  # where its inline nodes run
-        return _TRACING.set(self), _RECORD.set(stats.append)
+        stats.append(time.time())  # a boundary: a drain follows
+        return _TRACING.set(self), _RECORD.set(self._compact)
 
     @staticmethod
     def _trace_off(tokens: Any) -> None:
@@ -542,11 +559,11 @@ class Step:
 
 
 #: The step a traced kernel records into (set by ``Step.run`` of a traced step) and
-#: its records' ``append`` (what the inline kernels of frame-free plans use).
+#: its ``_compact`` records (what the inline kernels of frame-free plans write).
 _TRACING: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "asyncflow_tracing_step", default=None)
-_RECORD: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
-    "asyncflow_trace_record", default=None)
+_RECORD: contextvars.ContextVar[tuple[array[float], list[Any]] | None] = (
+    contextvars.ContextVar("asyncflow_trace_record", default=None))
 
 
 class _Traced:
@@ -618,8 +635,9 @@ def _traced_node(i: int, node: BoundNode, frames: bool) -> BoundNode:
     if flow not in (registry.INLINE, registry.ASYNC, registry.EXPENSIVE):
         return node  # transfers are recorded by dispatch, control flow by the propagator
     kernel = node.kernel
-    if flow == registry.INLINE and node.num_outputs == 1 and not frames:
-        return BoundNode(_compact_traced(i, kernel, node.arity), *node[1:])
+    if flow == registry.INLINE and not frames:
+        return BoundNode(_compact_traced(i, kernel, node.arity, node.num_outputs == 1),
+                         *node[1:])
     kind = registry.KERNEL_KINDS[flow]
     single = node.num_outputs == 1
     now = time.time
@@ -657,75 +675,116 @@ def _traced_node(i: int, node: BoundNode, frames: bool) -> BoundNode:
     return BoundNode(wrapped, *node[1:])
 
 
-def _compact_traced(i: int, kernel: Callable[..., Any], arity: int) -> Callable[..., Any]:
-    """The traced kernel of an inline single-output node of a frame-free plan: the
-    per-node cost of tracing is two clock reads, one context variable read and one
-    4-tuple (a numpy scalar output is recorded as its type: no attribute reads)."""
+def _compact_traced(i: int, kernel: Callable[..., Any], arity: int,
+                    single: bool) -> Callable[..., Any]:
+    """The traced kernel of an inline node of a frame-free plan: one clock read, one
+    context variable read and two stores at the node's index (a numpy scalar output is
+    recorded as its type: no attribute reads, no object kept)."""
     now = time.time
     current = _RECORD.get
     scalars = _SCALAR_TYPES
     info = _output_info
-    if arity == 2:
+    if single and arity == 2:
         def traced2(a: Any, b: Any) -> Any:
-            start = now()
             v = kernel(a, b)
-            end = now()
             record = current()
             if record is not None:
+                ends, infos = record
+                ends[i] = now()
                 t = type(v)
-                record((i, start, end, t if t in scalars else info(v)))
+                infos[i] = t if t in scalars else info(v)
             return v
         return traced2
-    if arity == 1:
+    if single and arity == 1:
         def traced1(a: Any) -> Any:
-            start = now()
             v = kernel(a)
-            end = now()
             record = current()
             if record is not None:
+                ends, infos = record
+                ends[i] = now()
                 t = type(v)
-                record((i, start, end, t if t in scalars else info(v)))
+                infos[i] = t if t in scalars else info(v)
             return v
         return traced1
 
     def traced(*args: Any) -> Any:
-        start = now()
         v = kernel(*args)
-        end = now()
         record = current()
         if record is not None:
-            t = type(v)
-            record((i, start, end, t if t in scalars else info(v)))
+            ends, infos = record
+            ends[i] = now()
+            if single:
+                t = type(v)
+                infos[i] = t if t in scalars else info(v)
+            else:
+                infos[i] = tuple(info(o) for o in (v or ()))
         return v
     return traced
 
 
-def _node_stats(bound: BoundPlan, records: list[Any], tid: int) -> list[NodeExecStats]:
-    """A traced step's raw records as TF's ``NodeExecStats`` (see ``Step.record``)."""
+def _node_stats(bound: BoundPlan, records: list[Any],
+                compact: tuple[array[float], list[Any]] | None,
+                tid: int) -> list[NodeExecStats]:
+    """A traced step's raw records as TF's ``NodeExecStats``, in the order the nodes
+    ended (see "tracing" in :class:`Step`)."""
+    # Every event by the time it ended (ties: boundaries and records before the
+    # compact nodes, in the order they were made).
+    events: list[tuple[float, int, Any]] = []
+    for seq, r in enumerate(records):
+        if type(r) is float:
+            events.append((r, seq, None))
+        elif isinstance(r, NodeExecStats):
+            events.append(((r.all_start_micros + r.all_end_rel_micros) / 1e6, seq, r))
+        else:
+            events.append((r[3], seq, r))
+    infos: list[Any] = []
+    if compact is not None:
+        ends, infos = compact
+        base = len(records)
+        events.extend((end, base + i, i) for i, end in enumerate(ends) if end)
+    events.sort(key=_time_and_seq)
     names = _traced(bound).names(bound)
+    nodes = bound.nodes
     out: list[NodeExecStats] = []
     append = out.append
-    for r in records:
-        if isinstance(r, NodeExecStats):
-            append(r)
+    last = 0.0  # when the step's previous event on its own thread ended
+    for end, _, r in events:
+        if r is None:
+            last = end  # a boundary
             continue
-        if len(r) == 4:
-            i, start, end, info = r
-            kind, key, label = "inline", "", None
-            outputs: tuple[Any, ...] = (info,)
+        if type(r) is int:  # an inline node: it started where the step's last event ended
+            i = r
+            start = last or end
+            last = end
+            info = infos[i]
+            stats = _exec_stats(names[i], "inline", start, end, tid,
+                                (info,) if nodes[i].num_outputs == 1 else info, "", None)
+        elif isinstance(r, NodeExecStats):
+            stats = r
         else:
             i, kind, start, end, tid_r, outputs, key, label = r
-        name, op_type, timeline = names[i]
-        start_us = int(start * 1e6)
-        dur = int((end - start) * 1e6)
-        frame, iteration = label if label is not None else ("", 0)
-        if frame:
-            timeline = f"{name} = {op_type}() [frame {frame} iter {iteration}]"
-        append(NodeExecStats(
-            name, op_type, kind, start_us, start_us, 0, dur, dur,
-            tid if len(r) == 4 else tid_r, timeline, _node_outputs(outputs), key, frame,
-            iteration))
+            if tid_r == tid:
+                last = end
+            stats = _exec_stats(names[i], kind, start, end, tid_r, outputs, key, label)
+        append(stats)
     return out
+
+
+def _time_and_seq(event: tuple[float, int, Any]) -> tuple[float, int]:
+    return event[0], event[1]
+
+
+def _exec_stats(names: tuple[str, str, str], kind: str, start: float, end: float, tid: int,
+                outputs: tuple[Any, ...], key: str,
+                label: tuple[str, int] | None) -> NodeExecStats:
+    name, op_type, timeline = names
+    start_us = int(start * 1e6)
+    dur = int(end * 1e6) - start_us
+    frame, iteration = label if label is not None else ("", 0)
+    if frame:
+        timeline = f"{name} = {op_type}() [frame {frame} iter {iteration}]"
+    return NodeExecStats(name, op_type, kind, start_us, start_us, 0, dur, dur, tid, timeline,
+                         _node_outputs(outputs), key, frame, iteration)
 
 
 def _node_outputs(infos: tuple[Any, ...]) -> list[NodeOutput]:
