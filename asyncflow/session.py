@@ -45,6 +45,7 @@ from asyncflow.config import RunMetadata, RunOptions, SessionConfig
 from asyncflow.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key, retval_converter
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Tensor, get_default_graph
+from asyncflow.framework.registry import RECV
 from asyncflow.partial_run import PartialRuns
 from asyncflow.runtime import function_call as _function_call  # installs the call kernel
 from asyncflow.runtime.admission import Admission
@@ -69,8 +70,8 @@ del _function_call
 class SessionStatistics:
     """A snapshot of a session's counters (``Session.statistics()``).
 
-    ``in_flight`` counts steps registered on a loop (an all-inline step that finishes
-    within its first time slice never is); ``completed`` / ``failed`` count every
+    ``in_flight`` counts steps registered on a loop (a step that finishes within its
+    first time slice without waiting never is); ``completed`` / ``failed`` count every
     ``run``, ``run_sync``, callable call and ``run_stream`` step by outcome (a
     cancelled or timed-out step, or one refused a slot before its deadline, failed).
     """
@@ -103,6 +104,7 @@ class _CompiledCall:
         "converters",
         "fast",
         "feed_keys",
+        "inline_first",
         "lone",
         "rebuild",
         "retval_converters",
@@ -135,6 +137,13 @@ class _CompiledCall:
         #: synchronously (no task, no task group) unless it is traced or outlasts
         #: its first time slice.
         self.fast = self.single and self.bound[0].all_inline
+        #: Run the first time slice synchronously, before any loop registration: the
+        #: fast path, and one partition whose async kernels may finish at once (queue
+        #: ops with a ``nowait`` twin; a lone async node is then awaited in the caller's
+        #: task); what is left goes on awaited.  Not with receives (their callbacks
+        #: would outrun the step's registration).
+        self.inline_first = self.single and all(
+            n.flow != RECV for b in self.bound for n in b.nodes)
 
     def frame(self, feed_dict: Mapping[Any, Any] | None) -> CallFrame:
         """The call frame of one step: the converted feed values, in plan order."""
@@ -281,7 +290,7 @@ class Session:
             # this call (one that outlasts its first time slice goes on awaited).
             require_asyncio("Session.run")
             step = self._runner(call, call.frame(feed_dict))
-            if call.fast:
+            if call.inline_first:
                 values = self._inline(step)
                 if values is not None:
                     return self._inline_done(call, step, values, None, run_metadata)
@@ -296,7 +305,7 @@ class Session:
         The step runs on this session's event loop for the calling thread (one
         ``asyncio.Runner`` per session and thread, made on first use and closed with
         the session), so async kernels see the same loop from call to call.  A plan
-        made only of inline kernels, untraced and without a deadline, never awaits,
+        made only of inline kernels, without a deadline (traced or not), never awaits,
         so it runs without any event loop (same results, same errors).  Called while
         an event loop runs in this thread, it raises ``RuntimeError``: use
         ``await sess.run(...)``.
@@ -313,11 +322,10 @@ class Session:
     def _run_sync(self, call: _CompiledCall, frame: CallFrame, options: RunOptions | None,
                   run_metadata: RunMetadata | None) -> Any:
         # No loop at all: an all-inline plan, no deadline (its own or the session's), no
-        # slot to wait for, no trace, no progress ticker.
+        # slot to wait for, no progress ticker (traced or not: tracing never awaits).
         if call.fast and self._loop_free and (options is None or (
-                not options.timeout_in_ms and options.progress is None
-                and not _wants_trace(options, run_metadata))):
-            step = self._runner(call, frame)
+                not options.timeout_in_ms and options.progress is None)):
+            step = self._runner(call, frame, _wants_trace(options, run_metadata))
             try:
                 values = step.run_inline()  # type: ignore[union-attr]
             except BaseException:
@@ -390,7 +398,7 @@ class Session:
             if options is None and self._admission is None:  # as run()
                 require_asyncio("Session.run")
                 step = self._runner(call, frame)
-                if call.fast:
+                if call.inline_first:
                     values = self._inline(step)
                     if values is not None:
                         return self._inline_done(call, step, values, None, run_metadata)
@@ -416,7 +424,10 @@ class Session:
             return await self._admitted(call, frame, options, run_metadata)
         trace = options is not None and _wants_trace(options, run_metadata)
         step = self._runner(call, frame, trace)
-        if call.fast and not trace:
+        if call.inline_first:
+            # The fast path (traced or not): no loop registration, no task; a step that
+            # outlasts its first time slice, or has async kernels that must wait, goes
+            # on awaited, yielding to the loop between budgets.
             values = self._inline(step)
             if values is not None:
                 return self._inline_done(call, step, values, options, run_metadata)

@@ -8,7 +8,9 @@ fields are relative to it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["AllocatorMemoryUsed", "DeviceStepStats", "NodeExecStats", "NodeOutput",
            "StepStats"]
@@ -60,12 +62,55 @@ class NodeExecStats:
     iter_id: int = 0
 
 
-@dataclass(slots=True)
 class DeviceStepStats:
-    """The node stats of one device (``device`` is the full device name)."""
+    """The node stats of one device (``device`` is the full device name).
 
-    device: str
-    node_stats: list[NodeExecStats] = field(default_factory=list)
+    A traced step hands over its raw records: ``node_stats`` is made from them on
+    first access (a traced run then costs little more per node than two clock
+    reads), and is a plain list from then on.
+    """
+
+    __slots__ = ("_build", "_node_stats", "device")
+
+    def __init__(self, device: str, node_stats: list[NodeExecStats] | None = None) -> None:
+        self.device = device
+        self._node_stats = [] if node_stats is None else node_stats
+        self._build: Callable[[], list[NodeExecStats]] | None = None
+
+    @classmethod
+    def deferred(cls, device: str, build: Callable[[], list[NodeExecStats]]) -> DeviceStepStats:
+        """Stats of ``device`` whose ``node_stats`` are ``build()``, called on first access."""
+        stats = cls(device)
+        stats._build = build
+        return stats
+
+    @property
+    def node_stats(self) -> list[NodeExecStats]:
+        """What ran on the device, one :class:`NodeExecStats` per node run."""
+        build = self._build
+        if build is not None:
+            self._node_stats = build()
+            self._build = None
+        return self._node_stats
+
+    @node_stats.setter
+    def node_stats(self, value: list[NodeExecStats]) -> None:
+        self._node_stats = value
+        self._build = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DeviceStepStats):
+            return NotImplemented
+        return self.device == other.device and self.node_stats == other.node_stats
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
+
+    def __repr__(self) -> str:
+        return f"DeviceStepStats(device={self.device!r}, node_stats={self.node_stats!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Shipped between processes (distributed steps) with its stats made.
+        return DeviceStepStats, (self.device, self.node_stats)
 
 
 @dataclass(slots=True)

@@ -90,7 +90,7 @@ class DistributedCall(_CompiledCall):
                  bound: Sequence[Any], fetches: Sequence[Tensor], feed_keys: tuple[Any, ...],
                  converters: tuple[Callable[[Any], Any], ...], rebuild: Rebuild) -> None:
         super().__init__(compiled, bound, fetches, feed_keys, converters, rebuild)
-        self.single = self.fast = False
+        self.single = self.fast = self.inline_first = False
         self.master = master
         plans = compiled.plans
         where: dict[int, tuple[str, int]] = {p: (LOCAL_TASK, i) for i, p in enumerate(local)}

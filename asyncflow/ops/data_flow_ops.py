@@ -5,7 +5,9 @@ op looks it up or creates it (queues with one ``shared_name`` share state; an
 incompatible redefinition is an ``InvalidArgumentError`` naming what differs) and
 outputs its handle, which the enqueue / dequeue / close / size ops take as input.
 Enqueue and dequeue are async kernels: a full or empty queue makes them wait on the
-event loop, holding no thread.
+event loop, holding no thread.  Each has a ``nowait`` twin the step tries first: an
+enqueue with room, a dequeue with elements (and nobody waiting ahead of it) finishes
+at once, with no task and no future.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor, get_default_graph
 from asyncflow.framework.shapes import TensorShape, as_shape, unknown_shape
 from asyncflow.ops._base import define_op
-from asyncflow.runtime.resources import FIFOQueueResource, QueueSpec, ResourceMgr
+from asyncflow.runtime.resources import WOULD_BLOCK, FIFOQueueResource, QueueSpec, ResourceMgr
 
 __all__ = ["FIFOQueue"]
 
@@ -69,12 +71,20 @@ def _spec(attrs: Mapping[str, Any]) -> QueueSpec:
 def _queue(op: Operation, resources: ResourceMgr) -> Callable[[], FIFOQueueResource]:
     attrs = op._attrs
     name = attrs["shared_name"]
+    container = attrs.get("container", "")
     spec = _spec(attrs)
+    # The queue this kernel last found and checked: while the manager still holds it
+    # (one dict read), it needs no type or spec check again.
+    checked: list[FIFOQueueResource | None] = [None]
 
     def get() -> FIFOQueueResource:
-        return resources.lookup_or_create(
-            attrs.get("container", ""), name, FIFOQueueResource,
+        found = checked[0]
+        if found is not None and resources.get(container, name) is found:
+            return found
+        found = checked[0] = resources.lookup_or_create(
+            container, name, FIFOQueueResource,
             lambda: FIFOQueueResource(name, spec), lambda q: q.check(spec))
+        return found
 
     return get
 
@@ -96,8 +106,15 @@ def _converter(op: Operation) -> Callable[[Sequence[Any], bool], list[tuple[Any,
     types = [dt.np for dt in attrs["component_types"]]
     shapes = [s.dims for s in attrs["shapes"]]
     queue = attrs["shared_name"]
+    # The common enqueue: each component a numpy scalar of its dtype (what a fed or
+    # computed 0-d value is) into a scalar (or unknown) shape: stored as it is.
+    scalars = tuple(np.dtype(dt).type if dims is None or not dims else None
+                    for dt, dims in zip(types, shapes))
 
     def convert(values: Sequence[Any], many: bool) -> list[tuple[Any, ...]]:
+        if not many and len(values) == len(scalars) and all(
+                type(v) is t for v, t in zip(values, scalars)):
+            return [tuple(values)]
         arrays = []
         for k, (v, dt, dims) in enumerate(zip(values, types, shapes)):
             a = np.asarray(v, dtype=dt)
@@ -132,6 +149,10 @@ def _enqueue_kernel(op: Operation, resources: ResourceMgr) -> tuple[Callable[...
     async def enqueue(handle: Any, *components: Any) -> None:
         await get().put(convert(components, many))
 
+    def enqueue_nowait(handle: Any, *components: Any) -> Any:
+        return None if get().put_nowait(convert(components, many)) else WOULD_BLOCK
+
+    enqueue.nowait = enqueue_nowait  # type: ignore[attr-defined]
     return enqueue, registry.ASYNC
 
 
@@ -146,8 +167,7 @@ def _dequeue_kernel(op: Operation, resources: ResourceMgr) -> tuple[Callable[...
     empty_shapes = [(0,) if s.dims is None or None in s.dims else (0, *s.dims)
                     for s in op._attrs["shapes"]] or [(0,)] * len(types)
 
-    async def dequeue(handle: Any) -> Any:
-        elements = await get().get(1 if n is None else n)
+    def values_of(elements: list[tuple[Any, ...]]) -> Any:
         if n is None:
             values = list(elements[0])
         else:
@@ -156,6 +176,14 @@ def _dequeue_kernel(op: Operation, resources: ResourceMgr) -> tuple[Callable[...
                       for k, dt in enumerate(types)]
         return values[0] if single else values
 
+    async def dequeue(handle: Any) -> Any:
+        return values_of(await get().get(1 if n is None else n))
+
+    def dequeue_nowait(handle: Any) -> Any:
+        elements = get().get_nowait(1 if n is None else n)
+        return WOULD_BLOCK if elements is None else values_of(elements)
+
+    dequeue.nowait = dequeue_nowait  # type: ignore[attr-defined]
     return dequeue, registry.ASYNC
 
 

@@ -27,9 +27,22 @@ import numpy as np
 
 from asyncflow import errors
 
-__all__ = ["FIFOQueueResource", "QueueSpec", "ResourceMgr", "VariableStore"]
+__all__ = ["WOULD_BLOCK", "FIFOQueueResource", "QueueSpec", "ResourceMgr", "VariableStore"]
 
 T = TypeVar("T")
+
+
+
+class _WouldBlock:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "WOULD_BLOCK"
+
+
+#: What an async kernel's ``nowait`` twin returns when it cannot finish at once (see
+#: ``Step.dispatch``): it did nothing, and the kernel itself is awaited instead.
+WOULD_BLOCK: Any = _WouldBlock()
 
 
 class ResourceMgr:
@@ -195,6 +208,31 @@ class FIFOQueueResource:
     def closed(self) -> bool:
         """True after :meth:`close`."""
         return self._closed
+
+    def put_nowait(self, elements: Sequence[Element]) -> bool:
+        """Enqueue all of ``elements`` now if no enqueue is waiting and they fit: True;
+        else False, having put nothing (``put`` then waits its turn)."""
+        with self._lock:
+            if self._closed:
+                raise errors.CancelledError(None, None, f"Queue {self.name!r} is closed.")
+            if self._putters or len(self._items) + len(elements) > self.spec.capacity:
+                return False
+            self._items.extend(elements)
+            if self._getters:
+                self._serve_locked()
+            return True
+
+    def get_nowait(self, n: int) -> list[Element] | None:
+        """``n`` elements now if no dequeue is waiting and enough are queued; else None,
+        having taken nothing (``get`` then waits its turn, or fails on a closed queue)."""
+        with self._lock:
+            items = self._items
+            if self._getters or len(items) < n:
+                return None
+            taken = [items.popleft() for _ in range(n)]
+            if self._putters:
+                self._serve_locked()
+            return taken
 
     async def put(self, elements: Sequence[Element]) -> None:
         """Enqueue ``elements`` in order, waiting (holding no thread) while the queue is full."""

@@ -39,6 +39,7 @@ import math
 import threading
 import time
 import weakref
+from array import array
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,6 +60,7 @@ from asyncflow.runtime.propagators import (
     SchedulePropagator,
     StaticSchedule,
 )
+from asyncflow.runtime.resources import WOULD_BLOCK
 from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
 
 if TYPE_CHECKING:
@@ -124,6 +126,7 @@ class Step:
         "_alone",
         "_bound",
         "_cm",
+        "_compact",
         "_deferred",
         "_done",
         "_error",
@@ -140,6 +143,7 @@ class Step:
         "_stopped",
         "_tasks",
         "_tg",
+        "_tid",
     )
 
     def __init__(self, bound: BoundPlan, frame: CallFrame, trace: bool = False,
@@ -167,13 +171,18 @@ class Step:
         self._finished = False
         #: The (frame name, iteration) the frame propagator is running a node in.
         self._label: tuple[str, int] | None = None
-        # Traced steps: one raw record per node run (made into NodeExecStats only when
-        # the stats are read, so a traced node costs little more than two clock reads).
+        # Traced steps: raw records, made into NodeExecStats only when the stats are
+        # read (see "tracing" below): a traced inline node costs one clock read.
         self._stats: list[Any] | None = None
+        self._compact: tuple[array[float], list[Any]] | None = None
+        self._tid = 0  # the thread a traced step's inline nodes run on
         nodes = bound.nodes
         if trace:
             self._stats = []
             nodes = _traced_nodes(bound)
+            if not bound.frames:
+                n = len(nodes)
+                self._compact = (array("d", bytes(8 * n)), [None] * n)
         self._nodes = nodes
         prop: Propagator
         if bound.frames:
@@ -194,13 +203,17 @@ class Step:
         """Run without an event loop, for at most ``slice_s`` seconds (to the end when None).
 
         Returns the retvals when the step finished, None when work is left (the caller
-        continues with ``await run()``).  Only for plans whose nodes are all inline.
+        continues with ``await run()``, which also starts the async kernels that could
+        not finish at once).  Not for plans with receives.
         """
         quiet = _quiet_numpy()
+        tracing = self._trace_on() if self._stats is not None else None
         try:
             finished = self._prop.drain(
                 math.inf if slice_s is None else time.perf_counter() + slice_s)
         finally:
+            if tracing is not None:
+                self._trace_off(tracing)
             _restore_numpy(quiet)
         if self._error is not None:
             raise self._error
@@ -220,7 +233,7 @@ class Step:
         token = _activate_cancellation(cm)
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
-        tracing = _TRACING.set(self) if self._stats is not None else None
+        tracing = self._trace_on() if self._stats is not None else None
         quiet = _quiet_numpy()
         try:
             finished = self._error is not None or self._prop.drain(time.perf_counter() + SLICE)
@@ -229,7 +242,7 @@ class Step:
         finally:
             _restore_numpy(quiet)
             if tracing is not None:
-                _TRACING.reset(tracing)
+                self._trace_off(tracing)
             _deactivate_cancellation(token)
         if self._error is not None:
             raise self._error
@@ -274,11 +287,14 @@ class Step:
 
     @property
     def stats(self) -> StepStats | None:
-        """The step's stats when it ran traced (one device: the partition's)."""
+        """The step's stats when it ran traced (one device: the partition's); its
+        NodeExecStats are made from the raw records when first read."""
         if self._stats is None:
             return None
-        return StepStats([DeviceStepStats(self._bound.plan.device,
-                                          [self._exec_stats(r) for r in self._stats])])
+        return StepStats([DeviceStepStats.deferred(
+            self._bound.plan.device,
+            functools.partial(_node_stats, self._bound, self._stats, self._compact,
+                              self._tid))])
 
     # -- waiting for tasks ----------------------------------------------------------------
 
@@ -304,6 +320,8 @@ class Step:
                 try:
                     while self._error is None:
                         if prop.has_ready():
+                            if self._stats is not None:
+                                self._stats.append(time.time())  # a trace boundary
                             if not prop.drain(time.perf_counter() + SLICE):
                                 await asyncio.sleep(0)  # deadlines, cancels and tasks run
                             continue
@@ -408,6 +426,16 @@ class Step:
             fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
                                                     frame_id, iter_id))
             return
+        if kind == _ASYNC:
+            # An async kernel with a ``nowait`` twin (queue ops) first tries to finish
+            # at once, like an inline node: no task, no future.  Its error fails node i
+            # through the drain.
+            nowait = getattr(node.kernel, "nowait", None)
+            if nowait is not None:
+                v = nowait(*args)
+                if v is not WOULD_BLOCK:
+                    self._prop.complete(token, v)
+                    return
         self._outstanding += 1
         tg = self._tg
         if tg is None:
@@ -497,6 +525,8 @@ class Step:
         except Exception as exc:
             self._fail(i, exc)
             return
+        if self._stats is not None:
+            self._stats.append(time.time())  # a trace boundary
         if not prop.drain(time.perf_counter() + SLICE):
             self._wake()  # the waiting loop goes on draining after a yield
         elif self._error is not None:
@@ -551,32 +581,42 @@ class Step:
         return retvals
 
     # -- tracing --------------------------------------------------------------------------
+    #
+    # A traced step keeps raw records and makes them into TF's NodeExecStats only
+    # when someone reads ``stats`` (RunMetadata.step_stats builds them on first
+    # access).  The inline nodes of a frame-free plan (each runs at most once) write
+    # into ``_compact`` at their own index: ``ends[i]``, the time the kernel returned
+    # (a raw double: no object is kept per node), and ``infos[i]``, its outputs'
+    # info.  One clock read per node: a node starts where the step's previous event
+    # on its thread ended — the node before it, a transfer or control record, or a
+    # *boundary*, a bare time appended to ``_stats`` before every drain, when the
+    # step takes up work after the loop ran something else.  ``_stats`` holds, in
+    # the order things happened:
+    #   a float                                         a boundary
+    #   (i, kind, start, end, tid, infos, key, label)  any other node run
+    #   NodeExecStats                                   a nested step's (merge_stats)
+    # An info is what ``_output_info`` gives, or a numpy scalar's type for a scalar.
+
+    def _trace_on(self) -> Any:
+        """Make this step the one its traced kernels record into (in this context)."""
+        stats = self._stats
+        if stats is None:
+            return None
+        self._tid = threading.get_ident()  # where its inline nodes run
+        stats.append(time.time())  # a boundary: a drain follows
+        return _TRACING.set(self), _RECORD.set(self._compact)
+
+    @staticmethod
+    def _trace_off(tokens: Any) -> None:
+        if tokens is not None:
+            _RECORD.reset(tokens[1])
+            _TRACING.reset(tokens[0])
 
     def record(self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any],
                key: str = "") -> None:
         """Append node ``i``'s stats (traced steps only)."""
         self._stats.append((i, kind, start, end, threading.get_ident(),  # type: ignore[union-attr]
                             tuple(_output_info(o) for o in outputs), key, self._label))
-
-    def _exec_stats(self, record: Any) -> NodeExecStats:
-        """A raw record as TF's ``NodeExecStats`` (merged nested stats are already so)."""
-        if isinstance(record, NodeExecStats):
-            return record
-        i, kind, start, end, tid, outputs, key, label = record
-        op = self._bound.ops[i]
-        outs = [NodeOutput(k, tuple(shape), _dtype_name(dtype), int(nbytes))
-                for k, info in enumerate(outputs) if info is not None
-                for shape, dtype, nbytes in (info,)]
-        start_us = int(start * 1e6)
-        dur = int((end - start) * 1e6)
-        where = f" [frame {label[0]} iter {label[1]}]" if label is not None and label[0] else ""
-        return NodeExecStats(
-            node_name=op.name, op_type=op.type, kind=kind, scheduled_micros=start_us,
-            all_start_micros=start_us, op_start_rel_micros=0, op_end_rel_micros=dur,
-            all_end_rel_micros=dur, thread_id=tid,
-            timeline_label=f"{op.name} = {op.type}(){where}", output=outs,
-            rendezvous_key=key, frame_name=label[0] if label is not None else "",
-            iter_id=label[1] if label is not None else 0)
 
     def _record_transfer(self, i: int, start: float, frame_id: int, iter_id: int) -> None:
         node = self._bound.plan.nodes[i]
@@ -602,13 +642,66 @@ class Step:
                 self._stats.append(n)  # already a NodeExecStats
 
 
-#: The step a traced kernel records into (set by ``Step.run`` of a traced step).
+#: The step a traced kernel records into (set by ``Step.run`` of a traced step) and
+#: its ``_compact`` records (what the inline kernels of frame-free plans write).
 _TRACING: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "asyncflow_tracing_step", default=None)
-#: Traced kernels per bound plan, made once: a traced step allocates no closures (and
-#: so no reference cycles) per node.
-_TRACED: weakref.WeakKeyDictionary[BoundPlan, tuple[BoundNode, ...]] = (
-    weakref.WeakKeyDictionary())
+_RECORD: contextvars.ContextVar[tuple[array[float], list[Any]] | None] = (
+    contextvars.ContextVar("asyncflow_trace_record", default=None))
+
+
+class _Traced:
+    """What tracing a bound plan needs, made once per plan: the traced kernels (a
+    traced step allocates no closures, and so no reference cycles, per node), and the
+    names NodeExecStats carry."""
+
+    __slots__ = ("_names", "_schedule", "nodes")
+
+    def __init__(self, bound: BoundPlan) -> None:
+        frames = bound.frames
+        self.nodes = tuple(_traced_node(i, n, frames) for i, n in enumerate(bound.nodes))
+        self._names: list[tuple[str, str, str]] | None = None
+        self._schedule: tuple[Any, _TracedSchedule] | None = None
+
+    def schedule(self, schedule: Any) -> _TracedSchedule:
+        """``schedule`` (a plan's straight-line schedule: ``blocks`` of entries whose
+        first item is the kernel and last the node index, and ``args``) with the traced
+        kernels: a traced step replays the same order as an untraced one."""
+        made = self._schedule
+        if made is None or made[0] is not schedule:
+            nodes = self.nodes
+            blocks = tuple(tuple((nodes[e[-1]].kernel, *e[1:]) for e in block)
+                           for block in schedule.blocks)
+            made = self._schedule = (schedule, _TracedSchedule(blocks, schedule.args))
+        return made[1]
+
+    def names(self, bound: BoundPlan) -> list[tuple[str, str, str]]:
+        """(node name, op type, timeline label) per node, made on first use."""
+        names = self._names
+        if names is None:
+            names = self._names = [(op.name, op.type, f"{op.name} = {op.type}()")
+                                   for op in bound.ops]
+        return names
+
+
+class _TracedSchedule:
+    """A straight-line schedule with traced kernels (what the schedule propagator reads)."""
+
+    __slots__ = ("args", "blocks")
+
+    def __init__(self, blocks: tuple[tuple[tuple[Any, ...], ...], ...], args: Any) -> None:
+        self.blocks = blocks
+        self.args = args
+
+
+_TRACED: weakref.WeakKeyDictionary[BoundPlan, _Traced] = weakref.WeakKeyDictionary()
+
+
+def _traced(bound: BoundPlan) -> _Traced:
+    traced = _TRACED.get(bound)
+    if traced is None:
+        traced = _TRACED[bound] = _Traced(bound)
+    return traced
 
 
 def _schedule(bound: BoundPlan) -> StaticSchedule | None:
@@ -621,18 +714,23 @@ def _schedule(bound: BoundPlan) -> StaticSchedule | None:
 
 
 def _traced_nodes(bound: BoundPlan) -> tuple[BoundNode, ...]:
-    nodes = _TRACED.get(bound)
-    if nodes is None:
-        nodes = _TRACED[bound] = tuple(_traced_node(i, n) for i, n in enumerate(bound.nodes))
-    return nodes
+    return _traced(bound).nodes
 
 
-def _traced_node(i: int, node: BoundNode) -> BoundNode:
+def traced_schedule(bound: BoundPlan, schedule: Any) -> _TracedSchedule:
+    """``bound``'s straight-line ``schedule`` with the kernels of a traced step."""
+    return _traced(bound).schedule(schedule)
+
+
+def _traced_node(i: int, node: BoundNode, frames: bool) -> BoundNode:
     """``node`` with a kernel that records when it ran into the current traced step."""
     flow = node.flow
     if flow not in (registry.INLINE, registry.ASYNC, registry.EXPENSIVE):
         return node  # transfers are recorded by dispatch, control flow by the propagator
     kernel = node.kernel
+    if flow == registry.INLINE and not frames:
+        return BoundNode(_compact_traced(i, kernel, node.arity, node.num_outputs == 1),
+                         *node[1:])
     kind = registry.KERNEL_KINDS[flow]
     single = node.num_outputs == 1
     now = time.time
@@ -659,7 +757,6 @@ def _traced_node(i: int, node: BoundNode) -> BoundNode:
         ident = threading.get_ident
 
         def traced(*args: Any) -> Any:
-            # The per-node cost of tracing: two clock reads, one lookup, one tuple.
             start = now()
             v = kernel(*args)
             end = now()
@@ -671,16 +768,148 @@ def _traced_node(i: int, node: BoundNode) -> BoundNode:
     return BoundNode(wrapped, *node[1:])
 
 
-_DTYPE_NAMES: dict[Any, str] = {}
+def _compact_traced(i: int, kernel: Callable[..., Any], arity: int,
+                    single: bool) -> Callable[..., Any]:
+    """The traced kernel of an inline node of a frame-free plan: one clock read, one
+    context variable read and two stores at the node's index (a numpy scalar output is
+    recorded as its type: no attribute reads, no object kept)."""
+    now = time.time
+    current = _RECORD.get
+    scalars = _SCALAR_TYPES
+    info = _output_info
+    if single and arity == 2:
+        def traced2(a: Any, b: Any) -> Any:
+            v = kernel(a, b)
+            record = current()
+            if record is not None:
+                ends, infos = record
+                ends[i] = now()
+                t = type(v)
+                infos[i] = t if t in scalars else info(v)
+            return v
+        return traced2
+    if single and arity == 1:
+        def traced1(a: Any) -> Any:
+            v = kernel(a)
+            record = current()
+            if record is not None:
+                ends, infos = record
+                ends[i] = now()
+                t = type(v)
+                infos[i] = t if t in scalars else info(v)
+            return v
+        return traced1
+
+    def traced(*args: Any) -> Any:
+        v = kernel(*args)
+        record = current()
+        if record is not None:
+            ends, infos = record
+            ends[i] = now()
+            if single:
+                t = type(v)
+                infos[i] = t if t in scalars else info(v)
+            else:
+                infos[i] = tuple(info(o) for o in (v or ()))
+        return v
+    return traced
 
 
-def _dtype_name(dtype: Any) -> str:
-    """The name of a dtype given by its scalar type, memoized (numpy computes
-    ``dtype.name`` anew on every access, and hashing dtypes is slow)."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
-    return name
+def _node_stats(bound: BoundPlan, records: list[Any],
+                compact: tuple[array[float], list[Any]] | None,
+                tid: int) -> list[NodeExecStats]:
+    """A traced step's raw records as TF's ``NodeExecStats``, in the order the nodes
+    ended (see "tracing" in :class:`Step`)."""
+    # Every event by the time it ended (ties: boundaries and records before the
+    # compact nodes, in the order they were made).
+    events: list[tuple[float, int, Any]] = []
+    for seq, r in enumerate(records):
+        if type(r) is float:
+            events.append((r, seq, None))
+        elif isinstance(r, NodeExecStats):
+            events.append(((r.all_start_micros + r.all_end_rel_micros) / 1e6, seq, r))
+        else:
+            events.append((r[3], seq, r))
+    infos: list[Any] = []
+    if compact is not None:
+        ends, infos = compact
+        base = len(records)
+        events.extend((end, base + i, i) for i, end in enumerate(ends) if end)
+    events.sort(key=_time_and_seq)
+    names = _traced(bound).names(bound)
+    nodes = bound.nodes
+    out: list[NodeExecStats] = []
+    append = out.append
+    last = 0.0  # when the step's previous event on its own thread ended
+    for end, _, r in events:
+        if r is None:
+            last = end  # a boundary
+            continue
+        if type(r) is int:  # an inline node: it started where the step's last event ended
+            i = r
+            start = last or end
+            last = end
+            info = infos[i]
+            stats = _exec_stats(names[i], "inline", start, end, tid,
+                                (info,) if nodes[i].num_outputs == 1 else info, "", None)
+        elif isinstance(r, NodeExecStats):
+            stats = r
+        else:
+            i, kind, start, end, tid_r, outputs, key, label = r
+            if tid_r == tid:
+                last = end
+            stats = _exec_stats(names[i], kind, start, end, tid_r, outputs, key, label)
+        append(stats)
+    return out
+
+
+def _time_and_seq(event: tuple[float, int, Any]) -> tuple[float, int]:
+    return event[0], event[1]
+
+
+def _exec_stats(names: tuple[str, str, str], kind: str, start: float, end: float, tid: int,
+                outputs: tuple[Any, ...], key: str,
+                label: tuple[str, int] | None) -> NodeExecStats:
+    name, op_type, timeline = names
+    start_us = int(start * 1e6)
+    dur = int(end * 1e6) - start_us
+    frame, iteration = label if label is not None else ("", 0)
+    if frame:
+        timeline = f"{name} = {op_type}() [frame {frame} iter {iteration}]"
+    return NodeExecStats(name, op_type, kind, start_us, start_us, 0, dur, dur, tid, timeline,
+                         _node_outputs(outputs), key, frame, iteration)
+
+
+def _node_outputs(infos: tuple[Any, ...]) -> list[NodeOutput]:
+    outs = []
+    for k, info in enumerate(infos):
+        if info is None:
+            continue
+        if isinstance(info, type):  # a numpy scalar
+            name, size = _dtype_info(info)
+            outs.append(NodeOutput(k, (), name, size))
+        else:
+            shape, dtype, nbytes = info
+            outs.append(NodeOutput(k, tuple(shape), _dtype_info(dtype)[0], int(nbytes)))
+    return outs
+
+
+_DTYPE_INFO: dict[Any, tuple[str, int]] = {}
+
+#: numpy scalar types of a fixed size: a traced node's scalar output is recorded as
+#: its type alone (``np.str_`` / ``np.bytes_`` / ``np.void`` vary in size: not here).
+_SCALAR_TYPES = frozenset(
+    np.dtype(c).type for c in "?bBhHiIlLqQefdgFDG")
+
+
+def _dtype_info(dtype: Any) -> tuple[str, int]:
+    """The name and item size of a dtype given by its scalar type, memoized (numpy
+    computes ``dtype.name`` anew on every access)."""
+    info = _DTYPE_INFO.get(dtype)
+    if info is None:
+        d = np.dtype(dtype)
+        info = _DTYPE_INFO[dtype] = (d.name, d.itemsize)
+    return info
 
 
 def _output_info(o: Any) -> tuple[tuple[int, ...], Any, int] | None:

@@ -1,0 +1,180 @@
+"""FULL_TRACE through every path a step can take: the loop-free ``run_sync`` path, the
+synchronous first slice of ``await run``, the awaited step (a plan with an async
+kernel), and a plan with loop frames (whose nodes are recorded with their frame and
+iteration).  The same nodes must give the same stats whichever path ran them."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncflow as af
+from asyncflow.step_stats import DeviceStepStats, NodeExecStats
+
+TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
+
+
+def _shape_of(ns: NodeExecStats) -> tuple[Any, ...]:
+    """What a node's stats say that does not depend on when it ran."""
+    return (ns.op_type, ns.kind, ns.thread_id, ns.frame_name, ns.iter_id, ns.timeline_label,
+            tuple((o.slot, o.shape, o.dtype, o.requested_bytes) for o in ns.output))
+
+
+def _by_name(md: af.RunMetadata) -> dict[str, NodeExecStats]:
+    out: dict[str, NodeExecStats] = {}
+    for dev in md.step_stats.dev_stats:
+        for ns in dev.node_stats:
+            if ns.frame_name:
+                continue  # inside a loop: once per iteration
+            assert ns.node_name not in out, f"{ns.node_name} recorded twice"
+            out[ns.node_name] = ns
+    return out
+
+
+def _graph() -> tuple[af.Tensor, list[af.Tensor], af.Tensor, af.Tensor]:
+    """An inline graph with array, scalar (several dtypes) and multi-output nodes; and
+    the same graph joined by an async kernel, and by a while loop."""
+    x = af.placeholder(af.float32, shape=(2, 3), name="x")
+    y = af.multiply(x, 2.0, name="y")                    # (2, 3) float32
+    total = af.reduce_sum(y, name="total")               # float32 scalar
+    first, second = af.unstack(y, name="rows")           # two outputs
+    as_int = af.cast(total, af.int8, name="as_int")      # int8 scalar
+    as_bool = af.greater(total, 0.0, name="positive")    # bool scalar
+    as_c = af.cast(total, af.complex64, name="as_c")     # complex64 scalar
+    fetches = [y, total, first, second, as_int, as_bool, as_c]
+
+    async def later(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v
+
+    awaited = af.py_func(later, [total], af.float32, name="awaited")
+    _, looped = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + total),
+                              [af.constant(0), af.constant(0.0)], name="loop")
+    return x, fetches, awaited, looped
+
+
+def test_traced_paths_record_the_same_stats(graph: af.Graph) -> None:
+    x, fetches, awaited, looped = _graph()
+    feed = {x: np.arange(6, dtype=np.float32).reshape(2, 3)}
+    with af.Session(graph=graph) as sess:
+        md_sync = af.RunMetadata()
+        before = time.time()
+        # run_sync of an all-inline plan, traced, runs without an event loop.
+        plain = sess.run_sync(fetches, feed, options=TRACE, run_metadata=md_sync)
+        after = time.time()
+
+    async def on_a_loop() -> list[Any]:
+        async with af.Session(graph=graph) as sess:
+            return [await sess.run(f, feed, options=TRACE, run_metadata=md)
+                    for f, md in zip((fetches, [*fetches, awaited], [*fetches, looped]), runs)]
+
+    runs = [af.RunMetadata(), af.RunMetadata(), af.RunMetadata()]
+    fast, with_async, with_loop = asyncio.run(on_a_loop())
+    for got in (fast, with_async[:-1], with_loop[:-1]):
+        for a, b in zip(plain, got, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert with_async[-1] == 30.0
+    assert with_loop[-1] == 90.0
+
+    # The fast path, the awaited step and the frame propagator record the same stats.
+    sync = _by_name(md_sync)
+    names = {"y", "total", "rows", "as_int", "positive", "as_c"}
+    assert names <= set(sync)
+    for md in runs:
+        other = _by_name(md)
+        assert {name: _shape_of(other[name]) for name in names} == {
+            name: _shape_of(sync[name]) for name in names}
+    assert _by_name(runs[1])["awaited"].kind == "async"
+    assert any(ns.frame_name for d in runs[2].step_stats.dev_stats for ns in d.node_stats)
+
+    outputs = {name: [(o.slot, o.shape, o.dtype, o.requested_bytes) for o in sync[name].output]
+               for name in names}
+    assert outputs["y"] == [(0, (2, 3), "float32", 24)]
+    assert outputs["total"] == [(0, (), "float32", 4)]
+    assert outputs["rows"] == [(0, (3,), "float32", 12), (1, (3,), "float32", 12)]
+    assert outputs["as_int"] == [(0, (), "int8", 1)]
+    assert outputs["positive"] == [(0, (), "bool", 1)]
+    assert outputs["as_c"] == [(0, (), "complex64", 8)]
+    for ns in sync.values():
+        assert ns.kind == "inline"
+        assert ns.thread_id == threading.get_ident()
+        assert int(before * 1e6) - 1 <= ns.all_start_micros <= int(after * 1e6) + 1
+        assert ns.scheduled_micros <= ns.all_start_micros
+        assert 0 <= ns.op_end_rel_micros <= ns.all_end_rel_micros
+        assert ns.timeline_label == f"{ns.node_name} = {ns.op_type}()"
+    # A consumer starts no earlier than its producer.
+    assert sync["y"].all_start_micros <= sync["total"].all_start_micros
+    assert sync["total"].all_start_micros <= sync["as_int"].all_start_micros
+
+
+async def test_a_long_traced_chain_records_every_node_across_slices(graph: af.Graph) -> None:
+    # Long enough to outlast the first time slice: the traced fast path goes on awaited.
+    x = af.placeholder(af.float32, shape=(), name="x")
+    y = x
+    for _ in range(3000):
+        y = y + 1.0
+    md = af.RunMetadata()
+    async with af.Session(graph=graph) as sess:
+        assert await sess.run(y, {x: 0.0}, options=TRACE, run_metadata=md) == 3000.0
+    (dev,) = md.step_stats.dev_stats
+    adds = [ns for ns in dev.node_stats if ns.op_type in ("Add", "AddV2")]
+    assert len(adds) == 3000
+    starts = [ns.all_start_micros for ns in adds]
+    assert starts == sorted(starts)  # a chain runs in order
+    assert {ns.thread_id for ns in adds} == {threading.get_ident()}
+
+
+async def test_step_stats_are_made_once_and_pickle(graph: af.Graph) -> None:
+    x = af.placeholder(af.float32, shape=(), name="x")
+    y = af.add(x, 1.0, name="y")
+    md = af.RunMetadata()
+    async with af.Session(graph=graph) as sess:
+        await sess.run(y, {x: 1.0}, options=TRACE, run_metadata=md)
+    (dev,) = md.step_stats.dev_stats
+    assert dev.node_stats is dev.node_stats  # made on first access, kept
+    copy = pickle.loads(pickle.dumps(md.step_stats))
+    assert copy == md.step_stats
+    assert [ns.node_name for ns in copy.dev_stats[0].node_stats] == [
+        ns.node_name for ns in dev.node_stats]
+    assert "y" in repr(dev)
+    dev.node_stats = []
+    assert dev.node_stats == []
+    assert dev != copy.dev_stats[0]
+    built: list[int] = []
+    lazy = DeviceStepStats.deferred("/cpu:0", lambda: built.append(1) or [])  # type: ignore[func-returns-value]
+    assert built == []
+    assert lazy.node_stats == []
+    assert lazy.node_stats == []
+    assert built == [1]  # built once
+    with pytest.raises(TypeError):
+        hash(lazy)
+
+
+def test_a_traced_schedule_replays_the_same_order_with_traced_kernels(
+        graph: af.Graph) -> None:
+    from asyncflow.runtime.step import _traced_nodes, traced_schedule
+
+    x = af.placeholder(af.float32, shape=(), name="x")
+    z = af.multiply(af.add(x, 1.0, name="y"), 2.0, name="z")
+    with af.Session(graph=graph) as sess:
+        assert sess.run_sync(z, {x: 1.0}) == 4.0
+        bound = sess._prepare(z, {x: 1.0}).bound[0]
+    # A schedule's entries: the kernel first, the node index last, anything between.
+    entries = tuple((n.kernel, n.arity, i) for i, n in enumerate(bound.nodes))
+    schedule = SimpleNamespace(blocks=(entries[:2], entries[2:]), args=((0, 0),))
+    traced = traced_schedule(bound, schedule)
+    assert traced is traced_schedule(bound, schedule)  # made once per schedule
+    assert traced.args is schedule.args
+    assert [len(b) for b in traced.blocks] == [2, len(entries) - 2]
+    nodes = _traced_nodes(bound)
+    flat = [e for b in traced.blocks for e in b]
+    assert [e[1:] for e in flat] == [e[1:] for e in entries]
+    assert all(e[0] is nodes[e[-1]].kernel for e in flat)
+    assert sum(e[0] is not u[0] for e, u in zip(flat, entries, strict=True)) >= 2  # y, z
