@@ -39,6 +39,7 @@ from asyncflow.compiler.control_flow import (
     node_frames,
 )
 from asyncflow.compiler.ir import NodeDef, Ref
+from asyncflow.compiler.loop_schedule import LoopSchedule, schedule_loops
 from asyncflow.compiler.partition import PartitionDef
 
 __all__ = ["Plan", "build_plan"]
@@ -68,6 +69,9 @@ class Plan:
     #: Loop frames: the frame of every node and its out-edges (frame propagator only).
     frames: FrameInfo | None = None
     edges_out: EdgesOut = ()
+    #: Per static loop frame: its straight-line schedule when it has one (the frame
+    #: propagator's fast path, :mod:`asyncflow.compiler.loop_schedule`), else None.
+    loop_schedules: tuple[LoopSchedule | None, ...] = ()
 
     @property
     def device(self) -> str:
@@ -180,9 +184,12 @@ def build_plan(part: PartitionDef) -> Plan:
 
     frames = None
     edges_out: EdgesOut = ()
+    loop_schedules: tuple[LoopSchedule | None, ...] = ()
     if any(node.op == "Enter" for node in sched):  # loops: the frame propagator
         frames = analyze_frames(sched, node_frames(sched))
         edges_out = _edges_out(sched, node_of, in_slots, fed_slot)
+        loop_schedules = _loop_schedules(sched, frames, in_slots, slot_of, consumers,
+                                         initial_values)
     elif any(node.op in CONTROL_FLOW_OPS or (part.control_flow and node.op == "_Recv")
              for node in sched):  # dead tensors, one frame: the plain propagator
         frames = cond_info(sched)
@@ -203,7 +210,15 @@ def build_plan(part: PartitionDef) -> Plan:
         num_slots=n_slots,
         frames=frames,
         edges_out=edges_out,
+        loop_schedules=loop_schedules,
     )
+
+
+def _loop_schedules(sched: list[NodeDef], frames: FrameInfo, in_slots: list[tuple[int, ...]],
+                    slot_of: dict[str, int], consumers: list[list[int]],
+                    initial_values: list[Any]) -> tuple[LoopSchedule | None, ...]:
+    return schedule_loops(sched, frames, in_slots, [slot_of[n.name] for n in sched],
+                          [tuple(c) for c in consumers], initial_values)
 
 
 def _edges_out(sched: list[NodeDef], node_of: dict[str, int],

@@ -51,6 +51,7 @@ from asyncflow.runtime.bind import BoundNode, BoundPlan
 from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.cancellation import _activate as _activate_cancellation
 from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
+from asyncflow.runtime.loop_fastpath import fast_loops
 from asyncflow.runtime.propagators import Dead, FramePropagator, PlainPropagator, Propagator
 from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
 
@@ -164,9 +165,13 @@ class Step:
             self._stats = []
             nodes = _traced_nodes(bound)
         self._nodes = nodes
-        prop: Propagator = (FramePropagator if bound.frames else PlainPropagator)(
-            self, bound, nodes, frame.args)
-        self._prop = prop
+        prop: Propagator
+        if bound.frames:  # loops; simple loop frames on the fast path unless traced
+            prop = FramePropagator(self, bound, nodes, frame.args,
+                                   () if trace else fast_loops(bound))
+        else:
+            prop = PlainPropagator(self, bound, nodes, frame.args)
+        self._prop: Propagator = prop
 
     # -- public -------------------------------------------------------------------------
 
