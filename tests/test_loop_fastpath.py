@@ -10,6 +10,7 @@ applying cannot pass as agreement.
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -26,16 +27,17 @@ Build = Callable[[], tuple[Any, dict[Any, Any]]]
 
 @pytest.fixture
 def fast_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the fast-path frame instances that ran an iteration (or ended)."""
+    """One entry per frame instance that started on the fast path."""
     runs: list[int] = []
-    advance = loop_fastpath.LoopRun.advance
+    begin = loop_fastpath.LoopRun.begin
 
-    def counted(self: loop_fastpath.LoopRun, until: float, step: Any) -> int:
-        if not runs or runs[-1] is not id(self):
-            runs.append(id(self))
-        return advance(self, until, step)
+    def counted(self: loop_fastpath.LoopRun) -> bool:
+        started = begin(self)
+        if started:
+            runs.append(1)
+        return started
 
-    monkeypatch.setattr(loop_fastpath.LoopRun, "advance", counted)
+    monkeypatch.setattr(loop_fastpath.LoopRun, "begin", counted)
     return runs
 
 
@@ -371,3 +373,51 @@ def test_full_trace_records_every_node(fast_runs: list[int]) -> None:
     stats = [n for d in meta.step_stats.dev_stats for n in d.node_stats]
     adds = [n for n in stats if n.node_name == "while/mul"]
     assert sorted(n.iter_id for n in adds) == [0, 1, 2, 3]
+
+
+# -- the compile pass ---------------------------------------------------------------------
+
+def _plan(graph: af.Graph, fetches: list[af.Tensor]) -> Any:
+    from asyncflow.compiler.ir import graph_ir, ref_of
+    from asyncflow.compiler.pipeline import compile_signature
+
+    compiled = compile_signature(graph_ir(graph), feeds=[], fetches=[ref_of(t) for t in fetches],
+                                 targets=[], devices=["/job:localhost/replica:0/task:0/device:CPU:0"],
+                                 incarnation=1)
+    (plan,) = compiled.plans
+    return plan
+
+
+def test_schedule_of_a_plain_loop_is_its_kernels_only() -> None:
+    from asyncflow.compiler.loop_schedule import I_KERNEL
+
+    graph = af.Graph()
+    with graph.as_default():
+        out = counter_loop(af.constant(5), lambda i, s: (i + 1, s + 1.0),
+                           [af.constant(np.float32(0.0))])
+    plan = _plan(graph, list(out))
+    root, schedule = plan.loop_schedules
+    assert root is None
+    names = {p: [plan.nodes[x.node].op for x in getattr(schedule, p)]
+             for p in ("head", "true", "final")}
+    # Identity / LoopCond are aliases, the pivot-gated Const is preloaded, the loop
+    # Switches pass through: an iteration that goes on runs the three kernels only.
+    assert names == {"head": ["Less"], "true": ["Add", "Add"],
+                     "final": ["Switch", "Switch", "Exit", "Exit"]}
+    assert all(x.kind == I_KERNEL and not x.checks for x in (*schedule.head, *schedule.true))
+    assert len(schedule.carries) == 2
+    assert pickle.loads(pickle.dumps(plan)).loop_schedules == plan.loop_schedules
+
+
+def test_a_frame_with_a_nested_loop_gets_no_schedule() -> None:
+    graph = af.Graph()
+    with graph.as_default():
+        out = counter_loop(af.constant(3), lambda i, s: (
+            i + 1, counter_loop(i, lambda j, t: (j + 1, t + 1), [s])[1]), [af.constant(0)])
+    plan = _plan(graph, list(out))
+    schedules = plan.loop_schedules
+    assert len(schedules) == 3
+    assert schedules[0] is None  # the root
+    assert sum(s is None for s in schedules[1:]) == 1  # the outer frame: general form
+    inner = next(s for s in schedules[1:] if s is not None)
+    assert [plan.nodes[x.node].op for x in inner.true] == ["Add", "Add"]

@@ -174,6 +174,7 @@ class LoopRun:
                 vals[s] = v
         for s, first, _ in self.loop.index_slots:
             vals[s] = first
+        self.entered = []  # the loop variables' first values live in ``vals`` now
         return True
 
     def advance(self, until: float, step: Step) -> int:
