@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -68,14 +68,17 @@ _ALLOWED_FLOWS = (registry.INLINE, registry.CONTROL)
 #: One bound instruction: what the interpreter unpacks.
 #: (kind, kernel or None, input slots, out slot, outputs, check slots, frees, node, extra)
 _BInstr = tuple[int, Any, tuple[int, ...], int, int, tuple[int, ...], tuple[int, ...], int, Any]
+#: An instruction of the head or of an iteration that goes on, as a closure over
+#: its slots and kernel (one call per node: no unpacking, no dispatch on its kind).
+_Op = Callable[[list[Any]], None]
 
 
 class BoundLoop:
     """A loop frame's schedule with its kernels (made once per bound plan)."""
 
     __slots__ = ("carries", "carry_frees", "enters", "exit_markers", "final", "head",
-                 "index_slots", "merge_slots", "pred", "pred_node", "schedule", "sources",
-                 "template", "true", "true_frees", "work")
+                 "index_slots", "merge_slots", "node_of", "pred", "pred_node", "schedule",
+                 "sources", "template", "true", "true_frees", "work")
 
     def __init__(self, schedule: LoopSchedule, nodes: Sequence[Any],
                  ops: Sequence[Any]) -> None:
@@ -83,8 +86,12 @@ class BoundLoop:
         self.template = schedule.template
         self.enters = dict(schedule.enters)
         self.pred = schedule.pred
-        self.head = tuple(_bind_instr(x, nodes, ops) for x in schedule.head)
-        self.true = tuple(_bind_instr(x, nodes, ops) for x in schedule.true)
+        head = [_bind_instr(x, nodes, ops) for x in schedule.head]
+        true = [_bind_instr(x, nodes, ops) for x in schedule.true]
+        self.head = tuple(_closure(x) for x in head)
+        self.true = tuple(_closure(x) for x in true)
+        #: What a failing closure of ``head`` / ``true`` names: its node.
+        self.node_of = {f: x[7] for f, x in zip((*self.head, *self.true), (*head, *true))}
         self.final = tuple(_bind_instr(x, nodes, ops) for x in schedule.final)
         self.true_frees = schedule.true_frees
         self.carries = schedule.carries
@@ -189,9 +196,15 @@ class LoopRun:
         work = loop.work
         budget = CHECK_EVERY
         k = self.iteration
+        f: _Op | None = None
         while True:
-            if not _run(head, vals, step, None):
-                return FAILED
+            try:
+                for f in head:
+                    f(vals)
+            except Exception as exc:
+                return self._fail(step, f, exc)
+            except asyncio.CancelledError as exc:
+                return self._fail(step, f, exc)
             p = vals[pred]
             try:
                 go = p.__class__ is not Dead and bool(p)
@@ -203,8 +216,13 @@ class LoopRun:
                 return DONE if _run(final, vals, step, self.exits) else FAILED
             for s in true_frees:
                 vals[s] = None
-            if true and not _run(true, vals, step, None):
-                return FAILED
+            try:
+                for f in true:
+                    f(vals)
+            except Exception as exc:
+                return self._fail(step, f, exc)
+            except asyncio.CancelledError as exc:
+                return self._fail(step, f, exc)
             carry = [vals[s] for s in sources]
             for s in carry_frees:
                 vals[s] = None
@@ -227,72 +245,165 @@ class LoopRun:
                     return RUNNING
 
 
+    def _fail(self, step: Step, f: _Op | None, exc: BaseException) -> int:
+        """Closure ``f`` raised ``exc``: its node fails the step."""
+        if isinstance(exc, asyncio.CancelledError):  # raised by the kernel itself
+            exc = errors.CancelledError(None, None, f"kernel raised {exc!r}")
+        step.fail(self.loop.node_of[f] if f is not None else -1, exc)
+        return FAILED
+
+
+def _closure(x: _BInstr) -> _Op:
+    """Instruction ``x`` (of the head or of an iteration that goes on) as a closure."""
+    kind, kernel, ins, out, nout, checks, frees, _, extra = x
+    run = _live_closure(kind, kernel, ins, out, nout, frees, extra)
+    if not checks:
+        return run
+    dead_outs = range(out, out + nout)
+
+    def checked(vals: list[Any]) -> None:
+        for s in checks:  # the node may be dead: it is when any of these slots is
+            v = vals[s]
+            if v.__class__ is Dead:
+                for o in dead_outs:
+                    vals[o] = v
+                for r in frees:
+                    vals[r] = None
+                return
+        run(vals)
+    return checked
+
+
+def _live_closure(kind: int, kernel: Any, ins: tuple[int, ...], out: int, nout: int,
+                  frees: tuple[int, ...], extra: Any) -> _Op:
+    """The closure of a live node; the commonest shapes (one output, one or two
+    inputs, at most one slot to free) get their own, shortest bodies."""
+    if kind == I_KERNEL and nout == 1 and len(ins) <= 2 and len(frees) <= 1:
+        a, b = ins[0], ins[-1]
+        if len(ins) == 2 and not frees:
+            def k2(vals: list[Any]) -> None:
+                vals[out] = kernel(vals[a], vals[b])
+            return k2
+        if len(ins) == 2:
+            (r,) = frees
+
+            def k2f(vals: list[Any]) -> None:
+                vals[out] = kernel(vals[a], vals[b])
+                vals[r] = None
+            return k2f
+        if not frees:
+            def k1(vals: list[Any]) -> None:
+                vals[out] = kernel(vals[a])
+            return k1
+        (r,) = frees
+
+        def k1f(vals: list[Any]) -> None:
+            vals[out] = kernel(vals[a])
+            vals[r] = None
+        return k1f
+    if kind == I_SWITCH:
+        data_slot, pred_slot = ins
+
+        def switch(vals: list[Any]) -> None:
+            data = vals[data_slot]
+            if vals[pred_slot]:
+                vals[out] = extra
+                vals[out + 1] = data
+            else:
+                vals[out] = data
+                vals[out + 1] = extra
+            for r in frees:
+                vals[r] = None
+        return switch
+    if kind == I_CONST:
+        def const(vals: list[Any]) -> None:
+            vals[out] = extra
+            for r in frees:
+                vals[r] = None
+        return const
+    program = ((kind, kernel, ins, out, nout, (), frees, -1, extra),)
+
+    def other(vals: list[Any]) -> None:  # a Merge, a kernel of another shape
+        _execute(program, vals)
+    return other
+
+
 def _run(program: Sequence[_BInstr], vals: list[Any], step: Step,
          exits: list[tuple[int, Any]] | None) -> bool:
     """Run one straight-line program over ``vals``; False when a node failed (the
-    step has its error).  The per-node hot path: kept in one piece on purpose."""
-    node = -1
+    step has its error)."""
+    failed: list[int] = [-1]
     try:
-        for kind, kernel, ins, out, nout, checks, frees, node, extra in program:
-            if checks:  # the node may be dead: it is when any of these slots is
-                dead = None
-                for s in checks:
-                    v = vals[s]
-                    if v.__class__ is Dead:
-                        dead = v
-                        break
-                if dead is not None:
-                    if kind == I_EXIT:
-                        exits.append((node, dead))  # type: ignore[union-attr]
-                    elif nout == 1:
-                        vals[out] = dead
-                    elif nout:
-                        vals[out:out + nout] = (dead,) * nout
-                    for s in frees:
-                        vals[s] = None
-                    continue
-            if kind == I_KERNEL:
-                n = len(ins)
-                if n == 2:
-                    v = kernel(vals[ins[0]], vals[ins[1]])
-                elif n == 1:
-                    v = kernel(vals[ins[0]])
-                else:
-                    v = kernel(*[vals[s] for s in ins])
-                if nout == 1:
-                    vals[out] = v
-                elif nout:
-                    vals[out:out + nout] = _check_outputs(v, nout)
-            elif kind == I_SWITCH:
-                data = vals[ins[0]]
-                if vals[ins[1]]:
-                    vals[out] = extra
-                    vals[out + 1] = data
-                else:
-                    vals[out] = data
-                    vals[out + 1] = extra
-            elif kind == I_MERGE:  # the first live input in schedule order, else dead
-                first_dead = None
-                for k, s in enumerate(ins):
-                    v = vals[s]
-                    if v.__class__ is not Dead:
-                        vals[out] = v
-                        vals[out + 1] = extra[k]
-                        break
-                    if first_dead is None:
-                        first_dead = v
-                else:
-                    vals[out] = vals[out + 1] = first_dead
-            elif kind == I_CONST:
-                vals[out] = extra
-            else:  # I_EXIT
-                exits.append((node, vals[ins[0]]))  # type: ignore[union-attr]
-            for s in frees:
-                vals[s] = None
+        _execute(program, vals, exits, failed)
     except Exception as exc:
-        step.fail(node, exc)
+        step.fail(failed[0], exc)
         return False
     except asyncio.CancelledError as exc:  # raised by the kernel itself: its failure
-        step.fail(node, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
+        step.fail(failed[0], errors.CancelledError(None, None, f"kernel raised {exc!r}"))
         return False
     return True
+
+
+def _execute(program: Sequence[_BInstr], vals: list[Any],
+             exits: list[tuple[int, Any]] | None = None, failed: list[int] | None = None
+             ) -> None:
+    """Run instructions (any kind); a kernel's exception propagates, and ``failed[0]``
+    (when given) says whose it was."""
+    for kind, kernel, ins, out, nout, checks, frees, node, extra in program:
+        if failed is not None:
+            failed[0] = node
+        if checks:  # the node may be dead: it is when any of these slots is
+            dead = None
+            for s in checks:
+                v = vals[s]
+                if v.__class__ is Dead:
+                    dead = v
+                    break
+            if dead is not None:
+                if kind == I_EXIT:
+                    exits.append((node, dead))  # type: ignore[union-attr]
+                elif nout == 1:
+                    vals[out] = dead
+                elif nout:
+                    vals[out:out + nout] = (dead,) * nout
+                for s in frees:
+                    vals[s] = None
+                continue
+        if kind == I_KERNEL:
+            n = len(ins)
+            if n == 2:
+                v = kernel(vals[ins[0]], vals[ins[1]])
+            elif n == 1:
+                v = kernel(vals[ins[0]])
+            else:
+                v = kernel(*[vals[s] for s in ins])
+            if nout == 1:
+                vals[out] = v
+            elif nout:
+                vals[out:out + nout] = _check_outputs(v, nout)
+        elif kind == I_SWITCH:
+            data = vals[ins[0]]
+            if vals[ins[1]]:
+                vals[out] = extra
+                vals[out + 1] = data
+            else:
+                vals[out] = data
+                vals[out + 1] = extra
+        elif kind == I_MERGE:  # the first live input in schedule order, else dead
+            first_dead = None
+            for k, s in enumerate(ins):
+                v = vals[s]
+                if v.__class__ is not Dead:
+                    vals[out] = v
+                    vals[out + 1] = extra[k]
+                    break
+                if first_dead is None:
+                    first_dead = v
+            else:
+                vals[out] = vals[out + 1] = first_dead
+        elif kind == I_CONST:
+            vals[out] = extra
+        else:  # I_EXIT
+            exits.append((node, vals[ins[0]]))  # type: ignore[union-attr]
+        for s in frees:
+            vals[s] = None
