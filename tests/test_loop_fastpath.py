@@ -262,6 +262,28 @@ def test_stateful_body(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) ->
     assert fast == (20, 20)
 
 
+def test_variable_updated_in_body(monkeypatch: pytest.MonkeyPatch,
+                                  fast_runs: list[int]) -> None:
+    results = []
+    for enabled in (True, False):
+        monkeypatch.setattr(loop_fastpath, "ENABLED", enabled)
+        fast_runs.clear()
+        graph = af.Graph()
+        with graph.as_default():
+            v = af.Variable(np.float32(1.0), name="v")
+
+            def body(i: Any, s: Any, v: af.Variable = v) -> Any:
+                with af.control_dependencies([v.assign_add(s)]):
+                    return i + 1, s * 2.0
+            out = counter_loop(af.constant(6), body, [af.constant(np.float32(1.0))])
+        with af.Session(graph=graph) as sess:
+            sess.run_sync(v.initializer)
+            results.append((sess.run_sync(out), sess.run_sync(v)))
+        assert bool(fast_runs) == enabled
+    same(results[0], results[1])
+    assert results[0][1] == np.float32(64.0)  # 1 + (1 + 2 + ... + 32)
+
+
 # -- errors, deadlines, memory, tracing ---------------------------------------------------
 
 def test_error_in_body_names_the_node(monkeypatch: pytest.MonkeyPatch,

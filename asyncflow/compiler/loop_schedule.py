@@ -165,16 +165,24 @@ class _Builder:
 
     # -- structure ---------------------------------------------------------------------
 
+    kinds: dict[int, int]
+    loop_cond: int
+    loop_merges: list[int]
+    nexts: list[int]
+    exits: list[int]
+    loop_switches: list[int]
+
     def _controls(self, i: int) -> list[int]:
         """Node ``i``'s control producers in this partition."""
         got = (self.node_of.get(c) for c in self.nodes[i].control_inputs)
         return [p for p in dict.fromkeys(got) if p is not None]
 
     def _check_structure(self) -> None:
+        """The frame is wired as ``while_loop`` wires it (else :class:`_Ineligible`)."""
         info, nodes = self.info, self.nodes
         if not self.members or len(self.members) > MAX_NODES:
             raise _Ineligible("empty or too large")
-        kinds = {i: info.kind[i] for i in self.members}
+        self.kinds = kinds = {i: info.kind[i] for i in self.members}
         if any(k == CF_ENTER for k in kinds.values()):
             raise _Ineligible("a nested frame")
         conds = [i for i in self.members if nodes[i].op == "LoopCond"]
@@ -184,6 +192,13 @@ class _Builder:
         self.loop_merges = [i for i in self.members if info.loop_merge[i]]
         self.nexts = [i for i in self.members if kinds[i] == CF_NEXT]
         self.exits = [i for i in self.members if kinds[i] == CF_EXIT]
+        self._check_loop_variables()
+        self._check_inputs()
+        self._check_switches()
+
+    def _check_loop_variables(self) -> None:
+        """Each loop variable: Enter -> Merge <- NextIteration, and nothing else."""
+        info, nodes, kinds = self.info, self.nodes, self.kinds
         enter_set = set(self.enters)
         merge_set = set(self.loop_merges)
         self.merge_enter: dict[int, tuple[int, int]] = {}  # merge -> (enter, position)
@@ -215,7 +230,13 @@ class _Builder:
             self.next_merge[n] = cons[0]
         if len(self.next_merge) != len(self.loop_merges):
             raise _Ineligible("loop Merges and NextIterations do not pair up")
-        # Inputs come from the frame, its constant Enters, or preloaded constants.
+
+    def _check_inputs(self) -> None:
+        """Inputs come from the frame, its constant Enters, or preloaded constants;
+        control edges from nodes whose first output tells whether they are dead."""
+        info, nodes, kinds = self.info, self.nodes, self.kinds
+        enter_set = set(self.enters)
+        merge_set = set(self.loop_merges)
         for i in self.members:
             if i in merge_set:
                 continue
@@ -237,7 +258,11 @@ class _Builder:
                     raise _Ineligible("a control edge from outside the frame")
                 elif kinds[p] == CF_SWITCH or not nodes[p].outputs:
                     raise _Ineligible("a control edge from a Switch or a node without outputs")
-        # The loop Switches (predicate = the LoopCond): false side to Exits only.
+
+    def _check_switches(self) -> None:
+        """The loop Switches (predicate: the LoopCond) feed the Exits from their false
+        side and the body from their true side, by data edges only."""
+        kinds = self.kinds
         pred_slot = self.out[self.loop_cond]
         self.loop_switches = [i for i in self.members if kinds[i] == CF_SWITCH
                               and self.inputs[i][1] == pred_slot]

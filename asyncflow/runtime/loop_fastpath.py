@@ -102,8 +102,8 @@ class BoundLoop:
                                  for s, e, n in schedule.index_slots)
         #: Per Exit: the dead value it holds in an iteration whose predicate is true.
         self.exit_markers = tuple((e, Dead(ops[sw].name)) for e, sw in schedule.exits)
-        # A failing predicate test is reported by the first loop Switch, which makes it.
-        self.pred_node = min(sw for _, sw in schedule.exits) if schedule.exits else -1
+        # A predicate that is no truth value fails the first loop Switch, which tests it.
+        self.pred_node = next((x.node for x in schedule.final if x.kind == I_SWITCH), -1)
         #: Nodes an iteration counts against the step's CHECK_EVERY budget.
         self.work = max(1, len(self.head) + len(self.true))
 
