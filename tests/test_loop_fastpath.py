@@ -101,6 +101,15 @@ def test_plain_loop(n: int, monkeypatch: pytest.MonkeyPatch, fast_runs: list[int
     assert fast == (n, float(n))
 
 
+def test_single_loop_variable(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
+    def build() -> tuple[Any, dict[Any, Any]]:
+        return af.while_loop(lambda x: x < 1000, lambda x: x * 3, [af.constant(1)]), {}
+
+    fast, general = run_both(build, monkeypatch, fast_runs)
+    same(fast, general)
+    assert fast == [2187]
+
+
 @pytest.mark.parametrize("n", [0, 5, 64])
 def test_exit_fetched_with_and_without_feeds(n: int, monkeypatch: pytest.MonkeyPatch,
                                              fast_runs: list[int]) -> None:

@@ -190,6 +190,8 @@ class _Builder:
             raise _Ineligible("not exactly one LoopCond")
         self.loop_cond = conds[0]
         self.loop_merges = [i for i in self.members if info.loop_merge[i]]
+        if not self.loop_merges:
+            raise _Ineligible("no loop variable")
         self.nexts = [i for i in self.members if kinds[i] == CF_NEXT]
         self.exits = [i for i in self.members if kinds[i] == CF_EXIT]
         self._check_loop_variables()

@@ -25,6 +25,7 @@ it is False.
 from __future__ import annotations
 
 import asyncio
+import operator
 import weakref
 from collections.abc import Callable, Sequence
 from time import perf_counter
@@ -95,7 +96,10 @@ class BoundLoop:
         self.final = tuple(_bind_instr(x, nodes, ops) for x in schedule.final)
         self.true_frees = schedule.true_frees
         self.carries = schedule.carries
-        self.sources = tuple(src for _, src, _ in schedule.carries)
+        sources = [src for _, src, _ in schedule.carries]
+        #: The NextIterations' values, as a tuple, read from the value list at once.
+        self.sources: Callable[[list[Any]], tuple[Any, ...]] = (
+            operator.itemgetter(*sources) if len(sources) > 1 else _one_getter(sources[0]))
         self.merge_slots = tuple(m for _, _, m in schedule.carries)
         self.carry_frees = schedule.carry_frees
         self.index_slots = tuple((s, np.int32(e), np.int32(n))
@@ -223,7 +227,7 @@ class LoopRun:
                 return self._fail(step, f, exc)
             except asyncio.CancelledError as exc:
                 return self._fail(step, f, exc)
-            carry = [vals[s] for s in sources]
+            carry = sources(vals)
             for s in carry_frees:
                 vals[s] = None
             for v in carry:
@@ -253,6 +257,13 @@ class LoopRun:
         return FAILED
 
 
+def _one_getter(slot: int) -> Callable[[list[Any]], tuple[Any, ...]]:
+    """``operator.itemgetter(slot)``, but giving a 1-tuple."""
+    def get(vals: list[Any]) -> tuple[Any, ...]:
+        return (vals[slot],)
+    return get
+
+
 def _closure(x: _BInstr) -> _Op:
     """Instruction ``x`` (of the head or of an iteration that goes on) as a closure."""
     kind, kernel, ins, out, nout, checks, frees, _, extra = x
@@ -260,6 +271,18 @@ def _closure(x: _BInstr) -> _Op:
     if not checks:
         return run
     dead_outs = range(out, out + nout)
+    if len(checks) == 1 and nout == 1:  # a node of one cond branch, most often
+        (c,) = checks
+
+        def checked_one(vals: list[Any]) -> None:
+            v = vals[c]
+            if v.__class__ is Dead:
+                vals[out] = v
+                for r in frees:
+                    vals[r] = None
+            else:
+                run(vals)
+        return checked_one
 
     def checked(vals: list[Any]) -> None:
         for s in checks:  # the node may be dead: it is when any of these slots is
@@ -321,9 +344,27 @@ def _live_closure(kind: int, kernel: Any, ins: tuple[int, ...], out: int, nout: 
             for r in frees:
                 vals[r] = None
         return const
+    if kind == I_MERGE:
+        candidates = tuple(zip(ins, extra, strict=True))
+
+        def merge(vals: list[Any]) -> None:  # the first live input in schedule order
+            first_dead = None
+            for slot, index in candidates:
+                v = vals[slot]
+                if v.__class__ is not Dead:
+                    vals[out] = v
+                    vals[out + 1] = index
+                    break
+                if first_dead is None:
+                    first_dead = v
+            else:
+                vals[out] = vals[out + 1] = first_dead
+            for r in frees:
+                vals[r] = None
+        return merge
     program = ((kind, kernel, ins, out, nout, (), frees, -1, extra),)
 
-    def other(vals: list[Any]) -> None:  # a Merge, a kernel of another shape
+    def other(vals: list[Any]) -> None:  # a kernel of another shape
         _execute(program, vals)
     return other
 
