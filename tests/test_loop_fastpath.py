@@ -178,6 +178,22 @@ def test_many_loop_variables_swap_and_constants(monkeypatch: pytest.MonkeyPatch,
     assert fast[4] == 7
 
 
+def test_kernels_of_other_shapes_in_body(monkeypatch: pytest.MonkeyPatch,
+                                         fast_runs: list[int]) -> None:
+    # three inputs (where), several outputs (unstack), an output nobody reads (split)
+    def build() -> tuple[Any, dict[Any, Any]]:
+        def body(i: Any, v: Any) -> Any:
+            a, b = af.unstack(v)
+            af.split(v, 2)
+            picked = af.where(a > b, v * 2.0, v + 1.0)
+            return i + 1, picked
+        return counter_loop(af.constant(9), body,
+                            [af.constant(np.array([3.0, 1.0], np.float32))]), {}
+
+    fast, general = run_both(build, monkeypatch, fast_runs)
+    same(fast, general)
+
+
 def test_maximum_iterations_and_dict_loop_vars(monkeypatch: pytest.MonkeyPatch,
                                                fast_runs: list[int]) -> None:
     def build() -> tuple[Any, dict[Any, Any]]:
@@ -317,6 +333,26 @@ def test_error_in_body_names_the_node(monkeypatch: pytest.MonkeyPatch,
     assert "no iteration 17" in message
     assert "[[node while/checker" in message
     assert "defined at" in message
+
+
+def test_error_in_the_predicate_names_the_node(monkeypatch: pytest.MonkeyPatch,
+                                                fast_runs: list[int]) -> None:
+    def build() -> tuple[Any, dict[Any, Any]]:
+        def below(i: np.ndarray) -> np.bool_:
+            if i == 3:
+                raise OverflowError("three")
+            return np.bool_(i < 10)
+
+        def cond(i: Any) -> Any:
+            p = af.py_func(below, [i], af.bool, name="below")
+            p.set_shape(())
+            return p
+        return af.while_loop(cond, lambda i: i + 1, [af.constant(0)]), {}
+
+    fast, general = run_both(build, monkeypatch, fast_runs)
+    same(fast, general)
+    assert fast[0] == "error"
+    assert fast[2] == "while/below"
 
 
 def test_error_inside_cond_in_body(monkeypatch: pytest.MonkeyPatch,
