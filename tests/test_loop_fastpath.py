@@ -269,6 +269,24 @@ def test_dead_next_iteration_hands_back_to_the_general_form(
         assert fast[1] is af.errors.InvalidArgumentError
 
 
+def test_body_with_an_async_kernel_keeps_the_general_path(
+        monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
+    def build() -> tuple[Any, dict[Any, Any]]:
+        async def later(s: np.ndarray) -> np.float32:
+            await asyncio.sleep(0)
+            return np.float32(s + 1.0)
+
+        def body(i: Any, s: Any) -> Any:
+            t = af.py_func(later, [s], af.float32)
+            t.set_shape(())
+            return i + 1, t
+        return counter_loop(af.constant(5), body, [af.constant(np.float32(0))]), {}
+
+    fast, general = run_both(build, monkeypatch, fast_runs, fast=False)
+    same(fast, general)
+    assert fast == (5, 5.0)
+
+
 def test_stateful_body(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
     def build() -> tuple[Any, dict[Any, Any]]:
         seen: list[int] = []
