@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import asyncflow as af
 from asyncflow.runtime import loop_fastpath
@@ -506,3 +508,81 @@ def test_a_frame_with_a_nested_loop_gets_no_schedule() -> None:
     assert sum(s is None for s in schedules[1:]) == 1  # the outer frame: general form
     inner = next(s for s in schedules[1:] if s is not None)
     assert [plan.nodes[x.node].op for x in inner.true] == ["Add", "Add"]
+
+
+# -- random loop bodies -------------------------------------------------------------------
+
+_STEP = st.one_of(
+    st.tuples(st.just("add"), st.integers(-3, 3)),
+    st.tuples(st.just("scale"), st.sampled_from([0.5, 2.0, -1.0])),
+    st.tuples(st.just("cond"), st.integers(2, 4), st.integers(-2, 2)),
+    st.tuples(st.just("nested"), st.integers(2, 3), st.integers(2, 3)),
+    st.tuples(st.just("const"), st.integers(2, 3)),
+    st.tuples(st.just("swap"), st.just(0)),
+)
+
+
+def _apply(step: tuple[Any, ...], i: Any, s: Any, t: Any, m: Any) -> tuple[Any, Any]:
+    """One step of a random body on (s, t), written once for the graph (``m``: af) and
+    for the Python reference (``m``: None)."""
+    kind = step[0]
+    if kind == "add":
+        return s + float(step[1]), t
+    if kind == "scale":
+        return s * step[1], t
+    if kind == "swap":
+        return t, s
+    if m is None:
+        even = i % step[1] == 0
+        if kind == "cond":
+            return (s + step[2], t) if even else (s - 1.0, t)
+        if kind == "nested":
+            return ((s * 2.0 if i % step[2] == 0 else s + 1.0) if even else s, t)
+        return s + (2.0 if even else -1.0), t
+    even = m.equal(i % step[1], 0)
+    if kind == "cond":
+        return m.cond(even, lambda: s + float(step[2]), lambda: s - 1.0), t
+    if kind == "nested":
+        inner = m.equal(i % step[2], 0)
+        return m.cond(even, lambda: m.cond(inner, lambda: s * 2.0, lambda: s + 1.0),
+                      lambda: m.identity(s)), t
+    return s + m.cond(even, lambda: m.constant(2.0, dtype=m.float64),
+                      lambda: m.constant(-1.0, dtype=m.float64)), t
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps=st.lists(_STEP, min_size=1, max_size=5), n=st.integers(0, 12))
+def test_random_bodies_agree_on_both_paths(steps: list[tuple[Any, ...]], n: int) -> None:
+    def body(i: Any, s: Any, t: Any) -> Any:
+        for step in steps:
+            s, t = _apply(step, i, s, t, af)
+        return i + 1, s, t
+
+    s, t = 1.0, 3.0
+    for i in range(n):
+        for step in steps:
+            s, t = _apply(step, i, s, t, None)
+    results = []
+    begin = loop_fastpath.LoopRun.begin
+    for enabled in (True, False):
+        started: list[bool] = []
+
+        def counted(run: loop_fastpath.LoopRun, started: list[bool] = started) -> bool:
+            started.append(begin(run))
+            return started[-1]
+
+        loop_fastpath.ENABLED = enabled
+        loop_fastpath.LoopRun.begin = counted  # type: ignore[method-assign,assignment]
+        try:
+            graph = af.Graph()
+            with graph.as_default():
+                out = counter_loop(af.constant(n), body, [af.constant(np.float64(1.0)),
+                                                          af.constant(np.float64(3.0))])
+            with af.Session(graph=graph) as sess:
+                results.append(sess.run_sync(out))
+        finally:
+            loop_fastpath.ENABLED = True
+            loop_fastpath.LoopRun.begin = begin  # type: ignore[method-assign]
+        assert started == ([True] if enabled else [])
+    same(results[0], results[1])
+    assert results[0] == (n, s, t)
