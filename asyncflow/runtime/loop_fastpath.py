@@ -3,8 +3,10 @@
 :func:`fast_loops` attaches kernels to the compiler's
 :class:`~asyncflow.compiler.loop_schedule.LoopSchedule` of each eligible loop frame
 (once per bound plan, remembered with it; the step hands them to its
-:class:`~asyncflow.runtime.propagators.FramePropagator`); :class:`LoopRun` is one instance of such a frame in a step:
-one flat value list, reused from iteration to iteration, and the iteration counter.
+:class:`~asyncflow.runtime.propagators.FramePropagator`): the head and the body of an
+iteration that goes on become closures over their slots and kernels, one call per
+node.  :class:`LoopRun` is one instance of such a frame in a step: one flat value
+list, reused from iteration to iteration, and the iteration counter.
 
 The :class:`~asyncflow.runtime.propagators.FramePropagator` stays in charge of
 frames: it creates a ``LoopRun`` when the frame is entered, gives it the Enters'
