@@ -39,6 +39,7 @@ from asyncflow.compiler.control_flow import (
     node_frames,
 )
 from asyncflow.compiler.ir import NodeDef, Ref
+from asyncflow.compiler.loop_schedule import LoopSchedule, schedule_loops
 from asyncflow.compiler.partition import PartitionDef
 
 __all__ = ["Plan", "build_plan"]
@@ -68,6 +69,9 @@ class Plan:
     #: Loop frames: the frame of every node and its out-edges (frame propagator only).
     frames: FrameInfo | None = None
     edges_out: EdgesOut = ()
+    #: Per static loop frame: its straight-line schedule when it has one (the frame
+    #: propagator's fast path, :mod:`asyncflow.compiler.loop_schedule`), else None.
+    loop_schedules: tuple[LoopSchedule | None, ...] = ()
 
     @property
     def device(self) -> str:
@@ -214,11 +218,14 @@ def build_plan(part: PartitionDef) -> Plan:
 
     frames = None
     edges_out: EdgesOut = ()
+    loop_schedules: tuple[LoopSchedule | None, ...] = ()
     ops = {node.op for node in sched}
     if "Enter" in ops:  # loops: the frame propagator
         frames = analyze_frames(sched, node_frames(sched))
         edges_out = _edges_out(sched, {node.name: i for i, node in enumerate(sched)},
                                in_slots, fed_slot)
+        loop_schedules = schedule_loops(sched, frames, in_slots, out_slots,
+                                        [tuple(c) for c in consumers], initial_values)
     elif not ops.isdisjoint(CONTROL_FLOW_OPS) or (part.control_flow and "_Recv" in ops):
         frames = cond_info(sched)  # dead tensors, one frame: the plain propagator
     return Plan(
@@ -238,6 +245,7 @@ def build_plan(part: PartitionDef) -> Plan:
         num_slots=n_slots,
         frames=frames,
         edges_out=edges_out,
+        loop_schedules=loop_schedules,
     )
 
 

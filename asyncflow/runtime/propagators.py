@@ -18,7 +18,11 @@ TensorFlow's executor delegates readiness to a propagator chosen once per graph
   child frame (a constant Enter into every iteration), NextIteration into the next
   iteration (a dead one ends the loop; at most ``parallel_iterations`` in flight,
   later ones queue), Exit into the parent frame; a frame instance with no work left
-  delivers its Exits that never got a live value as dead.
+  delivers its Exits that never got a live value as dead.  A loop frame the compiler
+  gave a straight-line schedule (only inline kernels, no nested loop) runs instead
+  as a tight loop over one reused value list (:mod:`asyncflow.runtime.loop_fastpath`)
+  once all its Enters arrived, and hands back to the general form if it meets what
+  that does not model; traced steps always take the general form.
 
 Both free a value after its last reader (per iteration in loops), run inline kernels
 without a task, hand every other node to ``step.dispatch``, and report a fetched
@@ -52,7 +56,8 @@ if TYPE_CHECKING:
     from asyncflow.compiler.control_flow import FrameInfo
     from asyncflow.runtime.bind import BoundNode, BoundPlan
 
-__all__ = ["CHECK_EVERY", "SCHEDULE_AFTER", "Dead", "FramePropagator", "PlainPropagator", "Propagator",
+__all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "SCHEDULE_AFTER", "Dead",
+           "FastLoop", "FastRun", "FramePropagator", "PlainPropagator", "Propagator",
            "SchedulePropagator", "StaticSchedule", "Step"]
 
 #: Nodes run between two looks at the clock while draining.
@@ -552,6 +557,41 @@ class SchedulePropagator:
 
 # -- loops ------------------------------------------------------------------------------
 
+#: Outcomes of :meth:`FastRun.advance`.
+RUNNING, DONE, HANDOFF, FAILED = range(4)
+
+
+class FastLoop(Protocol):
+    """A loop frame's fast path, bound once per plan
+    (:class:`asyncflow.runtime.loop_fastpath.BoundLoop`)."""
+
+    @property
+    def exit_markers(self) -> Sequence[tuple[int, Dead]]:
+        """Per Exit: the dead value it holds in an iteration that goes on."""
+
+    def start(self) -> FastRun:
+        """A new instance of the frame (its Enters' values come next)."""
+
+
+class FastRun(Protocol):
+    """One frame instance on the fast path (:class:`~asyncflow.runtime.loop_fastpath.LoopRun`)."""
+
+    entered: list[tuple[int, Any]]   # the Enters' (node, value), in arrival order
+    exits: list[tuple[int, Any]]     # DONE: the Exits' (node, value) of the last iteration
+    carried: list[tuple[int, Any]]   # HANDOFF: the NextIterations' (node, value)
+    iteration: int                   # DONE / HANDOFF: the last iteration run
+
+    @property
+    def loop(self) -> FastLoop:
+        """The frame's fast path."""
+
+    def begin(self) -> bool:
+        """All Enters arrived: start (False: a value entered dead; the general form runs)."""
+
+    def advance(self, until: float, step: Step) -> int:
+        """Run iterations: RUNNING (time is up), DONE, HANDOFF or FAILED."""
+
+
 class _Iteration:
     __slots__ = ("children", "dead", "merges", "outstanding", "pending", "refs", "vals")
 
@@ -571,6 +611,7 @@ class _Frame:
         "children",
         "dead_exits",
         "delivered",
+        "fast",
         "id",
         "invariants",
         "iters",
@@ -599,16 +640,20 @@ class _Frame:
         self.delivered: set[int] = set()
         self.dead_exits: dict[int, Dead] = {}
         self.children: dict[tuple[int, int], _Frame] = {}
+        #: The fast path's run of this instance, while it has one (then ``iters`` is
+        #: unused: the run holds the values until it is done or hands back).
+        self.fast: FastRun | None = None
 
 
 class FramePropagator:
     """Readiness per (node, frame instance, iteration) (graphs with loops)."""
 
     __slots__ = ("_bound", "_info", "_initial", "_initial_pending", "_initial_refs",
-                 "_nodes", "_ready", "_root", "_step")
+                 "_loops", "_nodes", "_ready", "_root", "_step")
+    _loops: Sequence[FastLoop | None]
 
     def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
-                 args: Sequence[Any]) -> None:
+                 args: Sequence[Any], loops: Sequence[FastLoop | None] = ()) -> None:
         plan = bound.plan
         assert plan.frames is not None
         self._step = step
@@ -618,6 +663,8 @@ class FramePropagator:
         self._initial = plan.initial_values
         self._initial_pending = plan.initial_pending
         self._initial_refs = plan.initial_refs
+        # The fast path per static frame (none: every frame runs in general form).
+        self._loops = loops
         self._root = _Frame(0, "", None, 0, 0)
         root_vals = self._root.iters[0].vals
         for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
@@ -648,6 +695,11 @@ class FramePropagator:
                     return False
                 budget = CHECK_EVERY
             i, frame, it = ready.popleft()
+            if i < 0:  # a frame instance on the fast path: runs until done or time is up
+                if not self._run_fast(frame, until):
+                    ready.append((i, frame, it))
+                    return False
+                continue
             try:
                 self._execute(i, frame, it, self._nodes[i], kinds[i])
             except Exception as exc:
@@ -713,6 +765,10 @@ class FramePropagator:
             self._trace_control(i)
         if kind == CF_ENTER:
             child = self._child(frame, it, self._info.child[i])
+            if child.fast is not None:
+                self._enter_fast(child, i, value)
+                self._done_token(frame, it)
+                return
             if self._info.constant[i]:
                 child.invariants.append((i, value))
                 for k in list(child.iters):
@@ -885,9 +941,71 @@ class FramePropagator:
         if child is None:
             sf = self._info.frames[static]
             child = _Frame(static, f"{frame.name};{it};{sf.name}", frame, it, sf.num_enters)
+            loop = self._loops[static] if self._loops else None
+            if loop is not None:
+                child.fast = loop.start()
             frame.children[(it, static)] = child
             frame.iters[it].children += 1
         return child
+
+    # -- the fast path -----------------------------------------------------------------
+
+    def _enter_fast(self, child: _Frame, i: int, value: Any) -> None:
+        """Enter ``i`` delivers into a fast frame instance: it starts with the last one."""
+        run = child.fast
+        assert run is not None
+        if self._info.constant[i]:
+            child.invariants.append((i, value))  # for a hand-back to the general form
+        run.entered.append((i, value))
+        child.pending_enters -= 1
+        if child.pending_enters:
+            return
+        if run.begin():
+            self._ready.append((-1, child, 0))
+            return
+        # A value entered dead: the general form runs the frame, from its Enters.
+        child.fast = None
+        for e, v in run.entered:
+            self._deliver(e, v, child, 0)
+        self._check_iteration(child, 0)
+
+    def _run_fast(self, frame: _Frame, until: float) -> bool:
+        """Advance a fast frame instance; False when the clock passed ``until``."""
+        run = frame.fast
+        assert run is not None
+        outcome = run.advance(until, self._step)
+        if outcome == RUNNING:
+            return False
+        if outcome == FAILED:
+            return True
+        frame.fast = None
+        frame.iters.clear()
+        parent = frame.parent
+        assert parent is not None
+        if outcome == DONE:  # the last iteration's Exits
+            for e, v in run.exits:
+                if isinstance(v, Dead):
+                    frame.dead_exits[e] = v
+                elif e not in frame.delivered:
+                    frame.delivered.add(e)
+                    self._deliver(e, v, parent, frame.parent_iter)
+            self._frame_done(frame)
+            return True
+        assert outcome == HANDOFF
+        # An iteration with a true predicate ended with a dead NextIteration: its
+        # Exits were dead (the loop Switches' false sides); the general form decides.
+        for e, marker in run.loop.exit_markers:
+            frame.dead_exits[e] = marker
+        live = [(n, v) for n, v in run.carried if not isinstance(v, Dead)]
+        if not live:
+            self._frame_done(frame)
+            return True
+        nxt = run.iteration + 1
+        self._new_iteration(frame, nxt)
+        for n, v in live:
+            self._deliver(n, v, frame, nxt)
+        self._check_iteration(frame, nxt)
+        return True
 
     def _new_iteration(self, frame: _Frame, it: int) -> None:
         frame.iters[it] = _Iteration()

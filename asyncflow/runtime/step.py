@@ -52,6 +52,7 @@ from asyncflow.runtime.bind import BoundNode, BoundPlan
 from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.cancellation import _activate as _activate_cancellation
 from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
+from asyncflow.runtime.loop_fastpath import fast_loops
 from asyncflow.runtime.propagators import (
     Dead,
     FramePropagator,
@@ -185,8 +186,9 @@ class Step:
                 self._compact = (array("d", bytes(8 * n)), [None] * n)
         self._nodes = nodes
         prop: Propagator
-        if bound.frames:
-            prop = FramePropagator(self, bound, nodes, frame.args)
+        if bound.frames:  # loops; simple loop frames on the fast path unless traced
+            prop = FramePropagator(self, bound, nodes, frame.args,
+                                   () if trace else fast_loops(bound))
         elif bound.schedulable and not trace:
             schedule = bound.derived.get("schedule")
             if schedule is None or schedule.blocks is None:

@@ -43,6 +43,35 @@ def test_asyncflow_agrees_with_the_numpy_reference_on_every_program() -> None:
         assert outcomes[error] > 0, outcomes
 
 
+def test_loop_programs_agree_on_the_fast_and_the_general_loop_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # while_loops run on the frame propagator's fast path when they can; the same
+    # programs with only its general form must give the same outcomes.
+    from asyncflow.runtime import loop_fastpath
+
+    programs = [p for p in map(generate, range(PROGRAMS))
+                if any(n.kind == "while" for n in p.nodes)]
+    assert len(programs) >= 10
+    begun: list[bool] = []
+    begin = loop_fastpath.LoopRun.begin
+
+    def counted(run: loop_fastpath.LoopRun) -> bool:
+        started = begin(run)
+        begun.append(started)
+        return started
+
+    monkeypatch.setattr(loop_fastpath.LoopRun, "begin", counted)
+    fast = [run_asyncflow(p) for p in programs]
+    assert sum(begun) >= 3  # the rest are folded, pruned or error out before the loop
+    monkeypatch.setattr(loop_fastpath, "ENABLED", False)
+    failures = []
+    for program, ours in zip(programs, fast, strict=True):
+        why = compare(ours, run_asyncflow(program))
+        if why is not None:
+            failures.append(f"seed {program.seed}: fast path vs general: {why}")
+    assert failures == []
+
+
 def test_generation_is_deterministic() -> None:
     a, b = generate(123), generate(123)
     assert a.describe() == b.describe()

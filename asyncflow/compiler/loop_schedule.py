@@ -1,0 +1,559 @@
+"""Straight-line schedules for simple loop frames (the frame propagator's fast path).
+
+The frame propagator keeps every value of a loop in per-iteration dicts and finds
+ready nodes by pending counts: general (nested frames, async kernels, transfers,
+``parallel_iterations``), but it pays that bookkeeping for every node of every
+iteration.  Most loops do not need it: their frame holds only inline kernels and
+control-flow routing, so running one iteration after the other, each in a fixed
+topological order, is a valid serialization of what the general propagator does.
+
+:func:`schedule_loops` finds such frames and lowers each to a
+:class:`LoopSchedule`: the iteration as three straight-line programs over one flat
+list of *local* slots, reused from iteration to iteration.
+
+* **head** — the nodes that do not depend on the loop's Switches: the predicate and
+  whatever else only needs the loop variables; it runs first in every iteration.
+* **true** — the rest of an iteration whose predicate is true: the loop Switches
+  pass their data through (their false sides, read only by the Exits, are dead), so
+  most nodes are *statically live* and run without a dead-tensor check.
+* **final** — the rest of the iteration whose predicate is false (or dead): the
+  Exits take the loop variables; the body is statically dead and skipped.
+
+Dead tensors of a ``cond`` inside the body stay dynamic: a node that may read one
+carries the slots to check (a node with a dead data or control input is dead); a
+Merge picks its first live input in schedule order.  ``Identity`` and ``LoopCond``
+are aliases (their consumers read the input slot), a ``Const`` whose control inputs
+are statically live is a preloaded slot.  Every slot is freed after its last reader
+in the program that runs, so a long loop holds one iteration's values at most.
+
+What is not eligible keeps the general propagator: nested loops (a frame with a
+child frame), Enters, NextIterations or Exits wired other than ``while_loop`` wires
+them, more than one ``LoopCond``, a control edge from a Switch or from a node
+without outputs, a body larger than :data:`MAX_NODES`.  Kernel kinds are only known
+when kernels are bound: the runtime also keeps the general path for a frame holding
+a kernel that does not run inline (async, thread, transfer).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from asyncflow.compiler.control_flow import (
+    CF_ENTER,
+    CF_EXIT,
+    CF_MERGE,
+    CF_NEXT,
+    CF_SWITCH,
+    FrameInfo,
+)
+
+if TYPE_CHECKING:
+    from asyncflow.compiler.ir import NodeDef
+
+__all__ = ["I_CONST", "I_EXIT", "I_KERNEL", "I_MERGE", "I_SWITCH", "MAX_NODES", "Instr",
+           "LoopSchedule", "schedule_loops"]
+
+#: Instruction kinds.
+I_KERNEL, I_CONST, I_SWITCH, I_MERGE, I_EXIT = range(5)
+
+#: A frame with more nodes keeps the general propagator: the fast path yields to the
+#: event loop only between iterations, so an iteration must stay well within a slice.
+MAX_NODES = 1024
+
+_LIVE, _MAYBE, _DEAD = 0, 1, 2
+_ALIASES = frozenset({"Identity", "LoopCond"})
+
+
+@dataclass(frozen=True, slots=True)
+class Instr:
+    """One node of a program.  Slots are local (indices of the loop's value list)."""
+
+    kind: int                 # I_*
+    node: int                 # the plan's node index (what errors name)
+    ins: tuple[int, ...]      # I_KERNEL: input slots; I_SWITCH: (data, pred);
+                              # I_MERGE: live candidates in schedule order; I_EXIT: (data,)
+    out: int                  # first output slot (-1: none stored)
+    num_outputs: int
+    checks: tuple[int, ...]   # slots whose dead value makes the node dead (may be dead)
+    frees: tuple[int, ...]    # slots to clear after the node ran (their last reader)
+    positions: tuple[int, ...] = ()  # I_MERGE: the input position of each candidate
+    value: Any = None         # I_CONST: its value
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSchedule:
+    """The straight-line form of one loop frame's iteration (see the module doc)."""
+
+    frame: int                             # the static frame (FrameInfo.frames index)
+    members: tuple[int, ...]               # every node running in the frame
+    template: tuple[Any, ...]              # the local slots' initial values (constants)
+    #: Enter node -> the local slots its value goes to when the frame starts (a
+    #: constant Enter: its own slot; a loop variable's: the slot of its loop Merge).
+    enters: tuple[tuple[int, tuple[int, ...]], ...]
+    pred: int                              # the slot of the loop's predicate
+    head: tuple[Instr, ...]
+    true: tuple[Instr, ...]
+    true_frees: tuple[int, ...]            # cleared when a true iteration begins
+    final: tuple[Instr, ...]
+    #: Per NextIteration: (node, the slot it reads, the slot of the Merge it feeds).
+    carries: tuple[tuple[int, int, int], ...]
+    carry_frees: tuple[int, ...]           # cleared once the carries are read
+    #: Loop Merges whose value_index is read: (slot, Enter's position, NextIteration's).
+    index_slots: tuple[tuple[int, int, int], ...]
+    #: Per Exit: the loop Switch it reads (its dead origin in a true iteration).
+    exits: tuple[tuple[int, int], ...]
+
+
+def schedule_loops(nodes: Sequence[NodeDef], info: FrameInfo, inputs: Sequence[tuple[int, ...]],
+                   out: Sequence[int], consumers: Sequence[tuple[int, ...]],
+                   initial_values: Sequence[Any]) -> tuple[LoopSchedule | None, ...]:
+    """Per static frame (index 0, the root, is always None): its schedule, or None
+    when the frame keeps the general propagator."""
+    node_of = {n.name: i for i, n in enumerate(nodes)}
+    members: dict[int, list[int]] = {}
+    enters: dict[int, list[int]] = {}
+    for i, f in enumerate(info.frame):
+        members.setdefault(f, []).append(i)
+        if info.kind[i] == CF_ENTER:
+            enters.setdefault(info.child[i], []).append(i)
+    out_schedules: list[LoopSchedule | None] = [None]
+    for f in range(1, len(info.frames)):
+        builder = _Builder(f, nodes, node_of, info, inputs, out, consumers, initial_values,
+                           members.get(f, []), enters.get(f, []))
+        out_schedules.append(builder.build())
+    return tuple(out_schedules)
+
+
+class _Ineligible(Exception):
+    """The frame keeps the general propagator (the reason is for debugging)."""
+
+
+class _Builder:
+    """Lowers one static frame; :meth:`build` returns None for an ineligible one."""
+
+    def __init__(self, f: int, nodes: Sequence[NodeDef], node_of: dict[str, int],
+                 info: FrameInfo, inputs: Sequence[tuple[int, ...]], out: Sequence[int],
+                 consumers: Sequence[tuple[int, ...]], initial_values: Sequence[Any],
+                 members: list[int], enters: list[int]) -> None:
+        self.f = f
+        self.nodes = nodes
+        self.node_of = node_of
+        self.info = info
+        self.inputs = inputs
+        self.out = out
+        self.consumers = consumers
+        self.initial = initial_values
+        self.members = members
+        self.enters = enters
+        self.member_set = set(members)
+        # global output slot -> producing node, for the frame's nodes and Enters
+        self.producer: dict[int, int] = {}
+        for i in (*members, *enters):
+            for k in range(len(nodes[i].outputs)):
+                self.producer[out[i] + k] = i
+        self.local: dict[int, int] = {}  # global slot -> local slot
+        self.template: list[Any] = []
+
+    def build(self) -> LoopSchedule | None:
+        try:
+            return self._build()
+        except _Ineligible:
+            return None
+
+    # -- structure ---------------------------------------------------------------------
+
+    kinds: dict[int, int]
+    loop_cond: int
+    loop_merges: list[int]
+    nexts: list[int]
+    exits: list[int]
+    loop_switches: list[int]
+
+    def _controls(self, i: int) -> list[int]:
+        """Node ``i``'s control producers in this partition."""
+        got = (self.node_of.get(c) for c in self.nodes[i].control_inputs)
+        return [p for p in dict.fromkeys(got) if p is not None]
+
+    def _check_structure(self) -> None:
+        """The frame is wired as ``while_loop`` wires it (else :class:`_Ineligible`)."""
+        info, nodes = self.info, self.nodes
+        if not self.members or len(self.members) > MAX_NODES:
+            raise _Ineligible("empty or too large")
+        self.kinds = kinds = {i: info.kind[i] for i in self.members}
+        if any(k == CF_ENTER for k in kinds.values()):
+            raise _Ineligible("a nested frame")
+        conds = [i for i in self.members if nodes[i].op == "LoopCond"]
+        if len(conds) != 1:
+            raise _Ineligible("not exactly one LoopCond")
+        self.loop_cond = conds[0]
+        self.loop_merges = [i for i in self.members if info.loop_merge[i]]
+        if not self.loop_merges:
+            raise _Ineligible("no loop variable")
+        self.nexts = [i for i in self.members if kinds[i] == CF_NEXT]
+        self.exits = [i for i in self.members if kinds[i] == CF_EXIT]
+        self._check_loop_variables()
+        self._check_inputs()
+        self._check_switches()
+
+    def _check_loop_variables(self) -> None:
+        """Each loop variable: Enter -> Merge <- NextIteration, and nothing else."""
+        info, nodes, kinds = self.info, self.nodes, self.kinds
+        enter_set = set(self.enters)
+        merge_set = set(self.loop_merges)
+        self.merge_enter: dict[int, tuple[int, int]] = {}  # merge -> (enter, position)
+        self.merge_next: dict[int, tuple[int, int]] = {}   # merge -> (next, position)
+        for m in self.loop_merges:
+            ins = self.inputs[m]
+            srcs = [self.producer.get(s) for s in ins]
+            if len(ins) != 2 or self._controls(m) or nodes[m].control_inputs:
+                raise _Ineligible("a loop Merge other than Merge(Enter, NextIteration)")
+            for pos, p in enumerate(srcs):
+                if p in enter_set and not info.constant[p]:
+                    self.merge_enter[m] = (p, pos)
+                elif p is not None and p in self.member_set and kinds[p] == CF_NEXT:
+                    self.merge_next[m] = (p, pos)
+            if m not in self.merge_enter or m not in self.merge_next:
+                raise _Ineligible("a loop Merge other than Merge(Enter, NextIteration)")
+        for e in self.enters:
+            if not info.constant[e] and any(c not in merge_set or self.out[e] not in
+                                            self.inputs[c] for c in self.consumers[e]):
+                raise _Ineligible("a loop variable's Enter read by a node other than its Merge")
+        self.next_merge: dict[int, int] = {}
+        for n in self.nexts:
+            cons = self.consumers[n]
+            if len(cons) != 1 or cons[0] not in merge_set or \
+                    self.merge_next[cons[0]][0] != n or len(nodes[n].outputs) != 1:
+                raise _Ineligible("a NextIteration not feeding exactly one loop Merge")
+            if self._controls(n):
+                raise _Ineligible("a NextIteration with control inputs")
+            self.next_merge[n] = cons[0]
+        if len(self.next_merge) != len(self.loop_merges):
+            raise _Ineligible("loop Merges and NextIterations do not pair up")
+
+    def _check_inputs(self) -> None:
+        """Inputs come from the frame, its constant Enters, or preloaded constants;
+        control edges from nodes whose first output tells whether they are dead."""
+        info, nodes, kinds = self.info, self.nodes, self.kinds
+        enter_set = set(self.enters)
+        merge_set = set(self.loop_merges)
+        for i in self.members:
+            if i in merge_set:
+                continue
+            for s in self.inputs[i]:
+                p = self.producer.get(s)
+                if p is None:
+                    if self.initial[s] is None:
+                        raise _Ineligible("an input from outside the frame")
+                elif p in enter_set:
+                    if not info.constant[p]:
+                        raise _Ineligible("a loop variable's Enter read directly")
+                elif kinds[p] in (CF_NEXT, CF_EXIT):
+                    raise _Ineligible("a NextIteration or Exit read inside the frame")
+            for p in self._controls(i):
+                if p in enter_set:
+                    if not info.constant[p]:
+                        raise _Ineligible("a control edge from a loop variable's Enter")
+                elif p not in self.member_set or kinds[p] in (CF_NEXT, CF_EXIT):
+                    raise _Ineligible("a control edge from outside the frame")
+                elif kinds[p] == CF_SWITCH or not nodes[p].outputs:
+                    raise _Ineligible("a control edge from a Switch or a node without outputs")
+
+    def _check_switches(self) -> None:
+        """The loop Switches (predicate: the LoopCond) feed the Exits from their false
+        side and the body from their true side, by data edges only."""
+        kinds = self.kinds
+        pred_slot = self.out[self.loop_cond]
+        self.loop_switches = [i for i in self.members if kinds[i] == CF_SWITCH
+                              and self.inputs[i][1] == pred_slot]
+        if not self.loop_switches:
+            raise _Ineligible("no loop Switch")
+        exit_set = set(self.exits)
+        switch_false = {self.out[s]: s for s in self.loop_switches}
+        self.exit_switch: dict[int, int] = {}
+        for e in self.exits:
+            sw = switch_false.get(self.inputs[e][0])
+            if sw is None or self._controls(e):
+                raise _Ineligible("an Exit not reading a loop Switch's false output")
+            self.exit_switch[e] = sw
+        for s in self.loop_switches:
+            for c in self.consumers[s]:
+                if self.out[s] + 1 not in self.inputs[c] and c not in exit_set:
+                    raise _Ineligible("a control edge from a loop Switch")
+                if c in exit_set and self.out[s] + 1 in self.inputs[c]:
+                    raise _Ineligible("an Exit reading a loop Switch's true output")
+                if c not in exit_set and self.out[s] in self.inputs[c]:
+                    raise _Ineligible("a node other than an Exit reading a loop Switch's "
+                                      "false output")
+
+    def _order(self) -> list[int]:
+        """The frame's nodes but its loop Merges, in a topological order of one
+        iteration (ties by plan order); a cycle makes the frame ineligible."""
+        merge_set = set(self.loop_merges)
+        todo = [i for i in self.members if i not in merge_set]
+        todo_set = set(todo)
+        pending: dict[int, int] = {}
+        succ: dict[int, list[int]] = {i: [] for i in todo}
+        for i in todo:
+            producers = {self.producer.get(s) for s in self.inputs[i]}
+            producers.update(self._controls(i))
+            ps = [p for p in producers if p in todo_set]
+            pending[i] = len(ps)
+            for p in ps:
+                succ[p].append(i)
+        ready = [i for i in todo if not pending[i]]
+        heapq.heapify(ready)
+        order: list[int] = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for c in succ[i]:
+                pending[c] -= 1
+                if not pending[c]:
+                    heapq.heappush(ready, c)
+        if len(order) != len(todo):
+            raise _Ineligible("a cycle inside one iteration")
+        return order
+
+    def _downstream(self, order: list[int]) -> set[int]:
+        """The nodes reached from the loop Switches (the Switches included)."""
+        down = set(self.loop_switches)
+        for i in order:
+            if i in down:
+                continue
+            producers = {self.producer.get(s) for s in self.inputs[i]}
+            producers.update(self._controls(i))
+            if producers & down:
+                down.add(i)
+        return down
+
+    # -- slots ---------------------------------------------------------------------------
+
+    def _slot(self, g: int) -> int:
+        """The local slot of global slot ``g`` (a node's outputs stay contiguous)."""
+        loc = self.local.get(g)
+        if loc is not None:
+            return loc
+        p = self.producer.get(g)
+        if p is None:  # a preloaded constant
+            loc = self.local[g] = len(self.template)
+            self.template.append(self.initial[g])
+            return loc
+        base = self.out[p]
+        for k in range(len(self.nodes[p].outputs)):
+            self.local[base + k] = len(self.template)
+            self.template.append(None)
+        return self.local[g]
+
+    # -- programs ------------------------------------------------------------------------
+
+    def _build(self) -> LoopSchedule:
+        self._check_structure()
+        order = self._order()
+        down = self._downstream(order)
+        position = {i: k for k, i in enumerate(order)}
+        # Status of global slots (after aliasing): live, maybe dead, dead.
+        status: dict[int, int] = {}
+        for e in self.enters:
+            if self.info.constant[e]:
+                status[self.out[e]] = _LIVE
+        for m in self.loop_merges:
+            status[self.out[m]] = status[self.out[m] + 1] = _LIVE
+        alias: dict[int, int] = {}
+        head_nodes = [i for i in order if i not in down]
+        body_nodes = [i for i in order if i in down]
+        head, head_status, head_alias = self._program(head_nodes, status, alias, None, position)
+        pred = self._resolve(head_alias, self.out[self.loop_cond])
+        if head_status.get(pred, _LIVE) == _DEAD:
+            raise _Ineligible("a predicate that is always dead")
+        true, true_status, true_alias = self._program(body_nodes, head_status, head_alias,
+                                                      True, position)
+        final, _, _ = self._program(body_nodes, head_status, head_alias, False, position)
+        carries = []
+        for n in self.nexts:
+            src = self._resolve(true_alias, self.inputs[n][0])
+            if true_status.get(src, _LIVE) == _DEAD:
+                raise _Ineligible("a NextIteration that is always dead")
+            carries.append((n, src, self.out[self.next_merge[n]]))
+        return self._lower(head, true, final, carries, pred)
+
+    def _resolve(self, alias: dict[int, int], g: int) -> int:
+        while g in alias:
+            g = alias[g]
+        return g
+
+    def _witnesses(self, i: int, alias: dict[int, int]) -> list[int]:
+        """Per control producer of node ``i``: a slot holding a dead value exactly when
+        that producer is dead (its first output, after aliasing)."""
+        return [self._resolve(alias, self.out[p]) for p in self._controls(i)]
+
+    def _program(self, order: list[int], status_in: dict[int, int], alias_in: dict[int, int],
+                 pred: bool | None, position: dict[int, int]
+                 ) -> tuple[list[tuple[Any, ...]], dict[int, int], dict[int, int]]:
+        """The raw instructions of ``order`` (global slots) when the loop predicate is
+        ``pred`` (None: the head, which does not depend on it)."""
+        status = dict(status_in)
+        alias = dict(alias_in)
+        prog: list[tuple[Any, ...]] = []
+        nodes, info = self.nodes, self.info
+
+        def st(g: int) -> int:
+            return status.get(g, _LIVE)  # preloaded constants and constant Enters
+
+        def combine(slots: list[int]) -> tuple[int, list[int]]:
+            worst = max((st(s) for s in slots), default=_LIVE)
+            checks = sorted({s for s in slots if st(s) == _MAYBE},
+                            key=lambda s: position.get(self.producer.get(s, -1), -1))
+            return worst, checks
+
+        def set_outputs(i: int, value: int) -> None:
+            for k in range(len(nodes[i].outputs)):
+                status[self.out[i] + k] = value
+
+        for i in order:
+            node = nodes[i]
+            kind = info.kind[i]
+            ins = [self._resolve(alias, s) for s in self.inputs[i]]
+            deps = ins + self._witnesses(i, alias)
+            if i in self.loop_switches:
+                data = ins[0]
+                if pred:  # data passes through to the true side; the false side is dead
+                    alias[self.out[i] + 1] = data
+                    status[self.out[i]] = _DEAD
+                    continue
+                worst, checks = combine(deps)
+                status[self.out[i]] = worst if worst != _DEAD else _DEAD
+                status[self.out[i] + 1] = _DEAD
+                if worst != _DEAD:
+                    prog.append((I_SWITCH, i, ins, self.out[i], 2, checks))
+                continue
+            if kind == CF_MERGE:
+                cands = sorted(((pos, s) for pos, s in enumerate(ins) if st(s) != _DEAD),
+                               key=lambda c: position.get(self.producer.get(c[1], -1), -1))
+                if not cands:
+                    set_outputs(i, _DEAD)
+                    continue
+                value = _LIVE if any(st(s) == _LIVE for _, s in cands) else _MAYBE
+                set_outputs(i, value)
+                prog.append((I_MERGE, i, [s for _, s in cands], self.out[i], 2, [],
+                             tuple(pos for pos, _ in cands)))
+                continue
+            worst, checks = combine(deps)
+            if worst == _DEAD:
+                set_outputs(i, _DEAD)
+                continue
+            if kind == CF_SWITCH:
+                set_outputs(i, _MAYBE)
+                prog.append((I_SWITCH, i, ins, self.out[i], 2, checks))
+            elif kind == CF_EXIT:
+                prog.append((I_EXIT, i, ins, -1, 0, checks))
+            elif kind == CF_NEXT:
+                if pred is not True:
+                    raise _Ineligible("a NextIteration live when the loop ends")
+                alias[self.out[i]] = ins[0]
+            elif node.op in _ALIASES and len(ins) == 1 and not node.control_inputs:
+                alias[self.out[i]] = ins[0]
+            elif node.op == "Const" and not checks:
+                value = node.attrs["value"]
+                g = self.out[i]
+                status[g] = _LIVE
+                self.local.setdefault(g, len(self.template))
+                if self.local[g] == len(self.template):
+                    self.template.append(value[()] if value.ndim == 0 else value)
+            elif node.op == "Const":
+                value = node.attrs["value"]
+                set_outputs(i, _MAYBE)
+                prog.append((I_CONST, i, [], self.out[i], 1, checks,
+                             value[()] if value.ndim == 0 else value))
+            else:
+                set_outputs(i, worst)
+                nout = len(node.outputs)
+                prog.append((I_KERNEL, i, ins, self.out[i] if nout else -1, nout, checks))
+        return prog, status, alias
+
+    def _lower(self, head: list[tuple[Any, ...]], true: list[tuple[Any, ...]],
+               final: list[tuple[Any, ...]], carries: list[tuple[int, int, int]],
+               pred: int) -> LoopSchedule:
+        """Local slots and last-use frees for the three programs."""
+        enters: list[tuple[int, tuple[int, ...]]] = []
+        for e in self.enters:
+            if self.info.constant[e]:
+                enters.append((e, (self._slot(self.out[e]),)))
+            else:
+                targets = tuple(self._slot(self.out[m]) for m in self.loop_merges
+                                if self.merge_enter[m][0] == e)
+                enters.append((e, targets))
+        merge_slots = {self._slot(self.out[m]) for m in self.loop_merges}
+
+        def reads(raw: tuple[Any, ...]) -> list[int]:
+            return [self._slot(g) for g in (*raw[2], *raw[5])]
+
+        def writes(raw: tuple[Any, ...]) -> list[int]:
+            if raw[3] < 0:
+                return []
+            base = self._slot(raw[3])
+            return [base + k for k in range(raw[4])]
+
+        pred_local = self._slot(pred)
+        head_reads = [reads(r) for r in head]
+        true_reads = [reads(r) for r in true]
+        final_reads = [reads(r) for r in final]
+        carry_reads = [self._slot(src) for _, src, _ in carries]
+        # Never freed: constants and the constant Enters' values.
+        keep = {k for k, v in enumerate(self.template) if v is not None}
+        keep.update(slots[0] for e, slots in enters if self.info.constant[e])
+        later = ({s for rs in true_reads for s in rs} | {s for rs in final_reads for s in rs}
+                 | set(carry_reads) | {pred_local})
+
+        def frees_of(reads_list: list[list[int]], raws: list[tuple[Any, ...]],
+                     tail: set[int]) -> list[list[int]]:
+            """Per instruction: the slots it reads or writes last (``tail``: read after
+            the program)."""
+            last: dict[int, int] = {}
+            for k, (rs, raw) in enumerate(zip(reads_list, raws)):
+                for s in writes(raw):
+                    last.setdefault(s, k)
+                for s in rs:
+                    last[s] = k
+            out: list[list[int]] = [[] for _ in raws]
+            for s, k in last.items():
+                if s not in keep and s not in tail:
+                    out[k].append(s)
+            return out
+
+        head_frees = frees_of(head_reads, head, later)
+        true_frees = frees_of(true_reads, true, set(carry_reads))
+        # Alive at the start of a true iteration but never read in it: cleared at once.
+        alive = (merge_slots | {s for raw in head for s in writes(raw)}) & later
+        read_in_true = {s for rs in true_reads for s in rs} | set(carry_reads)
+        start_frees = tuple(sorted(s for s in alive if s not in read_in_true and s not in keep))
+        carry_frees = tuple(sorted({s for s in carry_reads if s not in keep}))
+        index_slots = []
+        for m in self.loop_merges:
+            g = self.out[m] + 1
+            if any(g in self.inputs[c] for c in self.consumers[m]):
+                index_slots.append((self._slot(g), self.merge_enter[m][1],
+                                    self.merge_next[m][1]))
+
+        def lower(raws: list[tuple[Any, ...]], frees: list[list[int]] | None) -> tuple[Instr, ...]:
+            return tuple(Instr(raw[0], raw[1], tuple(self._slot(g) for g in raw[2]),
+                               self._slot(raw[3]) if raw[3] >= 0 else -1, raw[4],
+                               tuple(self._slot(g) for g in raw[5]),
+                               tuple(sorted(frees[k])) if frees is not None else (),
+                               tuple(raw[6]) if raw[0] == I_MERGE else (),
+                               raw[6] if raw[0] == I_CONST else None)
+                         for k, raw in enumerate(raws))
+
+        head_i = lower(head, head_frees)
+        true_i = lower(true, true_frees)
+        final_i = lower(final, None)
+        carries_l = tuple((n, self._slot(src), self._slot(m)) for n, src, m in carries)
+        return LoopSchedule(
+            frame=self.f, members=tuple(sorted((*self.members, *self.enters))),
+            template=tuple(self.template), enters=tuple(enters), pred=pred_local,
+            head=head_i, true=true_i, true_frees=start_frees, final=final_i,
+            carries=carries_l, carry_frees=carry_frees, index_slots=tuple(index_slots),
+            exits=tuple((e, self.exit_switch[e]) for e in self.exits))
+
