@@ -42,6 +42,12 @@ def test_integer_division_by_zero_is_invalid_argument(dtype: af.DType, op: Any) 
     assert e.value.op is not None
     assert e.value.op.name == "div"
     assert run(out, {y: [2, 4]}).tolist() == ([3, 1] if op is af.floordiv else [1, 2])
+    # 0-d divisors (numpy scalars: the check's scalar branch) too.
+    z = af.placeholder(dtype, shape=(), name="z")
+    scalar = op(af.constant(7, dtype=dtype), z, name="div_scalar")
+    with pytest.raises(af.errors.InvalidArgumentError, match="Integer division by zero"):
+        run(scalar, {z: 0})
+    assert run(scalar, {z: 2}) == (3 if op is af.floordiv else 1)
 
 
 @pytest.mark.parametrize("op", [af.truncatediv, af.truncatemod])
