@@ -363,3 +363,26 @@ def test_fuzzed_loop_graph_defs_fail_cleanly(graph_def: Any) -> None:
     else:
         # What imported must export back to the same nodes.
         assert _by_name(g.as_graph_def()) == _by_name(graph_def)
+
+
+def test_control_input_beside_a_data_input_from_the_same_node_round_trips() -> None:
+    # Found by the fuzz test above: "^x" beside a data input from x was dropped on
+    # import (pruned as redundant), so the def did not export back to itself.  As TF's
+    # importer, explicit control inputs are kept; control_dependencies() ops a data
+    # input already waits for are still pruned.
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        af.identity(x, name="y")
+    gd = g.as_graph_def()
+    node = next(n for n in gd["node"] if n["name"] == "y")
+    node["input"] = ["x", "^x"]
+    g2 = af.Graph()
+    with g2.as_default():
+        af.import_graph_def(gd, name="")
+    assert [op.name for op in g2.get_operation_by_name("y").control_inputs] == ["x"]
+    exported = next(n for n in g2.as_graph_def()["node"] if n["name"] == "y")
+    assert exported["input"] == ["x", "^x"]
+    with g2.as_default(), af.control_dependencies([g2.get_operation_by_name("x")]):
+        z = af.identity(g2.get_tensor_by_name("x:0"), name="z")
+    assert z.op.control_inputs == ()  # implied by the data input: pruned as before

@@ -550,11 +550,13 @@ class Graph:
             scope = stacks.name_scope
             for frame in control_stack:
                 controls.extend(frame)
+            explicit = len(controls)  # controls[explicit:] were given as control_inputs
             for c in control_inputs:
                 if not isinstance(c, Operation):
                     raise TypeError(f"control input of new {op_type} op must be an "
                                     f"af.Operation, got {type(c).__name__}")
                 controls.append(c)
+            explicit_ops = controls[explicit:]
             ctx = cf_stack[-1] if cf_stack else None
             if ctx is not None:
                 # Inside af.cond / af.while_loop: values from outside the branch or loop
@@ -562,8 +564,13 @@ class Graph:
                 prepared, controls = ctx.prepare_op(op_type, inputs, controls)
                 inputs = tuple(prepared)
             if controls:
+                # Duplicates go; so do control_dependencies() ops the data inputs already
+                # wait for.  Control inputs given explicitly stay (as TF's importer keeps
+                # a graph def's "^x" beside a data input from x: the def round-trips).
                 seen: set[Operation] = set()
                 data_ops = {t._op for t in inputs}
+                if explicit_ops:
+                    data_ops.difference_update(explicit_ops)
                 controls = [c for c in controls
                             if not (c in seen or c in data_ops or seen.add(c))]  # type: ignore[func-returns-value]
                 for c in controls:
