@@ -36,8 +36,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="cProfile the in-process workloads (not the scale subprocess) and "
                         "print the top N functions by own time to stderr (default 30); "
                         "profiling inflates the figures, read them as a breakdown only")
+    p.add_argument("--guard", action="store_true",
+                   help="the CI regression guard: measure a few rows at small sizes of its "
+                        "own and fail (exit 1) when a ratio ours/anchor regressed by more "
+                        "than 2x against benchmarks/guard_baseline.json (see "
+                        "benchmarks.guard); --only restricts it to some of its rows")
+    p.add_argument("--update-baseline", action="store_true",
+                   help="with --guard: measure and write the baseline instead of checking")
+    p.add_argument("--baseline", metavar="FILE",
+                   help="with --guard: this baseline file instead of the committed one")
     args = p.parse_args(argv)
     only = [name for item in args.only for name in item.split(",") if name]
+    if args.guard:
+        args.only = only
+        return args
+    if args.update_baseline or args.baseline:
+        p.error("--update-baseline and --baseline go with --guard")
     unknown = sorted(set(only) - set(WORKLOADS))
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
@@ -136,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return dist.main(argv[1:])
     args = parse_args(argv)
+    if args.guard:
+        from pathlib import Path
+
+        from benchmarks import guard
+
+        return guard.main(args.only, args.update_baseline,
+                          Path(args.baseline) if args.baseline else None)
     sizes = QUICK if args.quick else FULL
     if args.repeats:
         sizes = Sizes.from_json({**sizes.to_json(), "repeats": args.repeats})
