@@ -35,6 +35,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -214,27 +215,28 @@ def measure(requests: int, concurrency: int, sleep: float, repeats: int) -> list
     sock.bind(("127.0.0.1", 0))
     sock.listen(max(128, concurrency * 2))
     port = sock.getsockname()[1]
-    child = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.service", "serve", str(sock.fileno()), str(sleep)],
-        pass_fds=[sock.fileno()], env=child_env(), cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    sock.close()  # the child has its own copy
-    try:
-        return asyncio.run(_drive(port, requests, concurrency, repeats, child))
-    except BaseException as exc:
-        if child.poll() is not None and child.stderr is not None:
-            tail = child.stderr.read().decode(errors="replace").strip().splitlines()[-5:]
-            raise RuntimeError(f"{exc}; server stderr: {' | '.join(tail)}") from exc
-        raise
-    finally:
-        child.terminate()
+    # The server's stderr goes to a file: a pipe nobody reads while the load runs
+    # could fill up and block the server.
+    with tempfile.TemporaryFile() as stderr:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.service", "serve", str(sock.fileno()),
+             str(sleep)],
+            pass_fds=[sock.fileno()], env=child_env(), cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL, stderr=stderr)
+        sock.close()  # the child has its own copy
         try:
-            child.wait(10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-        if child.stderr is not None:
-            child.stderr.close()
+            return asyncio.run(_drive(port, requests, concurrency, repeats, child))
+        except Exception as exc:
+            stderr.seek(0)
+            tail = stderr.read().decode(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(f"{exc}; server stderr: {' | '.join(tail)}") from exc
+        finally:
+            child.terminate()
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
 
 
 def main(argv: list[str]) -> int:
