@@ -7,7 +7,11 @@ committed in ``benchmarks/guard_baseline.json``.  A row fails when its ratio
 regressed by more than :data:`FACTOR` (2x): above twice the baseline for a cost
 (``better == "lower"``), below half of it for a throughput (``better == "higher"``).
 
-Small sizes are noisy, so: the rows are the ones whose ratio stays within ~1.3x
+Each repeat is timed in this process's CPU time (``time.process_time``), not wall
+time: the guarded rows run on one thread, where the two are the same on an idle
+machine, but on a shared CI runner a busy neighbour stalls the wall clock of
+whichever side it preempts (with wall time and two other busy processes on this
+2-core machine, a ratio moved by up to 4x).  Small sizes are noisy too, so: the rows are the ones whose ratio stays within ~1.3x
 from run to run at these sizes on a busy 2-core machine (chain, wide, tiny.run,
 concurrent, loop, variable; trace, loop.cond, queue, the opt rows and the sync
 runners moved by 2x or more and are left out); each figure is already the best of
@@ -28,21 +32,30 @@ import io
 import json
 import platform
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.report import Row
-from benchmarks.sizes import QUICK, Sizes
+from benchmarks.sizes import QUICK, Sizes, using_clock
 
 #: The guarded rows and the workload that measures each.
 GUARD_ROWS = {"chain": "chain", "wide": "wide", "tiny.run": "tiny", "concurrent": "concurrent",
               "loop": "loop", "variable": "variable"}
-#: The guard's sizes: quick's, a little longer where that steadies the ratios.
-GUARD = dataclasses.replace(QUICK, chain_n=2_000, wide_n=2_000, tiny_calls=500,
-                            tiny_sync_calls=50, loop_n=3_000, variable_n=5_000,
-                            state_repeats=3, concurrent_batches=2, repeats=5)
+#: The guard's sizes: quick's, but every timed block of the guarded rows (the
+#: anchor's too) long enough, >= ~5 ms, that on a machine whose cores are shared with
+#: other busy processes, ours and the anchor get the same share of a core: with
+#: blocks shorter than the scheduler's time slice, the best of the anchor's repeats
+#: ran unpreempted more often than ours and a ratio moved by 4x or more.
+GUARD = dataclasses.replace(QUICK, chain_n=10_000, wide_n=5_000, tiny_calls=10_000,
+                            tiny_sync_calls=50, loop_n=10_000, variable_n=20_000,
+                            state_repeats=3, concurrent_batches=5, repeats=5)
+#: The sizes the guarded workloads read: a baseline measured with others is refused.
+GUARD_FIELDS = ("chain_n", "wide_n", "tiny_calls", "tiny_sync_calls", "concurrent_runs",
+                "concurrent_batches", "loop_n", "loop_parallel_iterations", "variable_n",
+                "variable_tasks", "state_repeats", "repeats")
 FACTOR = 2.0
 RETRIES = 2
 BASELINE_PATH = Path(__file__).with_name("guard_baseline.json")
@@ -133,7 +146,8 @@ def measure_rows(row_ids: list[str], sizes: Sizes = GUARD) -> dict[str, Row]:
     names = list(dict.fromkeys(GUARD_ROWS[r] for r in row_ids))
     all_rows = make_rows(sizes)
     rows = {r: all_rows[r] for name in names for r in ROWS_OF[name]}
-    with contextlib.redirect_stderr(io.StringIO()):  # the per-workload progress lines
+    # CPU time, not wall time: see the module docstring.
+    with contextlib.redirect_stderr(io.StringIO()), using_clock(time.process_time):
         run_ours(names, sizes, rows)
     return {r: rows[r] for r in row_ids}
 
@@ -157,10 +171,10 @@ def guard(row_ids: list[str], baseline: dict[str, Any],
 
 def load_baseline(path: Path) -> dict[str, Any]:
     """The baseline's rows (row -> {"ratio": ..., ...}); ValueError when it was measured
-    at other sizes than :data:`GUARD`'s (sizes added since are not compared)."""
+    at other sizes than :data:`GUARD`'s (those of :data:`GUARD_FIELDS`)."""
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    now = GUARD.to_json()
-    changed = sorted(k for k, v in data.get("sizes", {}).items() if k in now and now[k] != v)
+    now, then = GUARD.to_json(), data.get("sizes", {})
+    changed = [k for k in GUARD_FIELDS if then.get(k) != now[k]]
     if changed:
         raise ValueError(f"{path.name} was measured at other sizes ({', '.join(changed)} "
                          f"changed since); regenerate it with `{REGENERATE}`")
@@ -177,7 +191,7 @@ def write_baseline(path: Path, rows: dict[str, Row]) -> None:
                  f"Regenerate with `{REGENERATE}`.",
         "environment": {"python": platform.python_version(), "numpy": np.__version__,
                         "machine": platform.machine()},
-        "sizes": GUARD.to_json(),
+        "sizes": {k: getattr(GUARD, k) for k in GUARD_FIELDS},
         "rows": {r: {"ratio": round(row.ours / row.anchor, 4), "better": row.better,
                      "ours": row.ours, "anchor": row.anchor, "unit": row.unit}
                  for r, row in rows.items() if row.ours is not None and row.anchor},
