@@ -217,8 +217,10 @@ def main(only: list[str], update: bool, baseline_path: Path | None) -> int:
             return 1
         write_baseline(path, rows)
         for r, row in rows.items():
-            print(f"guard: {r} baseline ours/anchor {row.ours / row.anchor:.3f}x "  # type: ignore[operator]
-                  f"({row.ours:.3g} / {row.anchor:.3g} {row.unit})")
+            assert row.ours is not None
+            assert row.anchor is not None
+            print(f"guard: {r} baseline ours/anchor {row.ours / row.anchor:.3f}x "
+                  f"({row.ours:.3g} / {row.anchor:.3g} {row.unit}; CPU time)")
         print(f"guard: wrote {path}")
         return 0
     try:
