@@ -1,10 +1,14 @@
-"""asyncflow's benchmark suite: ``python -m benchmarks [--quick] [--only NAME] [--json FILE]``.
+"""asyncflow's benchmark suite: ``python -m benchmarks [--quick] [--only NAME] [--json FILE]``;
+``python -m benchmarks --guard`` is CI's regression guard (see :mod:`benchmarks.guard`).
 
 Each workload of the performance model (DESIGN.md §4) is measured for asyncflow and,
 in the same run, for its anchors: plain numpy calls and plain asyncio (in this
 process, interleaved with asyncflow's repeats), TensorFlow 1.x through
 ``tf.compat.v1`` and Dask's threaded scheduler (each in a subprocess of its own, and
-only when importable: they are anchors, never dependencies of asyncflow).
+only when importable: they are anchors, never dependencies of asyncflow).  The
+``service`` workload serves an ASGI app from a child process and loads it from this
+one: it needs the ``bench`` extra (``pip install -e ".[bench]"``) and is reported as
+skipped without it.
 
 Importing this package pins BLAS to one thread (unless the caller already chose a
 value): with a multi-threaded BLAS the single-worker baseline of the

@@ -18,7 +18,7 @@ from typing import Any
 import benchmarks
 from benchmarks import external, report
 from benchmarks.sizes import FULL, QUICK, WORKLOADS, Sizes
-from benchmarks.workloads import ROWS_OF, WORKLOAD_FUNCS, make_rows
+from benchmarks.workloads import ROWS_OF, WORKLOAD_FUNCS, make_rows, scale
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,8 +36,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="cProfile the in-process workloads (not the scale subprocess) and "
                         "print the top N functions by own time to stderr (default 30); "
                         "profiling inflates the figures, read them as a breakdown only")
+    p.add_argument("--guard", action="store_true",
+                   help="the CI regression guard: measure a few rows at small sizes of its "
+                        "own and fail (exit 1) when a ratio ours/anchor regressed by more "
+                        "than 2x against benchmarks/guard_baseline.json (see "
+                        "benchmarks.guard); --only restricts it to some of its rows")
+    p.add_argument("--update-baseline", action="store_true",
+                   help="with --guard: measure and write the baseline instead of checking")
+    p.add_argument("--baseline", metavar="FILE",
+                   help="with --guard: this baseline file instead of the committed one")
     args = p.parse_args(argv)
     only = [name for item in args.only for name in item.split(",") if name]
+    if args.guard:
+        args.only = only
+        return args
+    if args.update_baseline or args.baseline:
+        p.error("--update-baseline and --baseline go with --guard")
     unknown = sorted(set(only) - set(WORKLOADS))
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
@@ -63,8 +77,10 @@ def _environment(sizes: Sizes) -> dict[str, Any]:
     }
 
 
-def run_ours(names: list[str], sizes: Sizes, rows: dict[str, report.Row]) -> bool:
-    """Measure asyncflow and the in-process anchors; False if a workload crashed."""
+def run_ours(names: list[str], sizes: Sizes, rows: dict[str, report.Row],
+             with_tf: bool = False) -> bool:
+    """Measure asyncflow and the in-process anchors; False if a workload crashed.
+    With ``with_tf`` the scale workload alternates TF's subprocesses with its own."""
     ok = True
     try:
         import asyncflow as af
@@ -76,7 +92,10 @@ def run_ours(names: list[str], sizes: Sizes, rows: dict[str, report.Row]) -> boo
         try:
             if af is None:
                 raise RuntimeError(import_error)
-            WORKLOAD_FUNCS[name](af, sizes, rows)
+            if name == "scale":
+                scale(af, sizes, rows, with_tf=with_tf)
+            else:
+                WORKLOAD_FUNCS[name](af, sizes, rows)
         except Exception as exc:
             ok = False
             for row_id in ROWS_OF[name]:
@@ -91,14 +110,9 @@ def run_external(names: list[str], sizes: Sizes, rows: dict[str, report.Row]) ->
     for engine, attr in (("dask", "dask"), ("tf", "tf")):
         start = time.perf_counter()
         _progress(f"{engine} anchors ...")
+        # TF's scale figures come from the scale workload (subprocesses alternating
+        # with asyncflow's): see run_ours.
         results = external.collect(engine, sizes, names)
-        if "scale" in names and engine == "tf" and "_unavailable" not in results:
-            _progress("tf scale (subprocess) ...")
-            results.update(external.run_child(
-                ["benchmarks.scale", "tf", str(sizes.tf_scale_n)], timeout=900))
-            if "n" in results and results["n"] != sizes.scale_n:
-                rows["scale.build"].notes.append(
-                    f"TF's scale figures are for a {results['n']:,}-node chain")
         _progress(f"{engine} anchors done in {time.perf_counter() - start:.1f} s")
         _apply_external(engine, attr, results, rows)
 
@@ -120,6 +134,8 @@ def _apply_external(engine: str, attr: str, results: dict[str, Any],
                 setattr(rows[row_id], f"{attr}_note", "error")
         elif key.startswith("_note.") and key[len("_note."):] in rows:
             rows[key[len("_note."):]].notes.append(str(value))
+        elif key.startswith("_median.") and key[len("_median."):] in rows:
+            setattr(rows[key[len("_median."):]], f"{attr}_median", float(value))
     for row in rows.values():
         if row.id in results:
             setattr(row, attr, float(results[row.id]))
@@ -134,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return dist.main(argv[1:])
     args = parse_args(argv)
+    if args.guard:
+        from pathlib import Path
+
+        from benchmarks import guard
+
+        return guard.main(args.only, args.update_baseline,
+                          Path(args.baseline) if args.baseline else None)
     sizes = QUICK if args.quick else FULL
     if args.repeats:
         sizes = Sizes.from_json({**sizes.to_json(), "repeats": args.repeats})
@@ -141,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     all_rows = make_rows(sizes)
     rows = {rid: all_rows[rid] for name in names for rid in ROWS_OF[name]}
 
+    with_tf = not args.no_external and external.importable("tensorflow")
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     if args.profile:
@@ -148,11 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         import pstats
 
         profiler = cProfile.Profile()
-        ok = profiler.runcall(run_ours, names, sizes, rows)
+        ok = profiler.runcall(run_ours, names, sizes, rows, with_tf)
         stats = pstats.Stats(profiler, stream=sys.stderr)
         stats.sort_stats("tottime").print_stats(args.profile)
     else:
-        ok = run_ours(names, sizes, rows)
+        ok = run_ours(names, sizes, rows, with_tf)
     if args.no_external:
         for row in rows.values():
             row.tf_note = row.dask_note = "skipped"
@@ -171,13 +195,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{elapsed:.0f} s; 1-min load average at start {load_before:.2f}")
     print(f"BLAS pinned to one thread: {blas}.{pinned}")
     print(f"Each figure is the best of {sizes.repeats} repeats (overlap, parallel, Dask: "
-          f"best of {sizes.slow_repeats}; queue, variable: best of {sizes.state_repeats}); "
-          f"anchors alternate with asyncflow repeat by repeat.")
+          f"best of {sizes.slow_repeats}; queue, variable: best of {sizes.state_repeats}; "
+          f"scale: {sizes.scale_repeats} fresh subprocesses per engine; service: "
+          f"{sizes.service_repeats} per endpoint); anchors alternate with asyncflow repeat "
+          f"by repeat; the medians of the repeats follow the table.")
     print("TF 1.x: tf.compat.v1 graph mode, graph optimizers off, own subprocess; "
           "Dask: dask.threaded.get on the same task graph, own subprocess.")
     print(report.render_ratio_legend(table_rows))
     print()
     print(report.render_table(table_rows))
+    print()
+    print("medians of the repeats beside the best (TF: where its anchor reports them):")
+    print(report.render_medians(table_rows))
     print()
     print(report.render_anchor_legend(table_rows))
     notes = report.render_notes(table_rows)

@@ -17,6 +17,7 @@ import functools
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -185,6 +186,20 @@ def _tf_best_of(sess: Any, fetch: Any, feed: dict[Any, Any], repeats: int) -> fl
     return min(timed(lambda: sess.run(fetch, feed)) for _ in range(repeats))
 
 
+def _tf_times(sess: Any, fetch: Any, feed: dict[Any, Any], repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` runs, after an untimed first run."""
+    sess.run(fetch, feed)  # the first run compiles (executor creation): not timed
+    return [timed(lambda: sess.run(fetch, feed)) for _ in range(repeats)]
+
+
+def _figures(out: Results, row_id: str, times: list[float],
+             per: Callable[[float], float]) -> None:
+    """``row_id``'s figure from its best repeat and, as ``_median.<row_id>``, from the
+    median repeat (``per`` maps seconds to the row's unit, monotonically)."""
+    out[row_id] = per(min(times))
+    out[f"_median.{row_id}"] = per(statistics.median(times))
+
+
 def tf_workload(name: str, s: Sizes) -> Results:
     import numpy as np
 
@@ -193,7 +208,8 @@ def tf_workload(name: str, s: Sizes) -> Results:
     if name == "chain":
         g, x0, y = tf_shared_chain(tf1, s.chain_n)
         with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
-            out["chain"] = _tf_best_of(sess, y, {x0: 0.0}, s.repeats) / s.chain_n * 1e6
+            _figures(out, "chain", _tf_times(sess, y, {x0: 0.0}, s.repeats),
+                     lambda t: t / s.chain_n * 1e6)
     elif name == "wide":
         g = tf1.Graph()
         with g.as_default():
@@ -201,7 +217,8 @@ def tf_workload(name: str, s: Sizes) -> Results:
             one = tf1.constant(np.float32(1.0), name="one")
             y = tf1.add_n([x + one for _ in range(s.wide_n)])
         with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
-            out["wide"] = _tf_best_of(sess, y, {x: 1.0}, s.repeats) / s.wide_n * 1e6
+            _figures(out, "wide", _tf_times(sess, y, {x: 1.0}, s.repeats),
+                     lambda t: t / s.wide_n * 1e6)
     elif name == "tiny":
         g = tf1.Graph()
         with g.as_default():
@@ -215,9 +232,10 @@ def tf_workload(name: str, s: Sizes) -> Results:
                 for _ in range(s.tiny_calls):
                     sess.run(y, {x: 1.0})
 
-            per_run = min(timed(calls) for _ in range(s.repeats)) / s.tiny_calls * 1e6
+            times = [timed(calls) for _ in range(s.repeats)]
         # TF has one (synchronous) session.run: it anchors both rows.
-        out["tiny.run"] = out["tiny.run_sync"] = per_run
+        for row_id in ("tiny.run", "tiny.run_sync"):
+            _figures(out, row_id, times, lambda t: t / s.tiny_calls * 1e6)
     elif name in ("callable", "callable.nested"):
         out.update(_tf_callable(tf1, s, nested=name == "callable.nested"))
     elif name in ("trace", "trace.off"):
@@ -253,6 +271,7 @@ def tf_workload(name: str, s: Sizes) -> Results:
             s1.close()
             s2.close()
         out["parallel"] = min(times[1]) / min(times[2])
+        out["_median.parallel"] = statistics.median(times[1]) / statistics.median(times[2])
     elif name.startswith("xdev.k"):
         out.update(_tf_xdev(tf1, s, int(name.removeprefix("xdev.k"))))
     elif name == "parallel.2dev":
@@ -297,9 +316,10 @@ def _tf_cnn(tf1: Any, s: Sizes) -> Results:
             got = session.run(probs, {x: x_val})
             if not np.allclose(got, model.numpy_forward(x_val, p), rtol=1e-4, atol=1e-6):
                 raise AssertionError("TF's CNN probabilities differ from numpy's")
-        best = _tf_best_of(sess, probs, {x: x_val}, s.repeats)
+        times = _tf_times(sess, probs, {x: x_val}, s.repeats)
         best_single = _tf_best_of(single, probs, {x: x_val}, s.repeats)
-    return {"cnn": best * 1e3,
+    best = min(times)
+    return {"cnn": best * 1e3, "_median.cnn": statistics.median(times) * 1e3,
             "_note.cnn": f"TF 1.x cnn: default ConfigProto (intra-op threads = cores); "
                          f"with 1 inter- and 1 intra-op thread {best_single * 1e3:.2f} "
                          f"ms/batch (asyncflow's BLAS is pinned to 1 thread here)"}
@@ -354,12 +374,12 @@ def _tf_callable(tf1: Any, s: Sizes, nested: bool) -> Results:
             for _ in range(calls):
                 fn(*values)
 
-        t_run = t_fn = float("inf")
+        runs, fns = [], []
         for _ in range(s.repeats):
-            t_run = min(t_run, timed(run_calls))
-            t_fn = min(t_fn, timed(callable_calls))
-    per_fn, per_run = t_fn / calls * 1e6, t_run / calls * 1e6
-    return {row_id: per_fn,
+            runs.append(timed(run_calls))
+            fns.append(timed(callable_calls))
+    per_fn, per_run = min(fns) / calls * 1e6, min(runs) / calls * 1e6
+    return {row_id: per_fn, f"_median.{row_id}": statistics.median(fns) / calls * 1e6,
             f"_note.{row_id}": f"TF 1.x: make_callable {per_fn:.1f} us/call vs its "
                                f"session.run {per_run:.1f} us/run ({per_fn / per_run:.2f}x; "
                                f"default config, as tiny.run's TF anchor; best of "
@@ -384,15 +404,16 @@ def _tf_trace(tf1: Any, s: Sizes, traced: bool) -> Results:
         if value != n:
             raise AssertionError(f"TF {row_id} chain computed {value!r}, expected {n}")
         recorded = sum(len(d.node_stats) for d in md.step_stats.dev_stats)
-        t_plain = t_opts = float("inf")
+        plains, optss = [], []
         for _ in range(s.repeats):
-            t_plain = min(t_plain, timed(lambda: sess.run(y, feed)))
-            t_opts = min(t_opts, timed(lambda: sess.run(
+            plains.append(timed(lambda: sess.run(y, feed)))
+            optss.append(timed(lambda: sess.run(
                 y, feed, options=opts,
                 run_metadata=tf1.RunMetadata() if traced else None)))
+        t_plain, t_opts = min(plains), min(optss)
     what = (f"FULL_TRACE with a RunMetadata ({recorded:,} node stats recorded)" if traced
             else "options=RunOptions(), run_metadata=None")
-    return {row_id: t_opts / n * 1e6,
+    return {row_id: t_opts / n * 1e6, f"_median.{row_id}": statistics.median(optss) / n * 1e6,
             f"_note.{row_id}": f"TF 1.x: {what} {t_opts / n * 1e6:.2f} us/node vs its plain "
                                f"run {t_plain / n * 1e6:.2f} us/node "
                                f"({t_opts / t_plain:.2f}x)"}
@@ -448,7 +469,7 @@ def _tf_queue(tf1: Any, s: Sizes) -> Results:
         q = tf1.queue.FIFOQueue(s.queue_capacity, tf1.int32, shapes=[()])
         enq, deq, size = q.enqueue(x), q.dequeue(), q.size()
         close = q.close(cancel_pending_enqueues=True)
-    best = float("inf")
+    times: list[float] = []
     with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
         sess.run(enq, {x: 7})  # executor creation: not timed
         if sess.run(deq) != 7:
@@ -472,8 +493,9 @@ def _tf_queue(tf1: Any, s: Sizes) -> Results:
             if got != list(range(total)) or sess.run(size) != 0:
                 raise AssertionError(f"TF queue: {len(got):,} elements received for "
                                      f"{total:,} sent, or some left in the queue")
-            best = min(best, elapsed)
-    return {"queue": total / best,
+            times.append(elapsed)
+    best = min(times)
+    return {"queue": total / best, "_median.queue": total / statistics.median(times),
             "_note.queue": f"TF 1.x: tf.queue.FIFOQueue({s.queue_capacity}), "
                            f"{producers} producer + {consumers} consumer threads on one "
                            f"session, every element exactly once; best run {best:.2f} s "
@@ -490,7 +512,7 @@ def _tf_variable(tf1: Any, s: Sizes) -> Results:
         v = tf1.Variable(0, name="v")
         inc = v.assign_add(1)
         init = v.initializer
-    best = float("inf")
+    times: list[float] = []
     with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
         sess.run(init)
         sess.run(inc)  # executor creation: not timed
@@ -507,8 +529,9 @@ def _tf_variable(tf1: Any, s: Sizes) -> Results:
             value = sess.run(v)
             if value != total:
                 raise AssertionError(f"TF variable ended at {value!r}, expected {total}")
-            best = min(best, elapsed)
-    return {"variable": total / best,
+            times.append(elapsed)
+    best = min(times)
+    return {"variable": total / best, "_median.variable": total / statistics.median(times),
             "_note.variable": f"TF 1.x: {threads} threads running assign_add steps on one "
                               f"session, ended exactly at {total:,}; best run {best:.2f} s "
                               f"({best / total * 1e6:.1f} us per step)"}
@@ -540,8 +563,9 @@ def _tf_loop(tf1: Any, s: Sizes, with_cond: bool) -> Results:
         value = sess.run(fetches, {n_ph: n})
         if (int(value[0]), float(value[1])) != expected:
             raise AssertionError(f"TF {row_id} computed {value!r}, expected {expected!r}")
-        best = min(timed(lambda: sess.run(fetches, {n_ph: n})) for _ in range(s.repeats))
-    return {row_id: best / n * 1e6,
+        times = [timed(lambda: sess.run(fetches, {n_ph: n})) for _ in range(s.repeats)]
+    best = min(times)
+    return {row_id: best / n * 1e6, f"_median.{row_id}": statistics.median(times) / n * 1e6,
             f"_note.{row_id}": f"TF 1.x: tf.compat.v1.while_loop, parallel_iterations="
                                f"{s.loop_parallel_iterations}; best run {best:.2f} s"}
 
@@ -582,6 +606,7 @@ def _tf_parallel_2dev(tf1: Any, s: Sizes) -> Results:
         for sess, _, _ in graphs.values():
             sess.close()
     return {"parallel.2dev": min(times[1]) / min(times[2]),
+            "_median.parallel.2dev": statistics.median(times[1]) / statistics.median(times[2]),
             "_note.parallel.2dev": f"TF 1.x best step: 1 device {min(times[1]) * 1e3:.1f} ms,"
                                    f" 2 devices {min(times[2]) * 1e3:.1f} ms (TF's "
                                    f"DirectSession runs every device's kernels on the "

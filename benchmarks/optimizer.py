@@ -136,10 +136,8 @@ def fold(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
                 firsts[level].append(first)
                 steady[level].append(best)
         _same(values["L1"], values["L0"], "opt.fold")
-        rows["opt.fold.first_run"].ours = min(firsts["L1"]) * 1e3
-        rows["opt.fold.first_run"].anchor = min(firsts["L0"]) * 1e3
-        rows["opt.fold.steady"].ours = min(steady["L1"]) * 1e6
-        rows["opt.fold.steady"].anchor = min(steady["L0"]) * 1e6
+        rows["opt.fold.first_run"].record(firsts["L1"], firsts["L0"], per=lambda t: t * 1e3)
+        rows["opt.fold.steady"].record(steady["L1"], steady["L0"], per=lambda t: t * 1e6)
         st = stats["L1"]
         rows["opt.fold.steady"].notes.append(
             f"L1 runs {st.nodes_after:,} of {st.nodes_before:,} nodes "
@@ -160,7 +158,7 @@ def cse(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
                 times[level].append(best)
         _same(values["L1"], values["L0"], "opt.cse")
         row = rows["opt.cse"]
-        row.ours, row.anchor = min(times["L1"]) * 1e6, min(times["L0"]) * 1e6
+        row.record(times["L1"], times["L0"], per=lambda t: t * 1e6)
         st = stats["L1"]
         row.notes.append(f"L1 runs {st.nodes_after:,} of {st.nodes_before:,} nodes "
                          f"(CSE removed {st.cse:,}, folding {st.folded:,})")
@@ -179,9 +177,11 @@ def call(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
                     af, g, x, y, level, s.repeats, 3)
                 times[level].append(best)
         _same(values["L1"], values["call"], "opt.call")
-        inlined, kernel = min(times["L1"]) / s.call_n * 1e6, min(times["call"]) / s.call_n * 1e6
-        rows["opt.call.inlined"].ours, rows["opt.call.inlined"].anchor = inlined, kernel
-        rows["opt.call.kernel"].ours, rows["opt.call.kernel"].anchor = kernel, inlined
+        def per(t: float) -> float:
+            return t / s.call_n * 1e6
+
+        rows["opt.call.inlined"].record(times["L1"], times["call"], per=per)
+        rows["opt.call.kernel"].record(times["call"], times["L1"], per=per)
 
     asyncio.run(main())
 

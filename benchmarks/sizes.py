@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
+import os
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "callable", "callable.nested",
-             "trace", "trace.off", "overlap", "parallel", "parallel.2dev", "loop",
-             "loop.cond", "queue", "variable", "cnn", "scale", "scale.cond", "opt.fold",
-             "opt.cse", "opt.call")
+WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "concurrent", "callable",
+             "callable.nested", "trace", "trace.off", "overlap", "parallel", "parallel.2dev",
+             "loop", "loop.cond", "queue", "variable", "cnn", "scale", "scale.cond",
+             "opt.fold", "opt.cse", "opt.call", "service")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +27,8 @@ class Sizes:
     wide_n: int = 10_000  # independent scalar adds reduced by add_n
     tiny_calls: int = 2_000  # session.run calls per timed repeat
     tiny_sync_calls: int = 300  # run_sync / asyncio.run calls per timed repeat
+    concurrent_runs: int = 1_000  # tiny runs gathered at once (the concurrent workload)
+    concurrent_batches: int = 5  # such gathers per timed repeat
     tf_callable_calls: int = 500  # TF's make_callable / session.run calls per repeat
     overlap_layers: int = 10
     overlap_width: int = 100
@@ -33,6 +37,7 @@ class Sizes:
     matmul_chain: int = 8  # matmuls per chain (two independent chains)
     scale_n: int = 100_000  # nodes in the scale workload's chain
     tf_scale_n: int = 100_000  # the same for TensorFlow (its build is ~35x slower)
+    scale_repeats: int = 3  # fresh subprocesses per engine (TF's takes ~25 s each)
     loop_n: int = 100_000  # iterations of the while_loop workload (scalar body)
     loop_cond_n: int = 25_000  # iterations of the while_loop with an af.cond in its body
     loop_parallel_iterations: int = 10  # the while_loops' parallel_iterations (TF: same)
@@ -49,6 +54,10 @@ class Sizes:
     fold_n: int = 2_000  # constant subexpressions in the folding workload
     cse_n: int = 3_000  # ops in the CSE workload (30 % of them duplicates)
     call_n: int = 1_000  # chained function calls
+    service_requests: int = 2_000  # HTTP requests per endpoint per repeat
+    service_concurrency: int = 50  # requests in flight
+    service_sleep: float = 0.001  # seconds the endpoints' async kernel sleeps (I/O)
+    service_repeats: int = 3  # repeats per endpoint, alternating endpoints
     repeats: int = 5  # best-of-N for the microbenchmarks
     slow_repeats: int = 5  # best-of-N for overlap / parallel / Dask
 
@@ -74,6 +83,11 @@ QUICK = Sizes(
     matmul_chain=3,
     scale_n=2_000,
     tf_scale_n=2_000,
+    scale_repeats=2,
+    concurrent_batches=1,
+    service_requests=200,
+    service_concurrency=20,
+    service_repeats=1,
     loop_n=2_000,
     loop_cond_n=1_000,
     queue_n=1_000,
@@ -89,13 +103,45 @@ QUICK = Sizes(
 )
 
 
+_CLOCK: list[Callable[[], float]] = [time.perf_counter]
+
+
+def clock() -> float:
+    """The clock the in-process workloads time their repeats with: wall time
+    (``time.perf_counter``), unless :func:`using_clock` chose another."""
+    return _CLOCK[0]()
+
+
+@contextlib.contextmanager
+def using_clock(fn: Callable[[], float]) -> Iterator[None]:
+    """Time the in-process workloads with ``fn`` inside the block: the regression
+    guard uses ``time.process_time`` (its rows run on one thread), which a busy
+    neighbour taking the core away does not advance."""
+    _CLOCK.insert(0, fn)
+    try:
+        yield
+    finally:
+        _CLOCK.pop(0)
+
+
 def timed(fn: Callable[[], object]) -> float:
     """Seconds one call of ``fn`` takes (after a collection, so garbage left by the
     previous repeat is not charged to this one)."""
     gc.collect()
-    start = time.perf_counter()
+    start = clock()
     fn()
-    return time.perf_counter() - start
+    return clock() - start
+
+
+def current_rss_mb() -> float:
+    """This process's resident set size now, in MB (``/proc/self/statm`` on Linux;
+    elsewhere the peak so far, the closest figure ``resource`` gives)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            pages = int(f.read().split()[1])
+    except OSError:
+        return peak_rss_mb()
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
 def peak_rss_mb() -> float:

@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import gc
 import itertools
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,13 +23,28 @@ from typing import Any
 import numpy as np
 
 from benchmarks.optimizer import OPT_ROWS_OF, OPT_WORKLOADS, opt_rows
-from benchmarks.report import Row, Target
-from benchmarks.sizes import Sizes, timed
+from benchmarks.report import Row, Target, TfTarget
+from benchmarks.sizes import Sizes, clock, timed
 
 Af = Any  # the asyncflow module, imported lazily so a broken build fails one row
 
 #: The xdev workloads' chains change device every k nodes (one row per k).
 XDEV_KS = (1, 100)
+
+#: Issue 13's targets against TensorFlow 1.x, by row: judged when TF's column is
+#: filled in the same run ("no TF" otherwise).  Its targets against in-process anchors
+#: (trace's slowdown, concurrent tiny runs, the service) are the rows' own targets.
+ISSUE13_TF_TARGETS: dict[str, TfTarget] = {
+    "chain": TfTarget("<=", 1.0),
+    "wide": TfTarget("<=", 1.5),
+    "xdev.k1": TfTarget("<=", 1.0),
+    "tiny.run": TfTarget(">=", 30.0, faster=True),
+    "loop": TfTarget("<=", 1.0),
+    "loop.cond": TfTarget("<=", 1.5),
+    "queue": TfTarget(">=", 5.0),
+    "scale.build": TfTarget(">=", 50.0, faster=True),
+    "scale.first_run": TfTarget(">=", 8.0, faster=True),
+}
 
 
 def make_rows(s: Sizes) -> dict[str, Row]:
@@ -46,6 +62,9 @@ def make_rows(s: Sizes) -> dict[str, Row]:
         Row("tiny.run", "await sess.run (3 ops)", "us/run",
             "await of a coroutine doing the same numpy ops",
             Target("<=", 20.0)),
+        Row("concurrent", f"gather of {s.concurrent_runs:,} tiny runs", "runs/s",
+            f"asyncio.gather of {s.concurrent_runs:,} coroutines doing the same numpy ops",
+            Target(">=", 0.5, relative=True), better="higher"),
         Row("tiny.run_sync", "sess.run_sync (3 ops)", "us/run",
             "asyncio.run of an empty coroutine"),
         Row("tiny.run_sync.async", "run_sync, 1 async py_func", "us/run",
@@ -56,7 +75,8 @@ def make_rows(s: Sizes) -> dict[str, Row]:
         Row("callable.nested", "nested fetches, 2 feeds", "us/call",
             "await sess.run of the same nested fetches and 2-entry feed_dict"),
         Row("trace", f"{s.chain_n:,} adds, FULL_TRACE", "us/node",
-            "the same chain untraced (sess.run(y, feed)), same session"),
+            "the same chain untraced (sess.run(y, feed)), same session",
+            Target("<=", 4.0, relative=True)),
         Row("trace.off", f"{s.chain_n:,} adds, trace off", "us/node",
             "sess.run(y, feed) without options / run_metadata, same session"),
         Row("overlap", f"{s.overlap_layers}x{s.overlap_width} async kernels",
@@ -88,8 +108,7 @@ def make_rows(s: Sizes) -> dict[str, Row]:
             "np.add loop (numpy floor) at the same length", Target("<=", 20.0)),
         Row("scale.second_run", "second run (cached)", "us/node",
             "np.add loop (numpy floor) at the same length"),
-        Row("scale.peak_rss", "peak RSS (subprocess)", "MB",
-            "the same subprocess's peak RSS after its imports",
+        Row("scale.peak_rss", "peak RSS - RSS after imports", "MB", "",
             Target("<=", 400.0)),
         Row("scale.cond.second_run", f"{s.scale_n:,} chain + one cond, run", "us/node",
             "the same chain without the cond (its own subprocess)",
@@ -97,15 +116,25 @@ def make_rows(s: Sizes) -> dict[str, Row]:
         Row("scale.cond.peak_rss", f"{s.scale_n:,} chain + one cond, RSS", "MB",
             "the same chain without the cond (peak RSS)", Target("<=", 1.2, relative=True)),
         *opt_rows(s),
+        Row("service.cpu", f"ASGI, c={s.service_concurrency}, sess.run", "us/req",
+            "the same app's asyncio.gather endpoint (same coroutines)",
+            Target("<=", 1.2, relative=True)),
+        Row("service.p50", "ASGI, p50 latency", "ms",
+            "the same app's asyncio.gather endpoint (same coroutines)"),
+        Row("service.p99", "ASGI, p99 latency", "ms",
+            "the same app's asyncio.gather endpoint (same coroutines)",
+            Target("<=", 1.5, relative=True)),
     ]
+    for row in rows:
+        row.tf_target = ISSUE13_TF_TARGETS.get(row.id)
     return {r.id: r for r in rows}
 
 
 async def _atimed(fn: Callable[[], Awaitable[object]]) -> float:
     gc.collect()
-    start = time.perf_counter()
+    start = clock()
     await fn()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def _numpy_chain(n: int) -> Callable[[], object]:
@@ -161,8 +190,7 @@ def chain(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             return ours, anchor
 
     ours, anchor = asyncio.run(main())
-    row = rows["chain"]
-    row.ours, row.anchor = min(ours) / n * 1e6, min(anchor) / n * 1e6
+    rows["chain"].record(ours, anchor, per=lambda t: t / n * 1e6)
 
 
 # --------------------------------------------------------------------------- xdev
@@ -269,7 +297,7 @@ def wide(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
 
     ours, anchor, executed = asyncio.run(main())
     row = rows["wide"]
-    row.ours, row.anchor = min(ours) / n * 1e6, min(anchor) / n * 1e6
+    row.record(ours, anchor, per=lambda t: t / n * 1e6)
     if executed is not None:
         row.notes.append(f"a traced run executed {executed:,} nodes for {n:,} adds")
         if executed < n:
@@ -317,8 +345,7 @@ def tiny(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             return ours, anchor
 
     ours, anchor = asyncio.run(main())
-    row = rows["tiny.run"]
-    row.ours, row.anchor = min(ours) / calls * 1e6, min(anchor) / calls * 1e6
+    rows["tiny.run"].record(ours, anchor, per=lambda t: t / calls * 1e6)
 
     # run_sync: from plain code, one fresh event loop per call.
     sync_calls = s.tiny_sync_calls
@@ -342,7 +369,7 @@ def tiny(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             anchor.append(timed(anchor_sync))
             ours.append(timed(ours_sync))
     row = rows["tiny.run_sync"]
-    row.ours, row.anchor = min(ours) / sync_calls * 1e6, min(anchor) / sync_calls * 1e6
+    row.record(ours, anchor, per=lambda t: t / sync_calls * 1e6)
     if row.ours < row.anchor:
         row.notes.append("faster than asyncio.run itself: run_sync of a plan made only of "
                          "inline kernels never creates an event loop")
@@ -372,8 +399,57 @@ def tiny(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         for _ in range(s.repeats):
             anchor.append(timed(anchor_async))
             ours.append(timed(ours_async))
-    row = rows["tiny.run_sync.async"]
-    row.ours, row.anchor = min(ours) / sync_calls * 1e6, min(anchor) / sync_calls * 1e6
+    rows["tiny.run_sync.async"].record(ours, anchor, per=lambda t: t / sync_calls * 1e6)
+
+
+# --------------------------------------------------------------------------- concurrent
+
+
+def concurrent_runs(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """``asyncio.gather`` of ``concurrent_runs`` ``await sess.run(...)`` of the tiny
+    graph against ``asyncio.gather`` of as many coroutines doing the same numpy ops:
+    runs per second of each (``concurrent_batches`` gathers per timed repeat)."""
+    g, x, y = _tiny_graph(af)
+    runs, batches = s.concurrent_runs, s.concurrent_batches
+    one, two = np.float32(1.0), np.float32(2.0)
+
+    async def plain(v: Any) -> Any:
+        return np.multiply(np.add(v, one), two)
+
+    async def main() -> tuple[list[float], list[float]]:
+        async with af.Session(graph=g) as sess:
+            value = await sess.run(y, feed_dict={x: 1.0})
+            _check(value == 4.0, f"tiny graph computed {value!r}, expected 4.0")
+            results: dict[str, list[Any]] = {}
+
+            async def ours_batches() -> None:
+                for _ in range(batches):
+                    results["ours"] = await asyncio.gather(
+                        *(sess.run(y, feed_dict={x: 1.0}) for _ in range(runs)))
+
+            async def anchor_batches() -> None:
+                v = np.float32(1.0)
+                for _ in range(batches):
+                    results["anchor"] = await asyncio.gather(*(plain(v) for _ in range(runs)))
+
+            ours, anchor = [], []
+            for _ in range(s.repeats):
+                anchor.append(await _atimed(anchor_batches))
+                ours.append(await _atimed(ours_batches))
+                for key, got in results.items():
+                    _check(len(got) == runs and all(v == 4.0 for v in got),
+                           f"concurrent ({key}): {len(got)} results, not {runs} times 4.0")
+            return ours, anchor
+
+    ours, anchor = asyncio.run(main())
+    row = rows["concurrent"]
+    row.record(ours, anchor, per=lambda t: runs * batches / t)
+    assert row.ours is not None
+    assert row.anchor is not None
+    row.notes.append(
+        f"{batches} x asyncio.gather of {runs:,} `await sess.run(y, feed_dict={{x: 1.0}})` "
+        f"per repeat (one session); {1e6 / row.ours:.2f} us per run vs "
+        f"{1e6 / row.anchor:.2f} us per gathered coroutine")
 
 
 # --------------------------------------------------------------------------- callable
@@ -441,7 +517,9 @@ def callable_(nested: bool) -> Callable[[Af, Sizes, dict[str, Row]], None]:
 
         ours, anchor = asyncio.run(main())
         row = rows[row_id]
-        row.ours, row.anchor = min(ours) / calls * 1e6, min(anchor) / calls * 1e6
+        row.record(ours, anchor, per=lambda t: t / calls * 1e6)
+        assert row.ours is not None
+        assert row.anchor is not None
         what = ("fetches {'a': [y, z], 'b': (y,)}, feeds x=1.0, w=3.0" if nested
                 else "tiny.run's graph, fetch y, feed x=1.0")
         row.notes.append(
@@ -482,7 +560,7 @@ def trace(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
 
     ours, anchor, recorded = asyncio.run(main())
     row = rows["trace"]
-    row.ours, row.anchor = min(ours) / n * 1e6, min(anchor) / n * 1e6
+    row.record(ours, anchor, per=lambda t: t / n * 1e6)
     row.notes.append(
         f"traced: sess.run(y, feed, options=RunOptions(trace_level=FULL_TRACE), "
         f"run_metadata=RunMetadata()) (a fresh RunMetadata each run; {recorded:,} node "
@@ -521,7 +599,7 @@ def trace_off(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     times = asyncio.run(main())
     best = {key: min(v) / n * 1e6 for key, v in times.items()}
     row = rows["trace.off"]
-    row.ours, row.anchor = best["off"], best["plain"]
+    row.record(times["off"], times["plain"], per=lambda t: t / n * 1e6)
     row.notes.append(
         f"sess.run(y, feed, options=RunOptions(), run_metadata=None) vs sess.run(y, feed), "
         f"interleaved in one session: ours/anc ~1.00x means tracing off costs nothing; "
@@ -578,7 +656,7 @@ def overlap(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
 
     ours, anchor = asyncio.run(main())
     row = rows["overlap"]
-    row.ours, row.anchor = min(ours) / critical_path, min(anchor) / critical_path
+    row.record(ours, anchor, per=lambda t: t / critical_path)
     row.notes.append(f"critical path {critical_path * 1e3:.0f} ms; asyncflow's best step "
                      f"{min(ours) * 1e3:.1f} ms")
 
@@ -645,6 +723,20 @@ class _CoresTimer:
     def best(self) -> dict[str, float]:
         return {key: min(v) for key, v in self.times.items()}
 
+    def median(self) -> dict[str, float]:
+        return {key: statistics.median(v) for key, v in self.times.items()}
+
+
+def _record_speedups(row: Row, timer: _CoresTimer, ours: tuple[str, str],
+                     anchor: tuple[str, str]) -> None:
+    """A speedup row: the best time of ``ours[0]`` over the best of ``ours[1]`` (the
+    anchor likewise), and the same ratio of the medians."""
+    best, median = timer.best(), timer.median()
+    row.ours, row.ours_median = best[ours[0]] / best[ours[1]], median[ours[0]] / median[ours[1]]
+    row.anchor = best[anchor[0]] / best[anchor[1]]
+    row.anchor_median = median[anchor[0]] / median[anchor[1]]
+    row.repeats = len(timer.times[ours[0]])
+
 
 def _plain_chains(w_val: Any, a_val: Any, k: int,
                   pool: concurrent.futures.ThreadPoolExecutor) -> dict[str, Callable[[], object]]:
@@ -710,8 +802,7 @@ def parallel(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         pool.shutdown()
     best, cores_used = timer.best(), timer.cores
     row = rows["parallel"]
-    row.ours = best["1"] / best["2"]
-    row.anchor = best["serial"] / best["threads"]
+    _record_speedups(row, timer, ("1", "2"), ("serial", "threads"))
     row.notes.append(
         f"best step: 1 thread {best['1'] * 1e3:.1f} ms, 2 threads {best['2'] * 1e3:.1f} ms, "
         f"default config (0 = one per core) {best['0'] * 1e3:.1f} ms "
@@ -751,8 +842,7 @@ def parallel_2dev(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         pool.shutdown()
     best, cores_used = timer.best(), timer.cores
     row = rows["parallel.2dev"]
-    row.ours = best["1dev"] / best["2dev"]
-    row.anchor = best["serial"] / best["threads"]
+    _record_speedups(row, timer, ("1dev", "2dev"), ("serial", "threads"))
     row.notes.append(
         f"best step: 1 device x 1 thread {best['1dev'] * 1e3:.1f} ms, 2 devices x 1 thread "
         f"{best['2dev'] * 1e3:.1f} ms; plain numpy serial {best['serial'] * 1e3:.1f} ms; "
@@ -842,16 +932,17 @@ def loop(with_cond: bool) -> Callable[[Af, Sizes, dict[str, Row]], None]:
                 for _ in range(s.repeats):
                     anchor.append(timed(plain))
                     gc.collect()
-                    start = time.perf_counter()
+                    start = clock()
                     value = await sess.run(fetches, feed_dict={n_ph: n})
-                    ours.append(time.perf_counter() - start)
+                    ours.append(clock() - start)
                     _check((int(value[0]), float(value[1])) == expected,
                            f"{row_id} computed {value!r}, expected {expected!r}")
                 return ours, anchor
 
         ours, anchor = asyncio.run(main())
         row = rows[row_id]
-        row.ours, row.anchor = min(ours) / n * 1e6, min(anchor) / n * 1e6
+        row.record(ours, anchor, per=lambda t: t / n * 1e6)
+        assert row.ours is not None
         # The nodes an iteration executes, live or dead: every op of the loop frame but
         # its Enters, which run once per loop (the Exits run dead until the last one;
         # the untaken branch of the cond runs dead).
@@ -940,14 +1031,14 @@ def queue(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             ours, anchor = [], []
             for _ in range(s.state_repeats):
                 gc.collect()
-                start = time.perf_counter()
+                start = clock()
                 received = await plain()
-                anchor.append(time.perf_counter() - start)
+                anchor.append(clock() - start)
                 _check_exactly_once("asyncio.Queue anchor", received, total)
                 gc.collect()
-                start = time.perf_counter()
+                start = clock()
                 received = await ours_steps()
-                ours.append(time.perf_counter() - start)
+                ours.append(clock() - start)
                 _check_exactly_once("queue", received, total)
                 left = await sess.run(size)
                 _check(left == 0, f"queue: {left} elements left after the run")
@@ -955,7 +1046,8 @@ def queue(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
 
     ours, anchor = asyncio.run(main())
     row = rows["queue"]
-    row.ours, row.anchor = total / min(ours), total / min(anchor)
+    row.record(ours, anchor, per=lambda t: total / t)
+    assert row.ours is not None
     row.notes.append(
         f"capacity {s.queue_capacity}, {producers} producer + {consumers} consumer tasks; "
         f"every element arrived exactly once; {1e6 / row.ours:.1f} us per element = two "
@@ -1011,22 +1103,23 @@ def variable(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             ours, anchor = [], []
             for _ in range(s.state_repeats):
                 gc.collect()
-                start = time.perf_counter()
+                start = clock()
                 counted = await plain()
-                anchor.append(time.perf_counter() - start)
+                anchor.append(clock() - start)
                 _check(counted == total, f"variable anchor counted {counted}, not {total}")
                 await sess.run(v.initializer)
                 gc.collect()
-                start = time.perf_counter()
+                start = clock()
                 await asyncio.gather(*(steps(n) for n in shares))
-                ours.append(time.perf_counter() - start)
+                ours.append(clock() - start)
                 value = await sess.run(v)
                 _check(value == total, f"variable ended at {value!r}, expected {total}")
             return ours, anchor, switches
 
     ours, anchor, switches = asyncio.run(main())
     row = rows["variable"]
-    row.ours, row.anchor = total / min(ours), total / min(anchor)
+    row.record(ours, anchor, per=lambda t: total / t)
+    assert row.ours is not None
     row.notes.append(
         f"{tasks} tasks x {total // tasks:,} steps; the variable ended exactly at {total:,} "
         f"every run; {1e6 / row.ours:.2f} us per step, best run {min(ours):.2f} s")
@@ -1071,7 +1164,7 @@ def cnn(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
 
     ours, anchor = asyncio.run(main())
     row = rows["cnn"]
-    row.ours, row.anchor = min(ours) * 1e3, min(anchor) * 1e3
+    row.record(ours, anchor, per=lambda t: t * 1e3)
     row.notes.append(f"{len(g.get_operations())} ops; the TF anchor runs the same "
                      f"model (same weights) with TF's default session config")
 
@@ -1079,19 +1172,63 @@ def cnn(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
 # --------------------------------------------------------------------------- scale
 
 
-def scale(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+def scale(af: Af, s: Sizes, rows: dict[str, Row], with_tf: bool = False) -> None:
+    """Build, first run, second run and memory of a 100k-node chain, each repeat in a
+    fresh subprocess; with ``with_tf`` TensorFlow's subprocess alternates with
+    asyncflow's repeat by repeat and fills the TF column (see :mod:`benchmarks.scale`
+    for how memory is measured, the same way for both)."""
     from benchmarks.external import run_child
 
-    del af  # measured in a clean subprocess
-    result = run_child(["benchmarks.scale", "asyncflow", str(s.scale_n)], timeout=600)
-    if "_error" in result:
-        raise RuntimeError(f"scale subprocess failed: {result['_error']}")
+    del af  # measured in clean subprocesses
+    engines = {"asyncflow": s.scale_n, **({"tf": s.tf_scale_n} if with_tf else {})}
+    results: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
+    tf_error = None
+    for _ in range(s.scale_repeats):
+        for engine, n in engines.items():
+            if engine == "tf" and tf_error is not None:
+                continue
+            result = run_child(["benchmarks.scale", engine, str(n)], timeout=900)
+            if "_error" in result:
+                if engine == "asyncflow":
+                    raise RuntimeError(f"scale subprocess failed: {result['_error']}")
+                tf_error = result["_error"]
+                continue
+            results[engine].append(result)
     floor = _numpy_chain(s.scale_n)
-    floor_us = min(timed(floor) for _ in range(s.repeats)) / s.scale_n * 1e6
+    floor_times = [timed(floor) for _ in range(s.repeats)]
     for key in ("scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss"):
-        rows[key].ours = result[key]
-    rows["scale.first_run"].anchor = rows["scale.second_run"].anchor = floor_us
-    rows["scale.peak_rss"].anchor = result["baseline_rss_mb"]
+        row = rows[key]
+        ours = [r[key] for r in results["asyncflow"]]
+        row.ours, row.ours_median = min(ours), statistics.median(ours)
+        row.repeats = len(ours)
+        if results.get("tf"):
+            theirs = [r[key] for r in results["tf"]]
+            row.tf, row.tf_median = min(theirs), statistics.median(theirs)
+    for key in ("scale.first_run", "scale.second_run"):
+        rows[key].anchor = min(floor_times) / s.scale_n * 1e6
+        rows[key].anchor_median = statistics.median(floor_times) / s.scale_n * 1e6
+    rows["scale.build"].notes.append(
+        f"best of {s.scale_repeats} fresh subprocesses per engine"
+        + (", asyncflow's and TF's alternating" if with_tf else ""))
+    if with_tf and tf_error is not None:
+        for key in ("scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss"):
+            rows[key].tf_note = "error"
+        rows["scale.build"].notes.append(f"TF scale subprocess failed: {tf_error}")
+    if with_tf and s.tf_scale_n != s.scale_n:
+        rows["scale.build"].notes.append(
+            f"TF's scale figures are for a {s.tf_scale_n:,}-node chain")
+
+    def memory(engine: str, what: str) -> str:
+        r = min(results[engine], key=lambda r: r["scale.peak_rss"])
+        return (f"{what}: peak {r['peak_abs_mb']:.0f} MB - {r['imports_rss_mb']:.0f} MB after "
+                f"its imports = {r['scale.peak_rss']:.0f} MB (the child started at "
+                f"{r['start_rss_mb']:.0f} MB)")
+
+    rows["scale.peak_rss"].notes.append(
+        "each engine in a fresh subprocess: (peak RSS after the workload) - (RSS after "
+        "the engine's imports), both measured the same way; absolute figures from the "
+        "same interpreter start: " + memory("asyncflow", "asyncflow")
+        + ("; " + memory("tf", "TF 1.x") if results.get("tf") else ""))
 
 
 def scale_cond(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
@@ -1108,10 +1245,59 @@ def scale_cond(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             if "_error" in result:
                 raise RuntimeError(f"scale subprocess failed: {result['_error']}")
             out.append(result)
-    rows["scale.cond.second_run"].ours = min(r["scale.second_run"] for r in cond)
-    rows["scale.cond.second_run"].anchor = min(r["scale.second_run"] for r in plain)
-    rows["scale.cond.peak_rss"].ours = min(r["scale.peak_rss"] for r in cond)
-    rows["scale.cond.peak_rss"].anchor = min(r["scale.peak_rss"] for r in plain)
+    for row_id, key in (("scale.cond.second_run", "scale.second_run"),
+                        ("scale.cond.peak_rss", "scale.peak_rss")):
+        rows[row_id].record([r[key] for r in cond], [r[key] for r in plain])
+    rows["scale.cond.peak_rss"].notes.append(
+        "peak RSS - RSS after the imports, each in its own subprocess (as scale.peak_rss)")
+
+
+# --------------------------------------------------------------------------- service
+
+
+def service(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """An ASGI app under load: ``await sess.run`` vs ``asyncio.gather`` of the same
+    coroutines, endpoint beside endpoint in one server (see :mod:`benchmarks.service`)."""
+    from benchmarks import service as svc
+
+    del af  # served from a child process
+    ids = ("service.cpu", "service.p50", "service.p99")
+    missing = svc.missing_modules()
+    if missing:
+        for row_id in ids:
+            rows[row_id].skipped = (f"not installed: {', '.join(missing)} (the bench extra: "
+                                    f"pip install -e \".[bench]\")")
+        return
+    reps = svc.measure(s.service_requests, s.service_concurrency, s.service_sleep,
+                       s.service_repeats)
+    by = {ep: [r for r in reps if r.endpoint == ep] for ep in svc.ENDPOINTS}
+    n = s.service_requests
+    rows["service.cpu"].record([r.server_cpu / n for r in by["run"]],
+                               [r.server_cpu / n for r in by["gather"]], per=lambda t: t * 1e6)
+    rows["service.p50"].record([r.percentile(0.5) for r in by["run"]],
+                               [r.percentile(0.5) for r in by["gather"]], per=lambda t: t * 1e3)
+    rows["service.p99"].record([r.percentile(0.99) for r in by["run"]],
+                               [r.percentile(0.99) for r in by["gather"]],
+                               per=lambda t: t * 1e3)
+
+    def summary(ep: str) -> str:
+        best = min(by[ep], key=lambda r: r.wall)
+        gc_counts = "/".join(str(c) for c in best.gc_collections)
+        return (f"/{ep} {n / best.wall:,.0f} req/s, load generator "
+                f"{best.client_cpu / n * 1e6:.0f} us CPU/req, server GC collections "
+                f"(gen 0/1/2) {gc_counts}")
+
+    import uvicorn
+
+    rows["service.cpu"].notes.append(
+        f"Starlette on uvicorn {uvicorn.__version__} (asyncio loop, {svc.http_impl()}) in a "
+        f"child process on a local port; load: aiohttp client in this process, "
+        f"{s.service_concurrency} requests in flight, {n:,} requests per repeat, endpoints "
+        f"alternating; each request awaits two {s.service_sleep * 1e3:g} ms sleeps (I/O "
+        f"stand-ins) and 3 numpy ops: /run as sess.run of a graph with 2 async py_funcs, "
+        f"/gather as asyncio.gather of the same coroutines (the anchor); CPU = server "
+        f"process CPU time / requests; latency at the client")
+    rows["service.cpu"].notes.append(f"best repeats: {summary('run')}; {summary('gather')}")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -1124,6 +1310,7 @@ WORKLOAD_FUNCS: dict[str, Callable[[Af, Sizes, dict[str, Row]], None]] = {
     **{f"xdev.k{k}": xdev(k) for k in XDEV_KS},
     "wide": wide,
     "tiny": tiny,
+    "concurrent": concurrent_runs,
     "callable": callable_(nested=False),
     "callable.nested": callable_(nested=True),
     "trace": trace,
@@ -1139,6 +1326,7 @@ WORKLOAD_FUNCS: dict[str, Callable[[Af, Sizes, dict[str, Row]], None]] = {
     "scale": scale,
     "scale.cond": scale_cond,
     **OPT_WORKLOADS,
+    "service": service,
 }
 
 ROWS_OF: dict[str, tuple[str, ...]] = {
@@ -1146,6 +1334,7 @@ ROWS_OF: dict[str, tuple[str, ...]] = {
     **{f"xdev.k{k}": (f"xdev.k{k}",) for k in XDEV_KS},
     "wide": ("wide",),
     "tiny": ("tiny.run", "tiny.run_sync", "tiny.run_sync.async"),
+    "concurrent": ("concurrent",),
     "callable": ("callable",),
     "callable.nested": ("callable.nested",),
     "trace": ("trace",),
@@ -1161,4 +1350,5 @@ ROWS_OF: dict[str, tuple[str, ...]] = {
     "scale": ("scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss"),
     "scale.cond": ("scale.cond.second_run", "scale.cond.peak_rss"),
     **OPT_ROWS_OF,
+    "service": ("service.cpu", "service.p50", "service.p99"),
 }
