@@ -449,9 +449,9 @@ class Step:
         if self._stopped:
             self._outstanding -= 1
             return
-        task = tg.create_task(self._run_node(token, i, args, self._label))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        # The task leaves _tasks itself when its body ends (no done callback to schedule);
+        # one cancelled before it started stays until the step, which is failing, ends.
+        self._tasks.add(tg.create_task(self._run_node(token, i, args, self._label)))
 
     async def _run_node(self, token: Any, i: int, args: list[Any],
                         label: tuple[str, int] | None, alone: bool = False) -> None:
@@ -461,44 +461,48 @@ class Step:
         The kernel's coroutine is made here, inside the task, so a task cancelled
         before it starts leaves no coroutine that was never awaited.
         """
-        reset = None
         try:
-            node = self._nodes[i]
-            if node.flow == _ASYNC:
-                self._label = label  # what a traced kernel records (frame, iteration)
-                if alone:
-                    reset = current_step.set(self)
-                else:
-                    current_step.set(self)
-                work: Coroutine[Any, Any, Any] = node.kernel(*args)
-            else:
-                work = self._bound.device.run_in_thread(
-                    _call_in_thread, contextvars.copy_context(), node.kernel, args)
+            reset = None
             try:
-                v = await work
-            finally:
-                if reset is not None:
-                    current_step.reset(reset)
-            if alone:
-                a = self._alone
-                if a is not None and not a[1] and a[0].cancelling() > a[2]:
-                    # The caller was cancelled and the kernel returned anyway: as with
-                    # a task group, the cancellation wins and no further node starts.
-                    raise asyncio.CancelledError
-        except Exception as exc:
-            self._outstanding -= 1
-            self._fail(i, exc)
-            return
-        except asyncio.CancelledError as exc:
-            self._outstanding -= 1
-            if not _being_cancelled():
-                # The kernel raised CancelledError itself (e.g. it awaited a future
-                # someone else cancelled): that is a failure of this node.
-                self._fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
+                node = self._nodes[i]
+                if node.flow == _ASYNC:
+                    self._label = label  # what a traced kernel records (frame, iteration)
+                    if alone:
+                        reset = current_step.set(self)
+                    else:
+                        current_step.set(self)
+                    work: Coroutine[Any, Any, Any] = node.kernel(*args)
+                else:
+                    work = self._bound.device.run_in_thread(
+                        _call_in_thread, contextvars.copy_context(), node.kernel, args)
+                try:
+                    v = await work
+                finally:
+                    if reset is not None:
+                        current_step.reset(reset)
+                if alone:
+                    a = self._alone
+                    if a is not None and not a[1] and a[0].cancelling() > a[2]:
+                        # The caller was cancelled and the kernel returned anyway: as with
+                        # a task group, the cancellation wins and no further node starts.
+                        raise asyncio.CancelledError
+            except Exception as exc:
+                self._outstanding -= 1
+                self._fail(i, exc)
                 return
-            raise
-        self._outstanding -= 1
-        self._finish(token, i, v)
+            except asyncio.CancelledError as exc:
+                self._outstanding -= 1
+                if not _being_cancelled():
+                    # The kernel raised CancelledError itself (e.g. it awaited a future
+                    # someone else cancelled): that is a failure of this node.
+                    self._fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
+                    return
+                raise
+            self._outstanding -= 1
+            self._finish(token, i, v)
+        finally:
+            if not alone:  # a task of the group: it leaves _tasks as it ends
+                self._tasks.discard(asyncio.current_task())
 
     def _recv_done(self, token: Any, i: int, start: float, frame_id: int, iter_id: int,
                    fut: asyncio.Future[Any]) -> None:
