@@ -25,7 +25,6 @@ import gc
 import logging
 import random
 import threading
-import traceback
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -57,7 +56,7 @@ from asyncflow.runtime.progress import ProgressTracker
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
 from asyncflow.runtime.runners import SyncRunners
-from asyncflow.runtime.step import SLICE, Step
+from asyncflow.runtime.step import SLICE, Step, clear_frames
 from asyncflow.streaming import stream
 
 __all__ = ["Session", "SessionStatistics"]
@@ -517,6 +516,7 @@ class Session:
                     async with deadline:
                         return await step.run()
                 except TimeoutError as exc:
+                    expired = deadline.expired()
                     if step.finished:
                         # Every node ran before the deadline landed: the step's outcome
                         # is its results (a dequeue that took elements delivers them).
@@ -525,12 +525,16 @@ class Session:
                         # The first error wins, even over a deadline that passed while
                         # the step waited for its other kernels to stop.
                         raise step.error from None
-                    if deadline.expired() and not isinstance(exc, errors.OpError):
-                        _clear_frames(exc)
+                    if expired and not isinstance(exc, errors.OpError):
+                        clear_frames(exc)  # nothing of the expired step for the collector
                         raise errors.DeadlineExceededError(
                             None, None, f"Timed out waiting for the step to finish "
                                         f"(timeout_in_ms={timeout_ms})") from None
                     raise
+                finally:
+                    # The timeout holds this task: an error leaving through this frame
+                    # (in its traceback) would make a cycle with the task holding it.
+                    del deadline
             return await step.run()
         finally:
             with self._in_flight_lock:
@@ -693,15 +697,6 @@ class Session:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close_sync()
-
-
-def _clear_frames(exc: BaseException | None) -> None:
-    """Drop the locals of the finished frames a deadline's cancellation went through
-    (the step's and asyncio's task group and timeout, which keep the exception that
-    unwound them): nothing of the expired step is left for the cycle collector."""
-    while exc is not None:
-        traceback.clear_frames(exc.__traceback__)
-        exc = exc.__context__
 
 
 @contextlib.contextmanager

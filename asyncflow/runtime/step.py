@@ -38,6 +38,7 @@ import functools
 import math
 import threading
 import time
+import traceback
 import weakref
 from array import array
 from collections.abc import Callable, Coroutine, Sequence
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["SLICE", "Step", "abort_on_loop", "current_step", "format_node_error"]
+__all__ = ["SLICE", "Step", "abort_on_loop", "clear_frames", "current_step", "format_node_error"]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
@@ -219,6 +220,9 @@ class Step:
             finished = self._error is not None or self._prop.drain(time.perf_counter() + SLICE)
             if self._error is None and (not finished or self._outstanding):
                 await self._run_tasks()
+        except asyncio.CancelledError as exc:
+            clear_frames(exc)  # the task group's frames hold it: no cycle left behind
+            raise
         finally:
             _restore_numpy(quiet)
             if tracing is not None:
@@ -247,9 +251,13 @@ class Step:
         """The caller is done with the step (results taken, error read): break its
         reference cycles (step <-> propagator, step -> error -> traceback -> frames ->
         step) so it is freed by reference counting, not by the cycle collector."""
-        self._prop._step = None  # type: ignore[attr-defined]
+        prop = self._prop
+        prop._step = None  # type: ignore[attr-defined]
+        if isinstance(prop, FramePropagator):
+            prop.release()  # the frame tree of a step that failed inside a loop
         self._error = None
         self._cm = None
+        self._rendezvous = None  # an aborted one holds the step's error
 
     def abort_threadsafe(self, error: errors.OpError) -> None:
         """Fail the step from any thread (used by ``Session.close``)."""
@@ -848,6 +856,16 @@ def abort_on_loop(step: _Abortable, loop: asyncio.AbstractEventLoop | None,
         loop.call_soon_threadsafe(step._fail_with, error)
     except RuntimeError:  # loop closed: the step is over
         pass
+
+
+def clear_frames(exc: BaseException | None) -> None:
+    """Drop the locals of the finished frames ``exc`` (a cancellation on its way out of
+    a step) and the exceptions it replaced went through.  Those frames (the step's, a
+    task group's ``__aexit__`` holding ``exc`` itself) would otherwise make reference
+    cycles the cycle collector has to find; the frames still running are kept."""
+    while exc is not None:
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__context__
 
 
 def _being_cancelled() -> bool:
