@@ -25,6 +25,7 @@ import gc
 import logging
 import random
 import threading
+import traceback
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -56,7 +57,7 @@ from asyncflow.runtime.progress import ProgressTracker
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
 from asyncflow.runtime.runners import SyncRunners
-from asyncflow.runtime.step import SLICE, Step, clear_frames
+from asyncflow.runtime.step import SLICE, Step
 from asyncflow.streaming import stream
 
 __all__ = ["Session", "SessionStatistics"]
@@ -526,7 +527,7 @@ class Session:
                         # the step waited for its other kernels to stop.
                         raise step.error from None
                     if expired and not isinstance(exc, errors.OpError):
-                        clear_frames(exc)  # nothing of the expired step for the collector
+                        _clear_frames(exc)
                         raise errors.DeadlineExceededError(
                             None, None, f"Timed out waiting for the step to finish "
                                         f"(timeout_in_ms={timeout_ms})") from None
@@ -697,6 +698,15 @@ class Session:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close_sync()
+
+
+def _clear_frames(exc: BaseException | None) -> None:
+    """Drop the locals of the finished frames a deadline's cancellation went through
+    (the step's and asyncio's task group and timeout, which keep the exception that
+    unwound them): nothing of the expired step is left for the cycle collector."""
+    while exc is not None:
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__context__
 
 
 @contextlib.contextmanager

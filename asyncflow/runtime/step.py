@@ -251,13 +251,12 @@ class Step:
         """The caller is done with the step (results taken, error read): break its
         reference cycles (step <-> propagator, step -> error -> traceback -> frames ->
         step) so it is freed by reference counting, not by the cycle collector."""
-        prop = self._prop
-        prop._step = None  # type: ignore[attr-defined]
-        if isinstance(prop, FramePropagator):
-            prop.release()  # the frame tree of a step that failed inside a loop
+        self._prop._step = None  # type: ignore[attr-defined]
         self._error = None
         self._cm = None
         self._rendezvous = None  # an aborted one holds the step's error
+        if isinstance(self._prop, FramePropagator):
+            self._prop.release()  # the frame tree of a step that failed inside a loop
 
     def abort_threadsafe(self, error: errors.OpError) -> None:
         """Fail the step from any thread (used by ``Session.close``)."""
