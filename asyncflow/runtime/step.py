@@ -631,8 +631,10 @@ def _traced_nodes(bound: BoundPlan) -> tuple[BoundNode, ...]:
     return _traced(bound).nodes
 
 
-def traced_schedule(bound: BoundPlan, schedule: Any) -> _TracedSchedule:
-    """``bound``'s straight-line ``schedule`` with the kernels of a traced step."""
+def traced_schedule(bound: BoundPlan, schedule: Any) -> Any:
+    """``bound``'s straight-line ``schedule`` with the kernels of a traced step: an
+    object with the ``blocks`` and ``args`` the schedule propagator reads (typed Any,
+    so it stands where the plan's own schedule does)."""
     return _traced(bound).schedule(schedule)
 
 
