@@ -562,6 +562,7 @@ class Session:
                     async with deadline:
                         return await step.run()
                 except TimeoutError as exc:
+                    expired = deadline.expired()
                     if step.finished:
                         # Every node ran before the deadline landed: the step's outcome
                         # is its results (a dequeue that took elements delivers them).
@@ -570,12 +571,16 @@ class Session:
                         # The first error wins, even over a deadline that passed while
                         # the step waited for its other kernels to stop.
                         raise step.error from None
-                    if deadline.expired() and not isinstance(exc, errors.OpError):
+                    if expired and not isinstance(exc, errors.OpError):
                         _clear_frames(exc)
                         raise errors.DeadlineExceededError(
                             None, None, f"Timed out waiting for the step to finish "
                                         f"(timeout_in_ms={timeout_ms})") from None
                     raise
+                finally:
+                    # The timeout holds this task: an error leaving through this frame
+                    # (in its traceback) would make a cycle with the task holding it.
+                    del deadline
             return await step.run()
         finally:
             with self._in_flight_lock:

@@ -178,3 +178,26 @@ def test_a_traced_schedule_replays_the_same_order_with_traced_kernels(
     assert [e[1:] for e in flat] == [e[1:] for e in entries]
     assert all(e[0] is nodes[e[-1]].kernel for e in flat)
     assert sum(e[0] is not u[0] for e, u in zip(flat, entries, strict=True)) >= 2  # y, z
+
+
+async def test_tracing_is_the_same_on_every_run_of_a_plan(graph: af.Graph) -> None:
+    # Repeated runs of one plan may take other paths (a plan made of inline kernels is
+    # replayed as a straight-line schedule after its first runs): traced runs record
+    # the same nodes and outputs on every one, interleaved with untraced runs.
+    x = af.placeholder(af.float32, shape=(2,), name="x")
+    y = af.multiply(x, 2.0, name="y")
+    total = af.reduce_sum(y, name="total")
+    first, _ = af.unstack(y, name="parts")
+    out = af.add(total, first, name="out")
+    async with af.Session(graph=graph) as sess:
+        seen = []
+        for k in range(8):
+            assert await sess.run(out, {x: [1.0, 2.0]}) == 8.0
+            md = af.RunMetadata()
+            assert await sess.run(out, {x: [1.0, 2.0]}, options=TRACE, run_metadata=md) == 8.0
+            by_name = _by_name(md)
+            seen.append({n: _shape_of(by_name[n]) for n in ("y", "total", "parts", "out")})
+            starts = [by_name[n].all_start_micros for n in ("y", "total", "out")]
+            assert starts == sorted(starts), k
+    assert all(s == seen[0] for s in seen)
+    assert seen[0]["parts"][-1] == ((0, (), "float32", 4), (1, (), "float32", 4))

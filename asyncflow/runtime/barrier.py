@@ -19,7 +19,7 @@ from asyncflow import errors
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.rendezvous import LocalRendezvous
-from asyncflow.runtime.step import Step
+from asyncflow.runtime.step import Step, clear_frames
 from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
@@ -69,8 +69,14 @@ class ExecutorBarrier:
             async with asyncio.TaskGroup() as tg:
                 for step in self._steps:
                     tg.create_task(self._run_partition(step))
+                # The group holds the caller's task: the root error raised below has
+                # this frame in its traceback, and the task holds the error.
+                del tg
         except BaseExceptionGroup as group:
             raise group.exceptions[0] from None
+        except asyncio.CancelledError as exc:
+            clear_frames(exc)  # the task group's frames hold it: no cycle left behind
+            raise
         finally:
             self._loop = None
         if self._error is not None:
@@ -93,10 +99,13 @@ class ExecutorBarrier:
         return out
 
     def release(self) -> None:
-        """Break the reference cycles of every partition's step (see ``Step.release``)."""
+        """Break the reference cycles of every partition's step (see ``Step.release``),
+        and forget the rendezvous: an aborted one holds the root error, whose traceback
+        holds the frames that hold this barrier."""
         for step in self._steps:
             step.release()
         self._error = None
+        self._rendezvous = _RELEASED
 
     async def _run_partition(self, step: Step) -> None:
         try:
@@ -145,6 +154,10 @@ class ExecutorBarrier:
             merged.dev_stats.extend(stats.dev_stats)
         return merged
 
+
+#: The rendezvous of a released barrier: aborted, so any late use fails loudly.
+_RELEASED = LocalRendezvous()
+_RELEASED.abort(errors.CancelledError(None, None, "the step was released"))
 
 #: What runs one step: one partition's Step, or the barrier over several partitions.
 StepRunner = Step | ExecutorBarrier

@@ -81,13 +81,16 @@ def make_call_kernel(node: NodeDef, device: LocalDevice, resources: Any,
         caller = current_step.get()
         trace = caller is not None and caller.tracing
         step = Step(bound, CallFrame(args), trace, None, get_cancellation_manager())
-        values = None
-        if bound.all_inline and not trace:
-            values = step.run_inline(SLICE)
-        if values is None:
-            values = await step.run()
-        if trace and caller is not None and step.stats is not None:
-            caller.merge_stats(step.stats, prefix)
+        try:
+            values = None
+            if bound.all_inline and not trace:
+                values = step.run_inline(SLICE)
+            if values is None:
+                values = await step.run()
+            if trace and caller is not None and step.stats is not None:
+                caller.merge_stats(step.stats, prefix)
+        finally:
+            step.release()  # no reference cycle per call (see Step.release)
         results = [args[k] if p < 0 else values[k] for p, k in retval_map]
         if single:
             return results[0]

@@ -679,6 +679,18 @@ class FramePropagator:
     def clear(self) -> None:
         self._ready.clear()
 
+    def release(self) -> None:
+        """The step is over: unlink the frame instances a failed or cancelled step left
+        (each holds its parent, which holds it), so they are freed without the cycle
+        collector.  A finished step has removed them all already."""
+        frames = list(self._root.children.values())
+        while frames:
+            frame = frames.pop()
+            frames.extend(frame.children.values())
+            frame.children.clear()
+            frame.parent = None
+        self._root.children.clear()
+
     def _push(self, i: int, frame: _Frame, it: int) -> None:
         frame.iters[it].outstanding += 1
         self._ready.append((i, frame, it))

@@ -80,7 +80,13 @@ class SyncRunners:
             # Ctrl-C therefore raises KeyboardInterrupt where the loop is; the step is
             # then cancelled and finished by closing the runner, below.
             loop = entry.runner.get_loop()
-            return loop.run_until_complete(loop.create_task(coro))
+            ok, value = loop.run_until_complete(loop.create_task(_settled(coro)))
+            if ok:
+                return value  # type: ignore[no-any-return]
+            try:
+                raise value
+            finally:
+                value = None  # this frame, in the error's traceback, must not hold it
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 # KeyboardInterrupt / SystemExit stopped the loop with the step's tasks
@@ -148,3 +154,14 @@ class SyncRunners:
 def _set_done(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+async def _settled(coro: Coroutine[Any, Any, T]) -> tuple[bool, Any]:
+    """``coro``'s result, or the ``Exception`` it raised, as a value.  Raised by the
+    caller outside the loop: had it gone through ``run_until_complete``, the loop's
+    frame (holding the task, which holds the exception) would be in its traceback,
+    a reference cycle per failed call."""
+    try:
+        return True, await coro
+    except Exception as exc:
+        return False, exc

@@ -38,6 +38,7 @@ import functools
 import math
 import threading
 import time
+import traceback
 import weakref
 from array import array
 from collections.abc import Callable, Coroutine, Sequence
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["SLICE", "Step", "abort_on_loop", "current_step", "format_node_error"]
+__all__ = ["SLICE", "Step", "abort_on_loop", "clear_frames", "current_step", "format_node_error"]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
@@ -241,6 +242,9 @@ class Step:
             finished = self._error is not None or self._prop.drain(time.perf_counter() + SLICE)
             if self._error is None and (not finished or self._outstanding):
                 await self._run_tasks()
+        except asyncio.CancelledError as exc:
+            clear_frames(exc)  # the task group's frames hold it: no cycle left behind
+            raise
         finally:
             _restore_numpy(quiet)
             if tracing is not None:
@@ -272,6 +276,9 @@ class Step:
         self._prop._step = None  # type: ignore[assignment]
         self._error = None
         self._cm = None
+        self._rendezvous = None  # an aborted one holds the step's error
+        if isinstance(self._prop, FramePropagator):
+            self._prop.release()  # the frame tree of a step that failed inside a loop
 
     def abort_threadsafe(self, error: errors.OpError) -> None:
         """Fail the step from any thread (used by ``Session.close``)."""
@@ -723,8 +730,10 @@ def _traced_nodes(bound: BoundPlan) -> tuple[BoundNode, ...]:
     return _traced(bound).nodes
 
 
-def traced_schedule(bound: BoundPlan, schedule: Any) -> _TracedSchedule:
-    """``bound``'s straight-line ``schedule`` with the kernels of a traced step."""
+def traced_schedule(bound: BoundPlan, schedule: Any) -> Any:
+    """``bound``'s straight-line ``schedule`` with the kernels of a traced step: an
+    object with the ``blocks`` and ``args`` the schedule propagator reads (typed Any,
+    so it stands where the plan's own schedule does)."""
     return _traced(bound).schedule(schedule)
 
 
@@ -947,6 +956,16 @@ def abort_on_loop(step: _Abortable, loop: asyncio.AbstractEventLoop | None,
         loop.call_soon_threadsafe(step._fail_with, error)
     except RuntimeError:  # loop closed: the step is over
         pass
+
+
+def clear_frames(exc: BaseException | None) -> None:
+    """Drop the locals of the finished frames ``exc`` (a cancellation on its way out of
+    a step) and the exceptions it replaced went through.  Those frames (the step's, a
+    task group's ``__aexit__`` holding ``exc`` itself) would otherwise make reference
+    cycles the cycle collector has to find; the frames still running are kept."""
+    while exc is not None:
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__context__
 
 
 def _being_cancelled() -> bool:

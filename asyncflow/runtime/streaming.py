@@ -46,23 +46,23 @@ def watch_retvals(bound: BoundPlan, notify: Notify,
                 for j in range(node.num_outputs)}
     watch: dict[int, dict[int, list[int]]] = {}  # node -> output -> retvals it gives
 
-    def source(slot: int, k: int) -> None:
-        found = producer.get(slot)
-        if found is None:
-            return  # a preloaded constant or a fed value: taken from the results
-        i, j = found
-        if bound.nodes[i].flow in _WATCHED:
-            watch.setdefault(i, {}).setdefault(j, []).append(k)
-        elif plan.nodes[i].op == "Merge" and j == 0:
-            # A cond's output: its value is that of the one live input, and in a
-            # branch only the taken side's kernels ever run (every op of a branch
-            # hangs off its Switch or pivot; dead nodes run no kernel).  So the
-            # first input kernel to finish gives the Merge's value.
-            for s in bound.nodes[i].inputs:
-                source(s, k)
-
-    for k, slot in enumerate(plan.retval_slots):
-        source(slot, k)
+    # Each retval's sources, walked with a stack (a nested function calling itself
+    # would be a reference cycle per stream).
+    for k, retval_slot in enumerate(plan.retval_slots):
+        slots = [retval_slot]
+        while slots:
+            found = producer.get(slots.pop())
+            if found is None:
+                continue  # a preloaded constant or a fed value: taken from the results
+            i, j = found
+            if bound.nodes[i].flow in _WATCHED:
+                watch.setdefault(i, {}).setdefault(j, []).append(k)
+            elif plan.nodes[i].op == "Merge" and j == 0:
+                # A cond's output: its value is that of the one live input, and in a
+                # branch only the taken side's kernels ever run (every op of a branch
+                # hangs off its Switch or pivot; dead nodes run no kernel).  So the
+                # first input kernel to finish gives the Merge's value.
+                slots.extend(reversed(bound.nodes[i].inputs))
     nodes = list(bound.nodes)
     for i, outs in watch.items():
         nodes[i] = _watched(nodes[i], sorted(outs.items()), notify, loop)
