@@ -74,7 +74,7 @@ def test_first_run_is_general_then_scheduled() -> None:
         assert sess.run_sync(y, {x: 3.0}) == 8.0
 
 
-def test_not_scheduled_with_async_kernels_control_flow_or_trace() -> None:
+def test_not_scheduled_with_async_kernels_or_control_flow() -> None:
     async def slow(v: Any) -> Any:
         return v
 
@@ -83,20 +83,35 @@ def test_not_scheduled_with_async_kernels_control_flow_or_trace() -> None:
         x = af.placeholder(af.float32, shape=())
         a = af.py_func(slow, [x + 1.0], af.float32)
         c = af.cond(x > 0.0, lambda: x * 2.0, lambda: x - 1.0)
-        y = x * 3.0
     with path("schedule"), af.Session(graph=g) as sess:
         for fetch in (a, c):
             for _ in range(2):
                 sess.run_sync(fetch, {x: 1.0})
         assert not any(scheduled(sess))
-        md = af.RunMetadata()
-        opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
-        for _ in range(2):
-            assert sess.run_sync(y, {x: 2.0}, options=opts, run_metadata=md) == 6.0
-            names = {s.node_name for d in md.step_stats.dev_stats for s in d.node_stats}
-            assert y.op.name in names  # traced steps record every node (general path)
-        assert sess.run_sync(y, {x: 2.0}) == 6.0  # untraced: the schedule again
-        assert any(scheduled(sess))
+
+
+def test_traced_schedule_records_what_the_general_path_records() -> None:
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=())
+        y = x
+        for _ in range(20):
+            y = y * 1.5 + 1.0
+        z = af.add_n([y, x, y * 2.0])
+    opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
+    seen = {}
+    for name in PATHS:
+        with path(name), af.Session(graph=g) as sess:
+            for _ in range(2):
+                md = af.RunMetadata()
+                value = sess.run_sync(z, {x: 2.0}, options=opts, run_metadata=md)
+            assert scheduled(sess) == [name == "schedule"]
+            stats = [s for d in md.step_stats.dev_stats for s in d.node_stats]
+            seen[name] = (value, sorted((s.node_name, s.timeline_label) for s in stats),
+                          sorted(s.node_name for s in stats
+                                 if s.all_start_micros and s.all_end_rel_micros >= 0))
+    assert seen["schedule"] == seen["general"]
+    assert len(seen["schedule"][1]) == 20 * 2 + 2  # every node ran and was recorded (with AddN, y * 2)
 
 
 @pytest.mark.parametrize("name", PATHS)

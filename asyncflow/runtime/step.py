@@ -190,12 +190,15 @@ class Step:
         if bound.frames:  # loops; simple loop frames on the fast path unless traced
             prop = FramePropagator(self, bound, nodes, frame.args,
                                    () if trace else fast_loops(bound))
-        elif bound.schedulable and not trace:
+        elif bound.schedulable:
             schedule = bound.derived.get("schedule")
             if schedule is None or schedule.blocks is None:
                 schedule = _schedule(bound)  # None while the plan runs the general path
-            prop = (PlainPropagator(self, bound, nodes, frame.args) if schedule is None
-                    else SchedulePropagator(self, bound, schedule, frame.args))
+            if schedule is None:
+                prop = PlainPropagator(self, bound, nodes, frame.args)
+            else:  # traced: the same order, with the traced kernels
+                prop = SchedulePropagator(self, bound, traced_schedule(bound, schedule)
+                                          if trace else schedule, frame.args)
         else:
             prop = PlainPropagator(self, bound, nodes, frame.args)
         self._prop = prop
