@@ -86,7 +86,7 @@ def test_multi_device_rows_are_selectable_and_untargeted() -> None:
         assert not any(f"] {row_id}: asyncflow " in line for line in proc.stdout.splitlines())
         row = next(line for line in proc.stdout.splitlines() if line.startswith(row_id + " "))
         assert row.split()[-2:] == ["-", "-"], row
-    assert "send/recv edges" in proc.stdout
+    assert "us per send/recv edge (median over the" in proc.stdout
     assert ">= 1.6 is what the single-device parallel target asks" in proc.stdout
     assert "cores busy" in proc.stdout
 
