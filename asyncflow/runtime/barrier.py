@@ -7,6 +7,10 @@ step's rendezvous — so every recv waiting in a peer partition fails at once in
 of waiting forever — and aborts the other partitions.  Their errors are derived
 (``AbortedError``, cancellations) and dropped: the caller sees the root error only,
 never an ``ExceptionGroup``, and only after every partition has stopped.
+
+The partitions share one :class:`~asyncflow.runtime.step.HandoffQueue`: a send
+completes the peer partition's waiting recv and drains that partition at once, with
+no trip through the event loop (see :mod:`asyncflow.runtime.step`).
 """
 
 from __future__ import annotations
@@ -19,13 +23,19 @@ from asyncflow import errors
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.rendezvous import LocalRendezvous
-from asyncflow.runtime.step import Step
+from asyncflow.runtime.step import HandoffQueue, Step
 from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundPlan
 
-__all__ = ["ExecutorBarrier", "StepRunner"]
+__all__ = ["HANDOFFS", "ExecutorBarrier", "StepRunner"]
+
+#: Whether the partitions of a step hand values to each other directly (the fast
+#: path).  False makes every cross-partition wait an ``asyncio.Future`` completed
+#: through the event loop (the general path, also a lone step's): tests switch it off
+#: to run the same graphs both ways and compare.
+HANDOFFS = True
 
 
 class ExecutorBarrier:
@@ -43,9 +53,10 @@ class ExecutorBarrier:
         self._retval_map = retval_map
         args = frame.args
         cancellation = CancellationManager()  # one for the whole step
+        handoffs = HandoffQueue() if HANDOFFS else None  # one for the whole step
         self._steps = [
             Step(plan, CallFrame(args), trace=trace, rendezvous=self._rendezvous,
-                 cancellation=cancellation)
+                 cancellation=cancellation, handoffs=handoffs)
             for plan in partitions
         ]
         self._error: errors.OpError | None = None

@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from asyncflow.compiler.ir import NodeDef
     from asyncflow.compiler.plan import Plan
     from asyncflow.runtime.devices import LocalDevice
-    from asyncflow.runtime.rendezvous import Rendezvous
+    from asyncflow.runtime.rendezvous import Rendezvous, Waiter
 
-__all__ = ["SPECIAL", "BoundNode", "BoundPlan", "bind"]
+__all__ = ["SPECIAL", "BoundNode", "BoundPlan", "bind", "tap_recv"]
 
 #: The hot loop's "not on the fast path" kind: control-flow routing (Switch, Merge,
 #: and the producers of a Merge's inputs, whose deadness the Merge counts).  Such a
@@ -141,8 +141,11 @@ def _op_for(node: NodeDef, op_lookup: Callable[[str], Any] | None) -> Any:
 
 
 # -- _Send / _Recv ----------------------------------------------------------------------
-# A transfer kernel takes (rendezvous, frame_id, iter_id, [value, is_dead]): the key of
-# an edge inside a loop names the frame instance and the iteration (TF's frame_iter).
+# A transfer kernel takes (rendezvous, frame_id, iter_id, ...): the key of an edge inside
+# a loop names the frame instance and the iteration (TF's frame_iter).  A send takes
+# (value, is_dead) and never blocks; a recv takes the step's waiter and returns the
+# (value, is_dead) already queued, or None when the waiter will get it (see
+# Rendezvous.recv_or_wait).
 
 @registry.register_kernel_factory("_Send")
 def _send_kernel(node: NodeDef) -> tuple[Callable[..., Any], int]:
@@ -164,8 +167,44 @@ def _send_kernel(node: NodeDef) -> tuple[Callable[..., Any], int]:
 def _recv_kernel(node: NodeDef) -> tuple[Callable[..., Any], int]:
     key = node.attrs["key"]
 
-    def recv(rendezvous: Rendezvous, frame_id: int, iter_id: int) -> Any:
+    def recv(rendezvous: Rendezvous, frame_id: int, iter_id: int,
+             waiter: Waiter) -> tuple[Any, bool] | None:
         k = key if not (frame_id or iter_id) else frame_key(key, frame_id, iter_id)
-        return rendezvous.recv_future(k)
+        return rendezvous.recv_or_wait(k, waiter)
 
     return recv, registry.RECV
+
+
+def tap_recv(kernel: Callable[..., Any],
+             on_item: Callable[[tuple[Any, bool]], None]) -> Callable[..., Any]:
+    """A ``_Recv`` kernel that also calls ``on_item((value, is_dead))`` when its value
+    arrives, at once or later (for observers: streaming, progress)."""
+    def recv(rendezvous: Rendezvous, frame_id: int, iter_id: int,
+             waiter: Waiter) -> tuple[Any, bool] | None:
+        item: tuple[Any, bool] | None = kernel(rendezvous, frame_id, iter_id,
+                                                _Tap(waiter, on_item))
+        if item is not None:
+            on_item(item)
+        return item
+
+    return recv
+
+
+class _Tap:
+    """A waiter passing its value to an observer on the way to the recv's own waiter."""
+
+    __slots__ = ("on_item", "waiter")
+
+    def __init__(self, waiter: Waiter, on_item: Callable[[tuple[Any, bool]], None]) -> None:
+        self.waiter = waiter
+        self.on_item = on_item
+
+    def done(self) -> bool:
+        return self.waiter.done()
+
+    def set_result(self, result: tuple[Any, bool], /) -> None:
+        self.on_item(result)
+        self.waiter.set_result(result)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self.waiter.set_exception(exception)
