@@ -364,7 +364,10 @@ class Step:
                 return
             handoffs.owner = self  # the outermost send: it runs what the chain queues
             try:
-                node.kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
+                if node.arity == 1:
+                    node.kernel(self._rendezvous, frame_id, iter_id, args[0], is_dead)
+                else:
+                    node.kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
                 if self._stats is not None:
                     self._record_transfer(i, start, frame_id, iter_id)
                 self._prop.complete(token, None)
@@ -376,8 +379,8 @@ class Step:
         if kind == _RECV:
             start = time.time() if self._stats is not None else 0.0
             if self._handoffs is not None:
-                waiter = _RecvWaiter(self, token, i, None if self._stats is None
-                                     else (start, frame_id, iter_id))
+                waiter = (_RecvWaiter(self, token, i) if self._stats is None else
+                          _TracedRecvWaiter(self, token, i, (start, frame_id, iter_id)))
                 item = node.kernel(self._rendezvous, frame_id, iter_id, waiter)
                 if item is None:  # the matching send (or an abort) completes the waiter
                     self._outstanding += 1
@@ -473,11 +476,7 @@ class Step:
         count = 0
         while queue:
             waiter = queue.popleft()
-            step = waiter.step
-            if step is self:
-                self._handoff_ready(waiter)
-            else:
-                step._handoff_drain(waiter, until)
+            waiter.step._handoff_drain(waiter, until)  # never this step (see set_result)
             count += 1
             if not count % _HANDOFF_CHECK_EVERY and queue and time.perf_counter() >= until:
                 loop = asyncio.get_running_loop()
@@ -487,15 +486,16 @@ class Step:
                                    context=waiter.step._ctx)
 
     def _handoff_ready(self, waiter: _RecvWaiter) -> None:
-        """A recv of this step, which is draining below the send that completed it:
-        ready its consumers only (that drain goes on with them)."""
+        """A recv of this step, whose send is the outermost of the running chain (so the
+        step is draining below it): ready its consumers only, that drain goes on
+        with them."""
         self._outstanding -= 1
         if self._error is not None or self._stopped:
             return
         value, dead = waiter.result  # type: ignore[misc]
         i = waiter.i
-        if waiter.trace is not None:
-            self._record_transfer(i, *waiter.trace)
+        if self._stats is not None:
+            self._record_transfer(i, *waiter.trace)  # type: ignore[attr-defined]
         try:
             self._prop.complete(waiter.token, Dead(self._bound.ops[i].name) if dead else value)
         except Exception as exc:
@@ -513,8 +513,8 @@ class Step:
         i = waiter.i
         prop = self._prop
         tracing = None
-        if waiter.trace is not None:
-            self._record_transfer(i, *waiter.trace)
+        if self._stats is not None:
+            self._record_transfer(i, *waiter.trace)  # type: ignore[attr-defined]
             tracing = _TRACING.set(self)  # traced kernels record here, not in the sender
         try:
             prop.complete(waiter.token, Dead(self._bound.ops[i].name) if dead else value)
@@ -674,15 +674,12 @@ class _RecvWaiter:
     """A waiting ``_Recv`` of a step, as the rendezvous holds it (a future's three
     methods, :class:`~asyncflow.runtime.rendezvous.Waiter`), without a future."""
 
-    __slots__ = ("i", "result", "step", "token", "trace")
+    __slots__ = ("i", "result", "step", "token")
 
-    def __init__(self, step: Step, token: Any, i: int,
-                 trace: tuple[float, int, int] | None) -> None:
+    def __init__(self, step: Step, token: Any, i: int) -> None:
         self.step = step
         self.token = token
         self.i = i
-        #: Traced steps: (when the recv started, frame id, iteration) for its record.
-        self.trace = trace
         #: The (value, is_dead) or the error it got; None while it waits.
         self.result: tuple[Any, bool] | BaseException | None = None
 
@@ -696,7 +693,10 @@ class _RecvWaiter:
         step = self.step
         handoffs = step._handoffs
         assert handoffs is not None
-        if handoffs.owner is not None:  # sent inside a chain: its outermost send runs it
+        owner = handoffs.owner
+        if owner is step:  # draining below the chain's outermost send: ready the node now
+            step._handoff_ready(self)
+        elif owner is not None:  # sent inside a chain: its outermost send runs it
             handoffs.queue.append(self)
         else:  # not sent by a partition of this step: from the loop, in the step's context
             asyncio.get_running_loop().call_soon(step._handoff_later, self, context=step._ctx)
@@ -708,7 +708,18 @@ class _RecvWaiter:
 
     def __repr__(self) -> str:
         state = "waiting" if self.result is None else "completed"
-        return f"<_RecvWaiter node={self.i} {state}>"
+        return f"<{type(self).__name__} node={self.i} {state}>"
+
+
+class _TracedRecvWaiter(_RecvWaiter):
+    """The waiter of a traced step's recv: also what its transfer record needs."""
+
+    __slots__ = ("trace",)
+
+    def __init__(self, step: Step, token: Any, i: int, trace: tuple[float, int, int]) -> None:
+        super().__init__(step, token, i)
+        #: (when the recv started, frame id, iteration).
+        self.trace = trace
 
 
 #: The step a traced kernel records into (set by ``Step.run`` of a traced step).
