@@ -62,7 +62,7 @@ import numpy as np
 from asyncflow import errors
 from asyncflow.compiler.keys import frame_key
 from asyncflow.framework import registry
-from asyncflow.runtime.bind import BoundNode, BoundPlan
+from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel, SendKernel
 from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.cancellation import _activate as _activate_cancellation
 from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
@@ -355,33 +355,37 @@ class Step:
             # sent too, flagged, so the receiving device sees the branch was not taken.
             start = time.time() if self._stats is not None else 0.0
             handoffs = self._handoffs
-            if handoffs is None or handoffs.owner is not None:
-                # (Inside a hand-off chain: recvs this send completes are queued.)
-                node.kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
-                if self._stats is not None:
-                    self._record_transfer(i, start, frame_id, iter_id)
-                self._prop.complete(token, None)
-                return
-            handoffs.owner = self  # the outermost send: it runs what the chain queues
+            # The outermost send of a chain runs what the chain queues (module doc).
+            owner = handoffs is not None and handoffs.owner is None
+            if owner:
+                handoffs.owner = self  # type: ignore[union-attr]
             try:
-                if node.arity == 1:
-                    node.kernel(self._rendezvous, frame_id, iter_id, args[0], is_dead)
+                kernel = node.kernel
+                if type(kernel) is SendKernel and not (frame_id or iter_id):
+                    self._rendezvous.send(  # type: ignore[union-attr]
+                        kernel.key, args[0] if args else SEND_TOKEN, is_dead)
                 else:
-                    node.kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
+                    kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
                 if self._stats is not None:
                     self._record_transfer(i, start, frame_id, iter_id)
                 self._prop.complete(token, None)
-                if handoffs.queue:
-                    self._run_handoffs(handoffs.queue)
+                if owner and handoffs.queue:  # type: ignore[union-attr]
+                    self._run_handoffs(handoffs.queue)  # type: ignore[union-attr]
             finally:
-                handoffs.owner = None
+                if owner:
+                    handoffs.owner = None  # type: ignore[union-attr]
             return
         if kind == _RECV:
             start = time.time() if self._stats is not None else 0.0
             if self._handoffs is not None:
                 waiter = (_RecvWaiter(self, token, i) if self._stats is None else
                           _TracedRecvWaiter(self, token, i, (start, frame_id, iter_id)))
-                item = node.kernel(self._rendezvous, frame_id, iter_id, waiter)
+                kernel = node.kernel
+                if type(kernel) is RecvKernel and not (frame_id or iter_id):
+                    item = self._rendezvous.recv_or_wait(  # type: ignore[union-attr]
+                        kernel.key, waiter)
+                else:
+                    item = kernel(self._rendezvous, frame_id, iter_id, waiter)
                 if item is None:  # the matching send (or an abort) completes the waiter
                     self._outstanding += 1
                     if self._ctx is None:
