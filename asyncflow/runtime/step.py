@@ -374,6 +374,9 @@ class Step:
             finally:
                 if owner:
                     handoffs.owner = None  # type: ignore[union-attr]
+                    if handoffs.queue:  # type: ignore[union-attr]
+                        # (Only if this send raised after handing off: the loop runs them.)
+                        _later(handoffs.queue)  # type: ignore[union-attr]
             return
         if kind == _RECV:
             start = time.time() if self._stats is not None else 0.0
@@ -483,11 +486,8 @@ class Step:
             waiter.step._handoff_drain(waiter, until)  # never this step (see set_result)
             count += 1
             if not count % _HANDOFF_CHECK_EVERY and queue and time.perf_counter() >= until:
-                loop = asyncio.get_running_loop()
-                while queue:
-                    waiter = queue.popleft()
-                    loop.call_soon(waiter.step._handoff_later, waiter,
-                                   context=waiter.step._ctx)
+                _later(queue)  # the slice is over: yield to the loop
+                return
 
     def _handoff_ready(self, waiter: _RecvWaiter) -> None:
         """A recv of this step, whose send is the outermost of the running chain (so the
@@ -656,6 +656,15 @@ class Step:
                 n.node_name = prefix + n.node_name
                 n.timeline_label = prefix + n.timeline_label
                 self._stats.append(n)  # already a NodeExecStats
+
+
+def _later(queue: deque[_RecvWaiter]) -> None:
+    """Leave the queued hand-offs to the event loop, each in its step's context."""
+    loop = asyncio.get_running_loop()
+    while queue:
+        waiter = queue.popleft()
+        step = waiter.step
+        loop.call_soon(step._handoff_later, waiter, context=step._ctx)
 
 
 class HandoffQueue:
