@@ -55,6 +55,20 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
     assert counts[request.param] > 0, counts
 
 
+@pytest.fixture
+def rendezvous_seen(monkeypatch: pytest.MonkeyPatch) -> list[LocalRendezvous]:
+    """The rendezvous of every multi-partition step the test runs, in order."""
+    seen: list[LocalRendezvous] = []
+    original = barrier.ExecutorBarrier.__init__
+
+    def spy(self: barrier.ExecutorBarrier, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        seen.append(self.rendezvous)
+
+    monkeypatch.setattr(barrier.ExecutorBarrier, "__init__", spy)
+    return seen
+
+
 def chain(n: int, n_devices: int, k: int = 1) -> tuple[af.Graph, af.Tensor, af.Tensor]:
     """``x + 1`` ``n`` times, changing device every ``k`` adds (round robin)."""
     g = af.Graph()
@@ -179,9 +193,11 @@ def _fail_on_21(v: Any) -> Any:
     return v
 
 
-async def test_deadline_stops_a_long_chain_of_hand_offs(path: str) -> None:
+async def test_deadline_stops_a_long_chain_of_hand_offs(
+        path: str, rendezvous_seen: list[LocalRendezvous]) -> None:
     # 8,000 device changes run synchronously on the fast path: the step must still
-    # yield to the loop so that its deadline fires, and fail only after it stopped.
+    # yield to the loop so that its deadline fires, and fail only after it stopped;
+    # its rendezvous then holds no waiting recv (nor, through them, the steps).
     g, x0, y = chain(8_000, 2)
     opts = af.RunOptions(timeout_in_ms=5)
     before = asyncio.all_tasks()
@@ -189,6 +205,9 @@ async def test_deadline_stops_a_long_chain_of_hand_offs(path: str) -> None:
         await sess.run(y, {x0: 0.0})  # compile outside the deadline
         with pytest.raises(af.errors.DeadlineExceededError):
             await sess.run(y, {x0: 0.0}, options=opts)
+        stats = rendezvous_seen[-1].statistics()
+        assert stats.aborted
+        assert (stats.waiting_recvs, stats.queued_values) == (0, 0)
         assert await sess.run(y, {x0: 1.0}) == 8_001.0
     assert asyncio.all_tasks() - before == set()
 
@@ -294,7 +313,8 @@ async def test_partial_run_feeds_a_partition_that_waits(path: str, graph: af.Gra
         assert await sess.partial_run(h, c) == 7.0
 
 
-async def test_a_failed_step_leaves_nothing_waiting(path: str) -> None:
+async def test_a_failed_step_leaves_nothing_waiting(
+        path: str, rendezvous_seen: list[LocalRendezvous]) -> None:
     # Device 1 fails early while device 0's recvs wait: the rendezvous is aborted
     # (every waiter failed, nothing queued), no task is left, and nothing of the step
     # is left for the cycle collector.
@@ -305,27 +325,18 @@ async def test_a_failed_step_leaves_nothing_waiting(path: str) -> None:
                              name="bad")
         with af.device("/cpu:0"):
             z = af.add(y, bad, name="z")
-    seen: list[LocalRendezvous] = []
-    original = barrier.ExecutorBarrier.__init__
-
-    def spy(self: barrier.ExecutorBarrier, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        seen.append(self.rendezvous)
-
     before = asyncio.all_tasks()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(barrier.ExecutorBarrier, "__init__", spy)
-        async with af.Session(graph=g, config=devices(2)) as sess:
-            await sess.run(y, {x0: 0.0})
-            gc.collect()
-            gc.disable()
-            try:
-                with pytest.raises(af.errors.InvalidArgumentError, match="bad value 21"):
-                    await sess.run(z, {x0: 0.0})
-                garbage = gc.collect()
-            finally:
-                gc.enable()
-    stats = seen[-1].statistics()
+    async with af.Session(graph=g, config=devices(2)) as sess:
+        await sess.run(y, {x0: 0.0})
+        gc.collect()
+        gc.disable()
+        try:
+            with pytest.raises(af.errors.InvalidArgumentError, match="bad value 21"):
+                await sess.run(z, {x0: 0.0})
+            garbage = gc.collect()
+        finally:
+            gc.enable()
+    stats = rendezvous_seen[-1].statistics()
     assert stats.aborted
     assert stats.waiting_recvs == 0
     assert stats.queued_values == 0

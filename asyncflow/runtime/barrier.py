@@ -82,6 +82,11 @@ class ExecutorBarrier:
                     tg.create_task(self._run_partition(step))
         except BaseExceptionGroup as group:
             raise group.exceptions[0] from None
+        except asyncio.CancelledError:
+            # Cancelled (the caller, a deadline): the recvs still waiting fail now, and
+            # the rendezvous lets go of them (and of their steps) at once.
+            self._rendezvous.abort(errors.CancelledError(None, None, "step cancelled"))
+            raise
         finally:
             self._loop = None
         if self._error is not None:
