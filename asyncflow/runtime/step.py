@@ -12,10 +12,11 @@ The step owns what is the same for every graph: dispatching nodes that do not ru
 inline (async kernels become tasks of the step's ``asyncio.TaskGroup``, expensive
 ones tasks awaiting a worker thread of the device, ``_Recv`` a waiter that the
 matching send completes, no task), the first-error rule, cancellation, deadlines,
-yielding to the event loop on a budget, tracing.  *Which nodes are ready* is the propagator's business
-(:mod:`asyncflow.runtime.propagators`), chosen once per plan at bind time: the
-plain propagator (no loop frames; dead tensors of ``cond`` handled off the fast
-path) or the frame propagator (loops: frames, iterations, ``parallel_iterations``).
+yielding to the event loop on a budget, tracing.  *Which nodes are ready* is the
+propagator's business (:mod:`asyncflow.runtime.propagators`), chosen once per plan
+at bind time: the plain propagator (no loop frames; dead tensors of ``cond``
+handled off the fast path) or the frame propagator (loops: frames, iterations,
+``parallel_iterations``).
 The step calls ``propagator.drain(budget)`` and ``propagator.complete(token, value)``
 and never looks at frames.
 
