@@ -141,7 +141,7 @@ def test_multi_device_rows_are_selectable_and_untargeted() -> None:
         # No target: not listed under "targets:", and the target/status cells are "-".
         assert not any(f"] {row_id}: asyncflow " in line for line in proc.stdout.splitlines())
         assert _target_cells(proc.stdout, row_id)[:2] == ("-", "-")
-    assert "send/recv edges" in proc.stdout
+    assert "us per send/recv edge (median over the" in proc.stdout
     assert ">= 1.6 is what the single-device parallel target asks" in proc.stdout
     assert "cores busy" in proc.stdout
 

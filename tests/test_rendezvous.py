@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 import pytest
 
@@ -121,6 +122,76 @@ async def test_cancelled_recv_gives_up_its_turn() -> None:
     gone.cancel()
     r.send("k", 1)
     assert await kept == (1, False)
+
+
+class _Waiter:
+    """A waiter that is not a future (what an executor may hand to recv_or_wait)."""
+
+    def __init__(self, log: list[Any], name: str, gave_up: bool = False) -> None:
+        self.log, self.name, self.gave_up = log, name, gave_up
+        self.completed = False
+
+    def done(self) -> bool:
+        return self.completed or self.gave_up
+
+    def set_result(self, result: Any, /) -> None:
+        self.completed = True
+        self.log.append((self.name, result))
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self.completed = True
+        self.log.append((self.name, exception))
+
+
+def test_recv_or_wait_returns_a_queued_value_or_keeps_the_waiter() -> None:
+    r = LocalRendezvous()
+    log: list[Any] = []
+    r.send("k", 1)
+    assert r.recv_or_wait("k", _Waiter(log, "unused")) == (1, False)
+    assert r.recv_or_wait("k", _Waiter(log, "a")) is None
+    assert r.statistics().waiting_recvs == 1
+    assert log == []
+    r.send("k", 2, is_dead=True)  # completes the waiter synchronously, in the send
+    assert log == [("a", (2, True))]
+    stats = r.statistics()
+    assert (stats.sent, stats.received, stats.queued_values, stats.waiting_recvs) == (
+        2, 2, 0, 0)
+
+
+def test_several_waiters_and_values_on_one_key_keep_their_order() -> None:
+    r = LocalRendezvous()
+    log: list[Any] = []
+    for name in ("a", "b", "c"):
+        assert r.recv_or_wait("k", _Waiter(log, name)) is None
+    r.recv_or_wait("k", _Waiter(log, "quits", gave_up=True))
+    assert r.recv_or_wait("k", _Waiter(log, "d")) is None
+    assert r.statistics().waiting_recvs == 4
+    for v in range(4):
+        r.send("k", v)
+    assert log == [("a", (0, False)), ("b", (1, False)), ("c", (2, False)),
+                   ("d", (3, False))]  # the one that gave up was skipped
+    for v in range(4, 7):
+        r.send("k", v)
+    assert r.statistics().queued_values == 3
+    assert [r.recv_or_wait("k", _Waiter(log, "x")) for _ in range(3)] == [
+        (4, False), (5, False), (6, False)]
+    assert r.statistics().queued_values == 0
+
+
+def test_abort_fails_every_waiter_of_every_key() -> None:
+    r = LocalRendezvous()
+    log: list[Any] = []
+    r.recv_or_wait("k", _Waiter(log, "a"))
+    r.recv_or_wait("k", _Waiter(log, "b"))
+    r.recv_or_wait("j", _Waiter(log, "c"))
+    r.send("q", 1)
+    root = ValueError("root")
+    r.abort(root)
+    assert sorted(name for name, _ in log) == ["a", "b", "c"]
+    assert all(isinstance(e, errors.AbortedError) and e.__cause__ is root for _, e in log)
+    assert r.statistics().queued_values == 0
+    with pytest.raises(errors.AbortedError):
+        r.recv_or_wait("q", _Waiter(log, "late"))
 
 
 def test_key_create_and_parse() -> None:

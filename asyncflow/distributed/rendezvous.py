@@ -15,11 +15,12 @@ transfer at once, so no remote wait outlives its step.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asyncflow import errors
-from asyncflow.runtime.rendezvous import Item, LocalRendezvous
+from asyncflow.runtime.rendezvous import Item, LocalRendezvous, Waiter
 
 __all__ = ["LOCAL_TASK", "PullFn", "PushFn", "RemoteRendezvous", "task_of"]
 
@@ -81,11 +82,29 @@ class RemoteRendezvous(LocalRendezvous):
                 return
         super().send(key, value, is_dead)
 
-    def recv_future(self, key: str) -> asyncio.Future[Item]:
-        """Local, unless the producer is another task: then a pull from it."""
+    def _pulled_from(self, key: str) -> str | None:
+        """The task a recv of ``key`` pulls from; None when the value arrives here
+        (same task, or a worker receiving from the session, which pushes)."""
         src = self._remote(key[:key.index(";")])
         if src is None or (self._push is None and src == LOCAL_TASK):
-            # Same task, or a worker receiving from the session (which pushes).
+            return None
+        return src
+
+    def recv_or_wait(self, key: str, waiter: Waiter) -> Item | None:
+        """Local, unless the producer is another task: then the pull's future
+        completes ``waiter`` (a pull is a task and a network trip: its future costs
+        nothing in comparison)."""
+        if self._pulled_from(key) is None:
+            return super().recv_or_wait(key, waiter)
+        if self._aborted is not None:
+            raise self._abort_error(key)
+        self.recv_future(key).add_done_callback(functools.partial(_forward, waiter))
+        return None
+
+    def recv_future(self, key: str) -> asyncio.Future[Item]:
+        """Local, unless the producer is another task: then a pull from it."""
+        src = self._pulled_from(key)
+        if src is None:
             return super().recv_future(key)
         fut: asyncio.Future[Item] = asyncio.get_running_loop().create_future()
         if self._aborted is not None:
@@ -146,3 +165,17 @@ class RemoteRendezvous(LocalRendezvous):
             if self._on_error is not None:
                 self._on_error(error)
             self.abort(error)
+
+
+def _forward(waiter: Waiter, fut: asyncio.Future[Item]) -> None:
+    """A pull ended: hand its outcome to the recv waiting for it (unless it gave up)."""
+    if fut.cancelled():
+        exc: BaseException | None = errors.CancelledError(None, None, "remote recv cancelled")
+    else:
+        exc = fut.exception()  # always retrieved, so asyncio never logs it
+    if waiter.done():
+        return
+    if exc is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(fut.result())

@@ -7,6 +7,10 @@ step's rendezvous — so every recv waiting in a peer partition fails at once in
 of waiting forever — and aborts the other partitions.  Their errors are derived
 (``AbortedError``, cancellations) and dropped: the caller sees the root error only,
 never an ``ExceptionGroup``, and only after every partition has stopped.
+
+The partitions share one :class:`~asyncflow.runtime.step.HandoffQueue`: a send
+completes the peer partition's waiting recv and drains that partition at once, with
+no trip through the event loop (see :mod:`asyncflow.runtime.step`).
 """
 
 from __future__ import annotations
@@ -19,13 +23,19 @@ from asyncflow import errors
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.rendezvous import LocalRendezvous
-from asyncflow.runtime.step import Step, clear_frames
+from asyncflow.runtime.step import HandoffQueue, Step, clear_frames
 from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundPlan
 
-__all__ = ["ExecutorBarrier", "StepRunner"]
+__all__ = ["HANDOFFS", "ExecutorBarrier", "StepRunner"]
+
+#: Whether the partitions of a step hand values to each other directly (the fast
+#: path).  False makes every cross-partition wait an ``asyncio.Future`` completed
+#: through the event loop (the general path, also a lone step's): tests switch it off
+#: to run the same graphs both ways and compare.
+HANDOFFS = True
 
 
 class ExecutorBarrier:
@@ -43,9 +53,13 @@ class ExecutorBarrier:
         self._retval_map = retval_map
         args = frame.args
         cancellation = CancellationManager()  # one for the whole step
+        # One for the whole step.  Not when traced: a traced kernel finds the step it
+        # records into through the context, and a hand-off drains the receiving
+        # partition inside the sender's drain (its context): traced steps wait on futures.
+        handoffs = HandoffQueue() if HANDOFFS and not trace else None
         self._steps = [
             Step(plan, CallFrame(args), trace=trace, rendezvous=self._rendezvous,
-                 cancellation=cancellation)
+                 cancellation=cancellation, handoffs=handoffs)
             for plan in partitions
         ]
         self._error: errors.OpError | None = None
@@ -75,6 +89,9 @@ class ExecutorBarrier:
         except BaseExceptionGroup as group:
             raise group.exceptions[0] from None
         except asyncio.CancelledError as exc:
+            # Cancelled (the caller, a deadline): the recvs still waiting fail now, and
+            # the rendezvous lets go of them (and of their steps) at once.
+            self._rendezvous.abort(errors.CancelledError(None, None, "step cancelled"))
             clear_frames(exc)  # the task group's frames hold it: no cycle left behind
             raise
         finally:

@@ -32,9 +32,10 @@ if TYPE_CHECKING:
     from asyncflow.compiler.ir import NodeDef
     from asyncflow.compiler.plan import Plan
     from asyncflow.runtime.devices import LocalDevice
-    from asyncflow.runtime.rendezvous import Rendezvous
+    from asyncflow.runtime.rendezvous import Rendezvous, Waiter
 
-__all__ = ["SPECIAL", "BoundNode", "BoundPlan", "bind"]
+__all__ = ["SEND_TOKEN", "SPECIAL", "BoundNode", "BoundPlan", "RecvKernel", "SendKernel",
+           "bind", "tap_recv"]
 
 #: The hot loop's "not on the fast path" kind: control-flow routing (Switch, Merge,
 #: and the producers of a Merge's inputs, whose deadness the Merge counts).  Such a
@@ -166,31 +167,99 @@ def _op_for(node: NodeDef, op_lookup: Callable[[str], Any] | None) -> Any:
 
 
 # -- _Send / _Recv ----------------------------------------------------------------------
-# A transfer kernel takes (rendezvous, frame_id, iter_id, [value, is_dead]): the key of
-# an edge inside a loop names the frame instance and the iteration (TF's frame_iter).
+# A transfer kernel takes (rendezvous, frame_id, iter_id, ...): the key of an edge inside
+# a loop names the frame instance and the iteration (TF's frame_iter).  A send takes
+# (value, is_dead) and never blocks; a recv takes the step's waiter and returns the
+# (value, is_dead) already queued, or None when the waiter will get it (see
+# Rendezvous.recv_or_wait).  Observers (streaming, progress) wrap a recv kernel with
+# tap_recv; the executor calls the rendezvous itself only for unwrapped kernels.
+
+#: What a control edge's _Send carries.
+SEND_TOKEN = _TOKEN
+
+
+class SendKernel:
+    """A ``_Send`` kernel: ``kernel(rendezvous, frame_id, iter_id, [value,] is_dead)``.
+
+    Its ``key`` is public so that the executor may call ``rendezvous.send`` itself for
+    an edge outside loops (the common case: one Python call less per edge).
+    """
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, rendezvous: Rendezvous, frame_id: int, iter_id: int,
+                 *value_and_dead: Any) -> None:
+        # (value, is_dead), or (is_dead,) for a control edge (it carries a token).
+        *value, is_dead = value_and_dead
+        key = self.key if not (frame_id or iter_id) else frame_key(self.key, frame_id, iter_id)
+        rendezvous.send(key, value[0] if value else _TOKEN, is_dead)
+
+    def __repr__(self) -> str:
+        return f"<SendKernel {self.key!r}>"
+
+
+class RecvKernel:
+    """A ``_Recv`` kernel: ``kernel(rendezvous, frame_id, iter_id, waiter)`` -> the
+    ``(value, is_dead)`` already queued, or None (``waiter`` gets it); see
+    ``Rendezvous.recv_or_wait``.  ``key`` is public, as :class:`SendKernel`'s."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, rendezvous: Rendezvous, frame_id: int, iter_id: int,
+                 waiter: Waiter) -> tuple[Any, bool] | None:
+        key = self.key if not (frame_id or iter_id) else frame_key(self.key, frame_id, iter_id)
+        return rendezvous.recv_or_wait(key, waiter)
+
+    def __repr__(self) -> str:
+        return f"<RecvKernel {self.key!r}>"
+
 
 @registry.register_kernel_factory("_Send")
 def _send_kernel(node: NodeDef) -> tuple[Callable[..., Any], int]:
-    key = node.attrs["key"]
-    if node.inputs:
-        def send(rendezvous: Rendezvous, frame_id: int, iter_id: int, value: Any,
-                 is_dead: bool = False) -> None:
-            k = key if not (frame_id or iter_id) else frame_key(key, frame_id, iter_id)
-            rendezvous.send(k, value, is_dead)
-    else:
-        def send(rendezvous: Rendezvous, frame_id: int, iter_id: int,  # type: ignore[misc]
-                 is_dead: bool = False) -> None:
-            k = key if not (frame_id or iter_id) else frame_key(key, frame_id, iter_id)
-            rendezvous.send(k, _TOKEN, is_dead)
-    return send, registry.SEND
+    return SendKernel(node.attrs["key"]), registry.SEND
 
 
 @registry.register_kernel_factory("_Recv")
 def _recv_kernel(node: NodeDef) -> tuple[Callable[..., Any], int]:
-    key = node.attrs["key"]
+    return RecvKernel(node.attrs["key"]), registry.RECV
 
-    def recv(rendezvous: Rendezvous, frame_id: int, iter_id: int) -> Any:
-        k = key if not (frame_id or iter_id) else frame_key(key, frame_id, iter_id)
-        return rendezvous.recv_future(k)
 
-    return recv, registry.RECV
+def tap_recv(kernel: Callable[..., Any],
+             on_item: Callable[[tuple[Any, bool]], None]) -> Callable[..., Any]:
+    """A ``_Recv`` kernel that also calls ``on_item((value, is_dead))`` when its value
+    arrives, at once or later (for observers: streaming, progress)."""
+    def recv(rendezvous: Rendezvous, frame_id: int, iter_id: int,
+             waiter: Waiter) -> tuple[Any, bool] | None:
+        item: tuple[Any, bool] | None = kernel(rendezvous, frame_id, iter_id,
+                                                _Tap(waiter, on_item))
+        if item is not None:
+            on_item(item)
+        return item
+
+    return recv
+
+
+class _Tap:
+    """A waiter passing its value to an observer on the way to the recv's own waiter."""
+
+    __slots__ = ("on_item", "waiter")
+
+    def __init__(self, waiter: Waiter, on_item: Callable[[tuple[Any, bool]], None]) -> None:
+        self.waiter = waiter
+        self.on_item = on_item
+
+    def done(self) -> bool:
+        return self.waiter.done()
+
+    def set_result(self, result: tuple[Any, bool], /) -> None:
+        self.on_item(result)
+        self.waiter.set_result(result)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self.waiter.set_exception(exception)

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from asyncflow.framework import registry
 from asyncflow.progress import ProgressEvent
-from asyncflow.runtime.bind import BoundNode, BoundPlan
+from asyncflow.runtime.bind import BoundNode, BoundPlan, tap_recv
 
 __all__ = ["INTERVAL", "ProgressTracker"]
 
@@ -113,14 +113,10 @@ class ProgressTracker:
                 return awaited(kernel(*args))
             wrapped = start if flow == registry.ASYNC else on_thread
         elif flow == registry.RECV:
-            def counted(_: asyncio.Future[Any]) -> None:
+            def counted(_: tuple[Any, bool]) -> None:
                 tick()
 
-            def recv(*args: Any) -> Any:
-                fut = kernel(*args)
-                fut.add_done_callback(counted)
-                return fut
-            wrapped = recv
+            wrapped = tap_recv(kernel, counted)
         else:
             return node  # control-flow routing runs no kernel
         return node._replace(kernel=wrapped)

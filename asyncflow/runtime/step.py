@@ -10,12 +10,13 @@ State machine of a step (TensorFlow's ``ExecutorState``, on the event loop)::
 
 The step owns what is the same for every graph: dispatching nodes that do not run
 inline (async kernels become tasks of the step's ``asyncio.TaskGroup``, expensive
-ones tasks awaiting a worker thread of the device, ``_Recv`` a future callback, no
-task), the first-error rule, cancellation, deadlines, yielding to the event loop on
-a budget, tracing.  *Which nodes are ready* is the propagator's business
-(:mod:`asyncflow.runtime.propagators`), chosen once per plan at bind time: the
-plain propagator (no loop frames; dead tensors of ``cond`` handled off the fast
-path) or the frame propagator (loops: frames, iterations, ``parallel_iterations``).
+ones tasks awaiting a worker thread of the device, ``_Recv`` a waiter that the
+matching send completes, no task), the first-error rule, cancellation, deadlines,
+yielding to the event loop on a budget, tracing.  *Which nodes are ready* is the
+propagator's business (:mod:`asyncflow.runtime.propagators`), chosen once per plan
+at bind time: the plain propagator (no loop frames; dead tensors of ``cond``
+handled off the fast path) or the frame propagator (loops: frames, iterations,
+``parallel_iterations``).
 The step calls ``propagator.drain(budget)`` and ``propagator.complete(token, value)``
 and never looks at frames.
 
@@ -28,6 +29,20 @@ Invariants (each stated where its field is set):
   and late results are dropped.
 * Every task lives in the step's task group and is discarded from ``_tasks`` when it
   ends, so a long loop holds no task of a finished iteration.
+
+Cross-partition edges (the hand-off): the partitions of one step share a
+:class:`HandoffQueue`.  A ``_Recv`` that waits leaves a :class:`_RecvWaiter` in the
+rendezvous (no future); the matching ``_Send`` completes it synchronously, and the
+receiving partition's node finishes and its partition drains right away, on the
+sender's stack, without a trip through the event loop.  To keep that stack flat, the
+outermost send of such a chain owns the queue: completions made meanwhile (by the
+sends of the partitions it drains) are queued and run one after the other by the
+owner, and a completion for the owner itself only readies its node (the owner's own
+drain, below the send, goes on with it).  However long the chain of device changes,
+at most two drains are on the stack.  A waiter completed by anything else (a remote
+pull, a partial run's feed, an abort) runs from the event loop instead.  Without a
+queue (a lone step, or ``barrier.HANDOFFS`` off) every wait is an ``asyncio.Future``
+with a done callback: the general path.
 """
 
 from __future__ import annotations
@@ -41,6 +56,7 @@ import time
 import traceback
 import weakref
 from array import array
+from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,7 +65,7 @@ import numpy as np
 from asyncflow import errors
 from asyncflow.compiler.keys import frame_key
 from asyncflow.framework import registry
-from asyncflow.runtime.bind import BoundNode, BoundPlan
+from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel, SendKernel
 from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.cancellation import _activate as _activate_cancellation
 from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
@@ -69,11 +85,14 @@ if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["SLICE", "Step", "abort_on_loop", "clear_frames", "current_step", "format_node_error"]
+__all__ = ["SLICE", "HandoffQueue", "Step", "abort_on_loop", "clear_frames", "current_step",
+           "format_node_error"]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
 SLICE = 0.001
+#: Hand-offs run between two looks at the clock by the send that runs them.
+_HANDOFF_CHECK_EVERY = 32
 
 _ASYNC = registry.ASYNC
 
@@ -129,11 +148,13 @@ class Step:
         "_bound",
         "_cm",
         "_compact",
+        "_ctx",
         "_deferred",
         "_done",
         "_error",
         "_finished",
         "_frame",
+        "_handoffs",
         "_label",
         "_loop",
         "_nodes",
@@ -150,11 +171,17 @@ class Step:
 
     def __init__(self, bound: BoundPlan, frame: CallFrame, trace: bool = False,
                  rendezvous: Rendezvous | None = None,
-                 cancellation: CancellationManager | None = None) -> None:
+                 cancellation: CancellationManager | None = None,
+                 handoffs: HandoffQueue | None = None) -> None:
         self._bound = bound
         self._frame = frame
         self._rendezvous = rendezvous
         self._cm = cancellation
+        # Shared by the partitions of the step (None: waits are futures, see module doc).
+        self._handoffs = handoffs
+        # The step's context (numpy quiet, cancellation, tracing), for hand-offs run
+        # from the event loop; taken at the first recv that waits.
+        self._ctx: contextvars.Context | None = None
         self._tg: asyncio.TaskGroup | None = None
         # [task, cancelled by the step] while a lone node is awaited in the step's own
         # task (see _await_alone), else None.
@@ -279,7 +306,13 @@ class Step:
         self._prop._step = None  # type: ignore[assignment]
         self._error = None
         self._cm = None
-        self._rendezvous = None  # an aborted one holds the step's error
+        # A recv still waiting (the step was cancelled) holds the step from the
+        # rendezvous (an aborted one holds the step's error), and the step's context may
+        # hold the step: cut both; a released step never runs again (a late value is
+        # dropped).
+        self._stopped = True
+        self._rendezvous = None
+        self._ctx = None
         if isinstance(self._prop, FramePropagator):
             self._prop.release()  # the frame tree of a step that failed inside a loop
 
@@ -417,26 +450,62 @@ class Step:
             # Sends never block: done at once, like an inline node.  A dead value is
             # sent too, flagged, so the receiving device sees the branch was not taken.
             start = time.time() if self._stats is not None else 0.0
-            node.kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
-            if self._stats is not None:
-                self._record_transfer(i, start, frame_id, iter_id)
-            self._prop.complete(token, None)
+            handoffs = self._handoffs
+            # The outermost send of a chain runs what the chain queues (module doc).
+            owner = handoffs is not None and handoffs.owner is None
+            if owner:
+                handoffs.owner = self  # type: ignore[union-attr]
+            try:
+                kernel = node.kernel
+                if type(kernel) is SendKernel and not (frame_id or iter_id):
+                    self._rendezvous.send(  # type: ignore[union-attr]
+                        kernel.key, args[0] if args else SEND_TOKEN, is_dead)
+                else:
+                    kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
+                if self._stats is not None:
+                    self._record_transfer(i, start, frame_id, iter_id)
+                self._prop.complete(token, None)
+                if owner and handoffs.queue:  # type: ignore[union-attr]
+                    self._run_handoffs(handoffs.queue)  # type: ignore[union-attr]
+            finally:
+                if owner:
+                    handoffs.owner = None  # type: ignore[union-attr]
+                    if handoffs.queue:  # type: ignore[union-attr]
+                        # (Only if this send raised after handing off: the loop runs them.)
+                        _later(handoffs.queue)  # type: ignore[union-attr]
             return
         if kind == _RECV:
             start = time.time() if self._stats is not None else 0.0
-            fut = node.kernel(self._rendezvous, frame_id, iter_id)
-            if fut.done():
-                value, dead = fut.result()  # an abort raises: the drain fails node i
-                if self._stats is not None:
-                    self._record_transfer(i, start, frame_id, iter_id)
-                self._prop.complete(token, Dead(self._bound.ops[i].name) if dead else value)
-                return
-            # Wait without a task and without polling: the matching send (or an
-            # abort) resolves the future, whose callback finishes the node.
-            self._outstanding += 1
-            self._recvs.add(fut)
-            fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
-                                                    frame_id, iter_id))
+            if self._handoffs is not None:
+                waiter = (_RecvWaiter(self, token, i) if self._stats is None else
+                          _TracedRecvWaiter(self, token, i, (start, frame_id, iter_id)))
+                kernel = node.kernel
+                if type(kernel) is RecvKernel and not (frame_id or iter_id):
+                    item = self._rendezvous.recv_or_wait(  # type: ignore[union-attr]
+                        kernel.key, waiter)
+                else:
+                    item = kernel(self._rendezvous, frame_id, iter_id, waiter)
+                if item is None:  # the matching send (or an abort) completes the waiter
+                    self._outstanding += 1
+                    if self._ctx is None:
+                        self._ctx = contextvars.copy_context()
+                    return
+            else:
+                fut = asyncio.get_running_loop().create_future()
+                item = node.kernel(self._rendezvous, frame_id, iter_id, fut)
+                if item is None:
+                    # Wait without a task and without polling: the matching send (or an
+                    # abort) resolves the future, whose callback finishes the node.
+                    self._outstanding += 1
+                    self._recvs.add(fut)
+                    fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
+                                                            frame_id, iter_id))
+                    return
+            # The value was there already (an abort raised: the drain fails node i).
+            value, dead = item
+            if self._stats is not None:
+                self._record_transfer(i, start, frame_id, iter_id)
+            self._prop.complete(token, Dead(self._bound.ops[i].name) if dead else value)
             return
         if kind == _ASYNC:
             # An async kernel with a ``nowait`` twin (queue ops) first tries to finish
@@ -529,6 +598,78 @@ class Step:
             self._record_transfer(i, start, frame_id, iter_id)
         value, dead = fut.result()
         self._finish(token, i, Dead(self._bound.ops[i].name) if dead else value)
+
+    # -- hand-offs (see the module docstring) ---------------------------------------------
+
+    def _run_handoffs(self, queue: deque[_RecvWaiter]) -> None:
+        """Run the completed recvs a chain of sends queued (this step's send is the
+        outermost).  After a time slice, the rest are left to the event loop."""
+        until = time.perf_counter() + SLICE
+        count = 0
+        while queue:
+            waiter = queue.popleft()
+            waiter.step._handoff_drain(waiter, until)  # never this step (see set_result)
+            count += 1
+            if not count % _HANDOFF_CHECK_EVERY and queue and time.perf_counter() >= until:
+                _later(queue)  # the slice is over: yield to the loop
+                return
+
+    def _handoff_ready(self, waiter: _RecvWaiter) -> None:
+        """A recv of this step, whose send is the outermost of the running chain (so the
+        step is draining below it): ready its consumers only, that drain goes on
+        with them."""
+        self._outstanding -= 1
+        if self._error is not None or self._stopped:
+            return
+        value, dead = waiter.result  # type: ignore[misc]
+        i = waiter.i
+        if self._stats is not None:
+            self._record_transfer(i, *waiter.trace)  # type: ignore[attr-defined]
+        try:
+            self._prop.complete(waiter.token, Dead(self._bound.ops[i].name) if dead else value)
+        except Exception as exc:
+            self._fail(i, exc)
+
+    def _handoff_drain(self, waiter: _RecvWaiter, until: float) -> None:
+        """A recv of this step completed while the step was not draining: finish the
+        node and drain until ``until`` (its own sends queue what they complete).
+        ``_finish``, with the caller's time slice."""
+        self._outstanding -= 1
+        if self._error is not None or self._stopped:
+            self._wake()
+            return  # late result of a failed or cancelled step: discarded
+        value, dead = waiter.result  # type: ignore[misc]
+        i = waiter.i
+        prop = self._prop
+        tracing = None
+        if self._stats is not None:
+            self._record_transfer(i, *waiter.trace)  # type: ignore[attr-defined]
+            tracing = _TRACING.set(self)  # traced kernels record here, not in the sender
+        try:
+            prop.complete(waiter.token, Dead(self._bound.ops[i].name) if dead else value)
+            drained = prop.drain(until)
+        except Exception as exc:
+            self._fail(i, exc)
+            return
+        finally:
+            if tracing is not None:
+                _TRACING.reset(tracing)
+        if not drained or self._error is not None:
+            self._wake()  # the waiting loop goes on draining after a yield, or fails
+        elif not self._outstanding:
+            self._finished = True  # before any deadline or close can land
+            self._wake()
+
+    def _handoff_later(self, waiter: _RecvWaiter) -> None:
+        """From the event loop (in the step's context): a recv completed by something
+        other than this step group's sends, or left over after a time slice."""
+        result = waiter.result
+        if isinstance(result, BaseException):
+            self._outstanding -= 1
+            if not self._stopped:
+                self._fail(waiter.i, result)
+            return
+        self._handoff_drain(waiter, time.perf_counter() + SLICE)
 
     def _finish(self, token: Any, i: int, v: Any) -> None:
         """Complete a dispatched node with ``v``, then drain what became ready."""
@@ -656,6 +797,83 @@ class Step:
                 n.node_name = prefix + n.node_name
                 n.timeline_label = prefix + n.timeline_label
                 self._stats.append(n)  # already a NodeExecStats
+
+
+def _later(queue: deque[_RecvWaiter]) -> None:
+    """Leave the queued hand-offs to the event loop, each in its step's context."""
+    loop = asyncio.get_running_loop()
+    while queue:
+        waiter = queue.popleft()
+        step = waiter.step
+        loop.call_soon(step._handoff_later, waiter, context=step._ctx)
+
+
+class HandoffQueue:
+    """The recvs completed inside a chain of sends, for the chain's outermost send to
+    run (one per step, shared by its partitions; see the module docstring)."""
+
+    __slots__ = ("owner", "queue")
+
+    def __init__(self) -> None:
+        #: The step whose send is the outermost of the running chain, or None.
+        self.owner: Step | None = None
+        #: Completed waiters not run yet; empty whenever ``owner`` is None.
+        self.queue: deque[_RecvWaiter] = deque()
+
+    def __repr__(self) -> str:
+        return f"<HandoffQueue owner={self.owner!r} queued={len(self.queue)}>"
+
+
+class _RecvWaiter:
+    """A waiting ``_Recv`` of a step, as the rendezvous holds it (a future's three
+    methods, :class:`~asyncflow.runtime.rendezvous.Waiter`), without a future."""
+
+    __slots__ = ("i", "result", "step", "token")
+
+    def __init__(self, step: Step, token: Any, i: int) -> None:
+        self.step = step
+        self.token = token
+        self.i = i
+        #: The (value, is_dead) or the error it got; None while it waits.
+        self.result: tuple[Any, bool] | BaseException | None = None
+
+    def done(self) -> bool:
+        """Completed, or its step failed or stopped (then it gives up its turn)."""
+        step = self.step
+        return self.result is not None or step._error is not None or step._stopped
+
+    def set_result(self, result: tuple[Any, bool], /) -> None:
+        self.result = result
+        step = self.step
+        handoffs = step._handoffs
+        assert handoffs is not None
+        owner = handoffs.owner
+        if owner is step:  # draining below the chain's outermost send: ready the node now
+            step._handoff_ready(self)
+        elif owner is not None:  # sent inside a chain: its outermost send runs it
+            handoffs.queue.append(self)
+        else:  # not sent by a partition of this step: from the loop, in the step's context
+            asyncio.get_running_loop().call_soon(step._handoff_later, self, context=step._ctx)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self.result = exception
+        step = self.step
+        asyncio.get_running_loop().call_soon(step._handoff_later, self, context=step._ctx)
+
+    def __repr__(self) -> str:
+        state = "waiting" if self.result is None else "completed"
+        return f"<{type(self).__name__} node={self.i} {state}>"
+
+
+class _TracedRecvWaiter(_RecvWaiter):
+    """The waiter of a traced step's recv: also what its transfer record needs."""
+
+    __slots__ = ("trace",)
+
+    def __init__(self, step: Step, token: Any, i: int, trace: tuple[float, int, int]) -> None:
+        super().__init__(step, token, i)
+        #: (when the recv started, frame id, iteration).
+        self.trace = trace
 
 
 #: The step a traced kernel records into (set by ``Step.run`` of a traced step) and

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from asyncflow.framework import registry
-from asyncflow.runtime.bind import BoundNode, BoundPlan
+from asyncflow.runtime.bind import BoundNode, BoundPlan, tap_recv
 
 __all__ = ["Notify", "watch_retvals"]
 
@@ -108,16 +108,10 @@ def _watched(node: BoundNode, outs: list[tuple[int, list[int]]], notify: Notify,
             return awaited(kernel(*args))
         wrapped = start
     else:  # registry.RECV
-        def received(fut: asyncio.Future[Any]) -> None:
-            if fut.cancelled() or fut.exception() is not None:
-                return
-            value, dead = fut.result()
+        def received(item: tuple[Any, bool]) -> None:
+            value, dead = item
             if not dead:
                 tell(value)
 
-        def recv(*args: Any) -> Any:
-            fut = kernel(*args)
-            fut.add_done_callback(received)
-            return fut
-        wrapped = recv
+        wrapped = tap_recv(kernel, received)
     return node._replace(kernel=wrapped)
