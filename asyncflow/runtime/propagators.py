@@ -264,7 +264,15 @@ class PlainPropagator:
         if self._dead is not None:
             self._propagate(i, node, None)
             return
-        self._release(node)
+        for s in node.frees:  # _release, inline
+            vals[s] = None
+        if node.counted:
+            refs = self._refs
+            for s in node.counted:
+                r = refs[s] - 1  # type: ignore[index]
+                refs[s] = r  # type: ignore[index]
+                if not r:
+                    vals[s] = None
         pending = self._pending
         push = self._ready.append
         for c in node.consumers:
@@ -278,8 +286,13 @@ class PlainPropagator:
     def _special(self, i: int) -> None:
         node = self._nodes[i]
         vals = self._vals
-        cf = self._kinds[i] if self._kinds else CF_NONE
         step = self._step
+        if not self._kinds:  # no control flow, nothing dead: a node to dispatch
+            ins = node.inputs
+            step.dispatch(i, i, node, [vals[ins[0]]] if node.arity == 1 else
+                          [vals[s] for s in ins])
+            return
+        cf = self._kinds[i]
         if cf == CF_MERGE:
             # No entry: every input is a preloaded constant (always live): the first.
             m = self._merges.pop(i, None) or [0, 0, 0, True, None]
