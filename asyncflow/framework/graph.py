@@ -43,20 +43,6 @@ __all__ = [
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _creation_site(depth: int) -> tuple[str, int]:
-    """(filename, line) of the innermost stack frame outside the asyncflow package,
-    starting ``depth`` frames above the caller (frames known to be asyncflow's are
-    skipped without looking at them: ``sys._getframe(depth)`` walks them in C)."""
-    frame: Any = sys._getframe(depth + 1)
-    package = _PACKAGE_DIR
-    while frame is not None:
-        code = frame.f_code
-        if not code.co_filename.startswith(package):
-            return code.co_filename, frame.f_lineno
-        frame = frame.f_back
-    return "<unknown>", 0
-
-
 class SupportsTensor(Protocol):
     """Anything that stands for a tensor in an op's input (an ``af.Variable``)."""
 
@@ -71,6 +57,7 @@ if TYPE_CHECKING:
     TensorLike: TypeAlias = "Tensor | SupportsTensor | npt.ArrayLike"
 else:
     TensorLike = Any
+
 
 def _not_installed(name: str) -> Callable[..., Tensor]:
     def operator(*args: Any) -> Tensor:
@@ -353,7 +340,15 @@ class Operation:
         self._graph = graph
         self._name = name
         self._type = op_type
-        self._set_inputs(inputs)
+        n = len(inputs)  # as _set_inputs, inline (one call less per op built)
+        if n == 2:
+            self._in0, self._in1 = inputs
+        elif n == 1:
+            self._in0 = inputs[0]
+            self._in1 = None
+        else:
+            self._in0 = inputs
+            self._in1 = None
         self._control_inputs = control_inputs
         self._attrs = attrs
         self._device = device
@@ -604,13 +599,27 @@ class Graph:
                 # As TF: colocation wins over the device scope; placement honours "_class".
                 attrs["_class"] = [f"loc:@{colocate[-1]._name}"]
                 device = colocate[-1]._device
-        site = _creation_site(depth)
+        # Where in user code: the innermost frame outside asyncflow, searched from
+        # ``depth`` frames up (sys._getframe skips the ones known to be ours in C).
+        caller: Any = sys._getframe(depth)
+        while caller is not None:
+            code = caller.f_code
+            if not code.co_filename.startswith(_PACKAGE_DIR):
+                site = code.co_filename, caller.f_lineno
+                break
+            caller = caller.f_back
+        else:
+            site = "<unknown>", 0
         with self._lock:
             if self._finalized:
                 raise RuntimeError(f"cannot add op of type {op_type!r}: graph {self!r} is "
                                    f"finalized")
-            full_name = self._unique_name_locked(
-                name or op_type, explicit=name is not None and not plain_name, scope=scope)
+            if plain_name and not scope:
+                full_name = self._reserve_name_locked(name or op_type)
+            else:
+                full_name = self._unique_name_locked(
+                    name or op_type, explicit=name is not None and not plain_name,
+                    scope=scope)
             try:
                 specs = op_def.shape_fn(inputs, attrs)
             except (TypeError, ValueError) as exc:
@@ -662,19 +671,23 @@ class Graph:
             _check_op_name(name)
         if scope is None:
             scope = self._stacks.name_scope
-        if scope:
-            name = scope + name
+        return self._reserve_name_locked(scope + name if scope else name)
+
+    def _reserve_name_locked(self, name: str) -> str:
+        """``name`` if unused, else the first free ``name_<k>`` (as TF: names differing
+        only in case collide)."""
         key = name.lower()
         names = self._names_in_use
         i = names.get(key, 0)
         names[key] = i + 1
         if i > 0:
             base = key
+            key = f"{base}_{i}"
             while key in names:
-                key = f"{base}_{i}"
                 i += 1
+                key = f"{base}_{i}"
             names[key] = 1
-            name = key if name == base else f"{name}_{i - 1}"
+            name = key if name == base else f"{name}_{i}"
         return name
 
     def _release_name_locked(self, name: str) -> None:
