@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_find_op_def = registry.find_op_def
 
 
 class SupportsTensor(Protocol):
@@ -539,26 +540,24 @@ class Graph:
     def _create_op(self, op_type: str, inputs: Iterable[Tensor],
                    attrs: Mapping[str, Any] | None, name: str | None,
                    control_inputs: Iterable[Operation], depth: int,
-                   plain_name: bool = False) -> Operation:
+                   trusted: bool = False) -> Operation:
         """:meth:`create_op`, for the op constructors: ``depth`` frames above this one
         are asyncflow's own (the search for the user's line starts above them);
-        ``plain_name``: ``name`` is asyncflow's own, a valid name not ending in "/"
-        (as an op type is), so it needs no checking.
-
-        Kept tight (a 100,000-node graph is built op by op): the common case (no
-        control dependency, control-flow context or colocation) takes no detour.
+        ``trusted``: the caller checked that the inputs are tensors of this graph, and
+        ``name`` is asyncflow's own, a valid name not ending in "/" (as an op type is).
         """
         functions = self._functions
         function = functions.get(op_type) if functions else None
         if function is not None:
             op_def = function.op_def
         else:
-            op_def = registry.find_op_def(op_type) or registry.get_op_def(op_type)
+            op_def = _find_op_def(op_type) or registry.get_op_def(op_type)
         inputs = tuple(inputs)
-        for t in inputs:
-            if type(t) is not Tensor or t._op._graph is not self:
-                self._check_inputs(op_type, inputs)
-                break
+        if not trusted:
+            for t in inputs:
+                if type(t) is not Tensor or t._op._graph is not self:
+                    self._check_inputs(op_type, inputs)
+                    break
         attrs = dict(attrs) if attrs else {}
         controls: list[Operation] = []
         ctx = None
@@ -614,11 +613,11 @@ class Graph:
             if self._finalized:
                 raise RuntimeError(f"cannot add op of type {op_type!r}: graph {self!r} is "
                                    f"finalized")
-            if plain_name and not scope:
+            if trusted and not scope:
                 full_name = self._reserve_name_locked(name or op_type)
             else:
                 full_name = self._unique_name_locked(
-                    name or op_type, explicit=name is not None and not plain_name,
+                    name or op_type, explicit=name is not None and not trusted,
                     scope=scope)
             try:
                 specs = op_def.shape_fn(inputs, attrs)
@@ -949,6 +948,28 @@ def _as_operation(obj: Any, graph: Graph) -> Operation:
     if isinstance(op, Operation):
         return op
     raise TypeError(f"control input must be an Operation or a Tensor, got {obj!r}")
+
+
+def _binary_operator(op_type: str, name: str, general: Callable[[Any, Any], Tensor]
+                     ) -> Callable[[Tensor, Any], Tensor]:
+    """The operator method ``self <op> other`` for an op built as ``general`` builds it.
+
+    Two tensors of the default graph (a chain of ``x + y``) go straight to
+    ``_create_op``: there is nothing to convert, and ``general`` (the op's public
+    constructor) would pick that graph and make the same op named ``name``.
+    Only ever called as a TensorOperators method: both frames are asyncflow's.
+    """
+    def operator(self: Tensor, other: Any) -> Tensor:
+        if type(other) is Tensor and type(self) is Tensor:
+            graph = self._op._graph
+            stack = _default.stack
+            if other._op._graph is graph and type(graph) is Graph and \
+                    (stack[-1] if stack else _global_graph) is graph:
+                out = graph._create_op(op_type, (self, other), None, name, (), 3, True)._out
+                return out if isinstance(out, Tensor) else out[0]
+        return general(self, other)
+
+    return operator
 
 
 # -- default graph --------------------------------------------------------------
