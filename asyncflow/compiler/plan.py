@@ -134,7 +134,7 @@ def build_plan(part: PartitionDef) -> Plan:
 
     n = len(sched)
     pending = [0] * n
-    consumers: list[Any] = [()] * n      # a list once the node has a consumer
+    consumers: list[Any] = [()] * n  # (i,) for the first consumer, a list for more
     in_slots: list[tuple[int, ...]] = []
     # Per slot: how many distinct nodes read it, and the last one that did.
     reads = [0] * n_slots
@@ -168,16 +168,18 @@ def build_plan(part: PartitionDef) -> Plan:
         pending[i] = len(producers)
         for p in producers:
             cs = consumers[p]
-            if cs:
-                cs.append(i)
+            if not cs:  # most nodes have one consumer: a 1-tuple is final already
+                consumers[p] = (i,)
+            elif type(cs) is tuple:
+                consumers[p] = [*cs, i]
             else:
-                consumers[p] = [i]
+                cs.append(i)
 
     # -- last use ----------------------------------------------------------------
     retval_slots = tuple(slot(r) for _, r in part.retvals)
     keep = set(arg_slots)
     keep.update(retval_slots)
-    frees: list[Any] = [()] * n    # a list once the node frees a slot
+    frees: list[Any] = [()] * n    # as consumers: (s,), then a list
     counted: list[Any] = [()] * n
     refs: list[int] | None = None
     for s in range(n_slots):
@@ -186,18 +188,22 @@ def build_plan(part: PartitionDef) -> Plan:
             if s not in keep and initial_values[s] is None:
                 reader = last_reader[s]
                 f = frees[reader]
-                if f:
-                    f.append(s)
+                if not f:
+                    frees[reader] = (s,)
+                elif type(f) is tuple:
+                    frees[reader] = [*f, s]
                 else:
-                    frees[reader] = [s]
+                    f.append(s)
         elif k == 0:  # an output nobody reads: freed by its producer
             producer = owner[s]
             if producer >= 0 and s not in keep:
                 f = frees[producer]
-                if f:
-                    f.append(s)
+                if not f:
+                    frees[producer] = (s,)
+                elif type(f) is tuple:
+                    frees[producer] = [*f, s]
                 else:
-                    frees[producer] = [s]
+                    f.append(s)
         elif s not in keep and initial_values[s] is None:
             if refs is None:
                 refs = [0] * n_slots
