@@ -93,13 +93,10 @@ def build_plan(part: PartitionDef) -> Plan:
     """
     nodes = part.nodes
     # -- slots ------------------------------------------------------------------
-    # Nodes by position in ``nodes``: one name lookup per input edge, the rest lists.
-    position: dict[str, int] = {}
-    base: list[int] = []  # first output slot, by position
+    slot_of: dict[str, int] = {}
     n_slots = 0
-    for k, node in enumerate(nodes):
-        position[node.name] = k
-        base.append(n_slots)
+    for node in nodes:
+        slot_of[node.name] = n_slots
         n_slots += len(node.outputs)
     fed_slot: dict[Ref, int] = {}
     for k, (_, r) in enumerate(part.args):
@@ -111,21 +108,22 @@ def build_plan(part: PartitionDef) -> Plan:
 
     def slot(r: Ref) -> int:
         s = fed_slot.get(r) if fed_slot else None
-        return s if s is not None else base[position[r[0]]] + r[1]
+        return s if s is not None else slot_of[r[0]] + r[1]
 
     # -- nodes -------------------------------------------------------------------
-    scheduled = [-1] * len(nodes)  # by position: the node's index in sched, -1 if preloaded
-    owner = [-1] * n_slots  # by slot: the scheduled node producing it
+    # By slot, the scheduled node producing it (-1: a preloaded constant or an
+    # argument): an input edge is one name lookup (its slot), the rest lists.
+    owner = [-1] * n_slots
     sched: list[NodeDef] = []
     out_slots: list[int] = []
-    for k, node in enumerate(nodes):
+    for node in nodes:
+        first = slot_of[node.name]
         if node.op == "Const" and not node.control_inputs:  # preloaded, never runs
             value = node.attrs["value"]
-            initial_values[base[k]] = value[()] if value.ndim == 0 else value
+            initial_values[first] = value[()] if value.ndim == 0 else value
         else:
-            i = scheduled[k] = len(sched)
+            i = len(sched)
             sched.append(node)
-            first = base[k]
             out_slots.append(first)
             if len(node.outputs) == 1:
                 owner[first] = i
@@ -139,7 +137,7 @@ def build_plan(part: PartitionDef) -> Plan:
     # Per slot: how many distinct nodes read it, and the last one that did.
     reads = [0] * n_slots
     last_reader = [-1] * n_slots
-    get_position = position.get
+    node_of: dict[str, int] | None = None  # name -> scheduled index, for control edges
     # One pass per node, kept tight: producers in a small list (most nodes have one
     # or two).
     for i, node in enumerate(sched):
@@ -150,20 +148,21 @@ def build_plan(part: PartitionDef) -> Plan:
             if name in fed_names and r in fed_slot:
                 s = fed_slot[r]
             else:
-                k = position[name]
-                s = base[k] + r[1]
-                p = scheduled[k]
+                s = slot_of[name] + r[1]
+                p = owner[s]
                 if p >= 0 and p not in producers:
                     producers.append(p)
             ins_list.append(s)
             if last_reader[s] != i:  # a slot read twice by one node counts once
                 last_reader[s] = i
                 reads[s] += 1
-        for c in node.control_inputs:
-            at = get_position(c)
-            p = scheduled[at] if at is not None else -1
-            if p >= 0 and p not in producers:
-                producers.append(p)
+        if node.control_inputs:
+            if node_of is None:
+                node_of = {m.name: j for j, m in enumerate(sched)}
+            for c in node.control_inputs:
+                p = node_of.get(c, -1)
+                if p >= 0 and p not in producers:
+                    producers.append(p)
         in_slots.append(tuple(ins_list))
         pending[i] = len(producers)
         for p in producers:
@@ -223,8 +222,9 @@ def build_plan(part: PartitionDef) -> Plan:
     ops = {node.op for node in sched}
     if "Enter" in ops:  # loops: the frame propagator
         frames = analyze_frames(sched, node_frames(sched))
-        edges_out = _edges_out(sched, {node.name: i for i, node in enumerate(sched)},
-                               in_slots, fed_slot)
+        edges_out = _edges_out(sched, node_of if node_of is not None else
+                               {node.name: i for i, node in enumerate(sched)}, in_slots,
+                               fed_slot)
     elif not ops.isdisjoint(CONTROL_FLOW_OPS) or (part.control_flow and "_Recv" in ops):
         frames = cond_info(sched)  # dead tensors, one frame: the plain propagator
     return Plan(
