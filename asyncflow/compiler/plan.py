@@ -92,43 +92,45 @@ def build_plan(part: PartitionDef) -> Plan:
     containers, no empty list per node).
     """
     nodes = part.nodes
-    # -- slots ------------------------------------------------------------------
+    # -- slots and nodes ------------------------------------------------------------
+    # One pass: every node's first slot, and the scheduled nodes.  ``owner`` is, by
+    # slot, the scheduled node producing it (-1: a preloaded constant or an
+    # argument): an input edge is then one name lookup (its slot), the rest lists.
     slot_of: dict[str, int] = {}
+    owner: list[int] = []
+    sched: list[NodeDef] = []
+    out_slots: list[int] = []
+    preloaded: list[tuple[int, Any]] = []
     n_slots = 0
     for node in nodes:
-        slot_of[node.name] = n_slots
-        n_slots += len(node.outputs)
+        slot_of[node.name] = first = n_slots
+        n_outputs = len(node.outputs)
+        n_slots += n_outputs
+        if node.op == "Const" and not node.control_inputs:  # preloaded, never runs
+            preloaded.append((first, node.attrs["value"]))
+            owner.append(-1)
+        else:
+            i = len(sched)
+            sched.append(node)
+            out_slots.append(first)
+            if n_outputs == 1:
+                owner.append(i)
+            else:
+                owner.extend([i] * n_outputs)
     fed_slot: dict[Ref, int] = {}
     for k, (_, r) in enumerate(part.args):
         fed_slot[r] = n_slots + k
     fed_names = {r[0] for r in fed_slot}
     arg_slots = tuple(range(n_slots, n_slots + len(part.args)))
     n_slots += len(part.args)
+    owner.extend([-1] * len(part.args))
     initial_values: list[Any] = [None] * n_slots
+    for first, value in preloaded:
+        initial_values[first] = value[()] if value.ndim == 0 else value
 
     def slot(r: Ref) -> int:
         s = fed_slot.get(r) if fed_slot else None
         return s if s is not None else slot_of[r[0]] + r[1]
-
-    # -- nodes -------------------------------------------------------------------
-    # By slot, the scheduled node producing it (-1: a preloaded constant or an
-    # argument): an input edge is one name lookup (its slot), the rest lists.
-    owner = [-1] * n_slots
-    sched: list[NodeDef] = []
-    out_slots: list[int] = []
-    for node in nodes:
-        first = slot_of[node.name]
-        if node.op == "Const" and not node.control_inputs:  # preloaded, never runs
-            value = node.attrs["value"]
-            initial_values[first] = value[()] if value.ndim == 0 else value
-        else:
-            i = len(sched)
-            sched.append(node)
-            out_slots.append(first)
-            if len(node.outputs) == 1:
-                owner[first] = i
-            else:
-                owner[first:first + len(node.outputs)] = [i] * len(node.outputs)
 
     n = len(sched)
     pending = [0] * n
