@@ -33,13 +33,13 @@ def eliminate_common_subexpressions(
     """Merge equivalent nodes; returns the nodes, their placement and whether any merged.
 
     Two nodes can only be equivalent when their inputs are: nodes are first grouped
-    by their inputs (a tuple they already have), and the full key (op, control
-    inputs, device, attributes) is made only in a group that gets a second node.
-    The result is exactly that of a dict on full keys.
+    by the producer of their first input (a name, its hash cached), and the full key
+    (op, inputs, control inputs, device, attributes) is made only in a group that
+    gets a second node.  The result is exactly that of a dict on full keys.
     """
-    # inputs -> the group's first node and device, until a second node arrives; then
-    # full key -> the first node's name.
-    groups: dict[tuple[Ref, ...], tuple[NodeDef, int] | dict[Hashable, str]] = {}
+    # first input's producer ("" for none) -> the group's first node and device,
+    # until a second node arrives; then full key -> the first node's name.
+    groups: dict[str, tuple[NodeDef, int] | dict[Hashable, str]] = {}
     rename: dict[str, str] = {}
     # A fed node's outputs are the feed, not its computation: it absorbs nothing.
     fed_nodes = frozenset(r[0] for r in feeds)
@@ -53,7 +53,7 @@ def eliminate_common_subexpressions(
                 out.append(node)
                 where.append(d)
             continue
-        group = node.inputs
+        group = node.inputs[0][0] if node.inputs else ""
         seen = groups.get(group)
         if seen is None:
             if node.name not in fed_nodes:

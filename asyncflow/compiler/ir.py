@@ -233,15 +233,27 @@ def node_def_of(op: Operation, infos: _Infos | None = None) -> NodeDef:
     """
     node: NodeDef | None = op._ir
     if node is None:
-        refs = []
-        input_types = []
-        for t in op._inputs:
-            producer = t._op
-            k = t._value_index
-            refs.append((producer._name, k))
-            converted = producer._ir  # usually converted already: share its ValueInfo
-            input_types.append(converted.outputs[k] if converted is not None
-                               else _info(t, infos))
+        refs: list[Ref] | tuple[Ref, ...]
+        input_types: list[ValueInfo] | tuple[ValueInfo, ...]
+        a, b = op._in0, op._in1
+        if b is not None and not isinstance(a, tuple):
+            # Two inputs (most ops of a large graph), without lists.  A producer is
+            # usually converted already: share its ValueInfo.
+            pa, ka, pb, kb = a._op, a._value_index, b._op, b._value_index
+            refs = ((pa._name, ka), (pb._name, kb))
+            ca, cb = pa._ir, pb._ir
+            input_types = (ca.outputs[ka] if ca is not None else _info(a, infos),
+                           cb.outputs[kb] if cb is not None else _info(b, infos))
+        else:
+            refs = []
+            input_types = []
+            for t in op._inputs:
+                producer = t._op
+                k = t._value_index
+                refs.append((producer._name, k))
+                converted = producer._ir
+                input_types.append(converted.outputs[k] if converted is not None
+                                   else _info(t, infos))
         attrs = op._attrs
         functions = op._graph._functions
         if functions and op._type in functions:  # a call: the body travels with it

@@ -81,7 +81,7 @@ def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Seque
     when the run has loops spanning devices.
     """
     fed = {r: k for k, r in enumerate(feeds)}
-    if len(set(placement)) == 1 and not loops:
+    if placement and placement.count(placement[0]) == len(placement) and not loops:
         return (_one_partition(nodes, placement[0], devices, feeds, fed, fetches, targets,
                                control_flow),)
     device_of = {n.name: d for n, d in zip(nodes, placement)}
@@ -149,19 +149,17 @@ def _one_partition(nodes: Sequence[NodeDef], d: int, devices: Sequence[str],
     carries it), and the partition reads the feeds some node reads."""
     out = list(nodes)
     names: set[str] | None = None
-    for k, n in enumerate(out):
+    read: set[Ref] = set()
+    for k, n in enumerate(nodes):
+        if fed:
+            read.update(n.inputs)
         if n.control_inputs:
             if names is None:
                 names = {m.name for m in nodes}
             if any(c not in names for c in n.control_inputs):
                 out[k] = n._replace(
                     control_inputs=tuple(c for c in n.control_inputs if c in names))
-    args: list[int] = []
-    if fed:
-        read: set[Ref] = set()
-        for n in nodes:
-            read.update(n.inputs)
-        args = sorted(k for r, k in fed.items() if r in read)
+    args = sorted(k for r, k in fed.items() if r in read)
     return PartitionDef(devices[d], tuple(out), tuple((k, feeds[k]) for k in args),
                         tuple((k, r) for k, r in enumerate(fetches) if r not in fed),
                         tuple(targets), control_flow)

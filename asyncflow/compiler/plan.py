@@ -96,54 +96,54 @@ def build_plan(part: PartitionDef) -> Plan:
     containers, no empty list per node).
     """
     nodes = part.nodes
-    # -- slots ------------------------------------------------------------------
-    # Nodes by position in ``nodes``: one name lookup per input edge, the rest lists.
-    position: dict[str, int] = {}
-    base: list[int] = []  # first output slot, by position
+    # -- slots and nodes ------------------------------------------------------------
+    # One pass: every node's first slot, and the scheduled nodes.  ``owner`` is, by
+    # slot, the scheduled node producing it (-1: a preloaded constant or an
+    # argument): an input edge is then one name lookup (its slot), the rest lists.
+    slot_of: dict[str, int] = {}
+    owner: list[int] = []
+    sched: list[NodeDef] = []
+    out_slots: list[int] = []
+    preloaded: list[tuple[int, Any]] = []
     n_slots = 0
-    for k, node in enumerate(nodes):
-        position[node.name] = k
-        base.append(n_slots)
-        n_slots += len(node.outputs)
+    for node in nodes:
+        slot_of[node.name] = first = n_slots
+        n_outputs = len(node.outputs)
+        n_slots += n_outputs
+        if node.op == "Const" and not node.control_inputs:  # preloaded, never runs
+            preloaded.append((first, node.attrs["value"]))
+            owner.append(-1)
+        else:
+            i = len(sched)
+            sched.append(node)
+            out_slots.append(first)
+            if n_outputs == 1:
+                owner.append(i)
+            else:
+                owner.extend([i] * n_outputs)
     fed_slot: dict[Ref, int] = {}
     for k, (_, r) in enumerate(part.args):
         fed_slot[r] = n_slots + k
     fed_names = {r[0] for r in fed_slot}
     arg_slots = tuple(range(n_slots, n_slots + len(part.args)))
     n_slots += len(part.args)
+    owner.extend([-1] * len(part.args))
     initial_values: list[Any] = [None] * n_slots
+    for first, value in preloaded:
+        initial_values[first] = value[()] if value.ndim == 0 else value
 
     def slot(r: Ref) -> int:
         s = fed_slot.get(r) if fed_slot else None
-        return s if s is not None else base[position[r[0]]] + r[1]
-
-    # -- nodes -------------------------------------------------------------------
-    scheduled = [-1] * len(nodes)  # by position: the node's index in sched, -1 if preloaded
-    owner = [-1] * n_slots  # by slot: the scheduled node producing it
-    sched: list[NodeDef] = []
-    out_slots: list[int] = []
-    for k, node in enumerate(nodes):
-        if node.op == "Const" and not node.control_inputs:  # preloaded, never runs
-            value = node.attrs["value"]
-            initial_values[base[k]] = value[()] if value.ndim == 0 else value
-        else:
-            i = scheduled[k] = len(sched)
-            sched.append(node)
-            first = base[k]
-            out_slots.append(first)
-            if len(node.outputs) == 1:
-                owner[first] = i
-            else:
-                owner[first:first + len(node.outputs)] = [i] * len(node.outputs)
+        return s if s is not None else slot_of[r[0]] + r[1]
 
     n = len(sched)
     pending = [0] * n
-    consumers: list[Any] = [()] * n      # a list once the node has a consumer
+    consumers: list[Any] = [()] * n  # (i,) for the first consumer, a list for more
     in_slots: list[tuple[int, ...]] = []
     # Per slot: how many distinct nodes read it, and the last one that did.
     reads = [0] * n_slots
     last_reader = [-1] * n_slots
-    get_position = position.get
+    node_of: dict[str, int] | None = None  # name -> scheduled index, for control edges
     # One pass per node, kept tight: producers in a small list (most nodes have one
     # or two).
     for i, node in enumerate(sched):
@@ -154,34 +154,37 @@ def build_plan(part: PartitionDef) -> Plan:
             if name in fed_names and r in fed_slot:
                 s = fed_slot[r]
             else:
-                k = position[name]
-                s = base[k] + r[1]
-                p = scheduled[k]
+                s = slot_of[name] + r[1]
+                p = owner[s]
                 if p >= 0 and p not in producers:
                     producers.append(p)
             ins_list.append(s)
             if last_reader[s] != i:  # a slot read twice by one node counts once
                 last_reader[s] = i
                 reads[s] += 1
-        for c in node.control_inputs:
-            at = get_position(c)
-            p = scheduled[at] if at is not None else -1
-            if p >= 0 and p not in producers:
-                producers.append(p)
+        if node.control_inputs:
+            if node_of is None:
+                node_of = {m.name: j for j, m in enumerate(sched)}
+            for c in node.control_inputs:
+                p = node_of.get(c, -1)
+                if p >= 0 and p not in producers:
+                    producers.append(p)
         in_slots.append(tuple(ins_list))
         pending[i] = len(producers)
         for p in producers:
             cs = consumers[p]
-            if cs:
-                cs.append(i)
+            if not cs:  # most nodes have one consumer: a 1-tuple is final already
+                consumers[p] = (i,)
+            elif type(cs) is tuple:
+                consumers[p] = [*cs, i]
             else:
-                consumers[p] = [i]
+                cs.append(i)
 
     # -- last use ----------------------------------------------------------------
     retval_slots = tuple(slot(r) for _, r in part.retvals)
     keep = set(arg_slots)
     keep.update(retval_slots)
-    frees: list[Any] = [()] * n    # a list once the node frees a slot
+    frees: list[Any] = [()] * n    # as consumers: (s,), then a list
     counted: list[Any] = [()] * n
     refs: list[int] | None = None
     for s in range(n_slots):
@@ -190,18 +193,22 @@ def build_plan(part: PartitionDef) -> Plan:
             if s not in keep and initial_values[s] is None:
                 reader = last_reader[s]
                 f = frees[reader]
-                if f:
-                    f.append(s)
+                if not f:
+                    frees[reader] = (s,)
+                elif type(f) is tuple:
+                    frees[reader] = [*f, s]
                 else:
-                    frees[reader] = [s]
+                    f.append(s)
         elif k == 0:  # an output nobody reads: freed by its producer
             producer = owner[s]
             if producer >= 0 and s not in keep:
                 f = frees[producer]
-                if f:
-                    f.append(s)
+                if not f:
+                    frees[producer] = (s,)
+                elif type(f) is tuple:
+                    frees[producer] = [*f, s]
                 else:
-                    frees[producer] = [s]
+                    f.append(s)
         elif s not in keep and initial_values[s] is None:
             if refs is None:
                 refs = [0] * n_slots
@@ -222,8 +229,9 @@ def build_plan(part: PartitionDef) -> Plan:
     ops = {node.op for node in sched}
     if "Enter" in ops:  # loops: the frame propagator
         frames = analyze_frames(sched, node_frames(sched))
-        edges_out = _edges_out(sched, {node.name: i for i, node in enumerate(sched)},
-                               in_slots, fed_slot)
+        edges_out = _edges_out(sched, node_of if node_of is not None else
+                               {node.name: i for i, node in enumerate(sched)}, in_slots,
+                               fed_slot)
         loop_schedules = schedule_loops(sched, frames, in_slots, out_slots,
                                         [tuple(c) for c in consumers], initial_values)
     elif not ops.isdisjoint(CONTROL_FLOW_OPS) or (part.control_flow and "_Recv" in ops):

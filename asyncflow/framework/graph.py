@@ -41,20 +41,7 @@ __all__ = [
 ]
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _creation_site(depth: int) -> tuple[str, int]:
-    """(filename, line) of the innermost stack frame outside the asyncflow package,
-    starting ``depth`` frames above the caller (frames known to be asyncflow's are
-    skipped without looking at them: ``sys._getframe(depth)`` walks them in C)."""
-    frame: Any = sys._getframe(depth + 1)
-    package = _PACKAGE_DIR
-    while frame is not None:
-        code = frame.f_code
-        if not code.co_filename.startswith(package):
-            return code.co_filename, frame.f_lineno
-        frame = frame.f_back
-    return "<unknown>", 0
+_find_op_def = registry.find_op_def
 
 
 class SupportsTensor(Protocol):
@@ -71,6 +58,7 @@ if TYPE_CHECKING:
     TensorLike: TypeAlias = "Tensor | SupportsTensor | npt.ArrayLike"
 else:
     TensorLike = Any
+
 
 def _not_installed(name: str) -> Callable[..., Tensor]:
     def operator(*args: Any) -> Tensor:
@@ -325,7 +313,8 @@ class Operation:
         "_device",
         "_file",
         "_graph",
-        "_inputs",
+        "_in0",
+        "_in1",
         "_ir",
         "_line",
         "_name",
@@ -334,10 +323,16 @@ class Operation:
         "_type",
     )
 
-    #: The output: the Tensor itself for a single-output op (most ops), else the
-    #: tuple of outputs.  Not a 1-tuple: a large graph is mostly single-output ops,
-    #: and every object kept per op is one more for each garbage-collector pass
-    #: over the graph while it is being built (see ``_outputs``).
+    # Inputs and outputs are kept without a tuple for the common cases: a large graph
+    # is mostly ops of one or two inputs and one output, and every object kept per op
+    # is one more for each garbage-collector pass over the graph while it is built
+    # (a third of the build time of a 100,000-op chain).  ``_inputs`` / ``_outputs``
+    # make the tuples.
+    #: The inputs: ``_in0`` the first, ``_in1`` the second, for one or two inputs
+    #: (``_in1`` None for one); ``_in0`` the tuple of them for none or more than two.
+    _in0: Tensor | tuple[Tensor, ...]
+    _in1: Tensor | None
+    #: The output: the Tensor itself for a single-output op, else the tuple of outputs.
     _out: Tensor | tuple[Tensor, ...]
 
     def __init__(self, graph: Graph, name: str, op_type: str, inputs: tuple[Tensor, ...],
@@ -346,7 +341,15 @@ class Operation:
         self._graph = graph
         self._name = name
         self._type = op_type
-        self._inputs = inputs
+        n = len(inputs)  # as _set_inputs, inline (one call less per op built)
+        if n == 2:
+            self._in0, self._in1 = inputs
+        elif n == 1:
+            self._in0 = inputs[0]
+            self._in1 = None
+        else:
+            self._in0 = inputs
+            self._in1 = None
         self._control_inputs = control_inputs
         self._attrs = attrs
         self._device = device
@@ -358,6 +361,25 @@ class Operation:
         self._ctx: Any = None
         #: The op's compiler IR node, made on first compile (see compiler.ir).
         self._ir: Any = None
+
+    def _set_inputs(self, inputs: tuple[Tensor, ...]) -> None:
+        n = len(inputs)
+        if n == 2:
+            self._in0, self._in1 = inputs
+        elif n == 1:
+            self._in0 = inputs[0]
+            self._in1 = None
+        else:
+            self._in0 = inputs
+            self._in1 = None
+
+    @property
+    def _inputs(self) -> tuple[Tensor, ...]:
+        first = self._in0
+        if isinstance(first, tuple):
+            return first
+        second = self._in1
+        return (first,) if second is None else (first, second)
 
     @property
     def _outputs(self) -> tuple[Tensor, ...]:
@@ -518,26 +540,24 @@ class Graph:
     def _create_op(self, op_type: str, inputs: Iterable[Tensor],
                    attrs: Mapping[str, Any] | None, name: str | None,
                    control_inputs: Iterable[Operation], depth: int,
-                   plain_name: bool = False) -> Operation:
+                   trusted: bool = False) -> Operation:
         """:meth:`create_op`, for the op constructors: ``depth`` frames above this one
         are asyncflow's own (the search for the user's line starts above them);
-        ``plain_name``: ``name`` is asyncflow's own, a valid name not ending in "/"
-        (as an op type is), so it needs no checking.
-
-        Kept tight (a 100,000-node graph is built op by op): the common case (no
-        control dependency, control-flow context or colocation) takes no detour.
+        ``trusted``: the caller checked that the inputs are tensors of this graph, and
+        ``name`` is asyncflow's own, a valid name not ending in "/" (as an op type is).
         """
         functions = self._functions
         function = functions.get(op_type) if functions else None
         if function is not None:
             op_def = function.op_def
         else:
-            op_def = registry.find_op_def(op_type) or registry.get_op_def(op_type)
+            op_def = _find_op_def(op_type) or registry.get_op_def(op_type)
         inputs = tuple(inputs)
-        for t in inputs:
-            if type(t) is not Tensor or t._op._graph is not self:
-                self._check_inputs(op_type, inputs)
-                break
+        if not trusted:
+            for t in inputs:
+                if type(t) is not Tensor or t._op._graph is not self:
+                    self._check_inputs(op_type, inputs)
+                    break
         attrs = dict(attrs) if attrs else {}
         controls: list[Operation] = []
         ctx = None
@@ -585,13 +605,27 @@ class Graph:
                 # As TF: colocation wins over the device scope; placement honours "_class".
                 attrs["_class"] = [f"loc:@{colocate[-1]._name}"]
                 device = colocate[-1]._device
-        site = _creation_site(depth)
+        # Where in user code: the innermost frame outside asyncflow, searched from
+        # ``depth`` frames up (sys._getframe skips the ones known to be ours in C).
+        caller: Any = sys._getframe(depth)
+        while caller is not None:
+            code = caller.f_code
+            if not code.co_filename.startswith(_PACKAGE_DIR):
+                site = code.co_filename, caller.f_lineno
+                break
+            caller = caller.f_back
+        else:
+            site = "<unknown>", 0
         with self._lock:
             if self._finalized:
                 raise RuntimeError(f"cannot add op of type {op_type!r}: graph {self!r} is "
                                    f"finalized")
-            full_name = self._unique_name_locked(
-                name or op_type, explicit=name is not None and not plain_name, scope=scope)
+            if trusted and not scope:
+                full_name = self._reserve_name_locked(name or op_type)
+            else:
+                full_name = self._unique_name_locked(
+                    name or op_type, explicit=name is not None and not trusted,
+                    scope=scope)
             try:
                 specs = op_def.shape_fn(inputs, attrs)
             except (TypeError, ValueError) as exc:
@@ -643,19 +677,23 @@ class Graph:
             _check_op_name(name)
         if scope is None:
             scope = self._stacks.name_scope
-        if scope:
-            name = scope + name
+        return self._reserve_name_locked(scope + name if scope else name)
+
+    def _reserve_name_locked(self, name: str) -> str:
+        """``name`` if unused, else the first free ``name_<k>`` (as TF: names differing
+        only in case collide)."""
         key = name.lower()
         names = self._names_in_use
         i = names.get(key, 0)
         names[key] = i + 1
         if i > 0:
             base = key
+            key = f"{base}_{i}"
             while key in names:
-                key = f"{base}_{i}"
                 i += 1
+                key = f"{base}_{i}"
             names[key] = 1
-            name = key if name == base else f"{name}_{i - 1}"
+            name = key if name == base else f"{name}_{i}"
         return name
 
     def _release_name_locked(self, name: str) -> None:
@@ -771,7 +809,7 @@ class Graph:
         while the loop is being built or imported (no plan can have used ``op`` yet)."""
         inputs = list(op._inputs)
         inputs[index] = tensor
-        op._inputs = tuple(inputs)
+        op._set_inputs(tuple(inputs))
         op._ir = None
 
     @contextlib.contextmanager
@@ -917,6 +955,28 @@ def _as_operation(obj: Any, graph: Graph) -> Operation:
     if isinstance(op, Operation):
         return op
     raise TypeError(f"control input must be an Operation or a Tensor, got {obj!r}")
+
+
+def _binary_operator(op_type: str, name: str, general: Callable[[Any, Any], Tensor]
+                     ) -> Callable[[Tensor, Any], Tensor]:
+    """The operator method ``self <op> other`` for an op built as ``general`` builds it.
+
+    Two tensors of the default graph (a chain of ``x + y``) go straight to
+    ``_create_op``: there is nothing to convert, and ``general`` (the op's public
+    constructor) would pick that graph and make the same op named ``name``.
+    Only ever called as a TensorOperators method: both frames are asyncflow's.
+    """
+    def operator(self: Tensor, other: Any) -> Tensor:
+        if type(other) is Tensor and type(self) is Tensor:
+            graph = self._op._graph
+            stack = _default.stack
+            if other._op._graph is graph and type(graph) is Graph and \
+                    (stack[-1] if stack else _global_graph) is graph:
+                out = graph._create_op(op_type, (self, other), None, name, (), 3, True)._out
+                return out if isinstance(out, Tensor) else out[0]
+        return general(self, other)
+
+    return operator
 
 
 # -- default graph --------------------------------------------------------------

@@ -22,13 +22,7 @@ import numpy as np
 from asyncflow import dtypes, errors
 from asyncflow.framework import graph as graph_module
 from asyncflow.framework import registry
-from asyncflow.framework.graph import (
-    Graph,
-    Operation,
-    Tensor,
-    convert_to_tensor,
-    get_default_graph,
-)
+from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape, broadcast_shapes, unknown_shape
 from asyncflow.ops._base import (
     binary_inputs,
@@ -1059,8 +1053,8 @@ def where(condition: Any, x: Any = None, y: Any = None, name: str | None = None)
 def _binary_operator(fn: Callable[..., Tensor], name: str, op_type: str | None = None
                      ) -> tuple[Callable[[Tensor, Any], Tensor], Callable[[Tensor, Any], Tensor]]:
     """The forward and reflected operator of ``fn``.  With ``op_type`` (``fn`` is
-    ``_binary(op_type, ...)``), two tensors go straight to the op: there is nothing
-    to convert, and a long chain of ``x + y`` is built op by op."""
+    ``_binary(op_type, ...)``), two tensors go straight to the op (see
+    ``graph._binary_operator``): a long chain of ``x + y`` is built op by op."""
     def forward(self: Tensor, other: Any) -> Tensor:
         return fn(self, other, name=name)
 
@@ -1069,20 +1063,7 @@ def _binary_operator(fn: Callable[..., Tensor], name: str, op_type: str | None =
 
     if op_type is None:
         return forward, reflected
-
-    def forward_fast(self: Tensor, other: Any) -> Tensor:
-        # Only ever called by a graph.TensorOperators method: the frames of both are
-        # asyncflow's (depth 3 of _create_op starts the creation-site search above).
-        if type(other) is Tensor and type(self) is Tensor:
-            graph = self._op._graph
-            if other._op._graph is graph and type(graph) is Graph and \
-                    get_default_graph() is graph:  # what make_op would pick
-                return graph._create_op(op_type, (self, other), None, name, (), 3,
-                                        True)._outputs[0]
-            return make_op(op_type, (self, other), name=name)._outputs[0]
-        return fn(self, other, name=name)
-
-    return forward_fast, reflected
+    return graph_module._binary_operator(op_type, name, forward), reflected
 
 
 def _matmul_named(a: Any, b: Any, name: str) -> Tensor:

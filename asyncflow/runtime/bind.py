@@ -101,7 +101,9 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
     """Instantiate the kernels of ``plan`` for ``device`` (and ``resources``)."""
     kernel_cache: dict[str, registry.KernelDef] = {}
     static: dict[str, tuple[Callable[..., Any], int]] = {}  # kernels of static factories
-    merges = {i for i, node in enumerate(plan.nodes) if node.op == "Merge"}
+    # A Merge is control flow: a plan without frame information has none.
+    merges = {i for i, node in enumerate(plan.nodes) if node.op == "Merge"} \
+        if plan.frames is not None else set()
     merge_inputs = {p for p, cons in enumerate(plan.consumers)
                     if any(c in merges for c in cons)} if merges else set()
     nodes: list[BoundNode] = []

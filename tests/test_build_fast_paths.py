@@ -1,0 +1,236 @@
+"""The graph-building fast paths give what the general paths give.
+
+``x + y`` on two tensors of the default graph goes straight to ``Graph._create_op``
+(graph._binary_operator), and an op built while no scope block is open on its graph
+skips the per-thread context stacks.  Each test builds the same ops both ways and
+compares names, types, dtypes, shapes, inputs, control inputs, devices, creation
+lines and errors.  A large compile promotes what it made to the oldest GC
+generation, never thawing objects the application froze.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+import asyncflow as af
+from asyncflow import session as session_module
+
+
+@pytest.fixture
+def g() -> Iterator[af.Graph]:
+    graph = af.Graph()
+    with graph.as_default():
+        yield graph
+
+
+def _line() -> int:
+    """The line of the caller."""
+    return inspect.currentframe().f_back.f_lineno  # type: ignore[union-attr]
+
+
+def _same_op(fast: af.Operation, general: af.Operation) -> None:
+    assert fast.type == general.type
+    assert fast.inputs == general.inputs
+    assert fast.control_inputs == general.control_inputs
+    assert fast.device == general.device
+    assert fast.attrs == general.attrs
+    assert [(t.dtype, t.shape) for t in fast.outputs] == \
+        [(t.dtype, t.shape) for t in general.outputs]
+
+
+OPERATORS: list[tuple[Callable[[af.Tensor, af.Tensor], af.Tensor],
+                      Callable[..., af.Tensor], str]] = [
+    (lambda a, b: a + b, af.add, "add"),
+    (lambda a, b: a - b, af.subtract, "sub"),
+    (lambda a, b: a * b, af.multiply, "mul"),
+    (lambda a, b: a // b, af.floordiv, "floordiv"),
+    (lambda a, b: a % b, af.mod, "mod"),
+    (lambda a, b: a ** b, af.pow, "pow"),
+    (lambda a, b: a < b, af.less, "Less"),
+    (lambda a, b: a >= b, af.greater_equal, "GreaterEqual"),
+]
+
+
+@pytest.mark.parametrize(("operator", "constructor", "name"), OPERATORS,
+                         ids=[name for _, _, name in OPERATORS])
+def test_operator_on_two_tensors_builds_what_the_constructor_builds(
+        g: af.Graph, operator: Callable[[af.Tensor, af.Tensor], af.Tensor],
+        constructor: Callable[..., af.Tensor], name: str) -> None:
+    x = af.placeholder(af.float32, shape=(None, 3), name="x")
+    y = af.constant(np.ones((2, 1), np.float32), name="y")
+    fast = operator(x, y)
+    general = constructor(x, y, name=name)
+    again = operator(x, y)
+    assert (fast.op.name, general.op.name, again.op.name) == (name, f"{name}_1", f"{name}_2")
+    _same_op(fast.op, general.op)
+    assert fast.shape.as_list() == [2, 3]
+
+
+async def test_a_chain_of_operators_runs_and_names_every_op(g: af.Graph) -> None:
+    x0 = af.placeholder(af.float32, shape=(), name="x")
+    one = af.constant(np.float32(1.0), name="one")
+    x = x0
+    for _ in range(50):
+        x = x + one
+    assert x.op.name == "add_49"
+    assert [op.name for op in g.get_operations()][2:5] == ["add", "add_1", "add_2"]
+    async with af.Session(graph=g) as sess:
+        assert float(await sess.run(x, {x0: 0.0})) == 50.0
+
+
+def test_operator_names_skip_names_taken_explicitly(g: af.Graph) -> None:
+    x = af.constant(1.0, name="x")
+    af.identity(x, name="add_1")
+    af.identity(x, name="ADD_2")  # names collide regardless of case, as in TF
+    names = [(x + x).op.name for _ in range(4)]
+    assert names == ["add", "add_3", "add_4", "add_5"]
+
+
+def test_operator_inside_scopes_takes_the_general_path(g: af.Graph) -> None:
+    x = af.placeholder(af.float32, shape=(), name="x")
+    y = af.constant(2.0, name="y")
+    gate = af.no_op(name="gate")
+    with g.name_scope("s"), g.control_dependencies([gate]), g.device("/cpu:0"):
+        inside = x * y
+    after = x * y
+    assert inside.op.name == "s/mul"
+    assert inside.op.control_inputs == (gate,)
+    assert inside.op.device == "/cpu:0"
+    assert after.op.name == "mul"  # the scope is closed: nothing carried over
+    assert after.op.control_inputs == ()
+    assert after.op.device == ""
+    with g.colocate_with(x):
+        colocated = x * y
+    assert colocated.op.get_attr("_class") == ["loc:@x"]
+    assert "_class" not in (x * y).op.attrs
+
+
+def test_a_scope_open_in_another_thread_does_not_leak(g: af.Graph) -> None:
+    x = af.placeholder(af.float32, shape=(), name="x")
+    gate = af.no_op(name="gate")
+    opened, built = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with g.as_default(), g.name_scope("other"), g.control_dependencies([gate]):
+            opened.set()
+            built.wait(10)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert opened.wait(10)
+        t = x + x  # this thread has no scope open, although the graph has one
+        assert t.op.name == "add"
+        assert t.op.control_inputs == ()
+    finally:
+        built.set()
+        thread.join(10)
+    assert g._scopes == 0
+
+
+def test_operator_on_tensors_of_another_graph_builds_there() -> None:
+    g = af.Graph()
+    with g.as_default():
+        x = af.constant(1.0, name="x")
+    with af.Graph().as_default():
+        t = x + x  # as make_op: the inputs' graph
+    assert t.graph is g
+    assert t.op.name == "add"
+
+
+def test_operator_errors_match_the_constructor(g: af.Graph) -> None:
+    x = af.placeholder(af.float32, shape=(2,), name="x")
+    i = af.placeholder(af.int32, shape=(2,), name="i")
+    s = af.placeholder(af.float32, shape=(3,), name="s")
+    b = af.placeholder(af.bool, shape=(2,), name="b")
+    with pytest.raises(TypeError) as fast:
+        x + i
+    with pytest.raises(TypeError) as general:
+        af.add(x, i, name="add")
+    assert str(fast.value) == str(general.value)
+    assert "while building op 'add'" in str(fast.value)
+    with pytest.raises(ValueError, match="Dimensions must be equal") as shape_error:
+        x - s
+    assert "while building op 'sub'" in str(shape_error.value)
+    with pytest.raises(TypeError, match="expected a numeric dtype"):
+        b * b
+    # A failed op leaves no name behind.
+    assert (x + x).op.name == "add"
+
+
+def test_creation_site_of_an_operator_is_the_user_line(g: af.Graph) -> None:
+    x = af.placeholder(af.float32, shape=(), name="x")
+    line = _line() + 1
+    t = x + x
+    assert t.op.traceback == f"{__file__}:{line}"
+
+    def helper(a: af.Tensor) -> af.Tensor:
+        return a * a  # the user's helper is user code too
+
+    helper_line = inspect.getsourcelines(helper)[1] + 1
+    assert helper(x).op.traceback == f"{__file__}:{helper_line}"
+
+
+async def test_runtime_error_names_the_operator_line(g: af.Graph) -> None:
+    x = af.placeholder(af.int32, shape=(), name="x")
+    zero = af.constant(0, name="zero")
+    line = _line() + 1
+    bad = x // zero
+    async with af.Session(graph=g) as sess:
+        with pytest.raises(af.errors.InvalidArgumentError) as err:
+            await sess.run(bad, {x: 1})
+    assert err.value.node_name == "floordiv"
+    assert f"{__file__.rsplit('/', 1)[-1]}:{line}" in str(err.value)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3])
+def test_inputs_and_outputs_read_back_as_tuples(g: af.Graph, n: int) -> None:
+    xs = [af.constant(float(k), name=f"c{k}") for k in range(n)]
+    if n == 0:
+        op = af.no_op(name="op")
+    elif n == 1:
+        op = af.identity(xs[0], name="op").op
+    else:
+        op = af.add_n(xs, name="op").op
+    assert op.inputs == tuple(xs)
+    assert isinstance(op.inputs, tuple)
+    assert op.outputs == tuple(op.values())
+    assert len(op.outputs) == (0 if n == 0 else 1)
+    for t in xs:
+        assert op in t.consumers() or n == 0
+
+
+def test_a_large_compile_promotes_its_objects_but_never_thaws_the_application_s(
+        g: af.Graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session_module, "_PROMOTE_AFTER", 1_000)
+    x0 = af.placeholder(af.float32, shape=(), name="x")
+    one = af.constant(np.float32(1.0), name="one")
+    x = x0
+    for _ in range(2_000):
+        x = x + one
+
+    async def run() -> float:
+        async with af.Session(graph=g) as sess:
+            return float(await sess.run(x, {x0: 0.0}))
+
+    assert gc.isenabled()
+    assert asyncio.run(run()) == 2_000.0
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == 0  # promoted: frozen and thawed at once
+    frozen = [object() for _ in range(10)]
+    gc.freeze()
+    try:
+        count = gc.get_freeze_count()
+        assert asyncio.run(run()) == 2_000.0
+        assert gc.get_freeze_count() == count  # the application's stay frozen
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+    del frozen
