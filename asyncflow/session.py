@@ -19,15 +19,13 @@ in-flight steps) holds nothing bound to an event loop, so one session serves
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
-import gc
 import logging
 import random
 import threading
 import traceback
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from types import TracebackType
@@ -53,6 +51,7 @@ from asyncflow.runtime.barrier import ExecutorBarrier, StepRunner
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
+from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.progress import ProgressTracker
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
@@ -601,7 +600,7 @@ class Session:
             with self._compile_lock:
                 call = self._cache.get(key)
                 if call is None:
-                    with _gc_paused():
+                    with gc_paused():
                         call = self._compile(fetches, feed_keys)
                     self._cache[key] = call
                     with self._counter_lock:
@@ -757,34 +756,6 @@ def _clear_frames(exc: BaseException | None) -> None:
     while exc is not None:
         traceback.clear_frames(exc.__traceback__)
         exc = exc.__context__
-
-
-#: Young objects a compile must leave behind before they are promoted (see _gc_paused).
-_PROMOTE_AFTER = 50_000
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Compiling makes several objects per node and frees none: a cycle collection
-    pass over them in the middle is pure cost (30-50 % of a large first run).
-
-    On the way out, a compile that left many young objects (a large plan) has them
-    promoted to the oldest generation (``gc.freeze()`` + ``gc.unfreeze()`` moves every
-    tracked object there without a collection): they live as long as the plan cache,
-    and the young collection the next allocation would start finds nothing to free
-    in them after scanning them all (another third of a large first run).  Not when
-    the application froze objects itself: unfreezing would thaw them.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            if gc.get_count()[0] > _PROMOTE_AFTER and gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.unfreeze()
-            gc.enable()
 
 
 def _feed_name(key: Any) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from asyncflow import session as session_module
+from asyncflow.runtime import gc_pause
 
 
 @pytest.fixture
@@ -209,7 +209,7 @@ def test_inputs_and_outputs_read_back_as_tuples(g: af.Graph, n: int) -> None:
 
 def test_a_large_compile_promotes_its_objects_but_never_thaws_the_application_s(
         g: af.Graph, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(session_module, "_PROMOTE_AFTER", 1_000)
+    monkeypatch.setattr(gc_pause, "_PROMOTE_AFTER", 1_000)
     x0 = af.placeholder(af.float32, shape=(), name="x")
     one = af.constant(np.float32(1.0), name="one")
     x = x0

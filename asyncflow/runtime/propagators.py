@@ -51,6 +51,7 @@ from asyncflow.compiler.control_flow import (
 )
 from asyncflow.compiler.schedule import static_order
 from asyncflow.framework import registry
+from asyncflow.runtime.gc_pause import gc_paused
 
 if TYPE_CHECKING:
     from asyncflow.compiler.control_flow import FrameInfo
@@ -462,7 +463,8 @@ class StaticSchedule:
             self.runs = runs = self.runs + 1
             if runs <= SCHEDULE_AFTER:
                 return None
-            blocks = self.blocks = self._build()
+            with gc_paused():  # ~10x faster for a large plan in a large heap
+                blocks = self.blocks = self._build()
         return blocks
 
     def _build(self) -> tuple[tuple[tuple[Any, ...], ...], ...] | None:
