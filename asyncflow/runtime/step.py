@@ -1116,14 +1116,21 @@ def _exec_stats(names: tuple[str, str, str], kind: str, start: float, end: float
                          _node_outputs(outputs), key, frame, iteration)
 
 
+#: The NodeOutput of a numpy scalar output, by (output index, scalar type).
+_SCALAR_OUTPUTS: dict[tuple[int, type], NodeOutput] = {}
+
+
 def _node_outputs(infos: tuple[Any, ...]) -> list[NodeOutput]:
     outs = []
     for k, info in enumerate(infos):
         if info is None:
             continue
-        if isinstance(info, type):  # a numpy scalar
-            name, size = _dtype_info(info)
-            outs.append(NodeOutput(k, (), name, size))
+        if isinstance(info, type):  # a numpy scalar: one shared (frozen) NodeOutput
+            out = _SCALAR_OUTPUTS.get((k, info))
+            if out is None:
+                name, size = _dtype_info(info)
+                out = _SCALAR_OUTPUTS[(k, info)] = NodeOutput(k, (), name, size)
+            outs.append(out)
         else:
             shape, dtype, nbytes = info
             outs.append(NodeOutput(k, tuple(shape), _dtype_info(dtype)[0], int(nbytes)))
