@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
+from asyncflow.framework import graph as graph_module
 from asyncflow.runtime import gc_pause
 
 
@@ -234,3 +235,55 @@ def test_a_large_compile_promotes_its_objects_but_never_thaws_the_application_s(
     finally:
         gc.unfreeze()
     del frozen
+
+
+def test_operator_fast_op_has_every_field_the_general_path_sets(g: af.Graph) -> None:
+    # _create_binary_op fills Operation's slots one by one: none may be left unset or
+    # differ from what _create_op sets (but the name and the creation line).
+    x = af.placeholder(af.float32, shape=(), name="x")
+    y = af.constant(np.float32(2.0), name="y")
+    fast = (x + y).op
+    general = g._create_op("Add", (x, y), None, "add", (), 1, True)
+    assert general.name == "add_1"
+    for slot in af.Operation.__slots__:
+        if slot in ("__weakref__", "_name", "_line", "_out"):
+            continue
+        assert getattr(fast, slot) == getattr(general, slot), slot
+    assert fast._out.op is fast
+    assert fast._out.value_index == 0
+    assert (fast._out.dtype, fast._out.shape) == (general._out.dtype, general._out.shape)
+    assert fast.attrs is not general.attrs  # each op its own attribute dict
+
+
+def test_a_large_graph_promotes_its_objects_but_never_thaws_the_application_s(
+        g: af.Graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(graph_module, "_PROMOTE_MASK", 63)
+    x = af.constant(np.float32(1.0), name="x")
+    gc.collect()
+    young: list[object] = [[]]  # tracked, and young until the graph's 64th op
+    assert any(o is young for o in gc.get_objects(generation=0))
+    for _ in range(62):
+        x = x + x
+    assert not any(o is young for o in gc.get_objects(generation=2))
+    x = x + x
+    assert len(g.get_operations()) == 64
+    assert any(o is young for o in gc.get_objects(generation=2))  # promoted
+    assert any(o is x.op for o in gc.get_objects(generation=2))
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # the application's own: a graph growing must not thaw them
+    try:
+        count = gc.get_freeze_count()
+        for _ in range(128):
+            x = x + x
+        assert gc.get_freeze_count() == count
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    try:
+        for _ in range(128):
+            x = x * x
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert len(g.get_operations()) == 64 + 256

@@ -13,6 +13,7 @@ first stack frame outside asyncflow), so runtime errors can point at that line.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import threading
@@ -42,6 +43,29 @@ __all__ = [
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _find_op_def = registry.find_op_def
+_new_operation = object.__new__
+
+#: A graph promotes the young objects every ``_PROMOTE_MASK + 1`` ops it adds.
+_PROMOTE_MASK = (1 << 12) - 1
+
+
+def _promote_young() -> None:
+    """Move every young GC-tracked object to the oldest generation without a collection.
+
+    A graph's ops and tensors live as long as the graph and reference each other: each
+    young and middle collection scans them for nothing, and as they pile up in the
+    oldest generation they trigger full collections of the whole heap (a fifth of the
+    time to build a 100,000-op chain).  ``gc.freeze()`` + ``gc.unfreeze()`` moves them
+    (and whatever else is young at that moment) to the oldest generation in constant
+    time, without counting towards the next full collection, as ``gc_paused`` does after
+    a large compile.  The application's young garbage cycles of that moment (at most a
+    young and a middle generation's worth, every 4,096 ops) wait for the next full
+    collection.  Not when the collector is off, nor when the application froze objects
+    itself: unfreezing would thaw them.
+    """
+    if gc.isenabled() and gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
 
 
 class SupportsTensor(Protocol):
@@ -649,9 +673,84 @@ class Graph:
                     Tensor(op, i, dt, shape if isinstance(shape, TensorShape)
                            else as_shape(shape))
                     for i, (dt, shape) in enumerate(specs))
-            self._ops.append(op)
+            ops = self._ops
+            ops.append(op)
             self._by_name[full_name] = op
+        if not len(ops) & _PROMOTE_MASK:
+            _promote_young()
         return op
+
+    def _create_binary_op(self, op_type: str, x: Tensor, y: Tensor, name: str,
+                          key: str) -> Tensor:
+        """``_create_op(op_type, (x, y), None, name, (), 3, True)``'s output, for the
+        operator fast path (``x + y``) when no scope block is open on this graph and
+        no function shadows ``op_type``: the caller checked that ``x`` and ``y`` are
+        tensors of this graph, ``name`` is asyncflow's own and ``key`` is
+        ``name.lower()``.  The same op, made with the steps that cannot apply skipped
+        (no control inputs, context, device, colocation, attributes, scope) and the
+        name reserved inline; ``_create_op`` stays the reference
+        (tests/test_build_fast_paths.py compares every field).
+        """
+        op_def = _find_op_def(op_type) or registry.get_op_def(op_type)
+        caller: Any = sys._getframe(3)  # above this method, the operator, __add__
+        while caller is not None:
+            code = caller.f_code
+            if not code.co_filename.startswith(_PACKAGE_DIR):
+                file, line = code.co_filename, caller.f_lineno
+                break
+            caller = caller.f_back
+        else:
+            file, line = "<unknown>", 0
+        inputs = (x, y)
+        with self._lock:
+            if self._finalized:
+                raise RuntimeError(f"cannot add op of type {op_type!r}: graph {self!r} is "
+                                   f"finalized")
+            names = self._names_in_use  # as _reserve_name_locked, inline
+            i = names.get(key, 0)
+            names[key] = i + 1
+            if i:
+                full_name = f"{key}_{i}"
+                while full_name in names:
+                    i += 1
+                    full_name = f"{key}_{i}"
+                names[full_name] = 1
+                if name != key:
+                    full_name = f"{name}_{i}"
+            else:
+                full_name = name
+            try:
+                specs = op_def.shape_fn(inputs, {})
+            except (TypeError, ValueError) as exc:
+                self._release_name_locked(full_name)
+                raise type(exc)(f"{exc} (while building op {full_name!r} of type "
+                                f"{op_type})") from None
+            except Exception:
+                self._release_name_locked(full_name)
+                raise
+            ((dt, shape),) = specs  # the binary operators' ops have one output
+            op = _new_operation(Operation)  # as Operation.__init__, field by field
+            op._graph = self
+            op._name = full_name
+            op._type = op_type
+            op._in0 = x
+            op._in1 = y
+            op._control_inputs = ()
+            op._attrs = {}
+            op._device = ""
+            op._file = file
+            op._line = line
+            op._op_def = op_def
+            op._ctx = None
+            op._ir = None
+            op._out = out = Tensor(op, 0, dt, shape if isinstance(shape, TensorShape)
+                                   else as_shape(shape))
+            ops = self._ops
+            ops.append(op)
+            self._by_name[full_name] = op
+        if not len(ops) & _PROMOTE_MASK:
+            _promote_young()
+        return out
 
     def _check_inputs(self, op_type: str, inputs: tuple[Any, ...]) -> None:
         for i, t in enumerate(inputs):
@@ -966,12 +1065,16 @@ def _binary_operator(op_type: str, name: str, general: Callable[[Any, Any], Tens
     constructor) would pick that graph and make the same op named ``name``.
     Only ever called as a TensorOperators method: both frames are asyncflow's.
     """
+    key = name.lower()
+
     def operator(self: Tensor, other: Any) -> Tensor:
         if type(other) is Tensor and type(self) is Tensor:
             graph = self._op._graph
             stack = _default.stack
             if other._op._graph is graph and type(graph) is Graph and \
                     (stack[-1] if stack else _global_graph) is graph:
+                if not graph._scopes and not graph._functions:
+                    return graph._create_binary_op(op_type, self, other, name, key)
                 out = graph._create_op(op_type, (self, other), None, name, (), 3, True)._out
                 return out if isinstance(out, Tensor) else out[0]
         return general(self, other)
