@@ -1074,7 +1074,10 @@ def _node_stats(bound: BoundPlan, records: list[Any],
     plan ran in index order, else sorted stably) and their stats made in a tight loop
     (:func:`_inline_stats`); a record goes before the compact nodes that ended at the
     same time."""
-    with gc_paused():  # a large step's stats are many new objects, none of them cyclic
+    # A large step's stats are many new objects, none of them cyclic, kept as long as
+    # the RunMetadata: no collection while they are made, and they start old (else
+    # the next young collection, right after the read, scans them all for nothing).
+    with gc_paused(promote_after=5_000):
         return _make_node_stats(bound, records, compact, tid)
 
 
