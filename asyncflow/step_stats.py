@@ -44,6 +44,9 @@ class NodeExecStats:
     ``"send"`` or ``"recv"``.
     """
 
+    # runtime/step.py's _inline_stats sets every field directly (the hot loop of reading
+    # a traced step's stats): a field added here is set there too (a test compares).
+
     node_name: str
     op_type: str = ""
     kind: str = "inline"

@@ -6,6 +6,8 @@ iteration).  The same nodes must give the same stats whichever path ran them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import pickle
 import threading
 import time
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from asyncflow.step_stats import DeviceStepStats, NodeExecStats
+from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput
 
 TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
 
@@ -201,3 +203,120 @@ async def test_tracing_is_the_same_on_every_run_of_a_plan(graph: af.Graph) -> No
             assert starts == sorted(starts), k
     assert all(s == seen[0] for s in seen)
     assert seen[0]["parts"][-1] == ((0, (), "float32", 4), (1, (), "float32", 4))
+
+
+def _straightforward_stats(bound: Any, records: list[Any], compact: Any,
+                           tid: int) -> list[NodeExecStats]:
+    """A traced step's records made into NodeExecStats the plain way (every event in
+    one list sorted by (end, seq), each made by the dataclass's constructor): what the
+    optimised build in runtime/step.py must give, field by field."""
+    events: list[tuple[float, int, Any]] = []
+    for seq, r in enumerate(records):
+        if type(r) is float:
+            events.append((r, seq, None))
+        elif isinstance(r, NodeExecStats):
+            events.append(((r.all_start_micros + r.all_end_rel_micros) / 1e6, seq, r))
+        else:
+            events.append((r[3], seq, r))
+    infos: list[Any] = []
+    if compact is not None:
+        ends, infos = compact
+        events.extend((end, len(records) + i, i) for i, end in enumerate(ends) if end)
+    events.sort(key=lambda e: (e[0], e[1]))
+
+    def outputs(info: tuple[Any, ...]) -> list[NodeOutput]:
+        outs = []
+        for k, o in enumerate(info):
+            if o is None:
+                continue
+            if isinstance(o, type):
+                d = np.dtype(o)
+                outs.append(NodeOutput(slot=k, shape=(), dtype=d.name, requested_bytes=d.itemsize))
+            else:
+                shape, dtype, nbytes = o
+                outs.append(NodeOutput(slot=k, shape=tuple(shape), dtype=np.dtype(dtype).name,
+                                       requested_bytes=int(nbytes)))
+        return outs
+
+    def make(i: int, kind: str, start: float, end: float, thread: int, info: Any, key: str,
+             label: tuple[str, int] | None) -> NodeExecStats:
+        op = bound.ops[i]
+        frame, iteration = label if label is not None else ("", 0)
+        timeline = f"{op.name} = {op.type}()" + (
+            f" [frame {frame} iter {iteration}]" if frame else "")
+        start_us = int(start * 1e6)
+        dur = int(end * 1e6) - start_us
+        return NodeExecStats(
+            node_name=op.name, op_type=op.type, kind=kind, scheduled_micros=start_us,
+            all_start_micros=start_us, op_start_rel_micros=0, op_end_rel_micros=dur,
+            all_end_rel_micros=dur, thread_id=thread, timeline_label=timeline,
+            output=outputs(info), rendezvous_key=key, frame_name=frame, iter_id=iteration)
+
+    out = []
+    last = 0.0
+    for end, _, r in events:
+        if r is None:
+            last = end
+        elif type(r) is int:
+            start, last = last or end, end
+            info = infos[r]
+            out.append(make(r, "inline", start, end, tid,
+                            (info,) if bound.nodes[r].num_outputs == 1 else info, "", None))
+        elif isinstance(r, NodeExecStats):
+            out.append(r)
+        else:
+            i, kind, start, end, thread, info, key, label = r
+            if thread == tid:
+                last = end
+            out.append(make(i, kind, start, end, thread, info, key, label))
+    return out
+
+
+def _fields(ns: NodeExecStats) -> tuple[Any, ...]:
+    return tuple(getattr(ns, f.name) for f in dataclasses.fields(NodeExecStats))
+
+
+def test_stats_made_fast_equal_those_made_plainly(graph: af.Graph) -> None:
+    # Inline (compact and not), async, thread, send/recv and loop nodes; the optimised
+    # build of each step's stats equals the plain one field by field.
+    x, fetches, awaited, looped = _graph()
+
+    def slow(v: Any) -> Any:
+        time.sleep(0.001)
+        return v
+
+    with af.device("/cpu:1"):
+        far = af.multiply(fetches[1], 3.0, name="far")             # total -> /cpu:1: send/recv
+        threaded = af.py_func(slow, [far], af.float32, expensive=True, name="threaded")
+    out = af.add(threaded, fetches[1], name="out")
+    feed = {x: np.arange(6, dtype=np.float32).reshape(2, 3)}
+    config = af.SessionConfig(device_count={"CPU": 2})
+
+    mds: list[af.RunMetadata] = []  # not the coroutine's result: asyncio may repr that
+
+    async def traced_runs() -> None:
+        async with af.Session(graph=graph, config=config) as sess:
+            for f in (fetches, [*fetches, awaited], [*fetches, looped], [*fetches, out]):
+                for _ in range(3):  # later runs of a plan may replay its static schedule
+                    md = af.RunMetadata()
+                    await sess.run(f, feed, options=TRACE, run_metadata=md)
+                    mds.append(md)
+
+    kinds: set[str] = set()
+    framed = 0
+    asyncio.run(traced_runs())
+    for md in mds:
+        for dev in md.step_stats.dev_stats:
+            build = dev._build
+            assert isinstance(build, functools.partial)  # not read yet
+            plain = _straightforward_stats(*build.args)
+            fast = dev.node_stats
+            assert [_fields(ns) for ns in fast] == [_fields(ns) for ns in plain]
+            assert fast == plain
+            assert all(type(ns) is NodeExecStats for ns in fast)
+            assert repr(fast) == repr(plain)
+            assert pickle.loads(pickle.dumps(fast)) == plain
+            kinds.update(ns.kind for ns in fast)
+            framed += sum(bool(ns.frame_name) for ns in fast)
+    assert kinds == {"inline", "async", "thread", "send", "recv", "control"}
+    assert framed > 0

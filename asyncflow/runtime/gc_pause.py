@@ -19,7 +19,7 @@ _PROMOTE_AFTER = 50_000
 
 
 @contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused(promote_after: int = _PROMOTE_AFTER) -> Iterator[None]:
     """No cycle collection while the block runs.
 
     On the way out, a block that left many young objects (a large plan) has them
@@ -28,6 +28,8 @@ def gc_paused() -> Iterator[None]:
     and the young collection the next allocation would start finds nothing to free
     in them after scanning them all (another third of a large first run).  Not when
     the application froze objects itself: unfreezing would thaw them.
+    ``promote_after`` is how many young objects make a block large (a traced step's
+    stats, two objects per node kept as long as the RunMetadata, say fewer).
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -35,7 +37,7 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
-            if gc.get_count()[0] > _PROMOTE_AFTER and gc.get_freeze_count() == 0:
+            if gc.get_count()[0] > promote_after and gc.get_freeze_count() == 0:
                 gc.freeze()
                 gc.unfreeze()
             gc.enable()

@@ -69,6 +69,7 @@ from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel,
 from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.cancellation import _activate as _activate_cancellation
 from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
+from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.loop_fastpath import fast_loops
 from asyncflow.runtime.propagators import (
     Dead,
@@ -889,12 +890,13 @@ class _Traced:
     traced step allocates no closures, and so no reference cycles, per node), and the
     names NodeExecStats carry."""
 
-    __slots__ = ("_names", "_schedule", "nodes")
+    __slots__ = ("_inline", "_names", "_schedule", "nodes")
 
     def __init__(self, bound: BoundPlan) -> None:
         frames = bound.frames
         self.nodes = tuple(_traced_node(i, n, frames) for i, n in enumerate(bound.nodes))
         self._names: list[tuple[str, str, str]] | None = None
+        self._inline: list[tuple[str, str, str, bool]] | None = None
         self._schedule: tuple[Any, _TracedSchedule] | None = None
 
     def schedule(self, schedule: Any) -> _TracedSchedule:
@@ -916,6 +918,15 @@ class _Traced:
             names = self._names = [(op.name, op.type, f"{op.name} = {op.type}()")
                                    for op in bound.ops]
         return names
+
+    def inline(self, bound: BoundPlan) -> list[tuple[str, str, str, bool]]:
+        """Per node: its names and whether it has one output (its info is then recorded
+        bare), what the stats of a compact inline node need; made on first use."""
+        inline = self._inline
+        if inline is None:
+            inline = self._inline = [(*names, n.num_outputs == 1) for names, n
+                                     in zip(self.names(bound), bound.nodes, strict=True)]
+        return inline
 
 
 class _TracedSchedule:
@@ -1055,9 +1066,25 @@ def _node_stats(bound: BoundPlan, records: list[Any],
                 compact: tuple[array[float], list[Any]] | None,
                 tid: int) -> list[NodeExecStats]:
     """A traced step's raw records as TF's ``NodeExecStats``, in the order the nodes
-    ended (see "tracing" in :class:`Step`)."""
-    # Every event by the time it ended (ties: boundaries and records before the
-    # compact nodes, in the order they were made).
+    ended (see "tracing" in :class:`Step`).
+
+    The records (boundaries, node runs, nested steps' stats; few in a frame-free plan)
+    are sorted by when they ended, ties in the order they were made; the compact
+    inline nodes are taken from ``ends`` with numpy (already in end order when the
+    plan ran in index order, else sorted stably) and their stats made in a tight loop
+    (:func:`_inline_stats`); a record goes before the compact nodes that ended at the
+    same time."""
+    # A large step's stats are many new objects, none of them cyclic, kept as long as
+    # the RunMetadata: no collection while they are made, and they start old (else
+    # the next young collection, right after the read, scans them all for nothing).
+    with gc_paused(promote_after=5_000):
+        return _make_node_stats(bound, records, compact, tid)
+
+
+def _make_node_stats(bound: BoundPlan, records: list[Any],
+                     compact: tuple[array[float], list[Any]] | None,
+                     tid: int) -> list[NodeExecStats]:
+    # (end, seq, record): seq is unique, so the sort never compares records.
     events: list[tuple[float, int, Any]] = []
     for seq, r in enumerate(records):
         if type(r) is float:
@@ -1066,41 +1093,91 @@ def _node_stats(bound: BoundPlan, records: list[Any],
             events.append(((r.all_start_micros + r.all_end_rel_micros) / 1e6, seq, r))
         else:
             events.append((r[3], seq, r))
+    events.sort()
+    traced = _traced(bound)
+    names = traced.names(bound)
+    index: list[int] = []
+    micros: list[int] = []
+    cuts: list[int] = [0] * len(events)
     infos: list[Any] = []
     if compact is not None:
         ends, infos = compact
-        base = len(records)
-        events.extend((end, base + i, i) for i, end in enumerate(ends) if end)
-    events.sort(key=_time_and_seq)
-    names = _traced(bound).names(bound)
-    nodes = bound.nodes
+        at = np.frombuffer(ends, dtype=np.float64)
+        idx = np.flatnonzero(at)
+        times = at[idx]
+        if times.size > 1 and bool((times[1:] < times[:-1]).any()):
+            order = np.argsort(times, kind="stable")  # ties: by node index
+            idx, times = idx[order], times[order]
+        index = idx.tolist()
+        # int(t * 1e6) of each end: the product is the same double, the cast truncates.
+        micros = (times * 1e6).astype(np.int64).tolist()
+        if events:
+            cuts = np.searchsorted(times, [e[0] for e in events], side="left").tolist()
     out: list[NodeExecStats] = []
-    append = out.append
-    last = 0.0  # when the step's previous event on its own thread ended
-    for end, _, r in events:
+    inline = traced.inline(bound)
+    pos = 0
+    last = 0  # when the step's previous event on its own thread ended (us; 0: none yet)
+    for (end, _, r), cut in zip(events, cuts, strict=True):
+        if cut > pos:
+            last = _inline_stats(out, inline, infos, index[pos:cut], micros[pos:cut], last,
+                                 tid)
+            pos = cut
         if r is None:
-            last = end  # a boundary
-            continue
-        if type(r) is int:  # an inline node: it started where the step's last event ended
-            i = r
-            start = last or end
-            last = end
-            info = infos[i]
-            stats = _exec_stats(names[i], "inline", start, end, tid,
-                                (info,) if nodes[i].num_outputs == 1 else info, "", None)
+            last = int(end * 1e6)  # a boundary
         elif isinstance(r, NodeExecStats):
-            stats = r
+            out.append(r)
         else:
             i, kind, start, end, tid_r, outputs, key, label = r
             if tid_r == tid:
-                last = end
-            stats = _exec_stats(names[i], kind, start, end, tid_r, outputs, key, label)
-        append(stats)
+                last = int(end * 1e6)
+            out.append(_exec_stats(names[i], kind, start, end, tid_r, outputs, key, label))
+    if pos < len(index):
+        _inline_stats(out, inline, infos, index[pos:], micros[pos:], last, tid)
     return out
 
 
-def _time_and_seq(event: tuple[float, int, Any]) -> tuple[float, int]:
-    return event[0], event[1]
+def _inline_stats(out: list[NodeExecStats], inline: list[tuple[str, str, str, bool]],
+                  infos: list[Any], index: list[int], micros: list[int], last: int,
+                  tid: int) -> int:
+    """Append the stats of compact inline nodes ``index`` (in the order they ended,
+    at ``micros``) to ``out``: each started where the step's previous event ended
+    (``last``, in us; 0: when it ended).  Returns when the last one ended.
+
+    The hot loop of reading a traced step's stats: every field of the dataclass is set
+    directly (no keyword or ``__init__`` call per node; tests/test_tracing_paths.py
+    checks the result field by field against the constructor's)."""
+    new = object.__new__
+    cls = NodeExecStats
+    append = out.append
+    scalars = _FIRST_SCALAR_OUTPUTS
+    for i, end in zip(index, micros, strict=True):
+        start = last or end
+        last = end
+        name, op_type, timeline, single = inline[i]
+        info = infos[i]
+        if not single:
+            output = _node_outputs(info)
+        elif type(info) is type:  # a numpy scalar's type: its shared NodeOutput
+            o = scalars.get(info)
+            output = [o if o is not None else _scalar_output(0, info)]
+        else:
+            output = _node_outputs((info,))
+        s = new(cls)
+        s.node_name = name
+        s.op_type = op_type
+        s.kind = "inline"
+        s.scheduled_micros = start
+        s.all_start_micros = start
+        s.op_start_rel_micros = 0
+        s.op_end_rel_micros = s.all_end_rel_micros = end - start
+        s.thread_id = tid
+        s.timeline_label = timeline
+        s.output = output
+        s.rendezvous_key = ""
+        s.frame_name = ""
+        s.iter_id = 0
+        append(s)
+    return last
 
 
 def _exec_stats(names: tuple[str, str, str], kind: str, start: float, end: float, tid: int,
@@ -1116,8 +1193,21 @@ def _exec_stats(names: tuple[str, str, str], kind: str, start: float, end: float
                          _node_outputs(outputs), key, frame, iteration)
 
 
-#: The NodeOutput of a numpy scalar output, by (output index, scalar type).
+#: The NodeOutput of a numpy scalar output, by (output index, scalar type); and of
+#: output 0 by scalar type.
 _SCALAR_OUTPUTS: dict[tuple[int, type], NodeOutput] = {}
+_FIRST_SCALAR_OUTPUTS: dict[type, NodeOutput] = {}
+
+
+def _scalar_output(k: int, scalar: type) -> NodeOutput:
+    """Output ``k`` of numpy scalar type ``scalar``: one shared (frozen) NodeOutput."""
+    out = _SCALAR_OUTPUTS.get((k, scalar))
+    if out is None:
+        name, size = _dtype_info(scalar)
+        out = _SCALAR_OUTPUTS[(k, scalar)] = NodeOutput(k, (), name, size)
+        if k == 0:
+            _FIRST_SCALAR_OUTPUTS[scalar] = out
+    return out
 
 
 def _node_outputs(infos: tuple[Any, ...]) -> list[NodeOutput]:
@@ -1125,12 +1215,8 @@ def _node_outputs(infos: tuple[Any, ...]) -> list[NodeOutput]:
     for k, info in enumerate(infos):
         if info is None:
             continue
-        if isinstance(info, type):  # a numpy scalar: one shared (frozen) NodeOutput
-            out = _SCALAR_OUTPUTS.get((k, info))
-            if out is None:
-                name, size = _dtype_info(info)
-                out = _SCALAR_OUTPUTS[(k, info)] = NodeOutput(k, (), name, size)
-            outs.append(out)
+        if isinstance(info, type):  # a numpy scalar
+            outs.append(_scalar_output(k, info))
         else:
             shape, dtype, nbytes = info
             outs.append(NodeOutput(k, tuple(shape), _dtype_info(dtype)[0], int(nbytes)))
