@@ -162,6 +162,7 @@ class Step:
         "_prop",
         "_recvs",
         "_rendezvous",
+        "_spare",
         "_stats",
         "_stopped",
         "_tasks",
@@ -179,6 +180,9 @@ class Step:
         self._cm = cancellation
         # Shared by the partitions of the step (None: waits are futures, see module doc).
         self._handoffs = handoffs
+        # A waiter the last recv offered but did not use (its value was there): the
+        # next recv offers it again, so only a recv that waits allocates one.
+        self._spare: _RecvWaiter | None = None
         # The step's context (numpy quiet, cancellation, tracing), for hand-offs run
         # from the event loop; taken at the first recv that waits.
         self._ctx: contextvars.Context | None = None
@@ -313,6 +317,7 @@ class Step:
         self._stopped = True
         self._rendezvous = None
         self._ctx = None
+        self._spare = None  # (it holds the step)
         if isinstance(self._prop, FramePropagator):
             self._prop.release()  # the frame tree of a step that failed inside a loop
 
@@ -477,8 +482,16 @@ class Step:
         if kind == _RECV:
             start = time.time() if self._stats is not None else 0.0
             if self._handoffs is not None:
-                waiter = (_RecvWaiter(self, token, i) if self._stats is None else
-                          _TracedRecvWaiter(self, token, i, (start, frame_id, iter_id)))
+                if self._stats is not None:
+                    waiter: _RecvWaiter = _TracedRecvWaiter(
+                        self, token, i, (start, frame_id, iter_id))
+                else:
+                    waiter = self._spare  # type: ignore[assignment]
+                    if waiter is None:
+                        waiter = self._spare = _RecvWaiter(self, token, i)
+                    else:
+                        waiter.token = token
+                        waiter.i = i
                 kernel = node.kernel
                 if type(kernel) is RecvKernel and not (frame_id or iter_id):
                     item = self._rendezvous.recv_or_wait(  # type: ignore[union-attr]
@@ -486,6 +499,7 @@ class Step:
                 else:
                     item = kernel(self._rendezvous, frame_id, iter_id, waiter)
                 if item is None:  # the matching send (or an abort) completes the waiter
+                    self._spare = None  # the rendezvous holds it now
                     self._outstanding += 1
                     if self._ctx is None:
                         self._ctx = contextvars.copy_context()
