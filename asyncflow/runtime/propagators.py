@@ -310,8 +310,9 @@ class PlainPropagator:
         if not kinds or (kinds[i] == CF_NONE and node.flow != _INLINE
                          and self._dead[i] is None):  # type: ignore[index]
             ins = node.inputs
-            step.dispatch(i, i, node, [vals[ins[0]]] if node.arity == 1 else
-                          [vals[s] for s in ins])
+            n = node.arity
+            step.dispatch(i, i, node, [vals[ins[0]]] if n == 1 else
+                          [vals[s] for s in ins] if n else [])
             return
         cf = self._kinds[i]
         if cf == CF_MERGE:

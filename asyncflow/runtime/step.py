@@ -454,30 +454,39 @@ class Step:
         if kind == _SEND:
             # Sends never block: done at once, like an inline node.  A dead value is
             # sent too, flagged, so the receiving device sees the branch was not taken.
-            start = time.time() if self._stats is not None else 0.0
+            stats = self._stats
+            start = time.time() if stats is not None else 0.0
             handoffs = self._handoffs
-            # The outermost send of a chain runs what the chain queues (module doc).
-            owner = handoffs is not None and handoffs.owner is None
-            if owner:
-                handoffs.owner = self  # type: ignore[union-attr]
-            try:
-                kernel = node.kernel
-                if type(kernel) is SendKernel and not (frame_id or iter_id):
-                    self._rendezvous.send(  # type: ignore[union-attr]
-                        kernel.key, args[0] if args else SEND_TOKEN, is_dead)
-                else:
-                    kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
-                if self._stats is not None:
-                    self._record_transfer(i, start, frame_id, iter_id)
-                self._prop.complete(token, None)
-                if owner and handoffs.queue:  # type: ignore[union-attr]
-                    self._run_handoffs(handoffs.queue)  # type: ignore[union-attr]
-            finally:
-                if owner:
-                    handoffs.owner = None  # type: ignore[union-attr]
-                    if handoffs.queue:  # type: ignore[union-attr]
+            kernel = node.kernel
+            if handoffs is not None and handoffs.owner is None:
+                # The outermost send of a chain runs what the chain queues (module doc).
+                handoffs.owner = self
+                queue = handoffs.queue
+                try:
+                    if type(kernel) is SendKernel and not (frame_id or iter_id):
+                        self._rendezvous.send(  # type: ignore[union-attr]
+                            kernel.key, args[0] if args else SEND_TOKEN, is_dead)
+                    else:
+                        kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
+                    if stats is not None:
+                        self._record_transfer(i, start, frame_id, iter_id)
+                    self._prop.complete(token, None)
+                    if queue:
+                        self._run_handoffs(queue)
+                finally:
+                    handoffs.owner = None
+                    if queue:
                         # (Only if this send raised after handing off: the loop runs them.)
-                        _later(handoffs.queue)  # type: ignore[union-attr]
+                        _later(queue)
+                return
+            if type(kernel) is SendKernel and not (frame_id or iter_id):
+                self._rendezvous.send(  # type: ignore[union-attr]
+                    kernel.key, args[0] if args else SEND_TOKEN, is_dead)
+            else:
+                kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
+            if stats is not None:
+                self._record_transfer(i, start, frame_id, iter_id)
+            self._prop.complete(token, None)
             return
         if kind == _RECV:
             start = time.time() if self._stats is not None else 0.0
