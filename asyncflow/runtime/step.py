@@ -471,8 +471,12 @@ class Step:
                     if stats is not None:
                         self._record_transfer(i, start, frame_id, iter_id)
                     self._prop.complete(token, None)
-                    if queue:
-                        self._run_handoffs(queue)
+                    if queue:  # most often one recv: run it here, the rest (if any) below
+                        until = time.perf_counter() + SLICE
+                        first = queue.popleft()
+                        first.step._handoff_drain(first, until)  # never this step
+                        if queue:
+                            _run_handoffs(queue, until)
                 finally:
                     handoffs.owner = None
                     if queue:
@@ -623,19 +627,6 @@ class Step:
         self._finish(token, i, Dead(self._bound.ops[i].name) if dead else value)
 
     # -- hand-offs (see the module docstring) ---------------------------------------------
-
-    def _run_handoffs(self, queue: deque[_RecvWaiter]) -> None:
-        """Run the completed recvs a chain of sends queued (this step's send is the
-        outermost).  After a time slice, the rest are left to the event loop."""
-        until = time.perf_counter() + SLICE
-        count = 0
-        while queue:
-            waiter = queue.popleft()
-            waiter.step._handoff_drain(waiter, until)  # never this step (see set_result)
-            count += 1
-            if not count % _HANDOFF_CHECK_EVERY and queue and time.perf_counter() >= until:
-                _later(queue)  # the slice is over: yield to the loop
-                return
 
     def _handoff_ready(self, waiter: _RecvWaiter) -> None:
         """A recv of this step, whose send is the outermost of the running chain (so the
@@ -820,6 +811,21 @@ class Step:
                 n.node_name = prefix + n.node_name
                 n.timeline_label = prefix + n.timeline_label
                 self._stats.append(n)  # already a NodeExecStats
+
+
+def _run_handoffs(queue: deque[_RecvWaiter], until: float) -> None:
+    """Run the rest of the completed recvs a chain of sends queued (the outermost send
+    ran the first one), each in the slice ending at ``until``.  After the slice, the
+    rest are left to the event loop."""
+    count = 1
+    while queue:
+        if not count % _HANDOFF_CHECK_EVERY and time.perf_counter() >= until:
+            _later(queue)  # the slice is over: yield to the loop
+            return
+        waiter = queue.popleft()
+        # Never the outermost send's step (see _RecvWaiter.set_result).
+        waiter.step._handoff_drain(waiter, until)
+        count += 1
 
 
 def _later(queue: deque[_RecvWaiter]) -> None:
