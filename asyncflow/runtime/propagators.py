@@ -263,8 +263,22 @@ class PlainPropagator:
         elif nout:
             vals[node.out:node.out + nout] = _check_outputs(v, nout)
         if self._dead is not None:
-            self._propagate(i, node, None)
-            return
+            if nout > 1:  # a live node's outputs may still be dead: look at each
+                self._propagate(i, node, None)
+                return
+            # One live output (or none: a send): no consumer turns dead through it,
+            # only a Merge counts it.  ``_propagate``, with the dead scan left out.
+            kinds = self._kinds
+            pending = self._pending
+            push = self._ready.append
+            for c in node.consumers:
+                if kinds[c] == CF_MERGE:
+                    self._merge_input(c, node.out, node.out + nout)
+                    continue
+                p = pending[c] - 1
+                pending[c] = p
+                if not p:
+                    push(c)
         for s in node.frees:  # _release, inline
             vals[s] = None
         if node.counted:
@@ -274,6 +288,8 @@ class PlainPropagator:
                 refs[s] = r  # type: ignore[index]
                 if not r:
                     vals[s] = None
+        if self._dead is not None:
+            return  # consumers readied above
         pending = self._pending
         push = self._ready.append
         for c in node.consumers:
@@ -288,10 +304,15 @@ class PlainPropagator:
         node = self._nodes[i]
         vals = self._vals
         step = self._step
-        if not self._kinds:  # no control flow, nothing dead: a node to dispatch
+        kinds = self._kinds
+        # No control flow, nothing dead: a node to dispatch (with cross-device edges,
+        # mostly a live send or recv).
+        if not kinds or (kinds[i] == CF_NONE and node.flow != _INLINE
+                         and self._dead[i] is None):  # type: ignore[index]
             ins = node.inputs
-            step.dispatch(i, i, node, [vals[ins[0]]] if node.arity == 1 else
-                          [vals[s] for s in ins])
+            n = node.arity
+            step.dispatch(i, i, node, [vals[ins[0]]] if n == 1 else
+                          [vals[s] for s in ins] if n else [])
             return
         cf = self._kinds[i]
         if cf == CF_MERGE:

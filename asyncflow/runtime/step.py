@@ -163,6 +163,7 @@ class Step:
         "_prop",
         "_recvs",
         "_rendezvous",
+        "_spare",
         "_stats",
         "_stopped",
         "_tasks",
@@ -180,6 +181,9 @@ class Step:
         self._cm = cancellation
         # Shared by the partitions of the step (None: waits are futures, see module doc).
         self._handoffs = handoffs
+        # A waiter the last recv offered but did not use (its value was there): the
+        # next recv offers it again, so only a recv that waits allocates one.
+        self._spare: _RecvWaiter | None = None
         # The step's context (numpy quiet, cancellation, tracing), for hand-offs run
         # from the event loop; taken at the first recv that waits.
         self._ctx: contextvars.Context | None = None
@@ -314,6 +318,7 @@ class Step:
         self._stopped = True
         self._rendezvous = None
         self._ctx = None
+        self._spare = None  # (it holds the step)
         if isinstance(self._prop, FramePropagator):
             self._prop.release()  # the frame tree of a step that failed inside a loop
 
@@ -450,36 +455,57 @@ class Step:
         if kind == _SEND:
             # Sends never block: done at once, like an inline node.  A dead value is
             # sent too, flagged, so the receiving device sees the branch was not taken.
-            start = time.time() if self._stats is not None else 0.0
+            stats = self._stats
+            start = time.time() if stats is not None else 0.0
             handoffs = self._handoffs
-            # The outermost send of a chain runs what the chain queues (module doc).
-            owner = handoffs is not None and handoffs.owner is None
-            if owner:
-                handoffs.owner = self  # type: ignore[union-attr]
-            try:
-                kernel = node.kernel
-                if type(kernel) is SendKernel and not (frame_id or iter_id):
-                    self._rendezvous.send(  # type: ignore[union-attr]
-                        kernel.key, args[0] if args else SEND_TOKEN, is_dead)
-                else:
-                    kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
-                if self._stats is not None:
-                    self._record_transfer(i, start, frame_id, iter_id)
-                self._prop.complete(token, None)
-                if owner and handoffs.queue:  # type: ignore[union-attr]
-                    self._run_handoffs(handoffs.queue)  # type: ignore[union-attr]
-            finally:
-                if owner:
-                    handoffs.owner = None  # type: ignore[union-attr]
-                    if handoffs.queue:  # type: ignore[union-attr]
+            kernel = node.kernel
+            if handoffs is not None and handoffs.owner is None:
+                # The outermost send of a chain runs what the chain queues (module doc).
+                handoffs.owner = self
+                queue = handoffs.queue
+                try:
+                    if type(kernel) is SendKernel and not (frame_id or iter_id):
+                        self._rendezvous.send(  # type: ignore[union-attr]
+                            kernel.key, args[0] if args else SEND_TOKEN, is_dead)
+                    else:
+                        kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
+                    if stats is not None:
+                        self._record_transfer(i, start, frame_id, iter_id)
+                    self._prop.complete(token, None)
+                    if queue:  # most often one recv: run it here, the rest (if any) below
+                        until = time.perf_counter() + SLICE
+                        first = queue.popleft()
+                        first.step._handoff_drain(first, until)  # never this step
+                        if queue:
+                            _run_handoffs(queue, until)
+                finally:
+                    handoffs.owner = None
+                    if queue:
                         # (Only if this send raised after handing off: the loop runs them.)
-                        _later(handoffs.queue)  # type: ignore[union-attr]
+                        _later(queue)
+                return
+            if type(kernel) is SendKernel and not (frame_id or iter_id):
+                self._rendezvous.send(  # type: ignore[union-attr]
+                    kernel.key, args[0] if args else SEND_TOKEN, is_dead)
+            else:
+                kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
+            if stats is not None:
+                self._record_transfer(i, start, frame_id, iter_id)
+            self._prop.complete(token, None)
             return
         if kind == _RECV:
             start = time.time() if self._stats is not None else 0.0
             if self._handoffs is not None:
-                waiter = (_RecvWaiter(self, token, i) if self._stats is None else
-                          _TracedRecvWaiter(self, token, i, (start, frame_id, iter_id)))
+                if self._stats is not None:
+                    waiter: _RecvWaiter = _TracedRecvWaiter(
+                        self, token, i, (start, frame_id, iter_id))
+                else:
+                    waiter = self._spare  # type: ignore[assignment]
+                    if waiter is None:
+                        waiter = self._spare = _RecvWaiter(self, token, i)
+                    else:
+                        waiter.token = token
+                        waiter.i = i
                 kernel = node.kernel
                 if type(kernel) is RecvKernel and not (frame_id or iter_id):
                     item = self._rendezvous.recv_or_wait(  # type: ignore[union-attr]
@@ -487,6 +513,7 @@ class Step:
                 else:
                     item = kernel(self._rendezvous, frame_id, iter_id, waiter)
                 if item is None:  # the matching send (or an abort) completes the waiter
+                    self._spare = None  # the rendezvous holds it now
                     self._outstanding += 1
                     if self._ctx is None:
                         self._ctx = contextvars.copy_context()
@@ -601,19 +628,6 @@ class Step:
         self._finish(token, i, Dead(self._bound.ops[i].name) if dead else value)
 
     # -- hand-offs (see the module docstring) ---------------------------------------------
-
-    def _run_handoffs(self, queue: deque[_RecvWaiter]) -> None:
-        """Run the completed recvs a chain of sends queued (this step's send is the
-        outermost).  After a time slice, the rest are left to the event loop."""
-        until = time.perf_counter() + SLICE
-        count = 0
-        while queue:
-            waiter = queue.popleft()
-            waiter.step._handoff_drain(waiter, until)  # never this step (see set_result)
-            count += 1
-            if not count % _HANDOFF_CHECK_EVERY and queue and time.perf_counter() >= until:
-                _later(queue)  # the slice is over: yield to the loop
-                return
 
     def _handoff_ready(self, waiter: _RecvWaiter) -> None:
         """A recv of this step, whose send is the outermost of the running chain (so the
@@ -798,6 +812,21 @@ class Step:
                 n.node_name = prefix + n.node_name
                 n.timeline_label = prefix + n.timeline_label
                 self._stats.append(n)  # already a NodeExecStats
+
+
+def _run_handoffs(queue: deque[_RecvWaiter], until: float) -> None:
+    """Run the rest of the completed recvs a chain of sends queued (the outermost send
+    ran the first one), each in the slice ending at ``until``.  After the slice, the
+    rest are left to the event loop."""
+    count = 1
+    while queue:
+        if not count % _HANDOFF_CHECK_EVERY and time.perf_counter() >= until:
+            _later(queue)  # the slice is over: yield to the loop
+            return
+        waiter = queue.popleft()
+        # Never the outermost send's step (see _RecvWaiter.set_result).
+        waiter.step._handoff_drain(waiter, until)
+        count += 1
 
 
 def _later(queue: deque[_RecvWaiter]) -> None:
