@@ -26,6 +26,26 @@ def _graph(kernel: Any) -> tuple[af.Graph, af.Tensor, af.Tensor]:
     return g, x, y
 
 
+class _Hang:
+    """An async kernel that waits until cancelled and notes that it was (``ended``);
+    ``started`` is set once it runs; ``swallow`` makes it return instead of re-raising."""
+
+    def __init__(self, swallow: bool = False) -> None:
+        self.started = asyncio.Event()
+        self.ended: list[str] = []
+        self.swallow = swallow
+
+    async def __call__(self, v: Any) -> Any:
+        self.started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            self.ended.append("cancelled")
+            if not self.swallow:
+                raise
+        return v
+
+
 async def test_lone_kernel_runs_in_the_callers_task_and_parallel_ones_in_tasks() -> None:
     seen: list[Any] = []
 
@@ -79,62 +99,32 @@ async def test_lone_kernel_error_names_the_node_and_session_stays_usable() -> No
 
 
 async def test_deadline_cancels_the_lone_kernel() -> None:
-    ended: list[str] = []
-
-    async def hang(v: Any) -> Any:
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            ended.append("cancelled")
-            raise
-        return v
-
+    hang = _Hang()
     g, x, y = _graph(hang)
     async with af.Session(graph=g) as sess:
         with pytest.raises(af.errors.DeadlineExceededError):
             await sess.run(y, {x: 1.0}, options=af.RunOptions(timeout_in_ms=30))
-        assert ended == ["cancelled"]
+        assert hang.ended == ["cancelled"]
         assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
         await asyncio.sleep(0)  # no cancellation is left pending on this task
 
 
 async def test_caller_cancellation_reaches_the_lone_kernel() -> None:
-    ended: list[str] = []
-    started = asyncio.Event()
-
-    async def hang(v: Any) -> Any:
-        started.set()
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            ended.append("cancelled")
-            raise
-        return v
-
+    hang = _Hang()
     g, x, y = _graph(hang)
     async with af.Session(graph=g) as sess:
         run = asyncio.ensure_future(sess.run(y, {x: 1.0}))
-        await started.wait()
+        await hang.started.wait()
         run.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run
-        assert ended == ["cancelled"]
+        assert hang.ended == ["cancelled"]
         assert sess.statistics().in_flight == 0
 
 
 @pytest.mark.parametrize("swallow", [False, True])
 async def test_close_aborts_the_lone_kernel_without_cancelling_the_caller(swallow: bool) -> None:
-    started = asyncio.Event()
-
-    async def hang(v: Any) -> Any:
-        started.set()
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            if not swallow:
-                raise
-        return v  # a kernel that swallows the cancellation still ends the step
-
+    hang = _Hang(swallow)  # a kernel that swallows the cancellation still ends the step
     g, x, y = _graph(hang)
     sess = af.Session(graph=g)
     outcome: list[Any] = []
@@ -151,7 +141,7 @@ async def test_close_aborts_the_lone_kernel_without_cancelling_the_caller(swallo
         outcome.append("went on")
 
     task = asyncio.ensure_future(caller())
-    await started.wait()
+    await hang.started.wait()
     await sess.close()
     await task
     assert isinstance(outcome[0], af.errors.CancelledError)
@@ -160,20 +150,10 @@ async def test_close_aborts_the_lone_kernel_without_cancelling_the_caller(swallo
 
 
 async def test_failure_on_another_device_aborts_the_lone_kernel() -> None:
-    started = asyncio.Event()
-    ended: list[str] = []
-
-    async def hang(v: Any) -> Any:
-        started.set()
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            ended.append("cancelled")
-            raise
-        return v
+    hang = _Hang()
 
     async def fail(v: Any) -> Any:
-        await started.wait()
+        await hang.started.wait()
         raise RuntimeError("device 1 broke")
 
     g = af.Graph()
@@ -187,6 +167,6 @@ async def test_failure_on_another_device_aborts_the_lone_kernel() -> None:
     async with af.Session(graph=g, config=TWO) as sess:
         with pytest.raises(af.errors.UnknownError, match="device 1 broke"):
             await sess.run(out, {x: 1.0})
-        assert ended == ["cancelled"]
+        assert hang.ended == ["cancelled"]
         assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
         await asyncio.sleep(0)
