@@ -288,12 +288,8 @@ class Session:
             # The common case without an extra coroutine: an all-inline plan runs in
             # this call (one that outlasts its first time slice goes on awaited).
             require_asyncio("Session.run")
-            step = self._runner(call, call.frame(feed_dict))
-            if call.inline_first:
-                values = self._inline(step)
-                if values is not None:
-                    return self._inline_done(call, step, values, None, run_metadata)
-            return await self._awaited(call, step, None, run_metadata)
+            done, out = self._begin(call, call.frame(feed_dict), None, run_metadata)
+            return out if done else await self._awaited(call, out, None, run_metadata)
         return await self._execute(call, call.frame(feed_dict), options, run_metadata)
 
     def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
@@ -396,12 +392,8 @@ class Session:
             frame = frame_of(feed_values, options, run_metadata)
             if options is None and self._admission is None:  # as run()
                 require_asyncio("Session.run")
-                step = self._runner(call, frame)
-                if call.inline_first:
-                    values = self._inline(step)
-                    if values is not None:
-                        return self._inline_done(call, step, values, None, run_metadata)
-                return await self._awaited(call, step, None, run_metadata)
+                done, out = self._begin(call, frame, None, run_metadata)
+                return out if done else await self._awaited(call, out, None, run_metadata)
             return await self._execute(call, frame, options, run_metadata)
 
         def run_sync(feed_values: tuple[Any, ...], options: RunOptions | None,
@@ -422,35 +414,33 @@ class Session:
         if self._admission is not None and not admitted:
             return await self._admitted(call, frame, options, run_metadata)
         trace = options is not None and _wants_trace(options, run_metadata)
-        step = self._runner(call, frame, trace)
-        if call.inline_first:
-            # The fast path (traced or not): no loop registration, no task; a step that
-            # outlasts its first time slice, or has async kernels that must wait, goes
-            # on awaited, yielding to the loop between budgets.
-            values = self._inline(step)
-            if values is not None:
-                return self._inline_done(call, step, values, options, run_metadata)
-        return await self._awaited(call, step, options, run_metadata)
+        done, out = self._begin(call, frame, options, run_metadata, trace)
+        return out if done else await self._awaited(call, out, options, run_metadata)
 
-    def _inline(self, step: StepRunner) -> list[Any] | None:
-        """The fast path of an all-inline step: no loop registration, no task.  Its
-        values, or None when it outlasts its first time slice (it then goes on awaited,
-        yielding to the loop between slices)."""
+    def _begin(self, call: _CompiledCall, frame: CallFrame, options: RunOptions | None,
+               run_metadata: RunMetadata | None, trace: bool = False) -> tuple[bool, Any]:
+        """Make the step and, on the fast path (``call.inline_first``, traced or not),
+        run its first time slice right here: no loop registration, no task.
+        ``(True, result)`` when it finished so; else ``(False, step)`` for
+        :meth:`_awaited` (a step that outlasts its slice, or has async kernels that
+        must wait, goes on there, yielding to the loop between budgets)."""
+        step = self._runner(call, frame, trace)
+        if not call.inline_first:
+            return False, step
         try:
-            return step.run_inline(SLICE)  # type: ignore[union-attr]
+            values = step.run_inline(SLICE)  # type: ignore[union-attr]
         except BaseException:
             step.release()
             self._count_failed()
             raise
-
-    def _inline_done(self, call: _CompiledCall, step: StepRunner, values: list[Any],
-                     options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
+        if values is None:
+            return False, step
         with self._counter_lock:
             self._steps += 1
             self._completed += 1
         result = self._finished(call, step, values, options, run_metadata)
         step.release()
-        return result
+        return True, result
 
     async def _awaited(self, call: _CompiledCall, step: StepRunner, options: RunOptions | None,
                        run_metadata: RunMetadata | None) -> Any:

@@ -574,10 +574,7 @@ class Step:
                 node = self._nodes[i]
                 if node.flow == _ASYNC:
                     self._label = label  # what a traced kernel records (frame, iteration)
-                    if alone:
-                        reset = current_step.set(self)
-                    else:
-                        current_step.set(self)
+                    reset = current_step.set(self)  # undone after: the caller's task, if alone
                     work: Coroutine[Any, Any, Any] = node.kernel(*args)
                 else:
                     work = self._bound.device.run_in_thread(
