@@ -43,7 +43,6 @@ from asyncflow.config import RunMetadata, RunOptions, SessionConfig
 from asyncflow.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key, retval_converter
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Tensor, get_default_graph
-from asyncflow.framework.registry import RECV
 from asyncflow.partial_run import PartialRuns
 from asyncflow.runtime import function_call as _function_call  # installs the call kernel
 from asyncflow.runtime.admission import Admission
@@ -141,8 +140,7 @@ class _CompiledCall:
         #: ops with a ``nowait`` twin; a lone async node is then awaited in the caller's
         #: task); what is left goes on awaited.  Not with receives (their callbacks
         #: would outrun the step's registration).
-        self.inline_first = self.single and all(
-            n.flow != RECV for b in self.bound for n in b.nodes)
+        self.inline_first = self.single and not any(b.receives for b in self.bound)
 
     def frame(self, feed_dict: Mapping[Any, Any] | None) -> CallFrame:
         """The call frame of one step: the converted feed values, in plan order."""

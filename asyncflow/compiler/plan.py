@@ -144,12 +144,48 @@ def build_plan(part: PartitionDef) -> Plan:
     reads = [0] * n_slots
     last_reader = [-1] * n_slots
     node_of: dict[str, int] | None = None  # name -> scheduled index, for control edges
-    # One pass per node, kept tight: producers in a small list (most nodes have one
-    # or two).
+    # One pass per node, kept tight.  Two data inputs and no control input (most
+    # nodes of a large graph) take a branch of their own, without lists; the rest
+    # keeps its producers in a small list (most nodes have one or two).
     for i, node in enumerate(sched):
+        inputs = node.inputs
+        if len(inputs) == 2 and not node.control_inputs:
+            ra, rb = inputs
+            na, nb = ra[0], rb[0]
+            if not fed_names or (na not in fed_names and nb not in fed_names):
+                sa = slot_of[na] + ra[1]
+                sb = slot_of[nb] + rb[1]
+                in_slots.append((sa, sb))
+                last_reader[sa] = i
+                reads[sa] += 1
+                pa = owner[sa]
+                if pa >= 0:
+                    cs = consumers[pa]
+                    if not cs:  # most nodes have one consumer: a 1-tuple is final
+                        consumers[pa] = (i,)
+                    elif type(cs) is tuple:
+                        consumers[pa] = [*cs, i]
+                    else:
+                        cs.append(i)
+                    pending[i] = 1
+                if sb == sa:
+                    continue
+                last_reader[sb] = i
+                reads[sb] += 1
+                pb = owner[sb]
+                if pb >= 0 and pb != pa:
+                    cs = consumers[pb]
+                    if not cs:
+                        consumers[pb] = (i,)
+                    elif type(cs) is tuple:
+                        consumers[pb] = [*cs, i]
+                    else:
+                        cs.append(i)
+                    pending[i] += 1
+                continue
         ins_list: list[int] = []
         producers: list[int] = []
-        for r in node.inputs:
+        for r in inputs:
             name = r[0]
             if name in fed_names and r in fed_slot:
                 s = fed_slot[r]

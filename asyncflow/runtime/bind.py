@@ -72,8 +72,8 @@ class BoundPlan:
 
     plan: Plan
     nodes: tuple[BoundNode, ...]
-    #: What errors name for each node: the user's graph op when there is one.
-    ops: tuple[Any, ...]
+    #: Looks up the user's graph op of a node by name (None: the IR node stands for it).
+    op_lookup: Callable[[str], Any] | None
     device: LocalDevice
     #: Every node runs synchronously (inline kernels, Switch / Merge / Enter / Exit /
     #: NextIteration routing): a step may run to completion without awaiting.
@@ -83,9 +83,27 @@ class BoundPlan:
     #: Only inline kernels and no control flow (no dead tensor, no frame): untraced
     #: steps may replay a static schedule (:class:`~asyncflow.runtime.propagators.StaticSchedule`).
     schedulable: bool = False
+    #: Some node is a ``_Recv`` (its value arrives from another partition).
+    receives: bool = False
     #: What the runtime derives from the plan once and keeps with it (the static
     #: schedule, the traced kernels), keyed by what it is.
     derived: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ops(self) -> tuple[Any, ...]:
+        """What errors name for each node: the user's graph op when there is one, else
+        the IR node.  Made on first use (errors, dead values, traces, loop programs
+        ask; a large plan's first run does not)."""
+        ops: tuple[Any, ...] | None = self.derived.get("ops")
+        if ops is None:
+            lookup = self.op_lookup
+            if lookup is None:
+                ops = self.plan.nodes
+            else:
+                ops = tuple([op if (op := lookup(n.name)) is not None else n
+                             for n in self.plan.nodes])
+            self.derived["ops"] = ops
+        return ops
 
     def __repr__(self) -> str:
         return (f"<BoundPlan {self.plan.device} nodes={len(self.nodes)} "
@@ -108,6 +126,7 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
                     if any(c in merges for c in cons)} if merges else set()
     nodes: list[BoundNode] = []
     all_inline = True
+    receives = False
     bodies: dict[Any, Any] = {}  # function bodies bound for this plan, shared by its calls
     for i, (node, ins, out, consumers, frees, counted) in enumerate(zip(
             plan.nodes, plan.inputs, plan.out, plan.consumers, plan.frees, plan.counted)):
@@ -136,18 +155,17 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
                 kind = SPECIAL
         elif flow != registry.CONTROL:
             all_inline = False
+            if flow == registry.RECV:
+                receives = True
         arity = len(ins)
         nodes.append(_new_bound((
             kernel, kind, arity, ins, out, len(node.outputs), consumers, frees, counted,
             operator.itemgetter(*ins) if arity > 2 else None, flow)))
-    if op_lookup is None:
-        ops: tuple[Any, ...] = plan.nodes
-    else:  # _op_for of every node
-        ops = tuple([op if (op := op_lookup(n.name)) is not None else n for n in plan.nodes])
     # Without control-flow info there is no Switch / Merge (no CONTROL or SPECIAL kind):
     # all_inline then means every node is an inline kernel.
     schedulable = plan.frames is None and all_inline
-    return BoundPlan(plan, tuple(nodes), ops, device, all_inline, plan.loops, schedulable)
+    return BoundPlan(plan, tuple(nodes), op_lookup, device, all_inline, plan.loops, schedulable,
+                     receives)
 
 
 def _call_kernel(node: NodeDef, device: LocalDevice, resources: Any, bodies: dict[Any, Any],
