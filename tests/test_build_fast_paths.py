@@ -287,3 +287,51 @@ def test_a_large_graph_promotes_its_objects_but_never_thaws_the_application_s(
     finally:
         gc.enable()
     assert len(g.get_operations()) == 64 + 256
+
+
+# -- the IR conversion's fast path ----------------------------------------------------
+
+def _same_info(fast: object, general: object) -> None:
+    assert (fast.dtype, fast.shape) == (general.dtype, general.shape)  # type: ignore[attr-defined]
+    assert fast.value is general.value  # type: ignore[attr-defined]
+
+
+def test_graph_ir_fast_path_gives_node_def_of_nodes(g: af.Graph) -> None:
+    """``graph_ir`` converts two-input ops itself; every node equals what
+    ``node_def_of`` makes of the same op alone, field by field."""
+    from asyncflow.compiler.ir import graph_ir, node_def_of
+
+    x = af.placeholder(af.float32, shape=(3,), name="x")
+    i = af.placeholder(af.int32, shape=(), name="i")
+    one = af.constant(np.float32(1.0), name="one")
+    v = af.constant(np.arange(3, dtype=np.float32), name="v")
+    y = x + one                       # fast: first input's info shared
+    y = one + y                       # fast: output shape differs from the first input's
+    y = y * v
+    z = af.cast(i, af.float32) + one  # one-input op feeding a fast one
+    with af.control_dependencies([z.op]):
+        w = y - one                   # a control input: the general path
+    with af.device("/cpu:0"):
+        d = w + y                     # a requested device
+    s = af.add_n([d, w, y])           # three inputs: the general path
+    p, q = af.unstack(af.stack([x, x]), num=2)  # several outputs
+    c = (p < q)                       # a bool output of float inputs
+    for _ in range(3):                # one creation line for several ops
+        s = s + one
+    ops = g.get_operations()
+    nodes = graph_ir(g).nodes
+    assert [n.name for n in nodes] == [op.name for op in ops]
+    assert c.op.name in {n.name for n in nodes}
+    for op, fast in zip(ops, nodes):
+        op._ir = None
+        general = node_def_of(op)
+        for field in ("name", "op", "inputs", "control_inputs", "device", "stateful",
+                      "traceback"):
+            assert getattr(fast, field) == getattr(general, field), (op.name, field)
+        assert dict(fast.attrs).keys() == dict(general.attrs).keys()
+        assert len(fast.outputs) == len(general.outputs)
+        for a, b in zip(fast.outputs, general.outputs):
+            _same_info(a, b)
+        assert len(fast.input_types) == len(general.input_types)
+        for a, b in zip(fast.input_types, general.input_types):
+            _same_info(a, b)

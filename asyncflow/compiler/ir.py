@@ -285,7 +285,53 @@ def node_def_of(op: Operation, infos: _Infos | None = None) -> NodeDef:
 
 
 def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
-    """The IR of ``graph`` (or of ``ops``, a topologically ordered subset)."""
+    """The IR of ``graph`` (or of ``ops``, a topologically ordered subset).
+
+    The common op of a large graph — two tensor inputs whose producers are converted
+    already, one output, no control input, not a function call — is converted right
+    here, with what it shares with the ops before it (the creation site of the same
+    line, a producer's ValueInfo and its outputs tuple) taken from locals;
+    :func:`node_def_of` makes every other node (tests/test_build_fast_paths.py
+    compares the two).
+    """
+    from asyncflow.framework.graph import Tensor
+
     infos: _Infos = {}
-    return GraphIR.of([node_def_of(op, infos)
-                       for op in (graph.get_operations() if ops is None else ops)])
+    functions = graph._functions
+    new_node = _new_node
+    last_file: str | None = None
+    last_line = -1
+    site = ""
+    nodes: list[NodeDef] = []
+    append = nodes.append
+    for op in graph.get_operations() if ops is None else ops:
+        node = op._ir
+        if node is None:
+            b, out = op._in1, op._out
+            if (b is not None and type(out) is Tensor and not op._control_inputs
+                    and not (functions and op._type in functions)):
+                a: Tensor = op._in0  # type: ignore[assignment]
+                pa, pb = a._op, b._op
+                ca, cb = pa._ir, pb._ir
+                if ca is not None and cb is not None:
+                    ka, kb = a._value_index, b._value_index
+                    ia, ib = ca.outputs[ka], cb.outputs[kb]
+                    if ia.shape is out._shape and ia.dtype is out._dtype and ia.value is None:
+                        # The first input's dtype and shape: its producer's outputs
+                        # tuple itself when that is all it has.
+                        outputs = ca.outputs if len(ca.outputs) == 1 else (ia,)
+                    else:
+                        outputs = (_info(out, infos),)
+                    file, line = op._file, op._line
+                    if file is not last_file or line != last_line:
+                        last_file, last_line, site = file, line, _site(file, line)
+                    attrs = op._attrs
+                    node = op._ir = new_node((
+                        op._name, op._type, ((pa._name, ka), (pb._name, kb)), (),
+                        op._device, attrs.copy() if attrs else _NO_ATTRS, outputs, (ia, ib),
+                        op._op_def.stateful, site))
+                    append(node)
+                    continue
+            node = node_def_of(op, infos)
+        append(node)
+    return GraphIR.of(nodes)
