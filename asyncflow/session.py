@@ -617,7 +617,8 @@ class Session:
             raise ValueError(f"Tensor {dup.name!r} is fed more than once in feed_dict")
         ir = self._graph_ir()
         soft = self._config.allow_soft_placement
-        if not self._config.place_pruned_graph and self._placement_checked != self._graph.version:
+        if (not self._config.place_pruned_graph and ir.requests
+                and self._placement_checked != self._graph.version):
             # As TF's default: every op of the graph must ask for a valid device.
             place(ir.nodes, self._device_names, allow_soft_placement=soft, lookup=ir.by_name)
             self._placement_checked = self._graph.version

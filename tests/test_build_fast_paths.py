@@ -335,3 +335,51 @@ def test_graph_ir_fast_path_gives_node_def_of_nodes(g: af.Graph) -> None:
         assert len(fast.input_types) == len(general.input_types)
         for a, b in zip(fast.input_types, general.input_types):
             _same_info(a, b)
+
+
+def test_graph_ir_says_when_nothing_asks_for_a_device_or_a_call() -> None:
+    """``GraphIR.requests`` / ``.calls`` let compiles skip placement and the search
+    for calls; each turns True as soon as one op (on either conversion path) needs it."""
+    from asyncflow.compiler.ir import graph_ir
+
+    def ir_of(build: Callable[[af.Tensor], object]) -> tuple[bool, bool]:
+        graph = af.Graph()
+        with graph.as_default():
+            x = af.placeholder(af.float32, shape=(), name="x")
+            build(x + 1.0)
+        ir = graph_ir(graph)
+        return ir.requests, ir.calls
+
+    assert ir_of(lambda y: y * y) == (False, False)
+    assert ir_of(lambda y: af.identity(y)) == (False, False)
+
+    def on_device(y: af.Tensor) -> object:
+        with af.device("/cpu:0"):
+            return y * y  # the two-input path
+
+    def one_input_on_device(y: af.Tensor) -> object:
+        with af.device("/cpu:0"):
+            return af.identity(y)
+
+    def colocated(y: af.Tensor) -> object:
+        with af.colocate_with(y.op):
+            return y * y
+
+    def call(y: af.Tensor) -> object:
+        @af.Defun(af.float32, func_name="ir_flag_twice")
+        def twice(v: af.Tensor) -> af.Tensor:
+            return v * 2.0
+        return twice(y)
+
+    assert ir_of(on_device) == (True, False)
+    assert ir_of(one_input_on_device) == (True, False)
+    assert ir_of(colocated)[0] is True
+    assert ir_of(call)[1] is True
+    # An unknown device is still an error when it is the only request.
+    g2 = af.Graph()
+    with g2.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        with af.device("/gpu:7"):
+            y = x * x
+    with af.Session(graph=g2) as sess, pytest.raises(af.errors.InvalidArgumentError, match="gpu:7"):
+        sess.run_sync(y, {x: 1.0})

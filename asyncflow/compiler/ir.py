@@ -131,6 +131,12 @@ class GraphIR:
     nodes: tuple[NodeDef, ...]
     by_name: Mapping[str, NodeDef]
     _positions: dict[str, int] = field(default_factory=dict, repr=False)
+    #: False when no node can be a function call (the graph has no function library):
+    #: the optimizer then skips looking for calls to inline.
+    calls: bool = True
+    #: False when no node requests a device or colocation: every node is then placed
+    #: on the default device without resolving anything.
+    requests: bool = True
 
     @property
     def position(self) -> Mapping[str, int]:
@@ -142,10 +148,10 @@ class GraphIR:
         return positions
 
     @staticmethod
-    def of(nodes: Iterable[NodeDef]) -> GraphIR:
+    def of(nodes: Iterable[NodeDef], calls: bool = True, requests: bool = True) -> GraphIR:
         """Index ``nodes`` (already in topological order)."""
         nodes = tuple(nodes)
-        return GraphIR(nodes, {n.name: n for n in nodes})
+        return GraphIR(nodes, {n.name: n for n in nodes}, calls=calls, requests=requests)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -302,6 +308,7 @@ def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
     last_file: str | None = None
     last_line = -1
     site = ""
+    requests = False  # some node asks for a device or colocation
     nodes: list[NodeDef] = []
     append = nodes.append
     for op in graph.get_operations() if ops is None else ops:
@@ -326,6 +333,8 @@ def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
                     if file is not last_file or line != last_line:
                         last_file, last_line, site = file, line, _site(file, line)
                     attrs = op._attrs
+                    if op._device or (attrs and "_class" in attrs):
+                        requests = True
                     node = op._ir = new_node((
                         op._name, op._type, ((pa._name, ka), (pb._name, kb)), (),
                         op._device, attrs.copy() if attrs else _NO_ATTRS, outputs, (ia, ib),
@@ -333,5 +342,7 @@ def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
                     append(node)
                     continue
             node = node_def_of(op, infos)
+        if node.device or "_class" in node.attrs:
+            requests = True
         append(node)
-    return GraphIR.of(nodes)
+    return GraphIR.of(nodes, calls=bool(functions), requests=requests)

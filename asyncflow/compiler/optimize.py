@@ -49,26 +49,32 @@ _DEFAULT = OptimizerOptions()
 def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
              devices: Sequence[str] = (), options: OptimizerOptions = _DEFAULT,
              feeds: Sequence[Ref] = (), fetches: Sequence[Ref] = (),
-             targets: Sequence[str] = (), allow_soft_placement: bool = False
+             targets: Sequence[str] = (), allow_soft_placement: bool = False,
+             calls: bool = True
              ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], OptimizerStats]:
-    """The optimized nodes, their placement and what changed."""
+    """The optimized nodes, their placement and what changed.
+
+    ``calls=False`` says no node is a function call (``GraphIR.calls``): inlining has
+    nothing to look for.
+    """
     nodes, placement = tuple(nodes), tuple(placement)
     before = len(nodes)
-    if not options.inlining:
+    inlining = options.inlining and calls
+    if calls and not options.inlining:
         nodes = tuple(n._replace(attrs={**n.attrs, OPTIONS_ATTR: options})
                       if FUNCTION_ATTR in n.attrs else n for n in nodes)
-    if not (options.folding or options.cse or options.inlining):
+    if not (options.folding or options.cse or inlining):
         return nodes, placement, OptimizerStats(before, before)
     fed = frozenset(feeds)
     protected = frozenset({r[0] for r in fetches} | set(targets) | {r[0] for r in fed})
     folded = merged = inlined = rounds = 0
     for rounds in range(1, MAX_ROUNDS + 1):  # noqa: B007 (reported below)
         changed = False
-        if options.inlining:
-            nodes, placement, calls = inline_functions(
+        if inlining:
+            nodes, placement, done = inline_functions(
                 nodes, placement, devices, feeds=fed, allow_soft_placement=allow_soft_placement)
-            inlined += calls
-            changed |= calls > 0
+            inlined += done
+            changed |= done > 0
         if options.folding:
             n = len(nodes)
             nodes, placement, did = fold_constants(

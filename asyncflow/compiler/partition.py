@@ -146,21 +146,22 @@ def _one_partition(nodes: Sequence[NodeDef], d: int, devices: Sequence[str],
                    targets: Sequence[str], control_flow: bool) -> PartitionDef:
     """:func:`partition` when every node is on device ``d``: no edge is cut, so a node
     changes only when a control input is not in the run (a fed Placeholder's: the feed
-    carries it), and the partition reads the feeds some node reads."""
-    out = list(nodes)
+    carries it).  The partition takes every feed as an argument (a feed nothing reads
+    holds its slot until the step ends, and no pass over every node's inputs is spent
+    finding out which are read)."""
+    out: list[NodeDef] | None = None
     names: set[str] | None = None
-    read: set[Ref] = set()
     for k, n in enumerate(nodes):
-        if fed:
-            read.update(n.inputs)
         if n.control_inputs:
             if names is None:
                 names = {m.name for m in nodes}
             if any(c not in names for c in n.control_inputs):
+                if out is None:
+                    out = list(nodes)
                 out[k] = n._replace(
                     control_inputs=tuple(c for c in n.control_inputs if c in names))
-    args = sorted(k for r, k in fed.items() if r in read)
-    return PartitionDef(devices[d], tuple(out), tuple((k, feeds[k]) for k in args),
+    return PartitionDef(devices[d], tuple(nodes if out is None else out),
+                        tuple(enumerate(feeds)),
                         tuple((k, r) for k, r in enumerate(fetches) if r not in fed),
                         tuple(targets), control_flow)
 

@@ -89,10 +89,11 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
     """
     nodes = prune(ir, fetches, targets, feeds)
     placement = place(nodes, devices, allow_soft_placement=allow_soft_placement,
-                      lookup=ir.by_name)
+                      lookup=ir.by_name) if ir.requests else (0,) * len(nodes)
     nodes, placement, stats = optimize(
         nodes, placement, devices=devices, options=options or _DEFAULT_OPTIONS, feeds=feeds,
-        fetches=fetches, targets=targets, allow_soft_placement=allow_soft_placement)
+        fetches=fetches, targets=targets, allow_soft_placement=allow_soft_placement,
+        calls=ir.calls)
     ops = {n.op for n in nodes}
     control_flow = not ops.isdisjoint(CONTROL_FLOW_OPS)
     has_loops = "Enter" in ops
