@@ -28,6 +28,8 @@ concurrent steps share it.  Kernels are bound to it by :mod:`asyncflow.runtime.b
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +141,7 @@ def build_plan(part: PartitionDef) -> Plan:
     n = len(sched)
     pending = [0] * n
     consumers: list[Any] = [()] * n  # (i,) for the first consumer, a list for more
+    grown: list[int] = []  # the nodes whose consumers became a list
     in_slots: list[tuple[int, ...]] = []
     # Per slot: how many distinct nodes read it, and the last one that did.
     reads = [0] * n_slots
@@ -165,6 +168,7 @@ def build_plan(part: PartitionDef) -> Plan:
                         consumers[pa] = (i,)
                     elif type(cs) is tuple:
                         consumers[pa] = [*cs, i]
+                        grown.append(pa)
                     else:
                         cs.append(i)
                     pending[i] = 1
@@ -179,6 +183,7 @@ def build_plan(part: PartitionDef) -> Plan:
                         consumers[pb] = (i,)
                     elif type(cs) is tuple:
                         consumers[pb] = [*cs, i]
+                        grown.append(pb)
                     else:
                         cs.append(i)
                     pending[i] += 1
@@ -213,6 +218,7 @@ def build_plan(part: PartitionDef) -> Plan:
                 consumers[p] = (i,)
             elif type(cs) is tuple:
                 consumers[p] = [*cs, i]
+                grown.append(p)
             else:
                 cs.append(i)
 
@@ -221,6 +227,7 @@ def build_plan(part: PartitionDef) -> Plan:
     keep = set(arg_slots)
     keep.update(retval_slots)
     frees: list[Any] = [()] * n    # as consumers: (s,), then a list
+    freeing: list[int] = []  # the nodes whose frees became a list
     counted: list[Any] = [()] * n
     refs: list[int] | None = None
     for s in range(n_slots):
@@ -233,6 +240,7 @@ def build_plan(part: PartitionDef) -> Plan:
                     frees[reader] = (s,)
                 elif type(f) is tuple:
                     frees[reader] = [*f, s]
+                    freeing.append(reader)
                 else:
                     f.append(s)
         elif k == 0:  # an output nobody reads: freed by its producer
@@ -243,6 +251,7 @@ def build_plan(part: PartitionDef) -> Plan:
                     frees[producer] = (s,)
                 elif type(f) is tuple:
                     frees[producer] = [*f, s]
+                    freeing.append(producer)
                 else:
                     f.append(s)
         elif s not in keep and initial_values[s] is None:
@@ -259,6 +268,14 @@ def build_plan(part: PartitionDef) -> Plan:
                     else:
                         counted[i] = [s]
 
+    # Only the entries that grew into lists become tuples (most are final already).
+    for p in grown:
+        consumers[p] = tuple(consumers[p])
+    for p in freeing:
+        frees[p] = tuple(frees[p])
+    if refs is not None:
+        counted = [tuple(c) for c in counted]
+
     frames = None
     edges_out: EdgesOut = ()
     loop_schedules: tuple[LoopSchedule | None, ...] = ()
@@ -269,7 +286,7 @@ def build_plan(part: PartitionDef) -> Plan:
                                {node.name: i for i, node in enumerate(sched)}, in_slots,
                                fed_slot)
         loop_schedules = schedule_loops(sched, frames, in_slots, out_slots,
-                                        [tuple(c) for c in consumers], initial_values)
+                                        consumers, initial_values)
     elif not ops.isdisjoint(CONTROL_FLOW_OPS) or (part.control_flow and "_Recv" in ops):
         frames = cond_info(sched)  # dead tensors, one frame: the plain propagator
     return Plan(
@@ -277,11 +294,11 @@ def build_plan(part: PartitionDef) -> Plan:
         nodes=tuple(sched),
         inputs=tuple(in_slots),
         out=tuple(out_slots),
-        consumers=tuple(map(tuple, consumers)),
-        frees=tuple(map(tuple, frees)),
-        counted=tuple(map(tuple, counted)),
+        consumers=tuple(consumers),
+        frees=tuple(frees),
+        counted=tuple(counted),
         initial_pending=tuple(pending),
-        initial_ready=tuple([i for i in range(n) if not pending[i]]),
+        initial_ready=tuple(itertools.compress(range(n), map(operator.not_, pending))),
         initial_values=tuple(initial_values),
         initial_refs=tuple(refs) if refs is not None else None,
         arg_slots=arg_slots,
