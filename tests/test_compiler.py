@@ -5,9 +5,12 @@ from __future__ import annotations
 import ast
 import pathlib
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import asyncflow as af
 from asyncflow.compiler.control_flow import add_control_loops, node_frames
@@ -16,10 +19,11 @@ from asyncflow.compiler.partition import partition, partition_graph_def
 from asyncflow.compiler.pipeline import compile_signature
 from asyncflow.compiler.placement import place
 from asyncflow.compiler.plan import build_plan
-from asyncflow.compiler.prune import prune
+from asyncflow.compiler.prune import _scan, _walk, prune
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import bind
 from asyncflow.runtime.devices import LocalDevice
+from tests.test_property import random_graphs
 
 CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
 CPU1 = "/job:localhost/replica:0/task:0/device:CPU:1"
@@ -32,8 +36,14 @@ def names(nodes: tuple[NodeDef, ...]) -> list[str]:
 
 def _prune(graph: af.Graph, fetches: list[af.Tensor], targets: list[af.Operation] = (),  # type: ignore[assignment]
            feeds: set[af.Tensor] = frozenset()) -> tuple[NodeDef, ...]:  # type: ignore[assignment]
-    return prune(graph_ir(graph), [ref_of(t) for t in fetches], [op.name for op in targets],
-                 {ref_of(t) for t in feeds})
+    """prune, checked against its other algorithm (the walk from the fetches)."""
+    ir = graph_ir(graph)
+    fetched, targeted = [ref_of(t) for t in fetches], [op.name for op in targets]
+    fed = {ref_of(t) for t in feeds}
+    nodes = prune(ir, fetched, targeted, fed)
+    roots = [name for name, k in fetched if (name, k) not in fed] + targeted
+    assert nodes == _walk(ir, roots, fed)
+    return nodes
 
 
 def test_prune_keeps_only_ancestors(graph: af.Graph) -> None:
@@ -83,6 +93,44 @@ def test_prune_is_topological_and_iterative(graph: af.Graph) -> None:
     for n in nodes:
         for name, _ in n.inputs:
             assert position[name] < position[n.name]
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_graphs(), st.data())
+def test_prune_scan_and_walk_agree_on_random_graphs(
+        case: tuple[af.Graph, list[Any], dict[Any, Any]], data: st.DataObject) -> None:
+    """The reverse scan gives the walk's nodes, in graph order, on random graphs with
+    control edges, fed tensors and targets."""
+    graph, fetches, feeds = case
+    tensors = [t for t in fetches if isinstance(t, af.Tensor)]
+    targets = [f for f in fetches if isinstance(f, af.Operation)]
+    nodes = _prune(graph, tensors, targets, set(feeds))
+    assert len({n.name for n in nodes}) == len(nodes)
+    # A fed Placeholder with a control edge out of it: the feed carries the edge.
+    with graph.as_default():
+        p = af.placeholder(af.float64, shape=(3,), name="carried")
+        with af.control_dependencies([p.op]):
+            after = af.identity(data.draw(st.sampled_from(tensors)))
+    assert "carried" not in names(_prune(graph, [after], feeds={p}))
+    assert "carried" in names(_prune(graph, [after]))
+
+
+def test_prune_walks_a_graph_with_back_edges(graph: af.Graph) -> None:
+    """A while loop's Merge is made before the NextIteration feeding it: the IR says
+    so and pruning walks from the fetches (the reverse scan would miss the loop
+    body)."""
+    x = af.placeholder(af.float32, shape=(), name="x")
+    i, s = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + x),
+                         [af.constant(0), af.constant(0.0)])
+    ir = graph_ir(graph)
+    assert ir.back_edges
+    assert not graph_ir(af.Graph()).back_edges
+    nodes = _prune(graph, [s])
+    assert any(n.op == "NextIteration" for n in nodes)
+    assert {n.name for n in nodes} == {n.name for n in ir.nodes} - {i.op.name}
+    # The scan alone notices a needed node it never reached, and gives up.
+    assert _scan(GraphIR.of(ir.nodes, back_edges=False), [s.op.name], set()) is None
 
 
 def _nodes(graph: af.Graph) -> tuple[NodeDef, ...]:

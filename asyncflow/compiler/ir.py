@@ -40,6 +40,9 @@ Ref = tuple[str, int]
 
 _NO_ATTRS: Mapping[str, Any] = {}  # shared default: attrs are never mutated
 
+#: The ops a back edge starts from (their consumer, a Merge, is made before them).
+_BACK_EDGE_OPS = frozenset({"NextIteration", "RefNextIteration"})
+
 
 class ValueInfo(NamedTuple):
     """The static dtype and shape of one tensor, and its value when it is a constant
@@ -137,6 +140,10 @@ class GraphIR:
     #: False when no node requests a device or colocation: every node is then placed
     #: on the default device without resolving anything.
     requests: bool = True
+    #: False when no node has an input made after it (a while loop's back edge into
+    #: its Merge, from a NextIteration): ``nodes`` in reverse is then an order in
+    #: which every node comes before its inputs.
+    back_edges: bool = True
 
     @property
     def position(self) -> Mapping[str, int]:
@@ -148,10 +155,12 @@ class GraphIR:
         return positions
 
     @staticmethod
-    def of(nodes: Iterable[NodeDef], calls: bool = True, requests: bool = True) -> GraphIR:
+    def of(nodes: Iterable[NodeDef], calls: bool = True, requests: bool = True,
+           back_edges: bool = True) -> GraphIR:
         """Index ``nodes`` (already in topological order)."""
         nodes = tuple(nodes)
-        return GraphIR(nodes, {n.name: n for n in nodes}, calls=calls, requests=requests)
+        return GraphIR(nodes, {n.name: n for n in nodes}, calls=calls, requests=requests,
+                       back_edges=back_edges)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -309,6 +318,7 @@ def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
     last_line = -1
     site = ""
     requests = False  # some node asks for a device or colocation
+    back_edges = False  # some node is a NextIteration (its Merge is made before it)
     nodes: list[NodeDef] = []
     append = nodes.append
     for op in graph.get_operations() if ops is None else ops:
@@ -344,5 +354,7 @@ def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
             node = node_def_of(op, infos)
         if node.device or "_class" in node.attrs:
             requests = True
+        if node.op in _BACK_EDGE_OPS:
+            back_edges = True
         append(node)
-    return GraphIR.of(nodes, calls=bool(functions), requests=requests)
+    return GraphIR.of(nodes, calls=bool(functions), requests=requests, back_edges=back_edges)

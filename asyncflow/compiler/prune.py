@@ -20,16 +20,67 @@ def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
           feeds: Collection[Ref] = ()) -> tuple[NodeDef, ...]:
     """The nodes needed to compute ``fetches`` and run ``targets`` when ``feeds`` are given.
 
-    Iterative: a 100,000-node chain must not hit the recursion limit.
+    Without back edges (``ir.back_edges``), one scan of the nodes in reverse order:
+    every node comes before its inputs, so a node is needed exactly when a needed node
+    seen before it names it, and the scan stops once nothing needed is left to reach.
+    With back edges (while loops), a walk from the fetches.  Both iterative: a
+    100,000-node chain must not hit the recursion limit.
     """
     fed = feeds if isinstance(feeds, set | frozenset) else set(feeds)
+    roots = [name for name, k in fetches if (name, k) not in fed]
+    roots.extend(targets)
+    if not ir.back_edges:
+        nodes = _scan(ir, roots, fed)
+        if nodes is not None:
+            return nodes
+    return _walk(ir, roots, fed)
+
+
+def _carried(ir: GraphIR, control: str, fed: Collection[Ref]) -> bool:
+    """As TF's FeedInputs: a control edge from a fed Placeholder is carried by the feed,
+    so the Placeholder itself need not (and cannot) run."""
+    return (control, 0) in fed and ir.by_name[control].op == "Placeholder"
+
+
+def _scan(ir: GraphIR, roots: list[str], fed: Collection[Ref]) -> tuple[NodeDef, ...] | None:
+    """:func:`prune` by one reverse scan (None: a needed node was never reached, an
+    input made after its consumer: the caller walks instead)."""
+    needed = set(roots)
+    waiting = len(needed)  # needed and not reached yet
+    if not waiting:
+        return ()
+    add = needed.add
+    fed_names = {r[0] for r in fed}  # a string test spares most inputs the tuple's
+    kept: list[NodeDef] = []
+    keep = kept.append
+    for node in reversed(ir.nodes):
+        if node.name not in needed:
+            continue
+        keep(node)
+        for r in node.inputs:
+            source = r[0]
+            if source not in needed and (source not in fed_names or r not in fed):
+                add(source)
+                waiting += 1
+        for c in node.control_inputs:
+            if c not in needed and not (fed and _carried(ir, c, fed)):
+                add(c)
+                waiting += 1
+        waiting -= 1
+        if not waiting:
+            kept.reverse()
+            return tuple(kept)
+    return None
+
+
+def _walk(ir: GraphIR, roots: list[str], fed: Collection[Ref]) -> tuple[NodeDef, ...]:
+    """:func:`prune` by a walk from the roots, then the needed nodes in graph order."""
     by_name = ir.by_name
-    stack: list[str] = [name for name, k in fetches if (name, k) not in fed]
-    stack.extend(targets)
+    stack = roots
     needed: set[str] = set()
     add = needed.add
     push = stack.append
-    fed_names = {r[0] for r in fed}  # a string test spares most inputs the tuple's
+    fed_names = {r[0] for r in fed}
     while stack:
         name = stack.pop()
         if name in needed:
@@ -42,9 +93,7 @@ def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
                 if source not in needed and (source not in fed_names or r not in fed):
                     push(source)
             for c in node.control_inputs:
-                # As TF's FeedInputs: a control edge from a fed Placeholder is carried
-                # by the feed, so the Placeholder itself need not (and cannot) run.
-                if not ((c, 0) in fed and by_name[c].op == "Placeholder"):
+                if not _carried(ir, c, fed):
                     push(c)
         else:
             for r in node.inputs:
