@@ -13,7 +13,7 @@ import pytest
 
 import asyncflow as af
 from asyncflow.compiler.constant_folding import fold_constants, never_folded
-from asyncflow.compiler.cse import eliminate_common_subexpressions
+from asyncflow.compiler.cse import _merge, eliminate_common_subexpressions
 from asyncflow.compiler.inline import inline_functions
 from asyncflow.compiler.ir import FUNCTION_ATTR, NodeDef, Ref, graph_ir, ref_of
 from asyncflow.compiler.optimize import optimize
@@ -178,9 +178,40 @@ def test_control_inputs_are_carried_to_the_replacement() -> None:
 
 def _cse(nodes: Sequence[NodeDef], where: Sequence[int], protected: Sequence[str] = (),
          feeds: Sequence[Ref] = ()) -> tuple[dict[str, NodeDef], bool]:
-    out, _, changed = eliminate_common_subexpressions(
+    """CSE, checked against its pass without the skipping of lone nodes."""
+    out, placement, changed = eliminate_common_subexpressions(
         nodes, where, feeds=frozenset(feeds), protected=frozenset(protected))
+    assert (out, placement, changed) == _merge(nodes, where, frozenset(feeds),
+                                               frozenset(protected))
     return {n.name: n for n in out}, changed
+
+
+def test_cse_merges_in_one_pass_what_a_merge_exposes() -> None:
+    """``b`` reads the duplicate ``g2`` of ``g1``, which ``a`` (made before ``g2``)
+    reads: once ``g2`` merges into ``g1``, ``b`` is ``a``'s duplicate, in the same pass
+    (``a`` was alone in its group as the graph was written)."""
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, name="x")
+        g1 = af.multiply(x, 2.0, name="g1")
+        a = af.negative(g1, name="a")
+        g2 = af.multiply(x, 2.0, name="g2")
+        b = af.negative(g2, name="b")
+        out = af.add(a, b, name="out")
+    nodes, where = placed(g, [out], feeds=[x])
+    merged, changed = _cse(nodes, where, protected=["out"], feeds=[ref_of(x)])
+    assert changed
+    assert "g2" not in merged
+    assert "b" not in merged
+    assert merged["out"].inputs == (("a", 0), ("a", 0))
+    # Nothing to merge: every node starts a group of its own.
+    chain = [x]
+    with g.as_default():
+        one = af.constant(1.0, name="one")
+        for _ in range(5):
+            chain.append(chain[-1] + one)
+    nodes, where = placed(g, [chain[-1]], feeds=[x])
+    assert _cse(nodes, where, feeds=[ref_of(x)]) == ({n.name: n for n in nodes}, False)
 
 
 def test_cse_merges_equal_nodes_and_rewires_consumers() -> None:

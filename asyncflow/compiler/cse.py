@@ -13,7 +13,8 @@ outputs are the fed values, not what a duplicate computes).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Sequence
+import collections
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,8 +38,28 @@ def eliminate_common_subexpressions(
     (op, inputs, control inputs, device, attributes) is made only in a group that
     gets a second node.  The result is exactly that of a dict on full keys.
     """
-    # first input's producer ("" for none) -> the group's first node and device,
-    # until a second node arrives; then full key -> the first node's name.
+    # How many nodes each first input's producer ("" for none) starts: a node alone
+    # in its group has no duplicate (until a merge rewires inputs), and a graph
+    # where every node is alone has nothing to merge (counted in C, no Python loop).
+    firsts = [n.inputs[0][0] if n.inputs else "" for n in nodes]
+    sizes = collections.Counter(firsts)
+    if len(sizes) == len(firsts):
+        return tuple(nodes), tuple(placement), False
+    merged = _merge(nodes, placement, feeds, protected, firsts, sizes)
+    if merged is None:  # a merge: rewired inputs may pair a later node with a skipped one
+        merged = _merge(nodes, placement, feeds, protected)
+        assert merged is not None
+    return merged
+
+
+def _merge(nodes: Sequence[NodeDef], placement: Sequence[int], feeds: Collection[Ref],
+           protected: Collection[str], firsts: Sequence[str] | None = None,
+           sizes: Mapping[str, int] | None = None
+           ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool] | None:
+    """The pass; with ``firsts`` / ``sizes``, nodes alone in their group are skipped
+    until the first merge, which then returns None (start again without skipping)."""
+    # first input's producer -> the group's first node and device, until a second
+    # node arrives; then full key -> the first node's name.
     groups: dict[str, tuple[NodeDef, int] | dict[Hashable, str]] = {}
     rename: dict[str, str] = {}
     # A fed node's outputs are the feed, not its computation: it absorbs nothing.
@@ -48,6 +69,8 @@ def eliminate_common_subexpressions(
     for k, (node, d) in enumerate(zip(nodes, placement)):
         if rename:
             node = _rewired(node, rename, feeds)
+        elif sizes is not None and sizes[firsts[k]] == 1:  # type: ignore[index]
+            continue  # alone in its group (no merge yet: its inputs are as counted)
         if node.stateful or node.op in _NEVER:
             if rename:
                 out.append(node)
@@ -69,6 +92,8 @@ def eliminate_common_subexpressions(
         first = seen.get(key)
         if first is not None and node.name not in protected:
             if not rename:  # the first merge: every node before it is unchanged
+                if sizes is not None:
+                    return None
                 out = list(nodes[:k])
                 where = list(placement[:k])
             rename[node.name] = first
