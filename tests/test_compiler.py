@@ -21,7 +21,7 @@ from asyncflow.compiler.placement import place
 from asyncflow.compiler.plan import build_plan
 from asyncflow.compiler.prune import _scan, _walk, prune
 from asyncflow.framework import registry
-from asyncflow.runtime.bind import bind
+from asyncflow.runtime.bind import SPECIAL, bind
 from asyncflow.runtime.devices import LocalDevice
 from tests.test_property import random_graphs
 
@@ -214,6 +214,35 @@ def test_bind_records_kernel_kinds_and_is_the_only_runtime_step(graph: af.Graph)
 
 def _identity(v: np.ndarray) -> np.ndarray:
     return v
+
+
+def test_bind_of_static_kernels_matches_binding_each_node(
+        graph: af.Graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes of static inline kernels (two inputs or fewer) are bound from the kernel
+    of their op type's first node; every field equals what binding each node on its
+    own gives, with a node of three inputs beside them, and in a plan with a cond
+    (whose Merge's inputs are special)."""
+    x = af.placeholder(af.float32, shape=(), name="x")
+    y = x + 1.0
+    y = y * y - x
+    z = af.add_n([y, x, y])
+    out = af.negative(z + y)
+    c = af.cond(z > 0.0, lambda: z + 1.0, lambda: z - 1.0)
+    device = LocalDevice(CPU0, "CPU", 0, 1)
+    plans = [_one_partition(graph, [out], feeds=[x]), _one_partition(graph, [c], feeds=[x])]
+    fast = [bind(plan, device) for plan in plans]  # type: ignore[arg-type]
+    monkeypatch.setattr(registry.KernelDef, "static", False)  # every node on its own
+    general = [bind(plan, device) for plan in plans]  # type: ignore[arg-type]
+    kinds = []
+    for f, g in zip(fast, general):
+        assert len(f.nodes) == len(g.nodes)
+        kinds.append({a.kind for a in f.nodes})
+        for a, b in zip(f.nodes, g.nodes):
+            assert a[1:9] == b[1:9]  # kind, arity, inputs, out, outputs, consumers, frees, counted
+            assert (a.getter is None) == (b.getter is None)
+            assert a.flow == b.flow
+    assert kinds[0] == {registry.INLINE}
+    assert SPECIAL in kinds[1]
 
 
 def test_bind_missing_kernel_is_not_found(graph: af.Graph) -> None:

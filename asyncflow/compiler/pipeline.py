@@ -53,7 +53,7 @@ class Compiled:
     plans: tuple[Plan, ...]
     retval_map: tuple[tuple[int, int], ...]
     #: Every node that runs, and the index in ``devices`` of its device (see placement).
-    node_names: tuple[str, ...]
+    nodes: tuple[NodeDef, ...]
     node_devices: tuple[int, ...]
     devices: tuple[str, ...]
     client: ClientKeys | None = None
@@ -64,7 +64,7 @@ class Compiled:
         """(node name, device) of every node that runs (made when asked: a large
         compile would otherwise make a pair per node for a log line)."""
         devices = self.devices
-        return tuple((name, devices[d]) for name, d in zip(self.node_names, self.node_devices))
+        return tuple((n.name, devices[d]) for n, d in zip(self.nodes, self.node_devices))
 
     @property
     def partitions(self) -> tuple[PartitionDef, ...]:
@@ -124,7 +124,7 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
             where[k] = (p, local)
     retval_map = tuple((-1, fed[r]) if r in fed else where[k] for k, r in enumerate(fetches))
     return Compiled(tuple([build_plan(part) for part in parts]), retval_map,
-                    tuple([n.name for n in nodes]), tuple(placement), tuple(devices),
+                    tuple(nodes), tuple(placement), tuple(devices),
                     client_keys, stats)
 
 

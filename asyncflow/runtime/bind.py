@@ -128,9 +128,19 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
     all_inline = True
     receives = False
     bodies: dict[Any, Any] = {}  # function bodies bound for this plan, shared by its calls
+    # The kernels of static INLINE factories, by op type: a node of one of them with
+    # at most two inputs, no attributes and no Merge to feed is bound in one step.
+    plain: dict[str, Callable[..., Any]] = {}
+    inline = registry.INLINE
     for i, (node, ins, out, consumers, frees, counted) in enumerate(zip(
             plan.nodes, plan.inputs, plan.out, plan.consumers, plan.frees, plan.counted)):
         op_type = node.op
+        if not node.attrs and len(ins) <= 2:
+            kernel = plain.get(op_type)
+            if kernel is not None:
+                nodes.append(_new_bound((kernel, inline, len(ins), ins, out, len(node.outputs),
+                                         consumers, frees, counted, None, inline)))
+                continue
         known = static.get(op_type)
         if FUNCTION_ATTR in node.attrs:  # a call the optimizer did not inline
             kernel, flow = _call_kernel(node, device, resources, bodies, op_lookup)
@@ -149,6 +159,8 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
             kernel, flow = kdef.instantiate(node, resources)
             if kdef.static:
                 static[op_type] = (kernel, flow)
+                if flow == inline and not merge_inputs:
+                    plain[op_type] = kernel
         kind = flow
         if flow == registry.INLINE:
             if merge_inputs and i in merge_inputs:
