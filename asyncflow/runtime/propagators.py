@@ -190,6 +190,10 @@ class PlainPropagator:
         pop = ready.pop
         push = ready.append
         budget = CHECK_EVERY
+        # No control flow: a node that does not run inline is dispatched right here
+        # (``_special``'s first case: a send, a recv, an async or thread kernel).
+        direct = not self._kinds
+        dispatch = step.dispatch
         i = -1
         try:
             while ready:
@@ -197,7 +201,11 @@ class PlainPropagator:
                 while True:
                     kernel, kind, n, ins, out, nout, cons, frees, counted, getter, _ = nodes[i]
                     if kind or (dead is not None and dead[i] is not None):
-                        self._special(i)  # dispatch, control flow, a dead node
+                        if direct:
+                            dispatch(i, i, nodes[i], [vals[ins[0]]] if n == 1 else
+                                     [vals[s] for s in ins] if n else [])
+                        else:
+                            self._special(i)  # control flow, a dead node
                         break
                     if n == 2:
                         v = kernel(vals[ins[0]], vals[ins[1]])
