@@ -190,10 +190,6 @@ class PlainPropagator:
         pop = ready.pop
         push = ready.append
         budget = CHECK_EVERY
-        # No control flow: a node that does not run inline is dispatched right here
-        # (``_special``'s first case: a send, a recv, an async or thread kernel).
-        direct = not self._kinds
-        dispatch = step.dispatch
         i = -1
         try:
             while ready:
@@ -201,9 +197,9 @@ class PlainPropagator:
                 while True:
                     kernel, kind, n, ins, out, nout, cons, frees, counted, getter, _ = nodes[i]
                     if kind or (dead is not None and dead[i] is not None):
-                        if direct:
-                            dispatch(i, i, nodes[i], [vals[ins[0]]] if n == 1 else
-                                     [vals[s] for s in ins] if n else [])
+                        if not self._kinds:  # no control flow: dispatch it right here
+                            step.dispatch(i, i, nodes[i], [vals[ins[0]]] if n == 1 else
+                                          [vals[s] for s in ins] if n else [])
                         else:
                             self._special(i)  # control flow, a dead node
                         break
