@@ -86,12 +86,16 @@ if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["SLICE", "HandoffQueue", "Step", "abort_on_loop", "clear_frames", "current_step",
+__all__ = ["OWN_GROUP", "SLICE", "HandoffQueue", "Step", "abort_on_loop", "clear_frames", "current_step",
            "format_node_error"]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
 SLICE = 0.001
+#: The step's tasks run in a group of its own (``Step._join``: a step whose tasks all
+#: finished returns without another trip through the event loop) instead of an
+#: ``asyncio.TaskGroup``, the general path kept for tests that compare the two.
+OWN_GROUP = True
 #: Hand-offs run between two looks at the clock by the send that runs them.
 _HANDOFF_CHECK_EVERY = 32
 
@@ -164,10 +168,10 @@ class Step:
         "_recvs",
         "_rendezvous",
         "_spare",
+        "_spawn",
         "_stats",
         "_stopped",
         "_tasks",
-        "_tg",
         "_tid",
     )
 
@@ -187,7 +191,8 @@ class Step:
         # The step's context (numpy quiet, cancellation, tracing), for hand-offs run
         # from the event loop; taken at the first recv that waits.
         self._ctx: contextvars.Context | None = None
-        self._tg: asyncio.TaskGroup | None = None
+        # The group's create_task while the step has a task group (see _run_tasks).
+        self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
         # [task, cancelled by the step] while a lone node is awaited in the step's own
         # task (see _await_alone), else None.
         self._alone: list[Any] | None = None
@@ -361,47 +366,100 @@ class Step:
                 if self._error is not None or self._stopped or (
                         not self._outstanding and not prop.has_ready()):
                     return
-            async with asyncio.TaskGroup() as tg:
-                self._tg = tg
-                deferred, self._deferred = self._deferred, []
-                for token, i, args in deferred:
-                    self._start_task(tg, token, i, args)
-                if self._error is not None:
-                    self._cancel_tasks()  # aborted from another thread before the loop was known
+            if OWN_GROUP:
+                self._start_deferred(loop.create_task)
                 try:
-                    while self._error is None:
-                        if prop.has_ready():
-                            if self._stats is not None:
-                                self._stats.append(time.time())  # a trace boundary
-                            if not prop.drain(time.perf_counter() + SLICE):
-                                await asyncio.sleep(0)  # deadlines, cancels and tasks run
-                            continue
-                        if not self._outstanding:
-                            break
-                        # Tasks and recv callbacks finish nodes and drain on their own;
-                        # they wake this loop when all is done, when an error happened,
-                        # or when a drain of theirs used up its budget.
-                        done = self._done = loop.create_future()
-                        await done
-                except asyncio.CancelledError:
-                    # The caller was cancelled (or its deadline passed): nothing new may
-                    # start; the group cancels the running tasks and waits for them.
-                    self._stopped = True
-                    if self._cm is not None:
-                        self._cm.cancel()
-                    raise
+                    await self._drive(loop)
                 finally:
-                    self._done = None
-                    if self._error is not None or self._stopped:
-                        self._cancel_tasks()
+                    await self._join()
+            else:
+                async with asyncio.TaskGroup() as tg:
+                    self._start_deferred(tg.create_task)
+                    await self._drive(loop)
         except BaseExceptionGroup as group:
             # Only a BaseException that is not an Exception gets here (kernel errors
             # are caught in the tasks): re-raise it as itself, never as a group.
             raise group.exceptions[0] from None
         finally:
             self._stopped = True
-            self._tg = None
+            self._spawn = None
             self._loop = None
+
+    def _start_deferred(self, spawn: Callable[[Coroutine[Any, Any, None]],
+                                              asyncio.Task[None]]) -> None:
+        """Start the nodes dispatched before the step had a group; from now on
+        ``dispatch`` starts tasks with ``spawn`` (the group's ``create_task``)."""
+        self._spawn = spawn
+        deferred, self._deferred = self._deferred, []
+        for token, i, args in deferred:
+            self._start_task(spawn, token, i, args)
+        if self._error is not None:
+            self._cancel_tasks()  # aborted from another thread before the loop was known
+
+    async def _drive(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Drain what becomes ready and wait for the tasks and recvs, until the step is
+        done, fails or stops; then cancel what is left (the group waits for it)."""
+        prop = self._prop
+        try:
+            while self._error is None and not self._stopped:
+                if prop.has_ready():
+                    if self._stats is not None:
+                        self._stats.append(time.time())  # a trace boundary
+                    if not prop.drain(time.perf_counter() + SLICE):
+                        await asyncio.sleep(0)  # deadlines, cancels and tasks run
+                    continue
+                if not self._outstanding:
+                    break
+                # Tasks and recv callbacks finish nodes and drain on their own;
+                # they wake this loop when all is done, when an error happened,
+                # or when a drain of theirs used up its budget.
+                done = self._done = loop.create_future()
+                await done
+        except asyncio.CancelledError:
+            # The caller was cancelled (or its deadline passed): nothing new may
+            # start; the group cancels the running tasks and waits for them.
+            self._stopped = True
+            if self._cm is not None:
+                self._cm.cancel()
+            raise
+        finally:
+            self._done = None
+            if self._error is not None or self._stopped:
+                self._cancel_tasks()
+
+    async def _join(self) -> None:
+        """The end of the step's own group (``OWN_GROUP``): wait until every task it
+        started is done, then raise the first exception one of them ended with that is
+        not a cancellation (what ``asyncio.TaskGroup.__aexit__`` does).
+
+        A task leaves ``_tasks`` as the last thing its body does, so a task not in it
+        is done by the time this task runs again: a step whose tasks all finished
+        returns at once, without the extra trip through the event loop that a task
+        group's done callbacks take.  Left in ``_tasks`` are only tasks cancelled before
+        they started and tasks still stopping (the step failed or was cancelled), or
+        ending with a ``BaseException``; all of them were cancelled (the step failed or
+        stopped).  A cancellation of the caller while they stop is raised after they
+        stopped, as a task group does; the kernels are not cancelled again.
+        """
+        tasks = self._tasks
+        if not tasks:
+            return
+        cancelled: asyncio.CancelledError | None = None
+        while pending := [t for t in tasks if not t.done()]:
+            try:
+                await asyncio.wait(pending)
+            except asyncio.CancelledError as exc:
+                cancelled = exc  # the tasks were cancelled already: let them stop
+        fatal: BaseException | None = None
+        for task in tasks:  # every outcome retrieved: asyncio logs none of them
+            outcome = None if task.cancelled() else task.exception()
+            if fatal is None:
+                fatal = outcome
+        tasks.clear()
+        if fatal is not None:
+            raise fatal
+        if cancelled is not None:
+            raise cancelled
 
     async def _await_alone(self) -> None:
         """While the step's only work is one async node, await it right in this task:
@@ -546,19 +604,20 @@ class Step:
                     self._prop.complete(token, v)
                     return
         self._outstanding += 1
-        tg = self._tg
-        if tg is None:
+        spawn = self._spawn
+        if spawn is None:
             self._deferred.append((token, i, args))
         else:
-            self._start_task(tg, token, i, args)
+            self._start_task(spawn, token, i, args)
 
-    def _start_task(self, tg: asyncio.TaskGroup, token: Any, i: int, args: list[Any]) -> None:
+    def _start_task(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+                    token: Any, i: int, args: list[Any]) -> None:
         if self._stopped:
             self._outstanding -= 1
             return
         # The task leaves _tasks itself when its body ends (no done callback to schedule);
         # one cancelled before it started stays until the step, which is failing, ends.
-        self._tasks.add(tg.create_task(self._run_node(token, i, args, self._label)))
+        self._tasks.add(spawn(self._run_node(token, i, args, self._label)))
 
     async def _run_node(self, token: Any, i: int, args: list[Any],
                         label: tuple[str, int] | None, alone: bool = False) -> None:
@@ -568,6 +627,7 @@ class Step:
         The kernel's coroutine is made here, inside the task, so a task cancelled
         before it starts leaves no coroutine that was never awaited.
         """
+        keep = alone  # a task leaves _tasks as its body ends, unless it raises (below)
         try:
             reset = None
             try:
@@ -602,10 +662,23 @@ class Step:
                     self._fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
                     return
                 raise
+            except BaseException:
+                # Neither an error nor a cancellation (KeyboardInterrupt, SystemExit, ...):
+                # the step stops, and the task keeps its place in _tasks so that the group
+                # raises it (a lone node's reaches the caller as it is).
+                self._outstanding -= 1
+                spawn = self._spawn
+                if not alone and getattr(spawn, "__self__", None) is self._loop:
+                    # (An asyncio.TaskGroup does this itself, and raises it.)
+                    self._stopped = True
+                    self._cancel_tasks()
+                    self._wake()
+                    keep = True
+                raise
             self._outstanding -= 1
             self._finish(token, i, v)
         finally:
-            if not alone:  # a task of the group: it leaves _tasks as it ends
+            if not keep:
                 self._tasks.discard(asyncio.current_task())
 
     def _recv_done(self, token: Any, i: int, start: float, frame_id: int, iter_id: int,
