@@ -185,6 +185,48 @@ async def test_caller_cancelled_again_while_kernels_stop() -> None:
     _assert_clean(before)
 
 
+async def test_a_failure_cancels_the_other_kernel_once() -> None:
+    """The first error cancels the other kernel once: its cleanup runs to the end
+    (the step returns after it), it is not interrupted by a second cancellation."""
+    release = asyncio.Event()
+    stopping = asyncio.Event()
+    started = asyncio.Event()
+    ended: list[str] = []
+
+    async def slow_to_stop(v: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            stopping.set()
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                ended.append("interrupted")
+                raise
+            ended.append("stopped")
+            raise
+        return v
+
+    async def bad(v: Any) -> Any:
+        await started.wait()
+        raise ValueError("bad value")
+
+    g, x, y = _pair(slow_to_stop, bad)
+    before = asyncio.all_tasks()
+    async with af.Session(graph=g) as sess:
+        run = asyncio.ensure_future(sess.run(y, {x: 1.0}))
+        await stopping.wait()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not run.done()
+        release.set()
+        with pytest.raises(af.errors.InvalidArgumentError, match="io_b"):
+            await run
+        assert ended == ["stopped"]
+    _assert_clean(before)
+
+
 @pytest.mark.parametrize("swallow", [False, True])
 async def test_close_aborts_the_step_without_cancelling_the_caller(swallow: bool) -> None:
     a, b = _Hang(swallow), _Hang()

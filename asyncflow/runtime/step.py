@@ -783,7 +783,8 @@ class Step:
             alone[1] = True  # the lone node awaited in the step's own task: see _await_alone
             alone[0].cancel()
         for task in self._tasks:
-            task.cancel()
+            if not task.cancelling():  # once: a kernel's cleanup is not interrupted
+                task.cancel()
         for fut in self._recvs:
             fut.cancel()
 
