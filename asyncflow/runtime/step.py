@@ -202,7 +202,8 @@ class Step:
         self._outstanding = 0
         self._deferred: list[tuple[Any, int, list[Any]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
-        self._recvs: set[asyncio.Future[Any]] = set()
+        # Futures of waiting recvs (no hand-off queue), made by the first one.
+        self._recvs: set[asyncio.Future[Any]] | None = None
         self._error: errors.OpError | None = None  # the first error; written once
         self._stopped = False  # no new node may start, late results are dropped
         # Every node ran and nothing failed: the step's outcome is its results, whatever
@@ -371,7 +372,8 @@ class Step:
                 try:
                     await self._drive(loop)
                 finally:
-                    await self._join()
+                    if self._tasks:  # (most often empty: no coroutine to make)
+                        await self._join()
             else:
                 async with asyncio.TaskGroup() as tg:
                     self._start_deferred(tg.create_task)
@@ -442,8 +444,6 @@ class Step:
         stopped, as a task group does; the kernels are not cancelled again.
         """
         tasks = self._tasks
-        if not tasks:
-            return
         cancelled: asyncio.CancelledError | None = None
         while pending := [t for t in tasks if not t.done()]:
             try:
@@ -583,6 +583,8 @@ class Step:
                     # Wait without a task and without polling: the matching send (or an
                     # abort) resolves the future, whose callback finishes the node.
                     self._outstanding += 1
+                    if self._recvs is None:
+                        self._recvs = set()
                     self._recvs.add(fut)
                     fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
                                                             frame_id, iter_id))
@@ -684,7 +686,7 @@ class Step:
     def _recv_done(self, token: Any, i: int, start: float, frame_id: int, iter_id: int,
                    fut: asyncio.Future[Any]) -> None:
         self._outstanding -= 1
-        self._recvs.discard(fut)
+        self._recvs.discard(fut)  # type: ignore[union-attr]
         if fut.cancelled():
             self._wake()
             return
@@ -785,7 +787,7 @@ class Step:
         for task in self._tasks:
             if not task.cancelling():  # once: a kernel's cleanup is not interrupted
                 task.cancel()
-        for fut in self._recvs:
+        for fut in self._recvs or ():
             fut.cancel()
 
     # -- failure --------------------------------------------------------------------------
