@@ -18,6 +18,7 @@ import pytest
 import asyncflow as af
 from asyncflow.runtime import step as step_module
 from asyncflow.runtime.cancellation import get_cancellation_manager
+from asyncflow.runtime.step import current_step
 
 
 @pytest.fixture(params=["own", "taskgroup"], autouse=True)
@@ -309,3 +310,37 @@ async def test_cancellation_manager_fires_before_a_thread_kernel_is_cancelled() 
         assert seen == ["cancelled"]
         assert hang.ended == ["cancelled"]
     _assert_clean(before)
+
+
+async def test_current_step_is_the_kernels_own_partition() -> None:
+    """Async kernels see their own step as ``current_step`` (what a function call
+    joins for tracing), in a task or in the caller's task, on either device, also
+    when a hand-off from the other device started them; none is left set after."""
+    seen: dict[str, list[Any]] = {"a": [], "b": [], "c": []}
+
+    def probe(name: str) -> Any:
+        async def kernel(v: Any) -> Any:
+            await asyncio.sleep(0)
+            seen[name].append(current_step.get())
+            return v
+        return kernel
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=())
+        with af.device("/cpu:0"):
+            a = af.py_func(probe("a"), [x], af.float32)
+            b = af.py_func(probe("b"), [x + 1.0], af.float32)
+        with af.device("/cpu:1"):
+            c = af.py_func(probe("c"), [a * 2.0], af.float32)  # after a hand-off
+        y = a + b + c
+    async with af.Session(graph=g, config=af.SessionConfig(device_count={"CPU": 2})) as sess:
+        assert await sess.run(y, {x: 1.0}) == np.float32(1.0 + 2.0 + 2.0)
+        assert await sess.run(a + b, {x: 1.0}) == np.float32(3.0)
+    assert current_step.get() is None
+    first_a, first_b, first_c = seen["a"][0], seen["b"][0], seen["c"][0]
+    assert first_a is not None
+    assert first_a is first_b  # one partition, one step
+    assert first_c is not None
+    assert first_c is not first_a  # the other partition's
+    assert seen["a"][1] is seen["b"][1] is not None

@@ -101,8 +101,9 @@ _HANDOFF_CHECK_EVERY = 32
 
 _ASYNC = registry.ASYNC
 
-#: The step whose async kernel runs in this task (set in the kernel's own task, so
-#: it is seen only there): a function call kernel runs its body as a nested step
+#: The step running in this context: set by ``Step.run`` for its duration (its tasks
+#: inherit it) and by an async node whose task was made elsewhere (a hand-off drains
+#: a step on another's stack): a function call kernel runs its body as a nested step
 #: that joins this one's tracing.
 current_step: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "asyncflow_current_step", default=None)
@@ -275,6 +276,7 @@ class Step:
         if cm is None:
             cm = self._cm = CancellationManager()
         token = _activate_cancellation(cm)
+        current = current_step.set(self)  # its tasks inherit it
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
         tracing = self._trace_on() if self._stats is not None else None
@@ -290,6 +292,7 @@ class Step:
             _restore_numpy(quiet)
             if tracing is not None:
                 self._trace_off(tracing)
+            current_step.reset(current)
             _deactivate_cancellation(token)
         if self._error is not None:
             raise self._error
@@ -392,9 +395,10 @@ class Step:
         """Start the nodes dispatched before the step had a group; from now on
         ``dispatch`` starts tasks with ``spawn`` (the group's ``create_task``)."""
         self._spawn = spawn
-        deferred, self._deferred = self._deferred, []
+        deferred = self._deferred
         for token, i, args in deferred:
-            self._start_task(spawn, token, i, args)
+            self._start_task(spawn, token, i, args)  # (never defers: spawn is set)
+        deferred.clear()
         if self._error is not None:
             self._cancel_tasks()  # aborted from another thread before the loop was known
 
@@ -636,7 +640,8 @@ class Step:
                 node = self._nodes[i]
                 if node.flow == _ASYNC:
                     self._label = label  # what a traced kernel records (frame, iteration)
-                    reset = current_step.set(self)  # undone after: the caller's task, if alone
+                    if current_step.get() is not self:  # (the task's context has it)
+                        reset = current_step.set(self)  # undone after: the caller's task
                     work: Coroutine[Any, Any, Any] = node.kernel(*args)
                 else:
                     work = self._bound.device.run_in_thread(
