@@ -344,3 +344,52 @@ async def test_current_step_is_the_kernels_own_partition() -> None:
     assert first_c is not None
     assert first_c is not first_a  # the other partition's
     assert seen["a"][1] is seen["b"][1] is not None
+
+
+@pytest.mark.parametrize("parts", [True, False])
+async def test_py_func_parts_and_the_kernel_itself_agree(
+        parts: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``step.PARTS``: an async py_func runs as its function and conversion, or as its
+    kernel coroutine: same values, dtypes and errors naming the node, traced too."""
+    monkeypatch.setattr(step_module, "PARTS", parts)
+
+    async def pair(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v, v * 2
+
+    async def wrong_count(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v, v, v
+
+    async def raises(v: Any) -> Any:
+        await asyncio.sleep(0)
+        raise KeyError("missing")
+
+    async def two_args(v: Any, w: Any) -> Any:
+        return v
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=())
+        p, q = af.py_func(pair, [x], [af.float32, af.int64], name="pair")
+        y = af.py_func(_echo, [x], af.float64, name="echo") + af.cast(q, af.float64)
+        bad_count = af.py_func(wrong_count, [x], [af.float32, af.float32], name="count")
+        bad_raise = af.py_func(raises, [x], af.float32, name="raises") + p
+        bad_call = af.py_func(two_args, [x], af.float32, name="call") + p
+    async with af.Session(graph=g) as sess:
+        out = await sess.run([p, q, y], {x: 1.5})
+        assert out == [np.float32(1.5), np.int64(3), np.float64(4.5)]
+        assert [np.asarray(v).dtype for v in out] == [np.float32, np.int64, np.float64]
+        meta = af.RunMetadata()
+        traced = await sess.run(y, {x: 2.0}, options=af.RunOptions(
+            trace_level=af.RunOptions.FULL_TRACE), run_metadata=meta)
+        assert traced == np.float64(6.0)
+        with pytest.raises(af.errors.InvalidArgumentError, match="count"):
+            await sess.run(bad_count, {x: 1.0})
+        with pytest.raises(af.errors.OpError, match="raises") as info:
+            await sess.run(bad_raise, {x: 1.0})
+        assert isinstance(info.value.__cause__, KeyError)
+        with pytest.raises(af.errors.OpError, match="call") as info:
+            await sess.run(bad_call, {x: 1.0})
+        assert isinstance(info.value.__cause__, TypeError)
+        assert await sess.run(y, {x: 0.5}) == np.float64(1.5)  # still usable

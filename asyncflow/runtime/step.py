@@ -86,7 +86,7 @@ if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["OWN_GROUP", "SLICE", "HandoffQueue", "Step", "abort_on_loop", "clear_frames", "current_step",
+__all__ = ["OWN_GROUP", "PARTS", "SLICE", "HandoffQueue", "Step", "abort_on_loop", "clear_frames", "current_step",
            "format_node_error"]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
@@ -96,6 +96,10 @@ SLICE = 0.001
 #: finished returns without another trip through the event loop) instead of an
 #: ``asyncio.TaskGroup``, the general path kept for tests that compare the two.
 OWN_GROUP = True
+#: An async kernel with ``parts``, ``(func, convert)`` (a ``py_func``: ``convert(await
+#: func(*args))``), is run as those: one coroutine less per node.  Tests turn it off
+#: to run the same graphs through the kernel itself.
+PARTS = True
 #: Hand-offs run between two looks at the clock by the send that runs them.
 _HANDOFF_CHECK_EVERY = 32
 
@@ -634,6 +638,7 @@ class Step:
         before it starts leaves no coroutine that was never awaited.
         """
         keep = alone  # a task leaves _tasks as its body ends, unless it raises (below)
+        convert: Callable[[Any], Any] | None = None
         try:
             reset = None
             try:
@@ -642,7 +647,13 @@ class Step:
                     self._label = label  # what a traced kernel records (frame, iteration)
                     if current_step.get() is not self:  # (the task's context has it)
                         reset = current_step.set(self)  # undone after: the caller's task
-                    work: Coroutine[Any, Any, Any] = node.kernel(*args)
+                    kernel = node.kernel
+                    parts = getattr(kernel, "parts", None) if PARTS else None
+                    if parts is None:
+                        work: Coroutine[Any, Any, Any] = kernel(*args)
+                    else:  # the kernel's own coroutine, then its conversion (see PARTS)
+                        func, convert = parts
+                        work = func(*args)
                 else:
                     work = self._bound.device.run_in_thread(
                         _call_in_thread, contextvars.copy_context(), node.kernel, args)
@@ -651,6 +662,8 @@ class Step:
                 finally:
                     if reset is not None:
                         current_step.reset(reset)
+                if convert is not None:
+                    v = convert(v)
                 if alone:
                     a = self._alone
                     if a is not None and not a[1] and a[0].cancelling() > a[2]:
