@@ -9,10 +9,11 @@ State machine of a step (TensorFlow's ``ExecutorState``, on the event loop)::
     any ──(first error | abort | cancel | deadline)──► failing ──(every task finished)──► failed
 
 The step owns what is the same for every graph: dispatching nodes that do not run
-inline (async kernels become tasks of the step's ``asyncio.TaskGroup``, expensive
-ones tasks awaiting a worker thread of the device, ``_Recv`` a waiter that the
-matching send completes, no task), the first-error rule, cancellation, deadlines,
-yielding to the event loop on a budget, tracing.  *Which nodes are ready* is the
+inline (async kernels become tasks of the step's own task group — a lone one is
+awaited in the caller's task —, expensive ones tasks awaiting a worker thread of the
+device, ``_Recv`` a waiter that the matching send completes, no task), the
+first-error rule, cancellation, deadlines, yielding to the event loop on a budget,
+tracing.  *Which nodes are ready* is the
 propagator's business (:mod:`asyncflow.runtime.propagators`), chosen once per plan
 at bind time: the plain propagator (no loop frames; dead tensors of ``cond``
 handled off the fast path) or the frame propagator (loops: frames, iterations,
@@ -86,8 +87,8 @@ if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["OWN_GROUP", "PARTS", "SLICE", "HandoffQueue", "Step", "abort_on_loop", "clear_frames", "current_step",
-           "format_node_error"]
+__all__ = ["OWN_GROUP", "PARTS", "SLICE", "HandoffQueue", "Step", "abort_on_loop",
+           "clear_frames", "current_step", "format_node_error"]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
@@ -687,7 +688,7 @@ class Step:
                 # the step stops, and the task keeps its place in _tasks so that the group
                 # raises it (a lone node's reaches the caller as it is).
                 self._outstanding -= 1
-                spawn = self._spawn
+                spawn = self._spawn  # the loop's create_task in the step's own group
                 if not alone and getattr(spawn, "__self__", None) is self._loop:
                     # (An asyncio.TaskGroup does this itself, and raises it.)
                     self._stopped = True
