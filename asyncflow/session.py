@@ -444,7 +444,14 @@ class Session:
                        run_metadata: RunMetadata | None) -> Any:
         """Run ``step`` on the event loop (deadline, in-flight registry) to its outcome."""
         try:
-            values = await self._run_step(step, options)
+            if self._timeout_ms(options) > 0:
+                values = await self._run_step(step, options)
+            else:  # _run_step without a deadline, one coroutine less per step
+                self._enter(step)
+                try:
+                    values = await step.run()
+                finally:
+                    self._leave(step)
         except BaseException:
             self._count_failed()
             raise
@@ -535,12 +542,24 @@ class Session:
         return (options.timeout_in_ms if options is not None and options.timeout_in_ms
                 else self._config.operation_timeout_in_ms)
 
-    async def _run_step(self, step: StepRunner, options: RunOptions | None) -> list[Any]:
+    def _enter(self, step: StepRunner) -> None:
+        """Count ``step`` and register it in flight (``close`` aborts and waits for it)."""
         with self._counter_lock:
             self._steps += 1
         with self._in_flight_lock:
             self._check_open()
             self._in_flight[step] = None
+
+    def _leave(self, step: StepRunner) -> None:
+        """``step`` is over: unregister it (waking a ``close`` waiting for it), release it."""
+        with self._in_flight_lock:
+            done = self._in_flight.pop(step, None)
+        if done is not None:  # close() waits for this step
+            done.set_result(None)
+        step.release()
+
+    async def _run_step(self, step: StepRunner, options: RunOptions | None) -> list[Any]:
+        self._enter(step)
         timeout_ms = self._timeout_ms(options)
         try:
             if timeout_ms > 0:
@@ -570,11 +589,7 @@ class Session:
                     del deadline
             return await step.run()
         finally:
-            with self._in_flight_lock:
-                done = self._in_flight.pop(step, None)
-            if done is not None:  # close() waits for this step
-                done.set_result(None)
-            step.release()
+            self._leave(step)
 
     # -- compiling ---------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
+from asyncflow.runtime import step as step_module
 
 STEPS = 30
 #: Objects a whole batch of STEPS steps may leave (none per step).
@@ -83,6 +84,11 @@ def _graph() -> dict[str, Any]:
         "call": triple(x),
         "enqueue": q.enqueue(x),
         "dequeue": q.dequeue(),
+        # Two async nodes at once: the step's own task group (or asyncio's).
+        "pair": af.py_func(later, [x], af.float32) + af.py_func(later, [x + 1.0], af.float32),
+        "pair_fails": af.py_func(fails, [x], af.float32, name="fails_beside")
+        + af.py_func(never, [x], af.float32),
+        "pair_never": af.py_func(never, [x], af.float32) + af.py_func(never, [x], af.float32),
     }
 
 
@@ -212,6 +218,36 @@ async def streams(sess: af.Session, ops: dict[str, Any]) -> None:
     got = [value async for _, value in sess.run_stream([ops["inline"], ops["async"]],
                                                        _feed(ops))]
     assert sorted(got) == [1.0, 2.0]
+
+
+async def _parallel(sess: af.Session, ops: dict[str, Any]) -> None:
+    assert await sess.run(ops["pair"], _feed(ops)) == 3.0
+    await _fails_with(af.errors.InvalidArgumentError, sess.run(ops["pair_fails"], _feed(ops)))
+    error = await _in_a_task(sess.run(ops["pair_fails"], _feed(ops)))
+    assert isinstance(error, af.errors.InvalidArgumentError)
+    await _fails_with(af.errors.DeadlineExceededError, sess.run(
+        ops["pair_never"], _feed(ops), options=af.RunOptions(timeout_in_ms=1)))
+    tasks = [asyncio.ensure_future(sess.run(ops["pair_never"], _feed(ops)))]
+    await asyncio.sleep(0.001)
+    tasks[0].cancel()
+    await asyncio.wait(tasks)
+    assert tasks[0].cancelled()
+    tasks.clear()
+
+
+@scenario
+async def parallel_async_kernels(sess: af.Session, ops: dict[str, Any]) -> None:
+    await _parallel(sess, ops)
+
+
+@scenario
+async def parallel_async_kernels_in_a_task_group(sess: af.Session,
+                                                 ops: dict[str, Any]) -> None:
+    step_module.OWN_GROUP = False
+    try:
+        await _parallel(sess, ops)
+    finally:
+        step_module.OWN_GROUP = True
 
 
 _NO_INLINING = af.GraphOptions(optimizer_options=af.OptimizerOptions(

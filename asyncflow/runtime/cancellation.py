@@ -12,7 +12,6 @@ once, on the thread that cancelled, and must be quick and thread-safe.
 from __future__ import annotations
 
 import contextvars
-import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -25,16 +24,21 @@ _current: contextvars.ContextVar[CancellationManager | None] = contextvars.Conte
     "asyncflow_cancellation_manager", default=None)
 
 
+#: Guards every manager's callbacks: registering and cancelling are rare and short,
+#: while a manager is made for every step that awaits (no lock of its own to make).
+_LOCK = threading.Lock()
+
+
 class CancellationManager:
     """Cancellation of one step: a flag, plus callbacks run once when it is set."""
 
-    __slots__ = ("_callbacks", "_cancelled", "_lock", "_tokens")
+    __slots__ = ("_callbacks", "_cancelled", "_next")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._cancelled = False
-        self._callbacks: dict[int, Callable[[], None]] = {}
-        self._tokens = itertools.count()
+        # Made by the first registration (most steps register none).
+        self._callbacks: dict[int, Callable[[], None]] | None = None
+        self._next = 0  # the next registration's token
 
     @property
     def is_cancelled(self) -> bool:
@@ -45,10 +49,13 @@ class CancellationManager:
         """Run ``callback()`` when the step is cancelled; returns a token for
         :meth:`deregister_callback`, or ``None`` (and does not run it) if the step is
         already cancelled."""
-        with self._lock:
+        with _LOCK:
             if self._cancelled:
                 return None
-            token = next(self._tokens)
+            token = self._next
+            self._next = token + 1
+            if self._callbacks is None:
+                self._callbacks = {}
             self._callbacks[token] = callback
             return token
 
@@ -56,16 +63,17 @@ class CancellationManager:
         """Forget a callback; False if it already ran (or never was registered)."""
         if token is None:
             return False
-        with self._lock:
-            return self._callbacks.pop(token, None) is not None
+        with _LOCK:
+            return self._callbacks is not None and self._callbacks.pop(token, None) is not None
 
     def cancel(self) -> None:
         """Set the flag and run the callbacks (once; later calls do nothing)."""
-        with self._lock:
+        with _LOCK:
             if self._cancelled:
                 return
             self._cancelled = True
-            callbacks, self._callbacks = list(self._callbacks.values()), {}
+            callbacks = list(self._callbacks.values()) if self._callbacks else []
+            self._callbacks = None
         for callback in callbacks:
             try:
                 callback()
@@ -74,7 +82,7 @@ class CancellationManager:
 
     def __repr__(self) -> str:
         return (f"<CancellationManager cancelled={self._cancelled} "
-                f"callbacks={len(self._callbacks)}>")
+                f"callbacks={len(self._callbacks or ())}>")
 
 
 def get_cancellation_manager() -> CancellationManager | None:

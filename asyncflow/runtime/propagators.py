@@ -135,6 +135,11 @@ def _dead_fetch(bound: BoundPlan, k: int, v: Dead) -> errors.InvalidArgumentErro
 
 # -- no loops ---------------------------------------------------------------------------
 
+#: The merges of every plain propagator without control flow: never written (only a
+#: Merge node writes, and there is none), so one dict serves them all.
+_NO_MERGES: dict[int, list[Any]] = {}
+
+
 class PlainPropagator:
     """Readiness by pending counts over one value list (graphs without loop frames)."""
 
@@ -160,7 +165,8 @@ class PlainPropagator:
         self._dead: list[Dead | None] | None = [None] * len(nodes) if info is not None else None
         self._kinds = info.kind if info is not None else ()
         # Merge node -> [control producers left, dead inputs, first live input, fired, origin]
-        self._merges: dict[int, list[Any]] = {}
+        # (no Merge without control flow: then one shared, always empty dict)
+        self._merges: dict[int, list[Any]] = {} if info is not None else _NO_MERGES
 
     def has_ready(self) -> bool:
         return bool(self._ready)

@@ -9,10 +9,11 @@ State machine of a step (TensorFlow's ``ExecutorState``, on the event loop)::
     any ──(first error | abort | cancel | deadline)──► failing ──(every task finished)──► failed
 
 The step owns what is the same for every graph: dispatching nodes that do not run
-inline (async kernels become tasks of the step's ``asyncio.TaskGroup``, expensive
-ones tasks awaiting a worker thread of the device, ``_Recv`` a waiter that the
-matching send completes, no task), the first-error rule, cancellation, deadlines,
-yielding to the event loop on a budget, tracing.  *Which nodes are ready* is the
+inline (async kernels become tasks of the step's own task group — a lone one is
+awaited in the caller's task —, expensive ones tasks awaiting a worker thread of the
+device, ``_Recv`` a waiter that the matching send completes, no task), the
+first-error rule, cancellation, deadlines, yielding to the event loop on a budget,
+tracing.  *Which nodes are ready* is the
 propagator's business (:mod:`asyncflow.runtime.propagators`), chosen once per plan
 at bind time: the plain propagator (no loop frames; dead tensors of ``cond``
 handled off the fast path) or the frame propagator (loops: frames, iterations,
@@ -86,19 +87,28 @@ if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["SLICE", "HandoffQueue", "Step", "abort_on_loop", "clear_frames", "current_step",
-           "format_node_error"]
+__all__ = ["OWN_GROUP", "PARTS", "SLICE", "HandoffQueue", "Step", "abort_on_loop",
+           "clear_frames", "current_step", "format_node_error"]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
 SLICE = 0.001
+#: The step's tasks run in a group of its own (``Step._join``: a step whose tasks all
+#: finished returns without another trip through the event loop) instead of an
+#: ``asyncio.TaskGroup``, the general path kept for tests that compare the two.
+OWN_GROUP = True
+#: An async kernel with ``parts``, ``(func, convert)`` (a ``py_func``: ``convert(await
+#: func(*args))``), is run as those: one coroutine less per node.  Tests turn it off
+#: to run the same graphs through the kernel itself.
+PARTS = True
 #: Hand-offs run between two looks at the clock by the send that runs them.
 _HANDOFF_CHECK_EVERY = 32
 
 _ASYNC = registry.ASYNC
 
-#: The step whose async kernel runs in this task (set in the kernel's own task, so
-#: it is seen only there): a function call kernel runs its body as a nested step
+#: The step running in this context: set by ``Step.run`` for its duration (its tasks
+#: inherit it) and by an async node whose task was made elsewhere (a hand-off drains
+#: a step on another's stack): a function call kernel runs its body as a nested step
 #: that joins this one's tracing.
 current_step: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "asyncflow_current_step", default=None)
@@ -164,10 +174,10 @@ class Step:
         "_recvs",
         "_rendezvous",
         "_spare",
+        "_spawn",
         "_stats",
         "_stopped",
         "_tasks",
-        "_tg",
         "_tid",
     )
 
@@ -187,7 +197,8 @@ class Step:
         # The step's context (numpy quiet, cancellation, tracing), for hand-offs run
         # from the event loop; taken at the first recv that waits.
         self._ctx: contextvars.Context | None = None
-        self._tg: asyncio.TaskGroup | None = None
+        # The group's create_task while the step has a task group (see _run_tasks).
+        self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
         # [task, cancelled by the step] while a lone node is awaited in the step's own
         # task (see _await_alone), else None.
         self._alone: list[Any] | None = None
@@ -197,7 +208,8 @@ class Step:
         self._outstanding = 0
         self._deferred: list[tuple[Any, int, list[Any]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
-        self._recvs: set[asyncio.Future[Any]] = set()
+        # Futures of waiting recvs (no hand-off queue), made by the first one.
+        self._recvs: set[asyncio.Future[Any]] | None = None
         self._error: errors.OpError | None = None  # the first error; written once
         self._stopped = False  # no new node may start, late results are dropped
         # Every node ran and nothing failed: the step's outcome is its results, whatever
@@ -269,6 +281,7 @@ class Step:
         if cm is None:
             cm = self._cm = CancellationManager()
         token = _activate_cancellation(cm)
+        current = current_step.set(self)  # its tasks inherit it
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
         tracing = self._trace_on() if self._stats is not None else None
@@ -284,6 +297,7 @@ class Step:
             _restore_numpy(quiet)
             if tracing is not None:
                 self._trace_off(tracing)
+            current_step.reset(current)
             _deactivate_cancellation(token)
         if self._error is not None:
             raise self._error
@@ -361,47 +375,100 @@ class Step:
                 if self._error is not None or self._stopped or (
                         not self._outstanding and not prop.has_ready()):
                     return
-            async with asyncio.TaskGroup() as tg:
-                self._tg = tg
-                deferred, self._deferred = self._deferred, []
-                for token, i, args in deferred:
-                    self._start_task(tg, token, i, args)
-                if self._error is not None:
-                    self._cancel_tasks()  # aborted from another thread before the loop was known
+            if OWN_GROUP:
+                self._start_deferred(loop.create_task)
                 try:
-                    while self._error is None:
-                        if prop.has_ready():
-                            if self._stats is not None:
-                                self._stats.append(time.time())  # a trace boundary
-                            if not prop.drain(time.perf_counter() + SLICE):
-                                await asyncio.sleep(0)  # deadlines, cancels and tasks run
-                            continue
-                        if not self._outstanding:
-                            break
-                        # Tasks and recv callbacks finish nodes and drain on their own;
-                        # they wake this loop when all is done, when an error happened,
-                        # or when a drain of theirs used up its budget.
-                        done = self._done = loop.create_future()
-                        await done
-                except asyncio.CancelledError:
-                    # The caller was cancelled (or its deadline passed): nothing new may
-                    # start; the group cancels the running tasks and waits for them.
-                    self._stopped = True
-                    if self._cm is not None:
-                        self._cm.cancel()
-                    raise
+                    await self._drive(loop)
                 finally:
-                    self._done = None
-                    if self._error is not None or self._stopped:
-                        self._cancel_tasks()
+                    if self._tasks:  # (most often empty: no coroutine to make)
+                        await self._join()
+            else:
+                async with asyncio.TaskGroup() as tg:
+                    self._start_deferred(tg.create_task)
+                    await self._drive(loop)
         except BaseExceptionGroup as group:
             # Only a BaseException that is not an Exception gets here (kernel errors
             # are caught in the tasks): re-raise it as itself, never as a group.
             raise group.exceptions[0] from None
         finally:
             self._stopped = True
-            self._tg = None
+            self._spawn = None
             self._loop = None
+
+    def _start_deferred(self, spawn: Callable[[Coroutine[Any, Any, None]],
+                                              asyncio.Task[None]]) -> None:
+        """Start the nodes dispatched before the step had a group; from now on
+        ``dispatch`` starts tasks with ``spawn`` (the group's ``create_task``)."""
+        self._spawn = spawn
+        deferred = self._deferred
+        for token, i, args in deferred:
+            self._start_task(spawn, token, i, args)  # (never defers: spawn is set)
+        deferred.clear()
+        if self._error is not None:
+            self._cancel_tasks()  # aborted from another thread before the loop was known
+
+    async def _drive(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Drain what becomes ready and wait for the tasks and recvs, until the step is
+        done, fails or stops; then cancel what is left (the group waits for it)."""
+        prop = self._prop
+        try:
+            while self._error is None and not self._stopped:
+                if prop.has_ready():
+                    if self._stats is not None:
+                        self._stats.append(time.time())  # a trace boundary
+                    if not prop.drain(time.perf_counter() + SLICE):
+                        await asyncio.sleep(0)  # deadlines, cancels and tasks run
+                    continue
+                if not self._outstanding:
+                    break
+                # Tasks and recv callbacks finish nodes and drain on their own;
+                # they wake this loop when all is done, when an error happened,
+                # or when a drain of theirs used up its budget.
+                done = self._done = loop.create_future()
+                await done
+        except asyncio.CancelledError:
+            # The caller was cancelled (or its deadline passed): nothing new may
+            # start; the group cancels the running tasks and waits for them.
+            self._stopped = True
+            if self._cm is not None:
+                self._cm.cancel()
+            raise
+        finally:
+            self._done = None
+            if self._error is not None or self._stopped:
+                self._cancel_tasks()
+
+    async def _join(self) -> None:
+        """The end of the step's own group (``OWN_GROUP``): wait until every task it
+        started is done, then raise the first exception one of them ended with that is
+        not a cancellation (what ``asyncio.TaskGroup.__aexit__`` does).
+
+        A task leaves ``_tasks`` as the last thing its body does, so a task not in it
+        is done by the time this task runs again: a step whose tasks all finished
+        returns at once, without the extra trip through the event loop that a task
+        group's done callbacks take.  Left in ``_tasks`` are only tasks cancelled before
+        they started and tasks still stopping (the step failed or was cancelled), or
+        ending with a ``BaseException``; all of them were cancelled (the step failed or
+        stopped).  A cancellation of the caller while they stop is raised after they
+        stopped, as a task group does; the kernels are not cancelled again.
+        """
+        tasks = self._tasks
+        cancelled: asyncio.CancelledError | None = None
+        while pending := [t for t in tasks if not t.done()]:
+            try:
+                await asyncio.wait(pending)
+            except asyncio.CancelledError as exc:
+                cancelled = exc  # the tasks were cancelled already: let them stop
+        fatal: BaseException | None = None
+        for task in tasks:  # every outcome retrieved: asyncio logs none of them
+            outcome = None if task.cancelled() else task.exception()
+            if fatal is None:
+                fatal = outcome
+        tasks.clear()
+        if fatal is not None:
+            raise fatal
+        if cancelled is not None:
+            raise cancelled
 
     async def _await_alone(self) -> None:
         """While the step's only work is one async node, await it right in this task:
@@ -525,6 +592,8 @@ class Step:
                     # Wait without a task and without polling: the matching send (or an
                     # abort) resolves the future, whose callback finishes the node.
                     self._outstanding += 1
+                    if self._recvs is None:
+                        self._recvs = set()
                     self._recvs.add(fut)
                     fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
                                                             frame_id, iter_id))
@@ -546,19 +615,20 @@ class Step:
                     self._prop.complete(token, v)
                     return
         self._outstanding += 1
-        tg = self._tg
-        if tg is None:
+        spawn = self._spawn
+        if spawn is None:
             self._deferred.append((token, i, args))
         else:
-            self._start_task(tg, token, i, args)
+            self._start_task(spawn, token, i, args)
 
-    def _start_task(self, tg: asyncio.TaskGroup, token: Any, i: int, args: list[Any]) -> None:
+    def _start_task(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+                    token: Any, i: int, args: list[Any]) -> None:
         if self._stopped:
             self._outstanding -= 1
             return
         # The task leaves _tasks itself when its body ends (no done callback to schedule);
         # one cancelled before it started stays until the step, which is failing, ends.
-        self._tasks.add(tg.create_task(self._run_node(token, i, args, self._label)))
+        self._tasks.add(spawn(self._run_node(token, i, args, self._label)))
 
     async def _run_node(self, token: Any, i: int, args: list[Any],
                         label: tuple[str, int] | None, alone: bool = False) -> None:
@@ -568,14 +638,23 @@ class Step:
         The kernel's coroutine is made here, inside the task, so a task cancelled
         before it starts leaves no coroutine that was never awaited.
         """
+        keep = alone  # a task leaves _tasks as its body ends, unless it raises (below)
+        convert: Callable[[Any], Any] | None = None
         try:
             reset = None
             try:
                 node = self._nodes[i]
                 if node.flow == _ASYNC:
                     self._label = label  # what a traced kernel records (frame, iteration)
-                    reset = current_step.set(self)  # undone after: the caller's task, if alone
-                    work: Coroutine[Any, Any, Any] = node.kernel(*args)
+                    if current_step.get() is not self:  # (the task's context has it)
+                        reset = current_step.set(self)  # undone after: the caller's task
+                    kernel = node.kernel
+                    parts = getattr(kernel, "parts", None) if PARTS else None
+                    if parts is None:
+                        work: Coroutine[Any, Any, Any] = kernel(*args)
+                    else:  # the kernel's own coroutine, then its conversion (see PARTS)
+                        func, convert = parts
+                        work = func(*args)
                 else:
                     work = self._bound.device.run_in_thread(
                         _call_in_thread, contextvars.copy_context(), node.kernel, args)
@@ -584,6 +663,8 @@ class Step:
                 finally:
                     if reset is not None:
                         current_step.reset(reset)
+                if convert is not None:
+                    v = convert(v)
                 if alone:
                     a = self._alone
                     if a is not None and not a[1] and a[0].cancelling() > a[2]:
@@ -602,16 +683,29 @@ class Step:
                     self._fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
                     return
                 raise
+            except BaseException:
+                # Neither an error nor a cancellation (KeyboardInterrupt, SystemExit, ...):
+                # the step stops, and the task keeps its place in _tasks so that the group
+                # raises it (a lone node's reaches the caller as it is).
+                self._outstanding -= 1
+                spawn = self._spawn  # the loop's create_task in the step's own group
+                if not alone and getattr(spawn, "__self__", None) is self._loop:
+                    # (An asyncio.TaskGroup does this itself, and raises it.)
+                    self._stopped = True
+                    self._cancel_tasks()
+                    self._wake()
+                    keep = True
+                raise
             self._outstanding -= 1
             self._finish(token, i, v)
         finally:
-            if not alone:  # a task of the group: it leaves _tasks as it ends
+            if not keep:
                 self._tasks.discard(asyncio.current_task())
 
     def _recv_done(self, token: Any, i: int, start: float, frame_id: int, iter_id: int,
                    fut: asyncio.Future[Any]) -> None:
         self._outstanding -= 1
-        self._recvs.discard(fut)
+        self._recvs.discard(fut)  # type: ignore[union-attr]
         if fut.cancelled():
             self._wake()
             return
@@ -710,8 +804,9 @@ class Step:
             alone[1] = True  # the lone node awaited in the step's own task: see _await_alone
             alone[0].cancel()
         for task in self._tasks:
-            task.cancel()
-        for fut in self._recvs:
+            if not task.cancelling():  # once: a kernel's cleanup is not interrupted
+                task.cancel()
+        for fut in self._recvs or ():
             fut.cancel()
 
     # -- failure --------------------------------------------------------------------------
