@@ -119,6 +119,16 @@ async def _in_a_task(run: Awaitable[Any]) -> BaseException | None:
     return error
 
 
+async def _cancelled_by_the_caller(run: Awaitable[Any]) -> None:
+    """Run in a task, cancel it while it runs, and let go of it."""
+    tasks = [asyncio.ensure_future(run)]
+    await asyncio.sleep(0.001)
+    tasks[0].cancel()
+    await asyncio.wait(tasks)
+    assert tasks[0].cancelled()
+    tasks.clear()
+
+
 @scenario
 async def inline(sess: af.Session, ops: dict[str, Any]) -> None:
     await sess.run(ops["inline"], _feed(ops))
@@ -157,12 +167,7 @@ async def deadline(sess: af.Session, ops: dict[str, Any]) -> None:
 
 @scenario
 async def cancelled_by_the_caller(sess: af.Session, ops: dict[str, Any]) -> None:
-    tasks = [asyncio.ensure_future(sess.run(ops["never"], _feed(ops)))]
-    await asyncio.sleep(0.001)
-    tasks[0].cancel()
-    await asyncio.wait(tasks)
-    assert tasks[0].cancelled()
-    tasks.clear()
+    await _cancelled_by_the_caller(sess.run(ops["never"], _feed(ops)))
 
 
 @scenario
@@ -227,12 +232,7 @@ async def _parallel(sess: af.Session, ops: dict[str, Any]) -> None:
     assert isinstance(error, af.errors.InvalidArgumentError)
     await _fails_with(af.errors.DeadlineExceededError, sess.run(
         ops["pair_never"], _feed(ops), options=af.RunOptions(timeout_in_ms=1)))
-    tasks = [asyncio.ensure_future(sess.run(ops["pair_never"], _feed(ops)))]
-    await asyncio.sleep(0.001)
-    tasks[0].cancel()
-    await asyncio.wait(tasks)
-    assert tasks[0].cancelled()
-    tasks.clear()
+    await _cancelled_by_the_caller(sess.run(ops["pair_never"], _feed(ops)))
 
 
 @scenario

@@ -19,6 +19,7 @@ import asyncflow as af
 from asyncflow.runtime import step as step_module
 from asyncflow.runtime.cancellation import get_cancellation_manager
 from asyncflow.runtime.step import current_step
+from tests.test_lone_node import _Hang
 
 
 @pytest.fixture(params=["own", "taskgroup"], autouse=True)
@@ -41,26 +42,6 @@ def _pair(a_kernel: Any, b_kernel: Any) -> tuple[af.Graph, af.Tensor, af.Tensor]
 async def _echo(v: Any) -> Any:
     await asyncio.sleep(0)
     return v
-
-
-class _Hang:
-    """An async kernel that waits until cancelled and notes that it was (``ended``);
-    ``started`` is set once it runs; ``swallow`` makes it return instead of re-raising."""
-
-    def __init__(self, swallow: bool = False) -> None:
-        self.started = asyncio.Event()
-        self.ended: list[str] = []
-        self.swallow = swallow
-
-    async def __call__(self, v: Any) -> Any:
-        self.started.set()
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            self.ended.append("cancelled")
-            if not self.swallow:
-                raise
-        return v
 
 
 def _assert_clean(before: set[asyncio.Task[Any]]) -> None:
