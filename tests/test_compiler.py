@@ -42,7 +42,9 @@ def _prune(graph: af.Graph, fetches: list[af.Tensor], targets: list[af.Operation
     fed = {ref_of(t) for t in feeds}
     nodes = prune(ir, fetched, targeted, fed)
     roots = [name for name, k in fetched if (name, k) not in fed] + targeted
-    assert nodes == _walk(ir, roots, fed)
+    assert nodes == _walk(ir, list(roots), fed)
+    if not ir.back_edges:
+        assert nodes == _scan(ir, roots, fed)
     return nodes
 
 
@@ -86,9 +88,13 @@ def test_prune_follows_control_edges_and_targets(graph: af.Graph) -> None:
 
 def test_prune_is_topological_and_iterative(graph: af.Graph) -> None:
     x = af.constant(0.0)
-    for _ in range(5000):  # deeper than the recursion limit
+    early = x
+    for k in range(5000):  # deeper than the recursion limit
         x = af.add(x, 1.0)
-    nodes = _prune(graph, [x])
+        if k == 10:
+            early = x
+    nodes = _prune(graph, [x])  # the walk gives way to the scan
+    assert len(_prune(graph, [early])) == 2 * 11 + 1  # a walk: 11 adds, their constants
     position = {n.name: i for i, n in enumerate(nodes)}
     for n in nodes:
         for name, _ in n.inputs:

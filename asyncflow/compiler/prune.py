@@ -20,20 +20,24 @@ def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
           feeds: Collection[Ref] = ()) -> tuple[NodeDef, ...]:
     """The nodes needed to compute ``fetches`` and run ``targets`` when ``feeds`` are given.
 
-    Without back edges (``ir.back_edges``), one scan of the nodes in reverse order:
+    A walk from the fetches, which costs what it visits: a small part of a large
+    graph is pruned in a time of its size.  Once the walk has visited a sixteenth of
+    the graph, and the graph has no back edges (``ir.back_edges``: no while loop), it
+    gives way to one scan of the nodes in reverse order, which is cheaper per node:
     every node comes before its inputs, so a node is needed exactly when a needed node
     seen before it names it, and the scan stops once nothing needed is left to reach.
-    With back edges (while loops), a walk from the fetches.  Both iterative: a
-    100,000-node chain must not hit the recursion limit.
+    Both iterative: a 100,000-node chain must not hit the recursion limit.
     """
     fed = feeds if isinstance(feeds, set | frozenset) else set(feeds)
     roots = [name for name, k in fetches if (name, k) not in fed]
     roots.extend(targets)
     if not ir.back_edges:
-        nodes = _scan(ir, roots, fed)
+        nodes = _walk(ir, list(roots), fed, budget=max(len(ir.nodes) // 16, 1))
+        if nodes is None:
+            nodes = _scan(ir, roots, fed)
         if nodes is not None:
             return nodes
-    return _walk(ir, roots, fed)
+    return _walk(ir, roots, fed)  # type: ignore[return-value]
 
 
 def _carried(ir: GraphIR, control: str, fed: Collection[Ref]) -> bool:
@@ -73,8 +77,11 @@ def _scan(ir: GraphIR, roots: list[str], fed: Collection[Ref]) -> tuple[NodeDef,
     return None
 
 
-def _walk(ir: GraphIR, roots: list[str], fed: Collection[Ref]) -> tuple[NodeDef, ...]:
-    """:func:`prune` by a walk from the roots, then the needed nodes in graph order."""
+def _walk(ir: GraphIR, roots: list[str], fed: Collection[Ref],
+          budget: int | None = None) -> tuple[NodeDef, ...] | None:
+    """:func:`prune` by a walk from the roots, then the needed nodes in graph order
+    (None: more than ``budget`` nodes are needed)."""
+    left = len(ir.nodes) + 1 if budget is None else budget
     by_name = ir.by_name
     stack = roots
     needed: set[str] = set()
@@ -86,6 +93,9 @@ def _walk(ir: GraphIR, roots: list[str], fed: Collection[Ref]) -> tuple[NodeDef,
         if name in needed:
             continue
         add(name)
+        left -= 1
+        if not left:
+            return None
         node = by_name[name]
         if fed:
             for r in node.inputs:
