@@ -44,6 +44,34 @@ async def test_thread_kernel_polls_cancellation_and_run_waits_for_it(graph: af.G
         assert time.monotonic() - start < 5
 
 
+async def test_kernels_see_their_own_steps_manager(graph: af.Graph) -> None:
+    """The manager a kernel gets is its step's (read off the step in the context): the
+    same in an async and a thread kernel of one step, a new one per step, None outside."""
+    seen: list[tuple[str, Any]] = []
+
+    async def in_task(v: Any) -> Any:
+        seen.append(("async", af.get_cancellation_manager()))
+        return v
+
+    def in_thread(v: Any) -> Any:
+        seen.append(("thread", af.get_cancellation_manager()))
+        return v
+
+    x = af.constant(1.0)
+    y = af.add(af.py_func(in_task, [x], af.float32),
+               af.py_func(in_thread, [x], af.float32, expensive=True))
+    async with af.Session(graph=graph) as sess:
+        assert await sess.run(y) == 2.0
+        assert await sess.run(y) == 2.0
+    assert sorted(kind for kind, _ in seen) == ["async", "async", "thread", "thread"]
+    managers = [cm for _, cm in seen]
+    assert all(isinstance(cm, af.CancellationManager) for cm in managers)
+    assert managers[0] is managers[1]  # one step
+    assert managers[2] is managers[3]  # the next
+    assert managers[0] is not managers[2]
+    assert af.get_cancellation_manager() is None
+
+
 async def test_per_run_timeout_wins_over_session_default(graph: af.Graph) -> None:
     async def slow(v: Any) -> Any:
         await asyncio.sleep(0.2)

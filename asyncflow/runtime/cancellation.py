@@ -15,13 +15,17 @@ import contextvars
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 __all__ = ["CancellationManager", "get_cancellation_manager"]
 
 logger = logging.getLogger("asyncflow.cancellation")
 
-_current: contextvars.ContextVar[CancellationManager | None] = contextvars.ContextVar(
-    "asyncflow_cancellation_manager", default=None)
+#: The step running in this context (``asyncflow.runtime.step.current_step``, set by
+#: ``Step.run`` and inherited by its tasks and threads): a kernel's manager is its
+#: step's, so one context variable is set per step for both.
+running_step: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "asyncflow_current_step", default=None)
 
 
 #: Guards every manager's callbacks: registering and cancelling are rare and short,
@@ -87,12 +91,5 @@ class CancellationManager:
 
 def get_cancellation_manager() -> CancellationManager | None:
     """The running step's cancellation manager (``None`` outside a kernel)."""
-    return _current.get()
-
-
-def _activate(manager: CancellationManager) -> contextvars.Token[CancellationManager | None]:
-    return _current.set(manager)
-
-
-def _deactivate(token: contextvars.Token[CancellationManager | None]) -> None:
-    _current.reset(token)
+    step = running_step.get()
+    return step._cm if step is not None else None

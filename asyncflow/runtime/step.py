@@ -67,9 +67,7 @@ from asyncflow import errors
 from asyncflow.compiler.keys import frame_key
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel, SendKernel
-from asyncflow.runtime.cancellation import CancellationManager
-from asyncflow.runtime.cancellation import _activate as _activate_cancellation
-from asyncflow.runtime.cancellation import _deactivate as _deactivate_cancellation
+from asyncflow.runtime.cancellation import CancellationManager, running_step
 from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.loop_fastpath import fast_loops
 from asyncflow.runtime.propagators import (
@@ -109,9 +107,9 @@ _ASYNC = registry.ASYNC
 #: The step running in this context: set by ``Step.run`` for its duration (its tasks
 #: inherit it) and by an async node whose task was made elsewhere (a hand-off drains
 #: a step on another's stack): a function call kernel runs its body as a nested step
-#: that joins this one's tracing.
-current_step: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
-    "asyncflow_current_step", default=None)
+#: that joins this one's tracing, and kernels find their cancellation manager through
+#: it (:func:`~asyncflow.runtime.cancellation.get_cancellation_manager`).
+current_step: contextvars.ContextVar[Step | None] = running_step
 _SEND = registry.SEND
 _RECV = registry.RECV
 
@@ -277,11 +275,9 @@ class Step:
         Raises the step's first error as an ``OpError``.  Returns or raises only after
         every task the step started has finished.
         """
-        cm = self._cm
-        if cm is None:
-            cm = self._cm = CancellationManager()
-        token = _activate_cancellation(cm)
-        current = current_step.set(self)  # its tasks inherit it
+        if self._cm is None:
+            self._cm = CancellationManager()
+        current = current_step.set(self)  # its tasks and kernels inherit it (and its manager)
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
         tracing = self._trace_on() if self._stats is not None else None
@@ -298,7 +294,6 @@ class Step:
             if tracing is not None:
                 self._trace_off(tracing)
             current_step.reset(current)
-            _deactivate_cancellation(token)
         if self._error is not None:
             raise self._error
         return self._retvals()
@@ -324,7 +319,7 @@ class Step:
         step) so it is freed by reference counting, not by the cycle collector."""
         self._prop._step = None  # type: ignore[assignment]
         self._error = None
-        self._cm = None
+        # (The manager stays: a thread kernel still running reads it off the step.)
         # A recv still waiting (the step was cancelled) holds the step from the
         # rendezvous (an aborted one holds the step's error), and the step's context may
         # hold the step: cut both; a released step never runs again (a late value is
