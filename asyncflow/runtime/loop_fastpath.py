@@ -207,9 +207,7 @@ class LoopRun:
             try:
                 for f in head:
                     f(vals)
-            except Exception as exc:
-                return self._fail(step, f, exc)
-            except asyncio.CancelledError as exc:
+            except (Exception, asyncio.CancelledError) as exc:  # (_fail tells them apart)
                 return self._fail(step, f, exc)
             p = vals[pred]
             try:
@@ -225,9 +223,7 @@ class LoopRun:
             try:
                 for f in true:
                     f(vals)
-            except Exception as exc:
-                return self._fail(step, f, exc)
-            except asyncio.CancelledError as exc:
+            except (Exception, asyncio.CancelledError) as exc:  # (_fail tells them apart)
                 return self._fail(step, f, exc)
             carry = sources(vals)
             for s in carry_frees:
