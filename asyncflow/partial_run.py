@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from asyncflow import errors
 from asyncflow.compiler.ir import GraphIR, ref_of
 from asyncflow.compiler.pipeline import Compiled, compile_signature
+from asyncflow.compiler.prune import prune
 from asyncflow.config import RunOptions, SessionConfig
 from asyncflow.fetch_feed import FetchMapper, feed_converter, retval_converter
 from asyncflow.framework.graph import Graph, Operation, Tensor
@@ -76,6 +77,8 @@ class _PartialRun:
     error: BaseException | None = None
     fetched: set[Tensor | Operation] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
+    #: The graph as it was set up: what a fetch needs is looked up in it.
+    ir: GraphIR | None = None
 
     def complete(self) -> bool:
         return (len(self.fed) == len(self.feed_keys)
@@ -98,8 +101,9 @@ class PartialRuns:
         feed_list = [sess._feed_tensor(k) for k in (feeds or ())]
         if len(set(feed_list)) != len(feed_list):
             raise ValueError(f"partial_run_setup: feeds has duplicate entries: {feeds!r}")
+        ir = sess._graph_ir()
         compiled = compile_signature(
-            sess._graph_ir(), feeds=[ref_of(t) for t in feed_list],
+            ir, feeds=[ref_of(t) for t in feed_list],
             fetches=[ref_of(t) for t in mapper.tensors],
             targets=[op.name for op in mapper.targets], devices=sess.list_devices(),
             incarnation=sess._incarnation,
@@ -113,7 +117,7 @@ class PartialRuns:
         state = _PartialRun(handle, step, rendezvous, asyncio.get_running_loop(),
                             dict(zip(feed_list, keys.feeds)),
                             dict(zip(mapper.tensors, keys.fetches)),
-                            dict(zip(mapper.targets, keys.targets)))
+                            dict(zip(mapper.targets, keys.targets)), ir=ir)
 
         async def run_partial() -> None:
             try:
@@ -156,6 +160,7 @@ class PartialRuns:
             if item in done:
                 raise errors.InvalidArgumentError(
                     None, op, f"The {what} {item.name} has already been {verb}.")
+        _check_computable(state, mapper, {t for t, _ in feeds})
         converted = [(t, feed_converter(t)(v)) for t, v in feeds]
         try:
             for t, value in converted:
@@ -190,6 +195,32 @@ class PartialRuns:
             if state.task is not None and state.loop is loop and not state.task.done():
                 state.task.cancel()
                 await asyncio.wait([state.task])  # its outcome is retrieved by _retrieve
+
+
+def _check_computable(state: _PartialRun, mapper: FetchMapper, feeding: set[Tensor]) -> None:
+    """As TF's ``CheckFetch``: a fetch that needs a declared feed not fed yet (before
+    or by this call) would wait forever; ``InvalidArgumentError`` naming both."""
+    pending = {ref_of(t): t for t in state.feed_keys if t not in state.fed and t not in feeding}
+    if not pending or state.ir is None:
+        return
+    declared = [ref_of(t) for t in state.feed_keys]
+    for item in (*mapper.tensors, *mapper.targets):
+        if isinstance(item, Tensor):
+            ref = ref_of(item)
+            missing = pending.get(ref)
+            needed = prune(state.ir, [ref], (), declared)
+        else:
+            missing = None
+            needed = prune(state.ir, (), [item.name], declared)
+        for n in needed:
+            if missing is not None:
+                break
+            missing = next((pending[r] for r in n.inputs if r in pending), None)
+        if missing is not None:
+            op = item.op if isinstance(item, Tensor) else item
+            raise errors.InvalidArgumentError(
+                None, op, f"Fetch {item.name} can't be computed from the feeds that have "
+                          f"been fed so far: it needs {missing.name}, which is not fed yet.")
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

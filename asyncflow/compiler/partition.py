@@ -206,14 +206,18 @@ def partition_graph_def(part: PartitionDef) -> dict[str, Any]:
     """A graph def (``as_graph_def()``'s form) of one partition, with ``_Arg`` / ``_Retval``."""
     from asyncflow.framework.graph_def import encode_attr
 
-    arg_names = {r: f"_arg_{r[0]}_{r[1]}" for _, r in part.args}
+    # A feed no node of the partition reads has no _Arg: as TF, which prunes it away
+    # (the run still takes it, and its dtype is nowhere among these nodes).
+    read = {r for n in part.nodes for r in n.inputs} | {r for _, r in part.retvals}
+    args = [(k, r) for k, r in part.args if r in read]
+    arg_names = {r: f"_arg_{r[0]}_{r[1]}" for _, r in args}
 
     def ref(r: Ref) -> str:
         return arg_names[r] if r in arg_names else format_ref(r)
 
     device = part.device
     nodes: list[dict[str, Any]] = []
-    for k, r in part.args:
+    for k, r in args:
         dtype = _dtype_of(part, r)
         nodes.append({"name": arg_names[r], "op": "_Arg", "input": [], "device": device,
                       "attr": {"index": encode_attr(k), "T": encode_attr(dtype)}})
@@ -241,15 +245,20 @@ def _dtype_of(part: PartitionDef, r: Ref) -> dtypes.DType:
 
 def add_client_edges(nodes: Sequence[NodeDef], placement: Sequence[int],
                      devices: Sequence[str], feeds: Sequence[Ref], fetches: Sequence[Ref],
-                     targets: Sequence[str], incarnation: int, client: str
+                     targets: Sequence[str], incarnation: int, client: str,
+                     feed_infos: Sequence[ValueInfo]
                      ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], tuple[str, ...],
                                 tuple[str, ...], tuple[str, ...]]:
     """Partial runs: the client feeds and fetches through the step's rendezvous.
 
-    Each fed tensor becomes a ``_Recv`` from ``client`` on the device of its first
-    consumer (its consumers read the ``_Recv``); each fetch a ``_Send`` to ``client``
-    on its producer's device; each target a token ``_Send`` after it.  Returns the
-    nodes and placement with these added, and the feed, fetch and target keys.
+    Each fed tensor becomes a ``_Recv`` from ``client`` on the client's device (the
+    session's default device, ``devices[0]``, as TF places feeds; partitioning carries
+    it on to consumers elsewhere), unless nothing of the run reads it: a feed declared
+    for another fetch gets a key and no node.  ``feed_infos`` are the fed tensors'
+    dtypes and shapes (a feed nothing reads has no node here to learn them from).
+    Each fetch is a ``_Send`` to ``client`` on its producer's device; each target a
+    token ``_Send`` after it.  Returns the nodes and placement with these added, and
+    the feed, fetch and target keys.
     """
     device_of = {n.name: d for n, d in zip(nodes, placement)}
     infos = {n.name: n for n in nodes}
@@ -257,20 +266,21 @@ def add_client_edges(nodes: Sequence[NodeDef], placement: Sequence[int],
     added: list[NodeDef] = []
     added_device: list[int] = []
     feed_keys: list[str] = []
-    for r in feeds:
-        consumer = next((d for n, d in zip(nodes, placement) if r in n.inputs), 0)
-        info = _info_of(r, nodes)
+    read = {r for n in nodes for r in n.inputs} | set(fetches)
+    for r, info in zip(feeds, feed_infos):
         name = f"_recv_feed_{r[0]}_{r[1]}"
-        key = create_key(client, incarnation, devices[consumer], f"feed:{r[0]}:{r[1]}")
+        key = create_key(client, incarnation, devices[0], f"feed:{r[0]}:{r[1]}")
         feed_keys.append(key)
+        if r not in read:
+            continue
         fed[r] = name
-        added.append(NodeDef(name, "_Recv", (), (), devices[consumer],
+        added.append(NodeDef(name, "_Recv", (), (), devices[0],
                              {"key": key, "tensor_name": f"{r[0]}:{r[1]}",
-                              "send_device": client, "recv_device": devices[consumer],
+                              "send_device": client, "recv_device": devices[0],
                               "dtype": info.dtype, "shape": info.shape},
                              (info,), (), True, infos[r[0]].traceback if r[0] in infos else ""))
-        added_device.append(consumer)
-        device_of[name] = consumer
+        added_device.append(0)
+        device_of[name] = 0
     rewired = []
     for n in nodes:
         if any(r in fed for r in n.inputs):

@@ -106,8 +106,10 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
         _check_not_in_loop(frames, nodes, fetches, "fetched")
     client_keys = None
     if client is not None:
+        feed_infos = [ir.by_name[r[0]].outputs[r[1]] for r in feeds]
         nodes, placement, fk, tk, gk = add_client_edges(
-            nodes, placement, devices, feeds, fetches, targets, incarnation, client)
+            nodes, placement, devices, feeds, fetches, targets, incarnation, client,
+            feed_infos)
         client_keys = ClientKeys(fk, tk, gk)
         targets = tuple(n.name for n in nodes[len(nodes) - len(fetches) - len(targets):])
         feeds, fetches = (), ()

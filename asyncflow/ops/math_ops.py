@@ -1014,9 +1014,7 @@ inline_kernel("SelectV2", np.where)
 def _where_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     (cond,) = inputs
     _check_dtype(cond, lambda d: d.is_bool or d.is_numeric, "bool or numeric")
-    if cond._shape.rank == 0:
-        raise ValueError(f"where(condition) needs a condition of rank >= 1 to give "
-                         f"coordinates of, got scalar {cond.name!r}")
+    # A scalar condition builds, as in TF ([n, 0] statically); its kernel rejects it.
     return [(dtypes.int64, TensorShape([None, cond._shape.rank]))]
 
 
@@ -1024,7 +1022,7 @@ define_op("Where", _where_shape)
 
 
 def _where_kernel(cond: Any) -> np.ndarray:
-    if cond.ndim == 0:  # a fed scalar: TF's kernel rejects it too
+    if cond.ndim == 0:  # as TF's kernel: it handles ranks 1 to 8 only
         raise errors.InvalidArgumentError(None, None, "WhereOp : Unhandled input "
                                           "dimensions: 0")
     return np.argwhere(cond).astype(np.int64, copy=False)

@@ -1,0 +1,96 @@
+"""Compiler-side behaviours that follow TF 1.x: partial runs with feeds the fetches do
+not need, feeds placed on the client device, functions gated on their call, CSE of
+fetched duplicates and the one-argument ``where`` of a scalar."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import asyncflow as af
+
+TWO_CPUS = af.SessionConfig(device_count={"CPU": 2})
+GRAPHS = af.RunOptions(output_partition_graphs=True)
+
+
+def ops_of(md: af.RunMetadata) -> list[list[str]]:
+    return [[n["op"] for n in pg["node"]] for pg in md.partition_graphs]
+
+
+def adder() -> tuple[af.Graph, Any, Any, Any, Any, Any]:
+    g = af.Graph()
+    with g.as_default():
+        a, b, c = (af.placeholder(af.float32, (), name=n) for n in "abc")
+        r1 = a + b
+        r2 = r1 * c
+    return g, a, b, c, r1, r2
+
+
+# -- partial runs and feeds nothing needs ----------------------------------------------
+
+
+async def test_partial_run_setup_with_a_feed_the_fetches_do_not_need() -> None:
+    # TF's concurrent-handles case: h1 declares c but fetches only r1.
+    g, a, b, c, r1, r2 = adder()
+    async with af.Session(graph=g) as sess:
+        h1 = await sess.partial_run_setup([r1], feeds=[a, b, c])
+        h2 = await sess.partial_run_setup([r1, r2], feeds=[a, b, c])
+        assert await sess.partial_run(h1, r1, {a: 1.0, b: 2.0}) == 3.0
+        assert await sess.partial_run(h2, r1, {a: 57.0, b: 9.0}) == 66.0
+        assert await sess.partial_run(h2, r2, {c: 7.0}) == 462.0
+        # A fetch h1 did not declare is refused, even when c is fed now.
+        with pytest.raises(af.errors.InvalidArgumentError, match="not specified"):
+            await sess.partial_run(h1, r2, {c: 7.0})
+
+
+async def test_run_feeding_an_unneeded_tensor_shows_partition_graphs() -> None:
+    g, a, b, c, r1, _ = adder()
+    async with af.Session(graph=g) as sess:
+        md = af.RunMetadata()
+        out = await sess.run(r1, {a: 1.0, b: 2.0, c: 3.0}, options=GRAPHS, run_metadata=md)
+        assert out == 3.0
+        (graph,) = md.partition_graphs
+        args = [n["name"] for n in graph["node"] if n["op"] == "_Arg"]
+        assert args == ["_arg_a_0", "_arg_b_0"]  # the unread feed has no _Arg
+
+
+async def test_partial_run_fetch_needing_an_unfed_feed_is_an_error() -> None:
+    g, a, b, c, r1, r2 = adder()
+    async with af.Session(graph=g) as sess:
+        h = await sess.partial_run_setup([r1, r2], feeds=[a, b, c])
+        with pytest.raises(af.errors.InvalidArgumentError,
+                           match=r"Fetch mul:0 can't be computed .* needs c:0"):
+            await asyncio.wait_for(sess.partial_run(h, r2, {a: 1.0, b: 2.0}), 10)
+        # The handle is still usable: nothing was sent.
+        assert await sess.partial_run(h, r1, {a: 1.0, b: 2.0}) == 3.0
+        assert await sess.partial_run(h, r2, {c: 2.0}) == 6.0
+
+
+async def test_partial_run_target_needing_an_unfed_feed_is_an_error() -> None:
+    g = af.Graph()
+    with g.as_default():
+        a = af.placeholder(af.float32, (), name="a")
+        v = af.Variable(0.0, name="v")
+        assign = v.assign(a)
+        init = af.global_variables_initializer()
+    async with af.Session(graph=g) as sess:
+        await sess.run(init)
+        h = await sess.partial_run_setup([assign.op], feeds=[a])
+        with pytest.raises(af.errors.InvalidArgumentError, match="needs a:0"):
+            await asyncio.wait_for(sess.partial_run(h, assign.op), 10)
+
+
+# -- where ----------------------------------------------------------------------------
+
+
+async def test_where_of_a_scalar_builds_and_its_kernel_rejects_it() -> None:
+    g = af.Graph()
+    with g.as_default():
+        c = af.placeholder(af.bool, ())
+        w = af.where(c)
+        assert (w.dtype, w.shape.as_list()) == (af.int64, [None, 0])
+    async with af.Session(graph=g) as sess:
+        with pytest.raises(af.errors.InvalidArgumentError, match="Unhandled input dimensions: 0"):
+            await sess.run(w, {c: True})
