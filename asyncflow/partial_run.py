@@ -204,7 +204,9 @@ def _check_computable(state: _PartialRun, mapper: FetchMapper, feeding: set[Tens
     if not pending or state.ir is None:
         return
     declared = [ref_of(t) for t in state.feed_keys]
-    for item in (*mapper.tensors, *mapper.targets):
+    items: list[Tensor | Operation] = [*mapper.tensors, *mapper.targets]
+    for item in items:
+        missing: Tensor | None
         if isinstance(item, Tensor):
             ref = ref_of(item)
             missing = pending.get(ref)
