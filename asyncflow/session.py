@@ -641,7 +641,8 @@ class Session:
             ir, feeds=[ref_of(t) for t in feeds], fetches=[ref_of(t) for t in mapper.tensors],
             targets=[op.name for op in mapper.targets], devices=self._device_names,
             incarnation=self._incarnation, allow_soft_placement=soft,
-            options=self._config.graph_options.optimizer_options)
+            options=self._config.graph_options.optimizer_options,
+            client_device=self._master is None)
         if self._config.log_device_placement:
             for name, device in compiled.placement:
                 logger.info("%s: (%s): %s", name, ir.by_name[name].op if name in ir.by_name

@@ -41,7 +41,7 @@ class Tasks:
                  isolate: bool = False) -> tuple[dict[str, str], Any]:
         compiled = compile_signature(  # L0: the graphs' constants must cross tasks
             graph_ir(g), feeds=[], fetches=[ref_of(t) for t in fetches], targets=[],
-            devices=DEVICES, incarnation=7,
+            devices=DEVICES, incarnation=7, client_device=False,  # as the master compiles
             options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0))
         handles = {}
         for task in (A, B):

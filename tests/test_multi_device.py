@@ -28,6 +28,14 @@ TWO_L0 = af.SessionConfig(device_count={"CPU": 2}, graph_options=af.GraphOptions
     optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
 
 
+def computing(md: af.RunMetadata) -> list[str]:
+    """The devices of the partitions that compute something (the client's device
+    receives the fetches in a partition of its own)."""
+    plumbing = {"_Send", "_Recv", "_Arg", "_Retval"}
+    return [pg["device"] for pg in md.partition_graphs
+            if any(n["op"] not in plumbing for n in pg["node"])]
+
+
 def minus_ax(graph: af.Graph) -> tuple[af.Tensor, af.Tensor]:
     with af.device("/cpu:0"):
         a = af.constant([[3.0, 2.0], [-1.0, 0.0]], name="A")
@@ -64,11 +72,13 @@ async def test_partition_graphs_show_send_recv(graph: af.Graph) -> None:
     assert len(md.partition_graphs) == 2
     json.dumps(md.partition_graphs)
     by_device = {pg["device"]: [n["op"] for n in pg["node"]] for pg in md.partition_graphs}
-    # x travels 1 -> 0, y travels 0 -> 1.
+    # x travels 1 -> 0, y travels 0 -> 1, and the fetched neg_y 1 -> 0: as TF, the
+    # client (and its _Retval) is on the default device.
     assert by_device[CPU.format(0)].count("_Send") == 1
-    assert by_device[CPU.format(0)].count("_Recv") == 1
-    assert by_device[CPU.format(1)].count("_Send") == 1
-    assert "_Retval" in by_device[CPU.format(1)]
+    assert by_device[CPU.format(0)].count("_Recv") == 2
+    assert by_device[CPU.format(1)].count("_Send") == 2
+    assert "_Retval" in by_device[CPU.format(0)]
+    assert "_Retval" not in by_device[CPU.format(1)]
 
 
 async def test_single_device_partition_graph_has_no_send_recv(graph: af.Graph) -> None:
@@ -113,8 +123,8 @@ def test_partition_multi_use_edge_shares_one_pair(graph: af.Graph) -> None:
     c = af.multiply(a, 2.0, name="c")
     d = af.add(b, c, name="d")
     parts = _parts(graph, [d], {"a": 0}, default=1)
-    assert _count(parts, "_Send") == 1
-    assert _count(parts, "_Recv") == 1
+    assert _count(parts, "_Send") == 2  # a -> device 1 once; the fetched d -> the client
+    assert _count(parts, "_Recv") == 2
 
 
 def test_partition_data_and_control_edge_make_two_pairs(graph: af.Graph) -> None:
@@ -123,11 +133,11 @@ def test_partition_data_and_control_edge_make_two_pairs(graph: af.Graph) -> None
     with af.control_dependencies([a]):
         c = af.constant(2.0, name="c")  # control edge from a
     parts = _parts(graph, [b, c], {"b": 1, "c": 1})
-    assert _count(parts, "_Send") == 2
-    assert _count(parts, "_Recv") == 2
+    assert _count(parts, "_Send") == 4  # and the fetched b and c back to the client
+    assert _count(parts, "_Recv") == 4
     keys = sorted(n.get_attr("tensor_name") for p in parts for n in p.nodes
                   if n.op == "_Recv")
-    assert keys == ["^a", "a:0"]
+    assert keys == ["^a", "a:0", "b:0", "c:0"]
 
 
 def test_partition_one_pair_per_destination_device(graph: af.Graph) -> None:
@@ -136,17 +146,31 @@ def test_partition_one_pair_per_destination_device(graph: af.Graph) -> None:
     c = af.add(a, af.constant(2.0, name="k2"), name="c")
     d = af.add(a, af.constant(3.0, name="k3"), name="d")
     parts = _parts(graph, [b, c, d], {"b": 1, "k1": 1, "c": 2, "k2": 2, "d": 2, "k3": 2})
-    assert _count(parts, "_Send") == 2  # a -> device 1, a -> device 2 (shared by c, d)
-    assert _count(parts, "_Recv") == 2
+    # a -> device 1, a -> device 2 (shared by c, d); b, c, d back to the client
+    assert _count(parts, "_Send") == 5
+    assert _count(parts, "_Recv") == 5
 
 
 def test_partition_fed_tensor_is_not_an_edge(graph: af.Graph) -> None:
     a = af.placeholder(af.float32, name="a")
     b = af.add(a, 1.0, name="b")
-    parts = _parts(graph, [b], {"a": 0}, feeds=(a,), default=1)
+    parts = _parts(graph, [b], {"a": 0}, feeds=(a,))
     assert _count(parts, "_Send") == 0
     (part,) = parts
     assert part.args == ((0, ("a", 0)),)
+
+
+def test_partition_feeds_and_fetches_are_on_the_client_device(graph: af.Graph) -> None:
+    # As TF: the client is on the default device; a fed tensor read on device 1 and a
+    # fetch made there cross to and from it.
+    a = af.placeholder(af.float32, name="a")
+    b = af.add(a, 1.0, name="b")
+    client, other = _parts(graph, [b], {}, feeds=(a,), default=1)
+    assert (client.device, other.device) == (CPU.format(0), CPU.format(1))
+    assert client.args == ((0, ("a", 0)),)
+    assert other.args == other.retvals == ()
+    assert [n.op for n in client.nodes] == ["_Recv", "_Send"]
+    assert [k for k, _ in client.retvals] == [0]
 
 
 async def test_fed_and_fetched_across_devices(graph: af.Graph) -> None:
@@ -285,7 +309,7 @@ async def test_traced_multi_device_step(graph: af.Graph) -> None:
                if n.kind in ("send", "recv")]
     sends = {n.rendezvous_key for n in traffic if n.kind == "send"}
     recvs = {n.rendezvous_key for n in traffic if n.kind == "recv"}
-    assert len(sends) == 2
+    assert len(sends) == 3  # x, y, and the fetched neg_y to the client's device
     assert sends == recvs
 
 
@@ -315,7 +339,7 @@ async def test_device_spellings_land_on_the_same_device(graph: af.Graph) -> None
     async with af.Session(graph=graph, config=TWO) as sess:
         await sess.run(outs, options=af.RunOptions(output_partition_graphs=True),
                        run_metadata=md)
-    assert [pg["device"] for pg in md.partition_graphs] == [CPU.format(1)]
+    assert computing(md) == [CPU.format(1)]
 
 
 async def test_unknown_device_lists_session_devices(graph: af.Graph) -> None:
@@ -353,7 +377,7 @@ async def test_colocate_with(graph: af.Graph) -> None:
     async with af.Session(graph=graph, config=TWO) as sess:
         assert await sess.run(b, options=af.RunOptions(output_partition_graphs=True),
                               run_metadata=md) == 2.0
-    assert [pg["device"] for pg in md.partition_graphs] == [CPU.format(1)]
+    assert computing(md) == [CPU.format(1)]
 
 
 async def test_incompatible_colocation_names_both_nodes(graph: af.Graph) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 import asyncflow as af
+from asyncflow.compiler.ir import graph_ir, ref_of
+from asyncflow.compiler.pipeline import compile_signature
 
 TWO_CPUS = af.SessionConfig(device_count={"CPU": 2})
 GRAPHS = af.RunOptions(output_partition_graphs=True)
@@ -94,3 +96,54 @@ async def test_where_of_a_scalar_builds_and_its_kernel_rejects_it() -> None:
     async with af.Session(graph=g) as sess:
         with pytest.raises(af.errors.InvalidArgumentError, match="Unhandled input dimensions: 0"):
             await sess.run(w, {c: True})
+
+
+# -- feeds and fetches on the client device ---------------------------------------------
+
+
+def x_on_0_y_on_1() -> tuple[af.Graph, Any, Any]:
+    g = af.Graph()
+    with g.as_default():
+        with af.device("/cpu:0"):
+            x = af.placeholder(af.float32, (), name="x")
+        with af.device("/cpu:1"):
+            y = af.multiply(x, 2.0, name="y")
+    return g, x, y
+
+
+def check_client_partitions(md: af.RunMetadata) -> None:
+    """Two partitions: the client's /cpu:0 with the _Arg and _Retval, /cpu:1 computing,
+    joined by a _Send / _Recv pair each way."""
+    client, other = md.partition_graphs
+    assert client["device"].endswith("CPU:0")
+    assert other["device"].endswith("CPU:1")
+    assert sorted(n["op"] for n in client["node"]) == ["_Arg", "_Recv", "_Retval", "_Send"]
+    assert sorted(n["op"] for n in other["node"]) == ["Const", "Mul", "_Recv", "_Send"]
+
+
+async def test_callable_feed_and_fetch_are_on_the_client_device() -> None:
+    g, x, y = x_on_0_y_on_1()
+    async with af.Session(graph=g, config=TWO_CPUS) as sess:
+        fn = sess.make_callable(y, feed_list=[x], accept_options=True)
+        md = af.RunMetadata()
+        assert await fn(3.0, options=GRAPHS, run_metadata=md) == 6.0
+        check_client_partitions(md)
+        md = af.RunMetadata()
+        assert await sess.run(y, {x: 4.0}, options=GRAPHS, run_metadata=md) == 8.0
+        check_client_partitions(md)
+
+
+async def test_partial_run_feed_is_received_on_the_client_device() -> None:
+    g, x, y = x_on_0_y_on_1()
+    async with af.Session(graph=g, config=TWO_CPUS) as sess:
+        h = await sess.partial_run_setup([y], feeds=[x])
+        assert await sess.partial_run(h, y, {x: 5.0}) == 10.0
+    # The same signature compiled as partial_run_setup does.
+    devices = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(2)]
+    compiled = compile_signature(graph_ir(g), feeds=[ref_of(x)], fetches=[ref_of(y)],
+                                 targets=[], devices=devices, incarnation=1,
+                                 client=devices[0])
+    feed_recv = next(n for p in compiled.partitions for n in p.nodes
+                     if n.name == "_recv_feed_x_0")
+    assert feed_recv.device == devices[0]
+    assert [p.device for p in compiled.partitions] == devices

@@ -13,7 +13,11 @@ devices is cut:
 An edge inside a loop frame is cut the same way; its pair runs once per iteration
 (keys carry the frame instance and iteration at run time) and the ``_Recv`` is gated
 by the control loop of its frame on its device (:mod:`asyncflow.compiler.control_flow`).
-A fed tensor is no edge at all: each partition reading it gets its own ``_Arg``.
+Feeds come from and fetches go to the client, which is on the session's default
+device (``devices[0]``), as TF places them: the partition of that device takes a fed
+tensor as an ``_Arg`` and returns a fetched one as a ``_Retval``; a consumer or
+producer on another device is joined to it by a ``_Send`` / ``_Recv`` pair like any
+cut edge.
 Every partition is a plain value (:class:`PartitionDef`): picklable, printable and
 convertible to a graph def.
 """
@@ -34,6 +38,8 @@ from asyncflow.framework.shapes import TensorShape
 __all__ = ["PartitionDef", "add_client_edges", "partition", "partition_graph_def"]
 
 _TOKEN = ValueInfo(dtypes.bool, TensorShape(()))
+#: The index of the client's device (the session's default device), where feeds are.
+_CLIENT = 0
 
 
 def _send_shape(inputs: Sequence[Any], attrs: Mapping[str, Any]) -> list[Any]:
@@ -74,14 +80,18 @@ def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Seque
               feeds: Sequence[Ref], fetches: Sequence[Ref], targets: Sequence[str],
               incarnation: int, frames: Frames | None = None,
               loops: Mapping[tuple[FramePath, int], str] | None = None,
-              control_flow: bool = False) -> tuple[PartitionDef, ...]:
+              control_flow: bool = False, client_device: bool = True
+              ) -> tuple[PartitionDef, ...]:
     """Split placed ``nodes`` into one :class:`PartitionDef` per device used (device order).
 
     ``frames`` and ``loops`` come from :func:`~asyncflow.compiler.control_flow.add_control_loops`
-    when the run has loops spanning devices.
+    when the run has loops spanning devices.  ``client_device=False`` leaves each feed
+    with its consumers' partitions and each fetch with its producer's (a distributed
+    master hands them to every task itself).
     """
     fed = {r: k for k, r in enumerate(feeds)}
-    if placement and placement.count(placement[0]) == len(placement) and not loops:
+    if (placement and placement.count(placement[0]) == len(placement) and not loops
+            and (placement[0] == _CLIENT or not (feeds or fetches) or not client_device)):
         return (_one_partition(nodes, placement[0], devices, feeds, fed, fetches, targets,
                                control_flow),)
     device_of = {n.name: d for n, d in zip(nodes, placement)}
@@ -90,23 +100,29 @@ def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Seque
     recvs: dict[tuple[Ref | str, int], str] = {}  # (tensor, or control source name; dst)
     infos = {n.name: n for n in nodes}
 
-    def recv_for(source: Ref | str, src: int, dst: int) -> str:
+    def recv_for(source: Ref | str, src: int, dst: int, info: ValueInfo | None = None) -> str:
         name = recvs.get((source, dst))
         if name is None:
             name = recvs[(source, dst)] = _make_pair(
-                source, infos, src, dst, devices, incarnation, nodes_of, frames, loops)
+                source, infos, src, dst, devices, incarnation, nodes_of, frames, loops, info)
         return name
 
     for d in placement:
         nodes_of.setdefault(d, [])
+    if client_device and (fetches or any(r in fed for n in nodes for r in n.inputs)):
+        nodes_of.setdefault(_CLIENT, [])
     for n, d in zip(nodes, placement):
         changed = False
         inputs: list[Ref] = []
-        for r in n.inputs:
+        for i, r in enumerate(n.inputs):
             k = fed.get(r) if fed else None
-            if k is not None:
-                args_of.setdefault(d, set()).add(k)
-                inputs.append(r)
+            if k is not None:  # from the client's device
+                args_of.setdefault(_CLIENT if client_device else d, set()).add(k)
+                if d == _CLIENT or not client_device:
+                    inputs.append(r)
+                else:
+                    inputs.append((recv_for(r, _CLIENT, d, n.input_types[i]), 0))
+                    changed = True
             elif device_of[r[0]] == d:
                 inputs.append(r)
             else:
@@ -129,8 +145,13 @@ def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Seque
 
     retvals_of: dict[int, list[tuple[int, Ref]]] = {}
     for k, r in enumerate(fetches):
-        if r not in fed:
-            retvals_of.setdefault(device_of[r[0]], []).append((k, r))
+        if r in fed:
+            continue
+        src = device_of[r[0]]
+        if src != _CLIENT and client_device:  # to the client's device
+            r = (recv_for(r, src, _CLIENT), 0)
+            src = _CLIENT
+        retvals_of.setdefault(src, []).append((k, r))
     targets_of: dict[int, list[str]] = {}
     for name in targets:
         targets_of.setdefault(device_of[name], []).append(name)
@@ -168,14 +189,16 @@ def _one_partition(nodes: Sequence[NodeDef], d: int, devices: Sequence[str],
 
 def _make_pair(source: Ref | str, infos: Mapping[str, NodeDef], src: int, dst: int,
                devices: Sequence[str], incarnation: int, nodes_of: dict[int, list[NodeDef]],
-               frames: Frames | None, loops: Mapping[tuple[FramePath, int], str] | None
-               ) -> str:
-    """Add the ``_Send`` (on ``src``) and ``_Recv`` (on ``dst``) for one cut edge."""
+               frames: Frames | None, loops: Mapping[tuple[FramePath, int], str] | None,
+               fed_info: ValueInfo | None = None) -> str:
+    """Add the ``_Send`` (on ``src``) and ``_Recv`` (on ``dst``) for one cut edge
+    (``fed_info``: the edge carries a fed tensor, whose producer may not run)."""
+    producer: NodeDef | None
     if isinstance(source, tuple):
-        producer = infos[source[0]]
+        producer = infos.get(source[0])
         edge = f"{source[0]}:{source[1]}"
         base = f"{source[0]}_{source[1]}"
-        info = producer.outputs[source[1]]
+        info = fed_info if fed_info is not None else infos[source[0]].outputs[source[1]]
         send_inputs: tuple[Ref, ...] = (source,)
         send_controls: tuple[str, ...] = ()
     else:
@@ -188,15 +211,15 @@ def _make_pair(source: Ref | str, infos: Mapping[str, NodeDef], src: int, dst: i
     attrs = {"key": key, "tensor_name": edge, "send_device": devices[src],
              "recv_device": devices[dst], "dtype": info.dtype, "shape": info.shape}
     recv_controls: tuple[str, ...] = ()
-    if frames is not None and loops:
+    traceback = producer.traceback if producer is not None else ""
+    if frames is not None and loops and producer is not None and fed_info is None:
         path = frames.out_frame[producer.name]
         if path:  # inside a loop: received once per iteration of this device's control loop
             recv_controls = (loops[(path, dst)],)
     send = NodeDef(f"_send_{base}_to_{dst}", "_Send", send_inputs, send_controls,
-                   devices[src], attrs, (), (info,) if send_inputs else (), True,
-                   producer.traceback)
+                   devices[src], attrs, (), (info,) if send_inputs else (), True, traceback)
     recv = NodeDef(f"_recv_{base}_on_{dst}", "_Recv", (), recv_controls, devices[dst], attrs,
-                   (info,), (), True, producer.traceback)
+                   (info,), (), True, traceback)
     nodes_of.setdefault(src, []).append(send)
     nodes_of.setdefault(dst, []).insert(0, recv)
     return recv.name

@@ -79,13 +79,16 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
                       targets: Sequence[str], devices: Sequence[str], incarnation: int,
                       allow_soft_placement: bool = False,
                       client: str | None = None,
-                      options: OptimizerOptions | None = None) -> Compiled:
+                      options: OptimizerOptions | None = None,
+                      client_device: bool = True) -> Compiled:
     """Compile the run of ``fetches`` / ``targets`` with ``feeds`` on ``devices``.
 
     ``options`` select the graph optimizations (default: ``OptimizerOptions()``, L1).
 
     With ``client`` (a partial run), feeds and fetches travel through the step's
-    rendezvous from and to that device instead of the call frame.
+    rendezvous from and to that device instead of the call frame.  Feeds and fetches
+    are on the client's device, ``devices[0]`` (as TF), unless ``client_device`` is
+    False (see :func:`~asyncflow.compiler.partition.partition`).
     """
     nodes = prune(ir, fetches, targets, feeds)
     placement = place(nodes, devices, allow_soft_placement=allow_soft_placement,
@@ -118,7 +121,7 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
     if frames is not None and len(set(placement)) > 1:
         nodes, placement, frames, loops = add_control_loops(nodes, placement, frames)
     parts = partition(nodes, placement, devices, feeds, fetches, targets, incarnation,
-                      frames, loops, control_flow=control_flow)
+                      frames, loops, control_flow=control_flow, client_device=client_device)
     fed = {r: k for k, r in enumerate(feeds)}
     where: dict[int, tuple[int, int]] = {}
     for p, part in enumerate(parts):
