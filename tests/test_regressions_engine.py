@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
 
 import asyncflow as af
@@ -147,3 +148,57 @@ async def test_partial_run_feed_is_received_on_the_client_device() -> None:
                      if n.name == "_recv_feed_x_0")
     assert feed_recv.device == devices[0]
     assert [p.device for p in compiled.partitions] == devices
+
+
+# -- CSE of fetched duplicates ----------------------------------------------------------
+
+
+async def run_with_graphs(g: af.Graph, fetches: Any, feeds: Any = None
+                          ) -> tuple[Any, list[str]]:
+    async with af.Session(graph=g) as sess:
+        md = af.RunMetadata()
+        out = await sess.run(fetches, feeds, options=GRAPHS, run_metadata=md)
+    (ops,) = ops_of(md)
+    return out, ops
+
+
+async def test_cse_merges_fetched_duplicates_and_serves_both_fetches() -> None:
+    g = af.Graph()
+    with g.as_default():
+        a = af.placeholder(af.float32, (), name="a")
+        b = af.placeholder(af.float32, (), name="b")
+        d1, d2 = a - b, af.subtract(a, b)
+    out, ops = await run_with_graphs(g, [d1, d2, {"again": d2}], {a: 5.0, b: 2.0})
+    assert out == [3.0, 3.0, {"again": 3.0}]
+    assert ops.count("Sub") == 1
+    assert ops.count("_Retval") == 2  # each fetch still has its place
+
+
+async def test_cse_merges_two_identical_fetched_casts() -> None:
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.int32, (2,), name="x")
+        c1, c2 = af.cast(x, af.float32), af.cast(x, af.float32)
+    out, ops = await run_with_graphs(g, (c1, c2), {x: [1, 2]})
+    assert ops.count("Cast") == 1
+    for v in out:
+        np.testing.assert_array_equal(v, np.array([1.0, 2.0], np.float32))
+
+
+async def test_cse_merges_fetched_constants_and_returns_each_in_its_place() -> None:
+    g = af.Graph()
+    with g.as_default():
+        values = [1.0, 2.0, 3.0, 4.0, 4.0, 3.0, 2.0, 1.0]
+        consts = [af.constant(v) for v in values]
+    out, ops = await run_with_graphs(g, consts)
+    assert out == values
+    assert ops.count("Const") == 4
+    g2 = af.Graph()  # at L0 nothing is merged
+    with g2.as_default():
+        consts = [af.constant(v) for v in values]
+    l0 = af.SessionConfig(graph_options=af.GraphOptions(
+        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+    async with af.Session(graph=g2, config=l0) as sess:
+        md = af.RunMetadata()
+        assert await sess.run(consts, options=GRAPHS, run_metadata=md) == values
+    assert ops_of(md)[0].count("Const") == 8

@@ -6,9 +6,10 @@ of control inputs, device and attributes — and a node whose key was seen befor
 dropped, its consumers rewired to the first one.  Keys are compared for equality,
 not only by hash (a dict does both).  Never merged: stateful ops (each runs as
 often as it is written), placeholders (which one is unfed must stay visible), and
-control-flow routing.  Nodes the caller names (fetched, targeted, fed) are never
-removed; fetched and targeted ones may absorb later duplicates, fed ones never (their
-outputs are the fed values, not what a duplicate computes).
+control-flow routing.  Targeted and fed nodes are never removed; targeted ones may
+absorb later duplicates, fed ones never (their outputs are the fed values, not what a
+duplicate computes).  A fetched node is merged like any other, as in TF: the caller
+passes ``renames`` and serves the fetch from the survivor it names.
 """
 
 from __future__ import annotations
@@ -30,8 +31,13 @@ _NEVER = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval", 
 
 def eliminate_common_subexpressions(
         nodes: Sequence[NodeDef], placement: Sequence[int], *, feeds: Collection[Ref],
-        protected: Collection[str]) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool]:
+        protected: Collection[str], renames: dict[str, str] | None = None
+        ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool]:
     """Merge equivalent nodes; returns the nodes, their placement and whether any merged.
+
+    ``protected`` nodes are never removed.  With ``renames``, every removed node's
+    name is added to it with the name of the node that took its place (the caller
+    remaps its fetches); without it, nothing is reported.
 
     Two nodes can only be equivalent when their inputs are: nodes are first grouped
     by the producer of their first input (a name, its hash cached), and the full key
@@ -47,14 +53,14 @@ def eliminate_common_subexpressions(
         return tuple(nodes), tuple(placement), False
     merged = _merge(nodes, placement, feeds, protected, firsts, sizes)
     if merged is None:  # a merge: rewired inputs may pair a later node with a skipped one
-        merged = _merge(nodes, placement, feeds, protected)
+        merged = _merge(nodes, placement, feeds, protected, renames=renames)
         assert merged is not None
     return merged
 
 
 def _merge(nodes: Sequence[NodeDef], placement: Sequence[int], feeds: Collection[Ref],
            protected: Collection[str], firsts: Sequence[str] | None = None,
-           sizes: Mapping[str, int] | None = None
+           sizes: Mapping[str, int] | None = None, renames: dict[str, str] | None = None
            ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool] | None:
     """The pass; with ``firsts`` / ``sizes``, nodes alone in their group are skipped
     until the first merge, which then returns None (start again without skipping)."""
@@ -105,6 +111,8 @@ def _merge(nodes: Sequence[NodeDef], placement: Sequence[int], feeds: Collection
             where.append(d)
     if not rename:
         return tuple(nodes), tuple(placement), False
+    if renames is not None:
+        renames.update(rename)
     return tuple(out), tuple(where), True
 
 

@@ -50,12 +50,14 @@ def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
              devices: Sequence[str] = (), options: OptimizerOptions = _DEFAULT,
              feeds: Sequence[Ref] = (), fetches: Sequence[Ref] = (),
              targets: Sequence[str] = (), allow_soft_placement: bool = False,
-             calls: bool = True
+             calls: bool = True, served: list[Ref] | None = None
              ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], OptimizerStats]:
     """The optimized nodes, their placement and what changed.
 
     ``calls=False`` says no node is a function call (``GraphIR.calls``): inlining has
-    nothing to look for.
+    nothing to look for.  With ``served`` (a list), CSE may merge fetched nodes too, as
+    TF: ``served`` receives, for each fetch, the tensor that serves it (the fetch or
+    the survivor it was merged into).  Without it, fetched nodes are kept.
     """
     nodes, placement = tuple(nodes), tuple(placement)
     before = len(nodes)
@@ -63,10 +65,14 @@ def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
     if calls and not options.inlining:
         nodes = tuple(n._replace(attrs={**n.attrs, OPTIONS_ATTR: options})
                       if FUNCTION_ATTR in n.attrs else n for n in nodes)
+    if served is not None:  # until CSE merges one
+        served[:] = fetches
     if not (options.folding or options.cse or inlining):
         return nodes, placement, OptimizerStats(before, before)
     fed = frozenset(feeds)
-    protected = frozenset({r[0] for r in fetches} | set(targets) | {r[0] for r in fed})
+    kept = set(targets) | {r[0] for r in fed}
+    protected = frozenset(kept if served is not None else kept | {r[0] for r in fetches})
+    renames: dict[str, str] | None = {} if served is not None else None
     folded = merged = inlined = rounds = 0
     for rounds in range(1, MAX_ROUNDS + 1):  # noqa: B007 (reported below)
         changed = False
@@ -85,9 +91,13 @@ def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
         if options.cse:
             n = len(nodes)
             nodes, placement, did = eliminate_common_subexpressions(
-                nodes, placement, feeds=fed, protected=protected)
+                nodes, placement, feeds=fed, protected=protected, renames=renames)
             merged += n - len(nodes)
             changed |= did
+            if renames and served is not None:  # later passes see the fetches as served
+                served[:] = [(renames.get(r[0], r[0]), r[1]) for r in served]
+                fetches = served
+                renames.clear()
         if not changed:
             break
     return nodes, placement, OptimizerStats(before, len(nodes), folded, merged, inlined, rounds)

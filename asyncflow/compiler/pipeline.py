@@ -93,10 +93,15 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
     nodes = prune(ir, fetches, targets, feeds)
     placement = place(nodes, devices, allow_soft_placement=allow_soft_placement,
                       lookup=ir.by_name) if ir.requests else (0,) * len(nodes)
+    # A fetch whose node CSE merges is served by the survivor (as TF); a partial run's
+    # fetches keep their nodes (each has its own rendezvous key).
+    served: list[Ref] | None = [] if client is None else None
     nodes, placement, stats = optimize(
         nodes, placement, devices=devices, options=options or _DEFAULT_OPTIONS, feeds=feeds,
         fetches=fetches, targets=targets, allow_soft_placement=allow_soft_placement,
-        calls=ir.calls)
+        calls=ir.calls, served=served)
+    if served is not None:
+        fetches = served
     ops = {n.op for n in nodes}
     control_flow = not ops.isdisjoint(CONTROL_FLOW_OPS)
     has_loops = "Enter" in ops
