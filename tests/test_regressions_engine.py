@@ -202,3 +202,58 @@ async def test_cse_merges_fetched_constants_and_returns_each_in_its_place() -> N
         md = af.RunMetadata()
         assert await sess.run(consts, options=GRAPHS, run_metadata=md) == values
     assert ops_of(md)[0].count("Const") == 8
+
+
+# -- functions run only when called ---------------------------------------------------
+
+LEVELS = {
+    "L0": af.OptimizerOptions(opt_level=af.OptimizerOptions.L0),
+    "call_kernel": af.OptimizerOptions(do_function_inlining=False),
+    "L1": af.OptimizerOptions(),
+}
+
+
+def failing_function_graph() -> tuple[af.Graph, dict[str, Any], Any, Any]:
+    """A function whose body asserts on a constant (no data input from the call),
+    called in both branches of conds and in loops that never iterate."""
+    g = af.Graph()
+    with g.as_default():
+        @af.Defun(af.float32)
+        def checked(x: af.Tensor) -> af.Tensor:
+            with af.control_dependencies([af.Assert(af.constant(False), ["body ran"])]):
+                return af.identity(x)
+
+        @af.Defun()
+        def no_args() -> af.Tensor:
+            with af.control_dependencies([af.Assert(af.constant(False), ["body ran"])]):
+                return af.constant(1.0)
+
+        p = af.placeholder(af.bool, (), name="p")
+        v = af.placeholder(af.float32, (), name="v")
+        outs = {
+            "cond": af.cond(p, lambda: af.reshape(checked(v), []), lambda: v + 1.0),
+            "cond_no_args": af.cond(p, no_args, lambda: v + 1.0),
+            "loop": af.while_loop(lambda i: i < 0.0, lambda i: af.reshape(checked(i), []), v),
+            "loop_invariant": af.while_loop(
+                lambda i: i < 0.0, lambda i: i + af.reshape(checked(v), []), v),
+            "cond_in_loop": af.while_loop(
+                lambda i: i < 3.0,
+                lambda i: af.cond(i > 10.0, lambda: af.reshape(checked(i), []),
+                                  lambda: i + 1.0), v),
+        }
+    return g, outs, p, v
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+async def test_function_body_runs_only_when_called(level: str) -> None:
+    g, outs, p, v = failing_function_graph()
+    config = af.SessionConfig(graph_options=af.GraphOptions(optimizer_options=LEVELS[level]))
+    async with af.Session(graph=g, config=config) as sess:
+        got = await sess.run(outs, {p: False, v: 1.0})
+        assert got == {"cond": 2.0, "cond_no_args": 2.0, "loop": 1.0, "loop_invariant": 1.0,
+                       "cond_in_loop": 3.0}
+        for name in ("cond", "cond_no_args"):  # called: the assertion fails
+            with pytest.raises(af.errors.InvalidArgumentError, match="body ran"):
+                await sess.run(outs[name], {p: True, v: 1.0})
+        with pytest.raises(af.errors.InvalidArgumentError, match="body ran"):
+            await sess.run(outs["loop"], {v: -1.0})

@@ -4,8 +4,13 @@ As TensorFlow's ``InlineFunctionBody`` (``common_runtime/function.cc``): the bod
 nodes are copied into the graph under the call's name as a prefix
 (``call/mul``), on the call's device unless they ask for one of their own.  Uses
 of an argument become uses of the call's input (through an ``Identity`` named
-after the argument when the call has control inputs, which it then carries, as do
-the body's input-less nodes).  The call node itself becomes an ``Identity`` (one
+after the argument when the call has control inputs, which it then carries, or
+when the body has input-less nodes).  The body's input-less nodes (constants, an
+assertion on a constant) are gated on the call's inputs as by TF's *input control
+node*: a ``NoOp`` (``call/input_control_node``) after every argument's ``Identity``
+(and the call's control inputs) is a control input of each.  So they run only when
+the call would: in the taken branch of a ``cond`` and in an iteration that runs
+(an untaken input is dead, and so are the ``Identity`` and the ``NoOp``).  The call node itself becomes an ``Identity`` (one
 output), an ``IdentityN`` (several) or a ``NoOp`` (none) *of the same name* over
 the returned tensors, so consumers and fetches of the call are untouched; it also
 waits for the body's side-effect-only nodes, as TF's output control node does.
@@ -16,7 +21,7 @@ optimizer's fixed-point loop.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from asyncflow.compiler.ir import FUNCTION_ATTR, FunctionIR, NodeDef, Ref, ValueInfo
@@ -26,7 +31,7 @@ __all__ = ["inline_functions"]
 
 
 def inline_functions(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Sequence[str],
-                     *, feeds: Collection[Ref] = (), allow_soft_placement: bool = False
+                     *, allow_soft_placement: bool = False
                      ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], int]:
     """Inline every call of ``nodes``; returns the nodes, their placement and the
     number of calls inlined."""
@@ -42,7 +47,7 @@ def inline_functions(nodes: Sequence[NodeDef], placement: Sequence[int], devices
             out.append(node)
             where.append(d)
             continue
-        body = _inlined_body(node, fn, taken, feeds)
+        body = _inlined_body(node, fn, taken)
         for b in body:
             out.append(b)
             where.append(d if not b.device or b is body[-1] else
@@ -51,35 +56,40 @@ def inline_functions(nodes: Sequence[NodeDef], placement: Sequence[int], devices
     return tuple(out), tuple(where), calls
 
 
-def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str],
-                  feeds: Collection[Ref]) -> list[NodeDef]:
+def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str]) -> list[NodeDef]:
     """The body of ``fn`` renamed under ``call``; the last node stands for the call."""
-    # What the body's input-less nodes (constants) wait for: the call's control inputs,
-    # or else the producer of one of its inputs.  That keeps them in the call's frame
-    # inside a loop or a cond branch (TF's input control node), and never fires them
-    # before the call could have started.
-    start = call.control_inputs or next(
-        ((r[0],) for r in call.inputs if r not in feeds), ())
     prefix = call.name + "/"
-    names: dict[str, str] = {}
-    for n in fn.nodes:
-        name = prefix + n.name
-        k = 0
+
+    def unique(base: str) -> str:
+        name, k = prefix + base, 0
         while name in taken:
             k += 1
-            name = f"{prefix}{n.name}_{k}"
+            name = f"{prefix}{base}_{k}"
         taken.add(name)
-        names[n.name] = name
+        return name
+
+    names = {n.name: unique(n.name) for n in fn.nodes}
     args = dict(zip(fn.args, call.inputs))
+    gated = any(not n.inputs and not n.control_inputs and n.name not in args
+                for n in fn.nodes)
     out: list[NodeDef] = []
     for n in fn.nodes:
         if n.name in args:
-            if call.control_inputs:  # the argument waits for the call's control inputs
+            # The argument waits for the call's control inputs; a dead input makes
+            # it dead, which the input control node passes on.
+            if call.control_inputs or gated:
                 out.append(NodeDef(names[n.name], "Identity", (args[n.name],),
                                    call.control_inputs, call.device, {}, n.outputs,
                                    n.outputs, False, call.traceback))
                 args[n.name] = (names[n.name], 0)
             continue
+    start: tuple[str, ...] = ()  # what the body's input-less nodes wait for
+    if gated:
+        waits = tuple(args[a][0] for a in fn.args if a in args) or call.control_inputs
+        if waits:
+            start = (unique("input_control_node"),)
+            out.append(NodeDef(start[0], "NoOp", (), waits, call.device, {}, (), (),
+                               False, call.traceback))
 
     def ref(r: Ref) -> Ref:
         return args[r[0]] if r[0] in args else (names[r[0]], r[1])
