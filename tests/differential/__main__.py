@@ -1,11 +1,13 @@
-"""``python -m tests.differential [--tf N] [--ref N] [--seed S] [--show K]``.
+"""``python -m tests.differential [--tf N] [--ref N] [--seed S] [--show K] [--category C]``.
 
 Runs N random programs through asyncflow and compares each with the numpy reference
 interpreter (``--ref``, the default) or with TensorFlow 1.x (``--tf``), then prints
 an agreement table by category.  Against TF a disagreement that README's
 "Differences from TF 1.x" explains is counted as a documented difference (see
 :data:`DOCUMENTED`); anything else is listed with its seed so that
-``--seed S --tf 1 --show 1`` reproduces it with the program printed.
+``--seed S --tf 1 --show 1`` reproduces it with the program printed.  ``--category C``
+generates only programs of category C, also one that ``programs.RUNTIME_FIXED``
+still gates.  ``--tf`` without TensorFlow installed says what to install and exits 2.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from .oracles import Outcome, compare, quiet_tensorflow, run_asyncflow, run_numpy
-from .programs import CATEGORIES, Program, generate
+from .programs import ALL_CATEGORIES, Program, generate
 
 
 # Deliberate differences (README, "Differences from TF 1.x"): a predicate on the
@@ -49,6 +51,13 @@ def _classify(why: str, program: Program) -> str | None:
     return None
 
 
+def tensorflow_available() -> bool:
+    """Whether TensorFlow can be imported here (found, not imported: that is slow)."""
+    import importlib.util
+
+    return importlib.util.find_spec("tensorflow") is not None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.differential")
     group = parser.add_mutually_exclusive_group()
@@ -58,11 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="first program seed")
     parser.add_argument("--show", type=int, default=5,
                         help="print the first K undocumented disagreements in full")
+    parser.add_argument("--category", choices=ALL_CATEGORIES,
+                        help="only programs of this category")
     args = parser.parse_args(argv)
     n = args.tf if args.tf is not None else (args.ref or 300)
     oracle: Callable[[Program], Outcome] = run_numpy
     tolerance = "exact"
     if args.tf is not None:
+        if not tensorflow_available():
+            print("python -m tests.differential --tf needs TensorFlow: "
+                  "pip install tensorflow-cpu", file=sys.stderr)
+            return 2
         with quiet_tensorflow():
             from .oracles import run_tensorflow
         oracle, tolerance = run_tensorflow, "tf"
@@ -73,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[tuple[int, str, str]] = []
     start = time.perf_counter()
     for seed in range(args.seed, args.seed + n):
-        program = generate(seed)
+        program = generate(seed, args.category)
         totals[program.category] += 1
         why = compare(run_asyncflow(program), oracle(program), tolerance)
         if why is None:
@@ -92,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{n} programs vs {name} in {elapsed:.1f} s (seeds {args.seed}..{args.seed + n - 1})")
     print(f"{'category':<14}{'programs':>10}{'agree':>8}{'documented':>12}{'differ':>8}"
           f"{'agree %':>9}{'+doc %':>8}")
-    rows = [*CATEGORIES, "total"]
+    rows = [*ALL_CATEGORIES, "total"]
     for cat in rows:
         if cat == "total":
             t, a, d = sum(totals.values()), sum(agreed.values()), sum(documented.values())
