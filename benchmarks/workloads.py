@@ -200,9 +200,11 @@ def chain(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
 def _xdev_chain_graph(af: Af, n: int, k: int) -> tuple[Any, Any, Any, int]:
     """The chain workload's graph on two devices, switching device every ``k`` adds.
 
-    Each device has its own constant ``one``, and the placeholder is fed (a fed
-    tensor is no edge: each partition gets its own ``_Arg``), so the only
-    cross-device edges are the chain's own device changes: returned as the 4th item.
+    Each device has its own constant ``one``, and the placeholder is fed to the
+    first add, on /cpu:0 with the client (as TF places feeds and fetches), so the
+    cross-device edges are the chain's own device changes, and the fetch's way back
+    to /cpu:0 when the chain ends on /cpu:1 (one more, as in TF's partition graphs):
+    returned as the 4th item.
     """
     g = af.Graph()
     with g.as_default():
@@ -217,7 +219,7 @@ def _xdev_chain_graph(af: Af, n: int, k: int) -> tuple[Any, Any, Any, int]:
             with af.device(f"/cpu:{d}"):
                 x = x + ones[d]
     edges = sum(1 for i in range(1, n) if (i // k) % 2 != ((i - 1) // k) % 2)
-    return g, x0, x, edges
+    return g, x0, x, edges + ((n - 1) // k) % 2
 
 
 async def _send_ops(af: Af, sess: Any, fetch: Any, feed: dict[Any, Any]) -> int:
@@ -859,8 +861,10 @@ def parallel_2dev(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         two = af.SessionConfig(device_count={"CPU": 2}, inter_op_parallelism_threads=1)
         async with (af.Session(graph=g1, config=one) as s1,
                     af.Session(graph=g2, config=two) as s2):
+            # The feed a crosses to /cpu:1's chain and that chain's head back to the
+            # client on /cpu:0, as TF places feeds and fetches.
             sends = await _send_ops(af, s2, heads2, {a2: a_val})
-            _check(sends == 0, f"the 2-device matmul graph has {sends} _Send ops, expected 0")
+            _check(sends == 2, f"the 2-device matmul graph has {sends} _Send ops, expected 2")
             await _time_sessions(timer, {"1dev": s1, "2dev": s2},
                                  _plain_chains(w_val, a_val, k, pool),
                                  {"1dev": (a1, heads1), "2dev": (a2, heads2)}, a_val,
