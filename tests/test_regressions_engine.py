@@ -257,3 +257,36 @@ async def test_function_body_runs_only_when_called(level: str) -> None:
                 await sess.run(outs[name], {p: True, v: 1.0})
         with pytest.raises(af.errors.InvalidArgumentError, match="body ran"):
             await sess.run(outs["loop"], {v: -1.0})
+
+
+def test_inlined_input_less_nodes_wait_for_every_input() -> None:
+    # On the IR: a body constant waits for both inputs' producers (one NoOp after
+    # them), and for an input taken from a Switch through an Identity of it.
+    from asyncflow.compiler.inline import inline_functions
+    from asyncflow.compiler.prune import prune
+
+    g = af.Graph()
+    with g.as_default():
+        @af.Defun(af.float32, af.float32, func_name="scaled")
+        def scaled(x: af.Tensor, y: af.Tensor) -> af.Tensor:
+            return x * 2.0 + y
+
+        a = af.add(af.constant(1.0), 0.5, name="a")
+        b = af.multiply(af.constant(3.0), 0.5, name="b")
+        p = af.placeholder(af.bool, (), name="p")
+        both = scaled(a, b, name="both")
+        branch = af.cond(p, lambda: af.reshape(scaled(a, b, name="inner"), []), lambda: a)
+    ir = graph_ir(g)
+    nodes = prune(ir, [ref_of(both), ref_of(branch)], [], [ref_of(p)])
+    out, _, calls = inline_functions(nodes, [0] * len(nodes), ["/cpu:0"],
+                                     feeds=[ref_of(p)])
+    assert calls == 2
+    by_name = {n.name: n for n in out}
+    const = next(n for n in out if n.name.startswith("both/") and n.op == "Const")
+    assert const.control_inputs == ("both/input_control_node",)
+    assert by_name["both/input_control_node"].control_inputs == ("a", "b")
+    inner = next(n for n in out if n.name.startswith("cond/inner/") and n.op == "Const")
+    (control,) = inner.control_inputs
+    waits = by_name[control].control_inputs
+    assert all(by_name[w].op == "Identity" for w in waits)
+    assert {by_name[by_name[w].inputs[0][0]].op for w in waits} == {"Switch"}

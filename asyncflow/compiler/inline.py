@@ -4,13 +4,18 @@ As TensorFlow's ``InlineFunctionBody`` (``common_runtime/function.cc``): the bod
 nodes are copied into the graph under the call's name as a prefix
 (``call/mul``), on the call's device unless they ask for one of their own.  Uses
 of an argument become uses of the call's input (through an ``Identity`` named
-after the argument when the call has control inputs, which it then carries, or
-when the body has input-less nodes).  The body's input-less nodes (constants, an
-assertion on a constant) are gated on the call's inputs as by TF's *input control
-node*: a ``NoOp`` (``call/input_control_node``) after every argument's ``Identity``
-(and the call's control inputs) is a control input of each.  So they run only when
-the call would: in the taken branch of a ``cond`` and in an iteration that runs
-(an untaken input is dead, and so are the ``Identity`` and the ``NoOp``).  The call node itself becomes an ``Identity`` (one
+after the argument when the call has control inputs, which it then carries).
+
+The body's input-less nodes (constants, an assertion on a constant) are gated on
+the call's inputs, as by TF's *input control node*: they wait for every input's
+producer and the call's control inputs — through a ``NoOp``
+(``call/input_control_node``) when that is more than one node.  So they run only
+when the call would: in the taken branch of a ``cond``, in an iteration that runs
+(a dead input's producer is dead, and so is the control edge it sends).  A
+``Switch`` is the exception: its control edges are live whichever branch is taken,
+so an input taken from a ``Switch`` passes an ``Identity`` (named after the
+argument), dead with the untaken branch, and the wait is on that.  A fed input is
+never dead and is not waited for.  The call node itself becomes an ``Identity`` (one
 output), an ``IdentityN`` (several) or a ``NoOp`` (none) *of the same name* over
 the returned tensors, so consumers and fetches of the call are untouched; it also
 waits for the body's side-effect-only nodes, as TF's output control node does.
@@ -21,7 +26,7 @@ optimizer's fixed-point loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from asyncflow.compiler.ir import FUNCTION_ATTR, FunctionIR, NodeDef, Ref, ValueInfo
@@ -31,13 +36,14 @@ __all__ = ["inline_functions"]
 
 
 def inline_functions(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Sequence[str],
-                     *, allow_soft_placement: bool = False
+                     *, feeds: Collection[Ref] = (), allow_soft_placement: bool = False
                      ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], int]:
     """Inline every call of ``nodes``; returns the nodes, their placement and the
     number of calls inlined."""
     if not any(FUNCTION_ATTR in n.attrs for n in nodes):
         return tuple(nodes), tuple(placement), 0
     taken = {n.name for n in nodes}
+    ops = {n.name: n.op for n in nodes}
     out: list[NodeDef] = []
     where: list[int] = []
     calls = 0
@@ -47,7 +53,7 @@ def inline_functions(nodes: Sequence[NodeDef], placement: Sequence[int], devices
             out.append(node)
             where.append(d)
             continue
-        body = _inlined_body(node, fn, taken)
+        body = _inlined_body(node, fn, taken, _input_waits(node, ops, feeds))
         for b in body:
             out.append(b)
             where.append(d if not b.device or b is body[-1] else
@@ -56,8 +62,27 @@ def inline_functions(nodes: Sequence[NodeDef], placement: Sequence[int], devices
     return tuple(out), tuple(where), calls
 
 
-def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str]) -> list[NodeDef]:
-    """The body of ``fn`` renamed under ``call``; the last node stands for the call."""
+def _input_waits(call: NodeDef, ops: Mapping[str, str], feeds: Collection[Ref]
+                 ) -> tuple[str | int, ...]:
+    """What the input-less body nodes of ``call`` wait for: a producer's name, or
+    the index of an input taken from a ``Switch`` (waited for through an Identity)."""
+    waits: list[str | int] = list(call.control_inputs)
+    for k, r in enumerate(call.inputs):
+        op = ops.get(r[0])
+        if r in feeds or op is None:
+            continue  # fed: never dead
+        waits.append(k if op in _SWITCHES else r[0])
+    return tuple(dict.fromkeys(waits))
+
+
+#: Ops whose control edges are live when the output a consumer reads is dead.
+_SWITCHES = frozenset({"Switch", "RefSwitch", "_SwitchN"})
+
+
+def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str],
+                  waits: tuple[str | int, ...]) -> list[NodeDef]:
+    """The body of ``fn`` renamed under ``call``; the last node stands for the call.
+    ``waits`` come from :func:`_input_waits`."""
     prefix = call.name + "/"
 
     def unique(base: str) -> str:
@@ -72,24 +97,27 @@ def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str]) -> list[NodeDe
     args = dict(zip(fn.args, call.inputs))
     gated = any(not n.inputs and not n.control_inputs and n.name not in args
                 for n in fn.nodes)
+    switched = {fn.args[k] for k in waits if isinstance(k, int)} if gated else set()
     out: list[NodeDef] = []
     for n in fn.nodes:
         if n.name in args:
-            # The argument waits for the call's control inputs; a dead input makes
-            # it dead, which the input control node passes on.
-            if call.control_inputs or gated:
+            # The argument waits for the call's control inputs; an input from a
+            # Switch is dead with its branch, which the Identity passes on.
+            if call.control_inputs or n.name in switched:
                 out.append(NodeDef(names[n.name], "Identity", (args[n.name],),
                                    call.control_inputs, call.device, {}, n.outputs,
                                    n.outputs, False, call.traceback))
                 args[n.name] = (names[n.name], 0)
             continue
-    start: tuple[str, ...] = ()  # what the body's input-less nodes wait for
-    if gated:
-        waits = tuple(args[a][0] for a in fn.args if a in args) or call.control_inputs
-        if waits:
-            start = (unique("input_control_node"),)
-            out.append(NodeDef(start[0], "NoOp", (), waits, call.device, {}, (), (),
-                               False, call.traceback))
+    # What the body's input-less nodes wait for: one node, or a NoOp after several.
+    start = tuple(w if isinstance(w, str) else args[fn.args[w]][0] for w in waits)
+    if not gated:
+        start = ()
+    elif len(start) > 1:
+        control = unique("input_control_node")
+        out.append(NodeDef(control, "NoOp", (), start, call.device, {}, (), (),
+                           False, call.traceback))
+        start = (control,)
 
     def ref(r: Ref) -> Ref:
         return args[r[0]] if r[0] in args else (names[r[0]], r[1])

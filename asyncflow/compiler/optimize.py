@@ -78,7 +78,7 @@ def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
         changed = False
         if inlining:
             nodes, placement, done = inline_functions(
-                nodes, placement, devices, allow_soft_placement=allow_soft_placement)
+                nodes, placement, devices, feeds=fed, allow_soft_placement=allow_soft_placement)
             inlined += done
             changed |= done > 0
         if options.folding:
