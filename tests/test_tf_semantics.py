@@ -240,10 +240,12 @@ def test_where_with_a_scalar_condition() -> None:
                ).tolist() == [1, 2]
     assert run(af.where(af.constant(False), af.constant([1, 2]), af.constant([3, 4]))
                ).tolist() == [3, 4]
-    # Coordinates of a scalar: TF's kernel rejects it ("Unhandled input dimensions: 0");
-    # a statically scalar condition is rejected at build time, naming the op.
-    with pytest.raises(ValueError, match="'w0'"):
-        af.where(af.constant(True), name="w0")
+    # Coordinates of a scalar: as TF, it builds (statically [n, 0], int64) and the
+    # kernel rejects it ("Unhandled input dimensions: 0"), naming the op.
+    w0 = af.where(af.constant(True), name="w0")
+    assert (w0.dtype, w0.shape.as_list()) == (af.int64, [None, 0])
+    with pytest.raises(af.errors.InvalidArgumentError, match="w0"):
+        run(w0)
     fed = af.placeholder(af.bool)
     with pytest.raises(af.errors.InvalidArgumentError, match="Unhandled input dimensions: 0"):
         run(af.where(fed), {fed: True})
