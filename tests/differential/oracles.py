@@ -391,9 +391,11 @@ def asyncflow_api() -> _Api:
 
 def run_asyncflow(program: Program, *, config: af.SessionConfig | None = None,
                   run_options: af.RunOptions | None = None) -> Outcome:
-    """``program`` in an asyncflow session: ``config`` (default: two CPUs) and
-    ``run_options`` (default: none) for every run and callable; each run's deadline is
-    the program's, else ``run_options``'s, else 20 s."""
+    """``program`` in an asyncflow session: ``config`` (default: two CPUs; programs
+    place ops on ``/cpu:1``, so a given config needs two CPU devices too) and
+    ``run_options`` (default: none) for every run and callable call (partial runs take
+    no run options); each run's deadline is the program's, else ``run_options``'s,
+    else 20 s, so that nothing hangs."""
     import asyncflow as af
 
     api = asyncflow_api()
