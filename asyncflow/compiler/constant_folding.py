@@ -28,7 +28,7 @@ from asyncflow.compiler.ir import FUNCTION_ATTR, NodeDef, Ref
 from asyncflow.framework import registry
 from asyncflow.framework.device_spec import DeviceSpec
 
-__all__ = ["fold_constants", "never_folded"]
+__all__ = ["constant_value", "fold_constants", "never_folded"]
 
 #: Op types whose value is not a function of their inputs, or that only exist to
 #: move values (feeds, transfers, frames): never evaluated at compile time.
@@ -98,6 +98,24 @@ def fold_constants(nodes: Sequence[NodeDef], placement: Sequence[int], devices: 
     if out is None:
         return tuple(nodes), tuple(placement), False
     return _live(out, placement, fetches, targets, feeds)
+
+
+def constant_value(nodes: Sequence[NodeDef], ref: Ref, max_bytes: int = 1 << 26
+                   ) -> np.ndarray | None:
+    """The value of ``ref`` when it is a function of constants alone, else None.
+
+    ``nodes``: the subgraph ``ref`` depends on, in topological order.  The same rules
+    and kernels as :func:`fold_constants` (it is what an importer asks when an op needs
+    a static argument, e.g. a ``Transpose`` perm made by ``ConcatV2`` of constants).
+    """
+    values: dict[str, tuple[Any, ...]] = {}
+    carried: dict[str, tuple[str, ...]] = {}
+    with np.errstate(all="ignore"):
+        for node in nodes:
+            if _evaluate(node, "", values, carried, (), max_bytes) is None:
+                return None
+    found = values.get(ref[0])
+    return None if found is None or ref[1] >= len(found) else found[ref[1]]
 
 
 def _live(nodes: Sequence[NodeDef], placement: Sequence[int], fetches: Sequence[Ref],
