@@ -10,9 +10,10 @@ TF.  The ops on one array run as inline kernels of one step, on that step's loop
 array needs no lock.
 
 The semantics and error messages are TF's (``kernels/tensor_array.h``): writing an
-index twice, reading an unwritten or cleared index, a non-resizeable array written
-out of range, inconsistent element shapes, a closed array — each an
-``InvalidArgumentError`` naming the array's op and the failing node.
+index twice, reading a cleared index (``clear_after_read``) or an unwritten one whose
+element shape is not fully defined (a fully defined one reads as zeros), a
+non-resizeable array written out of range, inconsistent element shapes, a closed array —
+each an ``InvalidArgumentError`` naming the array and the failing node.
 """
 
 from __future__ import annotations
@@ -105,13 +106,27 @@ class _Array:
                            f"setting clear_after_read = false?).")
         value = e.value
         if value is None:
-            raise _invalid(f"TensorArray {self.name}: Could not read from TensorArray index "
-                           f"{index} because it has not yet been written to.")
+            value = self._zeros(index)
         if self.clear_after_read:
             e.value = None
             e.cleared = True
         e.read = True
         return value
+
+    def _zeros(self, index: int) -> np.ndarray:
+        # An index never written reads as zeros when the element shape is fully known
+        # (TF: gradients of unwritten elements), else it is an error.
+        shape = self.element_shape
+        if not shape.is_fully_defined():
+            raise _invalid(
+                f"TensorArray {self.name}: Could not read from TensorArray index {index}.  "
+                f"Furthermore, the element shape is not fully defined: "
+                f"{_debug_shape(shape)}.  It is possible you are working with a resizeable "
+                f"TensorArray and stop_gradients is not allowing the gradients to be "
+                f"written.  If you set the full element_shape property on the forward "
+                f"TensorArray, the proper all-zeros tensor will be returned instead of "
+                f"incurring this error.")
+        return np.zeros([int(d or 0) for d in shape], self.dtype)
 
     def size(self) -> int:
         self._open()
@@ -124,6 +139,12 @@ class _Array:
 
     def __repr__(self) -> str:
         return f"<TensorArray {self.name!r} size={len(self.elements)} closed={self.closed}>"
+
+
+def _debug_shape(shape: TensorShape) -> str:
+    if shape.dims is None:
+        return "<unknown>"
+    return "[" + ",".join("?" if d is None else str(d) for d in shape.dims) + "]"
 
 
 def _invalid(message: str) -> errors.InvalidArgumentError:
