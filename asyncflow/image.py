@@ -10,6 +10,7 @@ from asyncflow.ops.image_ops import (
     decode_png,
     encode_jpeg,
     encode_png,
+    resize,
     resize_bilinear,
     resize_nearest_neighbor,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "decode_png",
     "encode_jpeg",
     "encode_png",
+    "resize",
     "resize_bilinear",
     "resize_nearest_neighbor",
 ]

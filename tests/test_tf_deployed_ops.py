@@ -352,3 +352,21 @@ def test_a_perm_that_depends_on_data_is_refused_naming_the_node() -> None:
             af.errors.UnimplementedError,
             match=r"'t' \(Transpose\): perm must be a constant.*'perm:0' \(ConcatV2\)"):
         import_tf_graph_def(_perm_graph(True), name="")
+
+
+def test_public_constructors_build_tf_op_types() -> None:
+    with af.Graph().as_default():
+        x = af.constant(np.ones((1, 4, 4, 1), np.float32))
+        a, b = af.identity_n([x, af.constant(2)])
+        assert a.op is b.op
+        assert a.op.type == "IdentityN"
+        assert af.erfc(x).op.type == "Erfc"
+        assert af.matrix_band_part(x[0, :, :, 0], -1, 0).op.type == "MatrixBandPart"
+        r = af.image.resize(x, [2, 2])
+        assert r.op.type == "ResizeBilinear"
+        assert r.op.get_attr("half_pixel_centers") is True
+        assert af.image.resize(x, [2, 2], method="nearest").op.type == "ResizeNearestNeighbor"
+        with pytest.raises(ValueError, match="method"):
+            af.image.resize(x, [2, 2], method="area")
+        y = _run(r)
+    np.testing.assert_array_equal(y, np.ones((1, 2, 2, 1)))

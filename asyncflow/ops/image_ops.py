@@ -30,8 +30,8 @@ from asyncflow.framework.shapes import TensorShape
 from asyncflow.ops._base import define_op, make_op
 from asyncflow.ops.array_ops import _const_value
 
-__all__ = ["decode_jpeg", "decode_png", "encode_jpeg", "encode_png", "resize_bilinear",
-           "resize_nearest_neighbor"]
+__all__ = ["decode_jpeg", "decode_png", "encode_jpeg", "encode_png", "resize",
+           "resize_bilinear", "resize_nearest_neighbor"]
 
 Specs = list[tuple[dtypes.DType, Any]]
 
@@ -170,6 +170,16 @@ def resize_nearest_neighbor(images: Any, size: Any, align_corners: bool = False,
     ``ResizeNearestNeighbor``, TF's rules)."""
     return _resize("ResizeNearestNeighbor", images, size, align_corners, half_pixel_centers,
                    name)
+
+
+def resize(images: Any, size: Any, method: str = "bilinear", name: str | None = None
+           ) -> Tensor:
+    """TF 2's ``tf.image.resize``: half-pixel centers, ``method`` ``"bilinear"`` (float32
+    result) or ``"nearest"`` (the input dtype)."""
+    ops = {"bilinear": resize_bilinear, "nearest": resize_nearest_neighbor}
+    if method not in ops:
+        raise ValueError(f"resize: method must be one of {sorted(ops)}, got {method!r}")
+    return ops[method](images, size, half_pixel_centers=True, name=name)
 
 
 # -- decode / encode (Pillow) -----------------------------------------------------------------
