@@ -370,3 +370,22 @@ def test_public_constructors_build_tf_op_types() -> None:
             af.image.resize(x, [2, 2], method="area")
         y = _run(r)
     np.testing.assert_array_equal(y, np.ones((1, 2, 2, 1)))
+
+
+def test_identical_element_shapes_fixes_the_shape_at_the_first_write() -> None:
+    with af.Graph().as_default():
+        a = af.placeholder(af.float32, name="a")
+        b = af.placeholder(af.float32, name="b")
+        ta = af.TensorArray(af.float32, size=3, tensor_array_name="same")  # infer_shape
+        ta = ta.write(0, a)
+        zeros_after = ta.read(2)           # never written: zeros of the inferred shape
+        mismatch = ta.write(1, b).read(0)
+        with af.Session() as sess:
+            out = sess.run_sync(zeros_after, {a: [1.0, 2.0]})
+            np.testing.assert_array_equal(out, [0.0, 0.0])
+            with pytest.raises(af.errors.InvalidArgumentError,
+                               match=r"TensorArray same: Could not write to TensorArray index "
+                                     r"1 because the value shape is \[3\] which is "
+                                     r"incompatible with the TensorArray's inferred element "
+                                     r"shape: \[2\] \(consider setting infer_shape=False\)"):
+                sess.run_sync(mismatch, {a: [1.0, 2.0], b: [1.0, 2.0, 3.0]})

@@ -78,11 +78,15 @@ class _Array:
             raise _invalid(f"TensorArray {self.name}: Could not write to TensorArray index "
                            f"{index} because the value dtype is {array.dtype} but "
                            f"TensorArray dtype is {self.dtype}.")
-        if not self.element_shape.is_compatible_with(TensorShape(array.shape)):
+        shape = TensorShape(array.shape)
+        if not self.element_shape.is_compatible_with(shape):
             raise _invalid(f"TensorArray {self.name}: Could not write to TensorArray index "
-                           f"{index} because the value shape is {list(array.shape)} which "
-                           f"is incompatible with the TensorArray's element shape: "
-                           f"{self.element_shape}.")
+                           f"{index} because the value shape is {_debug_shape(shape)} "
+                           f"which is incompatible with the TensorArray's inferred element "
+                           f"shape: {_debug_shape(self.element_shape)} (consider setting "
+                           f"infer_shape=False).")
+        if self.identical and not self.element_shape.is_fully_defined():
+            self.element_shape = shape   # every element has the first one's shape
         if index >= len(self.elements):
             self.elements.extend(_Element() for _ in range(index + 1 - len(self.elements)))
         e = self.elements[index]
