@@ -389,3 +389,16 @@ def test_identical_element_shapes_fixes_the_shape_at_the_first_write() -> None:
                                      r"incompatible with the TensorArray's inferred element "
                                      r"shape: \[2\] \(consider setting infer_shape=False\)"):
                 sess.run_sync(mismatch, {a: [1.0, 2.0], b: [1.0, 2.0, 3.0]})
+
+
+def test_stack_of_an_empty_array_needs_a_full_element_shape() -> None:
+    with af.Graph().as_default():
+        n = af.placeholder(af.int32, (), name="n")
+        known = af.TensorArray(af.float32, size=n, element_shape=[2]).stack()
+        unknown = af.TensorArray(af.float32, size=n, tensor_array_name="e").stack()
+        with af.Session() as sess:
+            assert sess.run_sync(known, {n: 0}).shape == (0, 2)
+            with pytest.raises(af.errors.InvalidArgumentError,
+                               match=r"TensorArray e: TensorArray has size zero, but element "
+                                     r"shape <unknown> is not fully defined"):
+                sess.run_sync(unknown, {n: 0})

@@ -167,13 +167,15 @@ def _stack(arrays: Sequence[np.ndarray], name: str, dtype: np.dtype[Any],
     if not arrays:
         if not element_shape.is_fully_defined():
             raise _invalid(f"TensorArray {name}: TensorArray has size zero, but element "
-                           f"shape {element_shape} is not fully defined. Currently only "
+                           f"shape {_debug_shape(element_shape)} is not fully defined. "
+                           f"Currently only "
                            f"static shapes are supported when packing zero-size "
                            f"TensorArrays.")
         return np.zeros((0, *[int(d or 0) for d in element_shape]), dtype)
     first = arrays[0].shape
     if not element_shape.is_compatible_with(TensorShape(first)):
-        raise _invalid(f"TensorArray {name} was passed element_shape {element_shape} which "
+        raise _invalid(f"TensorArray {name} was passed element_shape "
+                       f"{_debug_shape(element_shape)} which "
                        f"does not match the Tensor at index 0: {list(first)}")
     for k, a in enumerate(arrays[1:], 1):
         if a.shape != first:
@@ -345,7 +347,8 @@ def _gather(op: Operation) -> Callable[..., Any]:
         if idx.ndim != 1:
             raise _invalid(f"indices must be a vector, got shape {list(idx.shape)}")
         values = [ta.read(int(i)) for i in idx]
-        return _stack(values, ta.name, ta.dtype, element_shape.merge_with(ta.element_shape))
+        known = element_shape if element_shape.dims is not None else ta.element_shape
+        return _stack(values, ta.name, ta.dtype, known)
 
     return gather
 
@@ -389,7 +392,8 @@ def _concat(op: Operation) -> Callable[..., Any]:
             rest = op._attrs.get("element_shape_except0", unknown_shape())
             if not rest.is_fully_defined():
                 raise _invalid(f"TensorArray {ta.name}: TensorArray has size zero, but "
-                               f"element_shape_except0 {rest} is not fully defined.")
+                               f"element_shape_except0 {_debug_shape(rest)} is not fully "
+                               f"defined.")
             return np.zeros((0, *[int(d or 0) for d in rest]), ta.dtype), lengths
         return np.concatenate(values), lengths
 
