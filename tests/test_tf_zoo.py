@@ -151,3 +151,17 @@ def test_manifest_is_readable_for_benchmarks() -> None:
         assert spec["outputs"]
         if "atol" in spec or "rtol" in spec:
             assert spec["reason"], name
+
+
+LOOP_MODELS = sorted(n for n in MODELS if "Enter" in _spec(n)["op_types"])
+
+
+@pytest.mark.parametrize("name", LOOP_MODELS)
+async def test_zoo_loops_match_tf_on_the_general_frame_path(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # TensorArray loops with the loop fast path off: the frame propagator's general
+    # form must order reads and writes by the flow just the same.
+    from asyncflow.runtime import loop_fastpath
+
+    monkeypatch.setattr(loop_fastpath, "ENABLED", False)
+    _compare(name, await _run(_imported(name), name), _expected(name))
