@@ -402,3 +402,19 @@ def test_stack_of_an_empty_array_needs_a_full_element_shape() -> None:
                                match=r"TensorArray e: TensorArray has size zero, but element "
                                      r"shape <unknown> is not fully defined"):
                 sess.run_sync(unknown, {n: 0})
+
+
+def test_constant_value_of_evaluates_constant_subgraphs_only() -> None:
+    from asyncflow.compiler.constant_folding import constant_value_of
+
+    with af.Graph().as_default():
+        perm = af.concat([af.constant([2]), af.constant([0, 1]) * 1], 0)
+        np.testing.assert_array_equal(constant_value_of(af.identity(perm)), [2, 0, 1])
+        x = af.placeholder(af.int32, (2,))
+        assert constant_value_of(af.concat([af.constant([2]), x], 0)) is None
+        assert constant_value_of(af.random_uniform((2,)) + 1.0) is None   # stateful
+        long = af.constant(0)
+        for _ in range(300):   # more than a static argument's walk: not evaluated
+            long = long + 1
+        assert constant_value_of(long) is None
+        assert int(constant_value_of(af.constant(3) + 4)) == 7

@@ -31,6 +31,7 @@ from asyncflow.compat._values import (
     dtype_from_enum,
     ndarray_from_proto,
 )
+from asyncflow.compiler.constant_folding import constant_value_of
 from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
 from asyncflow.framework.shapes import TensorShape, unknown_shape
 
@@ -213,47 +214,13 @@ class _Ctx:
     def const(self, t: Tensor, what: str) -> Any:
         """The build-time value of ``t``: a Const, or computed from constants alone
         (Keras makes a ``Transpose`` perm by ``ConcatV2`` of constants)."""
-        value = _static_value(t)
+        value = constant_value_of(t)
         if value is None:
             raise errors.UnimplementedError(
                 None, None, f"node {self.node.name!r} ({self.node.op}): {what} must be a "
                             f"constant for asyncflow (or computed from constants only), "
                             f"got {t.name!r} ({t.op.type})")
         return value
-
-
-#: How many ops the constant subgraph behind a static argument may have: shape
-#: arithmetic is a few ops; a larger walk means the value depends on real data.
-_STATIC_WALK = 256
-
-
-def _static_value(t: Tensor) -> Any:
-    """The value of ``t`` if it is a function of constants alone (evaluated by the
-    constant folder's rules and kernels), else None."""
-    from asyncflow.compiler.constant_folding import constant_value, never_folded
-    from asyncflow.compiler.ir import node_def_of
-
-    t = _through_identities(t)
-    op = t.op
-    if op.type == "Const":
-        return op.get_attr("value")
-    order: list[Any] = []
-    seen: set[int] = set()
-    stack: list[tuple[Operation, bool]] = [(op, False)]
-    while stack:
-        current, done = stack.pop()
-        if done:
-            order.append(node_def_of(current))
-            continue
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if len(seen) > _STATIC_WALK or (
-                current.type != "Const" and never_folded(node_def_of(current)) is not None):
-            return None
-        stack.append((current, True))
-        stack.extend((i.op, False) for i in current.inputs)
-    return constant_value(order, (op.name, t.value_index))
 
 
 Converter = Callable[[_Ctx, list[Tensor]], Operation]
@@ -306,7 +273,7 @@ def _every_axis(axes: Tensor, x: Tensor) -> bool:
     if limit.op.type != "Rank" or _through_identities(limit.op.inputs[0]) \
             is not _through_identities(x):
         return False
-    first, step = _static_value(start), _static_value(delta)
+    first, step = constant_value_of(start), constant_value_of(delta)
     return first is not None and step is not None and int(first) == 0 and int(step) == 1
 
 
