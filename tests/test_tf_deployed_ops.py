@@ -418,3 +418,14 @@ def test_constant_value_of_evaluates_constant_subgraphs_only() -> None:
             long = long + 1
         assert constant_value_of(long) is None
         assert int(constant_value_of(af.constant(3) + 4)) == 7
+
+
+def test_a_16_bit_grayscale_png_decodes_to_its_high_byte() -> None:
+    from PIL import Image
+
+    wide = np.array([[0, 255, 256, 65535], [4660, 512, 1000, 40000]], np.uint16)
+    buf = io.BytesIO()
+    Image.fromarray(wide).save(buf, format="PNG")   # mode I;16
+    with af.Graph().as_default():
+        out = _run(af.image.decode_png(buf.getvalue()))
+    np.testing.assert_array_equal(out[:, :, 0], wide >> 8)

@@ -247,6 +247,10 @@ def _decoder(op_type: str, fmt: str, channels: int) -> Callable[[Any], np.ndarra
             natural = "RGBA" if "transparency" in img.info else "RGB"
         else:
             natural = _NATURAL.get(img.mode, "RGB")
+        if img.mode.startswith("I"):
+            # 16-bit grayscale: keep the high byte, as libpng's strip_16 does for TF.
+            gray = (np.asarray(img).astype(np.uint32) >> 8).astype(np.uint8)
+            img = image_module.fromarray(gray, "L")
         mode = _MODES[channels] if channels else natural
         array = np.asarray(img.convert(mode) if img.mode != mode else img, dtype=np.uint8)
         return array if array.ndim == 3 else array[:, :, None]
