@@ -429,3 +429,29 @@ def test_a_16_bit_grayscale_png_decodes_to_its_high_byte() -> None:
     with af.Graph().as_default():
         out = _run(af.image.decode_png(buf.getvalue()))
     np.testing.assert_array_equal(out[:, :, 0], wide >> 8)
+
+
+DECODES = sorted(k for k in OPS.files if k.startswith("decode/") and not k.endswith("/bytes"))
+
+
+@pytest.mark.parametrize("case", DECODES)
+def test_decode_matches_tf(case: str) -> None:
+    _, source, channels = case.split("/")
+    data = OPS[f"decode/{source}/bytes"].tobytes()
+    decode = af.image.decode_png if source.startswith("png") else af.image.decode_jpeg
+    with af.Graph().as_default():
+        out = _run(decode(data, channels=int(channels)))
+    expected = OPS[case]
+    assert out.shape == expected.shape
+    if source.startswith("png"):
+        np.testing.assert_array_equal(out, expected)   # PNG: exactly TF's pixels
+    else:   # JPEG: decoders differ by a few levels
+        assert np.abs(out.astype(int) - expected).max() <= 10
+
+
+def test_decode_channels_tf_refuses_are_refused() -> None:
+    with af.Graph().as_default():
+        with pytest.raises(ValueError, match=r"`channels` must be 0, 1, 3 or 4 but got 2"):
+            af.image.decode_png(b"", channels=2)
+        with pytest.raises(ValueError, match=r"`channels` must be 0, 1 or 3 but got 4"):
+            af.image.decode_jpeg(b"", channels=4)

@@ -195,21 +195,24 @@ def _pillow(op_type: str) -> Any:
     return Image
 
 
-def _decode_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
-    (contents,) = inputs
-    if not contents._dtype.is_string:
-        raise TypeError(f"contents {contents.name!r} must be a string, got "
-                        f"{contents._dtype.name}")
-    if not contents._shape.is_compatible_with(TensorShape(())):
-        raise ValueError(f"contents {contents.name!r} must be a scalar, got shape "
-                         f"{contents._shape}")
-    dtype = attrs.get("dtype", dtypes.uint8)
-    if dtype is not dtypes.uint8:
-        raise TypeError(f"only uint8 images are supported, got dtype {dtype.name}")
-    channels = int(attrs.get("channels", 0))
-    if channels not in (0, 1, 2, 3, 4):
-        raise ValueError(f"channels must be 0, 1, 2, 3 or 4, got {channels}")
-    return [(dtypes.uint8, TensorShape([None, None, channels or None]))]
+def _decode_shape(allowed: tuple[int, ...]) -> Callable[..., Specs]:
+    def shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+        (contents,) = inputs
+        if not contents._dtype.is_string:
+            raise TypeError(f"contents {contents.name!r} must be a string, got "
+                            f"{contents._dtype.name}")
+        if not contents._shape.is_compatible_with(TensorShape(())):
+            raise ValueError(f"contents {contents.name!r} must be a scalar, got shape "
+                             f"{contents._shape}")
+        dtype = attrs.get("dtype", dtypes.uint8)
+        if dtype is not dtypes.uint8:
+            raise TypeError(f"only uint8 images are supported, got dtype {dtype.name}")
+        channels = int(attrs.get("channels", 0))
+        if channels not in allowed:
+            raise ValueError(f"`channels` must be {', '.join(map(str, allowed[:-1]))} or "
+                             f"{allowed[-1]} but got {channels}")
+        return [(dtypes.uint8, TensorShape([None, None, channels or None]))]
+    return shape
 
 
 def _encode_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
@@ -222,35 +225,48 @@ def _encode_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     return [(dtypes.string, TensorShape(()))]
 
 
-define_op("DecodePng", _decode_shape)
-define_op("DecodeJpeg", _decode_shape)
+define_op("DecodePng", _decode_shape((0, 1, 3, 4)))
+define_op("DecodeJpeg", _decode_shape((0, 1, 3)))
 define_op("EncodePng", _encode_shape)
 define_op("EncodeJpeg", _encode_shape)
 
-# Pillow mode -> (mode to convert to) for each requested channel count (0: natural).
-_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
+# The Pillow mode for each requested channel count, and for each Pillow mode the one
+# holding its natural channels (channels=0).
+_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 _NATURAL = {"1": "L", "L": "L", "LA": "LA", "RGB": "RGB", "RGBA": "RGBA", "CMYK": "RGB",
-            "I;16": "L", "I": "L", "YCbCr": "RGB"}
+            "YCbCr": "RGB"}
+#: libpng's integer RGB -> gray weights (0.299, 0.587 in 15 bits) that TF asks for; the
+#: sum is truncated, where Pillow's "L" conversion rounds.
+_PNG_GRAY = np.array([9798, 19235, 3735], np.int64)
+
+
+def _open(image_module: Any, data: bytes, fmt: str, gray: bool) -> Any:
+    try:
+        img = image_module.open(io.BytesIO(data), formats=[fmt])
+        if gray and fmt == "JPEG":
+            img.draft("L", img.size)   # libjpeg's own grayscale output (the Y channel)
+        img.load()
+    except Exception as exc:
+        raise errors.InvalidArgumentError(
+            None, None, f"Invalid {fmt} data, size {len(data)}: {exc}") from None
+    if img.mode.startswith("I"):
+        # 16-bit grayscale: keep the high byte, as libpng's strip_16 does for TF.
+        high = (np.asarray(img).astype(np.uint32) >> 8).astype(np.uint8)
+        img = image_module.fromarray(high, "L")
+    return img
 
 
 def _decoder(op_type: str, fmt: str, channels: int) -> Callable[[Any], np.ndarray]:
     def decode(contents: Any) -> np.ndarray:
         image_module = _pillow(op_type)
-        data = bytes(contents)
-        try:
-            img = image_module.open(io.BytesIO(data), formats=[fmt])
-            img.load()
-        except Exception as exc:
-            raise errors.InvalidArgumentError(
-                None, None, f"Invalid {fmt} data, size {len(data)}: {exc}") from None
+        img = _open(image_module, bytes(contents), fmt, channels == 1)
         if img.mode == "P":
             natural = "RGBA" if "transparency" in img.info else "RGB"
         else:
             natural = _NATURAL.get(img.mode, "RGB")
-        if img.mode.startswith("I"):
-            # 16-bit grayscale: keep the high byte, as libpng's strip_16 does for TF.
-            gray = (np.asarray(img).astype(np.uint32) >> 8).astype(np.uint8)
-            img = image_module.fromarray(gray, "L")
+        if channels == 1 and fmt == "PNG" and natural in ("RGB", "RGBA"):
+            rgb = np.asarray(img.convert("RGB"), dtype=np.int64)   # alpha dropped, as TF
+            return ((rgb @ _PNG_GRAY) >> 15).astype(np.uint8)[:, :, None]
         mode = _MODES[channels] if channels else natural
         array = np.asarray(img.convert(mode) if img.mode != mode else img, dtype=np.uint8)
         return array if array.ndim == 3 else array[:, :, None]
