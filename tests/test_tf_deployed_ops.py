@@ -455,3 +455,19 @@ def test_decode_channels_tf_refuses_are_refused() -> None:
             af.image.decode_png(b"", channels=2)
         with pytest.raises(ValueError, match=r"`channels` must be 0, 1 or 3 but got 4"):
             af.image.decode_jpeg(b"", channels=4)
+
+
+def test_tensor_array_ops_are_colocated_with_the_array() -> None:
+    import pickle
+
+    from asyncflow.ops.tensor_array_ops import _Array
+
+    with af.Graph().as_default():
+        ta = af.TensorArray(af.float32, size=2, name="arr")
+        read = ta.write(0, [1.0]).read(0)
+        size = ta.size()
+    for op in (read.op, size.op):
+        assert op.get_attr("_class") == ["loc:@arr"]
+    array = _Array("arr", np.dtype(np.float32), 1, False, True, af.TensorShape(None), False)
+    with pytest.raises(TypeError, match="cannot leave its step's process"):
+        pickle.dumps(array)

@@ -25,7 +25,7 @@ import numpy as np
 
 from asyncflow import dtypes, errors
 from asyncflow.framework import registry
-from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
+from asyncflow.framework.graph import Operation, Tensor, colocate_with, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape, as_shape, unknown_shape
 from asyncflow.ops._base import define_op, make_op
 
@@ -141,6 +141,11 @@ class _Array:
         self.elements = []
         self.closed = True
 
+    def __reduce__(self) -> Any:
+        # A copy in another process would silently miss this step's writes.
+        raise TypeError(f"TensorArray {self.name!r} cannot leave its step's process: place "
+                        f"every op on it with the TensorArrayV3 op")
+
     def __repr__(self) -> str:
         return f"<TensorArray {self.name!r} size={len(self.elements)} closed={self.closed}>"
 
@@ -187,13 +192,19 @@ def _stack(arrays: Sequence[np.ndarray], name: str, dtype: np.dtype[Any],
 
 # -- shape functions --------------------------------------------------------------------------
 
-def _handle_element_shape(handle: Tensor) -> TensorShape:
-    """The ``element_shape`` of the ``TensorArrayV3`` behind ``handle`` (through the
-    Enter / Identity / Switch / Merge a loop puts in between), else unknown."""
+def _source(handle: Tensor) -> Operation | None:
+    """The op behind ``handle`` past the Enter / Identity / Switch / Merge a loop puts
+    in between (the ``TensorArrayV3``, for a handle that came from one)."""
     op = getattr(handle, "_op", None)
     while op is not None and op._type in ("Enter", "Identity", "Switch", "Merge") \
             and op._inputs:
         op = op._inputs[0]._op
+    return op
+
+
+def _handle_element_shape(handle: Tensor) -> TensorShape:
+    """The ``element_shape`` of the ``TensorArrayV3`` behind ``handle``, else unknown."""
+    op = _source(handle)
     if op is not None and op._type == "TensorArrayV3":
         shape: TensorShape = op._attrs.get("element_shape", unknown_shape())
         return shape
@@ -502,19 +513,27 @@ class TensorArray:
             out._element_shape = out._element_shape.merge_with(element_shape)
         return out
 
+    def _make(self, op_type: str, inputs: Sequence[Tensor], attrs: Mapping[str, Any],
+              name: str | None, default_name: str) -> Operation:
+        # Every op on the array is placed with it (TF colocates them too): the handle's
+        # value is the array object itself, which cannot cross to another process.
+        source = _source(self._handle) or self._handle.op
+        with colocate_with(source):
+            return make_op(op_type, inputs, attrs, name=name, default_name=default_name)
+
     def _index(self, index: Any) -> Tensor:
         return convert_to_tensor(index, dtype=dtypes.int32)
 
     def write(self, index: Any, value: Any, name: str | None = None) -> TensorArray:
         """Write ``value`` at ``index``; returns the array with the new flow."""
         v = convert_to_tensor(value, dtype=self._dtype)
-        op = make_op("TensorArrayWriteV3", (self._handle, self._index(index), v, self._flow),
+        op = self._make("TensorArrayWriteV3", (self._handle, self._index(index), v, self._flow),
                      {"T": self._dtype}, name=name, default_name="TensorArrayWrite")
         return self._with_flow(op.outputs[0], v.shape)
 
     def read(self, index: Any, name: str | None = None) -> Tensor:
         """The element at ``index``."""
-        op = make_op("TensorArrayReadV3", (self._handle, self._index(index), self._flow),
+        op = self._make("TensorArrayReadV3", (self._handle, self._index(index), self._flow),
                      {"dtype": self._dtype}, name=name, default_name="TensorArrayRead")
         out = op.outputs[0]
         out._shape = out._shape.merge_with(self._element_shape)
@@ -523,7 +542,7 @@ class TensorArray:
     def gather(self, indices: Any, name: str | None = None) -> Tensor:
         """The elements at ``indices``, stacked along a new first dimension."""
         idx = convert_to_tensor(indices, dtype=dtypes.int32)
-        return make_op("TensorArrayGatherV3", (self._handle, idx, self._flow),
+        return self._make("TensorArrayGatherV3", (self._handle, idx, self._flow),
                        {"dtype": self._dtype, "element_shape": self._element_shape},
                        name=name, default_name="TensorArrayGather").outputs[0]
 
@@ -537,7 +556,7 @@ class TensorArray:
         """Write ``value[k]`` at ``indices[k]``."""
         v = convert_to_tensor(value, dtype=self._dtype)
         idx = convert_to_tensor(indices, dtype=dtypes.int32)
-        op = make_op("TensorArrayScatterV3", (self._handle, idx, v, self._flow),
+        op = self._make("TensorArrayScatterV3", (self._handle, idx, v, self._flow),
                      {"T": self._dtype}, name=name, default_name="TensorArrayScatter")
         return self._with_flow(op.outputs[0], v.shape[1:] if v.shape.rank else None)
 
@@ -553,7 +572,7 @@ class TensorArray:
         """Every element concatenated along its first dimension."""
         rest = TensorShape(self._element_shape.dims[1:]) \
             if self._element_shape.dims else unknown_shape()
-        return make_op("TensorArrayConcatV3", (self._handle, self._flow),
+        return self._make("TensorArrayConcatV3", (self._handle, self._flow),
                        {"dtype": self._dtype, "element_shape_except0": rest}, name=name,
                        default_name="TensorArrayConcat").outputs[0]
 
@@ -561,18 +580,18 @@ class TensorArray:
         """Split ``value`` along its first dimension into pieces of ``lengths``."""
         v = convert_to_tensor(value, dtype=self._dtype)
         n = convert_to_tensor(lengths, dtype=dtypes.int64)
-        op = make_op("TensorArraySplitV3", (self._handle, v, n, self._flow),
+        op = self._make("TensorArraySplitV3", (self._handle, v, n, self._flow),
                      {"T": self._dtype}, name=name, default_name="TensorArraySplit")
         return self._with_flow(op.outputs[0])
 
     def size(self, name: str | None = None) -> Tensor:
         """The number of elements."""
-        return make_op("TensorArraySizeV3", (self._handle, self._flow), {}, name=name,
+        return self._make("TensorArraySizeV3", (self._handle, self._flow), {}, name=name,
                        default_name="TensorArraySize").outputs[0]
 
     def close(self, name: str | None = None) -> Operation:
         """Release the elements; any later op on the array fails."""
-        return make_op("TensorArrayCloseV3", (self._handle,), {}, name=name,
+        return self._make("TensorArrayCloseV3", (self._handle,), {}, name=name,
                        default_name="TensorArrayClose")
 
     def __repr__(self) -> str:
