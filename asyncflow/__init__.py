@@ -17,7 +17,7 @@ This module is the public API; everything it does not export is private.
 
 from __future__ import annotations
 
-from asyncflow import compat, dtypes, errors, nn, raw_ops, testing, tracing, train
+from asyncflow import compat, dtypes, errors, image, nn, raw_ops, testing, tracing, train
 from asyncflow.callables import SessionCallable
 from asyncflow.config import GraphOptions, OptimizerOptions, RunMetadata, RunOptions, SessionConfig
 from asyncflow.dtypes import (
@@ -61,6 +61,7 @@ from asyncflow.ops.array_ops import (
     gather,
     group,
     identity,
+    identity_n,
     no_op,
     ones,
     placeholder,
@@ -84,11 +85,13 @@ from asyncflow.ops.extra_math_ops import (
     cumsum,
     einsum,
     erf,
+    erfc,
     expm1,
     floor,
     is_finite,
     is_nan,
     log1p,
+    matrix_band_part,
     reciprocal,
     round,
     rsqrt,
@@ -166,6 +169,7 @@ from asyncflow.ops.state_ops import (
     global_variables_initializer,
     variables_initializer,
 )
+from asyncflow.ops.tensor_array_ops import TensorArray
 from asyncflow.progress import ProgressEvent
 from asyncflow.runtime.cancellation import CancellationManager, get_cancellation_manager
 from asyncflow.session import Session, SessionStatistics
@@ -192,6 +196,7 @@ __all__ = [
     "SessionConfig",
     "SessionStatistics",
     "Tensor",
+    "TensorArray",
     "TensorShape",
     "Variable",
     "abs",
@@ -224,6 +229,7 @@ __all__ = [
     "einsum",
     "equal",
     "erf",
+    "erfc",
     "errors",
     "exp",
     "expand_dims",
@@ -244,6 +250,8 @@ __all__ = [
     "greater_equal",
     "group",
     "identity",
+    "identity_n",
+    "image",
     "import_graph_def",
     "int16",
     "int32",
@@ -261,6 +269,7 @@ __all__ = [
     "logical_xor",
     "map_fn",
     "matmul",
+    "matrix_band_part",
     "maximum",
     "minimum",
     "mod",

@@ -16,7 +16,7 @@ from asyncflow import dtypes, errors
 from asyncflow.compat._tf_proto import DATA_TYPES
 from asyncflow.framework.shapes import TensorShape
 
-__all__ = ["attr_from_proto", "attr_to_proto", "dtype_from_enum", "dtype_to_enum",
+__all__ = ["RESOURCE_TYPE", "ResourceType", "attr_from_proto", "attr_to_proto", "dtype_from_enum", "dtype_to_enum",
            "ndarray_from_proto", "ndarray_to_proto", "shape_from_proto", "shape_to_proto"]
 
 #: Larger constants are refused: a corrupt or hostile shape must not exhaust memory.
@@ -41,6 +41,23 @@ _VAL_FIELD = {
     dtypes.string: "string_val", dtypes.complex64: "scomplex_val",
     dtypes.complex128: "dcomplex_val",
 }
+
+
+#: TF's ``DT_RESOURCE``: the type of a TensorArray handle.  asyncflow keeps a handle in a
+#: string-typed tensor (its value is the array object itself, which never leaves the step).
+RESOURCE = DATA_TYPES["DT_RESOURCE"]
+
+
+class ResourceType:
+    """An attribute value written as ``DT_RESOURCE`` (the type of a handle tensor)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DT_RESOURCE"
+
+
+RESOURCE_TYPE = ResourceType()
 
 
 def dtype_from_enum(value: int, where: str) -> dtypes.DType:
@@ -210,6 +227,8 @@ def attr_to_proto(value: Any, proto: Any, where: str) -> None:
         proto.s = value
     elif isinstance(value, dtypes.DType):
         proto.type = dtype_to_enum(value, where)
+    elif isinstance(value, ResourceType):
+        proto.type = RESOURCE
     elif isinstance(value, TensorShape):
         shape_to_proto(value, proto.shape)
     elif isinstance(value, list | tuple):

@@ -17,7 +17,7 @@ import numpy as np
 
 from asyncflow import dtypes, errors
 from asyncflow.compat._tf_proto import messages
-from asyncflow.compat._values import attr_to_proto, ndarray_to_proto
+from asyncflow.compat._values import RESOURCE_TYPE, attr_to_proto, ndarray_to_proto
 from asyncflow.framework.graph import Graph, Operation, Tensor
 
 __all__ = ["export_tf_graph_def"]
@@ -48,11 +48,16 @@ class _Writer:
             else:
                 attr_to_proto(value, nd.attr[key], f"{where} {key!r}")
 
-    def const(self, op: Operation, suffix: str, value: Any, dt: dtypes.DType) -> str:
+    def fresh(self, op: Operation, suffix: str) -> str:
+        """A node name beside ``op`` that no other node has."""
         name = f"{op.name}/{suffix}"
         while name in self.names:
             name += "_"
         self.names.add(name)
+        return name
+
+    def const(self, op: Operation, suffix: str, value: Any, dt: dtypes.DType) -> str:
+        name = self.fresh(op, suffix)
         array = np.asarray(value, dtype=dt.np)
         # A control edge from the op's first input keeps the Const in the op's loop frame
         # (as TF hangs constants inside a while body off the loop's pivot).
@@ -64,8 +69,26 @@ class _Writer:
 Exporter = Callable[[_Writer, Operation], tuple[str, list[str], dict[str, Any]]]
 
 
-def _t(op: Operation) -> dtypes.DType:
-    return op.inputs[0].dtype if op.inputs else op.outputs[0].dtype
+def _t(op: Operation) -> Any:
+    return _type_of(op.inputs[0]) if op.inputs else op.outputs[0].dtype
+
+
+#: Ops that pass their first input's value on (a TensorArray handle enters, leaves and
+#: goes round loops through them).
+_PASS_THROUGH = frozenset({"Identity", "Enter", "Exit", "Switch", "Merge", "NextIteration"})
+
+
+def _type_of(t: Tensor) -> Any:
+    """``t``'s TF type: ``DT_RESOURCE`` for a TensorArray handle (asyncflow keeps
+    handles in string tensors), else its dtype."""
+    if t.dtype is not dtypes.string:
+        return t.dtype
+    source = t
+    while source.op.type in _PASS_THROUGH and source.op.inputs:
+        source = source.op.inputs[0]
+    if source.op.type == "TensorArrayV3" and source.value_index == 0:
+        return RESOURCE_TYPE
+    return t.dtype
 
 
 def _simple(tf_type: str | None = None, *keep: str, t: bool = True) -> Exporter:
@@ -90,14 +113,24 @@ def _reduction(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any
     axes = op.get_attr("axis")
     if axes is None:
         axes = list(range(x.shape.rank)) if x.shape.rank is not None else None
-    if axes is None:
-        raise errors.UnimplementedError(None, op, f"op {op.name!r}: a reduction over all axes "
-                                                  f"of a tensor of unknown rank")
-    axis = w.const(op, "reduction_indices", axes, dtypes.int32)
+    axis = _every_axis(w, op) if axes is None else \
+        w.const(op, "reduction_indices", axes, dtypes.int32)
     attrs: dict[str, Any] = {"Tidx": dtypes.int32, "keep_dims": bool(op.get_attr("keep_dims"))}
     if op.type not in ("All", "Any"):  # TF's All / Any are bool-only: no T
         attrs["T"] = x.dtype
     return op.type, [_name(x), axis], attrs
+
+
+def _every_axis(w: _Writer, op: Operation) -> str:
+    """``Range(0, Rank(x), 1)``: TF's axes for reducing a tensor of unknown rank."""
+    x = op.inputs[0]
+    start = w.const(op, "range/start", 0, dtypes.int32)
+    delta = w.const(op, "range/delta", 1, dtypes.int32)
+    rank = w.fresh(op, "rank")
+    w.node(rank, "Rank", [_name(x)], {"T": _type_of(x)}, op.device)
+    name = w.fresh(op, "range")
+    w.node(name, "Range", [start, rank, delta], {"Tidx": dtypes.int32}, op.device)
+    return name
 
 
 def _arg(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
@@ -218,6 +251,26 @@ def _batch_norm(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, An
     return op.type, [_name(x) for x in op.inputs], attrs
 
 
+def _identity_n(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
+    return "IdentityN", [_name(x) for x in op.inputs], {"T": [_type_of(x) for x in op.inputs]}
+
+
+def _decode_jpeg(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
+    return "DecodeJpeg", [_name(op.inputs[0])], {
+        "channels": op.get_attr("channels"), "ratio": 1, "fancy_upscaling": True,
+        "try_recover_truncated": False, "acceptable_fraction": 1.0, "dct_method": ""}
+
+
+def _encode_jpeg(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
+    return "EncodeJpeg", [_name(op.inputs[0])], {
+        "quality": op.get_attr("quality"), "format": op.get_attr("format"),
+        "progressive": False, "optimize_size": False, "chroma_downsampling": True,
+        "density_unit": "in", "x_density": 300, "y_density": 300, "xmp_metadata": ""}
+
+
+_TA = ("dtype", "element_shape", "dynamic_size", "clear_after_read",
+       "identical_element_shapes", "tensor_array_name")
+_RESIZE = ("align_corners", "half_pixel_centers")
 _CONV = ("strides", "padding", "data_format", "dilations", "explicit_paddings")
 _POOL = ("ksize", "strides", "padding", "data_format")
 _MASKS = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
@@ -228,7 +281,7 @@ _UNARY = ("Identity", "Neg", "Abs", "Square", "Sqrt", "Rsqrt", "Exp", "Log", "Ta
           "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "Switch",
           "Rank", "ClipByValue", "SoftmaxCrossEntropyWithLogits", "Where", "Floor", "Ceil",
           "Round", "Sign", "Reciprocal", "Log1p", "Expm1", "Sin", "Cos", "Softplus",
-          "Softsign", "IsNan", "IsFinite", "TruncateDiv", "TruncateMod")
+          "Softsign", "IsNan", "IsFinite", "TruncateDiv", "TruncateMod", "Erfc")
 
 _EXPORTERS: dict[str, Exporter] = {
     "Const": _const, "Placeholder": _placeholder,
@@ -274,6 +327,19 @@ _EXPORTERS: dict[str, Exporter] = {
     "RandomUniformInt": _random, "Print": _print, "Assert": _assert,
     "Merge": _n_inputs("Merge"),
     "Enter": _simple(None, "frame_name", "is_constant", "parallel_iterations"),
+    "Select": _with_types("Select", {"T": 1}), "IdentityN": _identity_n,
+    "MatrixBandPart": _with_types("MatrixBandPart", {"T": 0, "Tindex": 1}),
+    "TensorArrayV3": _simple(None, *_TA, t=False),
+    "TensorArrayReadV3": _simple(None, "dtype", t=False),
+    "TensorArrayWriteV3": _simple(None, "T", t=False),
+    "TensorArrayGatherV3": _simple(None, "dtype", "element_shape", t=False),
+    "TensorArrayScatterV3": _simple(None, "T", t=False),
+    "TensorArrayConcatV3": _simple(None, "dtype", "element_shape_except0", t=False),
+    "TensorArraySplitV3": _simple(None, "T", t=False),
+    "TensorArraySizeV3": _simple(t=False), "TensorArrayCloseV3": _simple(t=False),
+    "ResizeBilinear": _simple(None, *_RESIZE), "ResizeNearestNeighbor": _simple(None, *_RESIZE),
+    "DecodePng": _simple(None, "channels", "dtype", t=False), "DecodeJpeg": _decode_jpeg,
+    "EncodePng": _simple(None, "compression"), "EncodeJpeg": _encode_jpeg,
 }
 _EXPORTERS.update({t: _simple() for t in _UNARY if t not in _EXPORTERS})
 

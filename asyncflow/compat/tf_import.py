@@ -25,7 +25,13 @@ from typing import Any
 
 from asyncflow import dtypes, errors
 from asyncflow.compat._tf_proto import messages
-from asyncflow.compat._values import attr_from_proto, ndarray_from_proto
+from asyncflow.compat._values import (
+    RESOURCE,
+    attr_from_proto,
+    dtype_from_enum,
+    ndarray_from_proto,
+)
+from asyncflow.compiler.constant_folding import constant_value_of
 from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
 from asyncflow.framework.shapes import TensorShape, unknown_shape
 
@@ -109,10 +115,25 @@ def _nodes(graph_def: Any) -> list[_Node]:
     return out
 
 
+#: Ops a TensorArray handle passes through (into, around and out of loops): their type
+#: attribute may be ``DT_RESOURCE``, read as asyncflow's handle type ``string``.
+_HANDLE_CARRIERS = frozenset({"Identity", "IdentityN", "Enter", "Exit", "Switch", "Merge",
+                              "NextIteration"})
+
+
 def _decode_attrs(node: _Node) -> None:
     where = f"node {node.name!r} ({node.op}), attr"
+    carrier = node.op in _HANDLE_CARRIERS
     for key, value in node.proto.attr.items():
-        node.attrs[key] = attr_from_proto(value, f"{where} {key!r}")
+        if carrier and key == "T" and value.WhichOneof("value") == "type" and \
+                value.type == RESOURCE:
+            node.attrs[key] = dtypes.string
+        elif carrier and key == "T" and value.WhichOneof("value") == "list" and \
+                RESOURCE in value.list.type:
+            node.attrs[key] = [dtypes.string if v == RESOURCE else
+                               dtype_from_enum(v, f"{where} {key!r}") for v in value.list.type]
+        else:
+            node.attrs[key] = attr_from_proto(value, f"{where} {key!r}")
 
 
 def _order(nodes: list[_Node]) -> list[_Node]:
@@ -191,15 +212,15 @@ class _Ctx:
         return value
 
     def const(self, t: Tensor, what: str) -> Any:
-        """The build-time value of ``t`` (a Const, possibly behind Identity ops)."""
-        op = t.op
-        while op.type == "Identity" and op.inputs:
-            op = op.inputs[0].op
-        if op.type != "Const":
+        """The build-time value of ``t``: a Const, or computed from constants alone
+        (Keras makes a ``Transpose`` perm by ``ConcatV2`` of constants)."""
+        value = constant_value_of(t)
+        if value is None:
             raise errors.UnimplementedError(
                 None, None, f"node {self.node.name!r} ({self.node.op}): {what} must be a "
-                            f"constant for asyncflow, got {t.name!r} ({op.type})")
-        return op.get_attr("value")
+                            f"constant for asyncflow (or computed from constants only), "
+                            f"got {t.name!r} ({t.op.type})")
+        return value
 
 
 Converter = Callable[[_Ctx, list[Tensor]], Operation]
@@ -234,9 +255,32 @@ def _cast(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
 
 def _reduction(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
     x, axes = inputs
+    keep_dims = bool(ctx.attr("keep_dims", False))
+    if _every_axis(axes, x):
+        return ctx.op(ctx.node.op, [x], {"axis": None, "keep_dims": keep_dims})
     value = ctx.const(axes, "the reduction axes")
     return ctx.op(ctx.node.op, [x], {"axis": [int(a) for a in value.reshape(-1)],
-                                     "keep_dims": bool(ctx.attr("keep_dims", False))})
+                                     "keep_dims": keep_dims})
+
+
+def _every_axis(axes: Tensor, x: Tensor) -> bool:
+    """Whether ``axes`` is ``Range(0, Rank(x), 1)``: how TF reduces a tensor of unknown
+    rank over all its axes (``reduce_sum(x)`` with no axis)."""
+    op = axes.op
+    if op.type != "Range" or len(op.inputs) != 3:
+        return False
+    start, limit, delta = op.inputs
+    if limit.op.type != "Rank" or _through_identities(limit.op.inputs[0]) \
+            is not _through_identities(x):
+        return False
+    first, step = constant_value_of(start), constant_value_of(delta)
+    return first is not None and step is not None and int(first) == 0 and int(step) == 1
+
+
+def _through_identities(t: Tensor) -> Tensor:
+    while t.op.type == "Identity" and t.op.inputs:
+        t = t.op.inputs[0]
+    return t
 
 
 def _arg(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
@@ -286,24 +330,6 @@ def _div(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
     return ctx.op("RealDiv", inputs, {})
 
 
-def _select_v1(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
-    cond, x, y = inputs
-    # v1 Select with a vector condition picks whole rows of x / y.
-    if cond.shape.rank == 1 and x.shape.rank is not None and x.shape.rank > 1:
-        shape = ctx.helper("Const", [], {"value": _int_array([-1] + [1] * (x.shape.rank - 1)),
-                                         "dtype": dtypes.int32}, "cond_shape")
-        cond = ctx.helper("Reshape", [cond, shape], {}, "cond")
-    return ctx.op("SelectV2", [cond, x, y], {})
-
-
-def _int_array(values: list[int]) -> Any:
-    import numpy as np
-
-    array = np.asarray(values, dtype=np.int32)
-    array.flags.writeable = False
-    return array
-
-
 def _bias_add_v1(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
     return ctx.op("BiasAdd", inputs, {"data_format": "NHWC"})
 
@@ -316,6 +342,20 @@ _BN = {"epsilon": 1e-4, "data_format": "NHWC", "is_training": True,
 _RANDOM = {"dtype": dtypes.float32, "seed": 0, "seed2": 0}
 _SS = {"begin_mask": 0, "end_mask": 0, "ellipsis_mask": 0, "new_axis_mask": 0,
        "shrink_axis_mask": 0}
+
+_UNKNOWN = TensorShape(None)
+_RESIZE = {"align_corners": False, "half_pixel_centers": False}
+
+
+def _decode_jpeg(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
+    ratio = int(ctx.attr("ratio", 1))
+    if ratio != 1:
+        raise errors.UnimplementedError(None, None, f"node {ctx.node.name!r} (DecodeJpeg): "
+                                                    f"ratio={ratio} (downscaled decoding) "
+                                                    f"is not supported")
+    return ctx.op("DecodeJpeg", inputs, {"channels": int(ctx.attr("channels", 0)),
+                                         "dtype": dtypes.uint8})
+
 
 _CONVERTERS: dict[str, Converter] = {
     "Const": _const,
@@ -352,7 +392,7 @@ _CONVERTERS: dict[str, Converter] = {
     "Squeeze": _same(squeeze_dims=[]), "Shape": _same(out_type=dtypes.int32),
     "Size": _same(out_type=dtypes.int32), "Rank": _same(), "Fill": _same(), "Range": _same(),
     "ZerosLike": _same(), "OnesLike": _same(), "Where": _same(), "SelectV2": _same(),
-    "Select": _select_v1,
+    "Select": _same(),
     "StridedSlice": _same(**_SS), "Slice": _same(), "Split": _same(num_split=None),
     "SplitV": _same(num_split=None), "Tile": _same(), "Pad": _same(), "PadV2": _same(),
     "MirrorPad": _same(mode=None), "OneHot": _same(axis=-1), "GatherNd": _same(),
@@ -369,11 +409,25 @@ _CONVERTERS: dict[str, Converter] = {
     "Print": _same(message="", first_n=-1, summarize=3), "Assert": _same(summarize=3),
     "Switch": _same(), "Exit": _same(), "NextIteration": _same(), "LoopCond": _same(),
     "Enter": _same(frame_name=None, is_constant=False, parallel_iterations=10),
+    "IdentityN": _same(), "Erfc": _same(), "MatrixBandPart": _same(),
+    "TensorArrayV3": _same(dtype=None, element_shape=_UNKNOWN, dynamic_size=False,
+                           clear_after_read=True, identical_element_shapes=False,
+                           tensor_array_name=""),
+    "TensorArrayReadV3": _same(dtype=None), "TensorArrayWriteV3": _same(T=None),
+    "TensorArrayGatherV3": _same(dtype=None, element_shape=_UNKNOWN),
+    "TensorArrayScatterV3": _same(T=None),
+    "TensorArrayConcatV3": _same(dtype=None, element_shape_except0=_UNKNOWN),
+    "TensorArraySplitV3": _same(T=None), "TensorArraySizeV3": _same(),
+    "TensorArrayCloseV3": _same(),
+    "ResizeBilinear": _same(**_RESIZE), "ResizeNearestNeighbor": _same(**_RESIZE),
+    "DecodePng": _same(channels=0, dtype=dtypes.uint8), "DecodeJpeg": _decode_jpeg,
+    "EncodePng": _same(compression=-1), "EncodeJpeg": _same(quality=95, format=""),
 }
 
 
 def supported_tf_op_types() -> tuple[str, ...]:
-    """The TensorFlow op types :func:`import_tf_graph_def` converts, sorted."""
+    """The TensorFlow op types :func:`import_tf_graph_def` accepts, sorted: the keys of
+    the converter table (the one place an op type becomes importable)."""
     return tuple(sorted([*_CONVERTERS, "Merge"]))
 
 

@@ -18,17 +18,20 @@ without folding.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from asyncflow import errors
 from asyncflow.compiler.control_flow import CONTROL_FLOW_OPS
-from asyncflow.compiler.ir import FUNCTION_ATTR, NodeDef, Ref
+from asyncflow.compiler.ir import FUNCTION_ATTR, NodeDef, Ref, node_def_of
 from asyncflow.framework import registry
 from asyncflow.framework.device_spec import DeviceSpec
 
-__all__ = ["fold_constants", "never_folded"]
+if TYPE_CHECKING:
+    from asyncflow.framework.graph import Operation, Tensor
+
+__all__ = ["constant_value", "constant_value_of", "fold_constants", "never_folded"]
 
 #: Op types whose value is not a function of their inputs, or that only exist to
 #: move values (feeds, transfers, frames): never evaluated at compile time.
@@ -98,6 +101,63 @@ def fold_constants(nodes: Sequence[NodeDef], placement: Sequence[int], devices: 
     if out is None:
         return tuple(nodes), tuple(placement), False
     return _live(out, placement, fetches, targets, feeds)
+
+
+def constant_value(nodes: Sequence[NodeDef], ref: Ref, max_bytes: int = 1 << 26
+                   ) -> np.ndarray | None:
+    """The value of ``ref`` when it is a function of constants alone, else None.
+
+    ``nodes``: the subgraph ``ref`` depends on, in topological order.  The same rules
+    and kernels as :func:`fold_constants` (it is what an importer asks when an op needs
+    a static argument, e.g. a ``Transpose`` perm made by ``ConcatV2`` of constants).
+    """
+    values: dict[str, tuple[Any, ...]] = {}
+    carried: dict[str, tuple[str, ...]] = {}
+    with np.errstate(all="ignore"):
+        for node in nodes:
+            if _evaluate(node, "", values, carried, (), max_bytes) is None:
+                return None
+    found = values.get(ref[0])
+    return None if found is None or ref[1] >= len(found) else found[ref[1]]
+
+
+#: How many ops the constant subgraph behind a graph tensor may have for
+#: :func:`constant_value_of`: shape arithmetic is a few ops; a larger walk means the
+#: value depends on real data.
+_STATIC_WALK = 256
+
+
+def constant_value_of(t: Tensor) -> np.ndarray | None:
+    """The value of graph tensor ``t`` if it is a function of constants alone, else None.
+
+    For a static argument an op needs when it is built (an importer's ``Transpose``
+    perm, reduction axes): the subgraph behind ``t`` (Identity ops skipped) is walked
+    back, at most ``_STATIC_WALK`` ops, stopping at the first op never folded, and
+    evaluated by :func:`constant_value`.
+    """
+    while t.op.type == "Identity" and t.op.inputs:
+        t = t.op.inputs[0]
+    op = t.op
+    if op.type == "Const":
+        value: np.ndarray = op.get_attr("value")
+        return value
+    order: list[NodeDef] = []
+    seen: set[int] = set()
+    stack: list[tuple[Operation, bool]] = [(op, False)]
+    while stack:
+        current, done = stack.pop()
+        if done:   # every input is in ``order`` already: a topological order
+            order.append(node_def_of(current))
+            continue
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if len(seen) > _STATIC_WALK or (
+                current.type != "Const" and never_folded(node_def_of(current)) is not None):
+            return None
+        stack.append((current, True))
+        stack.extend((i.op, False) for i in current.inputs)
+    return constant_value(order, (op.name, t.value_index))
 
 
 def _live(nodes: Sequence[NodeDef], placement: Sequence[int], fetches: Sequence[Ref],

@@ -28,6 +28,7 @@ __all__ = [
     "gather",
     "group",
     "identity",
+    "identity_n",
     "no_op",
     "ones",
     "placeholder",
@@ -171,6 +172,15 @@ def identity(input: Any, name: str | None = None) -> Tensor:
 # several outputs becomes (compiler/inline.py), as in TensorFlow.
 define_op("IdentityN", lambda inputs, attrs: [(t.dtype, t.shape) for t in inputs])
 inline_kernel("IdentityN", lambda *xs: xs)
+
+
+def identity_n(input: Sequence[Any], name: str | None = None) -> list[Tensor]:
+    """The same values, as new tensors of one op (op ``IdentityN``; Keras's swish
+    returns through one to attach its gradient)."""
+    tensors = [convert_to_tensor(x) for x in input]
+    if not tensors:
+        raise ValueError("identity_n needs at least one tensor")
+    return list(make_op("IdentityN", tensors, name=name, default_name="IdentityN").outputs)
 
 define_op("NoOp", lambda inputs, attrs: [])
 inline_kernel("NoOp", lambda: None)

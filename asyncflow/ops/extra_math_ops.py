@@ -18,6 +18,7 @@ from asyncflow.ops._base import binary_inputs, binary_shape, define_op, inline_k
 from asyncflow.ops.array_ops import _check_axis, _const_value, constant
 
 __all__ = ["broadcast_to", "ceil", "clip_by_value", "cos", "cumsum", "einsum", "erf",
+           "erfc", "matrix_band_part",
            "expm1", "floor", "is_finite", "is_nan", "log1p", "reciprocal", "round", "rsqrt",
            "sign", "sin", "softplus", "softsign", "squared_difference", "top_k", "truncatediv",
            "truncatemod"]
@@ -75,6 +76,121 @@ def erf(x: Any, name: str | None = None) -> Tensor:
     """The Gauss error function elementwise (op ``Erf``)."""
     t = convert_to_tensor(x)
     return make_op("Erf", (t,), name=name, default_name="Erf").outputs[0]
+
+
+define_op("Erfc", _erf_shape)
+# 1 - erf(x) loses every digit for large x: math.erfc is accurate there (exact gelu
+# computes 0.5 * x * erfc(-x / sqrt(2))).
+_erfc_ufunc = np.frompyfunc(math.erfc, 1, 1)
+
+
+def _erfc_kernel(x: Any) -> Any:
+    return np.asarray(_erfc_ufunc(x), dtype=np.float64).astype(x.dtype)
+
+
+inline_kernel("Erfc", _erfc_kernel)
+
+
+def erfc(x: Any, name: str | None = None) -> Tensor:
+    """The complementary error function ``1 - erf(x)`` elementwise, accurate where erf
+    is near 1 (op ``Erfc``)."""
+    t = convert_to_tensor(x)
+    return make_op("Erfc", (t,), name=name, default_name="Erfc").outputs[0]
+
+
+# -- Select (v1) ------------------------------------------------------------------------------
+
+def _select_v1_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+    cond, x, y = inputs
+    if not cond._dtype.is_bool:
+        raise TypeError(f"condition {cond.name!r} must be bool, got {cond._dtype.name}")
+    if x._dtype is not y._dtype:
+        raise TypeError(f"inputs must have the same dtype, got {x._dtype.name} ({x.name}) "
+                        f"and {y._dtype.name} ({y.name})")
+    if not x._shape.is_compatible_with(y._shape):
+        raise ValueError(f"'then' {x.name!r} and 'else' {y.name!r} must have the same "
+                         f"shape, got {x._shape} and {y._shape}")
+    return [(x._dtype, x._shape.merge_with(y._shape))]
+
+
+define_op("Select", _select_v1_shape)
+
+
+def _select_v1_kernel(cond: Any, x: Any, y: Any) -> Any:
+    # TF 1.x Select: no broadcasting, but a vector condition picks whole rows; which
+    # case applies is known only from the values' ranks (often unknown in a loop).
+    c, a, b = np.asarray(cond), np.asarray(x), np.asarray(y)
+    if a.shape != b.shape:
+        raise errors.InvalidArgumentError(None, None, f"'then' and 'else' must have the same "
+                                                      f"size.  but received: {list(a.shape)} "
+                                                      f"vs. {list(b.shape)}")
+    if c.ndim == 1 and a.ndim > 1:
+        if c.shape[0] != a.shape[0]:
+            raise errors.InvalidArgumentError(None, None, f"Number of batches of 'then' must "
+                                                          f"match size of 'cond', but saw: "
+                                                          f"{a.shape[0]} vs. {c.shape[0]}")
+        c = c.reshape((-1,) + (1,) * (a.ndim - 1))
+    elif c.ndim and c.shape != a.shape:
+        raise errors.InvalidArgumentError(None, None, f"'cond' and 'then' must have the same "
+                                                      f"size.  but received: {list(c.shape)} "
+                                                      f"vs. {list(a.shape)}")
+    return np.where(c, a, b)
+
+
+inline_kernel("Select", _select_v1_kernel)
+
+
+# -- MatrixBandPart ---------------------------------------------------------------------------
+
+def _band_part_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
+    x, lower, upper = inputs
+    if x._shape.rank is not None and x._shape.rank < 2:
+        raise ValueError(f"input {x.name!r} must be at least 2-D, got shape {x._shape}")
+    for b in (lower, upper):
+        if b._dtype not in (dtypes.int32, dtypes.int64):
+            raise TypeError(f"band bound {b.name!r} must be int32 or int64, got "
+                            f"{b._dtype.name}")
+        if not b._shape.is_compatible_with(TensorShape(())):
+            raise ValueError(f"band bound {b.name!r} must be a scalar, got shape {b._shape}")
+    return [(x._dtype, x._shape)]
+
+
+define_op("MatrixBandPart", _band_part_shape)
+
+
+def _band_part_kernel(x: Any, num_lower: Any, num_upper: Any) -> Any:
+    a = np.asarray(x)
+    if a.ndim < 2:
+        raise errors.InvalidArgumentError(None, None, f"input must be at least 2-dim, "
+                                                      f"received shape: {list(a.shape)}")
+    m, n = a.shape[-2:]
+    lo, up = int(num_lower), int(num_upper)
+    if lo > m:
+        raise errors.InvalidArgumentError(None, None, f"num_lower must be negative or less "
+                                                      f"or equal to number of rows ({m}) got: "
+                                                      f"{lo}")
+    if up > n:
+        raise errors.InvalidArgumentError(None, None, f"num_upper must be negative or less "
+                                                      f"or equal to number of columns ({n}) "
+                                                      f"got: {up}")
+    diff = np.arange(m)[:, None] - np.arange(n)[None, :]   # row - column
+    keep = ((lo < 0) | (diff <= lo)) & ((up < 0) | (-diff <= up))
+    return np.where(keep, a, np.zeros((), a.dtype))
+
+
+inline_kernel("MatrixBandPart", _band_part_kernel)
+
+
+def matrix_band_part(input: Any, num_lower: Any, num_upper: Any,
+                     name: str | None = None) -> Tensor:
+    """``input``'s innermost matrices with everything outside the band set to zero: at
+    most ``num_lower`` diagonals below and ``num_upper`` above the main one (negative:
+    all).  ``matrix_band_part(ones, -1, 0)`` is the causal mask (op ``MatrixBandPart``)."""
+    x = convert_to_tensor(input)
+    lo, up = (b if isinstance(b, Tensor) else convert_to_tensor(b, dtype=dtypes.int64)
+              for b in (num_lower, num_upper))
+    return make_op("MatrixBandPart", (x, lo, up), name=name,
+                   default_name="MatrixBandPart").outputs[0]
 
 
 # -- SquaredDifference, ClipByValue ---------------------------------------------------------
