@@ -151,6 +151,20 @@ class RunOptions:
     output_partition_graphs: bool = False
     progress: Callable[[ProgressEvent], object] | None = None
 
+    def __post_init__(self) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        """``ValueError`` for a bad field; made and run (the fields are settable) check it.
+
+        As TF (an int64 proto field): a deadline that is not a number, or negative, is
+        refused at the door, not found out when the step runs.
+        """
+        t = self.timeout_in_ms
+        if not isinstance(t, int | float) or isinstance(t, bool) or not t >= 0:
+            raise ValueError(f"RunOptions.timeout_in_ms must be a number >= 0 "
+                             f"(0: no deadline), got {t!r}")
+
 
 @dataclass(slots=True)
 class RunMetadata:

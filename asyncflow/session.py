@@ -281,6 +281,8 @@ class Session:
         Operations (targets) give ``None``; 0-d values are numpy scalars.  A failing
         step raises one ``af.errors.OpError`` naming the node.
         """
+        if options is not None or run_metadata is not None:
+            _check_run_args(options, run_metadata)
         call = self._prepare(fetches, feed_dict)
         if options is None and self._admission is None:
             # The common case without an extra coroutine: an all-inline plan runs in
@@ -309,6 +311,8 @@ class Session:
             pass
         else:
             _check_no_running_loop("Session.run_sync()", "sess.run(...)")
+        if options is not None or run_metadata is not None:
+            _check_run_args(options, run_metadata)
         call = self._prepare(fetches, feed_dict)
         return self._run_sync(call, call.frame(feed_dict), options, run_metadata)
 
@@ -380,8 +384,10 @@ class Session:
             if len(feed_values) != n:
                 raise TypeError(f"expected {n} feed values (for {feed_list!r}), got "
                                 f"{len(feed_values)}")
-            if (options is not None or run_metadata is not None) and not accept_options:
-                raise TypeError("this callable was made without accept_options=True")
+            if options is not None or run_metadata is not None:
+                if not accept_options:
+                    raise TypeError("this callable was made without accept_options=True")
+                _check_run_args(options, run_metadata)
             self._check_open()
             return CallFrame([conv(v) for conv, v in zip(converters, feed_values)])
 
@@ -563,7 +569,17 @@ class Session:
         timeout_ms = self._timeout_ms(options)
         try:
             if timeout_ms > 0:
-                deadline = asyncio.timeout(timeout_ms / 1000)
+                # The deadline fires in two beats: note the kernels still running, then
+                # cancel (next loop turn), so the error can name what was pending.
+                deadline = asyncio.timeout(None)
+                pending: list[str] = []
+                loop = asyncio.get_running_loop()
+
+                def expire() -> None:
+                    pending.extend(_running_nodes(step))
+                    deadline.reschedule(loop.time())
+
+                alarm = loop.call_later(timeout_ms / 1000, expire)
                 try:
                     async with deadline:
                         return await step.run()
@@ -579,17 +595,30 @@ class Session:
                         raise step.error from None
                     if expired and not isinstance(exc, errors.OpError):
                         _clear_frames(exc)
-                        raise errors.DeadlineExceededError(
-                            None, None, f"Timed out waiting for the step to finish "
-                                        f"(timeout_in_ms={timeout_ms})") from None
+                        raise self._deadline_error(timeout_ms, pending) from None
                     raise
                 finally:
+                    alarm.cancel()
                     # The timeout holds this task: an error leaving through this frame
                     # (in its traceback) would make a cycle with the task holding it.
-                    del deadline
+                    del deadline, expire
             return await step.run()
         finally:
             self._leave(step)
+
+    def _deadline_error(self, timeout_ms: float, pending: Sequence[str]
+                        ) -> errors.DeadlineExceededError:
+        """TF's deadline error: it names the first kernel still running (``node_name``,
+        ``op``) and lists them all; a step with no kernel running (waiting on a receive,
+        or between inline slices) names none."""
+        message = f"Timed out waiting for the step to finish (timeout_in_ms={timeout_ms})"
+        if not pending:
+            return errors.DeadlineExceededError(None, None, message)
+        shown = ", ".join(repr(n) for n in pending[:10])
+        more = f" and {len(pending) - 10} more" if len(pending) > 10 else ""
+        op = self._graph._by_name.get(pending[0])
+        return errors.DeadlineExceededError(
+            pending[0], op, f"{message}; still running: {shown}{more}")
 
     # -- compiling ---------------------------------------------------------------------
 
@@ -712,6 +741,7 @@ class Session:
     async def close(self) -> None:
         """Close: cancel in-flight steps (they fail with ``af.errors.CancelledError``),
         wait for them to stop, and release the devices' threads.  Idempotent."""
+        require_asyncio("Session.close")
         for done in self._begin_close():
             await asyncio.wrap_future(done)
         # Abandoned partial runs: their steps were aborted above (or had not started).
@@ -739,6 +769,9 @@ class Session:
             d.close()
 
     async def __aenter__(self) -> Session:
+        # Refused at the door under another event loop (trio), before any step: a plan
+        # of inline kernels would otherwise run, and the exit fail obscurely.
+        require_asyncio("async with af.Session(...)")
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
@@ -774,6 +807,25 @@ def _check_no_running_loop(what: str, instead: str) -> None:
         return
     raise RuntimeError(f"{what} cannot be called while an event loop is running in this "
                        f"thread; use `await {instead}` instead")
+
+
+def _running_nodes(step: StepRunner) -> list[str]:
+    """The nodes ``step`` is running now (a runner that cannot tell: none)."""
+    running = getattr(step, "running", None)
+    return list(running()) if running is not None else []
+
+
+def _check_run_args(options: Any, run_metadata: Any) -> None:
+    """The door of every run: TF's ``options`` / ``run_metadata`` must be its protos,
+    and a bad one is a ``TypeError`` here, never an ``AttributeError`` mid-step."""
+    if options is not None:
+        if not isinstance(options, RunOptions):
+            raise TypeError(f"options must be an af.RunOptions, got "
+                            f"{type(options).__name__}: {options!r}")
+        options._check()
+    if run_metadata is not None and not isinstance(run_metadata, RunMetadata):
+        raise TypeError(f"run_metadata must be an af.RunMetadata, got "
+                        f"{type(run_metadata).__name__}: {run_metadata!r}")
 
 
 def _wants_trace(options: RunOptions | None, run_metadata: RunMetadata | None) -> bool:

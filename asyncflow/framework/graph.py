@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -1035,11 +1036,19 @@ def _no_writer(graph: Graph) -> dict[str, Any]:
 _graph_def_writer: list[Callable[[Graph], dict[str, Any]]] = [_no_writer]
 
 
+#: TensorFlow's op name pattern (``ops._VALID_OP_NAME_REGEX``): names end up in graph
+#: defs, tensor names ("op:0"), control inputs ("^op") and file paths, so a space, a
+#: colon or a caret would make them ambiguous there.
+_VALID_OP_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\-/>]*")
+
+
 def _check_op_name(name: str) -> None:
     if not isinstance(name, str):
         raise TypeError(f"op name must be a string, got {type(name).__name__}")
-    if not name or ":" in name or name.startswith(("^", "/")):
-        raise ValueError(f"{name!r} is not a valid op name (no ':', no leading '^' or '/')")
+    if _VALID_OP_NAME.fullmatch(name) is None:
+        raise ValueError(f"{name!r} is not a valid op name: it must match TensorFlow's "
+                         f"pattern {_VALID_OP_NAME.pattern!r} (letters, digits, '.', and "
+                         f"after the first character also '_', '-', '/', '>')")
 
 
 def _as_operation(obj: Any, graph: Graph) -> Operation:
