@@ -543,6 +543,8 @@ class Graph:
         #: The function library (``af.Defun``): function name -> its definition.  A
         #: call op's type is the function's name (TF's FunctionLibraryDefinition).
         self._functions: dict[str, Any] = {}
+        #: Ops dropped by a failed :meth:`_all_or_nothing` block (``version`` counts them).
+        self._dropped = 0
 
     # -- building ---------------------------------------------------------------
 
@@ -1015,8 +1017,33 @@ class Graph:
 
     @property
     def version(self) -> int:
-        """The number of ops added so far."""
-        return len(self._ops)
+        """Grows with every op added (never repeats, also after a failed import): a
+        cache of what was derived from the graph is fresh while it is unchanged."""
+        return len(self._ops) + self._dropped
+
+    @contextlib.contextmanager
+    def _all_or_nothing(self) -> Iterator[None]:
+        """Ops and functions added inside the block stay only if it ends without an
+        exception (``import_graph_def`` is all or nothing, as TF's).  The graph's lock
+        is held throughout, so other threads add nothing in between."""
+        with self._lock:
+            mark = len(self._ops)
+            functions = dict(self._functions)
+            try:
+                yield
+            except BaseException:
+                dropped = self._ops[mark:]
+                del self._ops[mark:]
+                self._dropped += len(dropped)  # (version never goes back)
+                for op in dropped:
+                    del self._by_name[op._name]
+                    self._release_name_locked(op._name)
+                    self._unfetchable.discard(op)
+                    for t in op.outputs:
+                        self._unfeedable.discard(t)
+                self._functions.clear()
+                self._functions.update(functions)
+                raise
 
     def as_graph_def(self) -> dict[str, Any]:
         """A JSON-serializable description of the graph (see ``af.import_graph_def``)."""
@@ -1036,10 +1063,11 @@ def _no_writer(graph: Graph) -> dict[str, Any]:
 _graph_def_writer: list[Callable[[Graph], dict[str, Any]]] = [_no_writer]
 
 
-#: TensorFlow's op name pattern (``ops._VALID_OP_NAME_REGEX``): names end up in graph
-#: defs, tensor names ("op:0"), control inputs ("^op") and file paths, so a space, a
-#: colon or a caret would make them ambiguous there.
-_VALID_OP_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\-/>]*")
+#: TensorFlow's op name pattern (``ops._VALID_OP_NAME_REGEX``; a leading "_" as its
+#: importer allows for internal ops: partition graphs hold ``_arg_x_0``): names end up
+#: in graph defs, tensor names ("op:0"), control inputs ("^op") and file paths, so a
+#: space, a colon or a caret would make them ambiguous there.
+_VALID_OP_NAME = re.compile(r"[A-Za-z0-9._][A-Za-z0-9_.\-/>]*")
 
 
 def _check_op_name(name: str) -> None:
@@ -1047,8 +1075,8 @@ def _check_op_name(name: str) -> None:
         raise TypeError(f"op name must be a string, got {type(name).__name__}")
     if _VALID_OP_NAME.fullmatch(name) is None:
         raise ValueError(f"{name!r} is not a valid op name: it must match TensorFlow's "
-                         f"pattern {_VALID_OP_NAME.pattern!r} (letters, digits, '.', and "
-                         f"after the first character also '_', '-', '/', '>')")
+                         f"pattern {_VALID_OP_NAME.pattern!r} (letters, digits, '.', '_', and "
+                         f"after the first character also '-', '/', '>')")
 
 
 def _as_operation(obj: Any, graph: Graph) -> Operation:
