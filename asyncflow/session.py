@@ -22,7 +22,9 @@ import asyncio
 import copy
 import logging
 import random
+import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -61,6 +63,10 @@ from asyncflow.streaming import stream
 __all__ = ["Session", "SessionStatistics"]
 
 logger = logging.getLogger("asyncflow.session")
+placement_logger = logging.getLogger("asyncflow.placement")
+
+#: A step that runs at least this long (seconds) is logged at DEBUG ("slow step").
+SLOW_STEP_SECONDS = 1.0
 del _function_call
 
 
@@ -329,7 +335,7 @@ class Session:
                 step.release()
                 with self._counter_lock:
                     self._steps += 1
-                    self._failed += 1
+                self._count_failed(call)
                 raise
             step.release()
             assert values is not None
@@ -435,7 +441,7 @@ class Session:
             values = step.run_inline(SLICE)  # type: ignore[union-attr]
         except BaseException:
             step.release()
-            self._count_failed()
+            self._count_failed(call)
             raise
         if values is None:
             return False, step
@@ -449,6 +455,9 @@ class Session:
     async def _awaited(self, call: _CompiledCall, step: StepRunner, options: RunOptions | None,
                        run_metadata: RunMetadata | None) -> Any:
         """Run ``step`` on the event loop (deadline, in-flight registry) to its outcome."""
+        # Steps that reach the loop are the ones that can be slow: timed only when the
+        # DEBUG log would show it (one check otherwise).
+        started = time.perf_counter() if logger.isEnabledFor(logging.DEBUG) else 0.0
         try:
             if self._timeout_ms(options) > 0:
                 values = await self._run_step(step, options)
@@ -459,10 +468,13 @@ class Session:
                 finally:
                     self._leave(step)
         except BaseException:
-            self._count_failed()
+            self._count_failed(call)
             raise
         with self._counter_lock:
             self._completed += 1
+        if started and (took := time.perf_counter() - started) >= SLOW_STEP_SECONDS:
+            logger.debug("slow step: %s took %.3f s (over %.3g s)", call.signature, took,
+                         SLOW_STEP_SECONDS)
         return self._finished(call, step, values, options, run_metadata)
 
     async def _with_progress(self, call: _CompiledCall, frame: CallFrame, options: RunOptions,
@@ -474,9 +486,15 @@ class Session:
         return await tracker.run_beside(
             self._execute(counted, frame, replace(options, progress=None), run_metadata))
 
-    def _count_failed(self) -> None:
+    def _count_failed(self, call: _CompiledCall | None = None) -> None:
+        """Count a failed step (called where its exception is being handled) and log it
+        at DEBUG."""
         with self._counter_lock:
             self._failed += 1
+        if logger.isEnabledFor(logging.DEBUG):
+            exc = sys.exc_info()[1]
+            logger.debug("step failed: %s: %s", call.signature if call is not None
+                         else "(waiting for a slot)", _one_line(exc))
 
     async def _admitted(self, call: _CompiledCall, frame: CallFrame,
                         options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
@@ -487,14 +505,14 @@ class Session:
             try:
                 left = await admission.acquire_within(self._timeout_ms(options))
             except BaseException:
-                self._count_failed()
+                self._count_failed(call)
                 raise
             if left:  # the rest of the deadline is the step's
                 options = (replace(options, timeout_in_ms=left) if options is not None
                            else RunOptions(timeout_in_ms=left))
         try:
             if self._closed:  # closed while this step waited for its slot
-                self._count_failed()
+                self._count_failed(call)
                 self._check_open()
             return await self._execute(call, frame, options, run_metadata, admitted=True)
         finally:
@@ -632,8 +650,11 @@ class Session:
             with self._compile_lock:
                 call = self._cache.get(key)
                 if call is None:
+                    started = time.perf_counter()
                     with gc_paused():
                         call = self._compile(fetches, feed_keys)
+                    if logger.isEnabledFor(logging.DEBUG):
+                        _log_compile(call, time.perf_counter() - started)
                     self._cache[key] = call
                     with self._counter_lock:
                         self._compiles += 1
@@ -672,9 +693,8 @@ class Session:
             incarnation=self._incarnation, allow_soft_placement=soft,
             options=self._config.graph_options.optimizer_options)
         if self._config.log_device_placement:
-            for name, device in compiled.placement:
-                logger.info("%s: (%s): %s", name, ir.by_name[name].op if name in ir.by_name
-                            else "", device)
+            _log_placement([f"{name}: ({ir.by_name[name].op if name in ir.by_name else ''})"
+                            f": {device}" for name, device in compiled.placement])
         return self._prepared(compiled, mapper.tensors, feed_keys,
                               tuple(feed_converter(t) for t in feeds), mapper.rebuild)
 
@@ -807,6 +827,34 @@ def _check_no_running_loop(what: str, instead: str) -> None:
         return
     raise RuntimeError(f"{what} cannot be called while an event loop is running in this "
                        f"thread; use `await {instead}` instead")
+
+
+def _log_compile(call: _CompiledCall, seconds: float) -> None:
+    opt = call.compiled.optimizer
+    sizes = ", ".join(str(len(p.nodes)) for p in call.compiled.plans)
+    logger.debug("compiled %s in %.1f ms: %d partition(s) of %s node(s); optimizer: "
+                 "%d -> %d nodes (folded %d, cse %d, inlined %d, %d round(s))",
+                 call.signature, seconds * 1000, len(call.compiled.plans), sizes,
+                 opt.nodes_before, opt.nodes_after, opt.folded, opt.cse, opt.inlined,
+                 opt.rounds)
+
+
+def _log_placement(lines: Sequence[str]) -> None:
+    """``log_device_placement``: each node's device, as TF prints it.  Logged at INFO
+    (logger ``asyncflow.placement``) when logging is set up to show that, else written
+    to stderr as TF does: the user asked for it, and default logging would hide it."""
+    if placement_logger.isEnabledFor(logging.INFO) and placement_logger.hasHandlers():
+        for line in lines:
+            placement_logger.info("%s", line)
+    else:
+        print("Device mapping:", *lines, sep="\n", file=sys.stderr)
+
+
+def _one_line(exc: BaseException | None) -> str:
+    if exc is None:
+        return "(no exception)"
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _running_nodes(step: StepRunner) -> list[str]:

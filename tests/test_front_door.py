@@ -4,9 +4,15 @@ was pending, and a clear error under an event loop that is not asyncio."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 
 import asyncflow as af
@@ -215,3 +221,169 @@ def test_a_bad_return_element_leaves_nothing_either() -> None:
         assert g.get_operations() == []
         (a,) = af.import_graph_def(g0.as_graph_def(), return_elements=["a:0"])
         assert a.name == "a:0"
+
+
+# -- TF 1.x porting traps -------------------------------------------------------------
+
+
+def test_while_loop_of_one_variable_returns_the_tensor_as_tf1() -> None:
+    g = af.Graph()
+    with g.as_default():
+        n = af.while_loop(lambda i: i < 3, lambda i: i + 1, [af.constant(0)])
+        assert isinstance(n, af.Tensor)
+        doubled = n * 2  # a list would have been [n, n]
+        (same,) = af.while_loop(lambda i: i < 3, lambda i: i + 1, [af.constant(0)],
+                                return_same_structure=True)
+        tup = af.while_loop(lambda i: i < 2, lambda i: (i + 1,), (af.constant(0),))
+        bare = af.while_loop(lambda i: i < 4, lambda i: i + 1, af.constant(0))
+        d = af.while_loop(lambda v: v["i"] < 5, lambda v: {"i": v["i"] + 1},
+                          {"i": af.constant(0)})
+        i, s = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + i),
+                             [af.constant(0), af.constant(0)])
+    assert isinstance(tup, af.Tensor)
+    assert isinstance(bare, af.Tensor)
+    assert isinstance(d, dict)
+    with af.Session(graph=g) as sess:
+        assert sess.run_sync([doubled, same, tup, bare, d, i, s]) == [6, 3, 2, 4, {"i": 5}, 3, 3]
+
+
+def _eval_graph() -> tuple[af.Graph, af.Tensor, af.Tensor, af.Operation]:
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        y = af.multiply(x, 2.0, name="y")
+        af.Variable(1.0, name="v")
+        init = af.global_variables_initializer()
+    return g, x, y, init
+
+
+def test_eval_sync_and_run_sync_from_plain_code() -> None:
+    g, x, y, init = _eval_graph()
+    with af.Session(graph=g) as sess:
+        init.run_sync(session=sess)
+        assert y.eval_sync({x: 2.0}, session=sess) == 4.0
+        assert g.get_tensor_by_name("v:0").eval_sync(session=sess) == 1.0
+        with pytest.raises(ValueError, match=r"no default session"):
+            y.eval_sync({x: 2.0})
+
+
+def test_a_forgotten_await_fails_loudly() -> None:
+    g, x, y, init = _eval_graph()
+    with af.Session(graph=g) as sess:
+        value = y.eval({x: 2.0}, session=sess)
+        assert "eval_sync" in repr(value)
+        for use in (float, lambda v: v + 1, lambda v: v * 2, np.asarray, bool):
+            with pytest.raises(TypeError, match=r"tensor 'y:0'.eval\(...\) returns a coroutine: "
+                                                r"`await` it .* tensor 'y:0'.eval_sync"):
+                use(value)
+        held = [value]
+        del value
+        with pytest.warns(RuntimeWarning, match=r"tensor 'y:0'.eval\(...\) was never awaited"):
+            held.clear()  # collected here, never awaited
+        held.append(init.run(session=sess))
+        with pytest.warns(RuntimeWarning, match=r"operation 'init'.run\(...\) was never "
+                                                r"awaited.*operation 'init'.run_sync"):
+            held.clear()
+        # A coroutine still: asyncio.run and gather take it.
+        assert asyncio.run(y.eval({x: 3.0}, session=sess)) == 6.0
+
+
+async def test_eval_and_run_are_awaited_as_before() -> None:
+    g, x, y, init = _eval_graph()
+    async with af.Session(graph=g) as sess:
+        await init.run(session=sess)
+        assert await asyncio.gather(y.eval({x: 1.0}, session=sess),
+                                    y.eval({x: 2.0}, session=sess)) == [2.0, 4.0]
+
+
+_PLACEMENT = """
+import asyncflow as af
+g = af.Graph()
+with g.as_default():
+    with af.device("/cpu:1"):
+        y = af.add(af.constant(1.0, name="one"), 1.0, name="placed")
+with af.Session(graph=g, config=af.SessionConfig(device_count={"CPU": 2},
+                                                 log_device_placement=True)) as sess:
+    sess.run_sync(y)
+"""
+
+
+def test_log_device_placement_shows_under_default_logging(tmp_path: Path) -> None:
+    script = tmp_path / "placement.py"
+    script.write_text(_PLACEMENT, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert "Device mapping:" in proc.stderr
+    assert "placed: (Add): /job:localhost/replica:0/task:0/device:CPU:1" in proc.stderr
+    assert proc.stdout == ""
+
+
+# -- logging: DEBUG records, nothing printed by default -------------------------------
+
+
+def test_compiles_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    g = af.Graph()
+    with g.as_default():
+        y = af.add(af.constant(1.0), af.constant(2.0), name="y")
+    with caplog.at_level(logging.DEBUG, logger="asyncflow"), af.Session(graph=g) as sess:
+        sess.run_sync(y)
+        sess.run_sync(y)  # a cache hit: no second record
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("compiled ")]
+    assert record.name == "asyncflow.session"
+    assert record.levelno == logging.DEBUG
+    assert re.fullmatch(r"compiled \[y:0\] <- \[\] in \d+\.\d ms: 1 partition\(s\) of \d+ "
+                        r"node\(s\); optimizer: 3 -> 1 nodes \(folded 2, cse 0, inlined 0, "
+                        r"\d+ round\(s\)\)", record.getMessage()), record.getMessage()
+
+
+async def test_slow_and_failed_steps_are_logged_at_debug(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncflow import session as session_module
+
+    monkeypatch.setattr(session_module, "SLOW_STEP_SECONDS", 0.0)
+
+    async def later(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v
+
+    def broken(v: Any) -> Any:
+        raise ValueError("no luck")
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        slow = af.py_func(later, [x], af.float32, name="slow")
+        bad = af.py_func(broken, [x], af.float32, name="bad")
+    with caplog.at_level(logging.DEBUG, logger="asyncflow"):
+        async with af.Session(graph=g) as sess:
+            await sess.run(slow, {x: 1.0})
+            with pytest.raises(af.errors.InvalidArgumentError):
+                await sess.run(bad, {x: 1.0})
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any(re.fullmatch(r"slow step: \[slow:0\] <- \[x:0\] took \d+\.\d+ s \(over 0 s\)",
+                            m) for m in messages), messages
+    assert any(m.startswith("step failed: [bad:0] <- [x:0]: InvalidArgumentError: ")
+               and "no luck" in m for m in messages), messages
+
+
+_QUIET = """
+import asyncflow as af
+g = af.Graph()
+with g.as_default():
+    x = af.placeholder(af.float32, shape=(), name="x")
+    y = af.py_func(lambda v: 1 / 0, [x], af.float32, name="y")
+with af.Session(graph=g) as sess:
+    try:
+        sess.run_sync(y, {x: 1.0})
+    except af.errors.OpError:
+        pass
+    sess.run_sync(x * 2.0, {x: 1.0})
+"""
+
+
+def test_nothing_is_printed_by_default(tmp_path: Path) -> None:
+    script = tmp_path / "quiet.py"
+    script.write_text(_QUIET, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert (proc.stdout, proc.stderr) == ("", "")

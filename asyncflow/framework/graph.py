@@ -12,13 +12,15 @@ first stack frame outside asyncflow), so runtime errors can point at that line.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import gc
 import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
@@ -214,6 +216,66 @@ class _Runner(Protocol):
 
     async def run(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None) -> Any: ...
 
+    def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None) -> Any: ...
+
+
+class _MustAwait(collections.abc.Coroutine[Any, Any, Any]):
+    """What ``Tensor.eval`` / ``Operation.run`` return: their coroutine, which says what
+    to do when it is used as a value.
+
+    TF 1.x code calls ``y.eval(session=s)`` for the value; here that is a coroutine,
+    and without ``await`` it would print as ``<coroutine ...>`` or fail far away in
+    numpy.  Using it as a value is a ``TypeError`` naming the fix, and one never
+    awaited warns (``RuntimeWarning``) with the same advice when it is collected.
+    ``asyncio.run(...)`` and ``await`` take it as any coroutine.
+    """
+
+    __slots__ = ("_coro", "_started", "_what")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], what: str) -> None:
+        self._coro = coro
+        self._what = what  # e.g. "tensor 'y:0'.eval"
+        self._started = False
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        self._started = True
+        return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        self._started = True
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        self._started = True
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # (the deprecated three-argument form)
+
+    def close(self) -> None:
+        self._started = True
+        self._coro.close()
+
+    def _advice(self) -> str:
+        sync = self._what.replace(".eval", ".eval_sync").replace(".run", ".run_sync")
+        return (f"{self._what}(...) returns a coroutine: `await` it in async code, or "
+                f"call {sync}(..., session=sess) in plain code")
+
+    def _misused(self, *args: Any) -> Any:
+        raise TypeError(f"{self._advice()} (it was used as a value without await)")
+
+    __bool__ = __float__ = __int__ = __index__ = __len__ = __iter__ = _misused
+    __array__ = __getitem__ = __add__ = __radd__ = __sub__ = __rsub__ = _misused
+    __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _misused
+
+    def __repr__(self) -> str:
+        return f"<unawaited {self._what}(): {self._advice()}>"
+
+    def __del__(self) -> None:
+        if not self._started:
+            self._coro.close()  # (instead of Python's warning without the advice)
+            warnings.warn(f"{self._what}(...) was never awaited; {self._advice()}",
+                          RuntimeWarning, stacklevel=2)
+
 
 def _require_session(session: _Runner | None, what: str) -> _Runner:
     if session is None:
@@ -283,11 +345,22 @@ class Tensor(TensorOperators):
                              f"is incompatible with its shape {self._shape}") from None
         self._shape = merged
 
-    async def eval(self, feed_dict: Mapping[Any, Any] | None = None,
-                   session: _Runner | None = None) -> Any:
-        """The tensor's value in one step: ``await sess.run(tensor, feed_dict)`` (TF's shortcut)."""
+    def eval(self, feed_dict: Mapping[Any, Any] | None = None,
+             session: _Runner | None = None) -> Coroutine[Any, Any, Any]:
+        """The tensor's value in one step: ``await sess.run(tensor, feed_dict)`` (TF's
+        shortcut).  In plain code use :meth:`eval_sync`; the coroutine used as a value
+        without ``await`` is a ``TypeError`` saying so."""
+        return _MustAwait(self._eval(feed_dict, session), f"tensor {self.name!r}.eval")
+
+    async def _eval(self, feed_dict: Mapping[Any, Any] | None, session: _Runner | None) -> Any:
         require_asyncio(f"tensor {self.name!r}.eval()")
         return await _require_session(session, f"tensor {self.name!r}").run(self, feed_dict)
+
+    def eval_sync(self, feed_dict: Mapping[Any, Any] | None = None,
+                  session: _Runner | None = None) -> Any:
+        """The tensor's value from plain code (TF's synchronous ``eval``):
+        ``sess.run_sync(tensor, feed_dict)``."""
+        return _require_session(session, f"tensor {self.name!r}").run_sync(self, feed_dict)
 
     @property
     def graph(self) -> Graph:
@@ -477,11 +550,21 @@ class Operation:
         """The outputs (TensorFlow 1.x name)."""
         return self._outputs
 
-    async def run(self, feed_dict: Mapping[Any, Any] | None = None,
-                  session: _Runner | None = None) -> None:
-        """Run this op in one step: ``await sess.run(op, feed_dict)`` (TF's shortcut)."""
+    def run(self, feed_dict: Mapping[Any, Any] | None = None,
+            session: _Runner | None = None) -> Coroutine[Any, Any, None]:
+        """Run this op in one step: ``await sess.run(op, feed_dict)`` (TF's shortcut).
+        In plain code use :meth:`run_sync`."""
+        return _MustAwait(self._run(feed_dict, session), f"operation {self._name!r}.run")
+
+    async def _run(self, feed_dict: Mapping[Any, Any] | None, session: _Runner | None) -> None:
         require_asyncio(f"operation {self._name!r}.run()")
         await _require_session(session, f"operation {self._name!r}").run(self, feed_dict)
+
+    def run_sync(self, feed_dict: Mapping[Any, Any] | None = None,
+                 session: _Runner | None = None) -> None:
+        """Run this op from plain code (TF's synchronous ``run``):
+        ``sess.run_sync(op, feed_dict)``."""
+        _require_session(session, f"operation {self._name!r}").run_sync(self, feed_dict)
 
     def __repr__(self) -> str:
         return f"<af.Operation '{self._name}' type={self._type}>"
