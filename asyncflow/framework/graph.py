@@ -521,8 +521,9 @@ class Operation:
 
     @property
     def traceback(self) -> str:
-        """Where in user code this op was created, as ``"file:line"``."""
-        return f"{self._file}:{self._line}"
+        """Where in user code this op was created, as ``"file:line"`` (``"file"`` for an
+        op loaded from a graph file)."""
+        return f"{self._file}:{self._line}" if self._line else self._file
 
     @property
     def stateful(self) -> bool:
