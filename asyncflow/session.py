@@ -357,8 +357,9 @@ class Session:
         early cancels the rest of the step: deterministically with
         ``async with contextlib.aclosing(sess.run_stream(...)) as stream:`` (a bare
         ``break`` leaves the generator to the garbage collector, which closes it on
-        the loop soon after).  Fetches no kernel produces (operations, fed tensors,
-        ``while_loop`` outputs) come when the step ends.
+        the loop soon after).  Fed tensors and constants come first, before any kernel
+        ran; fetches no kernel produces (operations, ``while_loop`` outputs) come when
+        the step ends.
         """
         return stream(self, fetches, feed_dict, options)
 

@@ -387,3 +387,28 @@ def test_nothing_is_printed_by_default(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           check=True, timeout=60)
     assert (proc.stdout, proc.stderr) == ("", "")
+
+
+# -- streaming: values known before the step are yielded first -------------------------
+
+
+async def test_constants_and_fed_fetches_are_yielded_before_a_slow_kernel() -> None:
+    gate = asyncio.Event()
+
+    async def waits(v: Any) -> Any:
+        await gate.wait()  # released by the test only after it saw the early values
+        return v
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        slow = af.py_func(waits, [x], af.float32, name="slow")
+        c = af.constant(5.0, name="c")
+    seen: list[tuple[str, Any, bool]] = []
+    # (Without the early yields the stream would wait forever: a bound, not an order.)
+    async with af.Session(graph=g) as sess, asyncio.timeout(30):
+        async for fetch, value in sess.run_stream([slow, c, x], {x: 1.0}):
+            seen.append((fetch.name, value, gate.is_set()))
+            if len(seen) == 2:
+                gate.set()
+    assert seen == [("c:0", 5.0, False), ("x:0", 1.0, False), ("slow:0", 1.0, True)]
