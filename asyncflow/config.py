@@ -26,7 +26,7 @@ class OptimizerOptions:
     Results are identical at every level.
 
     TensorFlow differs in one detail: there ``L1`` forces folding and CSE on and the
-    flags matter only at ``L0``; here (DESIGN §6) ``L0`` means no optimization at
+    flags matter only at ``L0``; here (docs/architecture.md) ``L0`` means no optimization at
     all and the flags select passes at ``L1``.
     """
 

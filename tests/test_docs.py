@@ -94,3 +94,22 @@ def test_pytest_examples_pass(pytester: pytest.Pytester, mode: str, where: str,
     result = pytester.runpytest(*plugin, "-p", "no:cacheprovider", "-q")
     tests = len(re.findall(r"^(?:async )?def test_", body, re.M))
     result.assert_outcomes(passed=tests)
+
+
+_CITATION = re.compile(r"DESIGN\.md|DESIGN §|\b[Ii]ssue #?\d+")
+
+
+def test_nothing_cites_a_design_file_or_an_issue_number() -> None:
+    """The repository stands on its own: design reasons are in docs/architecture.md,
+    and neither code, docs nor benchmark output points at a tracker's issue."""
+    roots = ["asyncflow", "benchmarks", "docs", "examples", "tests"]
+    files = [ROOT / "README.md", ROOT / "pyproject.toml"]
+    for root in roots:
+        files += [p for p in (ROOT / root).rglob("*")
+                  if p.suffix in {".py", ".md", ".toml", ".json"} and p.is_file()]
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+             for p in files
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if _CITATION.search(line) and p.name != "test_docs.py"]
+    assert not found, "\n".join(found)
+    assert (ROOT / "docs" / "architecture.md").is_file()

@@ -1,4 +1,4 @@
-"""Graph defs of graphs with ``while_loop`` (issue 10, item 4).
+"""Graph defs of graphs with ``while_loop``.
 
 A loop's back edge ``NextIteration -> Merge`` is the one edge allowed to close a
 cycle: export, import (re-creating every op, rewiring the back edge) and the

@@ -1,4 +1,4 @@
-"""Loop and cond semantics that must match TensorFlow 1.x (issue 10, item 7).
+"""Loop and cond semantics that must match TensorFlow 1.x.
 
 Every expected value below is TensorFlow's own answer, obtained by running the same
 program with ``tf.compat.v1`` (tensorflow-cpu 2.21, ``disable_eager_execution()``
