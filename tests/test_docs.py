@@ -204,3 +204,19 @@ def test_testing_md_config_runs_a_user_project_under_warnings_as_errors(
     proc = pytest_in(tmp_path)
     assert proc.returncode != 0
     assert "asyncio_default_fixture_loop_scope" in proc.stdout + proc.stderr
+
+
+def test_programs_split_standalone_files_from_pasted_blocks(tmp_path: Path) -> None:
+    """How the runner above reads a document: ``# name.py`` blocks stand alone (and run
+    as a module too when the text says ``python -m name``), pytest files are left to
+    pytest, and the rest is one program in order."""
+    doc = tmp_path / "Guide.md"
+    doc.write_text("Run it with `python -m hello`.\n\n"
+                   "```python\n# hello.py\nprint('hi')\n```\n\n"
+                   "```python\nx = 1\n```\n\n"
+                   "```python\n# test_it.py\ndef test_x(): pass\n```\n\n"
+                   "```python\n# other.py\nprint('other')\n```\n\n"
+                   "```python\nprint(x)  # 1\n```\n", encoding="utf-8")
+    assert programs(doc) == [("hello", "# hello.py\nprint('hi')\n", True),
+                             ("other", "# other.py\nprint('other')\n", False),
+                             ("guide_blocks", "x = 1\n\n\nprint(x)  # 1\n", False)]
