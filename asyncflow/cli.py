@@ -143,14 +143,17 @@ def _run(args: argparse.Namespace) -> int:
     allowed = None if args.trust else frozenset(args.allow_module)
     _check_references(args.graph, graph_def, allowed)
     graph = af.Graph()
+    _search_working_directory()
     token = allowed_reference_modules.set(allowed)  # the import itself checks again
     try:
         with graph.as_default():
             af.import_graph_def(graph_def, name="")
     except (TypeError, ValueError) as exc:
-        raise _UsageError(f"cannot import graph file {args.graph!r}: {exc}") from None
+        raise _UsageError(f"cannot import graph file {args.graph!r}: {exc}"
+                          f"{_module_hint(exc)}") from None
     finally:
         allowed_reference_modules.reset(token)
+    _defined_in(graph, args.graph)
     feed_dict: dict[Any, Any] = {}
     for item in args.feed:
         name, value = _parse_feed(item)
@@ -179,6 +182,31 @@ def _run(args: argparse.Namespace) -> int:
         _write_trace(metadata.step_stats, args.trace)
         print(f"Chrome trace written to {args.trace}")
     return 0
+
+
+def _search_working_directory() -> None:
+    """Let allowed references import modules from the working directory, as with
+    ``python -m asyncflow`` (the console script's ``sys.path`` starts at its own
+    directory instead).  Appended, so a file here never shadows an installed module."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def _module_hint(exc: BaseException) -> str:
+    """What to do when a reference's module is not found."""
+    if "No module named" not in str(exc):
+        return ""
+    return (f" (modules are imported from the installed packages, PYTHONPATH and the "
+            f"working directory {os.getcwd()!r}: run from the directory that holds the "
+            f"module, or add its directory to PYTHONPATH)")
+
+
+def _defined_in(graph: Any, path: str) -> None:
+    """Errors of a loaded graph say where its ops come from: the graph file (the frame
+    that imported it is this command's, which tells the user nothing)."""
+    for op in graph.get_operations():
+        op._file, op._line = path, 0
 
 
 #: Seconds a run goes on before ``--progress`` shows its bar (short runs show none).

@@ -26,7 +26,7 @@ class OptimizerOptions:
     Results are identical at every level.
 
     TensorFlow differs in one detail: there ``L1`` forces folding and CSE on and the
-    flags matter only at ``L0``; here (DESIGN §6) ``L0`` means no optimization at
+    flags matter only at ``L0``; here (docs/architecture.md) ``L0`` means no optimization at
     all and the flags select passes at ``L1``.
     """
 
@@ -150,6 +150,20 @@ class RunOptions:
     trace_level: int = 0
     output_partition_graphs: bool = False
     progress: Callable[[ProgressEvent], object] | None = None
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        """``ValueError`` for a bad field; made and run (the fields are settable) check it.
+
+        As TF (an int64 proto field): a deadline that is not a number, or negative, is
+        refused at the door, not found out when the step runs.
+        """
+        t = self.timeout_in_ms
+        if not isinstance(t, int | float) or isinstance(t, bool) or not t >= 0:
+            raise ValueError(f"RunOptions.timeout_in_ms must be a number >= 0 "
+                             f"(0: no deadline), got {t!r}")
 
 
 @dataclass(slots=True)

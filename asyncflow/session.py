@@ -22,7 +22,9 @@ import asyncio
 import copy
 import logging
 import random
+import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -61,6 +63,10 @@ from asyncflow.streaming import stream
 __all__ = ["Session", "SessionStatistics"]
 
 logger = logging.getLogger("asyncflow.session")
+placement_logger = logging.getLogger("asyncflow.placement")
+
+#: A step that runs at least this long (seconds) is logged at DEBUG ("slow step").
+SLOW_STEP_SECONDS = 1.0
 del _function_call
 
 
@@ -281,6 +287,8 @@ class Session:
         Operations (targets) give ``None``; 0-d values are numpy scalars.  A failing
         step raises one ``af.errors.OpError`` naming the node.
         """
+        if options is not None or run_metadata is not None:
+            _check_run_args(options, run_metadata)
         call = self._prepare(fetches, feed_dict)
         if options is None and self._admission is None:
             # The common case without an extra coroutine: an all-inline plan runs in
@@ -309,6 +317,8 @@ class Session:
             pass
         else:
             _check_no_running_loop("Session.run_sync()", "sess.run(...)")
+        if options is not None or run_metadata is not None:
+            _check_run_args(options, run_metadata)
         call = self._prepare(fetches, feed_dict)
         return self._run_sync(call, call.frame(feed_dict), options, run_metadata)
 
@@ -325,7 +335,7 @@ class Session:
                 step.release()
                 with self._counter_lock:
                     self._steps += 1
-                    self._failed += 1
+                self._count_failed(call)
                 raise
             step.release()
             assert values is not None
@@ -347,8 +357,9 @@ class Session:
         early cancels the rest of the step: deterministically with
         ``async with contextlib.aclosing(sess.run_stream(...)) as stream:`` (a bare
         ``break`` leaves the generator to the garbage collector, which closes it on
-        the loop soon after).  Fetches no kernel produces (operations, fed tensors,
-        ``while_loop`` outputs) come when the step ends.
+        the loop soon after).  Fed tensors and constants come first, before any kernel
+        ran; fetches no kernel produces (operations, ``while_loop`` outputs) come when
+        the step ends.
         """
         return stream(self, fetches, feed_dict, options)
 
@@ -380,8 +391,10 @@ class Session:
             if len(feed_values) != n:
                 raise TypeError(f"expected {n} feed values (for {feed_list!r}), got "
                                 f"{len(feed_values)}")
-            if (options is not None or run_metadata is not None) and not accept_options:
-                raise TypeError("this callable was made without accept_options=True")
+            if options is not None or run_metadata is not None:
+                if not accept_options:
+                    raise TypeError("this callable was made without accept_options=True")
+                _check_run_args(options, run_metadata)
             self._check_open()
             return CallFrame([conv(v) for conv, v in zip(converters, feed_values)])
 
@@ -429,7 +442,7 @@ class Session:
             values = step.run_inline(SLICE)  # type: ignore[union-attr]
         except BaseException:
             step.release()
-            self._count_failed()
+            self._count_failed(call)
             raise
         if values is None:
             return False, step
@@ -443,6 +456,9 @@ class Session:
     async def _awaited(self, call: _CompiledCall, step: StepRunner, options: RunOptions | None,
                        run_metadata: RunMetadata | None) -> Any:
         """Run ``step`` on the event loop (deadline, in-flight registry) to its outcome."""
+        # Steps that reach the loop are the ones that can be slow: timed only when the
+        # DEBUG log would show it (one check otherwise).
+        started = time.perf_counter() if logger.isEnabledFor(logging.DEBUG) else 0.0
         try:
             if self._timeout_ms(options) > 0:
                 values = await self._run_step(step, options)
@@ -453,10 +469,13 @@ class Session:
                 finally:
                     self._leave(step)
         except BaseException:
-            self._count_failed()
+            self._count_failed(call)
             raise
         with self._counter_lock:
             self._completed += 1
+        if started and (took := time.perf_counter() - started) >= SLOW_STEP_SECONDS:
+            logger.debug("slow step: %s took %.3f s (over %.3g s)", call.signature, took,
+                         SLOW_STEP_SECONDS)
         return self._finished(call, step, values, options, run_metadata)
 
     async def _with_progress(self, call: _CompiledCall, frame: CallFrame, options: RunOptions,
@@ -468,9 +487,15 @@ class Session:
         return await tracker.run_beside(
             self._execute(counted, frame, replace(options, progress=None), run_metadata))
 
-    def _count_failed(self) -> None:
+    def _count_failed(self, call: _CompiledCall | None = None) -> None:
+        """Count a failed step (called where its exception is being handled) and log it
+        at DEBUG."""
         with self._counter_lock:
             self._failed += 1
+        if logger.isEnabledFor(logging.DEBUG):
+            exc = sys.exc_info()[1]
+            logger.debug("step failed: %s: %s", call.signature if call is not None
+                         else "(waiting for a slot)", _one_line(exc))
 
     async def _admitted(self, call: _CompiledCall, frame: CallFrame,
                         options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
@@ -481,14 +506,14 @@ class Session:
             try:
                 left = await admission.acquire_within(self._timeout_ms(options))
             except BaseException:
-                self._count_failed()
+                self._count_failed(call)
                 raise
             if left:  # the rest of the deadline is the step's
                 options = (replace(options, timeout_in_ms=left) if options is not None
                            else RunOptions(timeout_in_ms=left))
         try:
             if self._closed:  # closed while this step waited for its slot
-                self._count_failed()
+                self._count_failed(call)
                 self._check_open()
             return await self._execute(call, frame, options, run_metadata, admitted=True)
         finally:
@@ -563,7 +588,17 @@ class Session:
         timeout_ms = self._timeout_ms(options)
         try:
             if timeout_ms > 0:
-                deadline = asyncio.timeout(timeout_ms / 1000)
+                # The deadline fires in two beats: note the kernels still running, then
+                # cancel (next loop turn), so the error can name what was pending.
+                deadline = asyncio.timeout(None)
+                pending: list[str] = []
+                loop = asyncio.get_running_loop()
+
+                def expire() -> None:
+                    pending.extend(_running_nodes(step))
+                    deadline.reschedule(loop.time())
+
+                alarm = loop.call_later(timeout_ms / 1000, expire)
                 try:
                     async with deadline:
                         return await step.run()
@@ -579,17 +614,30 @@ class Session:
                         raise step.error from None
                     if expired and not isinstance(exc, errors.OpError):
                         _clear_frames(exc)
-                        raise errors.DeadlineExceededError(
-                            None, None, f"Timed out waiting for the step to finish "
-                                        f"(timeout_in_ms={timeout_ms})") from None
+                        raise self._deadline_error(timeout_ms, pending) from None
                     raise
                 finally:
+                    alarm.cancel()
                     # The timeout holds this task: an error leaving through this frame
                     # (in its traceback) would make a cycle with the task holding it.
-                    del deadline
+                    del deadline, expire
             return await step.run()
         finally:
             self._leave(step)
+
+    def _deadline_error(self, timeout_ms: float, pending: Sequence[str]
+                        ) -> errors.DeadlineExceededError:
+        """TF's deadline error: it names the first kernel still running (``node_name``,
+        ``op``) and lists them all; a step with no kernel running (waiting on a receive,
+        or between inline slices) names none."""
+        message = f"Timed out waiting for the step to finish (timeout_in_ms={timeout_ms})"
+        if not pending:
+            return errors.DeadlineExceededError(None, None, message)
+        shown = ", ".join(repr(n) for n in pending[:10])
+        more = f" and {len(pending) - 10} more" if len(pending) > 10 else ""
+        op = self._graph._by_name.get(pending[0])
+        return errors.DeadlineExceededError(
+            pending[0], op, f"{message}; still running: {shown}{more}")
 
     # -- compiling ---------------------------------------------------------------------
 
@@ -603,8 +651,11 @@ class Session:
             with self._compile_lock:
                 call = self._cache.get(key)
                 if call is None:
+                    started = time.perf_counter()
                     with gc_paused():
                         call = self._compile(fetches, feed_keys)
+                    if logger.isEnabledFor(logging.DEBUG):
+                        _log_compile(call, time.perf_counter() - started)
                     self._cache[key] = call
                     with self._counter_lock:
                         self._compiles += 1
@@ -644,9 +695,8 @@ class Session:
             options=self._config.graph_options.optimizer_options,
             client_device=self._master is None)
         if self._config.log_device_placement:
-            for name, device in compiled.placement:
-                logger.info("%s: (%s): %s", name, ir.by_name[name].op if name in ir.by_name
-                            else "", device)
+            _log_placement([f"{name}: ({ir.by_name[name].op if name in ir.by_name else ''})"
+                            f": {device}" for name, device in compiled.placement])
         return self._prepared(compiled, mapper.tensors, feed_keys,
                               tuple(feed_converter(t) for t in feeds), mapper.rebuild)
 
@@ -713,6 +763,7 @@ class Session:
     async def close(self) -> None:
         """Close: cancel in-flight steps (they fail with ``af.errors.CancelledError``),
         wait for them to stop, and release the devices' threads.  Idempotent."""
+        require_asyncio("Session.close")
         for done in self._begin_close():
             await asyncio.wrap_future(done)
         # Abandoned partial runs: their steps were aborted above (or had not started).
@@ -740,6 +791,9 @@ class Session:
             d.close()
 
     async def __aenter__(self) -> Session:
+        # Refused at the door under another event loop (trio), before any step: a plan
+        # of inline kernels would otherwise run, and the exit fail obscurely.
+        require_asyncio("async with af.Session(...)")
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
@@ -775,6 +829,53 @@ def _check_no_running_loop(what: str, instead: str) -> None:
         return
     raise RuntimeError(f"{what} cannot be called while an event loop is running in this "
                        f"thread; use `await {instead}` instead")
+
+
+def _log_compile(call: _CompiledCall, seconds: float) -> None:
+    opt = call.compiled.optimizer
+    sizes = ", ".join(str(len(p.nodes)) for p in call.compiled.plans)
+    logger.debug("compiled %s in %.1f ms: %d partition(s) of %s node(s); optimizer: "
+                 "%d -> %d nodes (folded %d, cse %d, inlined %d, %d round(s))",
+                 call.signature, seconds * 1000, len(call.compiled.plans), sizes,
+                 opt.nodes_before, opt.nodes_after, opt.folded, opt.cse, opt.inlined,
+                 opt.rounds)
+
+
+def _log_placement(lines: Sequence[str]) -> None:
+    """``log_device_placement``: each node's device, as TF prints it.  Logged at INFO
+    (logger ``asyncflow.placement``) when logging is set up to show that, else written
+    to stderr as TF does: the user asked for it, and default logging would hide it."""
+    if placement_logger.isEnabledFor(logging.INFO) and placement_logger.hasHandlers():
+        for line in lines:
+            placement_logger.info("%s", line)
+    else:
+        print("Device mapping:", *lines, sep="\n", file=sys.stderr)
+
+
+def _one_line(exc: BaseException | None) -> str:
+    if exc is None:
+        return "(no exception)"
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _running_nodes(step: StepRunner) -> list[str]:
+    """The nodes ``step`` is running now (a runner that cannot tell: none)."""
+    running = getattr(step, "running", None)
+    return list(running()) if running is not None else []
+
+
+def _check_run_args(options: Any, run_metadata: Any) -> None:
+    """The door of every run: TF's ``options`` / ``run_metadata`` must be its protos,
+    and a bad one is a ``TypeError`` here, never an ``AttributeError`` mid-step."""
+    if options is not None:
+        if not isinstance(options, RunOptions):
+            raise TypeError(f"options must be an af.RunOptions, got "
+                            f"{type(options).__name__}: {options!r}")
+        options._check()
+    if run_metadata is not None and not isinstance(run_metadata, RunMetadata):
+        raise TypeError(f"run_metadata must be an af.RunMetadata, got "
+                        f"{type(run_metadata).__name__}: {run_metadata!r}")
 
 
 def _wants_trace(options: RunOptions | None, run_metadata: RunMetadata | None) -> bool:

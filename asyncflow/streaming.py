@@ -4,8 +4,9 @@ One step runs (the same compiled signature, admission, deadline and counters as
 ``run``), in a task of a task group owned by the generator.  Kernels producing a
 fetched value report it (:mod:`asyncflow.runtime.streaming`) through a queue, and
 the generator yields each fetch once all its tensors are there: readiness order.
-A fetch no kernel reports (an operation, a fed tensor, a ``while_loop`` output) is
-yielded when the step ends, in fetch order.  The step's first error is raised by
+Fetches whose values exist before the step runs (fed tensors, constants preloaded
+into the plan) are yielded first.  A fetch no kernel reports (an operation, a
+``while_loop`` output) is yielded when the step ends, in fetch order.  The step's first error is raised by
 the generator after the values that were ready before it.  Leaving the ``async
 for`` early (``break``, an exception, ``aclose()``) cancels the rest of the step
 and waits for it to stop: nothing keeps running.
@@ -92,9 +93,8 @@ async def stream(session: _Session, fetches: Any, feed_dict: Mapping[Any, Any] |
                 targets.setdefault(index, []).append(k)
         watched.append(watch_retvals(bound, _fan_out(targets, notify), loop))
     streaming = session._streaming(call, watched)
-    for k, (part, index) in enumerate(retval_map):
-        if part < 0:  # fetched and fed: ready now
-            notify(k, frame.args[index])
+    for k, value in _known_now(call, frame):  # fed, or a constant: yielded first
+        notify(k, value)
 
     outcome: list[Any] = []  # the step's results, or its exception
 
@@ -134,6 +134,21 @@ async def stream(session: _Session, fetches: Any, feed_dict: Mapping[Any, Any] |
         raise result
     for e in sorted(left + at_end):  # fetches no kernel reported: from the step's results
         yield elements[e], result[e]
+
+
+def _known_now(call: _Call, frame: CallFrame) -> list[tuple[int, Any]]:
+    """The fetches (call order) whose values exist before the step runs: fed ones, and
+    constants the plan preloads (a ``Const`` without control inputs never runs)."""
+    known = []
+    for k, (part, index) in enumerate(call.compiled.retval_map):
+        if part < 0:  # fetched and fed
+            known.append((k, frame.args[index]))
+            continue
+        plan = call.compiled.plans[part]
+        value = plan.initial_values[plan.retval_slots[index]]
+        if value is not None:
+            known.append((k, value))
+    return known
 
 
 def _fan_out(targets: dict[int, list[int]], notify: Callable[[int, Any], None]

@@ -1,7 +1,7 @@
 """asyncflow's benchmark suite: ``python -m benchmarks [--quick] [--only NAME] [--json FILE]``;
 ``python -m benchmarks --guard`` is CI's regression guard (see :mod:`benchmarks.guard`).
 
-Each workload of the performance model (DESIGN.md §4) is measured for asyncflow and,
+Each workload of the performance model (docs/architecture.md) is measured for asyncflow and,
 in the same run, for its anchors: plain numpy calls and plain asyncio (in this
 process, interleaved with asyncflow's repeats), TensorFlow 1.x through
 ``tf.compat.v1`` and Dask's threaded scheduler (each in a subprocess of its own, and

@@ -37,7 +37,7 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class TfTarget:
-    """Issue 13's target against TensorFlow 1.x's figure of the same row:
+    """The target against TensorFlow 1.x's figure of the same row:
     ``ours / tf <op> value``, or when ``faster``, ``tf / ours <op> value`` (read
     "``value``x faster than TF"; for a time, the lower ours the higher that ratio)."""
 
@@ -72,7 +72,7 @@ class Row:
     anchor_name: str
     target: Target | None = None
     better: str = "lower"  # which direction is better, for reading the ratios
-    tf_target: TfTarget | None = None  # issue 13's target against TF 1.x
+    tf_target: TfTarget | None = None  # the target against TF 1.x
     ours: float | None = None  # every figure: the best of the repeats ...
     anchor: float | None = None
     tf: float | None = None
@@ -117,7 +117,7 @@ class Row:
 
     @property
     def tf_status(self) -> str:
-        """The issue 13 target's status: judged only when TF's figure is there."""
+        """The TF target's status: judged only when TF's figure is there."""
         if self.tf_target is None:
             return "-"
         if self.skipped is not None:
@@ -199,7 +199,7 @@ COLUMNS = (
     ("ours/Dask", 9, ">"),
     ("target", 16, "<"),
     ("status", 12, "<"),
-    ("issue 13 vs TF", 16, "<"),
+    ("target vs TF", 16, "<"),
     ("TF status", 9, "<"),
 )
 
@@ -291,7 +291,7 @@ def render_anchor_legend(rows: list[Row]) -> str:
 
 def render_targets(rows: list[Row]) -> str:
     """One line per target: the rows' own (against their in-process anchor or
-    absolute), then issue 13's against TF 1.x ("no TF" when TF's column is empty)."""
+    absolute), then the ones against TF 1.x ("no TF" when TF's column is empty)."""
     out = []
     for r in rows:
         ours = "skipped" if r.skipped is not None else _cell(r.ours, "ERROR")
@@ -317,7 +317,7 @@ def render_targets(rows: list[Row]) -> str:
             what += f" vs TF 1.x {_num(r.tf)} = {ratio:.2f}{kind} TF"
         elif r.tf is None:
             what += f" (TF 1.x: {r.tf_note})"
-        out.append(f"[{r.tf_status:^7}] issue 13: {what}; target {r.tf_target.text()}")
+        out.append(f"[{r.tf_status:^7}] vs TF: {what}; target {r.tf_target.text()}")
     return "\n".join(out)
 
 

@@ -31,10 +31,10 @@ Af = Any  # the asyncflow module, imported lazily so a broken build fails one ro
 #: The xdev workloads' chains change device every k nodes (one row per k).
 XDEV_KS = (1, 100)
 
-#: Issue 13's targets against TensorFlow 1.x, by row: judged when TF's column is
+#: The targets against TensorFlow 1.x, by row: judged when TF's column is
 #: filled in the same run ("no TF" otherwise).  Its targets against in-process anchors
 #: (trace's slowdown, concurrent tiny runs, the service) are the rows' own targets.
-ISSUE13_TF_TARGETS: dict[str, TfTarget] = {
+TF_TARGETS: dict[str, TfTarget] = {
     "chain": TfTarget("<=", 1.0),
     "wide": TfTarget("<=", 1.5),
     "xdev.k1": TfTarget("<=", 1.0),
@@ -127,7 +127,7 @@ def make_rows(s: Sizes) -> dict[str, Row]:
             Target("<=", 1.5, relative=True)),
     ]
     for row in rows:
-        row.tf_target = ISSUE13_TF_TARGETS.get(row.id)
+        row.tf_target = TF_TARGETS.get(row.id)
     return {r.id: r for r in rows}
 
 

@@ -1,4 +1,4 @@
-"""SessionConfig(max_concurrent_steps=N) and Session.statistics() (issue 16, item 5)."""
+"""SessionConfig(max_concurrent_steps=N) and Session.statistics()."""
 
 from __future__ import annotations
 

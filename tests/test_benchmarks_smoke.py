@@ -30,7 +30,7 @@ TARGETED = ("chain", "wide", "tiny.run", "tiny.run_sync.async", "concurrent", "t
             "overlap", "parallel", "scale.build", "scale.first_run", "scale.peak_rss",
             "scale.cond.second_run", "scale.cond.peak_rss", "opt.fold.first_run",
             "opt.fold.steady", "opt.cse", "service.cpu", "service.p99")
-#: Issue 13's targets against TF 1.x, as the table and the targets section print them.
+#: The targets against TF 1.x, as the table and the targets section print them.
 TF_TARGETED = {"chain": "<= 1.00x TF", "wide": "<= 1.50x TF", "xdev.k1": "<= 1.00x TF",
                "tiny.run": ">= 30.0x faster than TF", "loop": "<= 1.00x TF",
                "loop.cond": "<= 1.50x TF", "queue": ">= 5.00x TF",
@@ -53,11 +53,11 @@ def _table_ids(stdout: str) -> list[str]:
 
 
 def _target_cells(stdout: str, row_id: str) -> tuple[str, str, str, str]:
-    """A table row's (target, status, issue 13 vs TF, TF status) cells, cut at the
+    """A table row's (target, status, target vs TF, TF status) cells, cut at the
     header's column positions."""
     lines = stdout.splitlines()
     header = next(line for line in lines if line.startswith("workload "))
-    starts = [header.index(name) for name in ("target", "status", "issue 13 vs TF",
+    starts = [header.index(name) for name in ("target", "status", "target vs TF",
                                               "TF status")]
     row = next(line for line in lines if line.startswith(row_id + " "))
     a, b, c, d = (row[start:end].strip()
@@ -82,9 +82,9 @@ def test_quick_run_reports_every_workload(tmp_path: Path) -> None:
     assert tuple(_table_ids(proc.stdout)) == ROW_IDS, proc.stdout
     for row_id in TARGETED:
         assert any(f"] {row_id}: asyncflow " in line for line in lines), row_id
-    # Issue 13's targets against TF are listed, and not judged without TF's column.
+    # The targets against TF are listed, and not judged without TF's column.
     for row_id, text in TF_TARGETED.items():
-        assert any(line.startswith(f"[ no TF ] issue 13: {row_id}: asyncflow ")
+        assert any(line.startswith(f"[ no TF ] vs TF: {row_id}: asyncflow ")
                    and line.endswith(f"target {text}") for line in lines), row_id
     assert "ERROR" not in proc.stdout
     assert "OPENBLAS_NUM_THREADS=1" in proc.stdout
@@ -196,7 +196,7 @@ def test_step_control_rows_are_selectable(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     for row_id, unit in (("callable", "us/call"), ("callable.nested", "us/call"),
                          ("trace", "us/node"), ("trace.off", "us/node")):
-        targeted = row_id == "trace"  # issue 13: the FULL_TRACE slowdown <= 4x
+        targeted = row_id == "trace"  # the FULL_TRACE slowdown target: <= 4x
         assert any(f"] {row_id}: asyncflow " in line for line in lines) == targeted
         row = next(line for line in lines if line.startswith(row_id + " "))
         assert f" {unit} " in row, row

@@ -27,7 +27,7 @@ def run(fetches: Any, feeds: Any = None, graph: af.Graph | None = None, **config
 
 
 def test_while_counts_to_10000_with_parallel_iterations(graph: af.Graph) -> None:
-    (r,) = af.while_loop(lambda x: af.less(x, 10000), lambda x: af.add(x, 1),
+    r = af.while_loop(lambda x: af.less(x, 10000), lambda x: af.add(x, 1),
                          [af.constant(0)], parallel_iterations=20)
     assert run(r) == 10000
 

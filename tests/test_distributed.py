@@ -1,4 +1,4 @@
-"""Distributed execution on a Dask ``LocalCluster`` of worker processes (DESIGN.md §5).
+"""Distributed execution on a Dask ``LocalCluster`` of worker processes (docs/architecture.md).
 
 One cluster (one ``ps`` task, two ``worker`` tasks) serves the module; state is reset between
 tests.  Results are compared with a local session (or the reference interpreter).
@@ -36,7 +36,7 @@ def cluster() -> Iterator[Any]:
     with afd.LocalCluster(jobs={"ps": 1, "worker": 2}, cpus_per_task=2) as c:
         thread = c._own_loop._thread
         yield c
-    gc.collect()  # a quiet point (DESIGN.md §5, testing note)
+    gc.collect()  # a quiet point (CPython 3.11.7 can abort pytest if a finalizer runs mid-parse)
     # Nothing outlives the cluster: its client thread and its worker processes are gone.
     assert not thread.is_alive()
     assert multiprocessing.active_children() == []

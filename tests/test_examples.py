@@ -76,3 +76,13 @@ def test_distributed_local() -> None:
     # w = 0.5 * (0 + 1 + 2) per element; total = 2 * sum(w)
     assert lines == ["devices: 3", "w = [1.5, 1.5, 1.5]", "total = 9.0",
                      "kernel ran in another process: True"]
+
+
+def test_the_examples_index_lists_every_example() -> None:
+    """examples/README.md is the index: every script and example directory is in it."""
+    index = (EXAMPLES / "README.md").read_text(encoding="utf-8")
+    names = [p.name for p in EXAMPLES.glob("*.py")]
+    names += [f"{p.name}/" for p in EXAMPLES.iterdir()
+              if p.is_dir() and not p.name.startswith((".", "_"))]
+    missing = [name for name in names if f"[`{name}`]({name})" not in index]
+    assert not missing, f"examples/README.md does not list {missing}"

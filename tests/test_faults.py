@@ -1,5 +1,5 @@
 """Fault tests: random deadlines x caller cancellations x failing kernels x concurrent
-steps over one queue and one variable (issue 15, item 11).
+steps over one queue and one variable.
 
 Each round runs a few hundred concurrent steps of a "worker" graph
 

@@ -1,4 +1,4 @@
-"""Graph defs of graphs with ``while_loop`` (issue 10, item 4).
+"""Graph defs of graphs with ``while_loop``.
 
 A loop's back edge ``NextIteration -> Merge`` is the one edge allowed to close a
 cycle: export, import (re-creating every op, rewiring the back edge) and the
@@ -91,7 +91,7 @@ def _loop_with_control_dependencies() -> tuple[list[af.Tensor], dict[str, Any]]:
             return i + 1
 
     with af.control_dependencies([af.constant(1.0) * 2.0]):
-        (r,) = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
+        r = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
     return [r], {"targets": ("v/Assign", "w/Assign", "u/Assign"),
                  "reads": ("v:0", "w:0", "u:0")}
 

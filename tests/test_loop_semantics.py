@@ -1,4 +1,4 @@
-"""Loop and cond semantics that must match TensorFlow 1.x (issue 10, item 7).
+"""Loop and cond semantics that must match TensorFlow 1.x.
 
 Every expected value below is TensorFlow's own answer, obtained by running the same
 program with ``tf.compat.v1`` (tensorflow-cpu 2.21, ``disable_eager_execution()``
@@ -47,7 +47,7 @@ def test_op_fed_only_by_loop_constants_runs_once_per_iteration(graph: af.Graph) 
     def body(i: af.Tensor) -> af.Tensor:
         return i + v.assign_add(c) * 0.0 + 1.0
 
-    (r,) = af.while_loop(lambda i: i < 5.0, body, [af.constant(0.0)])
+    r = af.while_loop(lambda i: i < 5.0, body, [af.constant(0.0)])
     assert run_then_read(r, v) == (5.0, 5.0)
 
 
@@ -65,7 +65,7 @@ def test_py_func_fed_only_from_outside_runs_once_per_iteration(graph: af.Graph) 
         t = af.reshape(af.py_func(tick, [c], af.float32), [])
         return i + af.cast(t > 0.0, af.int32)
 
-    (r,) = af.while_loop(lambda i: i < 5, body, [af.constant(0)])
+    r = af.while_loop(lambda i: i < 5, body, [af.constant(0)])
     assert run_each(r, [{}]) == [[5]]
     assert calls == [3.0] * 5
 
@@ -76,7 +76,7 @@ def test_loop_whose_result_is_only_an_op_of_loop_constants_ends(graph: af.Graph)
     # never ended.
     v = af.Variable(0.0)
     c = af.constant(1.0)
-    (r,) = af.while_loop(lambda i: i < 5.0, lambda i: v.assign_add(c), [af.constant(0.0)])
+    r = af.while_loop(lambda i: i < 5.0, lambda i: v.assign_add(c), [af.constant(0.0)])
     assert run_then_read(r, v) == (5.0, 5.0)
 
 
@@ -87,11 +87,11 @@ def test_inner_loop_op_of_outer_constants_runs_once_per_inner_iteration(
     c = af.constant(1.0)
 
     def outer(i: af.Tensor) -> af.Tensor:
-        (j,) = af.while_loop(lambda j: j < 3.0, lambda j: j + v.assign_add(c) * 0.0 + 1.0,
+        j = af.while_loop(lambda j: j < 3.0, lambda j: j + v.assign_add(c) * 0.0 + 1.0,
                              [af.constant(0.0)])
         return i + 1.0 + j * 0.0
 
-    (r,) = af.while_loop(lambda i: i < 2.0, outer, [af.constant(0.0)])
+    r = af.while_loop(lambda i: i < 2.0, outer, [af.constant(0.0)])
     assert run_then_read(r, v) == (2.0, 6.0)
 
 
@@ -108,7 +108,7 @@ def test_control_dependency_from_outside_into_body_runs_once(graph: af.Graph) ->
         with af.control_dependencies([a]):
             return i + 1
 
-    (r,) = af.while_loop(lambda i: i < 3, body, [af.constant(0)])
+    r = af.while_loop(lambda i: i < 3, body, [af.constant(0)])
     assert run_then_read(r, v) == (3, 1.0)
 
 
@@ -122,7 +122,7 @@ def test_control_dependency_from_outside_on_an_input_less_body_op(graph: af.Grap
             k = af.constant(1)
         return i + k
 
-    (r,) = af.while_loop(lambda i: i < 3, body, [af.constant(0)])
+    r = af.while_loop(lambda i: i < 3, body, [af.constant(0)])
     assert run_then_read(r, v) == (3, 1.0)
 
 
@@ -136,10 +136,10 @@ def test_control_dependency_from_outside_into_an_inner_loop(graph: af.Graph) -> 
             return j + 1
 
     def body(i: af.Tensor) -> af.Tensor:
-        (j,) = af.while_loop(lambda j: j < 2, inner_body, [af.constant(0)])
+        j = af.while_loop(lambda j: j < 2, inner_body, [af.constant(0)])
         return i + j
 
-    (r,) = af.while_loop(lambda i: i < 6, body, [af.constant(0)])
+    r = af.while_loop(lambda i: i < 6, body, [af.constant(0)])
     assert run_then_read(r, v) == (6, 1.0)
 
 
@@ -159,7 +159,7 @@ def test_control_dependency_on_a_body_op_inside_a_cond_of_the_body(
 
         return af.cond(p, taken, lambda: i + 1)
 
-    (r,) = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
+    r = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
     assert run_then_read(r, v, {p: take}) == expected
 
 
@@ -179,7 +179,7 @@ def test_output_less_control_dependency_from_outside_runs_once(graph: af.Graph) 
         with af.control_dependencies([a]):
             return i + 1
 
-    (r,) = af.while_loop(lambda i: i < 3, body, [af.constant(0)])
+    r = af.while_loop(lambda i: i < 3, body, [af.constant(0)])
     assert run_then_read(r, v) == (3, 1.0)
 
 
@@ -194,7 +194,7 @@ def test_output_less_control_dependency_beside_a_body_op(graph: af.Graph) -> Non
         with af.control_dependencies([bump_u, w.assign_add(2.0)]):
             return i + 1
 
-    (r,) = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
+    r = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
     with af.Session(graph=graph) as sess:
         sess.run_sync([u.initializer, w.initializer])
         assert sess.run_sync(r, options=_DEADLINE) == 4
@@ -215,7 +215,7 @@ def test_control_dependency_from_outside_into_a_cond_in_the_body_runs_once(
 
         return af.cond(p, taken, lambda: i + 1)
 
-    (r,) = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
+    r = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
     assert run_then_read(r, v, {p: take}) == (4, 1.0)
 
 
@@ -226,7 +226,7 @@ def test_while_loop_built_under_a_computed_control_dependency(graph: af.Graph) -
     # TF: r == 3.  Used to fail with "Exit node ... is not inside a loop frame".
     x = af.constant(2.0) * 3.0
     with af.control_dependencies([x]):
-        (r,) = af.while_loop(lambda i: i < 3, lambda i: i + 1, [af.constant(0)])
+        r = af.while_loop(lambda i: i < 3, lambda i: i + 1, [af.constant(0)])
     assert run_each(r, [{}]) == [[3]]
 
 
@@ -234,7 +234,7 @@ def test_while_loop_under_a_control_dependency_still_waits_for_it(graph: af.Grap
     # TF: r == 3, v == 5.0: the loop's Enters carry the dependency.
     v = af.Variable(0.0)
     with af.control_dependencies([v.assign(5.0)]):
-        (r,) = af.while_loop(lambda i: i < 3, lambda i: i + 1, [af.constant(0)])
+        r = af.while_loop(lambda i: i < 3, lambda i: i + 1, [af.constant(0)])
     assert run_then_read(r, v) == (3, 5.0)
 
 
@@ -242,7 +242,7 @@ def test_counted_while_loop_under_a_computed_control_dependency(graph: af.Graph)
     # TF: r == 7 (maximum_iterations wins over i < 100).
     x = af.constant(2.0) * 3.0
     with af.control_dependencies([x]):
-        (r,) = af.while_loop(lambda i: i < 100, lambda i: i + 1, [af.constant(0)],
+        r = af.while_loop(lambda i: i < 100, lambda i: i + 1, [af.constant(0)],
                              maximum_iterations=7)
     assert run_each(r, [{}]) == [[7]]
 
@@ -298,7 +298,7 @@ def test_cond_in_a_loop_with_a_control_dependency_on_a_branch_constant(
         with af.control_dependencies([k]):
             return af.identity(x)
 
-    (r,) = af.while_loop(lambda i: i < 3.0, lambda i: i + af.cond(p, taken, lambda: x),
+    r = af.while_loop(lambda i: i < 3.0, lambda i: i + af.cond(p, taken, lambda: x),
                          [af.constant(0.0)])
     assert run_each(r, [{p: take}]) == [[3.0]]
 

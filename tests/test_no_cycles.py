@@ -1,4 +1,4 @@
-"""A finished step leaves no cyclic garbage, whatever its outcome (issue 13: no GC
+"""A finished step leaves no cyclic garbage, whatever its outcome (no GC
 pauses on the hot path): after ``gc.collect()`` with the collector off, many steps
 of one kind leave at most a few objects for the next collection (not some per step).
 Step, propagator, task group, errors and their tracebacks are freed by reference

@@ -1,4 +1,4 @@
-"""Session.run_stream: fetches in readiness order (issue 16, item 4)."""
+"""Session.run_stream: fetches in readiness order."""
 
 from __future__ import annotations
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -70,7 +73,7 @@ async def test_deadline_is_504_and_stops_the_call(service: Service) -> None:
                                             "timeout_ms": 50}),
         service.client.post("/score", json={"user_id": 3, "amounts": [1.0]}))
     assert slow.status_code == 504
-    assert slow.json()["error"].startswith("DeadlineExceededError")
+    assert slow.json()["error"] == "deadline exceeded"
     assert fast.status_code == 200
     stats = service.risk_stats
     assert (stats.started, stats.finished, stats.cancelled) == (2, 1, 1)
@@ -93,12 +96,44 @@ async def test_bad_requests(service: Service, body: Any, status: int, fragment: 
     assert ok.status_code == 200  # the session stays usable
 
 
-async def test_invalid_argument_names_the_node(service: Service) -> None:
-    response = await service.client.post("/score", json={"user_id": 5, "amounts": [-1.0]})
+async def test_invalid_argument_is_logged_with_its_node_and_sent_without(
+        service: Service, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="scoring"):
+        response = await service.client.post("/score", json={"user_id": 5, "amounts": [-1.0]})
     assert response.status_code == 400
-    error = response.json()["error"]
-    assert error.startswith("InvalidArgumentError")
-    assert "check_amounts" in error
+    body = response.json()
+    assert set(body) == {"error", "status", "error_id"}
+    assert body["status"] == 400
+    assert body["error"] == "ValueError: amounts must not be negative, got [-1.0]"
+    assert "check_amounts" not in response.text
+    assert str(SERVICE_DIR) not in response.text
+    (record,) = [r for r in caplog.records if body["error_id"] in r.getMessage()]
+    assert "check_amounts" in record.getMessage()  # the node, for whoever reads the log
+    assert str(SERVICE_DIR / "app.py") in record.getMessage()
+
+
+async def test_server_errors_send_no_details(modules: tuple[ModuleType, ModuleType],
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    app_mod, _ = modules
+
+    def refuse(request: Any) -> Any:
+        raise httpx.ConnectError("connection refused by 10.1.2.3", request=request)
+
+    app = app_mod.create_app(httpx.MockTransport(refuse))
+    with caplog.at_level(logging.INFO, logger="scoring"):
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app),
+                base_url="http://scoring.test") as client:
+            response = await client.post("/score", json={"user_id": 5, "amounts": [1.0]})
+    assert response.status_code == 503
+    body = response.json()
+    assert body == {"error": "a backend service is unavailable", "status": 503,
+                    "error_id": body["error_id"]}
+    assert re.fullmatch(r"[0-9a-f]{12}", body["error_id"])
+    (record,) = [r for r in caplog.records if body["error_id"] in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "10.1.2.3" in record.getMessage()
+    assert record.exc_info is not None  # the traceback stays on the server
 
 
 async def test_malformed_json_is_400(service: Service) -> None:
@@ -163,7 +198,7 @@ async def test_risk_service_down_is_503(modules: tuple[ModuleType, ModuleType]) 
             transport=httpx.ASGITransport(app=app), base_url="http://scoring.test") as client:
         response = await client.post("/score", json={"user_id": 5, "amounts": [1.0]})
     assert response.status_code == 503
-    assert "risk service" in response.json()["error"]
+    assert response.json()["error"] == "a backend service is unavailable"
 
 
 def test_demo_runs() -> None:
@@ -175,4 +210,15 @@ def test_demo_runs() -> None:
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("104 concurrent requests in ")
     assert lines[0].endswith("statuses {200: 100, 400: 2, 404: 1, 504: 1}")
-    assert lines[2] == "slow user 999 with a 50 ms deadline -> 504 DeadlineExceededError"
+    assert lines[2] == "slow user 999 with a 50 ms deadline -> 504 deadline exceeded"
+
+
+def test_the_readmes_install_brings_what_it_runs() -> None:
+    """examples/service/README.md installs the `service` extra, then runs uvicorn."""
+    readme = (SERVICE_DIR / "README.md").read_text(encoding="utf-8")
+    assert 'pip install -e ".[service]"' in readme
+    assert "uvicorn app:app" in readme
+    pyproject = tomllib.loads((SERVICE_DIR.parent.parent / "pyproject.toml").read_text(
+        encoding="utf-8"))
+    service = pyproject["project"]["optional-dependencies"]["service"]
+    assert {re.split(r"[<>=\[ ]", r)[0] for r in service} >= {"starlette", "httpx", "uvicorn"}

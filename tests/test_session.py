@@ -1,4 +1,4 @@
-"""End-to-end Session tests: every fetch / feed / run / close rule of DESIGN.md §2."""
+"""End-to-end Session tests: every fetch / feed / run / close rule of the API."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""run_sync keeps one event loop per session and calling thread (issue 16, item 3)."""
+"""run_sync keeps one event loop per session and calling thread."""
 
 from __future__ import annotations
 

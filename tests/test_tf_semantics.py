@@ -1,4 +1,4 @@
-"""TF-exact numerics and errors (issue 15, items 6-9).
+"""TF-exact numerics and errors.
 
 Each expected answer below is what TensorFlow 1.x (``tf.compat.v1`` graph mode,
 tensorflow-cpu 2.21) returns for the same program, checked interactively and

@@ -16,6 +16,7 @@ optional extra ``asyncflow[tf]``; it is imported only when this module's
 from __future__ import annotations
 
 import functools
+import importlib
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -127,8 +128,12 @@ _lock = threading.Lock()
 def messages() -> Messages:
     """Compile the schema once; ``ImportError`` saying how to install protobuf."""
     try:
-        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
-        from google.protobuf.message import DecodeError
+        # Imported by name: protobuf ships no type information, and a user's
+        # `mypy --strict` would otherwise report its missing stubs from inside asyncflow.
+        descriptor_pb2, descriptor_pool, message_factory, text_format = (
+            importlib.import_module(f"google.protobuf.{name}") for name in
+            ("descriptor_pb2", "descriptor_pool", "message_factory", "text_format"))
+        DecodeError = importlib.import_module("google.protobuf.message").DecodeError
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("reading TensorFlow graphs needs the protobuf package: "
                           "pip install 'asyncflow[tf]'") from exc

@@ -3,7 +3,7 @@
 ``af.Session(cluster, graph=g)`` partitions a graph over the tasks of a cluster
 (``/job:ps/replica:0/task:0/device:CPU:0``, ...), registers each task's partitions
 with the worker hosting that task, and runs every step on all of them at once;
-tensors cross tasks by rendezvous key over Dask's comms.  See DESIGN.md §5.
+tensors cross tasks by rendezvous key over Dask's comms.  See docs/architecture.md.
 
 Needs the ``distributed`` extra: ``pip install "asyncflow[distributed]"``.
 """

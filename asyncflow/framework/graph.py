@@ -12,12 +12,15 @@ first stack frame outside asyncflow), so runtime errors can point at that line.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import gc
 import os
+import re
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
@@ -213,6 +216,66 @@ class _Runner(Protocol):
 
     async def run(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None) -> Any: ...
 
+    def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None) -> Any: ...
+
+
+class _MustAwait(collections.abc.Coroutine[Any, Any, Any]):
+    """What ``Tensor.eval`` / ``Operation.run`` return: their coroutine, which says what
+    to do when it is used as a value.
+
+    TF 1.x code calls ``y.eval(session=s)`` for the value; here that is a coroutine,
+    and without ``await`` it would print as ``<coroutine ...>`` or fail far away in
+    numpy.  Using it as a value is a ``TypeError`` naming the fix, and one never
+    awaited warns (``RuntimeWarning``) with the same advice when it is collected.
+    ``asyncio.run(...)`` and ``await`` take it as any coroutine.
+    """
+
+    __slots__ = ("_coro", "_started", "_what")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], what: str) -> None:
+        self._coro = coro
+        self._what = what  # e.g. "tensor 'y:0'.eval"
+        self._started = False
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        self._started = True
+        return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        self._started = True
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        self._started = True
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # (the deprecated three-argument form)
+
+    def close(self) -> None:
+        self._started = True
+        self._coro.close()
+
+    def _advice(self) -> str:
+        sync = self._what.replace(".eval", ".eval_sync").replace(".run", ".run_sync")
+        return (f"{self._what}(...) returns a coroutine: `await` it in async code, or "
+                f"call {sync}(..., session=sess) in plain code")
+
+    def _misused(self, *args: Any) -> Any:
+        raise TypeError(f"{self._advice()} (it was used as a value without await)")
+
+    __bool__ = __float__ = __int__ = __index__ = __len__ = __iter__ = _misused
+    __array__ = __getitem__ = __add__ = __radd__ = __sub__ = __rsub__ = _misused
+    __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _misused
+
+    def __repr__(self) -> str:
+        return f"<unawaited {self._what}(): {self._advice()}>"
+
+    def __del__(self) -> None:
+        if not self._started:
+            self._coro.close()  # (instead of Python's warning without the advice)
+            warnings.warn(f"{self._what}(...) was never awaited; {self._advice()}",
+                          RuntimeWarning, stacklevel=2)
+
 
 def _require_session(session: _Runner | None, what: str) -> _Runner:
     if session is None:
@@ -282,11 +345,22 @@ class Tensor(TensorOperators):
                              f"is incompatible with its shape {self._shape}") from None
         self._shape = merged
 
-    async def eval(self, feed_dict: Mapping[Any, Any] | None = None,
-                   session: _Runner | None = None) -> Any:
-        """The tensor's value in one step: ``await sess.run(tensor, feed_dict)`` (TF's shortcut)."""
+    def eval(self, feed_dict: Mapping[Any, Any] | None = None,
+             session: _Runner | None = None) -> Coroutine[Any, Any, Any]:
+        """The tensor's value in one step: ``await sess.run(tensor, feed_dict)`` (TF's
+        shortcut).  In plain code use :meth:`eval_sync`; the coroutine used as a value
+        without ``await`` is a ``TypeError`` saying so."""
+        return _MustAwait(self._eval(feed_dict, session), f"tensor {self.name!r}.eval")
+
+    async def _eval(self, feed_dict: Mapping[Any, Any] | None, session: _Runner | None) -> Any:
         require_asyncio(f"tensor {self.name!r}.eval()")
         return await _require_session(session, f"tensor {self.name!r}").run(self, feed_dict)
+
+    def eval_sync(self, feed_dict: Mapping[Any, Any] | None = None,
+                  session: _Runner | None = None) -> Any:
+        """The tensor's value from plain code (TF's synchronous ``eval``):
+        ``sess.run_sync(tensor, feed_dict)``."""
+        return _require_session(session, f"tensor {self.name!r}").run_sync(self, feed_dict)
 
     @property
     def graph(self) -> Graph:
@@ -447,8 +521,9 @@ class Operation:
 
     @property
     def traceback(self) -> str:
-        """Where in user code this op was created, as ``"file:line"``."""
-        return f"{self._file}:{self._line}"
+        """Where in user code this op was created, as ``"file:line"`` (``"file"`` for an
+        op loaded from a graph file)."""
+        return f"{self._file}:{self._line}" if self._line else self._file
 
     @property
     def stateful(self) -> bool:
@@ -476,11 +551,21 @@ class Operation:
         """The outputs (TensorFlow 1.x name)."""
         return self._outputs
 
-    async def run(self, feed_dict: Mapping[Any, Any] | None = None,
-                  session: _Runner | None = None) -> None:
-        """Run this op in one step: ``await sess.run(op, feed_dict)`` (TF's shortcut)."""
+    def run(self, feed_dict: Mapping[Any, Any] | None = None,
+            session: _Runner | None = None) -> Coroutine[Any, Any, None]:
+        """Run this op in one step: ``await sess.run(op, feed_dict)`` (TF's shortcut).
+        In plain code use :meth:`run_sync`."""
+        return _MustAwait(self._run(feed_dict, session), f"operation {self._name!r}.run")
+
+    async def _run(self, feed_dict: Mapping[Any, Any] | None, session: _Runner | None) -> None:
         require_asyncio(f"operation {self._name!r}.run()")
         await _require_session(session, f"operation {self._name!r}").run(self, feed_dict)
+
+    def run_sync(self, feed_dict: Mapping[Any, Any] | None = None,
+                 session: _Runner | None = None) -> None:
+        """Run this op from plain code (TF's synchronous ``run``):
+        ``sess.run_sync(op, feed_dict)``."""
+        _require_session(session, f"operation {self._name!r}").run_sync(self, feed_dict)
 
     def __repr__(self) -> str:
         return f"<af.Operation '{self._name}' type={self._type}>"
@@ -542,6 +627,8 @@ class Graph:
         #: The function library (``af.Defun``): function name -> its definition.  A
         #: call op's type is the function's name (TF's FunctionLibraryDefinition).
         self._functions: dict[str, Any] = {}
+        #: Ops dropped by a failed :meth:`_all_or_nothing` block (``version`` counts them).
+        self._dropped = 0
 
     # -- building ---------------------------------------------------------------
 
@@ -1014,8 +1101,33 @@ class Graph:
 
     @property
     def version(self) -> int:
-        """The number of ops added so far."""
-        return len(self._ops)
+        """Grows with every op added (never repeats, also after a failed import): a
+        cache of what was derived from the graph is fresh while it is unchanged."""
+        return len(self._ops) + self._dropped
+
+    @contextlib.contextmanager
+    def _all_or_nothing(self) -> Iterator[None]:
+        """Ops and functions added inside the block stay only if it ends without an
+        exception (``import_graph_def`` is all or nothing, as TF's).  The graph's lock
+        is held throughout, so other threads add nothing in between."""
+        with self._lock:
+            mark = len(self._ops)
+            functions = dict(self._functions)
+            try:
+                yield
+            except BaseException:
+                dropped = self._ops[mark:]
+                del self._ops[mark:]
+                self._dropped += len(dropped)  # (version never goes back)
+                for op in dropped:
+                    del self._by_name[op._name]
+                    self._release_name_locked(op._name)
+                    self._unfetchable.discard(op)
+                    for t in op.outputs:
+                        self._unfeedable.discard(t)
+                self._functions.clear()
+                self._functions.update(functions)
+                raise
 
     def as_graph_def(self) -> dict[str, Any]:
         """A JSON-serializable description of the graph (see ``af.import_graph_def``)."""
@@ -1035,11 +1147,20 @@ def _no_writer(graph: Graph) -> dict[str, Any]:
 _graph_def_writer: list[Callable[[Graph], dict[str, Any]]] = [_no_writer]
 
 
+#: TensorFlow's op name pattern (``ops._VALID_OP_NAME_REGEX``; a leading "_" as its
+#: importer allows for internal ops: partition graphs hold ``_arg_x_0``): names end up
+#: in graph defs, tensor names ("op:0"), control inputs ("^op") and file paths, so a
+#: space, a colon or a caret would make them ambiguous there.
+_VALID_OP_NAME = re.compile(r"[A-Za-z0-9._][A-Za-z0-9_.\-/>]*")
+
+
 def _check_op_name(name: str) -> None:
     if not isinstance(name, str):
         raise TypeError(f"op name must be a string, got {type(name).__name__}")
-    if not name or ":" in name or name.startswith(("^", "/")):
-        raise ValueError(f"{name!r} is not a valid op name (no ':', no leading '^' or '/')")
+    if _VALID_OP_NAME.fullmatch(name) is None:
+        raise ValueError(f"{name!r} is not a valid op name: it must match TensorFlow's "
+                         f"pattern {_VALID_OP_NAME.pattern!r} (letters, digits, '.', '_', and "
+                         f"after the first character also '-', '/', '>')")
 
 
 def _as_operation(obj: Any, graph: Graph) -> Operation:

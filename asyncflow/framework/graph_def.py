@@ -553,12 +553,13 @@ def import_graph_def(
     back = _back_edges(nodes, mapped)
     order = _topological_order(nodes, mapped, back)
     _check_names_free(nodes, graph)
-    for f in library.values():
-        _function.add_to_library(graph, f)
-    created = _create_ops(graph, nodes, order, mapped, back)
-    if return_elements is None:
-        return None
-    return _return_elements(return_elements, nodes, created)
+    with graph._all_or_nothing():  # a node failing late leaves no op behind (as TF)
+        for f in library.values():
+            _function.add_to_library(graph, f)
+        created = _create_ops(graph, nodes, order, mapped, back)
+        if return_elements is None:
+            return None
+        return _return_elements(return_elements, nodes, created)
 
 
 def _prefix(name: str | None) -> str:

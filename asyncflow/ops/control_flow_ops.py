@@ -528,7 +528,8 @@ def _exclusive_guard(preds: list[Tensor], default: Callable[[], Any]) -> Callabl
 def while_loop(cond: Callable[..., Any], body: Callable[..., Any], loop_vars: Any,
                shape_invariants: Any = None, parallel_iterations: int = 10,
                back_prop: bool = True, swap_memory: bool = False,
-               maximum_iterations: Any = None, name: str | None = None) -> Any:
+               maximum_iterations: Any = None, name: str | None = None,
+               return_same_structure: bool = False) -> Any:
     """Repeat ``body`` while ``cond`` is true; returns the final loop variables.
 
     ``cond`` and ``body`` are called with the loop variables unpacked
@@ -536,6 +537,11 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], loop_vars: An
     variable whose static shape changes needs a ``shape_invariants`` entry
     (``ValueError`` otherwise).  ``parallel_iterations`` bounds how many iterations
     are in flight; ``maximum_iterations`` caps the iteration count.
+
+    As TF 1.x, ``return_same_structure=False`` (the default) returns the one loop
+    variable of ``while_loop(c, b, [x])`` as the bare tensor, not a one-element list
+    (``n * 2`` of a list would silently be ``[t, t]``); ``True`` always returns the
+    structure of ``loop_vars``.  (A one-entry dict stays a dict.)
     """
     if not callable(cond) or not callable(body):
         raise TypeError("while_loop: cond and body must be callables")
@@ -629,4 +635,7 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], loop_vars: An
                 nexts.append(next_iteration(out))
         for m, n in zip(merges, nexts):
             graph._update_input(m._op, 1, n)
-        return _pack(loop_vars, exits[user])
+        packed = _pack(loop_vars, exits[user])
+        if not return_same_structure and unpack and len(exits[user]) == 1:
+            return packed[0]  # TF's rule: the one element of the list or tuple
+        return packed

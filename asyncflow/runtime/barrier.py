@@ -101,6 +101,10 @@ class ExecutorBarrier:
         self._finished = True
         return self.results()
 
+    def running(self) -> list[str]:
+        """The nodes still running in any partition (see :meth:`Step.running`)."""
+        return sorted(name for step in self._steps for name in step.running())
+
     @property
     def finished(self) -> bool:
         """Every partition finished and none failed."""

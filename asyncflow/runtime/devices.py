@@ -3,7 +3,7 @@
 Expensive kernels of a device run on that device's threads; at most
 ``max_threads`` of them at a time, across every step and every event loop that uses
 the session (a ``ThreadPoolExecutor`` is thread-safe and bound to no loop, which is
-what DESIGN.md §1 asks of long-lived session state).  Threads start lazily, on the
+what docs/architecture.md asks of long-lived session state).  Threads start lazily, on the
 first expensive kernel, and stop when the session closes.
 """
 

@@ -340,6 +340,18 @@ class Step:
         """The step's first error, once it has one."""
         return self._error
 
+    def running(self) -> list[str]:
+        """The names of the async and thread nodes started and not finished: what a
+        deadline landing now interrupts (TF names the pending op).  Read from the
+        running tasks' frames, so the hot path pays nothing for it."""
+        found = [self._alone[3]] if self._alone is not None else []
+        for task in self._tasks:
+            frame = getattr(task.get_coro(), "cr_frame", None)  # _run_node's, until it ends
+            if frame is not None and isinstance(frame.f_locals.get("i"), int):
+                found.append(frame.f_locals["i"])
+        ops = self._bound.ops
+        return sorted(getattr(ops[i], "name", str(i)) for i in found)
+
     @property
     def frame(self) -> CallFrame:
         """The step's call frame (its retvals are set when it finishes)."""
@@ -485,7 +497,7 @@ class Step:
                and nodes[self._deferred[0][1]].flow == _ASYNC and not prop.has_ready()):
             token, i, args = self._deferred.pop()
             # [this task, cancelled by the step's abort, its cancel requests before]
-            alone = self._alone = [task, False, task.cancelling()]
+            alone = self._alone = [task, False, task.cancelling(), i]
             try:
                 await self._run_node(token, i, args, self._label, alone=True)
             except asyncio.CancelledError:

@@ -11,11 +11,14 @@ runs one step of a graph that mixes
 The app creates its session (and HTTP client) in its lifespan and maps asyncflow
 errors to HTTP statuses at the boundary: deadline → 504, invalid argument (bad
 body, bad feed, a kernel's ``ValueError``) → 400, unknown user → 404, the risk
-service unreachable → 503, anything else → 500.  When the client disconnects, the
+service unreachable → 503, anything else → 500.  An error body is the status, a short
+message and an error id (``{"error": ..., "status": 504, "error_id": ...}``); the
+error itself, with its node and the server's file paths, goes to the log (logger
+``scoring``) under that id, never to the client.  When the client disconnects, the
 request's step is cancelled (status 499 is logged, nothing is sent).
 
 Run the self-driving demo with ``python examples/service/app.py`` (needs
-``pip install -e ".[service]"``); or serve it with an ASGI server, e.g.
+``pip install -e ".[service]"``, which brings uvicorn too); or serve it, e.g. with
 ``uvicorn app:app`` from this directory, with the risk service at ``RISK_URL``.
 """
 
@@ -23,8 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import re
 import time
+import uuid
 from collections.abc import AsyncGenerator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -40,6 +46,8 @@ import asyncflow as af
 
 if TYPE_CHECKING:
     from starlette.requests import Request
+
+logger = logging.getLogger("scoring")
 
 DB_LATENCY_S = 0.002
 #: Weights of (total spend, mean past spend, risk) and the bias of the score.
@@ -136,6 +144,34 @@ def parse_body(body: Any) -> tuple[int, Any, int]:
     return user_id, amounts, timeout_ms
 
 
+#: What a client is told for a server-side failure (its details stay in the log).
+PUBLIC_REASONS = {500: "internal error", 503: "a backend service is unavailable",
+                  504: "deadline exceeded"}
+_NODE_TRACE = re.compile(r"\s*\[\[.*$", re.S)  # asyncflow's "[[node ... defined at ...]]"
+
+
+def error_response(exc: Exception, status: int) -> JSONResponse:
+    """The client's view of a failed request: the status, a short message and an id
+    to quote; the error itself (node, op, the server's file paths) is logged under
+    that id, never sent."""
+    error_id = uuid.uuid4().hex[:12]
+    level = logging.WARNING if status >= 500 else logging.INFO
+    logger.log(level, "request failed [%s] status %d: %s: %s", error_id, status,
+               type(exc).__name__, exc, exc_info=exc if status >= 500 else None)
+    return JSONResponse({"error": public_message(exc, status), "status": status,
+                         "error_id": error_id}, status_code=status)
+
+
+def public_message(exc: Exception, status: int) -> str:
+    """A short message for the client: a fixed reason for server-side failures; for
+    the client's own mistakes (4xx) what was wrong, without the node trace."""
+    if status >= 500:
+        return PUBLIC_REASONS.get(status, "internal error")
+    text = exc.message if isinstance(exc, af.errors.OpError) else str(exc)
+    text = _NODE_TRACE.sub("", text).strip().splitlines()[0] if text.strip() else ""
+    return text[:200] or type(exc).__name__
+
+
 def status_for(exc: Exception) -> int:
     """The HTTP status of an error raised while serving a request."""
     if isinstance(exc, af.errors.DeadlineExceededError):
@@ -181,7 +217,7 @@ async def score(request: Request) -> Response:
     try:
         user_id, amounts, timeout_ms = parse_body(await request.json())
     except ValueError as exc:  # also JSONDecodeError
-        return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
+        return error_response(BadRequest(f"bad request: {exc}"), 400)
     options = af.RunOptions(timeout_in_ms=timeout_ms)
     run = sess.run(state.score, {state.user_id: user_id, state.amounts: amounts},
                    options=options)
@@ -189,8 +225,7 @@ async def score(request: Request) -> Response:
     if not finished:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if isinstance(outcome, Exception):
-        return JSONResponse({"error": f"{type(outcome).__name__}: {outcome}"},
-                            status_code=status_for(outcome))
+        return error_response(outcome, status_for(outcome))
     return JSONResponse({"user_id": user_id, "score": float(outcome)})
 
 
@@ -239,7 +274,7 @@ async def demo() -> None:
           f"statuses {dict(sorted(statuses.items()))}")
     print("user 1 ->", responses[0].json())
     print("slow user 999 with a 50 ms deadline ->", responses[100].status_code,
-          responses[100].json()["error"].split(":")[0])
+          responses[100].json()["error"])
 
 
 if __name__ == "__main__":
