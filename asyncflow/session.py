@@ -588,17 +588,16 @@ class Session:
         timeout_ms = self._timeout_ms(options)
         try:
             if timeout_ms > 0:
-                # The deadline fires in two beats: note the kernels still running, then
-                # cancel (next loop turn), so the error can name what was pending.
-                deadline = asyncio.timeout(None)
-                pending: list[str] = []
+                # The kernels still running are noted at the deadline itself, so the
+                # error can name what was pending: the note and the timeout's own handle
+                # are due at the same time, and a cancelled task resumes only on a later
+                # loop turn, so the note runs before the cancellation reaches a kernel
+                # (noting first and cancelling a turn later let steps finish past it).
                 loop = asyncio.get_running_loop()
-
-                def expire() -> None:
-                    pending.extend(_running_nodes(step))
-                    deadline.reschedule(loop.time())
-
-                alarm = loop.call_later(timeout_ms / 1000, expire)
+                when = loop.time() + timeout_ms / 1000
+                pending: list[str] = []
+                alarm = loop.call_at(when, lambda: pending.extend(_running_nodes(step)))
+                deadline = asyncio.timeout_at(when)
                 try:
                     async with deadline:
                         return await step.run()
@@ -620,7 +619,7 @@ class Session:
                     alarm.cancel()
                     # The timeout holds this task: an error leaving through this frame
                     # (in its traceback) would make a cycle with the task holding it.
-                    del deadline, expire
+                    del deadline
             return await step.run()
         finally:
             self._leave(step)
