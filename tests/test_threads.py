@@ -1,7 +1,8 @@
 """Threads as TF has them: inter-op worker threads and intra-op BLAS threads.
 
 A kernel on a worker thread reads what ``threadpoolctl`` says its BLAS library will
-use; kernels that must overlap wait for each other on a ``threading.Barrier``.
+use, inside a ``boost`` (as the convolution kernels wrap a large GEMM) or not; kernels
+that must overlap wait for each other on a ``threading.Barrier``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 from threadpoolctl import threadpool_info
 
 import asyncflow as af
-from asyncflow.runtime.devices import BlasGovernor, available_cores
+from asyncflow.runtime.devices import BlasGovernor, available_cores, blas_governor
 
 pytestmark = pytest.mark.skipif(
     not any(lib["user_api"] == "blas" for lib in threadpool_info()),
@@ -26,15 +27,24 @@ def _blas_threads() -> int:
     return min(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
 
 
-def _seen(kernels: int, barrier: threading.Barrier | None = None) -> tuple[af.Graph, list[af.Tensor]]:
-    """``kernels`` expensive kernels that each report the BLAS threads seen inside."""
-    def kernel(x: np.ndarray) -> np.int32:
-        if barrier is not None:
-            barrier.wait(timeout=30)  # every kernel is running now
+def _seen(kernels: int, barrier: threading.Barrier | None = None, boost: bool = True
+          ) -> tuple[af.Graph, list[af.Tensor]]:
+    """``kernels`` expensive kernels that each report the BLAS threads seen inside a
+    boost (or outside one); with a barrier, every kernel runs before any boosts and
+    none leaves before every one looked."""
+    def look() -> int:
         seen = _blas_threads()
         if barrier is not None:
-            barrier.wait(timeout=30)  # nobody left before everyone looked
-        return np.int32(seen)
+            barrier.wait(timeout=30)
+        return seen
+
+    def kernel(x: np.ndarray) -> np.int32:
+        if barrier is not None:
+            barrier.wait(timeout=30)
+        if not boost:
+            return np.int32(look())
+        with blas_governor().boost():
+            return np.int32(look())
 
     g = af.Graph()
     with g.as_default():
@@ -65,22 +75,27 @@ def test_concurrent_kernels_share_the_cores_by_default() -> None:
     with af.Session(graph=g) as sess:
         seen = sess.run_sync(outs)
     # inter-op * intra-op threads in use never exceed the cores by default.
-    assert list(seen) == [max(1, cores // cores)] * cores
-    assert sum(seen) <= cores
+    assert list(seen) == [1] * cores
 
 
-def test_the_governor_shares_and_returns_threads() -> None:
+def test_outside_a_boost_blas_rests_at_one_thread() -> None:
+    g, (out,) = _seen(1, boost=False)
+    with af.Session(graph=g) as sess:
+        assert sess.run_sync(out) == 1
+        assert _blas_threads() == 1   # on the caller's thread too, while sessions exist
+
+
+def test_the_governor_grants_every_core_to_a_kernel_alone() -> None:
     gov = BlasGovernor(4)
+    assert gov.grant(8) == 4          # no kernel counted yet: a caller alone
     gov.enter(8)
-    assert gov.wanted() == 4          # alone: every core (capped by the cores)
+    assert gov.grant(8) == 4          # alone: every core (capped by the cores)
+    assert gov.grant(2) == 2          # capped by its session's intra-op threads
     gov.enter(8)
-    assert gov.wanted() == 2          # two kernels: half each
-    gov.enter(1)
-    assert gov.wanted() == 1          # a session capped at 1 thread caps them all
-    gov.exit(1)
-    gov.exit(8)
-    assert gov.wanted() == 4          # the one left gets them back
-    gov.exit(8)
+    assert gov.grant(8) == 1          # two kernels: one thread each
+    gov.exit()
+    assert gov.grant(8) == 4          # the one left may have them all again
+    gov.exit()
 
 
 def test_the_setting_is_not_rewritten_when_unchanged() -> None:
@@ -92,15 +107,27 @@ def test_the_setting_is_not_rewritten_when_unchanged() -> None:
 
     gov = BlasGovernor(2)
     gov._libs = [Lib()]
-    for _ in range(3):
+    gov.rest()
+    gov.rest()
+    assert calls == [1]
+
+    def kernels() -> None:
+        for _ in range(3):
+            gov.enter(2)
+            gov.exit()
+        assert calls == [1]           # small kernels: no call at all
         gov.enter(2)
-        gov.exit(2)
-    assert calls == [2]
-    gov.enter(2)
-    gov.enter(2)
-    gov.exit(2)
-    gov.exit(2)
-    assert calls == [2, 1, 2]
+        with gov.boost():
+            assert calls == [1, 2]
+        gov.exit()
+
+    worker = threading.Thread(target=kernels)
+    worker.start()
+    worker.join()
+    assert calls == [1, 2, 1]
+    with gov.boost():                 # the main thread never sets the size
+        pass
+    assert calls == [1, 2, 1]
 
 
 def test_no_environment_variable_is_set() -> None:

@@ -8,24 +8,24 @@ start lazily, on the first expensive kernel, and stop when the session closes.
 
 Inside such a kernel numpy calls a BLAS library (OpenBLAS in numpy's wheels) that
 starts threads of its own, one per core by default: two kernels on two worker threads
-would run four BLAS threads on two cores and swing in time.  The BLAS thread pool is
-one per process, so one :class:`BlasGovernor` per process sets its size from the
-expensive kernels running at that moment: a kernel running alone gets
-``min(intra_op_threads, cores)`` threads (TF's ``intra_op_parallelism_threads``), ``k``
-concurrent kernels get ``cores // k`` each (at least one), so kernels * BLAS threads
-never exceeds the cores while at most ``cores`` kernels run.  The size is set through
-``threadpoolctl``'s library controllers, found once, and only when it changes: a
-``threadpool_limits`` block costs ~200 µs per call (it looks the libraries up again),
-a controller's ``set_num_threads`` ~0.6 µs.
+ran four BLAS threads on two cores, and under load a small multi-threaded GEMM waited
+for its helper threads to be scheduled (a 1 ms step took 10-40 ms).  The BLAS thread
+pool is one per process, so one :class:`BlasGovernor` per process sets its size: one
+thread at rest (from the first session on), and every core (at most TF's
+``intra_op_parallelism_threads``) for a large GEMM of a kernel running alone
+(:meth:`BlasGovernor.boost`, called by the convolution kernels).  The size is set
+through ``threadpoolctl``'s library controllers, found once, and only when it
+changes: a ``threadpool_limits`` block costs ~200 us per call (it looks the libraries
+up again), a controller's ``set_num_threads`` ~0.6 us.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -43,62 +43,108 @@ def available_cores() -> int:
 
 
 class BlasGovernor:
-    """Sizes the process's BLAS thread pool from the expensive kernels running now.
+    """Sizes the process's BLAS thread pool from the kernels running now.
 
-    ``enter(cap)`` / ``exit(cap)`` bracket a kernel whose session allows ``cap`` BLAS
-    threads per kernel.  Invariant (under ``_lock``): ``_active`` kernels are running,
-    ``_caps`` counts their caps, and the BLAS libraries were last set to ``_current``
-    threads (None: never set).  The size is left alone when the last kernel ends:
-    the next one usually wants the same, and then no call is made.
+    Kernels on worker threads are bracketed by ``enter`` / ``exit``; a kernel about to
+    make a BLAS call worth several threads (a large GEMM) wraps it in :meth:`boost`.
+    Outside a boost BLAS runs *one* thread (``resting``): on a loaded machine a small
+    multi-threaded GEMM waits for its helper threads to get a core, and a 1 ms step
+    took 10-40 ms.  A boost by a kernel running alone gets ``min(intra_op_threads,
+    cores)`` threads; with other kernels running every kernel keeps one thread, so
+    kernels * BLAS threads never exceeds the cores (concurrent steps share the cores
+    as one thread each).  Shares are not re-balanced while a boost runs: OpenBLAS
+    (0.3.31) ignores a smaller size set from another thread right after a thread
+    raised it, so only the boosting thread lowers it again, when its GEMM is done.
+
+    Invariant (under ``_lock``): ``_running`` kernels are on worker threads,
+    ``_boosted`` says a boost holds more than the resting size, and the BLAS libraries
+    were last set to ``_current`` threads (None: never set by us).
     """
 
-    __slots__ = ("_active", "_caps", "_cores", "_current", "_libs", "_lock")
+    __slots__ = ("_boosted", "_cores", "_current", "_libs", "_lock", "_running")
+
+    #: The BLAS threads outside boosts.
+    resting = 1
 
     def __init__(self, cores: int) -> None:
         self._cores = cores
-        self._active = 0
-        self._caps: Counter[int] = Counter()
+        self._running = 0
+        self._boosted = False
         self._current: int | None = None
         self._libs: list[Any] | None = None  # threadpoolctl's BLAS controllers, found once
         self._lock = threading.Lock()
 
+    def rest(self) -> None:
+        """Put BLAS at its resting size, once per process (when a session starts).
+
+        Done on a thread of its own: OpenBLAS ignores sizes set from other threads once
+        the main thread has set one (measured with OpenBLAS 0.3.31), so the governor
+        never sets the size from the main thread.
+        """
+        if self._current is not None:
+            return
+        setter = threading.Thread(target=self._rest, name="asyncflow-blas-rest")
+        setter.start()
+        setter.join()
+
+    def _rest(self) -> None:
+        with self._lock:
+            if not self._boosted:
+                self._set_locked(self.resting)
+
     def enter(self, cap: int) -> None:
-        """A kernel allowed ``cap`` BLAS threads starts."""
+        """A kernel allowed ``cap`` BLAS threads starts on a worker thread."""
+        _local.cap = cap
         with self._lock:
-            self._active += 1
-            self._caps[cap] += 1
-            self._apply_locked()
+            self._running += 1
 
-    def exit(self, cap: int) -> None:
-        """That kernel ended: the ones still running get its threads back."""
+    def exit(self) -> None:
+        """That kernel ended."""
         with self._lock:
-            self._active -= 1
-            self._caps[cap] -= 1
-            if not self._caps[cap]:
-                del self._caps[cap]
-            if self._active:
-                self._apply_locked()
+            self._running -= 1
 
-    def wanted(self) -> int:
-        """The BLAS threads each running kernel gets now."""
-        active = max(self._active, 1)
-        cap = min(self._caps) if self._caps else self._cores
-        return max(1, min(cap, self._cores // active))
+    def grant(self, cap: int) -> int:
+        """The BLAS threads a boost of a kernel allowed ``cap`` threads gets now."""
+        if self._running > 1 or self._boosted:
+            return self.resting
+        return max(1, min(cap, self._cores))
 
-    def _apply_locked(self) -> None:
-        want = self.wanted()
-        if want == self._current:
+    @contextlib.contextmanager
+    def boost(self) -> Iterator[None]:
+        """Give the BLAS call inside the block every core when its kernel runs alone.
+
+        Only on worker threads (see :meth:`rest`); on the main thread it changes nothing.
+        """
+        if threading.current_thread() is threading.main_thread():
+            yield
+            return
+        with self._lock:
+            threads = self.grant(getattr(_local, "cap", self._cores))
+            boosted = threads > self.resting
+            if boosted:
+                self._boosted = True
+                self._set_locked(threads)
+        try:
+            yield
+        finally:
+            if boosted:
+                with self._lock:
+                    self._boosted = False
+                    self._set_locked(self.resting)
+
+    def _set_locked(self, threads: int) -> None:
+        if threads == self._current:
             return
         libs = self._libs
         if libs is None:
             libs = self._libs = _blas_controllers()
         for lib in libs:
-            lib.set_num_threads(want)
-        self._current = want
+            lib.set_num_threads(threads)
+        self._current = threads
 
     def __repr__(self) -> str:
-        return (f"<BlasGovernor cores={self._cores} active={self._active} "
-                f"threads={self._current}>")
+        return (f"<BlasGovernor cores={self._cores} running={self._running} "
+                f"boosted={self._boosted} threads={self._current}>")
 
 
 def _blas_controllers() -> list[Any]:
@@ -107,6 +153,7 @@ def _blas_controllers() -> list[Any]:
     return [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
 
 
+_local = threading.local()   # .cap: the BLAS threads this worker's kernel may use
 _GOVERNOR = BlasGovernor(available_cores())
 
 
@@ -133,6 +180,7 @@ class LocalDevice:
         self.index = index
         self.max_threads = max_threads
         self.blas_threads = intra_op_threads or available_cores()
+        _GOVERNOR.rest()
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -178,13 +226,13 @@ class LocalDevice:
 
 
 def _governed(cap: int, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-    """``fn(*args)`` on a worker thread, with the BLAS threads the governor grants."""
+    """``fn(*args)`` on a worker thread, counted by the governor (see ``boost``)."""
     governor = _GOVERNOR
     governor.enter(cap)
     try:
         return fn(*args)
     finally:
-        governor.exit(cap)
+        governor.exit()
 
 
 async def _wait_ignoring_cancel(cf: Future[Any]) -> None:
