@@ -180,3 +180,26 @@ def test_index_keys_are_decoded_from_shared_prefixes() -> None:
     reader = BundleReader(MODELS / "transformer" / "variables" / "variables")
     assert reader.dtype_and_shape("block/fc1") == (af.float32, (64, 256))
     assert reader.read("block/fc1").shape == (64, 256)
+
+
+def test_a_signature_may_return_a_variable_and_take_an_unused_input(
+        conv_copy: pathlib.Path) -> None:
+    # A second signature added to TF's saved_model.pb: outputs a variable's value and
+    # takes an input its output does not depend on (both must still be served).
+    from asyncflow.compat._tf_proto import messages
+
+    pb = conv_copy / "saved_model.pb"
+    saved = messages().SavedModel.FromString(pb.read_bytes())
+    meta = saved.meta_graphs[0]
+    sig = meta.signature_def["weights"]
+    sig.inputs["images"].CopyFrom(meta.signature_def["serving_default"].inputs["images"])
+    sig.outputs["w1"].name = "conv/w1:0"
+    sig.outputs["w1"].dtype = 1
+    pb.write_bytes(saved.SerializeToString())
+    model = load_saved_model(conv_copy)
+    try:
+        out = model.signatures["weights"].run_sync(images=np.zeros((1, 32, 32, 3), np.float32))
+        reader = BundleReader(conv_copy / "variables" / "variables")
+        np.testing.assert_array_equal(out["w1"], reader.read("conv/w1"))
+    finally:
+        model.session.close_sync()

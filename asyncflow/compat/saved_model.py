@@ -165,21 +165,22 @@ def load_saved_model(export_dir: str | os.PathLike[str], tags: Sequence[str] = (
                                                     "session is not supported")
     graph: Graph = session.graph
     signature_defs = {key: meta.signature_def[key] for key in sorted(meta.signature_def)}
-    wanted = {_tensor_name(info, key, "output", path)
-              for key, sig in signature_defs.items() for info in sig.outputs.values()}
-    graph_def, variables = _prune(meta.graph_def, wanted)
+    names = sorted({_tensor_name(info, key, kind, path)
+                    for key, sig in signature_defs.items()
+                    for kind, infos in (("input", sig.inputs), ("output", sig.outputs))
+                    for info in infos.values()})
+    graph_def, variables = _prune(meta.graph_def, set(names))
     # Every value is read and checked before the graph changes: all or nothing.
     values = _read_values(os.path.join(path, "variables", "variables"), variables)
     with graph.as_default():
         var_ops = {v.key: _variable(graph, v) for v in variables}
         input_map = {f"{_stand_in(v)}:0": var_ops[v.key].outputs[0] for v in variables}
-        names = sorted({_tensor_name(info, key, kind, path)
-                        for key, sig in signature_defs.items()
-                        for kind, infos in (("input", sig.inputs), ("output", sig.outputs))
-                        for info in infos.values()})
+        # A signature tensor that is a variable's value is the variable's own output.
+        reads = {f"{v.read}:0": var_ops[v.key].outputs[0] for v in variables}
+        imported = [n for n in names if n not in reads]
         found = import_tf_graph_def(graph_def.SerializeToString(), input_map=input_map,
-                                    return_elements=names, name="")
-    tensors = dict(zip(names, found or ()))
+                                    return_elements=imported, name="")
+    tensors: dict[str, Tensor | Operation] = {**reads, **dict(zip(imported, found or ()))}
     _restore(session, values, var_ops)
     signatures = {key: Signature(session, key,
                                  {k: _as_tensor(tensors[i.name]) for k, i in sig.inputs.items()},
