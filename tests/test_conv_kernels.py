@@ -224,3 +224,21 @@ def test_a_filter_that_is_not_constant_is_not_folded() -> None:
         f = af.placeholder(af.float32, [1, 1, 2, 3])
         y = af.nn.conv2d(x, f, 1, "VALID") * af.constant(np.float32(2.0))
     assert "Mul" in _optimized_types(y)
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_a_zero_pad_before_a_valid_convolution_becomes_its_padding(depthwise: bool) -> None:
+    rng = np.random.default_rng(3)
+    graph = af.Graph()
+    with graph.as_default():
+        x = af.placeholder(af.float32, [None, 8, 7, 3], name="x")
+        padded = af.pad(x, [[0, 0], [0, 1], [1, 2], [0, 0]])
+        f = af.constant(rng.standard_normal((3, 3, 3, 2)).astype(np.float32))
+        y = (af.nn.depthwise_conv2d(padded, f, [1, 2, 2, 1], "VALID") if depthwise else
+             af.nn.conv2d(padded, f, 2, "VALID"))
+    assert "Pad" not in _optimized_types(y)
+    assert "Pad" in _optimized_types(y, [padded, y])   # a fetched pad stays
+    feed = {x: rng.standard_normal((2, 8, 7, 3)).astype(np.float32)}
+    with af.Session(graph=graph) as fast, af.Session(graph=graph, config=L0) as plain:
+        np.testing.assert_allclose(fast.run_sync(y, feed), plain.run_sync(y, feed),
+                                   rtol=1e-5, atol=1e-5)

@@ -3,15 +3,18 @@
 Frozen inference graphs follow each convolution by a batch norm — a
 ``FusedBatchNorm*`` with ``is_training=False``, or, in graphs Keras exports, its
 decomposition ``Sub(mean)`` / ``Mul(scale)`` / ``AddV2(beta)`` after constant folding
-made the scale a constant — and then a bias and an activation.  Each of those ops is
-a full pass over the activation.  As TensorFlow's Grappler does (its remapper and
-``FoldMultiplyIntoConv``), two passes rewrite them:
+made the scale a constant — and then a bias and an activation; Keras also pads before
+each strided convolution.  Each of those ops is a full pass over the activation.  As
+TensorFlow's Grappler does (its remapper and ``FoldMultiplyIntoConv``), three passes
+rewrite them:
 
 * :func:`fold_batch_norms`: a ``Conv2D`` / ``DepthwiseConv2dNative`` (NHWC) with a
   constant filter, followed by a chain of per-channel affine ops with constant
   operands (``BiasAdd``, ``Add``/``AddV2``, ``Sub``, ``Mul``, inference
   ``FusedBatchNorm*``), becomes the convolution with a scaled filter and one
   ``BiasAdd``: ``conv(x, W) * a + b == conv(x, W * a) + b``.
+* :func:`fold_pads`: a zero ``Pad`` of height and width before a ``VALID``
+  convolution becomes the convolution's explicit padding.
 * :func:`fuse_conv_bias_activation`: a convolution, its ``BiasAdd`` and an optional
   ``Relu`` / ``Relu6`` become one ``_FusedConv2D`` node whose kernel adds the bias and
   clamps in place on the GEMM's output.
@@ -31,7 +34,8 @@ import numpy as np
 from asyncflow.compiler.ir import NodeDef, Ref, ValueInfo
 from asyncflow.framework.shapes import TensorShape
 
-__all__ = ["FUSED_CONV", "fold_batch_norms", "fuse_conv_bias_activation", "rewrite_convolutions"]
+__all__ = ["FUSED_CONV", "fold_batch_norms", "fold_pads", "fuse_conv_bias_activation",
+           "rewrite_convolutions"]
 
 #: The op type of a convolution fused with its bias and activation.
 FUSED_CONV = "_FusedConv2D"
@@ -45,12 +49,13 @@ Nodes = tuple[tuple[NodeDef, ...], tuple[int, ...], bool]
 
 def rewrite_convolutions(nodes: Sequence[NodeDef], placement: Sequence[int], *,
                          feeds: Collection[Ref], protected: Collection[str]) -> Nodes:
-    """Both rewrites, folding first (a folded chain ends in the ``BiasAdd`` fusion takes)."""
-    nodes, placement, folded = fold_batch_norms(nodes, placement, feeds=feeds,
-                                                protected=protected)
-    nodes, placement, fused = fuse_conv_bias_activation(nodes, placement, feeds=feeds,
-                                                        protected=protected)
-    return nodes, placement, folded or fused
+    """The three rewrites: pads into convolutions, then batch norms (a folded chain ends
+    in the ``BiasAdd`` the fusion takes), then bias + activation."""
+    changed = False
+    for rewrite in (fold_pads, fold_batch_norms, fuse_conv_bias_activation):
+        nodes, placement, did = rewrite(nodes, placement, feeds=feeds, protected=protected)
+        changed |= did
+    return tuple(nodes), tuple(placement), changed
 
 
 class _Graph:
@@ -234,6 +239,46 @@ def _rebuilt(nodes: Sequence[NodeDef], placement: Sequence[int],
             if not (n.op == "Const" and not used[n.name] and n.name in g.uses
                     and n.name not in g.protected and n.name not in g.controlled)]
     return tuple(out[k] for k in keep), tuple(where[k] for k in keep), True
+
+
+# -- pads ---------------------------------------------------------------------------------
+
+def _spatial_pads(value: np.ndarray | None) -> list[int] | None:
+    """TF's 8 ``explicit_paddings`` for a constant NHWC ``Pad`` of height and width only."""
+    if value is None or value.shape != (4, 2) or value.dtype.kind not in "iu":
+        return None
+    pads = [int(v) for v in value.reshape(-1)]
+    if min(pads) < 0 or any(pads[k] for k in (0, 1, 6, 7)):
+        return None
+    return pads
+
+
+def fold_pads(nodes: Sequence[NodeDef], placement: Sequence[int], *,
+              feeds: Collection[Ref], protected: Collection[str]) -> Nodes:
+    """A zero ``Pad`` of height and width feeding a ``VALID`` convolution becomes the
+    convolution's ``EXPLICIT`` padding (Keras pads before each strided convolution):
+    the kernel pads once, as it would for ``SAME``, instead of a pass of its own."""
+    g = _Graph(nodes, feeds, protected)
+    replace: dict[str, NodeDef] = {}
+    drop: set[str] = set()
+    for pad in nodes:
+        if pad.op != "Pad" or len(pad.inputs) != 2:
+            continue
+        conv = g.sole_consumer(pad.name)
+        pads = _spatial_pads(g.const(pad.inputs[1]))
+        if (conv is None or pads is None or conv.op not in _CONVS
+                or conv.inputs[0] != (pad.name, 0) or conv.device != pad.device
+                or conv.attrs.get("padding") != "VALID"
+                or conv.attrs.get("data_format") != "NHWC"):
+            continue
+        replace[conv.name] = conv._replace(
+            inputs=(pad.inputs[0], conv.inputs[1]),
+            input_types=(pad.input_types[0], conv.input_types[1]),
+            attrs={**conv.attrs, "padding": "EXPLICIT", "explicit_paddings": pads})
+        drop.add(pad.name)
+    if not replace:
+        return tuple(nodes), tuple(placement), False
+    return _rebuilt(nodes, placement, {}, replace, drop, g)
 
 
 # -- fusion -------------------------------------------------------------------------------
