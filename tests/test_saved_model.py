@@ -203,3 +203,19 @@ def test_a_signature_may_return_a_variable_and_take_an_unused_input(
         np.testing.assert_array_equal(out["w1"], reader.read("conv/w1"))
     finally:
         model.session.close_sync()
+
+
+def test_a_text_saved_model_loads_too(conv_copy: pathlib.Path) -> None:
+    from asyncflow.compat._tf_proto import messages
+
+    m = messages()
+    pb = conv_copy / "saved_model.pb"
+    saved = m.SavedModel.FromString(pb.read_bytes())
+    (conv_copy / "saved_model.pbtxt").write_text(m.text_format.MessageToString(saved))
+    pb.unlink()
+    feeds, expected = _reference("conv")
+    model = load_saved_model(conv_copy)
+    try:
+        _check(model.signatures["serving_default"].run_sync(**feeds), expected)
+    finally:
+        model.session.close_sync()
