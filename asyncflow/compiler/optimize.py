@@ -83,9 +83,10 @@ def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
                 max_bytes=options.max_folded_constant_in_bytes)
             folded += n - len(nodes)
             changed |= did
-            # Batch norms folded into convolutions need folding's constants first.
-            nodes, placement, did = rewrite_convolutions(nodes, placement, feeds=fed,
-                                                         protected=protected)
+            # Batch norms folded into convolutions need folding's constants first.  A
+            # fetched value is never rewritten away, whatever CSE may merge.
+            nodes, placement, did = rewrite_convolutions(
+                nodes, placement, feeds=fed, protected=protected | {r[0] for r in fetches})
             changed |= did
         if options.cse:
             n = len(nodes)
