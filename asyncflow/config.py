@@ -83,6 +83,10 @@ class SessionConfig:
     * ``device_count`` — local devices per type, e.g. ``{"CPU": 2}`` (default one CPU).
     * ``inter_op_parallelism_threads`` — worker threads per device for expensive
       kernels; 0 means one per core.
+    * ``intra_op_parallelism_threads`` — BLAS threads a large GEMM of an expensive
+      kernel running alone may use; 0 means one per core.  Otherwise BLAS runs one
+      thread, so by default kernels * BLAS threads never exceeds the cores (set
+      through ``threadpoolctl``, never environment variables).
     * ``operation_timeout_in_ms`` — default deadline of every run (0: none); a
       run's own ``RunOptions.timeout_in_ms`` wins.
     * ``allow_soft_placement`` — an op asking for an unknown device runs on the
@@ -101,6 +105,7 @@ class SessionConfig:
 
     device_count: dict[str, int] = field(default_factory=lambda: {"CPU": 1})
     inter_op_parallelism_threads: int = 0
+    intra_op_parallelism_threads: int = 0
     operation_timeout_in_ms: int = 0
     allow_soft_placement: bool = False
     place_pruned_graph: bool = False
@@ -124,8 +129,8 @@ class SessionConfig:
                                  f"only 'CPU' devices exist")
         if self.device_count.get("CPU", self.device_count.get("cpu", 1)) < 1:
             raise ValueError("device_count must provide at least one CPU device")
-        for name in ("inter_op_parallelism_threads", "operation_timeout_in_ms",
-                     "max_concurrent_steps"):
+        for name in ("inter_op_parallelism_threads", "intra_op_parallelism_threads",
+                     "operation_timeout_in_ms", "max_concurrent_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")

@@ -199,7 +199,8 @@ class Session:
         self._config = config
         n_cpu = config.device_count.get("CPU", config.device_count.get("cpu", 1))
         threads = config.inter_op_parallelism_threads or _default_threads()
-        self._devices = tuple(LocalDevice(canonical_device("CPU", i), "CPU", i, threads)
+        self._devices = tuple(LocalDevice(canonical_device("CPU", i), "CPU", i, threads,
+                                          config.intra_op_parallelism_threads)
                               for i in range(n_cpu))
         self._device_names = tuple(d.name for d in self._devices)
         self._cache: dict[Any, _CompiledCall] = {}

@@ -11,7 +11,7 @@ one: it needs the ``bench`` extra (``pip install -e ".[bench]"``) and is reporte
 skipped without it.
 
 Importing this package pins BLAS to one thread (unless the caller already chose a
-value): with a multi-threaded BLAS the single-worker baseline of the
+value, or runs ``python -m benchmarks models``, see :mod:`benchmarks.models`): with a multi-threaded BLAS the single-worker baseline of the
 ``parallel`` workload would already use both cores and the speedup would mean nothing.
 The variables only take effect if numpy has not been imported yet, which
 ``python -m benchmarks`` guarantees; :data:`BLAS_PINNED_BEFORE_NUMPY` records it.
@@ -27,9 +27,14 @@ BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 #: True when the BLAS thread variables were set before numpy was first imported.
 BLAS_PINNED_BEFORE_NUMPY = "numpy" not in sys.modules
 
-for _var in BLAS_THREAD_VARS:
-    os.environ.setdefault(_var, "1")
+#: ``python -m benchmarks models`` (and its TF child) measure models as users run them,
+#: BLAS threads included: asyncflow sizes the BLAS pool per kernel, TF its own pools.
+MEASURES_THREADS = sys.argv[1:2] in (["models"], ["--tf-child"])
+
+if not MEASURES_THREADS:
+    for _var in BLAS_THREAD_VARS:
+        os.environ.setdefault(_var, "1")
 # TensorFlow's C++ logging is noise in a benchmark table.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-__all__ = ["BLAS_PINNED_BEFORE_NUMPY", "BLAS_THREAD_VARS"]
+__all__ = ["BLAS_PINNED_BEFORE_NUMPY", "BLAS_THREAD_VARS", "MEASURES_THREADS"]

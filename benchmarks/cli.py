@@ -149,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import dist
 
         return dist.main(argv[1:])
+    if argv[:1] == ["models"]:  # python -m benchmarks models [--quick] [--manifest F]
+        from benchmarks import models
+
+        return models.main(argv[1:])
     args = parse_args(argv)
     if args.guard:
         from pathlib import Path

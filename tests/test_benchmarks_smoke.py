@@ -261,3 +261,50 @@ def test_service_is_skipped_without_the_bench_extra(tmp_path: Path) -> None:
     rows = {row["id"]: row for row in json.loads(out_json.read_text())["rows"]}
     assert all(rows[r]["ours"] is None and rows[r]["status"] in ("skipped", "-")
                for r in rows)
+
+
+def _models_rows(stdout: str) -> list[tuple[str, str]]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("model "))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip():
+            break
+        cells = line.split()
+        rows.append((cells[0], cells[2]))
+    return rows
+
+
+def test_models_quick_run_serves_the_saved_models_and_a_manifest(tmp_path: Path) -> None:
+    # A frozen graph listed by a manifest, as the model zoo lists its graphs.
+    import numpy as np
+
+    import asyncflow as af
+    from asyncflow.compat import export_tf_graph_def
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, [None, 6, 6, 2], name="input")
+        w = af.constant(np.random.default_rng(0).standard_normal((3, 3, 2, 4)).astype(
+            np.float32))
+        y = af.identity(af.nn.relu(af.nn.conv2d(x, w, 1, "SAME")), name="Identity")
+    (tmp_path / "tiny.pb").write_bytes(export_tf_graph_def(g))
+    feed = np.random.default_rng(1).standard_normal((2, 6, 6, 2)).astype(np.float32)
+    with af.Session(graph=g) as sess:
+        out = sess.run_sync(y, {x: feed})
+    np.savez(tmp_path / "tiny.npz", **{"feed/input:0": feed, "fetch/Identity:0": out})
+    manifest = {"models": {"tiny": {"graph": "tiny.pb", "values": "tiny.npz",
+                                    "inputs": [{"name": "input:0", "dtype": "float32",
+                                                "shape": [None, 6, 6, 2]}],
+                                    "outputs": ["Identity:0"], "op_types": ["Conv2D"]}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    proc = _run_benchmarks("models", "--quick", "--no-external", "--rounds", "1",
+                           "--manifest", str(tmp_path / "manifest.json"), "--only", "conv",
+                           "--only", "transformer", "--only", "tiny",
+                           "--json", str(tmp_path / "models.json"))
+    assert proc.returncode == 0, proc.stderr
+    assert _models_rows(proc.stdout) == [("conv", "1"), ("conv", "8"), ("transformer", "1"),
+                                         ("transformer", "8"), ("tiny", "1"), ("tiny", "8")]
+    assert "notes:" not in proc.stdout   # every model matched its recorded outputs
+    rows = json.loads((tmp_path / "models.json").read_text())
+    assert all(r["times"]["asyncflow"] for r in rows)

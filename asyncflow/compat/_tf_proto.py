@@ -1,8 +1,10 @@
-"""TensorFlow's ``GraphDef`` protobuf schema, written here and compiled at run time.
+"""TensorFlow's protobuf schemas, written here and compiled at run time.
 
 The messages (``GraphDef``, ``NodeDef``, ``AttrValue``, ``TensorProto``,
 ``TensorShapeProto``, ``VersionDef``, ``FunctionDefLibrary``, ...) and the
-``DataType`` enum mirror ``tensorflow/core/framework/*.proto``; field numbers are
+``DataType`` enum mirror ``tensorflow/core/framework/*.proto``; ``SavedModel``,
+``MetaGraphDef``, ``SignatureDef`` and the checkpoint index's ``BundleHeaderProto`` /
+``BundleEntryProto`` mirror ``tensorflow/core/protobuf/*.proto``; field numbers are
 public wire-format facts, so no TensorFlow is needed.  Fields asyncflow never reads
 are left out; protobuf keeps them as unknown fields, so parsing is unaffected.
 
@@ -101,10 +103,49 @@ _MESSAGES: dict[str, list[_Field]] = {
         ("version", 3, "int32", _OPT, None),
         ("versions", 4, "message", _OPT, ".tensorflow.VersionDef"),
     ],
+    # tensor_bundle.proto: a checkpoint's index entries.
+    "BundleHeaderProto": [("num_shards", 1, "int32", _OPT, None),
+                          ("endianness", 2, "int32", _OPT, None),  # enum: 0 LITTLE, 1 BIG
+                          ("version", 3, "message", _OPT, ".tensorflow.VersionDef")],
+    "TensorSliceProto.Extent": [("start", 1, "int64", _OPT, None),
+                                ("length", 2, "int64", _OPT, None)],
+    "TensorSliceProto": [("extent", 1, "message", _REP, ".tensorflow.TensorSliceProto.Extent")],
+    "BundleEntryProto": [
+        ("dtype", 1, "enum", _OPT, ".tensorflow.DataType"),
+        ("shape", 2, "message", _OPT, ".tensorflow.TensorShapeProto"),
+        ("shard_id", 3, "int32", _OPT, None), ("offset", 4, "int64", _OPT, None),
+        ("size", 5, "int64", _OPT, None), ("crc32c", 6, "fixed32", _OPT, None),
+        ("slices", 7, "message", _REP, ".tensorflow.TensorSliceProto"),
+    ],
+    # saved_model.proto, meta_graph.proto, saver.proto: what a SavedModel loader reads.
+    # A sparse or composite TensorInfo has no name (its other encodings stay unknown).
+    "TensorInfo": [("name", 1, "string", _OPT, None),
+                   ("dtype", 2, "enum", _OPT, ".tensorflow.DataType"),
+                   ("tensor_shape", 3, "message", _OPT, ".tensorflow.TensorShapeProto")],
+    "SignatureDef": [("inputs", 1, "message", _REP, ".tensorflow.SignatureDef.InputsEntry"),
+                     ("outputs", 2, "message", _REP, ".tensorflow.SignatureDef.OutputsEntry"),
+                     ("method_name", 3, "string", _OPT, None)],
+    "SaverDef": [("filename_tensor_name", 1, "string", _OPT, None),
+                 ("save_tensor_name", 2, "string", _OPT, None),
+                 ("restore_op_name", 3, "string", _OPT, None)],
+    "MetaGraphDef.MetaInfoDef": [("meta_graph_version", 1, "string", _OPT, None),
+                                 ("tags", 4, "string", _REP, None),
+                                 ("tensorflow_version", 5, "string", _OPT, None)],
+    "MetaGraphDef": [
+        ("meta_info_def", 1, "message", _OPT, ".tensorflow.MetaGraphDef.MetaInfoDef"),
+        ("graph_def", 2, "message", _OPT, ".tensorflow.GraphDef"),
+        ("saver_def", 3, "message", _OPT, ".tensorflow.SaverDef"),
+        ("signature_def", 5, "message", _REP, ".tensorflow.MetaGraphDef.SignatureDefEntry"),
+    ],
+    "SavedModel": [("saved_model_schema_version", 1, "int64", _OPT, None),
+                   ("meta_graphs", 2, "message", _REP, ".tensorflow.MetaGraphDef")],
 }
 
-#: map<string, AttrValue> fields: (owner message, entry message name).
-_MAP_ENTRIES = (("NodeDef", "AttrEntry"), ("NameAttrList", "AttrEntry"))
+#: map<string, V> fields: (owner message, entry message name, value message).
+_MAP_ENTRIES = (("NodeDef", "AttrEntry", "AttrValue"), ("NameAttrList", "AttrEntry", "AttrValue"),
+                ("SignatureDef", "InputsEntry", "TensorInfo"),
+                ("SignatureDef", "OutputsEntry", "TensorInfo"),
+                ("MetaGraphDef", "SignatureDefEntry", "SignatureDef"))
 _ONEOFS = {"AttrValue": "value"}
 
 
@@ -119,6 +160,9 @@ class Messages:
     TensorShapeProto: Any
     text_format: Any
     DecodeError: type[Exception]
+    SavedModel: Any
+    BundleHeaderProto: Any
+    BundleEntryProto: Any
 
 
 _lock = threading.Lock()
@@ -146,7 +190,8 @@ def messages() -> Messages:
                 pool.FindMessageTypeByName(f"tensorflow.{name}"))
 
         return Messages(cls("GraphDef"), cls("NodeDef"), cls("AttrValue"), cls("TensorProto"),
-                        cls("TensorShapeProto"), text_format, DecodeError)
+                        cls("TensorShapeProto"), text_format, DecodeError, cls("SavedModel"),
+                        cls("BundleHeaderProto"), cls("BundleEntryProto"))
 
 
 def _file_proto(pb: Any) -> Any:
@@ -161,6 +206,7 @@ def _file_proto(pb: Any) -> Any:
              "int32": pb.FieldDescriptorProto.TYPE_INT32,
              "uint32": pb.FieldDescriptorProto.TYPE_UINT32,
              "uint64": pb.FieldDescriptorProto.TYPE_UINT64,
+             "fixed32": pb.FieldDescriptorProto.TYPE_FIXED32,
              "string": pb.FieldDescriptorProto.TYPE_STRING,
              "bytes": pb.FieldDescriptorProto.TYPE_BYTES,
              "bool": pb.FieldDescriptorProto.TYPE_BOOL,
@@ -186,10 +232,10 @@ def _file_proto(pb: Any) -> Any:
                 field.type_name = type_name
             if oneof:
                 field.oneof_index = 0
-    for owner, entry_name in _MAP_ENTRIES:
+    for owner, entry_name, value in _MAP_ENTRIES:
         entry = built[owner].nested_type.add(name=entry_name)
         entry.options.map_entry = True
         entry.field.add(name="key", number=1, type=types["string"], label=labels[_OPT])
         entry.field.add(name="value", number=2, type=types["message"], label=labels[_OPT],
-                        type_name=".tensorflow.AttrValue")
+                        type_name=f".tensorflow.{value}")
     return fdp

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from asyncflow.compiler.constant_folding import fold_constants
 from asyncflow.compiler.cse import eliminate_common_subexpressions
+from asyncflow.compiler.fold_batchnorm import rewrite_convolutions
 from asyncflow.compiler.inline import inline_functions
 from asyncflow.compiler.ir import FUNCTION_ATTR, NodeDef, Ref
 from asyncflow.config import OptimizerOptions
@@ -87,6 +88,11 @@ def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
                 nodes, placement, devices, feeds=fed, fetches=fetches, targets=targets,
                 max_bytes=options.max_folded_constant_in_bytes)
             folded += n - len(nodes)
+            changed |= did
+            # Batch norms folded into convolutions need folding's constants first.  A
+            # fetched value is never rewritten away, whatever CSE may merge.
+            nodes, placement, did = rewrite_convolutions(
+                nodes, placement, feeds=fed, protected=protected | {r[0] for r in fetches})
             changed |= did
         if options.cse:
             n = len(nodes)

@@ -1,0 +1,244 @@
+"""The fast convolution and pooling kernels against straightforward loop references, and
+the optimizer's convolution rewrites (batch norms folded, bias + activation fused).
+
+The references loop over output pixels and compute TF's geometry on their own
+(SAME: ``ceil(in / stride)`` outputs, the extra padding after), so the kernels'
+im2col / 1x1 GEMM / einsum / strided-view paths are checked against independent code
+on random shapes, strides, dilations and paddings.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import asyncflow as af
+from asyncflow.compiler.fold_batchnorm import FUSED_CONV
+from asyncflow.compiler.ir import graph_ir, ref_of
+from asyncflow.compiler.optimize import optimize
+from asyncflow.compiler.placement import place
+from asyncflow.compiler.prune import prune
+
+DEVICES = ("/job:localhost/replica:0/task:0/device:CPU:0",)
+L0 = af.SessionConfig(graph_options=af.GraphOptions(
+    optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+
+
+# -- references -------------------------------------------------------------------------
+
+def _pads(size: int, k: int, s: int, d: int, padding: Any) -> tuple[int, int, int]:
+    """(output size, pad before, pad after) as TF computes them."""
+    ek = (k - 1) * d + 1
+    if padding == "VALID":
+        return max(math.ceil((size - ek + 1) / s), 0), 0, 0
+    if padding == "SAME":
+        out = math.ceil(size / s)
+        total = max((out - 1) * s + ek - size, 0)
+        return out, total // 2, total - total // 2
+    before, after = padding
+    return max((size + before + after - ek) // s + 1, 0), before, after
+
+
+def _reference(x: np.ndarray, k: tuple[int, int], s: tuple[int, int], d: tuple[int, int],
+               padding: Any, pad_value: float, reduce: Any, depth: int) -> np.ndarray:
+    """``reduce(window (KH, KW, C))`` at every output pixel of NHWC ``x``."""
+    n, h, w, _ = x.shape
+    ph = padding if not isinstance(padding, list) else padding[0]
+    pw = padding if not isinstance(padding, list) else padding[1]
+    oh, top, bottom = _pads(h, k[0], s[0], d[0], ph)
+    ow, left, right = _pads(w, k[1], s[1], d[1], pw)
+    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=pad_value)
+    valid = np.pad(np.ones((h, w)), ((top, bottom), (left, right)))
+    rows = []
+    for b in range(n):
+        for i in range(oh):
+            for j in range(ow):
+                ii = i * s[0] + np.arange(k[0]) * d[0]
+                jj = j * s[1] + np.arange(k[1]) * d[1]
+                rows.append(reduce(xp[b][np.ix_(ii, jj)], valid[np.ix_(ii, jj)]))
+    return np.array(rows, np.float64).reshape(n, oh, ow, depth)
+
+
+def _run(y: af.Tensor, config: af.SessionConfig | None = None) -> np.ndarray:
+    with af.Session(graph=y.graph, config=config) as sess:
+        return np.asarray(sess.run_sync(y))
+
+
+geometry = st.fixed_dictionaries({
+    "n": st.integers(1, 2), "h": st.integers(1, 8), "w": st.integers(1, 8),
+    "c": st.integers(1, 4), "k": st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    "s": st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    "d": st.tuples(st.integers(1, 2), st.integers(1, 2)),
+    "padding": st.one_of(st.sampled_from(["SAME", "VALID"]),
+                         st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2)),
+                                  min_size=2, max_size=2)),
+    "nchw": st.booleans(), "seed": st.integers(0, 2**16)})
+
+
+def _tf_padding(padding: Any, nchw: bool) -> Any:
+    if isinstance(padding, str):
+        return padding
+    pairs = [[0, 0], list(padding[0]), list(padding[1]), [0, 0]]
+    return [pairs[0], pairs[3], pairs[1], pairs[2]] if nchw else pairs
+
+
+def _nhwc(y: np.ndarray, nchw: bool) -> np.ndarray:
+    return np.transpose(y, (0, 2, 3, 1)) if nchw else y
+
+
+@settings(max_examples=80, deadline=None)
+@given(g=geometry, o=st.integers(1, 4))
+def test_conv2d_matches_the_loop_reference(g: dict[str, Any], o: int) -> None:
+    rng = np.random.default_rng(g["seed"])
+    x = rng.standard_normal((g["n"], g["h"], g["w"], g["c"]))
+    f = rng.standard_normal((*g["k"], g["c"], o))
+    expected = _reference(x, g["k"], g["s"], g["d"], g["padding"], 0.0,
+                          lambda win, _: np.tensordot(win, f, 3), o)
+    graph = af.Graph()
+    with graph.as_default():
+        fmt = "NCHW" if g["nchw"] else "NHWC"
+        xin = np.transpose(x, (0, 3, 1, 2)) if g["nchw"] else x
+        y = af.nn.conv2d(af.constant(xin), af.constant(f), list(g["s"]),
+                         _tf_padding(g["padding"], g["nchw"]), data_format=fmt,
+                         dilations=list(g["d"]))
+    np.testing.assert_allclose(_nhwc(_run(y, L0), g["nchw"]), expected, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(g=geometry, m=st.integers(1, 2))
+def test_depthwise_conv2d_matches_the_loop_reference(g: dict[str, Any], m: int) -> None:
+    rng = np.random.default_rng(g["seed"])
+    x = rng.standard_normal((g["n"], g["h"], g["w"], g["c"]))
+    f = rng.standard_normal((*g["k"], g["c"], m))
+    expected = _reference(x, g["k"], g["s"], g["d"], g["padding"], 0.0,
+                          lambda win, _: np.einsum("ijc,ijcm->cm", win, f).reshape(-1),
+                          g["c"] * m)
+    graph = af.Graph()
+    with graph.as_default():
+        fmt = "NCHW" if g["nchw"] else "NHWC"
+        xin = np.transpose(x, (0, 3, 1, 2)) if g["nchw"] else x
+        y = af.nn.depthwise_conv2d(af.constant(xin), af.constant(f), [1, *g["s"], 1] if not
+                                   g["nchw"] else [1, 1, *g["s"]],
+                                   _tf_padding(g["padding"], g["nchw"]), data_format=fmt,
+                                   dilations=list(g["d"]))
+    np.testing.assert_allclose(_nhwc(_run(y, L0), g["nchw"]), expected, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(g=geometry, kind=st.sampled_from(["max", "avg"]),
+       padding=st.sampled_from(["SAME", "VALID"]))
+def test_pooling_matches_the_loop_reference(g: dict[str, Any], kind: str, padding: str) -> None:
+    rng = np.random.default_rng(g["seed"])
+    x = rng.standard_normal((g["n"], g["h"], g["w"], g["c"]))
+    if kind == "max":
+        def reduce(win: np.ndarray, _: np.ndarray) -> np.ndarray:
+            return np.asarray(win.max(axis=(0, 1)))
+        pad_value = -np.inf
+    else:
+        def reduce(win: np.ndarray, valid: np.ndarray) -> np.ndarray:
+            return np.asarray(win.sum(axis=(0, 1)) / valid.sum())
+        pad_value = 0.0
+    expected = _reference(x, g["k"], g["s"], (1, 1), padding, pad_value, reduce, g["c"])
+    graph = af.Graph()
+    with graph.as_default():
+        pool = af.nn.max_pool if kind == "max" else af.nn.avg_pool
+        y = pool(af.constant(x), list(g["k"]), list(g["s"]), padding)
+    np.testing.assert_allclose(_run(y, L0), expected, rtol=1e-9, atol=1e-9)
+
+
+# -- the optimizer's rewrites -----------------------------------------------------------
+
+def _optimized_types(y: af.Tensor, fetches: list[af.Tensor] | None = None) -> list[str]:
+    ir = graph_ir(y.graph)
+    refs = [ref_of(t) for t in (fetches or [y])]
+    nodes = prune(ir, refs, (), [])
+    out, _, _ = optimize(nodes, place(nodes, DEVICES, lookup=ir.by_name), devices=DEVICES,
+                         fetches=refs)
+    return [n.op for n in out]
+
+
+def _conv_bn_graph(depthwise: bool, keras_style: bool, activation: Any
+                   ) -> tuple[af.Graph, af.Tensor, af.Tensor, af.Tensor]:
+    rng = np.random.default_rng(7)
+    graph = af.Graph()
+    with graph.as_default():
+        x = af.placeholder(af.float32, [None, 9, 9, 4], name="x")
+        if depthwise:
+            f = rng.standard_normal((3, 3, 4, 2)).astype(np.float32)
+            h = af.nn.depthwise_conv2d(x, af.constant(f), [1, 2, 2, 1], "SAME")
+        else:
+            f = rng.standard_normal((3, 3, 4, 8)).astype(np.float32)
+            h = af.nn.conv2d(x, af.constant(f), 2, "SAME")
+        gamma, beta, mean = (rng.standard_normal(8).astype(np.float32) for _ in range(3))
+        var = rng.random(8).astype(np.float32) + 0.5
+        if keras_style:  # as Keras 3 exports it: the scale is a constant after folding
+            scale = af.constant(gamma) * af.rsqrt(af.constant(var) + 1e-3)
+            bn = (h - af.constant(mean)) * scale + af.constant(beta)
+        else:
+            bn, _, _ = af.nn.fused_batch_norm(h, gamma, beta, mean, var, epsilon=1e-3,
+                                              is_training=False)
+        y = activation(af.nn.bias_add(bn, rng.standard_normal(8).astype(np.float32)))
+    return graph, x, bn, y
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+@pytest.mark.parametrize("keras_style", [False, True])
+@pytest.mark.parametrize("activation", [af.nn.relu, af.nn.relu6, af.identity])
+def test_batch_norm_folds_and_bias_activation_fuse(depthwise: bool, keras_style: bool,
+                                                    activation: Any) -> None:
+    graph, x, _, y = _conv_bn_graph(depthwise, keras_style, activation)
+    types = _optimized_types(y)
+    assert not {"FusedBatchNormV3", "Sub", "Mul", "Conv2D", "DepthwiseConv2dNative"} & set(
+        types), types
+    assert types.count(FUSED_CONV) == 1
+    feed = {x: np.random.default_rng(1).standard_normal((2, 9, 9, 4)).astype(np.float32)}
+    with af.Session(graph=graph) as fast, af.Session(graph=graph, config=L0) as plain:
+        np.testing.assert_allclose(fast.run_sync(y, feed), plain.run_sync(y, feed),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_nothing_folds_through_a_fetched_value() -> None:
+    graph, x, bn, y = _conv_bn_graph(False, False, af.nn.relu)
+    conv = bn.op.inputs[0]
+    types = _optimized_types(y, [conv, y])
+    assert "FusedBatchNormV3" in types
+    assert "Conv2D" in types
+    # A fetched batch norm is the end of its chain: folded into the conv, still fetchable.
+    assert "FusedBatchNormV3" not in _optimized_types(y, [bn, y])
+    feed = {x: np.ones((1, 9, 9, 4), np.float32)}
+    with af.Session(graph=graph) as fast, af.Session(graph=graph, config=L0) as plain:
+        for fetches in ([conv, y], [bn, y]):
+            for a, b in zip(fast.run_sync(fetches, feed), plain.run_sync(fetches, feed)):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_filter_that_is_not_constant_is_not_folded() -> None:
+    graph = af.Graph()
+    with graph.as_default():
+        x = af.placeholder(af.float32, [1, 5, 5, 2])
+        f = af.placeholder(af.float32, [1, 1, 2, 3])
+        y = af.nn.conv2d(x, f, 1, "VALID") * af.constant(np.float32(2.0))
+    assert "Mul" in _optimized_types(y)
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_a_zero_pad_before_a_valid_convolution_becomes_its_padding(depthwise: bool) -> None:
+    rng = np.random.default_rng(3)
+    graph = af.Graph()
+    with graph.as_default():
+        x = af.placeholder(af.float32, [None, 8, 7, 3], name="x")
+        padded = af.pad(x, [[0, 0], [0, 1], [1, 2], [0, 0]])
+        f = af.constant(rng.standard_normal((3, 3, 3, 2)).astype(np.float32))
+        y = (af.nn.depthwise_conv2d(padded, f, [1, 2, 2, 1], "VALID") if depthwise else
+             af.nn.conv2d(padded, f, 2, "VALID"))
+    assert "Pad" not in _optimized_types(y)
+    assert "Pad" in _optimized_types(y, [padded, y])   # a fetched pad stays
+    feed = {x: rng.standard_normal((2, 8, 7, 3)).astype(np.float32)}
+    with af.Session(graph=graph) as fast, af.Session(graph=graph, config=L0) as plain:
+        np.testing.assert_allclose(fast.run_sync(y, feed), plain.run_sync(y, feed),
+                                   rtol=1e-5, atol=1e-5)

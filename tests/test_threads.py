@@ -1,0 +1,151 @@
+"""Threads as TF has them: inter-op worker threads and intra-op BLAS threads.
+
+A kernel on a worker thread reads what ``threadpoolctl`` says its BLAS library will
+use, inside a ``boost`` (as the convolution kernels wrap a large GEMM) or not; kernels
+that must overlap wait for each other on a ``threading.Barrier``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
+
+import asyncflow as af
+from asyncflow.runtime.devices import BlasGovernor, available_cores, blas_governor
+
+pytestmark = pytest.mark.skipif(
+    not any(lib["user_api"] == "blas" for lib in threadpool_info()),
+    reason="numpy is linked to no BLAS library threadpoolctl can see")
+
+
+def _blas_threads() -> int:
+    return min(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
+
+
+def _seen(kernels: int, barrier: threading.Barrier | None = None, boost: bool = True
+          ) -> tuple[af.Graph, list[af.Tensor]]:
+    """``kernels`` expensive kernels that each report the BLAS threads seen inside a
+    boost (or outside one); with a barrier, every kernel runs before any boosts and
+    none leaves before every one looked."""
+    def look() -> int:
+        seen = _blas_threads()
+        if barrier is not None:
+            barrier.wait(timeout=30)
+        return seen
+
+    def kernel(x: np.ndarray) -> np.int32:
+        if barrier is not None:
+            barrier.wait(timeout=30)
+        if not boost:
+            return np.int32(look())
+        with blas_governor().boost():
+            return np.int32(look())
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.constant(np.ones((4, 4), np.float32))
+        outs = [af.py_func(kernel, [x], af.int32, expensive=True, name=f"k{i}")
+                for i in range(kernels)]
+    return g, outs
+
+
+def test_a_kernel_alone_gets_every_core() -> None:
+    g, (out,) = _seen(1)
+    with af.Session(graph=g) as sess:
+        assert sess.run_sync(out) == available_cores()
+
+
+@pytest.mark.parametrize("intra", [1, 2])
+def test_intra_op_threads_cap_a_kernel(intra: int) -> None:
+    g, (out,) = _seen(1)
+    config = af.SessionConfig(intra_op_parallelism_threads=intra)
+    with af.Session(graph=g, config=config) as sess:
+        assert sess.run_sync(out) == min(intra, available_cores())
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="needs two cores to run two kernels")
+def test_concurrent_kernels_share_the_cores_by_default() -> None:
+    cores = available_cores()
+    g, outs = _seen(cores, threading.Barrier(cores))
+    with af.Session(graph=g) as sess:
+        seen = sess.run_sync(outs)
+    # inter-op * intra-op threads in use never exceed the cores by default.
+    assert list(seen) == [1] * cores
+
+
+def test_outside_a_boost_blas_rests_at_one_thread() -> None:
+    g, (out,) = _seen(1, boost=False)
+    with af.Session(graph=g) as sess:
+        assert sess.run_sync(out) == 1
+        assert _blas_threads() == 1   # on the caller's thread too, while sessions exist
+
+
+def test_the_governor_grants_every_core_to_a_kernel_alone() -> None:
+    gov = BlasGovernor(4)
+    assert gov.grant(8) == 4          # no kernel counted yet: a caller alone
+    gov.enter(8)
+    assert gov.grant(8) == 4          # alone: every core (capped by the cores)
+    assert gov.grant(2) == 2          # capped by its session's intra-op threads
+    gov.enter(8)
+    assert gov.grant(8) == 1          # two kernels: one thread each
+    gov.exit()
+    assert gov.grant(8) == 4          # the one left may have them all again
+    gov.exit()
+
+
+def test_the_setting_is_not_rewritten_when_unchanged() -> None:
+    calls: list[int] = []
+
+    class Lib:
+        def set_num_threads(self, n: int) -> None:
+            calls.append(n)
+
+    gov = BlasGovernor(2)
+    gov._libs = [Lib()]
+    gov.rest()
+    gov.rest()
+    assert calls == [1]
+
+    def kernels() -> None:
+        for _ in range(3):
+            gov.enter(2)
+            gov.exit()
+        assert calls == [1]           # small kernels: no call at all
+        gov.enter(2)
+        with gov.boost():
+            assert calls == [1, 2]
+        gov.exit()
+
+    worker = threading.Thread(target=kernels)
+    worker.start()
+    worker.join()
+    assert calls == [1, 2, 1]
+    with gov.boost():                 # the main thread never sets the size
+        pass
+    assert calls == [1, 2, 1]
+
+
+def test_no_environment_variable_is_set() -> None:
+    code = ("import os; before = dict(os.environ)\n"
+            "import numpy as np, asyncflow as af\n"
+            "g = af.Graph()\n"
+            "with g.as_default():\n"
+            "    y = af.py_func(lambda x: x @ x, [af.constant(np.eye(8))], af.float64,"
+            " expensive=True)\n"
+            "with af.Session(graph=g) as sess:\n"
+            "    sess.run_sync(y)\n"
+            "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("field", ["intra_op_parallelism_threads",
+                                   "inter_op_parallelism_threads"])
+@pytest.mark.parametrize("value", [-1, 1.5, "2"])
+def test_bad_thread_counts_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        af.SessionConfig(**{field: value})  # type: ignore[arg-type]
