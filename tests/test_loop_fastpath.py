@@ -586,3 +586,84 @@ def test_random_bodies_agree_on_both_paths(steps: list[tuple[Any, ...]], n: int)
         assert started == ([True] if enabled else [])
     same(results[0], results[1])
     assert results[0] == (n, s, t)
+
+
+# -- kernel shapes the straight-line programs must run (never crash) ---------------------
+
+StatefulBuild = Callable[[], tuple[Any, list[Any]]]
+
+
+def run_stateful(build: StatefulBuild, monkeypatch: pytest.MonkeyPatch,
+                 fast_runs: list[int]) -> list[Any]:
+    """Per way of running (fast path, general path, FULL_TRACE): the fetched values and
+    then the variables' values, on a fresh session with the variables initialized."""
+    outcomes = []
+    trace = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
+    for enabled, options in ((True, None), (False, None), (True, trace)):
+        monkeypatch.setattr(loop_fastpath, "ENABLED", enabled)
+        fast_runs.clear()
+        graph = af.Graph()
+        with graph.as_default():
+            fetches, variables = build()
+            init = af.global_variables_initializer()
+        with af.Session(graph=graph) as sess:
+            sess.run_sync(init)
+            outcomes.append((sess.run_sync(fetches, options=options,
+                                           run_metadata=af.RunMetadata()),
+                             sess.run_sync(variables)))
+        assert bool(fast_runs) == (enabled and options is None), (enabled, options)
+    monkeypatch.setattr(loop_fastpath, "ENABLED", True)
+    same(outcomes[0], outcomes[1])
+    same(outcomes[0], outcomes[2])
+    return outcomes[0]  # type: ignore[no-any-return]
+
+
+def test_variable_read_in_body(monkeypatch: pytest.MonkeyPatch,
+                               fast_runs: list[int]) -> None:
+    # ``v.read_value()`` is a kernel with no input (a control edge from the frame only)
+    def build() -> tuple[Any, list[Any]]:
+        v = af.Variable(np.float64(1.5), name="v")
+        out = counter_loop(af.constant(5), lambda i, acc: (i + 1, acc + v.read_value()),
+                           [af.constant(np.float64(0.0))])
+        return out, [v]
+
+    assert run_stateful(build, monkeypatch, fast_runs) == ((5, 7.5), [1.5])
+
+
+def test_ordered_assigns_under_control_dependencies(monkeypatch: pytest.MonkeyPatch,
+                                                    fast_runs: list[int]) -> None:
+    def build() -> tuple[Any, list[Any]]:
+        v = af.Variable(np.float64(0.0), name="v")
+        w = af.Variable(np.float64(0.0), name="w")
+
+        def body(i: Any) -> Any:
+            first = v.assign_add(np.float64(1.0))
+            with af.control_dependencies([first]):
+                second = v.assign(v.read_value() * 2.0)
+            with af.control_dependencies([second]):
+                third = w.assign(v.read_value())
+            with af.control_dependencies([third]):
+                return i + 1
+        return counter_loop(af.constant(3), lambda i: body(i), []), [v, w]
+
+    # v: 0 -> 1 -> 2 -> 3 -> 6 -> 7 -> 14; w follows v after each iteration
+    assert run_stateful(build, monkeypatch, fast_runs) == ((3,), [14.0, 14.0])
+
+
+def test_multi_output_and_zero_input_kernels_in_cond_in_body(
+        monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
+    def build() -> tuple[Any, list[Any]]:
+        v = af.Variable(np.array([2.0, 5.0]), name="v")
+
+        def body(i: Any, acc: Any) -> Any:
+            def taken() -> Any:
+                a, b = af.unstack(v.read_value())  # no input, then two outputs
+                with af.control_dependencies([v.assign_add(np.array([1.0, 1.0]))]):
+                    return acc + a * b
+            return i + 1, af.cond(af.equal(i % 2, 0), taken, lambda: acc - 1.0)
+        return counter_loop(af.constant(4), body, [af.constant(np.float64(0.0))]), [v]
+
+    # iterations 0, 2 take the branch: 2*5 = 10, then (3*6) = 18; 1 and 3 subtract 1
+    (i, acc), (v,) = run_stateful(build, monkeypatch, fast_runs)
+    assert (i, acc) == (4, 10.0 - 1.0 + 18.0 - 1.0)
+    np.testing.assert_array_equal(v, [4.0, 7.0])

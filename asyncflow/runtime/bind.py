@@ -26,6 +26,7 @@ import numpy as np
 from asyncflow import errors
 from asyncflow.compiler.ir import FUNCTION_ATTR
 from asyncflow.compiler.keys import frame_key
+from asyncflow.compiler.loop_schedule import runs_straight_line
 from asyncflow.framework import registry
 
 if TYPE_CHECKING:
@@ -175,7 +176,8 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
             operator.itemgetter(*ins) if arity > 2 else None, flow)))
     # Without control-flow info there is no Switch / Merge (no CONTROL or SPECIAL kind):
     # all_inline then means every node is an inline kernel.
-    schedulable = plan.frames is None and all_inline
+    schedulable = plan.frames is None and all_inline and runs_straight_line(
+        n.flow for n in nodes)
     return BoundPlan(plan, tuple(nodes), op_lookup, device, all_inline, plan.loops, schedulable,
                      receives)
 

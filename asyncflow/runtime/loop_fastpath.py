@@ -44,8 +44,8 @@ from asyncflow.compiler.loop_schedule import (
     I_SWITCH,
     Instr,
     LoopSchedule,
+    runs_straight_line,
 )
-from asyncflow.framework import registry
 from asyncflow.runtime.propagators import (
     CHECK_EVERY,
     DONE,
@@ -65,8 +65,6 @@ __all__ = ["ENABLED", "BoundLoop", "LoopRun", "fast_loops"]
 #: Tests set this False to run every loop with the general FramePropagator (read
 #: when a step is made).
 ENABLED = True
-
-_ALLOWED_FLOWS = (registry.INLINE, registry.CONTROL)
 
 #: One bound instruction: what the interpreter unpacks.
 #: (kind, kernel or None, input slots, out slot, outputs, check slots, frees, node, extra)
@@ -137,8 +135,8 @@ def _bind_loops(bound: BoundPlan) -> tuple[BoundLoop | None, ...]:
     nodes, ops = bound.nodes, bound.ops
     out: list[BoundLoop | None] = []
     for schedule in bound.plan.loop_schedules:
-        if schedule is None or any(nodes[i].flow not in _ALLOWED_FLOWS
-                                   for i in schedule.members):
+        if schedule is None or not runs_straight_line(nodes[i].flow
+                                                      for i in schedule.members):
             out.append(None)  # a kernel that does not run inline: the general path
         else:
             out.append(BoundLoop(schedule, nodes, ops))
@@ -298,8 +296,10 @@ def _closure(x: _BInstr) -> _Op:
 def _live_closure(kind: int, kernel: Any, ins: tuple[int, ...], out: int, nout: int,
                   frees: tuple[int, ...], extra: Any) -> _Op:
     """The closure of a live node; the commonest shapes (one output, one or two
-    inputs, at most one slot to free) get their own, shortest bodies."""
-    if kind == I_KERNEL and nout == 1 and len(ins) <= 2 and len(frees) <= 1:
+    inputs, at most one slot to free) get their own, shortest bodies, every other
+    shape (no input, several outputs or none) the general one: any kernel shape runs
+    here (see ``runs_straight_line``)."""
+    if kind == I_KERNEL and nout == 1 and 1 <= len(ins) <= 2 and len(frees) <= 1:
         a, b = ins[0], ins[-1]
         if len(ins) == 2 and not frees:
             def k2(vals: list[Any]) -> None:
