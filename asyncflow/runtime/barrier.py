@@ -107,11 +107,12 @@ class ExecutorBarrier:
         return self._finished or all(step.finished for step in self._steps)
 
     def results(self) -> list[Any]:
-        """The fetched values of a finished step, in run order."""
-        retvals = [step.frame.retvals for step in self._steps]
+        """The fetched values of a finished step, in run order.  Each partition's are
+        asked of its step: a partition finished by a hand-off whose task was cancelled
+        (a deadline landing as the step ends) never handed them to its frame."""
+        retvals = [step.results() for step in self._steps]
         args = self._frame.args
-        out = [args[k] if p < 0 else retvals[p][k]  # type: ignore[index]
-               for p, k in self._retval_map]
+        out = [args[k] if p < 0 else retvals[p][k] for p, k in self._retval_map]
         self._frame.retvals = out
         return out
 

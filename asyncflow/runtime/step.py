@@ -305,9 +305,14 @@ class Step:
 
     def results(self) -> list[Any]:
         """The retvals of a finished step (the outcome when a deadline or cancellation
-        arrived after its last node ran)."""
-        assert self._finished
-        return self._retvals()
+        arrived after its last node ran, maybe before ``run`` handed them out: a
+        hand-off finishes a partition on a peer's stack, and its own task may be
+        cancelled before it resumes)."""
+        retvals = self._frame.retvals
+        if retvals is None:
+            assert self._finished
+            retvals = self._retvals()
+        return retvals
 
     def abort(self, error: errors.OpError) -> None:
         """Fail the step with ``error`` (if it has not failed yet).  Loop thread only."""
