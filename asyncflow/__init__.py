@@ -168,6 +168,7 @@ from asyncflow.ops.state_ops import (
 )
 from asyncflow.progress import ProgressEvent
 from asyncflow.runtime.cancellation import CancellationManager, get_cancellation_manager
+from asyncflow.runtime.options import ExecutorOptions
 from asyncflow.session import Session, SessionStatistics
 
 __version__ = "0.1.0"
@@ -178,6 +179,7 @@ __all__ = [
     "DType",
     "Defun",
     "DeviceSpec",
+    "ExecutorOptions",
     "FIFOQueue",
     "Graph",
     "GraphOptions",

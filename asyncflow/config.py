@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from asyncflow.progress import ProgressEvent
+from asyncflow.runtime.options import ExecutorOptions
 from asyncflow.step_stats import StepStats
 
 __all__ = ["GraphOptions", "OptimizerOptions", "RunMetadata", "RunOptions", "SessionConfig"]
@@ -97,6 +98,8 @@ class SessionConfig:
     * ``max_concurrent_steps`` — backpressure: at most this many steps of the session
       run at once; later ones wait their turn (FIFO), and the wait counts against
       their deadline (``timeout_in_ms``).  0: no limit.
+    * ``executor_options`` — how the executor runs this session's steps
+      (:class:`~asyncflow.runtime.options.ExecutorOptions`; the default is the fastest).
     """
 
     device_count: dict[str, int] = field(default_factory=lambda: {"CPU": 1})
@@ -108,8 +111,12 @@ class SessionConfig:
     graph_options: GraphOptions = field(default_factory=GraphOptions)
     isolate_session_state: bool = False
     max_concurrent_steps: int = 0
+    executor_options: ExecutorOptions = field(default_factory=ExecutorOptions)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.executor_options, ExecutorOptions):
+            raise TypeError(f"executor_options must be an af.ExecutorOptions, "
+                            f"got {type(self.executor_options).__name__}")
         if not isinstance(self.graph_options, GraphOptions):
             raise TypeError(f"graph_options must be an af.GraphOptions, "
                             f"got {type(self.graph_options).__name__}")

@@ -1,6 +1,6 @@
 """Cross-device edges: the direct hand-off against the general (future) path.
 
-Every graph here runs twice, once with ``barrier.HANDOFFS`` on (a send completes the
+Every graph here runs twice, once with ``ExecutorOptions.handoffs`` on (a send completes the
 peer partition's waiting recv and drains it on the spot, see
 :mod:`asyncflow.runtime.step`) and once off (every wait an ``asyncio.Future`` resolved
 through the event loop), and both must give the same values, errors, deadlines,
@@ -26,10 +26,16 @@ from asyncflow.runtime.step import Step
 PATHS = ("handoff", "general")
 
 
-def devices(n: int) -> af.SessionConfig:
+#: Whether the sessions ``devices`` configures hand off (the ``path`` fixture sets it).
+_HANDOFFS = {"on": True}
+
+
+def devices(n: int, handoffs: bool | None = None) -> af.SessionConfig:
     # L0: constant chains would be folded away, and these tests are about the edges.
+    on = _HANDOFFS["on"] if handoffs is None else handoffs
     return af.SessionConfig(device_count={"CPU": n}, graph_options=af.GraphOptions(
-        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)),
+        executor_options=af.ExecutorOptions(handoffs=on))
 
 
 @pytest.fixture(params=PATHS)
@@ -46,7 +52,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
         counts["general"] += 1
         recv_done(self, *args)
 
-    monkeypatch.setattr(barrier, "HANDOFFS", request.param == "handoff")
+    monkeypatch.setitem(_HANDOFFS, "on", request.param == "handoff")
     monkeypatch.setattr(Step, "_handoff_drain", counted_drain)
     monkeypatch.setattr(Step, "_recv_done", counted_done)
     yield request.param
@@ -249,7 +255,7 @@ def test_traces_record_every_transfer_on_its_device(handoffs: bool,
     # A traced step waits on futures even where hand-offs are on: a traced kernel finds
     # the step it records into through the context, and a hand-off would drain the
     # receiving partition in the sender's context.
-    monkeypatch.setattr(barrier, "HANDOFFS", handoffs)
+    monkeypatch.setitem(_HANDOFFS, "on", handoffs)
     drains: list[int] = []
     handoff_drain = Step._handoff_drain
 
@@ -279,7 +285,7 @@ def test_twenty_thousand_device_changes_keep_the_stack_flat(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Stack depth seen by a kernel near the start and near the end of the chain: a
     # hand-off that nested one drain per edge would blow the recursion limit.  Both
-    # paths in one session (the chain compiles once).
+    # paths.
     depths: dict[str, int] = {}
 
     def depth(name: str) -> Any:
@@ -299,9 +305,8 @@ def test_twenty_thousand_device_changes_keep_the_stack_flat(
             late = af.py_func(depth("late"), [g.get_tensor_by_name("add19996:0")],
                               af.float64)
     limit = sys.getrecursionlimit()
-    with af.Session(graph=g, config=devices(2)) as sess:
-        for handoffs in (True, False):
-            monkeypatch.setattr(barrier, "HANDOFFS", handoffs)
+    for handoffs in (True, False):
+        with af.Session(graph=g, config=devices(2, handoffs)) as sess:
             depths.clear()
             sys.setrecursionlimit(400)  # far below 20,000: per-edge nesting would fail
             try:

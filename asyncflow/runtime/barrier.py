@@ -29,13 +29,7 @@ from asyncflow.step_stats import StepStats
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundPlan
 
-__all__ = ["HANDOFFS", "ExecutorBarrier", "StepRunner"]
-
-#: Whether the partitions of a step hand values to each other directly (the fast
-#: path).  False makes every cross-partition wait an ``asyncio.Future`` completed
-#: through the event loop (the general path, also a lone step's): tests switch it off
-#: to run the same graphs both ways and compare.
-HANDOFFS = True
+__all__ = ["ExecutorBarrier", "StepRunner"]
 
 
 class ExecutorBarrier:
@@ -56,7 +50,9 @@ class ExecutorBarrier:
         # One for the whole step.  Not when traced: a traced kernel finds the step it
         # records into through the context, and a hand-off drains the receiving
         # partition inside the sender's drain (its context): traced steps wait on futures.
-        handoffs = HandoffQueue() if HANDOFFS and not trace else None
+        # ``ExecutorOptions.handoffs`` off: every cross-partition wait is a future.
+        handoffs = (HandoffQueue() if partitions and partitions[0].options.handoffs
+                    and not trace else None)
         self._steps = [
             Step(plan, CallFrame(args), trace=trace, rendezvous=self._rendezvous,
                  cancellation=cancellation, handoffs=handoffs)

@@ -28,6 +28,7 @@ from asyncflow.compiler.ir import FUNCTION_ATTR
 from asyncflow.compiler.keys import frame_key
 from asyncflow.compiler.loop_schedule import runs_straight_line
 from asyncflow.framework import registry
+from asyncflow.runtime.options import ExecutorOptions
 
 if TYPE_CHECKING:
     from asyncflow.compiler.ir import NodeDef
@@ -86,6 +87,8 @@ class BoundPlan:
     schedulable: bool = False
     #: Some node is a ``_Recv`` (its value arrives from another partition).
     receives: bool = False
+    #: How its steps run (chosen when the plan is bound).
+    options: ExecutorOptions = field(default_factory=ExecutorOptions)
     #: What the runtime derives from the plan once and keeps with it (the static
     #: schedule, the traced kernels), keyed by what it is.
     derived: dict[str, Any] = field(default_factory=dict)
@@ -111,13 +114,17 @@ class BoundPlan:
                 f"all_inline={self.all_inline} frames={self.frames}>")
 
 
+_DEFAULT_OPTIONS = ExecutorOptions()
+
 #: A BoundNode from a ready tuple of its fields (no Python-level __new__ per node).
 _new_bound: Any = functools.partial(tuple.__new__, BoundNode)
 
 
 def bind(plan: Plan, device: LocalDevice, resources: Any = None,
-         op_lookup: Callable[[str], Any] | None = None) -> BoundPlan:
-    """Instantiate the kernels of ``plan`` for ``device`` (and ``resources``)."""
+         op_lookup: Callable[[str], Any] | None = None,
+         options: ExecutorOptions | None = None) -> BoundPlan:
+    """Instantiate the kernels of ``plan`` for ``device`` (and ``resources``); its steps
+    run as ``options`` say (default: the fastest way)."""
     kernel_cache: dict[str, registry.KernelDef] = {}
     static: dict[str, tuple[Callable[..., Any], int]] = {}  # kernels of static factories
     # A Merge is control flow: a plan without frame information has none.
@@ -176,10 +183,12 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
             operator.itemgetter(*ins) if arity > 2 else None, flow)))
     # Without control-flow info there is no Switch / Merge (no CONTROL or SPECIAL kind):
     # all_inline then means every node is an inline kernel.
-    schedulable = plan.frames is None and all_inline and runs_straight_line(
-        n.flow for n in nodes)
+    if options is None:
+        options = _DEFAULT_OPTIONS
+    schedulable = (options.straight_line and plan.frames is None and all_inline
+                   and runs_straight_line(n.flow for n in nodes))
     return BoundPlan(plan, tuple(nodes), op_lookup, device, all_inline, plan.loops, schedulable,
-                     receives)
+                     receives, options)
 
 
 def _call_kernel(node: NodeDef, device: LocalDevice, resources: Any, bodies: dict[Any, Any],

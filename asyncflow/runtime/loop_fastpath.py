@@ -20,8 +20,7 @@ form from there; that is always exact, because every iteration so far ran whole.
 Which frames run here: see :mod:`asyncflow.compiler.loop_schedule`; in addition,
 every node of the frame must run inline (no async, thread or transfer kernel), and
 a traced step (``FULL_TRACE``) always uses the general path, which records every
-node.  :data:`ENABLED` (tests only) turns the fast path off for the steps made while
-it is False.
+node.  ``ExecutorOptions(straight_line=False)`` turns the fast path off.
 """
 
 from __future__ import annotations
@@ -60,11 +59,7 @@ if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundPlan
     from asyncflow.runtime.propagators import Step
 
-__all__ = ["ENABLED", "BoundLoop", "LoopRun", "fast_loops"]
-
-#: Tests set this False to run every loop with the general FramePropagator (read
-#: when a step is made).
-ENABLED = True
+__all__ = ["BoundLoop", "LoopRun", "fast_loops"]
 
 #: One bound instruction: what the interpreter unpacks.
 #: (kind, kernel or None, input slots, out slot, outputs, check slots, frees, node, extra)
@@ -123,7 +118,7 @@ _BOUND: weakref.WeakKeyDictionary[BoundPlan, tuple[BoundLoop | None, ...]] = (
 
 def fast_loops(bound: BoundPlan) -> tuple[BoundLoop | None, ...]:
     """Per static frame of ``bound``'s plan: its fast path, or None (general path)."""
-    if not ENABLED or not bound.plan.loop_schedules:
+    if not bound.options.straight_line or not bound.plan.loop_schedules:
         return ()
     loops = _BOUND.get(bound)
     if loops is None:

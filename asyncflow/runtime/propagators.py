@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from asyncflow.compiler.control_flow import FrameInfo
     from asyncflow.runtime.bind import BoundNode, BoundPlan
 
-__all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "SCHEDULE_AFTER", "Dead",
+__all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "Dead",
            "FastLoop", "FastRun", "FramePropagator", "PlainPropagator", "Propagator",
            "SchedulePropagator", "StaticSchedule", "Step"]
 
@@ -140,11 +140,18 @@ def _dead_fetch(bound: BoundPlan, k: int, v: Dead) -> errors.InvalidArgumentErro
 _NO_MERGES: dict[int, list[Any]] = {}
 
 
+def _shuffler(bound: BoundPlan) -> Any:
+    """The shuffle of a step's ready batches (``ExecutorOptions.shuffle_seed``), or None."""
+    if bound.options.shuffle_seed is None:
+        return None
+    return bound.options.shuffler().shuffle  # type: ignore[union-attr]
+
+
 class PlainPropagator:
     """Readiness by pending counts over one value list (graphs without loop frames)."""
 
     __slots__ = ("_bound", "_dead", "_kinds", "_merges", "_nodes", "_pending",
-                 "_ready", "_refs", "_step", "_vals")
+                 "_ready", "_refs", "_shuffle", "_step", "_vals")
 
     def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
                  args: Sequence[Any]) -> None:
@@ -167,6 +174,7 @@ class PlainPropagator:
         # Merge node -> [control producers left, dead inputs, first live input, fired, origin]
         # (no Merge without control flow: then one shared, always empty dict)
         self._merges: dict[int, list[Any]] = {} if info is not None else _NO_MERGES
+        self._shuffle = _shuffler(bound)
 
     def has_ready(self) -> bool:
         return bool(self._ready)
@@ -195,10 +203,13 @@ class PlainPropagator:
         dead = self._dead
         pop = ready.pop
         push = ready.append
+        shuffle = self._shuffle  # (tests only: ExecutorOptions.shuffle_seed)
         budget = CHECK_EVERY
         i = -1
         try:
             while ready:
+                if shuffle is not None:
+                    shuffle(ready)
                 i = pop()
                 while True:
                     kernel, kind, n, ins, out, nout, cons, frees, counted, getter, _ = nodes[i]
@@ -248,6 +259,9 @@ class PlainPropagator:
                             return not ready  # the step yields to the loop, then goes on
                         budget = CHECK_EVERY
                     if nxt < 0:
+                        break
+                    if shuffle is not None:  # the consumer joins the batch to shuffle
+                        push(nxt)
                         break
                     i = nxt
                 if step._error is not None:
@@ -460,12 +474,6 @@ class PlainPropagator:
 
 # -- a static schedule -------------------------------------------------------------------
 
-#: A plan eligible for a static schedule gets one after this many general runs (the
-#: first run of a plan pays no scheduling cost).  Tests set it very high to force
-#: the general path on the same graphs.
-SCHEDULE_AFTER = 1
-
-
 class StaticSchedule:
     """The straight-line schedule of one bound plan made only of inline kernels without
     control flow: built once, from the plain propagator's order (see
@@ -492,7 +500,9 @@ class StaticSchedule:
         blocks = self.blocks
         if blocks is None:
             self.runs = runs = self.runs + 1
-            if runs <= SCHEDULE_AFTER:
+            # (A plan gets its schedule after ``ExecutorOptions.schedule_after`` general
+            # runs: by default the first run of a plan pays no scheduling cost.)
+            if runs <= self._bound.options.schedule_after:
                 return None
             with gc_paused():  # ~10x faster for a large plan in a large heap
                 blocks = self.blocks = self._build()
@@ -695,7 +705,7 @@ class FramePropagator:
     """Readiness per (node, frame instance, iteration) (graphs with loops)."""
 
     __slots__ = ("_bound", "_info", "_initial", "_initial_pending", "_initial_refs",
-                 "_loops", "_nodes", "_ready", "_root", "_step")
+                 "_loops", "_nodes", "_pick", "_ready", "_root", "_step")
     _loops: Sequence[FastLoop | None]
 
     def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
@@ -716,6 +726,9 @@ class FramePropagator:
         for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
             root_vals[s] = args[k]
         self._ready: deque[tuple[int, _Frame, int]] = deque()
+        # (Tests only, ExecutorOptions.shuffle_seed: which ready token runs next.)
+        rng = bound.options.shuffler() if bound.options.shuffle_seed is not None else None
+        self._pick = rng.randrange if rng is not None else None
         for i in plan.initial_ready:
             self._push(i, self._root, 0)
 
@@ -752,6 +765,8 @@ class FramePropagator:
                 if perf_counter() >= until:
                     return False
                 budget = CHECK_EVERY
+            if self._pick is not None:  # a random ready token next: a shuffled batch
+                ready.rotate(-self._pick(len(ready)))
             i, frame, it = ready.popleft()
             if i < 0:  # a frame instance on the fast path: runs until done or time is up
                 if not self._run_fast(frame, until):

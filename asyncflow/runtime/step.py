@@ -42,7 +42,7 @@ owner, and a completion for the owner itself only readies its node (the owner's 
 drain, below the send, goes on with it).  However long the chain of device changes,
 at most two drains are on the stack.  A waiter completed by anything else (a remote
 pull, a partial run's feed, an abort) runs from the event loop instead.  Without a
-queue (a lone step, or ``barrier.HANDOFFS`` off) every wait is an ``asyncio.Future``
+queue (a lone step, or ``ExecutorOptions.handoffs`` off) every wait is an ``asyncio.Future``
 with a done callback: the general path.
 """
 
@@ -85,20 +85,12 @@ if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["OWN_GROUP", "PARTS", "SLICE", "HandoffQueue", "Step", "abort_on_loop",
+__all__ = ["SLICE", "HandoffQueue", "Step", "abort_on_loop",
            "clear_frames", "current_step", "format_node_error"]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
 SLICE = 0.001
-#: The step's tasks run in a group of its own (``Step._join``: a step whose tasks all
-#: finished returns without another trip through the event loop) instead of an
-#: ``asyncio.TaskGroup``, the general path kept for tests that compare the two.
-OWN_GROUP = True
-#: An async kernel with ``parts``, ``(func, convert)`` (a ``py_func``: ``convert(await
-#: func(*args))``), is run as those: one coroutine less per node.  Tests turn it off
-#: to run the same graphs through the kernel itself.
-PARTS = True
 #: Hand-offs run between two looks at the clock by the send that runs them.
 _HANDOFF_CHECK_EVERY = 32
 
@@ -375,7 +367,7 @@ class Step:
                 if self._error is not None or self._stopped or (
                         not self._outstanding and not prop.has_ready()):
                     return
-            if OWN_GROUP:
+            if self._bound.options.own_task_group:
                 self._start_deferred(loop.create_task)
                 try:
                     await self._drive(loop)
@@ -439,7 +431,7 @@ class Step:
                 self._cancel_tasks()
 
     async def _join(self) -> None:
-        """The end of the step's own group (``OWN_GROUP``): wait until every task it
+        """The end of the step's own group (``ExecutorOptions.own_task_group``): wait until every task it
         started is done, then raise the first exception one of them ended with that is
         not a cancellation (what ``asyncio.TaskGroup.__aexit__`` does).
 
@@ -649,10 +641,13 @@ class Step:
                     if current_step.get() is not self:  # (the task's context has it)
                         reset = current_step.set(self)  # undone after: the caller's task
                     kernel = node.kernel
-                    parts = getattr(kernel, "parts", None) if PARTS else None
+                    # An async kernel with ``parts``, ``(func, convert)`` (a py_func:
+                    # ``convert(await func(*args))``), runs as those: a coroutine less.
+                    parts = (getattr(kernel, "parts", None)
+                             if self._bound.options.kernel_parts else None)
                     if parts is None:
                         work: Coroutine[Any, Any, Any] = kernel(*args)
-                    else:  # the kernel's own coroutine, then its conversion (see PARTS)
+                    else:  # the kernel's own coroutine, then its conversion
                         func, convert = parts
                         work = func(*args)
                 else:

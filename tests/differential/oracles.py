@@ -20,11 +20,14 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .programs import Node, Program
+
+if TYPE_CHECKING:
+    import asyncflow as af
 
 Outcome = list[tuple[Any, ...]]
 
@@ -172,13 +175,15 @@ def _drive(program: Program, build: Callable[[], dict[int, Any]],
     return outcome
 
 
-def run_asyncflow(program: Program) -> Outcome:
+def run_asyncflow(program: Program, config: af.SessionConfig | None = None,
+                  run_options: af.RunOptions | None = None) -> Outcome:
     import asyncflow as af
 
     api = _Api(af, sigmoid=af.nn.sigmoid, mod=af.mod, where=af.where)
     graph = af.Graph()
-    config = af.SessionConfig(device_count={"CPU": 2})
-    options = af.RunOptions(timeout_in_ms=20_000)
+    if config is None:
+        config = af.SessionConfig(device_count={"CPU": 2})
+    options = run_options if run_options is not None else af.RunOptions(timeout_in_ms=20_000)
 
     def build() -> dict[int, Any]:
         with graph.as_default():
