@@ -11,7 +11,6 @@ import functools
 import pickle
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -161,24 +160,27 @@ async def test_step_stats_are_made_once_and_pickle(graph: af.Graph) -> None:
 
 def test_a_traced_schedule_replays_the_same_order_with_traced_kernels(
         graph: af.Graph) -> None:
-    from asyncflow.runtime.step import _traced_nodes, traced_schedule
+    from asyncflow.runtime.observe import traced_plan
+    from asyncflow.runtime.propagators import schedule_of
 
     x = af.placeholder(af.float32, shape=(), name="x")
     z = af.multiply(af.add(x, 1.0, name="y"), 2.0, name="z")
     with af.Session(graph=graph) as sess:
-        assert sess.run_sync(z, {x: 1.0}) == 4.0
+        for _ in range(3):  # the plan gets its schedule after its first run
+            assert sess.run_sync(z, {x: 1.0}) == 4.0
         bound = sess._prepare(z, {x: 1.0}).bound[0]
-    # A schedule's entries: the kernel first, the node index last, anything between.
-    entries = tuple((n.kernel, n.arity, i) for i, n in enumerate(bound.nodes))
-    schedule = SimpleNamespace(blocks=(entries[:2], entries[2:]), args=((0, 0),))
-    traced = traced_schedule(bound, schedule)
-    assert traced is traced_schedule(bound, schedule)  # made once per schedule
-    assert traced.args is schedule.args
-    assert [len(b) for b in traced.blocks] == [2, len(entries) - 2]
-    nodes = _traced_nodes(bound)
-    flat = [e for b in traced.blocks for e in b]
-    assert [e[1:] for e in flat] == [e[1:] for e in entries]
-    assert all(e[0] is nodes[e[-1]].kernel for e in flat)
+    plan_schedule = bound.derived["schedule"]
+    assert plan_schedule.blocks is not None
+    traced = traced_plan(bound)
+    assert traced is traced_plan(bound)  # made once per plan
+    view = schedule_of(traced)
+    assert view is not None
+    assert view is schedule_of(traced)  # made once per traced plan
+    assert view.args == plan_schedule.args
+    flat = [e for b in view.blocks for e in b]
+    entries = [e for b in plan_schedule.blocks for e in b]
+    assert [e[1:] for e in flat] == [e[1:] for e in entries]  # the same order
+    assert all(e[0] is traced.nodes[e[-1]].kernel for e in flat)
     assert sum(e[0] is not u[0] for e, u in zip(flat, entries, strict=True)) >= 2  # y, z
 
 
@@ -209,7 +211,7 @@ def _straightforward_stats(bound: Any, records: list[Any], compact: Any,
                            tid: int) -> list[NodeExecStats]:
     """A traced step's records made into NodeExecStats the plain way (every event in
     one list sorted by (end, seq), each made by the dataclass's constructor): what the
-    optimised build in runtime/step.py must give, field by field."""
+    optimised build in runtime/observe.py must give, field by field."""
     events: list[tuple[float, int, Any]] = []
     for seq, r in enumerate(records):
         if type(r) is float:

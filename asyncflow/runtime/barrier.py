@@ -47,12 +47,11 @@ class ExecutorBarrier:
         self._retval_map = retval_map
         args = frame.args
         cancellation = CancellationManager()  # one for the whole step
-        # One for the whole step.  Not when traced: a traced kernel finds the step it
-        # records into through the context, and a hand-off drains the receiving
-        # partition inside the sender's drain (its context): traced steps wait on futures.
-        # ``ExecutorOptions.handoffs`` off: every cross-partition wait is a future.
+        # One for the whole step, traced or not (a hand-off makes the receiving
+        # partition's trace the current one while it drains it).  With
+        # ``ExecutorOptions.handoffs`` off every cross-partition wait is a future.
         handoffs = (HandoffQueue() if partitions and partitions[0].options.handoffs
-                    and not trace else None)
+                    else None)
         self._steps = [
             Step(plan, CallFrame(args), trace=trace, rendezvous=self._rendezvous,
                  cancellation=cancellation, handoffs=handoffs)

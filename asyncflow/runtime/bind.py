@@ -100,6 +100,10 @@ class BoundPlan:
         ask; a large plan's first run does not)."""
         ops: tuple[Any, ...] | None = self.derived.get("ops")
         if ops is None:
+            ref = self.derived.get("base")  # an observed copy: its plan's (held there)
+            base = ref() if ref is not None else None
+            if base is not None:
+                return base.ops  # type: ignore[no-any-return]
             lookup = self.op_lookup
             if lookup is None:
                 ops = self.plan.nodes

@@ -19,14 +19,17 @@ form from there; that is always exact, because every iteration so far ran whole.
 
 Which frames run here: see :mod:`asyncflow.compiler.loop_schedule`; in addition,
 every node of the frame must run inline (no async, thread or transfer kernel), and
-a traced step (``FULL_TRACE``) always uses the general path, which records every
-node.  ``ExecutorOptions(straight_line=False)`` turns the fast path off.
+a traced step (``FULL_TRACE``) runs the same programs with its traced kernels (each
+records its frame and iteration; the routing a program does without a kernel —
+Switch, Merge, aliases — is not recorded).  ``ExecutorOptions(straight_line=False)``
+turns the fast path off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import operator
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from time import perf_counter
@@ -45,6 +48,7 @@ from asyncflow.compiler.loop_schedule import (
     LoopSchedule,
     runs_straight_line,
 )
+from asyncflow.runtime.observe import StepTrace, current_trace
 from asyncflow.runtime.propagators import (
     CHECK_EVERY,
     DONE,
@@ -73,19 +77,25 @@ class BoundLoop:
     """A loop frame's schedule with its kernels (made once per bound plan)."""
 
     __slots__ = ("carries", "carry_frees", "enters", "exit_markers", "final", "head",
-                 "index_slots", "merge_slots", "node_of", "pred", "pred_node", "schedule",
-                 "sources", "template", "true", "true_frees", "work")
+                 "index_slots", "merge_slots", "merges", "name", "node_of", "pred",
+                 "pred_node", "schedule", "sources", "template", "true", "true_frees", "work")
 
     def __init__(self, schedule: LoopSchedule, nodes: Sequence[Any],
-                 ops: Sequence[Any]) -> None:
+                 ops: Sequence[Any], name: str = "", merges: tuple[int, ...] = ()) -> None:
         self.schedule = schedule
+        #: The frame's name (what a traced kernel records with its iteration).
+        self.name = name
+        #: Traced plans: the loop Merges, recorded as control at every iteration (the
+        #: programs route the loop variables without running them); else empty.
+        self.merges = merges
+        traced = bool(merges)
         self.template = schedule.template
         self.enters = dict(schedule.enters)
         self.pred = schedule.pred
         head = [_bind_instr(x, nodes, ops) for x in schedule.head]
         true = [_bind_instr(x, nodes, ops) for x in schedule.true]
-        self.head = tuple(_closure(x) for x in head)
-        self.true = tuple(_closure(x) for x in true)
+        self.head = tuple(_closure(x, traced) for x in head)
+        self.true = tuple(_closure(x, traced) for x in true)
         #: What a failing closure of ``head`` / ``true`` names: its node.
         self.node_of = {f: x[7] for f, x in zip((*self.head, *self.true), (*head, *true))}
         self.final = tuple(_bind_instr(x, nodes, ops) for x in schedule.final)
@@ -134,7 +144,12 @@ def _bind_loops(bound: BoundPlan) -> tuple[BoundLoop | None, ...]:
                                                       for i in schedule.members):
             out.append(None)  # a kernel that does not run inline: the general path
         else:
-            out.append(BoundLoop(schedule, nodes, ops))
+            frames = bound.plan.frames
+            assert frames is not None
+            merges = tuple(i for i in schedule.members if frames.loop_merge[i]) \
+                if bound.derived.get("traced") else ()
+            out.append(BoundLoop(schedule, nodes, ops, frames.frames[schedule.frame].name,
+                                 merges))
     return tuple(out) if any(b is not None for b in out) else ()
 
 
@@ -196,7 +211,10 @@ class LoopRun:
         budget = CHECK_EVERY
         k = self.iteration
         f: _Op | None = None
+        trace = step._trace  # a traced step: its kernels record the iteration
         while True:
+            if trace is not None:
+                _record_iteration(trace, loop, k)
             try:
                 for f in head:
                     f(vals)
@@ -255,10 +273,33 @@ def _one_getter(slot: int) -> Callable[[list[Any]], tuple[Any, ...]]:
     return get
 
 
-def _closure(x: _BInstr) -> _Op:
-    """Instruction ``x`` (of the head or of an iteration that goes on) as a closure."""
-    kind, kernel, ins, out, nout, checks, frees, _, extra = x
+def _record_iteration(trace: StepTrace, loop: BoundLoop, k: int) -> None:
+    """A traced step starts iteration ``k`` of ``loop``: its kernels record it, and its
+    loop Merges are recorded as control."""
+    trace.label = (loop.name, k)
+    now = time.time()
+    for m in loop.merges:
+        trace.record(m, "control", now, now, ())
+
+
+def _recorded(run: _Op, node: int) -> _Op:
+    """A routing instruction (Switch, Merge) of a traced plan: recorded as control."""
+    def recorded(vals: list[Any]) -> None:
+        run(vals)
+        trace = current_trace()
+        if trace is not None:
+            now = time.time()
+            trace.record(node, "control", now, now, ())
+    return recorded
+
+
+def _closure(x: _BInstr, traced: bool = False) -> _Op:
+    """Instruction ``x`` (of the head or of an iteration that goes on) as a closure
+    (``traced``: a routing instruction records itself)."""
+    kind, kernel, ins, out, nout, checks, frees, node, extra = x
     run = _live_closure(kind, kernel, ins, out, nout, frees, extra)
+    if traced and kind in (I_SWITCH, I_MERGE):
+        run = _recorded(run, node)
     if not checks:
         return run
     dead_outs = range(out, out + nout)

@@ -22,7 +22,7 @@ TensorFlow's executor delegates readiness to a propagator chosen once per graph
   gave a straight-line schedule (only inline kernels, no nested loop) runs instead
   as a tight loop over one reused value list (:mod:`asyncflow.runtime.loop_fastpath`)
   once all its Enters arrived, and hands back to the general form if it meets what
-  that does not model; traced steps always take the general form.
+  that does not model; traced steps take the same path (with traced kernels).
 
 Both free a value after its last reader (per iteration in loops), run inline kernels
 without a task, hand every other node to ``step.dispatch``, and report a fetched
@@ -56,10 +56,11 @@ from asyncflow.runtime.gc_pause import gc_paused
 if TYPE_CHECKING:
     from asyncflow.compiler.control_flow import FrameInfo
     from asyncflow.runtime.bind import BoundNode, BoundPlan
+    from asyncflow.runtime.observe import StepTrace
 
 __all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "Dead",
            "FastLoop", "FastRun", "FramePropagator", "PlainPropagator", "Propagator",
-           "SchedulePropagator", "StaticSchedule", "Step"]
+           "SchedulePropagator", "ScheduleView", "StaticSchedule", "Step", "schedule_of"]
 
 #: Nodes run between two looks at the clock while draining.
 CHECK_EVERY = 256
@@ -85,9 +86,8 @@ class Step(Protocol):
     """What a propagator asks of its step (:class:`asyncflow.runtime.step.Step`)."""
 
     _error: errors.OpError | None
-    _label: tuple[str, int] | None
     _bound: BoundPlan
-    _stats: list[Any] | None  # None unless the step is traced
+    _trace: StepTrace | None  # None unless the step is traced
 
     def dispatch(self, token: Any, i: int, node: BoundNode, args: list[Any],
                  frame_id: int = 0, iter_id: int = 0, is_dead: bool = False) -> None: ...
@@ -349,7 +349,7 @@ class PlainPropagator:
             else:
                 self._store(node, (vals[node.inputs[m[2]]], np.int32(m[2])))
                 self._propagate(i, node, None)
-            if self._step._stats is not None:
+            if self._step._trace is not None:
                 self._trace_control(i)
             return
         dead = self._dead[i] if self._dead is not None else None
@@ -367,7 +367,7 @@ class PlainPropagator:
             marker = Dead(step._bound.ops[i].name)
             self._store(node, (marker, data) if vals[node.inputs[1]] else (data, marker))
             self._propagate(i, node, None)
-            if self._step._stats is not None:
+            if self._step._trace is not None:
                 self._trace_control(i)
             return
         args = [vals[s] for s in node.inputs]
@@ -522,6 +522,41 @@ class StaticSchedule:
                      for k in range(0, len(entries), CHECK_EVERY))
 
 
+class ScheduleView:
+    """A plan's static schedule with the kernels of an observed copy of the plan (see
+    :func:`asyncflow.runtime.observe.observed`): the same order, other kernels."""
+
+    __slots__ = ("args", "blocks")
+
+    def __init__(self, schedule: StaticSchedule | ScheduleView,
+                 nodes: Sequence[BoundNode]) -> None:
+        assert schedule.blocks is not None
+        self.blocks: tuple[tuple[tuple[Any, ...], ...], ...] | None = tuple(
+            tuple((nodes[e[-1]].kernel, *e[1:]) for e in block) for block in schedule.blocks)
+        self.args: tuple[tuple[int, int], ...] = schedule.args
+
+
+def schedule_of(bound: BoundPlan) -> StaticSchedule | ScheduleView | None:
+    """The static schedule ``bound``'s steps replay, or None while its plan runs on the
+    general path (counts a run of the plan; builds its schedule when it has run enough).
+    An observed copy of a plan takes the plan's schedule with its own kernels."""
+    derived = bound.derived
+    ref = derived.get("base")  # an observed copy's plan, weakly (see observe.observed)
+    if ref is None:
+        schedule = derived.get("schedule")
+        if schedule is None:
+            schedule = derived["schedule"] = StaticSchedule(bound)
+        return schedule if schedule.get() is not None else None
+    view = derived.get("schedule")
+    if view is None:
+        base = ref()
+        plan_schedule = schedule_of(base) if base is not None else None
+        if plan_schedule is None:
+            return None
+        view = derived["schedule"] = ScheduleView(plan_schedule, bound.nodes)
+    return view
+
+
 class SchedulePropagator:
     """Runs a :class:`StaticSchedule`: every node once, in a fixed order, no pending
     counts and no ready stack — the plain propagator's result for the plans it takes.
@@ -533,7 +568,7 @@ class SchedulePropagator:
 
     __slots__ = ("_blocks", "_bound", "_next", "_refs", "_step", "_vals")
 
-    def __init__(self, step: Step, bound: BoundPlan, schedule: StaticSchedule,
+    def __init__(self, step: Step, bound: BoundPlan, schedule: StaticSchedule | ScheduleView,
                  args: Sequence[Any]) -> None:
         plan = bound.plan
         self._step = step
@@ -788,8 +823,9 @@ class FramePropagator:
     def _execute(self, i: int, frame: _Frame, it: int, node: BoundNode, kind: int) -> None:
         st = frame.iters[it]
         step = self._step
-        if step._stats is not None:  # traced: kernels record their frame and iteration
-            step._label = (self._info.frames[frame.static].name, it)
+        trace = step._trace
+        if trace is not None:  # traced: kernels record their frame and iteration
+            trace.label = (self._info.frames[frame.static].name, it)
         if kind == CF_NONE and node.flow == _INLINE and i not in st.dead:
             self._run_inline(i, frame, it, st, node)
             return
@@ -801,7 +837,7 @@ class FramePropagator:
             else:
                 value = self._read(st, node.inputs[m[2]])
                 self._complete(i, frame, it, (value, np.int32(m[2])), None)
-            if self._step._stats is not None:
+            if self._step._trace is not None:
                 self._trace_control(i)
             return
         dead = st.dead.get(i)
@@ -829,12 +865,12 @@ class FramePropagator:
             else:
                 outs = (dead, dead)
             self._complete(i, frame, it, outs, dead)
-            if self._step._stats is not None:
+            if self._step._trace is not None:
                 self._trace_control(i)
             return
         value = dead if dead is not None else self._read(st, node.inputs[0])
         self._release(st, node)
-        if self._step._stats is not None:
+        if self._step._trace is not None:
             self._trace_control(i)
         if kind == CF_ENTER:
             child = self._child(frame, it, self._info.child[i])
@@ -1057,6 +1093,8 @@ class FramePropagator:
         assert parent is not None
         if outcome == DONE:  # the last iteration's Exits
             for e, v in run.exits:
+                if self._step._trace is not None:
+                    self._trace_control(e)
                 if isinstance(v, Dead):
                     frame.dead_exits[e] = v
                 elif e not in frame.delivered:

@@ -12,8 +12,9 @@ The step owns what is the same for every graph: dispatching nodes that do not ru
 inline (async kernels become tasks of the step's own task group — a lone one is
 awaited in the caller's task —, expensive ones tasks awaiting a worker thread of the
 device, ``_Recv`` a waiter that the matching send completes, no task), the
-first-error rule, cancellation, deadlines, yielding to the event loop on a budget,
-tracing.  *Which nodes are ready* is the
+first-error rule, cancellation, deadlines, yielding to the event loop on a budget.
+A traced step runs the plan's traced copy (:mod:`asyncflow.runtime.observe`): the
+same engine, task mode and hand-offs, with kernels that record.  *Which nodes are ready* is the
 propagator's business (:mod:`asyncflow.runtime.propagators`), chosen once per plan
 at bind time: the plain propagator (no loop frames; dead tensors of ``cond``
 handled off the fast path) or the frame propagator (loops: frames, iterations,
@@ -52,11 +53,8 @@ import asyncio
 import contextvars
 import functools
 import math
-import threading
 import time
 import traceback
-import weakref
-from array import array
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -64,22 +62,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from asyncflow import errors
-from asyncflow.compiler.keys import frame_key
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel, SendKernel
 from asyncflow.runtime.cancellation import CancellationManager, running_step
-from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.loop_fastpath import fast_loops
+from asyncflow.runtime.observe import StepTrace, traced_plan
 from asyncflow.runtime.propagators import (
     Dead,
     FramePropagator,
     PlainPropagator,
     Propagator,
     SchedulePropagator,
-    StaticSchedule,
+    schedule_of,
 )
 from asyncflow.runtime.resources import WOULD_BLOCK
-from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
+from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
@@ -148,7 +145,6 @@ class Step:
         "_alone",
         "_bound",
         "_cm",
-        "_compact",
         "_ctx",
         "_deferred",
         "_done",
@@ -156,7 +152,6 @@ class Step:
         "_finished",
         "_frame",
         "_handoffs",
-        "_label",
         "_loop",
         "_nodes",
         "_outstanding",
@@ -165,10 +160,9 @@ class Step:
         "_rendezvous",
         "_spare",
         "_spawn",
-        "_stats",
         "_stopped",
         "_tasks",
-        "_tid",
+        "_trace",
     )
 
     def __init__(self, bound: BoundPlan, frame: CallFrame, trace: bool = False,
@@ -205,34 +199,24 @@ class Step:
         # Every node ran and nothing failed: the step's outcome is its results, whatever
         # deadline, close or abort arrives after this (written once, on the loop thread).
         self._finished = False
-        #: The (frame name, iteration) the frame propagator is running a node in.
-        self._label: tuple[str, int] | None = None
-        # Traced steps: raw records, made into NodeExecStats only when the stats are
-        # read (see "tracing" below): a traced inline node costs one clock read.
-        self._stats: list[Any] | None = None
-        self._compact: tuple[array[float], list[Any]] | None = None
-        self._tid = 0  # the thread a traced step's inline nodes run on
-        nodes = bound.nodes
+        # A traced step's records (the observation layer's; None: nobody traces).  A
+        # traced step runs the plan's traced copy: the same engine, other kernels.
+        self._trace: StepTrace | None = None
         if trace:
-            self._stats = []
-            nodes = _traced_nodes(bound)
-            if not bound.frames:
-                n = len(nodes)
-                self._compact = (array("d", bytes(8 * n)), [None] * n)
-        self._nodes = nodes
+            bound = self._bound = traced_plan(bound)
+            self._trace = StepTrace(bound)
+        self._nodes = nodes = bound.nodes
         prop: Propagator
-        if bound.frames:  # loops; simple loop frames on the fast path unless traced
-            prop = FramePropagator(self, bound, nodes, frame.args,
-                                   () if trace else fast_loops(bound))
+        if bound.frames:  # loops; simple loop frames as straight-line programs
+            prop = FramePropagator(self, bound, nodes, frame.args, fast_loops(bound))
         elif bound.schedulable:
             schedule = bound.derived.get("schedule")
             if schedule is None or schedule.blocks is None:
-                schedule = _schedule(bound)  # None while the plan runs the general path
+                schedule = schedule_of(bound)  # None while the plan runs the general path
             if schedule is None:
                 prop = PlainPropagator(self, bound, nodes, frame.args)
-            else:  # traced: the same order, with the traced kernels
-                prop = SchedulePropagator(self, bound, traced_schedule(bound, schedule)
-                                          if trace else schedule, frame.args)
+            else:
+                prop = SchedulePropagator(self, bound, schedule, frame.args)
         else:
             prop = PlainPropagator(self, bound, nodes, frame.args)
         self._prop = prop
@@ -247,13 +231,13 @@ class Step:
         not finish at once).  Not for plans with receives.
         """
         quiet = _quiet_numpy()
-        tracing = self._trace_on() if self._stats is not None else None
+        tracing = self._trace.on() if self._trace is not None else None
         try:
             finished = self._prop.drain(
                 math.inf if slice_s is None else time.perf_counter() + slice_s)
         finally:
             if tracing is not None:
-                self._trace_off(tracing)
+                StepTrace.off(tracing)
             _restore_numpy(quiet)
         if self._error is not None:
             raise self._error
@@ -272,7 +256,7 @@ class Step:
         current = current_step.set(self)  # its tasks and kernels inherit it (and its manager)
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
-        tracing = self._trace_on() if self._stats is not None else None
+        tracing = self._trace.on() if self._trace is not None else None
         quiet = _quiet_numpy()
         try:
             finished = self._error is not None or self._prop.drain(time.perf_counter() + SLICE)
@@ -284,7 +268,7 @@ class Step:
         finally:
             _restore_numpy(quiet)
             if tracing is not None:
-                self._trace_off(tracing)
+                StepTrace.off(tracing)
             current_step.reset(current)
         if self._error is not None:
             raise self._error
@@ -346,12 +330,7 @@ class Step:
     def stats(self) -> StepStats | None:
         """The step's stats when it ran traced (one device: the partition's); its
         NodeExecStats are made from the raw records when first read."""
-        if self._stats is None:
-            return None
-        return StepStats([DeviceStepStats.deferred(
-            self._bound.plan.device,
-            functools.partial(_node_stats, self._bound, self._stats, self._compact,
-                              self._tid))])
+        return None if self._trace is None else self._trace.stats()
 
     # -- waiting for tasks ----------------------------------------------------------------
 
@@ -406,8 +385,8 @@ class Step:
         try:
             while self._error is None and not self._stopped:
                 if prop.has_ready():
-                    if self._stats is not None:
-                        self._stats.append(time.time())  # a trace boundary
+                    if self._trace is not None:
+                        self._trace.boundary()
                     if not prop.drain(time.perf_counter() + SLICE):
                         await asyncio.sleep(0)  # deadlines, cancels and tasks run
                     continue
@@ -484,7 +463,7 @@ class Step:
             # [this task, cancelled by the step's abort, its cancel requests before]
             alone = self._alone = [task, False, task.cancelling()]
             try:
-                await self._run_node(token, i, args, self._label, alone=True)
+                await self._run_node(token, i, args, self._label(), alone=True)
             except asyncio.CancelledError:
                 if not alone[1] or task.uncancel() > 0:
                     # The caller was cancelled (or its deadline passed): nothing new
@@ -514,8 +493,8 @@ class Step:
         if kind == _SEND:
             # Sends never block: done at once, like an inline node.  A dead value is
             # sent too, flagged, so the receiving device sees the branch was not taken.
-            stats = self._stats
-            start = time.time() if stats is not None else 0.0
+            trace = self._trace
+            start = time.time() if trace is not None else 0.0
             handoffs = self._handoffs
             kernel = node.kernel
             if handoffs is not None and handoffs.owner is None:
@@ -528,8 +507,8 @@ class Step:
                             kernel.key, args[0] if args else SEND_TOKEN, is_dead)
                     else:
                         kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
-                    if stats is not None:
-                        self._record_transfer(i, start, frame_id, iter_id)
+                    if trace is not None:
+                        trace.transfer(i, start, frame_id, iter_id)
                     self._prop.complete(token, None)
                     if queue:  # most often one recv: run it here, the rest (if any) below
                         until = time.perf_counter() + SLICE
@@ -548,14 +527,14 @@ class Step:
                     kernel.key, args[0] if args else SEND_TOKEN, is_dead)
             else:
                 kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
-            if stats is not None:
-                self._record_transfer(i, start, frame_id, iter_id)
+            if trace is not None:
+                trace.transfer(i, start, frame_id, iter_id)
             self._prop.complete(token, None)
             return
         if kind == _RECV:
-            start = time.time() if self._stats is not None else 0.0
+            start = time.time() if self._trace is not None else 0.0
             if self._handoffs is not None:
-                if self._stats is not None:
+                if self._trace is not None:
                     waiter: _RecvWaiter = _TracedRecvWaiter(
                         self, token, i, (start, frame_id, iter_id))
                 else:
@@ -592,8 +571,8 @@ class Step:
                     return
             # The value was there already (an abort raised: the drain fails node i).
             value, dead = item
-            if self._stats is not None:
-                self._record_transfer(i, start, frame_id, iter_id)
+            if self._trace is not None:
+                self._trace.transfer(i, start, frame_id, iter_id)
             self._prop.complete(token, Dead(self._bound.ops[i].name) if dead else value)
             return
         if kind == _ASYNC:
@@ -620,7 +599,7 @@ class Step:
             return
         # The task leaves _tasks itself when its body ends (no done callback to schedule);
         # one cancelled before it started stays until the step, which is failing, ends.
-        self._tasks.add(spawn(self._run_node(token, i, args, self._label)))
+        self._tasks.add(spawn(self._run_node(token, i, args, self._label())))
 
     async def _run_node(self, token: Any, i: int, args: list[Any],
                         label: tuple[str, int] | None, alone: bool = False) -> None:
@@ -637,7 +616,8 @@ class Step:
             try:
                 node = self._nodes[i]
                 if node.flow == _ASYNC:
-                    self._label = label  # what a traced kernel records (frame, iteration)
+                    if label is not None:  # what a traced kernel records (frame, iteration)
+                        self._trace.label = label  # type: ignore[union-attr]
                     if current_step.get() is not self:  # (the task's context has it)
                         reset = current_step.set(self)  # undone after: the caller's task
                     kernel = node.kernel
@@ -708,8 +688,8 @@ class Step:
         if exc is not None:
             self._fail(i, exc)
             return
-        if self._stats is not None:
-            self._record_transfer(i, start, frame_id, iter_id)
+        if self._trace is not None:
+            self._trace.transfer(i, start, frame_id, iter_id)
         value, dead = fut.result()
         self._finish(token, i, Dead(self._bound.ops[i].name) if dead else value)
 
@@ -724,8 +704,8 @@ class Step:
             return
         value, dead = waiter.result  # type: ignore[misc]
         i = waiter.i
-        if self._stats is not None:
-            self._record_transfer(i, *waiter.trace)  # type: ignore[attr-defined]
+        if self._trace is not None:
+            self._trace.transfer(i, *waiter.trace)  # type: ignore[attr-defined]
         try:
             self._prop.complete(waiter.token, Dead(self._bound.ops[i].name) if dead else value)
         except Exception as exc:
@@ -743,9 +723,9 @@ class Step:
         i = waiter.i
         prop = self._prop
         tracing = None
-        if self._stats is not None:
-            self._record_transfer(i, *waiter.trace)  # type: ignore[attr-defined]
-            tracing = _TRACING.set(self)  # traced kernels record here, not in the sender
+        if self._trace is not None:
+            self._trace.transfer(i, *waiter.trace)  # type: ignore[attr-defined]
+            tracing = self._trace.on()  # traced kernels record here, not in the sender
         try:
             prop.complete(waiter.token, Dead(self._bound.ops[i].name) if dead else value)
             drained = prop.drain(until)
@@ -754,7 +734,7 @@ class Step:
             return
         finally:
             if tracing is not None:
-                _TRACING.reset(tracing)
+                StepTrace.off(tracing)
         if not drained or self._error is not None:
             self._wake()  # the waiting loop goes on draining after a yield, or fails
         elif not self._outstanding:
@@ -783,8 +763,8 @@ class Step:
         except Exception as exc:
             self._fail(i, exc)
             return
-        if self._stats is not None:
-            self._stats.append(time.time())  # a trace boundary
+        if self._trace is not None:
+            self._trace.boundary()
         if not prop.drain(time.perf_counter() + SLICE):
             self._wake()  # the waiting loop goes on draining after a yield
         elif self._error is not None:
@@ -839,66 +819,26 @@ class Step:
         self._finished = True
         return retvals
 
-    # -- tracing --------------------------------------------------------------------------
-    #
-    # A traced step keeps raw records and makes them into TF's NodeExecStats only
-    # when someone reads ``stats`` (RunMetadata.step_stats builds them on first
-    # access).  The inline nodes of a frame-free plan (each runs at most once) write
-    # into ``_compact`` at their own index: ``ends[i]``, the time the kernel returned
-    # (a raw double: no object is kept per node), and ``infos[i]``, its outputs'
-    # info.  One clock read per node: a node starts where the step's previous event
-    # on its thread ended — the node before it, a transfer or control record, or a
-    # *boundary*, a bare time appended to ``_stats`` before every drain, when the
-    # step takes up work after the loop ran something else.  ``_stats`` holds, in
-    # the order things happened:
-    #   a float                                         a boundary
-    #   (i, kind, start, end, tid, infos, key, label)  any other node run
-    #   NodeExecStats                                   a nested step's (merge_stats)
-    # An info is what ``_output_info`` gives, or a numpy scalar's type for a scalar.
+    # -- observation (the hooks of :mod:`asyncflow.runtime.observe`) ----------------------
 
-    def _trace_on(self) -> Any:
-        """Make this step the one its traced kernels record into (in this context)."""
-        stats = self._stats
-        if stats is None:
-            return None
-        self._tid = threading.get_ident()  # where its inline nodes run
-        stats.append(time.time())  # a boundary: a drain follows
-        return _TRACING.set(self), _RECORD.set(self._compact)
-
-    @staticmethod
-    def _trace_off(tokens: Any) -> None:
-        if tokens is not None:
-            _RECORD.reset(tokens[1])
-            _TRACING.reset(tokens[0])
+    def _label(self) -> tuple[str, int] | None:
+        """The (frame, iteration) a traced async kernel started now records (loops)."""
+        return self._trace.label if self._trace is not None else None
 
     def record(self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any],
                key: str = "") -> None:
         """Append node ``i``'s stats (traced steps only)."""
-        self._stats.append((i, kind, start, end, threading.get_ident(),  # type: ignore[union-attr]
-                            tuple(_output_info(o) for o in outputs), key, self._label))
-
-    def _record_transfer(self, i: int, start: float, frame_id: int, iter_id: int) -> None:
-        node = self._bound.plan.nodes[i]
-        key = node.attrs["key"]
-        if frame_id or iter_id:
-            key = frame_key(key, frame_id, iter_id)
-        self.record(i, "send" if node.op == "_Send" else "recv", start, time.time(), (),
-                    key=key)
+        self._trace.record(i, kind, start, end, outputs, key)  # type: ignore[union-attr]
 
     @property
     def tracing(self) -> bool:
         """Whether this step records node stats."""
-        return self._stats is not None
+        return self._trace is not None
 
     def merge_stats(self, stats: StepStats, prefix: str) -> None:
         """Add a nested step's node stats (a function call's body), names prefixed."""
-        if self._stats is None:
-            return
-        for dev in stats.dev_stats:
-            for n in dev.node_stats:
-                n.node_name = prefix + n.node_name
-                n.timeline_label = prefix + n.timeline_label
-                self._stats.append(n)  # already a NodeExecStats
+        if self._trace is not None:
+            self._trace.merge(stats, prefix)
 
 
 def _run_handoffs(queue: deque[_RecvWaiter], until: float) -> None:
@@ -991,379 +931,6 @@ class _TracedRecvWaiter(_RecvWaiter):
         super().__init__(step, token, i)
         #: (when the recv started, frame id, iteration).
         self.trace = trace
-
-
-#: The step a traced kernel records into (set by ``Step.run`` of a traced step) and
-#: its ``_compact`` records (what the inline kernels of frame-free plans write).
-_TRACING: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
-    "asyncflow_tracing_step", default=None)
-_RECORD: contextvars.ContextVar[tuple[array[float], list[Any]] | None] = (
-    contextvars.ContextVar("asyncflow_trace_record", default=None))
-
-
-class _Traced:
-    """What tracing a bound plan needs, made once per plan: the traced kernels (a
-    traced step allocates no closures, and so no reference cycles, per node), and the
-    names NodeExecStats carry."""
-
-    __slots__ = ("_inline", "_names", "_schedule", "nodes")
-
-    def __init__(self, bound: BoundPlan) -> None:
-        frames = bound.frames
-        self.nodes = tuple(_traced_node(i, n, frames) for i, n in enumerate(bound.nodes))
-        self._names: list[tuple[str, str, str]] | None = None
-        self._inline: list[tuple[str, str, str, bool]] | None = None
-        self._schedule: tuple[Any, _TracedSchedule] | None = None
-
-    def schedule(self, schedule: Any) -> _TracedSchedule:
-        """``schedule`` (a plan's straight-line schedule: ``blocks`` of entries whose
-        first item is the kernel and last the node index, and ``args``) with the traced
-        kernels: a traced step replays the same order as an untraced one."""
-        made = self._schedule
-        if made is None or made[0] is not schedule:
-            nodes = self.nodes
-            blocks = tuple(tuple((nodes[e[-1]].kernel, *e[1:]) for e in block)
-                           for block in schedule.blocks)
-            made = self._schedule = (schedule, _TracedSchedule(blocks, schedule.args))
-        return made[1]
-
-    def names(self, bound: BoundPlan) -> list[tuple[str, str, str]]:
-        """(node name, op type, timeline label) per node, made on first use."""
-        names = self._names
-        if names is None:
-            names = self._names = [(op.name, op.type, f"{op.name} = {op.type}()")
-                                   for op in bound.ops]
-        return names
-
-    def inline(self, bound: BoundPlan) -> list[tuple[str, str, str, bool]]:
-        """Per node: its names and whether it has one output (its info is then recorded
-        bare), what the stats of a compact inline node need; made on first use."""
-        inline = self._inline
-        if inline is None:
-            inline = self._inline = [(*names, n.num_outputs == 1) for names, n
-                                     in zip(self.names(bound), bound.nodes, strict=True)]
-        return inline
-
-
-class _TracedSchedule:
-    """A straight-line schedule with traced kernels (what the schedule propagator reads)."""
-
-    __slots__ = ("args", "blocks")
-
-    def __init__(self, blocks: tuple[tuple[tuple[Any, ...], ...], ...], args: Any) -> None:
-        self.blocks = blocks
-        self.args = args
-
-
-_TRACED: weakref.WeakKeyDictionary[BoundPlan, _Traced] = weakref.WeakKeyDictionary()
-
-
-def _traced(bound: BoundPlan) -> _Traced:
-    traced = _TRACED.get(bound)
-    if traced is None:
-        traced = _TRACED[bound] = _Traced(bound)
-    return traced
-
-
-def _schedule(bound: BoundPlan) -> StaticSchedule | None:
-    """The static schedule of a schedulable plan, once it has run enough (else None;
-    counts the run)."""
-    schedule = bound.derived.get("schedule")
-    if schedule is None:
-        schedule = bound.derived["schedule"] = StaticSchedule(bound)
-    return schedule if schedule.get() is not None else None
-
-
-def _traced_nodes(bound: BoundPlan) -> tuple[BoundNode, ...]:
-    return _traced(bound).nodes
-
-
-def traced_schedule(bound: BoundPlan, schedule: Any) -> Any:
-    """``bound``'s straight-line ``schedule`` with the kernels of a traced step: an
-    object with the ``blocks`` and ``args`` the schedule propagator reads (typed Any,
-    so it stands where the plan's own schedule does)."""
-    return _traced(bound).schedule(schedule)
-
-
-def _traced_node(i: int, node: BoundNode, frames: bool) -> BoundNode:
-    """``node`` with a kernel that records when it ran into the current traced step."""
-    flow = node.flow
-    if flow not in (registry.INLINE, registry.ASYNC, registry.EXPENSIVE):
-        return node  # transfers are recorded by dispatch, control flow by the propagator
-    kernel = node.kernel
-    if flow == registry.INLINE and not frames:
-        return BoundNode(_compact_traced(i, kernel, node.arity, node.num_outputs == 1),
-                         *node[1:])
-    kind = registry.KERNEL_KINDS[flow]
-    single = node.num_outputs == 1
-    now = time.time
-    current = _TRACING.get
-
-    def info(v: Any) -> tuple[Any, ...]:
-        return (_output_info(v),) if single else tuple(_output_info(o) for o in (v or ()))
-
-    if flow == _ASYNC:
-        async def timed(coro: Coroutine[Any, Any, Any], step: Step | None,
-                        label: tuple[str, int] | None) -> Any:
-            start = now()
-            v = await coro
-            if step is not None and step._stats is not None:
-                step._stats.append((i, kind, start, now(), threading.get_ident(), info(v),
-                                    "", label))
-            return v
-
-        def traced_async(*args: Any) -> Any:
-            step = current()
-            return timed(kernel(*args), step, step._label if step is not None else None)
-        wrapped: Callable[..., Any] = traced_async
-    else:
-        ident = threading.get_ident
-
-        def traced(*args: Any) -> Any:
-            start = now()
-            v = kernel(*args)
-            end = now()
-            step = current()
-            if step is not None and step._stats is not None:
-                step._stats.append((i, kind, start, end, ident(), info(v), "", step._label))
-            return v
-        wrapped = traced
-    return BoundNode(wrapped, *node[1:])
-
-
-def _compact_traced(i: int, kernel: Callable[..., Any], arity: int,
-                    single: bool) -> Callable[..., Any]:
-    """The traced kernel of an inline node of a frame-free plan: one clock read, one
-    context variable read and two stores at the node's index (a numpy scalar output is
-    recorded as its type: no attribute reads, no object kept)."""
-    now = time.time
-    current = _RECORD.get
-    scalars = _SCALAR_TYPES
-    info = _output_info
-    if single and arity == 2:
-        def traced2(a: Any, b: Any) -> Any:
-            v = kernel(a, b)
-            record = current()
-            if record is not None:
-                ends, infos = record
-                ends[i] = now()
-                t = type(v)
-                infos[i] = t if t in scalars else info(v)
-            return v
-        return traced2
-    if single and arity == 1:
-        def traced1(a: Any) -> Any:
-            v = kernel(a)
-            record = current()
-            if record is not None:
-                ends, infos = record
-                ends[i] = now()
-                t = type(v)
-                infos[i] = t if t in scalars else info(v)
-            return v
-        return traced1
-
-    def traced(*args: Any) -> Any:
-        v = kernel(*args)
-        record = current()
-        if record is not None:
-            ends, infos = record
-            ends[i] = now()
-            if single:
-                t = type(v)
-                infos[i] = t if t in scalars else info(v)
-            else:
-                infos[i] = tuple(info(o) for o in (v or ()))
-        return v
-    return traced
-
-
-def _node_stats(bound: BoundPlan, records: list[Any],
-                compact: tuple[array[float], list[Any]] | None,
-                tid: int) -> list[NodeExecStats]:
-    """A traced step's raw records as TF's ``NodeExecStats``, in the order the nodes
-    ended (see "tracing" in :class:`Step`).
-
-    The records (boundaries, node runs, nested steps' stats; few in a frame-free plan)
-    are sorted by when they ended, ties in the order they were made; the compact
-    inline nodes are taken from ``ends`` with numpy (already in end order when the
-    plan ran in index order, else sorted stably) and their stats made in a tight loop
-    (:func:`_inline_stats`); a record goes before the compact nodes that ended at the
-    same time."""
-    # A large step's stats are many new objects, none of them cyclic, kept as long as
-    # the RunMetadata: no collection while they are made, and they start old (else
-    # the next young collection, right after the read, scans them all for nothing).
-    with gc_paused(promote_after=5_000):
-        return _make_node_stats(bound, records, compact, tid)
-
-
-def _make_node_stats(bound: BoundPlan, records: list[Any],
-                     compact: tuple[array[float], list[Any]] | None,
-                     tid: int) -> list[NodeExecStats]:
-    # (end, seq, record): seq is unique, so the sort never compares records.
-    events: list[tuple[float, int, Any]] = []
-    for seq, r in enumerate(records):
-        if type(r) is float:
-            events.append((r, seq, None))
-        elif isinstance(r, NodeExecStats):
-            events.append(((r.all_start_micros + r.all_end_rel_micros) / 1e6, seq, r))
-        else:
-            events.append((r[3], seq, r))
-    events.sort()
-    traced = _traced(bound)
-    names = traced.names(bound)
-    index: list[int] = []
-    micros: list[int] = []
-    cuts: list[int] = [0] * len(events)
-    infos: list[Any] = []
-    if compact is not None:
-        ends, infos = compact
-        at = np.frombuffer(ends, dtype=np.float64)
-        idx = np.flatnonzero(at)
-        times = at[idx]
-        if times.size > 1 and bool((times[1:] < times[:-1]).any()):
-            order = np.argsort(times, kind="stable")  # ties: by node index
-            idx, times = idx[order], times[order]
-        index = idx.tolist()
-        # int(t * 1e6) of each end: the product is the same double, the cast truncates.
-        micros = (times * 1e6).astype(np.int64).tolist()
-        if events:
-            cuts = np.searchsorted(times, [e[0] for e in events], side="left").tolist()
-    out: list[NodeExecStats] = []
-    inline = traced.inline(bound)
-    pos = 0
-    last = 0  # when the step's previous event on its own thread ended (us; 0: none yet)
-    for (end, _, r), cut in zip(events, cuts, strict=True):
-        if cut > pos:
-            last = _inline_stats(out, inline, infos, index[pos:cut], micros[pos:cut], last,
-                                 tid)
-            pos = cut
-        if r is None:
-            last = int(end * 1e6)  # a boundary
-        elif isinstance(r, NodeExecStats):
-            out.append(r)
-        else:
-            i, kind, start, end, tid_r, outputs, key, label = r
-            if tid_r == tid:
-                last = int(end * 1e6)
-            out.append(_exec_stats(names[i], kind, start, end, tid_r, outputs, key, label))
-    if pos < len(index):
-        _inline_stats(out, inline, infos, index[pos:], micros[pos:], last, tid)
-    return out
-
-
-def _inline_stats(out: list[NodeExecStats], inline: list[tuple[str, str, str, bool]],
-                  infos: list[Any], index: list[int], micros: list[int], last: int,
-                  tid: int) -> int:
-    """Append the stats of compact inline nodes ``index`` (in the order they ended,
-    at ``micros``) to ``out``: each started where the step's previous event ended
-    (``last``, in us; 0: when it ended).  Returns when the last one ended.
-
-    The hot loop of reading a traced step's stats: every field of the dataclass is set
-    directly (no keyword or ``__init__`` call per node; tests/test_tracing_paths.py
-    checks the result field by field against the constructor's)."""
-    new = object.__new__
-    cls = NodeExecStats
-    append = out.append
-    scalars = _FIRST_SCALAR_OUTPUTS
-    for i, end in zip(index, micros, strict=True):
-        start = last or end
-        last = end
-        name, op_type, timeline, single = inline[i]
-        info = infos[i]
-        if not single:
-            output = _node_outputs(info)
-        elif type(info) is type:  # a numpy scalar's type: its shared NodeOutput
-            o = scalars.get(info)
-            output = [o if o is not None else _scalar_output(0, info)]
-        else:
-            output = _node_outputs((info,))
-        s = new(cls)
-        s.node_name = name
-        s.op_type = op_type
-        s.kind = "inline"
-        s.scheduled_micros = start
-        s.all_start_micros = start
-        s.op_start_rel_micros = 0
-        s.op_end_rel_micros = s.all_end_rel_micros = end - start
-        s.thread_id = tid
-        s.timeline_label = timeline
-        s.output = output
-        s.rendezvous_key = ""
-        s.frame_name = ""
-        s.iter_id = 0
-        append(s)
-    return last
-
-
-def _exec_stats(names: tuple[str, str, str], kind: str, start: float, end: float, tid: int,
-                outputs: tuple[Any, ...], key: str,
-                label: tuple[str, int] | None) -> NodeExecStats:
-    name, op_type, timeline = names
-    start_us = int(start * 1e6)
-    dur = int(end * 1e6) - start_us
-    frame, iteration = label if label is not None else ("", 0)
-    if frame:
-        timeline = f"{name} = {op_type}() [frame {frame} iter {iteration}]"
-    return NodeExecStats(name, op_type, kind, start_us, start_us, 0, dur, dur, tid, timeline,
-                         _node_outputs(outputs), key, frame, iteration)
-
-
-#: The NodeOutput of a numpy scalar output, by (output index, scalar type); and of
-#: output 0 by scalar type.
-_SCALAR_OUTPUTS: dict[tuple[int, type], NodeOutput] = {}
-_FIRST_SCALAR_OUTPUTS: dict[type, NodeOutput] = {}
-
-
-def _scalar_output(k: int, scalar: type) -> NodeOutput:
-    """Output ``k`` of numpy scalar type ``scalar``: one shared (frozen) NodeOutput."""
-    out = _SCALAR_OUTPUTS.get((k, scalar))
-    if out is None:
-        name, size = _dtype_info(scalar)
-        out = _SCALAR_OUTPUTS[(k, scalar)] = NodeOutput(k, (), name, size)
-        if k == 0:
-            _FIRST_SCALAR_OUTPUTS[scalar] = out
-    return out
-
-
-def _node_outputs(infos: tuple[Any, ...]) -> list[NodeOutput]:
-    outs = []
-    for k, info in enumerate(infos):
-        if info is None:
-            continue
-        if isinstance(info, type):  # a numpy scalar
-            outs.append(_scalar_output(k, info))
-        else:
-            shape, dtype, nbytes = info
-            outs.append(NodeOutput(k, tuple(shape), _dtype_info(dtype)[0], int(nbytes)))
-    return outs
-
-
-_DTYPE_INFO: dict[Any, tuple[str, int]] = {}
-
-#: numpy scalar types of a fixed size: a traced node's scalar output is recorded as
-#: its type alone (``np.str_`` / ``np.bytes_`` / ``np.void`` vary in size: not here).
-_SCALAR_TYPES = frozenset(
-    np.dtype(c).type for c in "?bBhHiIlLqQefdgFDG")
-
-
-def _dtype_info(dtype: Any) -> tuple[str, int]:
-    """The name and item size of a dtype given by its scalar type, memoized (numpy
-    computes ``dtype.name`` anew on every access)."""
-    info = _DTYPE_INFO.get(dtype)
-    if info is None:
-        d = np.dtype(dtype)
-        info = _DTYPE_INFO[dtype] = (d.name, d.itemsize)
-    return info
-
-
-def _output_info(o: Any) -> tuple[tuple[int, ...], Any, int] | None:
-    """(shape, dtype, bytes) of a node's output, without keeping the value alive."""
-    if o is None or isinstance(o, Dead):
-        return None
-    if not isinstance(o, np.ndarray | np.generic):
-        o = np.asarray(o)
-    return o.shape, o.dtype.type, o.nbytes  # the scalar type: hashed fast, named later
 
 
 class _Abortable(Protocol):
