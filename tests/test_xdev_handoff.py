@@ -368,6 +368,7 @@ def test_hand_offs_left_to_the_loop_when_the_slice_is_over(
     # Three devices in a ring: the outermost send's queue holds the hand-offs of the
     # two others' chain.  With no time slice left, the rest of the queue goes to the
     # event loop (each hand-off run from there in its step's context).
+    from asyncflow.runtime import handoff as handoff_module
     from asyncflow.runtime import step as step_module
 
     later = 0
@@ -379,7 +380,7 @@ def test_hand_offs_left_to_the_loop_when_the_slice_is_over(
         handoff_later(self, *args)
 
     monkeypatch.setattr(step_module, "SLICE", 0.0)
-    monkeypatch.setattr(step_module, "_HANDOFF_CHECK_EVERY", 1)
+    monkeypatch.setattr(handoff_module, "_HANDOFF_CHECK_EVERY", 1)
     monkeypatch.setattr(Step, "_handoff_later", counted)
     g, x0, y = chain(300, 3)
     assert _run(g, 3, y, {x0: 0.25}) == 300.25

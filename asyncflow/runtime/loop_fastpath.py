@@ -32,12 +32,10 @@ import operator
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asyncflow import errors
 from asyncflow.compiler.loop_schedule import (
     I_CONST,
     I_EXIT,
@@ -57,6 +55,8 @@ from asyncflow.runtime.propagators import (
     RUNNING,
     Dead,
     _check_outputs,
+    slice_over,
+    switch_outputs,
 )
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class LoopRun:
             try:
                 for f in head:
                     f(vals)
-            except (Exception, asyncio.CancelledError) as exc:  # (_fail tells them apart)
+            except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
                 return self._fail(step, f, exc)
             p = vals[pred]
             try:
@@ -234,7 +234,7 @@ class LoopRun:
             try:
                 for f in true:
                     f(vals)
-            except (Exception, asyncio.CancelledError) as exc:  # (_fail tells them apart)
+            except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
                 return self._fail(step, f, exc)
             carry = sources(vals)
             for s in carry_frees:
@@ -253,15 +253,13 @@ class LoopRun:
             budget -= work
             if budget <= 0:
                 budget = CHECK_EVERY
-                if perf_counter() >= until or step._error is not None:
+                if slice_over(until) or step._error is not None:
                     self.iteration = k
                     return RUNNING
 
 
     def _fail(self, step: Step, f: _Op | None, exc: BaseException) -> int:
         """Closure ``f`` raised ``exc``: its node fails the step."""
-        if isinstance(exc, asyncio.CancelledError):  # raised by the kernel itself
-            exc = errors.CancelledError(None, None, f"kernel raised {exc!r}")
         step.fail(self.loop.node_of[f] if f is not None else -1, exc)
         return FAILED
 
@@ -362,13 +360,7 @@ def _live_closure(kind: int, kernel: Any, ins: tuple[int, ...], out: int, nout: 
         data_slot, pred_slot = ins
 
         def switch(vals: list[Any]) -> None:
-            data = vals[data_slot]
-            if vals[pred_slot]:
-                vals[out] = extra
-                vals[out + 1] = data
-            else:
-                vals[out] = data
-                vals[out + 1] = extra
+            vals[out], vals[out + 1] = switch_outputs(vals[data_slot], vals[pred_slot], extra)
             for r in frees:
                 vals[r] = None
         return switch
@@ -410,11 +402,8 @@ def _run(program: Sequence[_BInstr], vals: list[Any], step: Step,
     failed: list[int] = [-1]
     try:
         _execute(program, vals, exits, failed)
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
         step.fail(failed[0], exc)
-        return False
-    except asyncio.CancelledError as exc:  # raised by the kernel itself: its failure
-        step.fail(failed[0], errors.CancelledError(None, None, f"kernel raised {exc!r}"))
         return False
     return True
 
@@ -457,13 +446,7 @@ def _execute(program: Sequence[_BInstr], vals: list[Any],
             elif nout:
                 vals[out:out + nout] = _check_outputs(v, nout)
         elif kind == I_SWITCH:
-            data = vals[ins[0]]
-            if vals[ins[1]]:
-                vals[out] = extra
-                vals[out + 1] = data
-            else:
-                vals[out] = data
-                vals[out + 1] = extra
+            vals[out], vals[out + 1] = switch_outputs(vals[ins[0]], vals[ins[1]], extra)
         elif kind == I_MERGE:  # the first live input in schedule order, else dead
             first_dead = None
             for k, s in enumerate(ins):

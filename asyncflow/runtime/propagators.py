@@ -65,6 +65,29 @@ __all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "Dead",
 #: Nodes run between two looks at the clock while draining.
 CHECK_EVERY = 256
 
+
+def slice_over(until: float) -> bool:
+    """THE time-slice rule, asked by every engine every :data:`CHECK_EVERY` nodes (a
+    loop program: iterations' worth) and by the hand-offs of a chain of sends: the
+    step's slice, ending at ``until``, is used up, so it yields to the event loop
+    (deadlines, cancellation and other tasks run) and drains again after."""
+    return perf_counter() >= until
+
+
+def switch_outputs(data: Any, pred: Any, marker: Dead) -> tuple[Any, Any]:
+    """THE Switch rule (every engine's): ``data`` goes to output 1 when ``pred`` is
+    true, else to output 0; the other output is ``marker``, the Switch's dead value."""
+    return (marker, data) if pred else (data, marker)
+
+
+def merge_fires(controls_left: int, dead: int, first_live: int, expected: int) -> bool:
+    """THE Merge rule of the pending-count engines: a Merge runs once its control
+    inputs are done and either an input arrived live (it forwards the first live one,
+    with its index) or ``expected`` inputs arrived dead (it is dead).  A loop Merge
+    expects one input per iteration; a straight-line program resolves the same
+    rule statically (the first live candidate in program order)."""
+    return controls_left <= 0 and (first_live >= 0 or dead >= expected)
+
 _INLINE = registry.INLINE
 _SEND = registry.SEND
 _RECV = registry.RECV
@@ -253,7 +276,7 @@ class PlainPropagator:
                                 push(c)
                     budget -= 1
                     if not budget:
-                        if perf_counter() >= until:
+                        if slice_over(until):
                             if nxt >= 0:
                                 push(nxt)
                             return not ready  # the step yields to the loop, then goes on
@@ -266,10 +289,8 @@ class PlainPropagator:
                     i = nxt
                 if step._error is not None:
                     return True
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
             step.fail(i, exc)
-        except asyncio.CancelledError as exc:  # raised by the kernel itself: its failure
-            step.fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
         return True
 
     def complete(self, token: Any, v: Any) -> None:
@@ -364,8 +385,8 @@ class PlainPropagator:
             return
         if cf == CF_SWITCH:
             data = vals[node.inputs[0]]
-            marker = Dead(step._bound.ops[i].name)
-            self._store(node, (marker, data) if vals[node.inputs[1]] else (data, marker))
+            self._store(node, switch_outputs(data, vals[node.inputs[1]],
+                                             Dead(step._bound.ops[i].name)))
             self._propagate(i, node, None)
             if self._step._trace is not None:
                 self._trace_control(i)
@@ -452,7 +473,7 @@ class PlainPropagator:
                     m[2] = pos
         if not data:
             m[0] -= 1
-        if m[0] <= 0 and (m[2] >= 0 or m[1] >= self._nodes[c].arity):
+        if merge_fires(m[0], m[1], m[2], self._nodes[c].arity):
             m[3] = True
             self._ready.append(c)
 
@@ -625,17 +646,14 @@ class SchedulePropagator:
                             if not r:
                                 vals[s] = None
                 b += 1
-                if b < end and perf_counter() >= until:
+                if b < end and slice_over(until):
                     self._next = b
                     return False  # the step yields to the loop, then goes on
             self._next = end
             return True
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
             self._next = end
             step.fail(i, exc)
-        except asyncio.CancelledError as exc:  # raised by the kernel itself: its failure
-            self._next = end
-            step.fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
         return True
 
     def complete(self, token: Any, value: Any) -> None:
@@ -797,7 +815,7 @@ class FramePropagator:
         while ready and step._error is None:
             budget -= 1
             if not budget:
-                if perf_counter() >= until:
+                if slice_over(until):
                     return False
                 budget = CHECK_EVERY
             if self._pick is not None:  # a random ready token next: a shuffled batch
@@ -810,10 +828,8 @@ class FramePropagator:
                 continue
             try:
                 self._execute(i, frame, it, self._nodes[i], kinds[i])
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
                 step.fail(i, exc)
-            except asyncio.CancelledError as exc:  # raised by the kernel itself
-                step.fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
         return True
 
     def _read(self, st: _Iteration, slot: int) -> Any:
@@ -860,8 +876,7 @@ class FramePropagator:
             if dead is None:
                 data = self._read(st, node.inputs[0])
                 pred = self._read(st, node.inputs[1])
-                marker = Dead(self._bound.ops[i].name)
-                outs = (marker, data) if pred else (data, marker)
+                outs = switch_outputs(data, pred, Dead(self._bound.ops[i].name))
             else:
                 outs = (dead, dead)
             self._complete(i, frame, it, outs, dead)
@@ -1039,7 +1054,7 @@ class FramePropagator:
             elif m[2] < 0:
                 m[2] = pos
         expected = 1 if self._info.loop_merge[c] else self._nodes[c].arity
-        if m[0] <= 0 and (m[2] >= 0 or m[1] >= expected):
+        if merge_fires(m[0], m[1], m[2], expected):
             m[3] = 1
             self._push(c, frame, it)
 

@@ -33,7 +33,7 @@ Invariants (each stated where its field is set):
   ends, so a long loop holds no task of a finished iteration.
 
 Cross-partition edges (the hand-off): the partitions of one step share a
-:class:`HandoffQueue`.  A ``_Recv`` that waits leaves a :class:`_RecvWaiter` in the
+:class:`HandoffQueue`.  A ``_Recv`` that waits leaves a :class:`RecvWaiter` in the
 rendezvous (no future); the matching ``_Send`` completes it synchronously, and the
 receiving partition's node finishes and its partition drains right away, on the
 sender's stack, without a trip through the event loop.  To keep that stack flat, the
@@ -55,16 +55,21 @@ import functools
 import math
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
-
-import numpy as np
 
 from asyncflow import errors
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel, SendKernel
 from asyncflow.runtime.cancellation import CancellationManager, running_step
+from asyncflow.runtime.handoff import (
+    HandoffQueue,
+    RecvWaiter,
+    TracedRecvWaiter,
+    later,
+    run_handoffs,
+)
+from asyncflow.runtime.kernel_env import call_in_thread, quiet_numpy, restore_numpy
 from asyncflow.runtime.loop_fastpath import fast_loops
 from asyncflow.runtime.observe import StepTrace, traced_plan
 from asyncflow.runtime.propagators import (
@@ -88,8 +93,6 @@ __all__ = ["SLICE", "HandoffQueue", "Step", "abort_on_loop",
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
 SLICE = 0.001
-#: Hand-offs run between two looks at the clock by the send that runs them.
-_HANDOFF_CHECK_EVERY = 32
 
 _ASYNC = registry.ASYNC
 
@@ -101,33 +104,6 @@ _ASYNC = registry.ASYNC
 current_step: contextvars.ContextVar[Step | None] = running_step
 _SEND = registry.SEND
 _RECV = registry.RECV
-
-
-# Kernels run with numpy's floating-point warnings off (TF does not warn either).
-# np.errstate(all="ignore") costs ~1 us per step on a ~6 us tiny run, most of it
-# building the same error object each time: set numpy's context variable to one
-# prebuilt object instead, when this numpy has it (numpy >= 2), else use errstate.
-try:
-    from numpy._core._ufunc_config import (  # type: ignore[attr-defined]
-        _extobj_contextvar,
-        _make_extobj,
-    )
-
-    _QUIET = _make_extobj(all="ignore")
-
-    def _quiet_numpy() -> Any:
-        return _extobj_contextvar.set(_QUIET)
-
-    def _restore_numpy(token: Any) -> None:
-        _extobj_contextvar.reset(token)
-except ImportError:  # pragma: no cover - older numpy
-    def _quiet_numpy() -> Any:
-        state = np.errstate(all="ignore")
-        state.__enter__()
-        return state
-
-    def _restore_numpy(token: Any) -> None:
-        token.__exit__(None, None, None)
 
 
 def format_node_error(exc: BaseException, op: Any) -> errors.OpError:
@@ -177,7 +153,7 @@ class Step:
         self._handoffs = handoffs
         # A waiter the last recv offered but did not use (its value was there): the
         # next recv offers it again, so only a recv that waits allocates one.
-        self._spare: _RecvWaiter | None = None
+        self._spare: RecvWaiter | None = None
         # The step's context (numpy quiet, cancellation, tracing), for hand-offs run
         # from the event loop; taken at the first recv that waits.
         self._ctx: contextvars.Context | None = None
@@ -230,7 +206,7 @@ class Step:
         continues with ``await run()``, which also starts the async kernels that could
         not finish at once).  Not for plans with receives.
         """
-        quiet = _quiet_numpy()
+        quiet = quiet_numpy()
         tracing = self._trace.on() if self._trace is not None else None
         try:
             finished = self._prop.drain(
@@ -238,7 +214,7 @@ class Step:
         finally:
             if tracing is not None:
                 StepTrace.off(tracing)
-            _restore_numpy(quiet)
+            restore_numpy(quiet)
         if self._error is not None:
             raise self._error
         if not finished or self._outstanding:
@@ -257,7 +233,7 @@ class Step:
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
         tracing = self._trace.on() if self._trace is not None else None
-        quiet = _quiet_numpy()
+        quiet = quiet_numpy()
         try:
             finished = self._error is not None or self._prop.drain(time.perf_counter() + SLICE)
             if self._error is None and (not finished or self._outstanding):
@@ -266,7 +242,7 @@ class Step:
             clear_frames(exc)  # the task group's frames hold it: no cycle left behind
             raise
         finally:
-            _restore_numpy(quiet)
+            restore_numpy(quiet)
             if tracing is not None:
                 StepTrace.off(tracing)
             current_step.reset(current)
@@ -491,89 +467,10 @@ class Step:
         """Start node ``i`` (``token`` to the propagator), which does not run inline."""
         kind = node.flow
         if kind == _SEND:
-            # Sends never block: done at once, like an inline node.  A dead value is
-            # sent too, flagged, so the receiving device sees the branch was not taken.
-            trace = self._trace
-            start = time.time() if trace is not None else 0.0
-            handoffs = self._handoffs
-            kernel = node.kernel
-            if handoffs is not None and handoffs.owner is None:
-                # The outermost send of a chain runs what the chain queues (module doc).
-                handoffs.owner = self
-                queue = handoffs.queue
-                try:
-                    if type(kernel) is SendKernel and not (frame_id or iter_id):
-                        self._rendezvous.send(  # type: ignore[union-attr]
-                            kernel.key, args[0] if args else SEND_TOKEN, is_dead)
-                    else:
-                        kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
-                    if trace is not None:
-                        trace.transfer(i, start, frame_id, iter_id)
-                    self._prop.complete(token, None)
-                    if queue:  # most often one recv: run it here, the rest (if any) below
-                        until = time.perf_counter() + SLICE
-                        first = queue.popleft()
-                        first.step._handoff_drain(first, until)  # never this step
-                        if queue:
-                            _run_handoffs(queue, until)
-                finally:
-                    handoffs.owner = None
-                    if queue:
-                        # (Only if this send raised after handing off: the loop runs them.)
-                        _later(queue)
-                return
-            if type(kernel) is SendKernel and not (frame_id or iter_id):
-                self._rendezvous.send(  # type: ignore[union-attr]
-                    kernel.key, args[0] if args else SEND_TOKEN, is_dead)
-            else:
-                kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
-            if trace is not None:
-                trace.transfer(i, start, frame_id, iter_id)
-            self._prop.complete(token, None)
+            self._send(token, i, node, args, frame_id, iter_id, is_dead)
             return
         if kind == _RECV:
-            start = time.time() if self._trace is not None else 0.0
-            if self._handoffs is not None:
-                if self._trace is not None:
-                    waiter: _RecvWaiter = _TracedRecvWaiter(
-                        self, token, i, (start, frame_id, iter_id))
-                else:
-                    waiter = self._spare  # type: ignore[assignment]
-                    if waiter is None:
-                        waiter = self._spare = _RecvWaiter(self, token, i)
-                    else:
-                        waiter.token = token
-                        waiter.i = i
-                kernel = node.kernel
-                if type(kernel) is RecvKernel and not (frame_id or iter_id):
-                    item = self._rendezvous.recv_or_wait(  # type: ignore[union-attr]
-                        kernel.key, waiter)
-                else:
-                    item = kernel(self._rendezvous, frame_id, iter_id, waiter)
-                if item is None:  # the matching send (or an abort) completes the waiter
-                    self._spare = None  # the rendezvous holds it now
-                    self._outstanding += 1
-                    if self._ctx is None:
-                        self._ctx = contextvars.copy_context()
-                    return
-            else:
-                fut = asyncio.get_running_loop().create_future()
-                item = node.kernel(self._rendezvous, frame_id, iter_id, fut)
-                if item is None:
-                    # Wait without a task and without polling: the matching send (or an
-                    # abort) resolves the future, whose callback finishes the node.
-                    self._outstanding += 1
-                    if self._recvs is None:
-                        self._recvs = set()
-                    self._recvs.add(fut)
-                    fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
-                                                            frame_id, iter_id))
-                    return
-            # The value was there already (an abort raised: the drain fails node i).
-            value, dead = item
-            if self._trace is not None:
-                self._trace.transfer(i, start, frame_id, iter_id)
-            self._prop.complete(token, Dead(self._bound.ops[i].name) if dead else value)
+            self._recv(token, i, node, frame_id, iter_id)
             return
         if kind == _ASYNC:
             # An async kernel with a ``nowait`` twin (queue ops) first tries to finish
@@ -591,6 +488,95 @@ class Step:
             self._deferred.append((token, i, args))
         else:
             self._start_task(spawn, token, i, args)
+
+    def _send(self, token: Any, i: int, node: BoundNode, args: list[Any], frame_id: int,
+              iter_id: int, is_dead: bool) -> None:
+        """Sends never block: done at once, like an inline node.  A dead value is sent
+        too, flagged, so the receiving device sees the branch was not taken."""
+        handoffs = self._handoffs
+        if handoffs is None or handoffs.owner is not None:
+            self._send_value(token, i, node, args, frame_id, iter_id, is_dead)
+            return
+        # The outermost send of a chain runs what the chain queues (module doc).
+        handoffs.owner = self
+        queue = handoffs.queue
+        try:
+            self._send_value(token, i, node, args, frame_id, iter_id, is_dead)
+            if queue:  # most often one recv: run it here, the rest (if any) below
+                until = time.perf_counter() + SLICE
+                first = queue.popleft()
+                first.step._handoff_drain(first, until)  # never this step
+                if queue:
+                    run_handoffs(queue, until)
+        finally:
+            handoffs.owner = None
+            if queue:
+                # (Only if this send raised after handing off: the loop runs them.)
+                later(queue)
+
+    def _send_value(self, token: Any, i: int, node: BoundNode, args: list[Any],
+                    frame_id: int, iter_id: int, is_dead: bool) -> None:
+        trace = self._trace
+        start = time.time() if trace is not None else 0.0
+        kernel = node.kernel
+        if type(kernel) is SendKernel and not (frame_id or iter_id):
+            self._rendezvous.send(  # type: ignore[union-attr]
+                kernel.key, args[0] if args else SEND_TOKEN, is_dead)
+        else:
+            kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
+        if trace is not None:
+            trace.transfer(i, start, frame_id, iter_id)
+        self._prop.complete(token, None)
+
+    def _recv(self, token: Any, i: int, node: BoundNode, frame_id: int, iter_id: int) -> None:
+        """A ``_Recv``: its value now, or a wait the matching send (or an abort) ends."""
+        start = time.time() if self._trace is not None else 0.0
+        if self._handoffs is not None:
+            item = self._recv_or_wait(token, i, node, frame_id, iter_id, start)
+        else:
+            fut = asyncio.get_running_loop().create_future()
+            item = node.kernel(self._rendezvous, frame_id, iter_id, fut)
+            if item is None:
+                # Wait without a task and without polling: the matching send (or an
+                # abort) resolves the future, whose callback finishes the node.
+                self._outstanding += 1
+                if self._recvs is None:
+                    self._recvs = set()
+                self._recvs.add(fut)
+                fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
+                                                        frame_id, iter_id))
+        if item is None:
+            return
+        # The value was there already (an abort raised: the drain fails node i).
+        value, dead = item
+        if self._trace is not None:
+            self._trace.transfer(i, start, frame_id, iter_id)
+        self._prop.complete(token, Dead(self._bound.ops[i].name) if dead else value)
+
+    def _recv_or_wait(self, token: Any, i: int, node: BoundNode, frame_id: int,
+                      iter_id: int, start: float) -> tuple[Any, bool] | None:
+        """A recv with hand-offs: its (value, is_dead), or None when it waits (a
+        :class:`RecvWaiter` in the rendezvous, which the matching send completes)."""
+        if self._trace is not None:
+            waiter: RecvWaiter = TracedRecvWaiter(self, token, i, (start, frame_id, iter_id))
+        else:
+            waiter = self._spare  # type: ignore[assignment]
+            if waiter is None:
+                waiter = self._spare = RecvWaiter(self, token, i)
+            else:
+                waiter.token = token
+                waiter.i = i
+        kernel = node.kernel
+        if type(kernel) is RecvKernel and not (frame_id or iter_id):
+            item = self._rendezvous.recv_or_wait(kernel.key, waiter)  # type: ignore[union-attr]
+        else:
+            item = kernel(self._rendezvous, frame_id, iter_id, waiter)
+        if item is None:  # the matching send (or an abort) completes the waiter
+            self._spare = None  # the rendezvous holds it now
+            self._outstanding += 1
+            if self._ctx is None:
+                self._ctx = contextvars.copy_context()
+        return item
 
     def _start_task(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
                     token: Any, i: int, args: list[Any]) -> None:
@@ -610,29 +596,9 @@ class Step:
         before it starts leaves no coroutine that was never awaited.
         """
         keep = alone  # a task leaves _tasks as its body ends, unless it raises (below)
-        convert: Callable[[Any], Any] | None = None
         try:
-            reset = None
             try:
-                node = self._nodes[i]
-                if node.flow == _ASYNC:
-                    if label is not None:  # what a traced kernel records (frame, iteration)
-                        self._trace.label = label  # type: ignore[union-attr]
-                    if current_step.get() is not self:  # (the task's context has it)
-                        reset = current_step.set(self)  # undone after: the caller's task
-                    kernel = node.kernel
-                    # An async kernel with ``parts``, ``(func, convert)`` (a py_func:
-                    # ``convert(await func(*args))``), runs as those: a coroutine less.
-                    parts = (getattr(kernel, "parts", None)
-                             if self._bound.options.kernel_parts else None)
-                    if parts is None:
-                        work: Coroutine[Any, Any, Any] = kernel(*args)
-                    else:  # the kernel's own coroutine, then its conversion
-                        func, convert = parts
-                        work = func(*args)
-                else:
-                    work = self._bound.device.run_in_thread(
-                        _call_in_thread, contextvars.copy_context(), node.kernel, args)
+                work, convert, reset = self._start_kernel(self._nodes[i], args, label)
                 try:
                     v = await work
                 finally:
@@ -648,34 +614,57 @@ class Step:
                         raise asyncio.CancelledError
             except Exception as exc:
                 self._outstanding -= 1
-                self._fail(i, exc)
+                self.fail(i, exc)
                 return
             except asyncio.CancelledError as exc:
                 self._outstanding -= 1
-                if not _being_cancelled():
-                    # The kernel raised CancelledError itself (e.g. it awaited a future
-                    # someone else cancelled): that is a failure of this node.
-                    self._fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
+                if not _being_cancelled():  # the kernel raised it itself: its failure
+                    self.fail(i, exc)
                     return
                 raise
             except BaseException:
-                # Neither an error nor a cancellation (KeyboardInterrupt, SystemExit, ...):
-                # the step stops, and the task keeps its place in _tasks so that the group
-                # raises it (a lone node's reaches the caller as it is).
                 self._outstanding -= 1
-                spawn = self._spawn  # the loop's create_task in the step's own group
-                if not alone and getattr(spawn, "__self__", None) is self._loop:
-                    # (An asyncio.TaskGroup does this itself, and raises it.)
-                    self._stopped = True
-                    self._cancel_tasks()
-                    self._wake()
-                    keep = True
+                keep = self._stop_for_base_exception(alone) or keep
                 raise
             self._outstanding -= 1
             self._finish(token, i, v)
         finally:
             if not keep:
                 self._tasks.discard(asyncio.current_task())
+
+    def _start_kernel(self, node: BoundNode, args: list[Any], label: tuple[str, int] | None
+                      ) -> tuple[Any, Callable[[Any], Any] | None, Any]:
+        """(what to await, the conversion of its result or None, the ``current_step``
+        token to reset after or None) for an async or thread node."""
+        if node.flow != _ASYNC:
+            return (self._bound.device.run_in_thread(
+                call_in_thread, contextvars.copy_context(), node.kernel, args), None, None)
+        if label is not None:  # what a traced kernel records (frame, iteration)
+            self._trace.label = label  # type: ignore[union-attr]
+        reset = None
+        if current_step.get() is not self:  # (the task's context has it)
+            reset = current_step.set(self)  # undone after: the caller's task
+        kernel = node.kernel
+        # An async kernel with ``parts``, ``(func, convert)`` (a py_func:
+        # ``convert(await func(*args))``), runs as those: a coroutine less.
+        parts = getattr(kernel, "parts", None) if self._bound.options.kernel_parts else None
+        if parts is None:
+            return kernel(*args), None, reset
+        func, convert = parts
+        return func(*args), convert, reset
+
+    def _stop_for_base_exception(self, alone: bool) -> bool:
+        """A kernel raised neither an error nor a cancellation (KeyboardInterrupt,
+        SystemExit, ...): the step stops; True when its task must keep its place in
+        ``_tasks`` so that the step's own group raises it (a lone node's reaches the
+        caller as it is; an ``asyncio.TaskGroup`` does this itself, and raises it)."""
+        spawn = self._spawn  # the loop's create_task in the step's own group
+        if alone or getattr(spawn, "__self__", None) is not self._loop:
+            return False
+        self._stopped = True
+        self._cancel_tasks()
+        self._wake()
+        return True
 
     def _recv_done(self, token: Any, i: int, start: float, frame_id: int, iter_id: int,
                    fut: asyncio.Future[Any]) -> None:
@@ -695,7 +684,7 @@ class Step:
 
     # -- hand-offs (see the module docstring) ---------------------------------------------
 
-    def _handoff_ready(self, waiter: _RecvWaiter) -> None:
+    def _handoff_ready(self, waiter: RecvWaiter) -> None:
         """A recv of this step, whose send is the outermost of the running chain (so the
         step is draining below it): ready its consumers only, that drain goes on
         with them."""
@@ -711,7 +700,7 @@ class Step:
         except Exception as exc:
             self._fail(i, exc)
 
-    def _handoff_drain(self, waiter: _RecvWaiter, until: float) -> None:
+    def _handoff_drain(self, waiter: RecvWaiter, until: float) -> None:
         """A recv of this step completed while the step was not draining: finish the
         node and drain until ``until`` (its own sends queue what they complete).
         ``_finish``, with the caller's time slice."""
@@ -741,7 +730,7 @@ class Step:
             self._finished = True  # before any deadline or close can land
             self._wake()
 
-    def _handoff_later(self, waiter: _RecvWaiter) -> None:
+    def _handoff_later(self, waiter: RecvWaiter) -> None:
         """From the event loop (in the step's context): a recv completed by something
         other than this step group's sends, or left over after a time slice."""
         result = waiter.result
@@ -787,7 +776,12 @@ class Step:
     # -- failure --------------------------------------------------------------------------
 
     def fail(self, i: int, exc: BaseException) -> None:
-        """Node ``i``'s kernel raised ``exc``: the step fails (first error wins)."""
+        """THE failing-kernel rule, every engine's: node ``i``'s kernel raised ``exc``,
+        an ``Exception`` or a ``CancelledError`` of its own (it awaited a future
+        someone else cancelled: a failure of the node, never a cancellation of the
+        step); the step fails with the node's error (the first error wins)."""
+        if isinstance(exc, asyncio.CancelledError):
+            exc = errors.CancelledError(None, None, f"kernel raised {exc!r}")
         self._fail(i, exc)
 
     def _fail(self, i: int, exc: BaseException) -> None:
@@ -841,98 +835,6 @@ class Step:
             self._trace.merge(stats, prefix)
 
 
-def _run_handoffs(queue: deque[_RecvWaiter], until: float) -> None:
-    """Run the rest of the completed recvs a chain of sends queued (the outermost send
-    ran the first one), each in the slice ending at ``until``.  After the slice, the
-    rest are left to the event loop."""
-    count = 1
-    while queue:
-        if not count % _HANDOFF_CHECK_EVERY and time.perf_counter() >= until:
-            _later(queue)  # the slice is over: yield to the loop
-            return
-        waiter = queue.popleft()
-        # Never the outermost send's step (see _RecvWaiter.set_result).
-        waiter.step._handoff_drain(waiter, until)
-        count += 1
-
-
-def _later(queue: deque[_RecvWaiter]) -> None:
-    """Leave the queued hand-offs to the event loop, each in its step's context."""
-    loop = asyncio.get_running_loop()
-    while queue:
-        waiter = queue.popleft()
-        step = waiter.step
-        loop.call_soon(step._handoff_later, waiter, context=step._ctx)
-
-
-class HandoffQueue:
-    """The recvs completed inside a chain of sends, for the chain's outermost send to
-    run (one per step, shared by its partitions; see the module docstring)."""
-
-    __slots__ = ("owner", "queue")
-
-    def __init__(self) -> None:
-        #: The step whose send is the outermost of the running chain, or None.
-        self.owner: Step | None = None
-        #: Completed waiters not run yet; empty whenever ``owner`` is None.
-        self.queue: deque[_RecvWaiter] = deque()
-
-    def __repr__(self) -> str:
-        return f"<HandoffQueue owner={self.owner!r} queued={len(self.queue)}>"
-
-
-class _RecvWaiter:
-    """A waiting ``_Recv`` of a step, as the rendezvous holds it (a future's three
-    methods, :class:`~asyncflow.runtime.rendezvous.Waiter`), without a future."""
-
-    __slots__ = ("i", "result", "step", "token")
-
-    def __init__(self, step: Step, token: Any, i: int) -> None:
-        self.step = step
-        self.token = token
-        self.i = i
-        #: The (value, is_dead) or the error it got; None while it waits.
-        self.result: tuple[Any, bool] | BaseException | None = None
-
-    def done(self) -> bool:
-        """Completed, or its step failed or stopped (then it gives up its turn)."""
-        step = self.step
-        return self.result is not None or step._error is not None or step._stopped
-
-    def set_result(self, result: tuple[Any, bool], /) -> None:
-        self.result = result
-        step = self.step
-        handoffs = step._handoffs
-        assert handoffs is not None
-        owner = handoffs.owner
-        if owner is step:  # draining below the chain's outermost send: ready the node now
-            step._handoff_ready(self)
-        elif owner is not None:  # sent inside a chain: its outermost send runs it
-            handoffs.queue.append(self)
-        else:  # not sent by a partition of this step: from the loop, in the step's context
-            asyncio.get_running_loop().call_soon(step._handoff_later, self, context=step._ctx)
-
-    def set_exception(self, exception: BaseException, /) -> None:
-        self.result = exception
-        step = self.step
-        asyncio.get_running_loop().call_soon(step._handoff_later, self, context=step._ctx)
-
-    def __repr__(self) -> str:
-        state = "waiting" if self.result is None else "completed"
-        return f"<{type(self).__name__} node={self.i} {state}>"
-
-
-class _TracedRecvWaiter(_RecvWaiter):
-    """The waiter of a traced step's recv: also what its transfer record needs."""
-
-    __slots__ = ("trace",)
-
-    def __init__(self, step: Step, token: Any, i: int, trace: tuple[float, int, int]) -> None:
-        super().__init__(step, token, i)
-        #: (when the recv started, frame id, iteration).
-        self.trace = trace
-
-
 class _Abortable(Protocol):
     _error: errors.OpError | None
     _finished: bool
@@ -968,17 +870,3 @@ def clear_frames(exc: BaseException | None) -> None:
 def _being_cancelled() -> bool:
     task = asyncio.current_task()
     return task is None or task.cancelling() > 0
-
-
-def _call_in_thread(ctx: contextvars.Context, kernel: Callable[..., Any],
-                    args: list[Any]) -> Any:
-    """Run a kernel on a worker thread, in the step's context.
-
-    ``StopIteration`` cannot cross into an asyncio future (it would never complete),
-    so it becomes ``OutOfRangeError`` here, as TensorFlow maps it.
-    """
-    try:
-        return ctx.run(kernel, *args)
-    except StopIteration as exc:
-        raise errors.OutOfRangeError(None, None, f"StopIteration: {exc}") from exc
-
