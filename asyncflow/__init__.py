@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from asyncflow import compat, dtypes, errors, nn, raw_ops, testing, tracing, train
 from asyncflow.callables import SessionCallable
-from asyncflow.config import GraphOptions, OptimizerOptions, RunMetadata, RunOptions, SessionConfig
+from asyncflow.config import (
+    ExecutorOptions,
+    GraphOptions,
+    OptimizerOptions,
+    RunMetadata,
+    RunOptions,
+    SessionConfig,
+)
 from asyncflow.dtypes import (
     DType,
     as_dtype,
@@ -168,7 +175,6 @@ from asyncflow.ops.state_ops import (
 )
 from asyncflow.progress import ProgressEvent
 from asyncflow.runtime.cancellation import CancellationManager, get_cancellation_manager
-from asyncflow.runtime.options import ExecutorOptions
 from asyncflow.session import Session, SessionStatistics
 
 __version__ = "0.1.0"

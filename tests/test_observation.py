@@ -10,7 +10,8 @@ import numpy as np
 import asyncflow as af
 from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.call_frame import CallFrame
-from asyncflow.runtime.propagators import FramePropagator, SchedulePropagator
+from asyncflow.runtime.interpreter import ProgramPropagator
+from asyncflow.runtime.propagators import FramePropagator
 from asyncflow.runtime.step import Step
 
 
@@ -32,7 +33,7 @@ def test_a_traced_step_replays_the_plans_schedule() -> None:
         bound = sess._prepare(y, {x: 0.0}).bound[0]
         plain = Step(bound, CallFrame([0.0]))
         traced = Step(bound, CallFrame([0.0]), trace=True)
-        assert type(plain._prop) is type(traced._prop) is SchedulePropagator
+        assert type(plain._prop) is type(traced._prop) is ProgramPropagator
         md = af.RunMetadata()
         full = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
         assert sess.run_sync(y, {x: 0.0}, options=full, run_metadata=md) == 5.0

@@ -34,8 +34,7 @@ def scheduled(sess: af.Session) -> list[bool]:
     out = []
     for call in sess._cache.values():
         for bound in call.bound:
-            schedule = bound.derived.get("schedule")
-            out.append(schedule is not None and schedule.blocks is not None)
+            out.append(bound.derived.get("program") is not None)
     return out
 
 

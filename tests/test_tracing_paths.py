@@ -158,30 +158,35 @@ async def test_step_stats_are_made_once_and_pickle(graph: af.Graph) -> None:
         hash(lazy)
 
 
-def test_a_traced_schedule_replays_the_same_order_with_traced_kernels(
+def test_a_traced_program_runs_the_same_order_with_traced_kernels(
         graph: af.Graph) -> None:
+    from asyncflow.runtime.interpreter import program_of
     from asyncflow.runtime.observe import traced_plan
-    from asyncflow.runtime.propagators import schedule_of
 
     x = af.placeholder(af.float32, shape=(), name="x")
     z = af.multiply(af.add(x, 1.0, name="y"), 2.0, name="z")
     with af.Session(graph=graph) as sess:
-        for _ in range(3):  # the plan gets its schedule after its first run
+        for _ in range(3):  # the plan is lowered after its first run
             assert sess.run_sync(z, {x: 1.0}) == 4.0
         bound = sess._prepare(z, {x: 1.0}).bound[0]
-    plan_schedule = bound.derived["schedule"]
-    assert plan_schedule.blocks is not None
+    plan_program = bound.derived["program"]
     traced = traced_plan(bound)
     assert traced is traced_plan(bound)  # made once per plan
-    view = schedule_of(traced)
-    assert view is not None
-    assert view is schedule_of(traced)  # made once per traced plan
-    assert view.args == plan_schedule.args
-    flat = [e for b in view.blocks for e in b]
-    entries = [e for b in plan_schedule.blocks for e in b]
-    assert [e[1:] for e in flat] == [e[1:] for e in entries]  # the same order
-    assert all(e[0] is traced.nodes[e[-1]].kernel for e in flat)
-    assert sum(e[0] is not u[0] for e, u in zip(flat, entries, strict=True)) >= 2  # y, z
+    program = program_of(traced)
+    assert program is not None
+    assert program is program_of(traced)  # bound once per traced plan
+    assert program.instrs is plan_program.instrs  # the same order
+    assert program.args == plan_program.args
+    blocks = [program.block(k) for k in range(len(program.blocks))]
+    plan_blocks = [plan_program.block(k) for k in range(len(plan_program.blocks))]
+    assert [len(b) for b in blocks] == [len(b) for b in plan_blocks]
+    # Each closure calls the traced kernel of its node: compare the cells.
+    flat = [f for b in blocks for f in b]
+    kernels = [c.cell_contents for f in flat for c in f.__closure__ or ()
+               if callable(c.cell_contents)]
+    assert {traced.nodes[program.node_of[f]].kernel for f in flat} <= set(kernels)
+    untraced = {bound.nodes[plan_program.node_of[f]].kernel for b in plan_blocks for f in b}
+    assert not untraced & set(kernels)
 
 
 async def test_tracing_is_the_same_on_every_run_of_a_plan(graph: af.Graph) -> None:

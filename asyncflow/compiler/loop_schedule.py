@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asyncflow.compiler.control_flow import (
     CF_ENTER,
@@ -89,9 +89,10 @@ _LIVE, _MAYBE, _DEAD = 0, 1, 2
 _ALIASES = frozenset({"Identity", "LoopCond"})
 
 
-@dataclass(frozen=True, slots=True)
-class Instr:
-    """One node of a program.  Slots are local (indices of the loop's value list)."""
+class Instr(NamedTuple):
+    """One node of a program.  Slots are local (indices of the program's value list).
+    A named tuple: immutable, picklable, and cheap to make (a large partition's
+    program has one per node)."""
 
     kind: int                 # I_*
     node: int                 # the plan's node index (what errors name)

@@ -5,14 +5,17 @@ in the same order: nothing waits, nothing is dead, every node runs exactly once.
 :func:`static_order` computes that order once — the very order the plain
 propagator's ready stack would produce (LIFO, a node's first newly ready consumer
 next), so values are freed as early as on the general path — and the executor
-replays it as a straight line (:class:`asyncflow.runtime.propagators.SchedulePropagator`).
+replays it as a straight line: :func:`lower_static_order` lowers it to an
+instruction program (the form :mod:`asyncflow.compiler.loop_schedule` gives loop
+frames), which the runtime's straight-line interpreter runs.
 """
 
 from __future__ import annotations
 
+from asyncflow.compiler.loop_schedule import I_KERNEL, Instr
 from asyncflow.compiler.plan import Plan
 
-__all__ = ["static_order"]
+__all__ = ["lower_static_order", "static_order"]
 
 
 def static_order(plan: Plan) -> tuple[int, ...] | None:
@@ -41,3 +44,34 @@ def static_order(plan: Plan) -> tuple[int, ...] | None:
                 break
             i = nxt
     return tuple(order) if len(order) == len(plan.nodes) else None
+
+
+def lower_static_order(plan: Plan) -> tuple[Instr, ...] | None:
+    """``plan``'s static order as an instruction program over the plan's slots.  A
+    value is freed by its last reader in that order: the plan's sole readers (and
+    producers of unread outputs) free what they free anyway, and a value read by
+    several is freed by the last of them in the order.  None when some node never
+    becomes ready.  (Made on a run: kept to plain passes over the nodes.)"""
+    order = static_order(plan)
+    if order is None:
+        return None
+    inputs, outs, nodes, frees = plan.inputs, plan.out, plan.nodes, plan.frees
+    last: dict[int, int] = {}  # a counted slot -> its last reader in the order
+    counted = plan.counted
+    for i in order:
+        for s in counted[i]:
+            last[s] = i
+    extra: dict[int, list[int]] = {}
+    for s, i in last.items():
+        extra.setdefault(i, []).append(s)
+    make = tuple.__new__  # an Instr without its Python-level __new__ (one per node)
+    program = []
+    for i in order:
+        nout = len(nodes[i].outputs)
+        free = frees[i]
+        more = extra.get(i)
+        if more is not None:
+            free = (*free, *more)
+        program.append(make(Instr, (I_KERNEL, i, inputs[i], outs[i] if nout else -1, nout,
+                                    (), free, (), None)))
+    return tuple(program)

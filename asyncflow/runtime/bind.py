@@ -27,8 +27,8 @@ from asyncflow import errors
 from asyncflow.compiler.ir import FUNCTION_ATTR
 from asyncflow.compiler.keys import frame_key
 from asyncflow.compiler.loop_schedule import runs_straight_line
+from asyncflow.config import ExecutorOptions
 from asyncflow.framework import registry
-from asyncflow.runtime.options import ExecutorOptions
 
 if TYPE_CHECKING:
     from asyncflow.compiler.ir import NodeDef
@@ -83,7 +83,8 @@ class BoundPlan:
     #: Loops in the partition: readiness propagates through frames and iterations.
     frames: bool
     #: Only inline kernels and no control flow (no dead tensor, no frame): untraced
-    #: steps may replay a static schedule (:class:`~asyncflow.runtime.propagators.StaticSchedule`).
+    #: steps may run its static order in the straight-line interpreter
+    #: (:mod:`asyncflow.runtime.interpreter`).
     schedulable: bool = False
     #: Some node is a ``_Recv`` (its value arrives from another partition).
     receives: bool = False

@@ -11,15 +11,26 @@ most two drains are on the stack however long the chain of device changes.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from asyncflow.runtime.propagators import slice_over
 
-if TYPE_CHECKING:
-    from asyncflow.runtime.step import Step
-
 __all__ = ["HandoffQueue", "RecvWaiter", "TracedRecvWaiter", "later", "run_handoffs"]
+
+class Step(Protocol):
+    """What a hand-off asks of a receiving step (:class:`asyncflow.runtime.step.Step`)."""
+
+    _ctx: contextvars.Context | None
+    _error: Any
+    _stopped: bool
+    _handoffs: HandoffQueue | None
+
+    def _handoff_drain(self, waiter: RecvWaiter, until: float) -> None: ...
+    def _handoff_ready(self, waiter: RecvWaiter) -> None: ...
+    def _handoff_later(self, waiter: RecvWaiter) -> None: ...
+
 
 #: Hand-offs run between two looks at the clock by the send that runs them.
 _HANDOFF_CHECK_EVERY = 32

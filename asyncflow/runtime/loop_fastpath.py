@@ -1,12 +1,13 @@
-"""The frame propagator's fast path: a simple loop frame run as a tight Python loop.
+"""Loop frames as straight-line programs: the frame propagator's fast path.
 
-:func:`fast_loops` attaches kernels to the compiler's
+:func:`fast_loops` binds the compiler's
 :class:`~asyncflow.compiler.loop_schedule.LoopSchedule` of each eligible loop frame
-(once per bound plan, remembered with it; the step hands them to its
-:class:`~asyncflow.runtime.propagators.FramePropagator`): the head and the body of an
-iteration that goes on become closures over their slots and kernels, one call per
-node.  :class:`LoopRun` is one instance of such a frame in a step: one flat value
-list, reused from iteration to iteration, and the iteration counter.
+to the plan's kernels (once per bound plan, remembered with it; the step hands them
+to its :class:`~asyncflow.runtime.propagators.FramePropagator`): the head and the
+body of an iteration that goes on become closures of the straight-line interpreter
+(:mod:`asyncflow.runtime.interpreter`), one call per node.  :class:`LoopRun` is one
+instance of such a frame in a step: one flat value list, reused from iteration to
+iteration, and the iteration counter.
 
 The :class:`~asyncflow.runtime.propagators.FramePropagator` stays in charge of
 frames: it creates a ``LoopRun`` when the frame is entered, gives it the Enters'
@@ -17,12 +18,12 @@ delivers the Exits.  When a run meets what the straight-line programs do not mod
 it stops at an iteration boundary and the frame propagator carries on in general
 form from there; that is always exact, because every iteration so far ran whole.
 
-Which frames run here: see :mod:`asyncflow.compiler.loop_schedule`; in addition,
-every node of the frame must run inline (no async, thread or transfer kernel), and
-a traced step (``FULL_TRACE``) runs the same programs with its traced kernels (each
-records its frame and iteration; the routing a program does without a kernel —
-Switch, Merge, aliases — is not recorded).  ``ExecutorOptions(straight_line=False)``
-turns the fast path off.
+Which frames run here: see :mod:`asyncflow.compiler.loop_schedule` and its
+``runs_straight_line`` rule (every kernel of the frame synchronous).  A traced step
+(``FULL_TRACE``) runs the same programs with its traced kernels (each records its
+frame and iteration; the loop's Merges and the body's Switches and Merges are
+recorded as control).  ``ExecutorOptions(straight_line=False)`` turns the fast path
+off.
 """
 
 from __future__ import annotations
@@ -37,16 +38,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from asyncflow.compiler.loop_schedule import (
-    I_CONST,
-    I_EXIT,
-    I_KERNEL,
-    I_MERGE,
     I_SWITCH,
-    Instr,
     LoopSchedule,
     runs_straight_line,
 )
-from asyncflow.runtime.observe import StepTrace, current_trace
+from asyncflow.runtime.interpreter import Op, bind_instr, closure, run_program
+from asyncflow.runtime.observe import StepTrace
 from asyncflow.runtime.propagators import (
     CHECK_EVERY,
     DONE,
@@ -54,9 +51,7 @@ from asyncflow.runtime.propagators import (
     HANDOFF,
     RUNNING,
     Dead,
-    _check_outputs,
     slice_over,
-    switch_outputs,
 )
 
 if TYPE_CHECKING:
@@ -64,14 +59,6 @@ if TYPE_CHECKING:
     from asyncflow.runtime.propagators import Step
 
 __all__ = ["BoundLoop", "LoopRun", "fast_loops"]
-
-#: One bound instruction: what the interpreter unpacks.
-#: (kind, kernel or None, input slots, out slot, outputs, check slots, frees, node, extra)
-_BInstr = tuple[int, Any, tuple[int, ...], int, int, tuple[int, ...], tuple[int, ...], int, Any]
-#: An instruction of the head or of an iteration that goes on, as a closure over
-#: its slots and kernel (one call per node: no unpacking, no dispatch on its kind).
-_Op = Callable[[list[Any]], None]
-
 
 class BoundLoop:
     """A loop frame's schedule with its kernels (made once per bound plan)."""
@@ -92,13 +79,13 @@ class BoundLoop:
         self.template = schedule.template
         self.enters = dict(schedule.enters)
         self.pred = schedule.pred
-        head = [_bind_instr(x, nodes, ops) for x in schedule.head]
-        true = [_bind_instr(x, nodes, ops) for x in schedule.true]
-        self.head = tuple(_closure(x, traced) for x in head)
-        self.true = tuple(_closure(x, traced) for x in true)
+        head = [bind_instr(x, nodes, ops) for x in schedule.head]
+        true = [bind_instr(x, nodes, ops) for x in schedule.true]
+        self.head = tuple(closure(x, traced) for x in head)
+        self.true = tuple(closure(x, traced) for x in true)
         #: What a failing closure of ``head`` / ``true`` names: its node.
         self.node_of = {f: x[7] for f, x in zip((*self.head, *self.true), (*head, *true))}
-        self.final = tuple(_bind_instr(x, nodes, ops) for x in schedule.final)
+        self.final = tuple(bind_instr(x, nodes, ops) for x in schedule.final)
         self.true_frees = schedule.true_frees
         self.carries = schedule.carries
         sources = [src for _, src, _ in schedule.carries]
@@ -153,20 +140,6 @@ def _bind_loops(bound: BoundPlan) -> tuple[BoundLoop | None, ...]:
     return tuple(out) if any(b is not None for b in out) else ()
 
 
-def _bind_instr(x: Instr, nodes: Sequence[Any], ops: Sequence[Any]) -> _BInstr:
-    extra: Any = None
-    kernel: Any = None
-    if x.kind == I_KERNEL:
-        kernel = nodes[x.node].kernel
-    elif x.kind == I_CONST:
-        extra = x.value
-    elif x.kind == I_SWITCH:
-        extra = Dead(ops[x.node].name)
-    elif x.kind == I_MERGE:
-        extra = tuple(np.int32(p) for p in x.positions)
-    return (x.kind, kernel, x.ins, x.out, x.num_outputs, x.checks, x.frees, x.node, extra)
-
-
 class LoopRun:
     """One frame instance on the fast path: its values and its iteration."""
 
@@ -210,7 +183,7 @@ class LoopRun:
         work = loop.work
         budget = CHECK_EVERY
         k = self.iteration
-        f: _Op | None = None
+        f: Op | None = None
         trace = step._trace  # a traced step: its kernels record the iteration
         while True:
             if trace is not None:
@@ -228,7 +201,7 @@ class LoopRun:
                 return FAILED
             if not go:
                 self.iteration = k
-                return DONE if _run(final, vals, step, self.exits) else FAILED
+                return DONE if run_program(final, vals, step, self.exits) else FAILED
             for s in true_frees:
                 vals[s] = None
             try:
@@ -258,7 +231,7 @@ class LoopRun:
                     return RUNNING
 
 
-    def _fail(self, step: Step, f: _Op | None, exc: BaseException) -> int:
+    def _fail(self, step: Step, f: Op | None, exc: BaseException) -> int:
         """Closure ``f`` raised ``exc``: its node fails the step."""
         step.fail(self.loop.node_of[f] if f is not None else -1, exc)
         return FAILED
@@ -280,188 +253,3 @@ def _record_iteration(trace: StepTrace, loop: BoundLoop, k: int) -> None:
         trace.record(m, "control", now, now, ())
 
 
-def _recorded(run: _Op, node: int) -> _Op:
-    """A routing instruction (Switch, Merge) of a traced plan: recorded as control."""
-    def recorded(vals: list[Any]) -> None:
-        run(vals)
-        trace = current_trace()
-        if trace is not None:
-            now = time.time()
-            trace.record(node, "control", now, now, ())
-    return recorded
-
-
-def _closure(x: _BInstr, traced: bool = False) -> _Op:
-    """Instruction ``x`` (of the head or of an iteration that goes on) as a closure
-    (``traced``: a routing instruction records itself)."""
-    kind, kernel, ins, out, nout, checks, frees, node, extra = x
-    run = _live_closure(kind, kernel, ins, out, nout, frees, extra)
-    if traced and kind in (I_SWITCH, I_MERGE):
-        run = _recorded(run, node)
-    if not checks:
-        return run
-    dead_outs = range(out, out + nout)
-    if len(checks) == 1 and nout == 1:  # a node of one cond branch, most often
-        (c,) = checks
-
-        def checked_one(vals: list[Any]) -> None:
-            v = vals[c]
-            if v.__class__ is Dead:
-                vals[out] = v
-                for r in frees:
-                    vals[r] = None
-            else:
-                run(vals)
-        return checked_one
-
-    def checked(vals: list[Any]) -> None:
-        for s in checks:  # the node may be dead: it is when any of these slots is
-            v = vals[s]
-            if v.__class__ is Dead:
-                for o in dead_outs:
-                    vals[o] = v
-                for r in frees:
-                    vals[r] = None
-                return
-        run(vals)
-    return checked
-
-
-def _live_closure(kind: int, kernel: Any, ins: tuple[int, ...], out: int, nout: int,
-                  frees: tuple[int, ...], extra: Any) -> _Op:
-    """The closure of a live node; the commonest shapes (one output, one or two
-    inputs, at most one slot to free) get their own, shortest bodies, every other
-    shape (no input, several outputs or none) the general one: any kernel shape runs
-    here (see ``runs_straight_line``)."""
-    if kind == I_KERNEL and nout == 1 and 1 <= len(ins) <= 2 and len(frees) <= 1:
-        a, b = ins[0], ins[-1]
-        if len(ins) == 2 and not frees:
-            def k2(vals: list[Any]) -> None:
-                vals[out] = kernel(vals[a], vals[b])
-            return k2
-        if len(ins) == 2:
-            (r,) = frees
-
-            def k2f(vals: list[Any]) -> None:
-                vals[out] = kernel(vals[a], vals[b])
-                vals[r] = None
-            return k2f
-        if not frees:
-            def k1(vals: list[Any]) -> None:
-                vals[out] = kernel(vals[a])
-            return k1
-        (r,) = frees
-
-        def k1f(vals: list[Any]) -> None:
-            vals[out] = kernel(vals[a])
-            vals[r] = None
-        return k1f
-    if kind == I_SWITCH:
-        data_slot, pred_slot = ins
-
-        def switch(vals: list[Any]) -> None:
-            vals[out], vals[out + 1] = switch_outputs(vals[data_slot], vals[pred_slot], extra)
-            for r in frees:
-                vals[r] = None
-        return switch
-    if kind == I_CONST:
-        def const(vals: list[Any]) -> None:
-            vals[out] = extra
-            for r in frees:
-                vals[r] = None
-        return const
-    if kind == I_MERGE:
-        candidates = tuple(zip(ins, extra, strict=True))
-
-        def merge(vals: list[Any]) -> None:  # the first live input in schedule order
-            first_dead = None
-            for slot, index in candidates:
-                v = vals[slot]
-                if v.__class__ is not Dead:
-                    vals[out] = v
-                    vals[out + 1] = index
-                    break
-                if first_dead is None:
-                    first_dead = v
-            else:
-                vals[out] = vals[out + 1] = first_dead
-            for r in frees:
-                vals[r] = None
-        return merge
-    program = ((kind, kernel, ins, out, nout, (), frees, -1, extra),)
-
-    def other(vals: list[Any]) -> None:  # a kernel of another shape
-        _execute(program, vals)
-    return other
-
-
-def _run(program: Sequence[_BInstr], vals: list[Any], step: Step,
-         exits: list[tuple[int, Any]] | None) -> bool:
-    """Run one straight-line program over ``vals``; False when a node failed (the
-    step has its error)."""
-    failed: list[int] = [-1]
-    try:
-        _execute(program, vals, exits, failed)
-    except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
-        step.fail(failed[0], exc)
-        return False
-    return True
-
-
-def _execute(program: Sequence[_BInstr], vals: list[Any],
-             exits: list[tuple[int, Any]] | None = None, failed: list[int] | None = None
-             ) -> None:
-    """Run instructions (any kind); a kernel's exception propagates, and ``failed[0]``
-    (when given) says whose it was."""
-    for kind, kernel, ins, out, nout, checks, frees, node, extra in program:
-        if failed is not None:
-            failed[0] = node
-        if checks:  # the node may be dead: it is when any of these slots is
-            dead = None
-            for s in checks:
-                v = vals[s]
-                if v.__class__ is Dead:
-                    dead = v
-                    break
-            if dead is not None:
-                if kind == I_EXIT:
-                    exits.append((node, dead))  # type: ignore[union-attr]
-                elif nout == 1:
-                    vals[out] = dead
-                elif nout:
-                    vals[out:out + nout] = (dead,) * nout
-                for s in frees:
-                    vals[s] = None
-                continue
-        if kind == I_KERNEL:
-            n = len(ins)
-            if n == 2:
-                v = kernel(vals[ins[0]], vals[ins[1]])
-            elif n == 1:
-                v = kernel(vals[ins[0]])
-            else:
-                v = kernel(*[vals[s] for s in ins])
-            if nout == 1:
-                vals[out] = v
-            elif nout:
-                vals[out:out + nout] = _check_outputs(v, nout)
-        elif kind == I_SWITCH:
-            vals[out], vals[out + 1] = switch_outputs(vals[ins[0]], vals[ins[1]], extra)
-        elif kind == I_MERGE:  # the first live input in schedule order, else dead
-            first_dead = None
-            for k, s in enumerate(ins):
-                v = vals[s]
-                if v.__class__ is not Dead:
-                    vals[out] = v
-                    vals[out + 1] = extra[k]
-                    break
-                if first_dead is None:
-                    first_dead = v
-            else:
-                vals[out] = vals[out + 1] = first_dead
-        elif kind == I_CONST:
-            vals[out] = extra
-        else:  # I_EXIT
-            exits.append((node, vals[ins[0]]))  # type: ignore[union-attr]
-        for s in frees:
-            vals[s] = None

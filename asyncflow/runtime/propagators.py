@@ -49,18 +49,15 @@ from asyncflow.compiler.control_flow import (
     CF_NONE,
     CF_SWITCH,
 )
-from asyncflow.compiler.schedule import static_order
 from asyncflow.framework import registry
-from asyncflow.runtime.gc_pause import gc_paused
 
 if TYPE_CHECKING:
     from asyncflow.compiler.control_flow import FrameInfo
     from asyncflow.runtime.bind import BoundNode, BoundPlan
-    from asyncflow.runtime.observe import StepTrace
 
 __all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "Dead",
            "FastLoop", "FastRun", "FramePropagator", "PlainPropagator", "Propagator",
-           "SchedulePropagator", "ScheduleView", "StaticSchedule", "Step", "schedule_of"]
+           "Step", "merge_fires", "slice_over", "switch_outputs"]
 
 #: Nodes run between two looks at the clock while draining.
 CHECK_EVERY = 256
@@ -110,7 +107,7 @@ class Step(Protocol):
 
     _error: errors.OpError | None
     _bound: BoundPlan
-    _trace: StepTrace | None  # None unless the step is traced
+    _trace: Any  # its StepTrace (runtime.observe) when traced, else None
 
     def dispatch(self, token: Any, i: int, node: BoundNode, args: list[Any],
                  frame_id: int = 0, iter_id: int = 0, is_dead: bool = False) -> None: ...
@@ -491,177 +488,6 @@ class PlainPropagator:
                 if isinstance(v, Dead):
                     raise _dead_fetch(self._bound, k, v)
         return out
-
-
-# -- a static schedule -------------------------------------------------------------------
-
-class StaticSchedule:
-    """The straight-line schedule of one bound plan made only of inline kernels without
-    control flow: built once, from the plain propagator's order (see
-    :func:`asyncflow.compiler.schedule.static_order`), after the plan's first runs.
-
-    ``blocks`` splits it into runs of :data:`CHECK_EVERY` nodes, the points where a
-    step looks at the clock; each entry is ``(kernel, arity, in0, in1, out, num_outputs,
-    frees, counted, getter, node)`` (``in0`` / ``in1`` are -1 when unused).
-    """
-
-    __slots__ = ("_bound", "args", "blocks", "runs")
-
-    def __init__(self, bound: BoundPlan) -> None:
-        self._bound = bound
-        self.runs = 0
-        self.blocks: tuple[tuple[tuple[Any, ...], ...], ...] | None = None
-        plan = bound.plan
-        #: (slot, feed index) of every _Arg node.
-        self.args = tuple((s, k) for s, (k, _) in zip(plan.arg_slots, plan.partition.args))
-
-    def get(self) -> tuple[tuple[tuple[Any, ...], ...], ...] | None:
-        """The schedule's blocks, or None while the plan still runs on the general path
-        (counts a run; builds the schedule when the plan has run enough)."""
-        blocks = self.blocks
-        if blocks is None:
-            self.runs = runs = self.runs + 1
-            # (A plan gets its schedule after ``ExecutorOptions.schedule_after`` general
-            # runs: by default the first run of a plan pays no scheduling cost.)
-            if runs <= self._bound.options.schedule_after:
-                return None
-            with gc_paused():  # ~10x faster for a large plan in a large heap
-                blocks = self.blocks = self._build()
-        return blocks
-
-    def _build(self) -> tuple[tuple[tuple[Any, ...], ...], ...] | None:
-        order = static_order(self._bound.plan)
-        if order is None:
-            return None
-        nodes = self._bound.nodes
-        entries = []
-        for i in order:
-            kernel, _, n, ins, out, nout, _, frees, counted, getter, _ = nodes[i]
-            entries.append((kernel, n, ins[0] if n else -1, ins[1] if n > 1 else -1,
-                            out, nout, frees, counted, getter, i))
-        return tuple(tuple(entries[k:k + CHECK_EVERY])
-                     for k in range(0, len(entries), CHECK_EVERY))
-
-
-class ScheduleView:
-    """A plan's static schedule with the kernels of an observed copy of the plan (see
-    :func:`asyncflow.runtime.observe.observed`): the same order, other kernels."""
-
-    __slots__ = ("args", "blocks")
-
-    def __init__(self, schedule: StaticSchedule | ScheduleView,
-                 nodes: Sequence[BoundNode]) -> None:
-        assert schedule.blocks is not None
-        self.blocks: tuple[tuple[tuple[Any, ...], ...], ...] | None = tuple(
-            tuple((nodes[e[-1]].kernel, *e[1:]) for e in block) for block in schedule.blocks)
-        self.args: tuple[tuple[int, int], ...] = schedule.args
-
-
-def schedule_of(bound: BoundPlan) -> StaticSchedule | ScheduleView | None:
-    """The static schedule ``bound``'s steps replay, or None while its plan runs on the
-    general path (counts a run of the plan; builds its schedule when it has run enough).
-    An observed copy of a plan takes the plan's schedule with its own kernels."""
-    derived = bound.derived
-    ref = derived.get("base")  # an observed copy's plan, weakly (see observe.observed)
-    if ref is None:
-        schedule = derived.get("schedule")
-        if schedule is None:
-            schedule = derived["schedule"] = StaticSchedule(bound)
-        return schedule if schedule.get() is not None else None
-    view = derived.get("schedule")
-    if view is None:
-        base = ref()
-        plan_schedule = schedule_of(base) if base is not None else None
-        if plan_schedule is None:
-            return None
-        view = derived["schedule"] = ScheduleView(plan_schedule, bound.nodes)
-    return view
-
-
-class SchedulePropagator:
-    """Runs a :class:`StaticSchedule`: every node once, in a fixed order, no pending
-    counts and no ready stack — the plain propagator's result for the plans it takes.
-
-    Used only for untraced steps of plans made of inline kernels without control flow
-    (no node is ever dispatched, dead or waited for); everything else the step does
-    (first error, yielding on the clock, retvals) is unchanged.
-    """
-
-    __slots__ = ("_blocks", "_bound", "_next", "_refs", "_step", "_vals")
-
-    def __init__(self, step: Step, bound: BoundPlan, schedule: StaticSchedule | ScheduleView,
-                 args: Sequence[Any]) -> None:
-        plan = bound.plan
-        self._step = step
-        self._bound = bound
-        blocks = schedule.blocks
-        assert blocks is not None
-        self._blocks = blocks
-        vals = list(plan.initial_values)
-        for s, k in schedule.args:  # the _Arg nodes
-            vals[s] = args[k]
-        self._vals = vals
-        self._refs = list(plan.initial_refs) if plan.initial_refs is not None else None
-        self._next = 0  # the next block to run
-
-    def has_ready(self) -> bool:
-        return self._next < len(self._blocks)
-
-    def clear(self) -> None:
-        self._next = len(self._blocks)
-
-    def drain(self, until: float) -> bool:
-        """Run the schedule's blocks until the end (True) or until the clock passes
-        ``until`` after a block (False: the step yields, then drains again)."""
-        step = self._step
-        if step._error is not None:
-            return True
-        blocks = self._blocks
-        vals = self._vals
-        refs = self._refs
-        b = self._next
-        end = len(blocks)
-        i = -1
-        try:
-            while b < end:
-                for kernel, n, x, y, out, nout, frees, counted, getter, i in blocks[b]:  # noqa: B007 (i: errors)
-                    if n == 2:
-                        v = kernel(vals[x], vals[y])
-                    elif n == 1:
-                        v = kernel(vals[x])
-                    elif n == 0:
-                        v = kernel()
-                    else:
-                        v = kernel(*getter(vals))
-                    if nout == 1:
-                        vals[out] = v
-                    elif nout:
-                        vals[out:out + nout] = _check_outputs(v, nout)
-                    for s in frees:
-                        vals[s] = None
-                    if counted:
-                        for s in counted:
-                            r = refs[s] - 1  # type: ignore[index]
-                            refs[s] = r  # type: ignore[index]
-                            if not r:
-                                vals[s] = None
-                b += 1
-                if b < end and slice_over(until):
-                    self._next = b
-                    return False  # the step yields to the loop, then goes on
-            self._next = end
-            return True
-        except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
-            self._next = end
-            step.fail(i, exc)
-        return True
-
-    def complete(self, token: Any, value: Any) -> None:
-        raise errors.InternalError(None, None, "a scheduled step dispatches no node")
-
-    def retvals(self) -> list[Any]:
-        vals = self._vals
-        return [vals[s] for s in self._bound.plan.retval_slots]  # the _Retval nodes
 
 
 # -- loops ------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ from asyncflow.runtime.handoff import (
     later,
     run_handoffs,
 )
+from asyncflow.runtime.interpreter import ProgramPropagator, program_of
 from asyncflow.runtime.kernel_env import call_in_thread, quiet_numpy, restore_numpy
 from asyncflow.runtime.loop_fastpath import fast_loops
 from asyncflow.runtime.observe import StepTrace, traced_plan
@@ -77,8 +78,6 @@ from asyncflow.runtime.propagators import (
     FramePropagator,
     PlainPropagator,
     Propagator,
-    SchedulePropagator,
-    schedule_of,
 )
 from asyncflow.runtime.resources import WOULD_BLOCK
 from asyncflow.step_stats import StepStats
@@ -185,14 +184,12 @@ class Step:
         prop: Propagator
         if bound.frames:  # loops; simple loop frames as straight-line programs
             prop = FramePropagator(self, bound, nodes, frame.args, fast_loops(bound))
-        elif bound.schedulable:
-            schedule = bound.derived.get("schedule")
-            if schedule is None or schedule.blocks is None:
-                schedule = schedule_of(bound)  # None while the plan runs the general path
-            if schedule is None:
+        elif bound.schedulable:  # the straight-line interpreter, once the plan is lowered
+            program = bound.derived.get("program") or program_of(bound)
+            if program is None:
                 prop = PlainPropagator(self, bound, nodes, frame.args)
             else:
-                prop = SchedulePropagator(self, bound, schedule, frame.args)
+                prop = ProgramPropagator(self, bound, program, frame.args)
         else:
             prop = PlainPropagator(self, bound, nodes, frame.args)
         self._prop = prop
