@@ -175,7 +175,7 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(
     program = program_of(traced)
     assert program is not None
     assert program is program_of(traced)  # bound once per traced plan
-    assert program.instrs is plan_program.instrs  # the same order
+    assert program.program is plan_program.program  # the same order
     assert program.args == plan_program.args
     blocks = [program.block(k) for k in range(len(program.blocks))]
     plan_blocks = [plan_program.block(k) for k in range(len(plan_program.blocks))]

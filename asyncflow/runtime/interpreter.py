@@ -34,7 +34,7 @@ from asyncflow.compiler.loop_schedule import (
     I_SWITCH,
     Instr,
 )
-from asyncflow.compiler.schedule import lower_static_order
+from asyncflow.compiler.schedule import StaticProgram, lower_static_order
 from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.observe import current_trace
 from asyncflow.runtime.propagators import (
@@ -269,31 +269,30 @@ def execute(program: Sequence[BInstr], vals: list[Any],
 class BoundProgram:
     """A frame-free partition's program bound to the kernels of one bound plan, in
     blocks of :data:`CHECK_EVERY` instructions (the points where a step looks at the
-    clock).  A block's closures are made when a step first reaches it: binding a
-    large program is spread over its first run's time slices (a deadline or a
+    clock).  A block is lowered and its closures made when a step first reaches it:
+    a large program is made over its first run's time slices (a deadline or a
     cancellation lands between two blocks), and costs nothing again."""
 
-    __slots__ = ("_nodes", "args", "blocks", "instrs", "node_of")
+    __slots__ = ("_nodes", "args", "blocks", "node_of", "program")
 
-    def __init__(self, instrs: tuple[Instr, ...], nodes: Sequence[BoundNode],
+    def __init__(self, program: StaticProgram, nodes: Sequence[BoundNode],
                  args: tuple[tuple[int, int], ...]) -> None:
-        self.instrs = instrs
+        self.program = program
         self._nodes = nodes
-        n = len(instrs)
         #: Per block: its closures, or None until a step first runs it.
-        self.blocks: list[tuple[Op, ...] | None] = [None] * (-(-n // CHECK_EVERY))
+        self.blocks: list[tuple[Op, ...] | None] = [None] * (-(-len(program) // CHECK_EVERY))
         #: What a failing closure names: its node.
         self.node_of: dict[Op, int] = {}
         #: (slot, feed index) of every _Arg node.
         self.args = args
 
     def block(self, b: int) -> tuple[Op, ...]:
-        """Block ``b``'s closures (bound on first use)."""
+        """Block ``b``'s closures (lowered and bound on first use)."""
         ops = self.blocks[b]
         if ops is None:
-            with gc_paused():  # new closures, none cyclic
-                bound = [bind_instr(x, self._nodes, ())
-                         for x in self.instrs[b * CHECK_EVERY:(b + 1) * CHECK_EVERY]]
+            with gc_paused():  # new objects, none cyclic
+                instrs = self.program.instrs(b * CHECK_EVERY, (b + 1) * CHECK_EVERY)
+                bound = [bind_instr(x, self._nodes, ()) for x in instrs]
                 ops = tuple(closure(x) for x in bound)
                 self.node_of.update(zip(ops, (x[7] for x in bound), strict=True))
             self.blocks[b] = ops
@@ -317,7 +316,7 @@ def program_of(bound: BoundPlan) -> BoundProgram | None:
     if base is None:
         program = plan_program
     else:
-        program = BoundProgram(plan_program.instrs, bound.nodes, plan_program.args)
+        program = BoundProgram(plan_program.program, bound.nodes, plan_program.args)
     derived["program"] = program
     return program
 
@@ -332,15 +331,13 @@ def _lowered(bound: BoundPlan) -> BoundProgram | None:
     if runs <= bound.options.schedule_after or derived.get("unlowered"):
         return None
     plan = bound.plan
-    # Many new objects, none cyclic: no collection while they are made (~10x faster
-    # for a large plan in a large heap).
-    with gc_paused(promote_after=5_000):
-        instrs = lower_static_order(plan)
-        if instrs is None:
-            derived["unlowered"] = True  # some node never becomes ready: the general path
-            return None
-        args = tuple((s, k) for s, (k, _) in zip(plan.arg_slots, plan.partition.args))
-        program = derived["program"] = BoundProgram(instrs, bound.nodes, args)
+    with gc_paused():  # ~10x faster for a large plan in a large heap
+        lowered = lower_static_order(plan)
+    if lowered is None:
+        derived["unlowered"] = True  # some node never becomes ready: the general path
+        return None
+    args = tuple((s, k) for s, (k, _) in zip(plan.arg_slots, plan.partition.args))
+    program = derived["program"] = BoundProgram(lowered, bound.nodes, args)
     return program
 
 

@@ -206,7 +206,8 @@ class PlainPropagator:
         """Run ready nodes until none is left (True), or until the clock passes ``until``
         (False: the step yields to the event loop, then drains again).
 
-        This is the per-node hot path and is kept in one piece on purpose: every
+        The hot loop (longer than the house's 60 lines on purpose): this is the
+        per-node hot path and is kept in one piece: every
         attribute is hoisted into a local, and the common shapes (1 or 2 inputs, one
         output, one consumer) take the shortest branches.  The completion half
         (store outputs, release inputs, decrement consumers) is repeated in
@@ -663,73 +664,73 @@ class FramePropagator:
         return vals[slot] if slot in vals else self._initial[slot]
 
     def _execute(self, i: int, frame: _Frame, it: int, node: BoundNode, kind: int) -> None:
+        """Run node ``i`` of iteration ``it`` of ``frame``: by its control-flow kind."""
         st = frame.iters[it]
-        step = self._step
-        trace = step._trace
+        trace = self._step._trace
         if trace is not None:  # traced: kernels record their frame and iteration
             trace.label = (self._info.frames[frame.static].name, it)
         if kind == CF_NONE and node.flow == _INLINE and i not in st.dead:
             self._run_inline(i, frame, it, st, node)
-            return
-        if kind == CF_MERGE:
-            m = st.merges.pop(i)
-            if m[2] < 0:
-                all_dead = st.dead.get(i) or Dead(self._bound.ops[i].name)
-                self._complete(i, frame, it, (all_dead, all_dead), all_dead)
-            else:
-                value = self._read(st, node.inputs[m[2]])
-                self._complete(i, frame, it, (value, np.int32(m[2])), None)
-            if self._step._trace is not None:
-                self._trace_control(i)
-            return
-        dead = st.dead.get(i)
-        if kind == CF_NONE:
-            flow = node.flow
-            if dead is not None and flow != _SEND and flow != _RECV:
-                self._complete(i, frame, it, (dead,) * node.num_outputs, dead)
-                return
-            args = [self._read(st, s) for s in node.inputs]
-            if flow == _INLINE:
-                v = node.kernel(*args)
-                outs = (v,) if node.num_outputs == 1 else tuple(_check_outputs(v, node.num_outputs)
-                                                                if node.num_outputs else ())
-                self._complete(i, frame, it, outs, None)
-            else:
-                step.dispatch((i, frame, it), i, node, args if dead is None else
-                              [None] * len(args), frame.id, it, dead is not None)
-            return
-        if kind == CF_SWITCH:
+        elif kind == CF_NONE:
+            self._run_other(i, frame, it, st, node)
+        elif kind == CF_MERGE:
+            self._run_merge(i, frame, it, st, node)
+        elif kind == CF_SWITCH:
+            dead = st.dead.get(i)
             if dead is None:
-                data = self._read(st, node.inputs[0])
-                pred = self._read(st, node.inputs[1])
-                outs = switch_outputs(data, pred, Dead(self._bound.ops[i].name))
+                outs = switch_outputs(self._read(st, node.inputs[0]),
+                                      self._read(st, node.inputs[1]),
+                                      Dead(self._bound.ops[i].name))
             else:
                 outs = (dead, dead)
             self._complete(i, frame, it, outs, dead)
-            if self._step._trace is not None:
+            if trace is not None:
                 self._trace_control(i)
+        else:
+            self._route(i, frame, it, st, node, kind)
+
+    def _run_other(self, i: int, frame: _Frame, it: int, st: _Iteration,
+                   node: BoundNode) -> None:
+        """A node that is dead, or whose kernel is not inline (dispatched)."""
+        dead = st.dead.get(i)
+        flow = node.flow
+        if dead is not None and flow != _SEND and flow != _RECV:
+            self._complete(i, frame, it, (dead,) * node.num_outputs, dead)
             return
+        args = [self._read(st, s) for s in node.inputs]
+        if flow == _INLINE:
+            v = node.kernel(*args)
+            nout = node.num_outputs
+            outs = (v,) if nout == 1 else tuple(_check_outputs(v, nout) if nout else ())
+            self._complete(i, frame, it, outs, None)
+        else:  # (transfers run dead too: the peer learns the deadness)
+            self._step.dispatch((i, frame, it), i, node, args if dead is None else
+                                [None] * len(args), frame.id, it, dead is not None)
+
+    def _run_merge(self, i: int, frame: _Frame, it: int, st: _Iteration,
+                   node: BoundNode) -> None:
+        """A Merge that fired (``merge_fires``): its first live input, or dead."""
+        m = st.merges.pop(i)
+        if m[2] < 0:
+            all_dead = st.dead.get(i) or Dead(self._bound.ops[i].name)
+            self._complete(i, frame, it, (all_dead, all_dead), all_dead)
+        else:
+            value = self._read(st, node.inputs[m[2]])
+            self._complete(i, frame, it, (value, np.int32(m[2])), None)
+        if self._step._trace is not None:
+            self._trace_control(i)
+
+    def _route(self, i: int, frame: _Frame, it: int, st: _Iteration, node: BoundNode,
+               kind: int) -> None:
+        """Enter, Exit, NextIteration: move the value between frames and iterations."""
+        dead = st.dead.get(i)
         value = dead if dead is not None else self._read(st, node.inputs[0])
         self._release(st, node)
         if self._step._trace is not None:
             self._trace_control(i)
         if kind == CF_ENTER:
-            child = self._child(frame, it, self._info.child[i])
-            if child.fast is not None:
-                self._enter_fast(child, i, value)
-                self._done_token(frame, it)
-                return
-            if self._info.constant[i]:
-                child.invariants.append((i, value))
-                for k in list(child.iters):
-                    self._deliver(i, value, child, k)
-            else:
-                self._deliver(i, value, child, 0)
-            child.pending_enters -= 1
-            self._done_token(frame, it)
-            self._check_iteration(child, 0)
-            return
-        if kind == CF_EXIT:
+            self._enter(i, frame, it, value)
+        elif kind == CF_EXIT:
             if isinstance(value, Dead):
                 frame.dead_exits[i] = value  # delivered dead if no live value ever comes
             elif i not in frame.delivered:
@@ -737,21 +738,41 @@ class FramePropagator:
                 assert frame.parent is not None
                 self._deliver(i, value, frame.parent, frame.parent_iter)
             self._done_token(frame, it)
-            return
-        if kind == CF_NEXT:
+        elif kind == CF_NEXT:
             if not isinstance(value, Dead):
-                nxt = it + 1
-                if nxt in frame.iters:
-                    self._deliver(i, value, frame, nxt)
-                elif len(frame.iters) < self._info.frames[frame.static].parallel_iterations \
-                        and not frame.waiting:
-                    self._new_iteration(frame, nxt)
-                    self._deliver(i, value, frame, nxt)
-                else:
-                    frame.waiting.append((nxt, i, value))
+                self._next_iteration(i, frame, it + 1, value)
+            self._done_token(frame, it)
+        else:
+            raise errors.InternalError(None, self._bound.ops[i],
+                                       f"unknown control-flow kind {kind}")
+
+    def _enter(self, i: int, frame: _Frame, it: int, value: Any) -> None:
+        child = self._child(frame, it, self._info.child[i])
+        if child.fast is not None:
+            self._enter_fast(child, i, value)
             self._done_token(frame, it)
             return
-        raise errors.InternalError(None, self._bound.ops[i], f"unknown control-flow kind {kind}")
+        if self._info.constant[i]:
+            child.invariants.append((i, value))
+            for k in list(child.iters):
+                self._deliver(i, value, child, k)
+        else:
+            self._deliver(i, value, child, 0)
+        child.pending_enters -= 1
+        self._done_token(frame, it)
+        self._check_iteration(child, 0)
+
+    def _next_iteration(self, i: int, frame: _Frame, nxt: int, value: Any) -> None:
+        """NextIteration ``i`` carries ``value`` into iteration ``nxt`` (at most
+        ``parallel_iterations`` in flight: later ones queue)."""
+        if nxt in frame.iters:
+            self._deliver(i, value, frame, nxt)
+        elif len(frame.iters) < self._info.frames[frame.static].parallel_iterations \
+                and not frame.waiting:
+            self._new_iteration(frame, nxt)
+            self._deliver(i, value, frame, nxt)
+        else:
+            frame.waiting.append((nxt, i, value))
 
     def _run_inline(self, i: int, frame: _Frame, it: int, st: _Iteration,
                     node: BoundNode) -> None:
