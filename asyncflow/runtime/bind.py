@@ -160,15 +160,7 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
         elif known is not None:
             kernel, flow = known
         else:
-            kdef = kernel_cache.get(op_type)
-            if kdef is None:
-                try:
-                    kdef = kernel_cache[op_type] = registry.get_kernel(op_type,
-                                                                       device.device_type)
-                except errors.NotFoundError as exc:
-                    raise errors.NotFoundError(
-                        None, _op_for(node, op_lookup),
-                        f"{exc.message} (needed by node {node.name!r})") from None
+            kdef = _kernel_def(node, device, kernel_cache, op_lookup)
             kernel, flow = kdef.instantiate(node, resources)
             if kdef.static:
                 static[op_type] = (kernel, flow)
@@ -188,12 +180,26 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
             operator.itemgetter(*ins) if arity > 2 else None, flow)))
     # Without control-flow info there is no Switch / Merge (no CONTROL or SPECIAL kind):
     # all_inline then means every node is an inline kernel.
-    if options is None:
-        options = _DEFAULT_OPTIONS
+    options = options if options is not None else _DEFAULT_OPTIONS
     schedulable = (options.straight_line and plan.frames is None and all_inline
                    and runs_straight_line(n.flow for n in nodes))
     return BoundPlan(plan, tuple(nodes), op_lookup, device, all_inline, plan.loops, schedulable,
                      receives, options)
+
+
+def _kernel_def(node: NodeDef, device: LocalDevice, cache: dict[str, registry.KernelDef],
+                op_lookup: Callable[[str], Any] | None) -> registry.KernelDef:
+    """The registered kernel of ``node``'s op for ``device`` (looked up once per op
+    type and plan); a missing one is a ``NotFoundError`` naming the node."""
+    kdef = cache.get(node.op)
+    if kdef is None:
+        try:
+            kdef = cache[node.op] = registry.get_kernel(node.op, device.device_type)
+        except errors.NotFoundError as exc:
+            raise errors.NotFoundError(
+                None, _op_for(node, op_lookup),
+                f"{exc.message} (needed by node {node.name!r})") from None
+    return kdef
 
 
 def _call_kernel(node: NodeDef, device: LocalDevice, resources: Any, bodies: dict[Any, Any],
