@@ -41,6 +41,7 @@ from asyncflow.runtime.propagators import (
     CHECK_EVERY,
     Dead,
     _check_outputs,
+    first_dead,
     slice_over,
     switch_outputs,
 )
@@ -141,7 +142,7 @@ def closure(x: BInstr, traced: bool = False) -> Op:
     if len(checks) == 1 and nout == 1:  # a node of one cond branch, most often
         (c,) = checks
 
-        def checked_one(vals: list[Any]) -> None:
+        def checked_one(vals: list[Any]) -> None:  # first_dead of one slot, inline
             v = vals[c]
             if v.__class__ is Dead:
                 vals[out] = v
@@ -152,15 +153,14 @@ def closure(x: BInstr, traced: bool = False) -> Op:
         return checked_one
 
     def checked(vals: list[Any]) -> None:
-        for s in checks:  # the node may be dead: it is when any of these slots is
-            v = vals[s]
-            if v.__class__ is Dead:
-                for o in dead_outs:
-                    vals[o] = v
-                for r in frees:
-                    vals[r] = None
-                return
-        run(vals)
+        dead = first_dead([vals[s] for s in checks])  # the node may be dead
+        if dead is None:
+            run(vals)
+            return
+        for o in dead_outs:
+            vals[o] = dead
+        for r in frees:
+            vals[r] = None
     return checked
 
 
@@ -223,12 +223,7 @@ def execute(program: Sequence[BInstr], vals: list[Any],
         if failed is not None:
             failed[0] = node
         if checks:  # the node may be dead: it is when any of these slots is
-            dead = None
-            for s in checks:
-                v = vals[s]
-                if v.__class__ is Dead:
-                    dead = v
-                    break
+            dead = first_dead([vals[s] for s in checks])
             if dead is not None:
                 if kind == I_EXIT:
                     exits.append((node, dead))  # type: ignore[union-attr]

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "Dead",
            "FastLoop", "FastRun", "FramePropagator", "PlainPropagator", "Propagator",
-           "Step", "merge_fires", "slice_over", "switch_outputs"]
+           "Step", "first_dead", "merge_fires", "slice_over", "switch_outputs"]
 
 #: Nodes run between two looks at the clock while draining.
 CHECK_EVERY = 256
@@ -69,6 +69,17 @@ def slice_over(until: float) -> bool:
     step's slice, ending at ``until``, is used up, so it yields to the event loop
     (deadlines, cancellation and other tasks run) and drains again after."""
     return perf_counter() >= until
+
+
+def first_dead(values: Iterable[Any]) -> Dead | None:
+    """THE dead-input rule, every engine's: a node other than a Merge with a dead
+    input — a data input holding a dead value, or a control input from a dead node
+    (whose first output is dead) — is dead, with the first dead value found; its
+    outputs are that value and its kernel never runs.  (A Merge: ``merge_fires``.)"""
+    for v in values:
+        if v.__class__ is Dead:
+            return v
+    return None
 
 
 def switch_outputs(data: Any, pred: Any, marker: Dead) -> tuple[Any, Any]:
@@ -421,15 +432,8 @@ class PlainPropagator:
                 self._merge_input(c, first, end)
                 continue
             if dead[c] is None:
-                if node_dead is not None:
-                    dead[c] = node_dead
-                else:
-                    for s in nodes[c].inputs:
-                        if first <= s < end:
-                            v = vals[s]
-                            if isinstance(v, Dead):
-                                dead[c] = v
-                                break
+                dead[c] = node_dead or first_dead(
+                    vals[s] for s in nodes[c].inputs if first <= s < end)
             p = pending[c] - 1
             pending[c] = p
             if not p:
@@ -869,12 +873,8 @@ class FramePropagator:
             if info.kind[c] == CF_MERGE:
                 self._activate_merge(c, frame, it, st, data, control)
                 continue
-            edge_dead = src_dead if control else None
-            for _, slot in data:
-                v = st.vals.get(slot)
-                if isinstance(v, Dead):
-                    edge_dead = v
-                    break
+            edge_dead = first_dead(st.vals.get(slot) for _, slot in data) or (
+                src_dead if control else None)
             if edge_dead is not None and c not in st.dead:
                 st.dead[c] = edge_dead
             p = st.pending.get(c, initial_pending[c]) - 1
