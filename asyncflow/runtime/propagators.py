@@ -333,15 +333,7 @@ class PlainPropagator:
                 pending[c] = p
                 if not p:
                     push(c)
-        for s in node.frees:  # _release, inline
-            vals[s] = None
-        if node.counted:
-            refs = self._refs
-            for s in node.counted:
-                r = refs[s] - 1  # type: ignore[index]
-                refs[s] = r  # type: ignore[index]
-                if not r:
-                    vals[s] = None
+        self._release(node)
         if self._dead is not None:
             return  # consumers readied above
         pending = self._pending
