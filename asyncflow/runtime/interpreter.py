@@ -153,7 +153,7 @@ def closure(x: BInstr, traced: bool = False) -> Op:
         return checked_one
 
     def checked(vals: list[Any]) -> None:
-        dead = first_dead([vals[s] for s in checks])  # the node may be dead
+        dead = first_dead(map(vals.__getitem__, checks))  # the node may be dead
         if dead is None:
             run(vals)
             return
@@ -223,7 +223,7 @@ def execute(program: Sequence[BInstr], vals: list[Any],
         if failed is not None:
             failed[0] = node
         if checks:  # the node may be dead: it is when any of these slots is
-            dead = first_dead([vals[s] for s in checks])
+            dead = first_dead(map(vals.__getitem__, checks))
             if dead is not None:
                 if kind == I_EXIT:
                     exits.append((node, dead))  # type: ignore[union-attr]
