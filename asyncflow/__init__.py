@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from asyncflow import compat, dtypes, errors, image, nn, raw_ops, testing, tracing, train
 from asyncflow.callables import SessionCallable
-from asyncflow.config import GraphOptions, OptimizerOptions, RunMetadata, RunOptions, SessionConfig
+from asyncflow.config import (
+    ExecutorOptions,
+    GraphOptions,
+    OptimizerOptions,
+    RunMetadata,
+    RunOptions,
+    SessionConfig,
+)
 from asyncflow.dtypes import (
     DType,
     as_dtype,
@@ -182,6 +189,7 @@ __all__ = [
     "DType",
     "Defun",
     "DeviceSpec",
+    "ExecutorOptions",
     "FIFOQueue",
     "Graph",
     "GraphOptions",

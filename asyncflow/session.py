@@ -710,7 +710,8 @@ class Session:
             return self._master.prepared(  # type: ignore[no-any-return]
                 compiled, fetches, feed_keys, converters, rebuild)
         lookup = self._graph._by_name.get
-        bound = [bind(plan, self._device_of[plan.device], self._resources, lookup)
+        options = self._config.executor_options
+        bound = [bind(plan, self._device_of[plan.device], self._resources, lookup, options)
                  for plan in compiled.plans]
         return _CompiledCall(compiled, bound, fetches, feed_keys, converters, rebuild)
 

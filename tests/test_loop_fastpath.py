@@ -1,7 +1,7 @@
 """The frame propagator's loop fast path against its general form.
 
 Every graph here runs twice, on fresh sessions: with the fast path
-(``loop_fastpath.ENABLED``, the default) and with the general FramePropagator
+(``ExecutorOptions.straight_line``, the default) and with the general FramePropagator
 only; results, errors (type, node, message) and fetched dead tensors must agree.
 Each test also checks which path ran, so a fast path that silently stopped
 applying cannot pass as agreement.
@@ -43,28 +43,31 @@ def fast_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return runs
 
 
+def straight(enabled: bool) -> af.SessionConfig:
+    """A session whose loops run on the fast path (the default) or in general form."""
+    return af.SessionConfig(executor_options=af.ExecutorOptions(straight_line=enabled))
+
+
 def run_both(build: Build, monkeypatch: pytest.MonkeyPatch, fast_runs: list[int],
              *, fast: bool = True, options: af.RunOptions | None = None) -> tuple[Any, Any]:
     """(fast-path outcome, general outcome): a value, or ``('error', type, node, message)``.
     ``fast``: whether the fast path must have run for this graph."""
 
-    def once() -> Any:
+    def once(enabled: bool) -> Any:
         graph = af.Graph()
         with graph.as_default():
             fetches, feeds = build()
-        with af.Session(graph=graph) as sess:
+        with af.Session(graph=graph, config=straight(enabled)) as sess:
             try:
                 return sess.run_sync(fetches, feed_dict=feeds, options=options)
             except af.errors.OpError as exc:
                 return ("error", type(exc), exc.node_name, exc.message)
 
     fast_runs.clear()
-    with_fast = once()
+    with_fast = once(True)
     assert bool(fast_runs) == fast, fast_runs
-    monkeypatch.setattr(loop_fastpath, "ENABLED", False)
     fast_runs.clear()
-    general = once()
-    monkeypatch.setattr(loop_fastpath, "ENABLED", True)
+    general = once(False)
     assert not fast_runs
     return with_fast, general
 
@@ -311,7 +314,6 @@ def test_variable_updated_in_body(monkeypatch: pytest.MonkeyPatch,
                                   fast_runs: list[int]) -> None:
     results = []
     for enabled in (True, False):
-        monkeypatch.setattr(loop_fastpath, "ENABLED", enabled)
         fast_runs.clear()
         graph = af.Graph()
         with graph.as_default():
@@ -321,7 +323,7 @@ def test_variable_updated_in_body(monkeypatch: pytest.MonkeyPatch,
                 with af.control_dependencies([v.assign_add(s)]):
                     return i + 1, s * 2.0
             out = counter_loop(af.constant(6), body, [af.constant(np.float32(1.0))])
-        with af.Session(graph=graph) as sess:
+        with af.Session(graph=graph, config=straight(enabled)) as sess:
             sess.run_sync(v.initializer)
             results.append((sess.run_sync(out), sess.run_sync(v)))
         assert bool(fast_runs) == enabled
@@ -396,35 +398,31 @@ async def test_deadline_and_cancellation_mid_loop() -> None:
         n = af.placeholder(af.int32, shape=(), name="n")
         out = counter_loop(n, lambda i, s: (i + 1, s + 1.0), [af.constant(np.float32(0))])
     for enabled in (True, False):
-        loop_fastpath.ENABLED = enabled
-        try:
-            async with af.Session(graph=graph) as sess:
-                ticks = 0
+        async with af.Session(graph=graph, config=straight(enabled)) as sess:
+            ticks = 0
 
-                async def ticker() -> None:
-                    nonlocal ticks
-                    while True:
-                        ticks += 1
-                        await asyncio.sleep(0)
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0)
 
-                tick = asyncio.create_task(ticker())
-                start = time.perf_counter()
-                with pytest.raises(af.errors.DeadlineExceededError):
-                    await sess.run(out, {n: 10**9},
-                                   options=af.RunOptions(timeout_in_ms=100))
-                assert time.perf_counter() - start < 30  # a billion iterations take hours
-                assert ticks > 10  # the loop yielded to the event loop while it ran
-                run = asyncio.create_task(sess.run(out, {n: 10**9}))
-                await asyncio.sleep(0.05)
-                run.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await run
-                tick.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await tick
-                assert await sess.run(out, {n: 3}) == (3, 3.0)  # still usable
-        finally:
-            loop_fastpath.ENABLED = True
+            tick = asyncio.create_task(ticker())
+            start = time.perf_counter()
+            with pytest.raises(af.errors.DeadlineExceededError):
+                await sess.run(out, {n: 10**9},
+                               options=af.RunOptions(timeout_in_ms=100))
+            assert time.perf_counter() - start < 30  # a billion iterations take hours
+            assert ticks > 10  # the loop yielded to the event loop while it ran
+            run = asyncio.create_task(sess.run(out, {n: 10**9}))
+            await asyncio.sleep(0.05)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            tick.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await tick
+            assert await sess.run(out, {n: 3}) == (3, 3.0)  # still usable
 
 
 def test_memory_of_a_long_loop_stays_flat(fast_runs: list[int]) -> None:
@@ -454,9 +452,8 @@ def test_full_trace_records_every_node(fast_runs: list[int]) -> None:
         fast_runs.clear()
         result = sess.run_sync(out, options=af.RunOptions(trace_level=af.RunOptions.FULL_TRACE),
                                run_metadata=meta)
-        assert not fast_runs  # traced: the general path
+        assert fast_runs  # traced: the same path as untraced
         assert sess.run_sync(out) == result == (4, 16)
-        assert fast_runs
     stats = [n for d in meta.step_stats.dev_stats for n in d.node_stats]
     adds = [n for n in stats if n.node_name == "while/mul"]
     assert sorted(n.iter_id for n in adds) == [0, 1, 2, 3]
@@ -571,18 +568,95 @@ def test_random_bodies_agree_on_both_paths(steps: list[tuple[Any, ...]], n: int)
             started.append(begin(run))
             return started[-1]
 
-        loop_fastpath.ENABLED = enabled
         loop_fastpath.LoopRun.begin = counted  # type: ignore[method-assign,assignment]
         try:
             graph = af.Graph()
             with graph.as_default():
                 out = counter_loop(af.constant(n), body, [af.constant(np.float64(1.0)),
                                                           af.constant(np.float64(3.0))])
-            with af.Session(graph=graph) as sess:
+            with af.Session(graph=graph, config=straight(enabled)) as sess:
                 results.append(sess.run_sync(out))
         finally:
-            loop_fastpath.ENABLED = True
             loop_fastpath.LoopRun.begin = begin  # type: ignore[method-assign]
         assert started == ([True] if enabled else [])
     same(results[0], results[1])
     assert results[0] == (n, s, t)
+
+
+# -- kernel shapes the straight-line programs must run (never crash) ---------------------
+
+StatefulBuild = Callable[[], tuple[Any, list[Any]]]
+
+
+def run_stateful(build: StatefulBuild, monkeypatch: pytest.MonkeyPatch,
+                 fast_runs: list[int]) -> list[Any]:
+    """Per way of running (fast path, general path, FULL_TRACE): the fetched values and
+    then the variables' values, on a fresh session with the variables initialized."""
+    outcomes = []
+    trace = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
+    for enabled, options in ((True, None), (False, None), (True, trace), (False, trace)):
+        fast_runs.clear()
+        graph = af.Graph()
+        with graph.as_default():
+            fetches, variables = build()
+            init = af.global_variables_initializer()
+        with af.Session(graph=graph, config=straight(enabled)) as sess:
+            sess.run_sync(init)
+            outcomes.append((sess.run_sync(fetches, options=options,
+                                           run_metadata=af.RunMetadata()),
+                             sess.run_sync(variables)))
+        assert bool(fast_runs) == enabled, (enabled, options)  # traced: the same path
+    for other in outcomes[1:]:
+        same(outcomes[0], other)
+    return outcomes[0]  # type: ignore[no-any-return]
+
+
+def test_variable_read_in_body(monkeypatch: pytest.MonkeyPatch,
+                               fast_runs: list[int]) -> None:
+    # ``v.read_value()`` is a kernel with no input (a control edge from the frame only)
+    def build() -> tuple[Any, list[Any]]:
+        v = af.Variable(np.float64(1.5), name="v")
+        out = counter_loop(af.constant(5), lambda i, acc: (i + 1, acc + v.read_value()),
+                           [af.constant(np.float64(0.0))])
+        return out, [v]
+
+    assert run_stateful(build, monkeypatch, fast_runs) == ((5, 7.5), [1.5])
+
+
+def test_ordered_assigns_under_control_dependencies(monkeypatch: pytest.MonkeyPatch,
+                                                    fast_runs: list[int]) -> None:
+    def build() -> tuple[Any, list[Any]]:
+        v = af.Variable(np.float64(0.0), name="v")
+        w = af.Variable(np.float64(0.0), name="w")
+
+        def body(i: Any) -> Any:
+            first = v.assign_add(np.float64(1.0))
+            with af.control_dependencies([first]):
+                second = v.assign(v.read_value() * 2.0)
+            with af.control_dependencies([second]):
+                third = w.assign(v.read_value())
+            with af.control_dependencies([third]):
+                return i + 1
+        return counter_loop(af.constant(3), lambda i: body(i), []), [v, w]
+
+    # v: 0 -> 1 -> 2 -> 3 -> 6 -> 7 -> 14; w follows v after each iteration
+    assert run_stateful(build, monkeypatch, fast_runs) == ((3,), [14.0, 14.0])
+
+
+def test_multi_output_and_zero_input_kernels_in_cond_in_body(
+        monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
+    def build() -> tuple[Any, list[Any]]:
+        v = af.Variable(np.array([2.0, 5.0]), name="v")
+
+        def body(i: Any, acc: Any) -> Any:
+            def taken() -> Any:
+                a, b = af.unstack(v.read_value())  # no input, then two outputs
+                with af.control_dependencies([v.assign_add(np.array([1.0, 1.0]))]):
+                    return acc + a * b
+            return i + 1, af.cond(af.equal(i % 2, 0), taken, lambda: acc - 1.0)
+        return counter_loop(af.constant(4), body, [af.constant(np.float64(0.0))]), [v]
+
+    # iterations 0, 2 take the branch: 2*5 = 10, then (3*6) = 18; 1 and 3 subtract 1
+    (i, acc), (v,) = run_stateful(build, monkeypatch, fast_runs)
+    assert (i, acc) == (4, 10.0 - 1.0 + 18.0 - 1.0)
+    np.testing.assert_array_equal(v, [4.0, 7.0])

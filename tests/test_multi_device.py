@@ -18,7 +18,6 @@ import asyncflow as af
 from asyncflow.compiler.ir import graph_ir, ref_of
 from asyncflow.compiler.partition import partition
 from asyncflow.compiler.prune import prune
-from asyncflow.runtime import barrier
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"
 TWO = af.SessionConfig(device_count={"CPU": 2})
@@ -470,15 +469,12 @@ def test_random_placements_match_reference(
         case: tuple[af.Graph, int, list[Any], dict[Any, Any]]) -> None:
     graph, n_devices, fetches, feeds = case
     expected = af.testing.reference_run(fetches, feeds, graph=graph)
-    config = af.SessionConfig(device_count={"CPU": n_devices})
-    with af.Session(graph=graph, config=config) as sess:
-        # Both ways across devices: the direct hand-off and the future-based path.
-        for handoffs in (True, False):
-            barrier.HANDOFFS = handoffs
-            try:
-                got = sess.run_sync(fetches, feeds)
-            finally:
-                barrier.HANDOFFS = True
+    # Both ways across devices: the direct hand-off and the future-based path.
+    for handoffs in (True, False):
+        config = af.SessionConfig(device_count={"CPU": n_devices},
+                                  executor_options=af.ExecutorOptions(handoffs=handoffs))
+        with af.Session(graph=graph, config=config) as sess:
+            got = sess.run_sync(fetches, feeds)
             assert len(got) == len(expected)
             for a, b in zip(got, expected):
                 np.testing.assert_array_equal(a, b)

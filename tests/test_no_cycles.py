@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from asyncflow.runtime import step as step_module
 
 STEPS = 30
 #: Objects a whole batch of STEPS steps may leave (none per step).
@@ -243,11 +242,11 @@ async def parallel_async_kernels(sess: af.Session, ops: dict[str, Any]) -> None:
 @scenario
 async def parallel_async_kernels_in_a_task_group(sess: af.Session,
                                                  ops: dict[str, Any]) -> None:
-    step_module.OWN_GROUP = False
-    try:
-        await _parallel(sess, ops)
-    finally:
-        step_module.OWN_GROUP = True
+    await _parallel(sess, ops)  # the session's steps use asyncio.TaskGroup: _OPTIONS
+
+
+#: Scenarios run by a session with other executor options than the default.
+_OPTIONS = {"parallel_async_kernels_in_a_task_group": af.ExecutorOptions(own_task_group=False)}
 
 
 _NO_INLINING = af.GraphOptions(optimizer_options=af.OptimizerOptions(
@@ -257,7 +256,8 @@ _NO_INLINING = af.GraphOptions(optimizer_options=af.OptimizerOptions(
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 async def test_steps_leave_no_cyclic_garbage(graph: af.Graph, name: str) -> None:
     ops = _graph()
-    config = af.SessionConfig(device_count={"CPU": 2}, graph_options=_NO_INLINING)
+    config = af.SessionConfig(device_count={"CPU": 2}, graph_options=_NO_INLINING,
+                              executor_options=_OPTIONS.get(name, af.ExecutorOptions()))
     async with af.Session(graph=graph, config=config) as sess:
         run = SCENARIOS[name]
         for _ in range(2):

@@ -1,5 +1,5 @@
 """A step with several async nodes runs their tasks in a group of its own
-(``step.OWN_GROUP``, the default), or in an ``asyncio.TaskGroup`` (the general path).
+(``ExecutorOptions.own_task_group``, the default), or in an ``asyncio.TaskGroup`` (the general path).
 Every test runs both: results, errors naming the node, deadlines, caller
 cancellation (a kernel swallowing it still stops the step), ``Session.close``,
 ``BaseException`` from a kernel, thread kernels beside async ones; and after each
@@ -9,6 +9,7 @@ was."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from typing import Any
 
@@ -16,16 +17,19 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from asyncflow.runtime import step as step_module
 from asyncflow.runtime.cancellation import get_cancellation_manager
 from asyncflow.runtime.step import current_step
 from tests.test_lone_node import _Hang
 
 
-@pytest.fixture(params=["own", "taskgroup"], autouse=True)
-def group(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(step_module, "OWN_GROUP", request.param == "own")
-    return str(request.param)
+@pytest.fixture(params=["own", "taskgroup"])
+def group(request: pytest.FixtureRequest) -> af.ExecutorOptions:
+    """The step's own task group (the default), or an ``asyncio.TaskGroup``."""
+    return af.ExecutorOptions(own_task_group=request.param == "own")
+
+
+def _config(options: af.ExecutorOptions, **kwargs: Any) -> af.SessionConfig:
+    return af.SessionConfig(executor_options=options, **kwargs)
 
 
 def _pair(a_kernel: Any, b_kernel: Any) -> tuple[af.Graph, af.Tensor, af.Tensor]:
@@ -52,10 +56,10 @@ def _assert_clean(before: set[asyncio.Task[Any]]) -> None:
     assert asyncio.all_tasks() == before
 
 
-async def test_results_and_no_task_left() -> None:
+async def test_results_and_no_task_left(group: af.ExecutorOptions) -> None:
     g, x, y = _pair(_echo, _echo)
     before = asyncio.all_tasks()
-    async with af.Session(graph=g) as sess:
+    async with af.Session(graph=g, config=_config(group)) as sess:
         for v in (1.0, 2.5, -3.0):
             assert await sess.run(y, {x: v}) == np.float32((v + v + 1.0) * 2.0)
         fn = sess.make_callable(y, feed_list=[x])
@@ -63,20 +67,20 @@ async def test_results_and_no_task_left() -> None:
     _assert_clean(before)
 
 
-async def test_many_async_nodes_and_concurrent_steps() -> None:
+async def test_many_async_nodes_and_concurrent_steps(group: af.ExecutorOptions) -> None:
     g = af.Graph()
     with g.as_default():
         x = af.placeholder(af.float32, shape=())
         y = af.add_n([af.py_func(_echo, [x * float(k)], af.float32) for k in range(8)])
         z = af.py_func(_echo, [y], af.float32) + af.py_func(_echo, [y + 1.0], af.float32)
     before = asyncio.all_tasks()
-    async with af.Session(graph=g) as sess:
+    async with af.Session(graph=g, config=_config(group)) as sess:
         outs = await asyncio.gather(*(sess.run(z, {x: float(v)}) for v in range(20)))
         assert outs == [np.float32(2 * 28 * v + 1) for v in range(20)]
     _assert_clean(before)
 
 
-async def test_error_names_the_node_and_cancels_the_other() -> None:
+async def test_error_names_the_node_and_cancels_the_other(group: af.ExecutorOptions) -> None:
     hang = _Hang()
 
     async def bad(v: Any) -> Any:
@@ -85,23 +89,23 @@ async def test_error_names_the_node_and_cancels_the_other() -> None:
 
     g, x, y = _pair(hang, bad)
     before = asyncio.all_tasks()
-    async with af.Session(graph=g) as sess:
+    async with af.Session(graph=g, config=_config(group)) as sess:
         with pytest.raises(af.errors.InvalidArgumentError, match="io_b") as info:
             await sess.run(y, {x: 1.0})
         assert "bad value" in str(info.value)
         assert hang.ended == ["cancelled"]
         g2, x2, y2 = _pair(_echo, _echo)
-    async with af.Session(graph=g2) as sess:  # and a good step after it
+    async with af.Session(graph=g2, config=_config(group)) as sess:  # and a good step after it
         assert await sess.run(y2, {x2: 1.0}) == 6.0
     _assert_clean(before)
 
 
 @pytest.mark.parametrize("swallow", [False, True])
-async def test_deadline_cancels_both_kernels(swallow: bool) -> None:
+async def test_deadline_cancels_both_kernels(group: af.ExecutorOptions, swallow: bool) -> None:
     a, b = _Hang(swallow), _Hang()
     g, x, y = _pair(a, b)
     before = asyncio.all_tasks()
-    async with af.Session(graph=g) as sess:
+    async with af.Session(graph=g, config=_config(group)) as sess:
         with pytest.raises(af.errors.DeadlineExceededError):
             await sess.run(y, {x: 1.0}, options=af.RunOptions(timeout_in_ms=30))
         assert a.ended == b.ended == ["cancelled"]
@@ -110,11 +114,11 @@ async def test_deadline_cancels_both_kernels(swallow: bool) -> None:
 
 
 @pytest.mark.parametrize("swallow", [False, True])
-async def test_caller_cancellation_reaches_both_kernels(swallow: bool) -> None:
+async def test_caller_cancellation_reaches_both_kernels(group: af.ExecutorOptions, swallow: bool) -> None:
     a, b = _Hang(swallow), _Hang(swallow)  # swallowing kernels still end the step
     g, x, y = _pair(a, b)
     before = asyncio.all_tasks()
-    async with af.Session(graph=g) as sess:
+    async with af.Session(graph=g, config=_config(group)) as sess:
         run = asyncio.ensure_future(sess.run(y, {x: 1.0}))
         await a.started.wait()
         await b.started.wait()
@@ -126,7 +130,7 @@ async def test_caller_cancellation_reaches_both_kernels(swallow: bool) -> None:
     _assert_clean(before)
 
 
-async def test_caller_cancelled_again_while_kernels_stop() -> None:
+async def test_caller_cancelled_again_while_kernels_stop(group: af.ExecutorOptions) -> None:
     """The step returns only after its kernels stopped, however often its caller is
     cancelled meanwhile."""
     stopping = asyncio.Event()
@@ -152,7 +156,7 @@ async def test_caller_cancelled_again_while_kernels_stop() -> None:
 
     g, x, y = _pair(slow_to_stop, hang)
     before = asyncio.all_tasks()
-    async with af.Session(graph=g) as sess:
+    async with af.Session(graph=g, config=_config(group)) as sess:
         run = asyncio.ensure_future(sess.run(y, {x: 1.0}))
         await started.wait()
         run.cancel()
@@ -167,7 +171,7 @@ async def test_caller_cancelled_again_while_kernels_stop() -> None:
     _assert_clean(before)
 
 
-async def test_a_failure_cancels_the_other_kernel_once() -> None:
+async def test_a_failure_cancels_the_other_kernel_once(group: af.ExecutorOptions) -> None:
     """The first error cancels the other kernel once: its cleanup runs to the end
     (the step returns after it), it is not interrupted by a second cancellation."""
     release = asyncio.Event()
@@ -196,7 +200,7 @@ async def test_a_failure_cancels_the_other_kernel_once() -> None:
 
     g, x, y = _pair(slow_to_stop, bad)
     before = asyncio.all_tasks()
-    async with af.Session(graph=g) as sess:
+    async with af.Session(graph=g, config=_config(group)) as sess:
         run = asyncio.ensure_future(sess.run(y, {x: 1.0}))
         await stopping.wait()
         for _ in range(5):
@@ -210,10 +214,10 @@ async def test_a_failure_cancels_the_other_kernel_once() -> None:
 
 
 @pytest.mark.parametrize("swallow", [False, True])
-async def test_close_aborts_the_step_without_cancelling_the_caller(swallow: bool) -> None:
+async def test_close_aborts_the_step_without_cancelling_the_caller(group: af.ExecutorOptions, swallow: bool) -> None:
     a, b = _Hang(swallow), _Hang()
     g, x, y = _pair(a, b)
-    sess = af.Session(graph=g)
+    sess = af.Session(graph=g, config=_config(group))
     outcome: list[Any] = []
 
     async def caller() -> None:
@@ -244,7 +248,7 @@ class _Abort(BaseException):
     """Neither an error nor a cancellation."""
 
 
-async def test_base_exception_from_one_kernel_propagates_and_stops_the_other() -> None:
+async def test_base_exception_from_one_kernel_propagates_and_stops_the_other(group: af.ExecutorOptions) -> None:
     hang = _Hang()
 
     async def abort(v: Any) -> Any:
@@ -253,14 +257,14 @@ async def test_base_exception_from_one_kernel_propagates_and_stops_the_other() -
 
     g, x, y = _pair(hang, abort)
     before = asyncio.all_tasks()
-    async with af.Session(graph=g) as sess:
+    async with af.Session(graph=g, config=_config(group)) as sess:
         with pytest.raises(_Abort, match="stop everything"):
             await sess.run(y, {x: 1.0})
         assert hang.ended == ["cancelled"]
     _assert_clean(before)
 
 
-async def test_cancellation_manager_fires_before_a_thread_kernel_is_cancelled() -> None:
+async def test_cancellation_manager_fires_before_a_thread_kernel_is_cancelled(group: af.ExecutorOptions) -> None:
     """A thread kernel beside an async one: on a deadline the manager is cancelled, so
     the thread stops early, and the step returns only after it did."""
     in_thread = threading.Event()
@@ -285,7 +289,7 @@ async def test_cancellation_manager_fires_before_a_thread_kernel_is_cancelled() 
         y = (af.py_func(hang, [x], af.float32, name="hang")
              + af.py_func(poll, [x], af.float32, expensive=True, name="poll"))
     before = asyncio.all_tasks()
-    async with af.Session(graph=g) as sess:
+    async with af.Session(graph=g, config=_config(group)) as sess:
         with pytest.raises(af.errors.DeadlineExceededError):
             await sess.run(y, {x: 1.0}, options=af.RunOptions(timeout_in_ms=50))
         assert seen == ["cancelled"]
@@ -293,7 +297,7 @@ async def test_cancellation_manager_fires_before_a_thread_kernel_is_cancelled() 
     _assert_clean(before)
 
 
-async def test_current_step_is_the_kernels_own_partition() -> None:
+async def test_current_step_is_the_kernels_own_partition(group: af.ExecutorOptions) -> None:
     """Async kernels see their own step as ``current_step`` (what a function call
     joins for tracing), in a task or in the caller's task, on either device, also
     when a hand-off from the other device started them; none is left set after."""
@@ -315,7 +319,7 @@ async def test_current_step_is_the_kernels_own_partition() -> None:
         with af.device("/cpu:1"):
             c = af.py_func(probe("c"), [a * 2.0], af.float32)  # after a hand-off
         y = a + b + c
-    async with af.Session(graph=g, config=af.SessionConfig(device_count={"CPU": 2})) as sess:
+    async with af.Session(graph=g, config=_config(group, device_count={"CPU": 2})) as sess:
         assert await sess.run(y, {x: 1.0}) == np.float32(1.0 + 2.0 + 2.0)
         assert await sess.run(a + b, {x: 1.0}) == np.float32(3.0)
     assert current_step.get() is None
@@ -329,10 +333,10 @@ async def test_current_step_is_the_kernels_own_partition() -> None:
 
 @pytest.mark.parametrize("parts", [True, False])
 async def test_py_func_parts_and_the_kernel_itself_agree(
-        parts: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``step.PARTS``: an async py_func runs as its function and conversion, or as its
+        group: af.ExecutorOptions, parts: bool) -> None:
+    """``ExecutorOptions.kernel_parts``: an async py_func runs as its function and conversion, or as its
     kernel coroutine: same values, dtypes and errors naming the node, traced too."""
-    monkeypatch.setattr(step_module, "PARTS", parts)
+    group = dataclasses.replace(group, kernel_parts=parts)
 
     async def pair(v: Any) -> Any:
         await asyncio.sleep(0)
@@ -357,7 +361,7 @@ async def test_py_func_parts_and_the_kernel_itself_agree(
         bad_count = af.py_func(wrong_count, [x], [af.float32, af.float32], name="count")
         bad_raise = af.py_func(raises, [x], af.float32, name="raises") + p
         bad_call = af.py_func(two_args, [x], af.float32, name="call") + p
-    async with af.Session(graph=g) as sess:
+    async with af.Session(graph=g, config=_config(group)) as sess:
         out = await sess.run([p, q, y], {x: 1.5})
         assert out == [np.float32(1.5), np.int64(3), np.float64(4.5)]
         assert [np.asarray(v).dtype for v in out] == [np.float32, np.int64, np.float64]

@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asyncflow as af
-from asyncflow.runtime import step as step_module
 
 SHAPE = (3,)
 BINARY = [af.add, af.subtract, af.multiply, af.maximum, af.minimum]
@@ -137,14 +136,11 @@ def test_session_matches_reference(case: tuple[af.Graph, list[Any], dict[Any, An
     # The step's own task group and py_func parts (the default), then asyncio's
     # TaskGroup and the kernels themselves (the general path).
     for fast in (True, False):
-        step_module.OWN_GROUP = step_module.PARTS = fast
-        try:
-            with af.Session(graph=graph, config=af.SessionConfig(
-                    inter_op_parallelism_threads=2)) as sess:
-                got = sess.run_sync(fetches, feeds)
-                again = sess.run_sync(fetches, feeds)  # the cached plan: the same answer
-        finally:
-            step_module.OWN_GROUP = step_module.PARTS = True
+        options = af.ExecutorOptions(own_task_group=fast, kernel_parts=fast)
+        with af.Session(graph=graph, config=af.SessionConfig(
+                inter_op_parallelism_threads=2, executor_options=options)) as sess:
+            got = sess.run_sync(fetches, feeds)
+            again = sess.run_sync(fetches, feeds)  # the cached plan: the same answer
         _assert_same(got, expected)
         _assert_same(again, expected)
 

@@ -1,7 +1,7 @@
 """The static schedule (an all-inline plan without control flow replayed as a straight
 line) against the general plain propagator on the same graphs.
 
-Every test runs both paths: ``SCHEDULE_AFTER`` set to 0 (the schedule from the first
+Every test runs both paths: ``ExecutorOptions.schedule_after`` set to 0 (the schedule from the first
 run) and to a huge number (never a schedule), and checks that results, errors,
 deadlines, yielding and freeing of values agree.
 """
@@ -9,10 +9,8 @@ deadlines, yielding and freeing of values agree.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -20,21 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import asyncflow as af
-from asyncflow.runtime import propagators
 from tests.test_property import _assert_same, random_graphs
 
 PATHS = ("schedule", "general")
 
 
-@contextlib.contextmanager
-def path(name: str) -> Iterator[None]:
+def path(name: str) -> af.SessionConfig:
     """Force the schedule (built before the first run) or the general path."""
-    saved = propagators.SCHEDULE_AFTER
-    propagators.SCHEDULE_AFTER = 0 if name == "schedule" else 10**9
-    try:
-        yield
-    finally:
-        propagators.SCHEDULE_AFTER = saved
+    return af.SessionConfig(executor_options=af.ExecutorOptions(
+        schedule_after=0 if name == "schedule" else 10**9))
 
 
 def scheduled(sess: af.Session) -> list[bool]:
@@ -42,8 +34,7 @@ def scheduled(sess: af.Session) -> list[bool]:
     out = []
     for call in sess._cache.values():
         for bound in call.bound:
-            schedule = bound.derived.get("schedule")
-            out.append(schedule is not None and schedule.blocks is not None)
+            out.append(bound.derived.get("program") is not None)
     return out
 
 
@@ -55,7 +46,7 @@ def test_schedule_matches_general_path_and_reference(
     graph, fetches, feeds = case
     expected = af.testing.reference_run(fetches, feeds, graph=graph)
     for name in PATHS:
-        with path(name), af.Session(graph=graph) as sess:
+        with af.Session(graph=graph, config=path(name)) as sess:
             _assert_same(sess.run_sync(fetches, feeds), expected)
             _assert_same(sess.run_sync(fetches, feeds), expected)
             assert all(scheduled(sess)) if name == "schedule" else not any(scheduled(sess))
@@ -83,7 +74,7 @@ def test_not_scheduled_with_async_kernels_or_control_flow() -> None:
         x = af.placeholder(af.float32, shape=())
         a = af.py_func(slow, [x + 1.0], af.float32)
         c = af.cond(x > 0.0, lambda: x * 2.0, lambda: x - 1.0)
-    with path("schedule"), af.Session(graph=g) as sess:
+    with af.Session(graph=g, config=path("schedule")) as sess:
         for fetch in (a, c):
             for _ in range(2):
                 sess.run_sync(fetch, {x: 1.0})
@@ -101,7 +92,7 @@ def test_traced_schedule_records_what_the_general_path_records() -> None:
     opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
     seen = {}
     for name in PATHS:
-        with path(name), af.Session(graph=g) as sess:
+        with af.Session(graph=g, config=path(name)) as sess:
             for _ in range(2):
                 md = af.RunMetadata()
                 value = sess.run_sync(z, {x: 2.0}, options=opts, run_metadata=md)
@@ -129,7 +120,7 @@ def test_failing_kernel_names_the_node_on_both_paths(name: str) -> None:
             y = y + 1.0
         bad = af.py_func(boom, [y], af.float32, name="checker")
         z = bad * 2.0
-    with path(name), af.Session(graph=g) as sess:
+    with af.Session(graph=g, config=path(name)) as sess:
         assert sess.run_sync(z, {x: -10.0}) == 2 * 0.0
         with pytest.raises(af.errors.InvalidArgumentError) as info:
             sess.run_sync(z, {x: 0.0})
@@ -150,7 +141,7 @@ async def test_long_schedule_yields_and_meets_deadlines(name: str) -> None:
         y = x
         for _ in range(2500):  # >= 250 ms of inline work in 10 blocks of 256 nodes
             y = af.py_func(sleepy, [y], af.float32)
-    with path(name), af.Session(graph=g) as sess:
+    with af.Session(graph=g, config=path(name)) as sess:
         assert await sess.run(y, {x: 0.0}) == 2500.0
         ticks = 0
 
@@ -189,7 +180,7 @@ def test_values_are_freed_after_their_last_reader(name: str) -> None:
         for _ in range(50):
             y = af.py_func(grow, [y], af.float64)
         fanned = af.add_n([y, y * 2.0, y * 3.0])  # a slot with several readers
-    with path(name), af.Session(graph=g) as sess:
+    with af.Session(graph=g, config=path(name)) as sess:
         for _ in range(2):
             alive.clear()
             most[0] = 0

@@ -11,7 +11,6 @@ import functools
 import pickle
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -159,27 +158,35 @@ async def test_step_stats_are_made_once_and_pickle(graph: af.Graph) -> None:
         hash(lazy)
 
 
-def test_a_traced_schedule_replays_the_same_order_with_traced_kernels(
+def test_a_traced_program_runs_the_same_order_with_traced_kernels(
         graph: af.Graph) -> None:
-    from asyncflow.runtime.step import _traced_nodes, traced_schedule
+    from asyncflow.runtime.interpreter import program_of
+    from asyncflow.runtime.observe import traced_plan
 
     x = af.placeholder(af.float32, shape=(), name="x")
     z = af.multiply(af.add(x, 1.0, name="y"), 2.0, name="z")
     with af.Session(graph=graph) as sess:
-        assert sess.run_sync(z, {x: 1.0}) == 4.0
+        for _ in range(3):  # the plan is lowered after its first run
+            assert sess.run_sync(z, {x: 1.0}) == 4.0
         bound = sess._prepare(z, {x: 1.0}).bound[0]
-    # A schedule's entries: the kernel first, the node index last, anything between.
-    entries = tuple((n.kernel, n.arity, i) for i, n in enumerate(bound.nodes))
-    schedule = SimpleNamespace(blocks=(entries[:2], entries[2:]), args=((0, 0),))
-    traced = traced_schedule(bound, schedule)
-    assert traced is traced_schedule(bound, schedule)  # made once per schedule
-    assert traced.args is schedule.args
-    assert [len(b) for b in traced.blocks] == [2, len(entries) - 2]
-    nodes = _traced_nodes(bound)
-    flat = [e for b in traced.blocks for e in b]
-    assert [e[1:] for e in flat] == [e[1:] for e in entries]
-    assert all(e[0] is nodes[e[-1]].kernel for e in flat)
-    assert sum(e[0] is not u[0] for e, u in zip(flat, entries, strict=True)) >= 2  # y, z
+    plan_program = bound.derived["program"]
+    traced = traced_plan(bound)
+    assert traced is traced_plan(bound)  # made once per plan
+    program = program_of(traced)
+    assert program is not None
+    assert program is program_of(traced)  # bound once per traced plan
+    assert program.program is plan_program.program  # the same order
+    assert program.args == plan_program.args
+    blocks = [program.block(k) for k in range(len(program.blocks))]
+    plan_blocks = [plan_program.block(k) for k in range(len(plan_program.blocks))]
+    assert [len(b) for b in blocks] == [len(b) for b in plan_blocks]
+    # Each closure calls the traced kernel of its node: compare the cells.
+    flat = [f for b in blocks for f in b]
+    kernels = [c.cell_contents for f in flat for c in f.__closure__ or ()
+               if callable(c.cell_contents)]
+    assert {traced.nodes[program.node_of[f]].kernel for f in flat} <= set(kernels)
+    untraced = {bound.nodes[plan_program.node_of[f]].kernel for b in plan_blocks for f in b}
+    assert not untraced & set(kernels)
 
 
 async def test_tracing_is_the_same_on_every_run_of_a_plan(graph: af.Graph) -> None:
@@ -209,7 +216,7 @@ def _straightforward_stats(bound: Any, records: list[Any], compact: Any,
                            tid: int) -> list[NodeExecStats]:
     """A traced step's records made into NodeExecStats the plain way (every event in
     one list sorted by (end, seq), each made by the dataclass's constructor): what the
-    optimised build in runtime/step.py must give, field by field."""
+    optimised build in runtime/observe.py must give, field by field."""
     events: list[tuple[float, int, Any]] = []
     for seq, r in enumerate(records):
         if type(r) is float:

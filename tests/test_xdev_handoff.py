@@ -1,6 +1,6 @@
 """Cross-device edges: the direct hand-off against the general (future) path.
 
-Every graph here runs twice, once with ``barrier.HANDOFFS`` on (a send completes the
+Every graph here runs twice, once with ``ExecutorOptions.handoffs`` on (a send completes the
 peer partition's waiting recv and drains it on the spot, see
 :mod:`asyncflow.runtime.step`) and once off (every wait an ``asyncio.Future`` resolved
 through the event loop), and both must give the same values, errors, deadlines,
@@ -26,10 +26,16 @@ from asyncflow.runtime.step import Step
 PATHS = ("handoff", "general")
 
 
-def devices(n: int) -> af.SessionConfig:
+#: Whether the sessions ``devices`` configures hand off (the ``path`` fixture sets it).
+_HANDOFFS = {"on": True}
+
+
+def devices(n: int, handoffs: bool | None = None) -> af.SessionConfig:
     # L0: constant chains would be folded away, and these tests are about the edges.
+    on = _HANDOFFS["on"] if handoffs is None else handoffs
     return af.SessionConfig(device_count={"CPU": n}, graph_options=af.GraphOptions(
-        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)),
+        executor_options=af.ExecutorOptions(handoffs=on))
 
 
 @pytest.fixture(params=PATHS)
@@ -46,7 +52,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
         counts["general"] += 1
         recv_done(self, *args)
 
-    monkeypatch.setattr(barrier, "HANDOFFS", request.param == "handoff")
+    monkeypatch.setitem(_HANDOFFS, "on", request.param == "handoff")
     monkeypatch.setattr(Step, "_handoff_drain", counted_drain)
     monkeypatch.setattr(Step, "_recv_done", counted_done)
     yield request.param
@@ -246,10 +252,9 @@ async def test_cancellation_mid_chain(path: str) -> None:
 @pytest.mark.parametrize("handoffs", [True, False])
 def test_traces_record_every_transfer_on_its_device(handoffs: bool,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    # A traced step waits on futures even where hand-offs are on: a traced kernel finds
-    # the step it records into through the context, and a hand-off would drain the
-    # receiving partition in the sender's context.
-    monkeypatch.setattr(barrier, "HANDOFFS", handoffs)
+    # A traced step takes the same path as an untraced one: with hand-offs on, a send
+    # drains the receiving partition, whose trace is the current one meanwhile.
+    monkeypatch.setitem(_HANDOFFS, "on", handoffs)
     drains: list[int] = []
     handoff_drain = Step._handoff_drain
 
@@ -262,7 +267,7 @@ def test_traces_record_every_transfer_on_its_device(handoffs: bool,
     md = af.RunMetadata()
     opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
     assert _run(g, 3, y, {x0: 0.0}, options=opts, run_metadata=md) == 30.0
-    assert drains == []
+    assert bool(drains) == handoffs
     where = {n.node_name: d.device for d in md.step_stats.dev_stats for n in d.node_stats
              if n.kind == "inline"}
     for i in range(30):  # each add recorded on its own device, not on its sender's
@@ -279,7 +284,7 @@ def test_twenty_thousand_device_changes_keep_the_stack_flat(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Stack depth seen by a kernel near the start and near the end of the chain: a
     # hand-off that nested one drain per edge would blow the recursion limit.  Both
-    # paths in one session (the chain compiles once).
+    # paths.
     depths: dict[str, int] = {}
 
     def depth(name: str) -> Any:
@@ -299,9 +304,8 @@ def test_twenty_thousand_device_changes_keep_the_stack_flat(
             late = af.py_func(depth("late"), [g.get_tensor_by_name("add19996:0")],
                               af.float64)
     limit = sys.getrecursionlimit()
-    with af.Session(graph=g, config=devices(2)) as sess:
-        for handoffs in (True, False):
-            monkeypatch.setattr(barrier, "HANDOFFS", handoffs)
+    for handoffs in (True, False):
+        with af.Session(graph=g, config=devices(2, handoffs)) as sess:
             depths.clear()
             sys.setrecursionlimit(400)  # far below 20,000: per-edge nesting would fail
             try:
@@ -364,6 +368,7 @@ def test_hand_offs_left_to_the_loop_when_the_slice_is_over(
     # Three devices in a ring: the outermost send's queue holds the hand-offs of the
     # two others' chain.  With no time slice left, the rest of the queue goes to the
     # event loop (each hand-off run from there in its step's context).
+    from asyncflow.runtime import handoff as handoff_module
     from asyncflow.runtime import step as step_module
 
     later = 0
@@ -375,7 +380,7 @@ def test_hand_offs_left_to_the_loop_when_the_slice_is_over(
         handoff_later(self, *args)
 
     monkeypatch.setattr(step_module, "SLICE", 0.0)
-    monkeypatch.setattr(step_module, "_HANDOFF_CHECK_EVERY", 1)
+    monkeypatch.setattr(handoff_module, "_HANDOFF_CHECK_EVERY", 1)
     monkeypatch.setattr(Step, "_handoff_later", counted)
     g, x0, y = chain(300, 3)
     assert _run(g, 3, y, {x0: 0.25}) == 300.25

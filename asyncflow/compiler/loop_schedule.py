@@ -37,9 +37,9 @@ a kernel that does not run inline (async, thread, transfer).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asyncflow.compiler.control_flow import (
     CF_ENTER,
@@ -49,12 +49,13 @@ from asyncflow.compiler.control_flow import (
     CF_SWITCH,
     FrameInfo,
 )
+from asyncflow.framework import registry
 
 if TYPE_CHECKING:
     from asyncflow.compiler.ir import NodeDef
 
 __all__ = ["I_CONST", "I_EXIT", "I_KERNEL", "I_MERGE", "I_SWITCH", "MAX_NODES", "Instr",
-           "LoopSchedule", "schedule_loops"]
+           "LoopSchedule", "runs_straight_line", "schedule_loops"]
 
 #: Instruction kinds.
 I_KERNEL, I_CONST, I_SWITCH, I_MERGE, I_EXIT = range(5)
@@ -63,13 +64,35 @@ I_KERNEL, I_CONST, I_SWITCH, I_MERGE, I_EXIT = range(5)
 #: event loop only between iterations, so an iteration must stay well within a slice.
 MAX_NODES = 1024
 
+#: Kernel kinds a straight-line program runs: synchronous kernels and control-flow
+#: routing.  Async, thread and transfer kernels wait, so they need the general engine.
+_STRAIGHT_LINE_FLOWS = frozenset({registry.INLINE, registry.CONTROL})
+
+
+def runs_straight_line(flows: Iterable[int]) -> bool:
+    """THE rule deciding which engine runs a group of nodes (a loop frame the compiler
+    lowered, or a frame-free partition): the straight-line interpreter when every
+    node's kernel kind (``registry.INLINE`` ... as bound) is synchronous, else the
+    general pending-count propagator.
+
+    A node's *shape* never matters: kernels with no input (a variable read), several
+    outputs or none, or reading a resource (captured by the kernel, ordered by control
+    edges) all run in the interpreter, in the program's topological order, which is a
+    valid serialization of what the general engine does.  Structure that programs do
+    not model (nested frames, odd wiring) is decided by :func:`schedule_loops`, which
+    returns None for such a frame.
+    """
+    return all(f in _STRAIGHT_LINE_FLOWS for f in flows)
+
+
 _LIVE, _MAYBE, _DEAD = 0, 1, 2
 _ALIASES = frozenset({"Identity", "LoopCond"})
 
 
-@dataclass(frozen=True, slots=True)
-class Instr:
-    """One node of a program.  Slots are local (indices of the loop's value list)."""
+class Instr(NamedTuple):
+    """One node of a program.  Slots are local (indices of the program's value list).
+    A named tuple: immutable, picklable, and cheap to make (a large partition's
+    program has one per node)."""
 
     kind: int                 # I_*
     node: int                 # the plan's node index (what errors name)

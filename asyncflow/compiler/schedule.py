@@ -5,14 +5,17 @@ in the same order: nothing waits, nothing is dead, every node runs exactly once.
 :func:`static_order` computes that order once — the very order the plain
 propagator's ready stack would produce (LIFO, a node's first newly ready consumer
 next), so values are freed as early as on the general path — and the executor
-replays it as a straight line (:class:`asyncflow.runtime.propagators.SchedulePropagator`).
+replays it as a straight line: :func:`lower_static_order` lowers it to an
+instruction program (the form :mod:`asyncflow.compiler.loop_schedule` gives loop
+frames), which the runtime's straight-line interpreter runs.
 """
 
 from __future__ import annotations
 
+from asyncflow.compiler.loop_schedule import I_KERNEL, Instr
 from asyncflow.compiler.plan import Plan
 
-__all__ = ["static_order"]
+__all__ = ["StaticProgram", "lower_static_order", "static_order"]
 
 
 def static_order(plan: Plan) -> tuple[int, ...] | None:
@@ -41,3 +44,54 @@ def static_order(plan: Plan) -> tuple[int, ...] | None:
                 break
             i = nxt
     return tuple(order) if len(order) == len(plan.nodes) else None
+
+
+class StaticProgram:
+    """A plan's static order as an instruction program over the plan's slots, lowered
+    a range at a time (:meth:`instrs`): a large partition's program is made as its
+    first run reaches each part, never in one piece before the run.
+
+    A value is freed by its last reader in the order: the plan's sole readers (and
+    producers of unread outputs) free what they free anyway, and a value read by
+    several is freed by the last of them in the order."""
+
+    __slots__ = ("_extra", "_plan", "order")
+
+    def __init__(self, plan: Plan, order: tuple[int, ...]) -> None:
+        self._plan = plan
+        self.order = order
+        last: dict[int, int] = {}  # a counted slot -> its last reader in the order
+        counted = plan.counted
+        for i in order:
+            for s in counted[i]:
+                last[s] = i
+        self._extra: dict[int, list[int]] = {}
+        for s, i in last.items():
+            self._extra.setdefault(i, []).append(s)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def instrs(self, start: int, end: int) -> tuple[Instr, ...]:
+        """The instructions of positions ``start`` to ``end`` of the order."""
+        plan = self._plan
+        inputs, outs, nodes, frees = plan.inputs, plan.out, plan.nodes, plan.frees
+        extra = self._extra
+        make = tuple.__new__  # an Instr without its Python-level __new__ (one per node)
+        program = []
+        for i in self.order[start:end]:
+            nout = len(nodes[i].outputs)
+            free = frees[i]
+            more = extra.get(i)
+            if more is not None:
+                free = (*free, *more)
+            program.append(make(Instr, (I_KERNEL, i, inputs[i], outs[i] if nout else -1,
+                                        nout, (), free, (), None)))
+        return tuple(program)
+
+
+def lower_static_order(plan: Plan) -> StaticProgram | None:
+    """``plan``'s static order as a :class:`StaticProgram` (None when some node never
+    becomes ready: the general path then reports what waits)."""
+    order = static_order(plan)
+    return None if order is None else StaticProgram(plan, order)

@@ -29,13 +29,7 @@ from asyncflow.step_stats import StepStats
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundPlan
 
-__all__ = ["HANDOFFS", "ExecutorBarrier", "StepRunner"]
-
-#: Whether the partitions of a step hand values to each other directly (the fast
-#: path).  False makes every cross-partition wait an ``asyncio.Future`` completed
-#: through the event loop (the general path, also a lone step's): tests switch it off
-#: to run the same graphs both ways and compare.
-HANDOFFS = True
+__all__ = ["ExecutorBarrier", "StepRunner"]
 
 
 class ExecutorBarrier:
@@ -53,10 +47,11 @@ class ExecutorBarrier:
         self._retval_map = retval_map
         args = frame.args
         cancellation = CancellationManager()  # one for the whole step
-        # One for the whole step.  Not when traced: a traced kernel finds the step it
-        # records into through the context, and a hand-off drains the receiving
-        # partition inside the sender's drain (its context): traced steps wait on futures.
-        handoffs = HandoffQueue() if HANDOFFS and not trace else None
+        # One for the whole step, traced or not (a hand-off makes the receiving
+        # partition's trace the current one while it drains it).  With
+        # ``ExecutorOptions.handoffs`` off every cross-partition wait is a future.
+        handoffs = (HandoffQueue() if partitions and partitions[0].options.handoffs
+                    else None)
         self._steps = [
             Step(plan, CallFrame(args), trace=trace, rendezvous=self._rendezvous,
                  cancellation=cancellation, handoffs=handoffs)
@@ -111,11 +106,12 @@ class ExecutorBarrier:
         return self._finished or all(step.finished for step in self._steps)
 
     def results(self) -> list[Any]:
-        """The fetched values of a finished step, in run order."""
-        retvals = [step.frame.retvals for step in self._steps]
+        """The fetched values of a finished step, in run order.  Each partition's are
+        asked of its step: a partition finished by a hand-off whose task was cancelled
+        (a deadline landing as the step ends) never handed them to its frame."""
+        retvals = [step.results() for step in self._steps]
         args = self._frame.args
-        out = [args[k] if p < 0 else retvals[p][k]  # type: ignore[index]
-               for p, k in self._retval_map]
+        out = [args[k] if p < 0 else retvals[p][k] for p, k in self._retval_map]
         self._frame.retvals = out
         return out
 

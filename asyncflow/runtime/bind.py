@@ -26,6 +26,8 @@ import numpy as np
 from asyncflow import errors
 from asyncflow.compiler.ir import FUNCTION_ATTR
 from asyncflow.compiler.keys import frame_key
+from asyncflow.compiler.loop_schedule import runs_straight_line
+from asyncflow.config import ExecutorOptions
 from asyncflow.framework import registry
 
 if TYPE_CHECKING:
@@ -81,10 +83,13 @@ class BoundPlan:
     #: Loops in the partition: readiness propagates through frames and iterations.
     frames: bool
     #: Only inline kernels and no control flow (no dead tensor, no frame): untraced
-    #: steps may replay a static schedule (:class:`~asyncflow.runtime.propagators.StaticSchedule`).
+    #: steps may run its static order in the straight-line interpreter
+    #: (:mod:`asyncflow.runtime.interpreter`).
     schedulable: bool = False
     #: Some node is a ``_Recv`` (its value arrives from another partition).
     receives: bool = False
+    #: How its steps run (chosen when the plan is bound).
+    options: ExecutorOptions = field(default_factory=ExecutorOptions)
     #: What the runtime derives from the plan once and keeps with it (the static
     #: schedule, the traced kernels), keyed by what it is.
     derived: dict[str, Any] = field(default_factory=dict)
@@ -96,6 +101,10 @@ class BoundPlan:
         ask; a large plan's first run does not)."""
         ops: tuple[Any, ...] | None = self.derived.get("ops")
         if ops is None:
+            ref = self.derived.get("base")  # an observed copy: its plan's (held there)
+            base = ref() if ref is not None else None
+            if base is not None:
+                return base.ops  # type: ignore[no-any-return]
             lookup = self.op_lookup
             if lookup is None:
                 ops = self.plan.nodes
@@ -110,13 +119,17 @@ class BoundPlan:
                 f"all_inline={self.all_inline} frames={self.frames}>")
 
 
+_DEFAULT_OPTIONS = ExecutorOptions()
+
 #: A BoundNode from a ready tuple of its fields (no Python-level __new__ per node).
 _new_bound: Any = functools.partial(tuple.__new__, BoundNode)
 
 
 def bind(plan: Plan, device: LocalDevice, resources: Any = None,
-         op_lookup: Callable[[str], Any] | None = None) -> BoundPlan:
-    """Instantiate the kernels of ``plan`` for ``device`` (and ``resources``)."""
+         op_lookup: Callable[[str], Any] | None = None,
+         options: ExecutorOptions | None = None) -> BoundPlan:
+    """Instantiate the kernels of ``plan`` for ``device`` (and ``resources``); its steps
+    run as ``options`` say (default: the fastest way)."""
     kernel_cache: dict[str, registry.KernelDef] = {}
     static: dict[str, tuple[Callable[..., Any], int]] = {}  # kernels of static factories
     # A Merge is control flow: a plan without frame information has none.
@@ -147,15 +160,7 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
         elif known is not None:
             kernel, flow = known
         else:
-            kdef = kernel_cache.get(op_type)
-            if kdef is None:
-                try:
-                    kdef = kernel_cache[op_type] = registry.get_kernel(op_type,
-                                                                       device.device_type)
-                except errors.NotFoundError as exc:
-                    raise errors.NotFoundError(
-                        None, _op_for(node, op_lookup),
-                        f"{exc.message} (needed by node {node.name!r})") from None
+            kdef = _kernel_def(node, device, kernel_cache, op_lookup)
             kernel, flow = kdef.instantiate(node, resources)
             if kdef.static:
                 static[op_type] = (kernel, flow)
@@ -175,9 +180,26 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
             operator.itemgetter(*ins) if arity > 2 else None, flow)))
     # Without control-flow info there is no Switch / Merge (no CONTROL or SPECIAL kind):
     # all_inline then means every node is an inline kernel.
-    schedulable = plan.frames is None and all_inline
+    options = options if options is not None else _DEFAULT_OPTIONS
+    schedulable = (options.straight_line and plan.frames is None and all_inline
+                   and runs_straight_line(n.flow for n in nodes))
     return BoundPlan(plan, tuple(nodes), op_lookup, device, all_inline, plan.loops, schedulable,
-                     receives)
+                     receives, options)
+
+
+def _kernel_def(node: NodeDef, device: LocalDevice, cache: dict[str, registry.KernelDef],
+                op_lookup: Callable[[str], Any] | None) -> registry.KernelDef:
+    """The registered kernel of ``node``'s op for ``device`` (looked up once per op
+    type and plan); a missing one is a ``NotFoundError`` naming the node."""
+    kdef = cache.get(node.op)
+    if kdef is None:
+        try:
+            kdef = cache[node.op] = registry.get_kernel(node.op, device.device_type)
+        except errors.NotFoundError as exc:
+            raise errors.NotFoundError(
+                None, _op_for(node, op_lookup),
+                f"{exc.message} (needed by node {node.name!r})") from None
+    return kdef
 
 
 def _call_kernel(node: NodeDef, device: LocalDevice, resources: Any, bodies: dict[Any, Any],

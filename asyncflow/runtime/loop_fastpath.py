@@ -1,12 +1,13 @@
-"""The frame propagator's fast path: a simple loop frame run as a tight Python loop.
+"""Loop frames as straight-line programs: the frame propagator's fast path.
 
-:func:`fast_loops` attaches kernels to the compiler's
+:func:`fast_loops` binds the compiler's
 :class:`~asyncflow.compiler.loop_schedule.LoopSchedule` of each eligible loop frame
-(once per bound plan, remembered with it; the step hands them to its
-:class:`~asyncflow.runtime.propagators.FramePropagator`): the head and the body of an
-iteration that goes on become closures over their slots and kernels, one call per
-node.  :class:`LoopRun` is one instance of such a frame in a step: one flat value
-list, reused from iteration to iteration, and the iteration counter.
+to the plan's kernels (once per bound plan, remembered with it; the step hands them
+to its :class:`~asyncflow.runtime.propagators.FramePropagator`): the head and the
+body of an iteration that goes on become closures of the straight-line interpreter
+(:mod:`asyncflow.runtime.interpreter`), one call per node.  :class:`LoopRun` is one
+instance of such a frame in a step: one flat value list, reused from iteration to
+iteration, and the iteration counter.
 
 The :class:`~asyncflow.runtime.propagators.FramePropagator` stays in charge of
 frames: it creates a ``LoopRun`` when the frame is entered, gives it the Enters'
@@ -17,35 +18,32 @@ delivers the Exits.  When a run meets what the straight-line programs do not mod
 it stops at an iteration boundary and the frame propagator carries on in general
 form from there; that is always exact, because every iteration so far ran whole.
 
-Which frames run here: see :mod:`asyncflow.compiler.loop_schedule`; in addition,
-every node of the frame must run inline (no async, thread or transfer kernel), and
-a traced step (``FULL_TRACE``) always uses the general path, which records every
-node.  :data:`ENABLED` (tests only) turns the fast path off for the steps made while
-it is False.
+Which frames run here: see :mod:`asyncflow.compiler.loop_schedule` and its
+``runs_straight_line`` rule (every kernel of the frame synchronous).  A traced step
+(``FULL_TRACE``) runs the same programs with its traced kernels (each records its
+frame and iteration; the loop's Merges and the body's Switches and Merges are
+recorded as control).  ``ExecutorOptions(straight_line=False)`` turns the fast path
+off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import operator
+import time
 import weakref
 from collections.abc import Callable, Sequence
-from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asyncflow import errors
 from asyncflow.compiler.loop_schedule import (
-    I_CONST,
-    I_EXIT,
-    I_KERNEL,
-    I_MERGE,
     I_SWITCH,
-    Instr,
     LoopSchedule,
+    runs_straight_line,
 )
-from asyncflow.framework import registry
+from asyncflow.runtime.interpreter import Op, bind_instr, closure, run_program
+from asyncflow.runtime.observe import StepTrace
 from asyncflow.runtime.propagators import (
     CHECK_EVERY,
     DONE,
@@ -53,49 +51,41 @@ from asyncflow.runtime.propagators import (
     HANDOFF,
     RUNNING,
     Dead,
-    _check_outputs,
+    slice_over,
 )
 
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundPlan
     from asyncflow.runtime.propagators import Step
 
-__all__ = ["ENABLED", "BoundLoop", "LoopRun", "fast_loops"]
-
-#: Tests set this False to run every loop with the general FramePropagator (read
-#: when a step is made).
-ENABLED = True
-
-_ALLOWED_FLOWS = (registry.INLINE, registry.CONTROL)
-
-#: One bound instruction: what the interpreter unpacks.
-#: (kind, kernel or None, input slots, out slot, outputs, check slots, frees, node, extra)
-_BInstr = tuple[int, Any, tuple[int, ...], int, int, tuple[int, ...], tuple[int, ...], int, Any]
-#: An instruction of the head or of an iteration that goes on, as a closure over
-#: its slots and kernel (one call per node: no unpacking, no dispatch on its kind).
-_Op = Callable[[list[Any]], None]
-
+__all__ = ["BoundLoop", "LoopRun", "fast_loops"]
 
 class BoundLoop:
     """A loop frame's schedule with its kernels (made once per bound plan)."""
 
     __slots__ = ("carries", "carry_frees", "enters", "exit_markers", "final", "head",
-                 "index_slots", "merge_slots", "node_of", "pred", "pred_node", "schedule",
-                 "sources", "template", "true", "true_frees", "work")
+                 "index_slots", "merge_slots", "merges", "name", "node_of", "pred",
+                 "pred_node", "schedule", "sources", "template", "true", "true_frees", "work")
 
     def __init__(self, schedule: LoopSchedule, nodes: Sequence[Any],
-                 ops: Sequence[Any]) -> None:
+                 ops: Sequence[Any], name: str = "", merges: tuple[int, ...] = ()) -> None:
         self.schedule = schedule
+        #: The frame's name (what a traced kernel records with its iteration).
+        self.name = name
+        #: Traced plans: the loop Merges, recorded as control at every iteration (the
+        #: programs route the loop variables without running them); else empty.
+        self.merges = merges
+        traced = bool(merges)
         self.template = schedule.template
         self.enters = dict(schedule.enters)
         self.pred = schedule.pred
-        head = [_bind_instr(x, nodes, ops) for x in schedule.head]
-        true = [_bind_instr(x, nodes, ops) for x in schedule.true]
-        self.head = tuple(_closure(x) for x in head)
-        self.true = tuple(_closure(x) for x in true)
+        head = [bind_instr(x, nodes, ops) for x in schedule.head]
+        true = [bind_instr(x, nodes, ops) for x in schedule.true]
+        self.head = tuple(closure(x, traced) for x in head)
+        self.true = tuple(closure(x, traced) for x in true)
         #: What a failing closure of ``head`` / ``true`` names: its node.
         self.node_of = {f: x[7] for f, x in zip((*self.head, *self.true), (*head, *true))}
-        self.final = tuple(_bind_instr(x, nodes, ops) for x in schedule.final)
+        self.final = tuple(bind_instr(x, nodes, ops) for x in schedule.final)
         self.true_frees = schedule.true_frees
         self.carries = schedule.carries
         sources = [src for _, src, _ in schedule.carries]
@@ -125,7 +115,7 @@ _BOUND: weakref.WeakKeyDictionary[BoundPlan, tuple[BoundLoop | None, ...]] = (
 
 def fast_loops(bound: BoundPlan) -> tuple[BoundLoop | None, ...]:
     """Per static frame of ``bound``'s plan: its fast path, or None (general path)."""
-    if not ENABLED or not bound.plan.loop_schedules:
+    if not bound.options.straight_line or not bound.plan.loop_schedules:
         return ()
     loops = _BOUND.get(bound)
     if loops is None:
@@ -137,26 +127,17 @@ def _bind_loops(bound: BoundPlan) -> tuple[BoundLoop | None, ...]:
     nodes, ops = bound.nodes, bound.ops
     out: list[BoundLoop | None] = []
     for schedule in bound.plan.loop_schedules:
-        if schedule is None or any(nodes[i].flow not in _ALLOWED_FLOWS
-                                   for i in schedule.members):
+        if schedule is None or not runs_straight_line(nodes[i].flow
+                                                      for i in schedule.members):
             out.append(None)  # a kernel that does not run inline: the general path
         else:
-            out.append(BoundLoop(schedule, nodes, ops))
+            frames = bound.plan.frames
+            assert frames is not None
+            merges = tuple(i for i in schedule.members if frames.loop_merge[i]) \
+                if bound.derived.get("traced") else ()
+            out.append(BoundLoop(schedule, nodes, ops, frames.frames[schedule.frame].name,
+                                 merges))
     return tuple(out) if any(b is not None for b in out) else ()
-
-
-def _bind_instr(x: Instr, nodes: Sequence[Any], ops: Sequence[Any]) -> _BInstr:
-    extra: Any = None
-    kernel: Any = None
-    if x.kind == I_KERNEL:
-        kernel = nodes[x.node].kernel
-    elif x.kind == I_CONST:
-        extra = x.value
-    elif x.kind == I_SWITCH:
-        extra = Dead(ops[x.node].name)
-    elif x.kind == I_MERGE:
-        extra = tuple(np.int32(p) for p in x.positions)
-    return (x.kind, kernel, x.ins, x.out, x.num_outputs, x.checks, x.frees, x.node, extra)
 
 
 class LoopRun:
@@ -202,12 +183,15 @@ class LoopRun:
         work = loop.work
         budget = CHECK_EVERY
         k = self.iteration
-        f: _Op | None = None
+        f: Op | None = None
+        trace = step._trace  # a traced step: its kernels record the iteration
         while True:
+            if trace is not None:
+                _record_iteration(trace, loop, k)
             try:
                 for f in head:
                     f(vals)
-            except (Exception, asyncio.CancelledError) as exc:  # (_fail tells them apart)
+            except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
                 return self._fail(step, f, exc)
             p = vals[pred]
             try:
@@ -217,13 +201,13 @@ class LoopRun:
                 return FAILED
             if not go:
                 self.iteration = k
-                return DONE if _run(final, vals, step, self.exits) else FAILED
+                return DONE if run_program(final, vals, step, self.exits) else FAILED
             for s in true_frees:
                 vals[s] = None
             try:
                 for f in true:
                     f(vals)
-            except (Exception, asyncio.CancelledError) as exc:  # (_fail tells them apart)
+            except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
                 return self._fail(step, f, exc)
             carry = sources(vals)
             for s in carry_frees:
@@ -242,15 +226,13 @@ class LoopRun:
             budget -= work
             if budget <= 0:
                 budget = CHECK_EVERY
-                if perf_counter() >= until or step._error is not None:
+                if slice_over(until) or step._error is not None:
                     self.iteration = k
                     return RUNNING
 
 
-    def _fail(self, step: Step, f: _Op | None, exc: BaseException) -> int:
+    def _fail(self, step: Step, f: Op | None, exc: BaseException) -> int:
         """Closure ``f`` raised ``exc``: its node fails the step."""
-        if isinstance(exc, asyncio.CancelledError):  # raised by the kernel itself
-            exc = errors.CancelledError(None, None, f"kernel raised {exc!r}")
         step.fail(self.loop.node_of[f] if f is not None else -1, exc)
         return FAILED
 
@@ -262,187 +244,12 @@ def _one_getter(slot: int) -> Callable[[list[Any]], tuple[Any, ...]]:
     return get
 
 
-def _closure(x: _BInstr) -> _Op:
-    """Instruction ``x`` (of the head or of an iteration that goes on) as a closure."""
-    kind, kernel, ins, out, nout, checks, frees, _, extra = x
-    run = _live_closure(kind, kernel, ins, out, nout, frees, extra)
-    if not checks:
-        return run
-    dead_outs = range(out, out + nout)
-    if len(checks) == 1 and nout == 1:  # a node of one cond branch, most often
-        (c,) = checks
-
-        def checked_one(vals: list[Any]) -> None:
-            v = vals[c]
-            if v.__class__ is Dead:
-                vals[out] = v
-                for r in frees:
-                    vals[r] = None
-            else:
-                run(vals)
-        return checked_one
-
-    def checked(vals: list[Any]) -> None:
-        for s in checks:  # the node may be dead: it is when any of these slots is
-            v = vals[s]
-            if v.__class__ is Dead:
-                for o in dead_outs:
-                    vals[o] = v
-                for r in frees:
-                    vals[r] = None
-                return
-        run(vals)
-    return checked
+def _record_iteration(trace: StepTrace, loop: BoundLoop, k: int) -> None:
+    """A traced step starts iteration ``k`` of ``loop``: its kernels record it, and its
+    loop Merges are recorded as control."""
+    trace.label = (loop.name, k)
+    now = time.time()
+    for m in loop.merges:
+        trace.record(m, "control", now, now, ())
 
 
-def _live_closure(kind: int, kernel: Any, ins: tuple[int, ...], out: int, nout: int,
-                  frees: tuple[int, ...], extra: Any) -> _Op:
-    """The closure of a live node; the commonest shapes (one output, one or two
-    inputs, at most one slot to free) get their own, shortest bodies."""
-    if kind == I_KERNEL and nout == 1 and len(ins) <= 2 and len(frees) <= 1:
-        a, b = ins[0], ins[-1]
-        if len(ins) == 2 and not frees:
-            def k2(vals: list[Any]) -> None:
-                vals[out] = kernel(vals[a], vals[b])
-            return k2
-        if len(ins) == 2:
-            (r,) = frees
-
-            def k2f(vals: list[Any]) -> None:
-                vals[out] = kernel(vals[a], vals[b])
-                vals[r] = None
-            return k2f
-        if not frees:
-            def k1(vals: list[Any]) -> None:
-                vals[out] = kernel(vals[a])
-            return k1
-        (r,) = frees
-
-        def k1f(vals: list[Any]) -> None:
-            vals[out] = kernel(vals[a])
-            vals[r] = None
-        return k1f
-    if kind == I_SWITCH:
-        data_slot, pred_slot = ins
-
-        def switch(vals: list[Any]) -> None:
-            data = vals[data_slot]
-            if vals[pred_slot]:
-                vals[out] = extra
-                vals[out + 1] = data
-            else:
-                vals[out] = data
-                vals[out + 1] = extra
-            for r in frees:
-                vals[r] = None
-        return switch
-    if kind == I_CONST:
-        def const(vals: list[Any]) -> None:
-            vals[out] = extra
-            for r in frees:
-                vals[r] = None
-        return const
-    if kind == I_MERGE:
-        candidates = tuple(zip(ins, extra, strict=True))
-
-        def merge(vals: list[Any]) -> None:  # the first live input in schedule order
-            first_dead = None
-            for slot, index in candidates:
-                v = vals[slot]
-                if v.__class__ is not Dead:
-                    vals[out] = v
-                    vals[out + 1] = index
-                    break
-                if first_dead is None:
-                    first_dead = v
-            else:
-                vals[out] = vals[out + 1] = first_dead
-            for r in frees:
-                vals[r] = None
-        return merge
-    program = ((kind, kernel, ins, out, nout, (), frees, -1, extra),)
-
-    def other(vals: list[Any]) -> None:  # a kernel of another shape
-        _execute(program, vals)
-    return other
-
-
-def _run(program: Sequence[_BInstr], vals: list[Any], step: Step,
-         exits: list[tuple[int, Any]] | None) -> bool:
-    """Run one straight-line program over ``vals``; False when a node failed (the
-    step has its error)."""
-    failed: list[int] = [-1]
-    try:
-        _execute(program, vals, exits, failed)
-    except Exception as exc:
-        step.fail(failed[0], exc)
-        return False
-    except asyncio.CancelledError as exc:  # raised by the kernel itself: its failure
-        step.fail(failed[0], errors.CancelledError(None, None, f"kernel raised {exc!r}"))
-        return False
-    return True
-
-
-def _execute(program: Sequence[_BInstr], vals: list[Any],
-             exits: list[tuple[int, Any]] | None = None, failed: list[int] | None = None
-             ) -> None:
-    """Run instructions (any kind); a kernel's exception propagates, and ``failed[0]``
-    (when given) says whose it was."""
-    for kind, kernel, ins, out, nout, checks, frees, node, extra in program:
-        if failed is not None:
-            failed[0] = node
-        if checks:  # the node may be dead: it is when any of these slots is
-            dead = None
-            for s in checks:
-                v = vals[s]
-                if v.__class__ is Dead:
-                    dead = v
-                    break
-            if dead is not None:
-                if kind == I_EXIT:
-                    exits.append((node, dead))  # type: ignore[union-attr]
-                elif nout == 1:
-                    vals[out] = dead
-                elif nout:
-                    vals[out:out + nout] = (dead,) * nout
-                for s in frees:
-                    vals[s] = None
-                continue
-        if kind == I_KERNEL:
-            n = len(ins)
-            if n == 2:
-                v = kernel(vals[ins[0]], vals[ins[1]])
-            elif n == 1:
-                v = kernel(vals[ins[0]])
-            else:
-                v = kernel(*[vals[s] for s in ins])
-            if nout == 1:
-                vals[out] = v
-            elif nout:
-                vals[out:out + nout] = _check_outputs(v, nout)
-        elif kind == I_SWITCH:
-            data = vals[ins[0]]
-            if vals[ins[1]]:
-                vals[out] = extra
-                vals[out + 1] = data
-            else:
-                vals[out] = data
-                vals[out + 1] = extra
-        elif kind == I_MERGE:  # the first live input in schedule order, else dead
-            first_dead = None
-            for k, s in enumerate(ins):
-                v = vals[s]
-                if v.__class__ is not Dead:
-                    vals[out] = v
-                    vals[out + 1] = extra[k]
-                    break
-                if first_dead is None:
-                    first_dead = v
-            else:
-                vals[out] = vals[out + 1] = first_dead
-        elif kind == I_CONST:
-            vals[out] = extra
-        else:  # I_EXIT
-            exits.append((node, vals[ins[0]]))  # type: ignore[union-attr]
-        for s in frees:
-            vals[s] = None

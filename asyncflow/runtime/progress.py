@@ -2,8 +2,9 @@
 
 Asked for with ``RunOptions(progress=callback)``; costs nothing otherwise.  As with
 retval streaming (:mod:`asyncflow.runtime.streaming`), the executor is not told:
-a step with progress runs a per-step copy of its bound plans in which every kernel
-is wrapped to count itself (and, for async and worker-thread kernels, to say it is
+a step with progress runs a per-step copy of its bound plans
+(:func:`~asyncflow.runtime.observe.observed`: the same engine as the plan's) in
+which every kernel is wrapped to count itself (and, for async and worker-thread kernels, to say it is
 running), and a ticker task of the run calls ``callback(ProgressEvent)`` every
 ``interval`` seconds on the step's loop, then once more, ``finished=True``, when the
 step has ended (also when it failed).
@@ -26,12 +27,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from asyncflow.framework import registry
 from asyncflow.progress import ProgressEvent
 from asyncflow.runtime.bind import BoundNode, BoundPlan, tap_recv
+from asyncflow.runtime.observe import observed
 
 __all__ = ["INTERVAL", "ProgressTracker"]
 
@@ -71,7 +72,7 @@ class ProgressTracker:
             self._total = None
         else:
             self._total += counted
-        return replace(bound, nodes=nodes)
+        return observed(bound, nodes)
 
     def _counted(self, node: BoundNode, name: str) -> BoundNode:
         kernel = node.kernel

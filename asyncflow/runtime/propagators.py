@@ -22,7 +22,7 @@ TensorFlow's executor delegates readiness to a propagator chosen once per graph
   gave a straight-line schedule (only inline kernels, no nested loop) runs instead
   as a tight loop over one reused value list (:mod:`asyncflow.runtime.loop_fastpath`)
   once all its Enters arrived, and hands back to the general form if it meets what
-  that does not model; traced steps always take the general form.
+  that does not model; traced steps take the same path (with traced kernels).
 
 Both free a value after its last reader (per iteration in loops), run inline kernels
 without a task, hand every other node to ``step.dispatch``, and report a fetched
@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,20 +49,52 @@ from asyncflow.compiler.control_flow import (
     CF_NONE,
     CF_SWITCH,
 )
-from asyncflow.compiler.schedule import static_order
 from asyncflow.framework import registry
-from asyncflow.runtime.gc_pause import gc_paused
 
 if TYPE_CHECKING:
     from asyncflow.compiler.control_flow import FrameInfo
     from asyncflow.runtime.bind import BoundNode, BoundPlan
 
-__all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "SCHEDULE_AFTER", "Dead",
+__all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "Dead",
            "FastLoop", "FastRun", "FramePropagator", "PlainPropagator", "Propagator",
-           "SchedulePropagator", "StaticSchedule", "Step"]
+           "Step", "first_dead", "merge_fires", "slice_over", "switch_outputs"]
 
 #: Nodes run between two looks at the clock while draining.
 CHECK_EVERY = 256
+
+
+def slice_over(until: float) -> bool:
+    """THE time-slice rule, asked by every engine every :data:`CHECK_EVERY` nodes (a
+    loop program: iterations' worth) and by the hand-offs of a chain of sends: the
+    step's slice, ending at ``until``, is used up, so it yields to the event loop
+    (deadlines, cancellation and other tasks run) and drains again after."""
+    return perf_counter() >= until
+
+
+def first_dead(values: Iterable[Any]) -> Dead | None:
+    """THE dead-input rule, every engine's: a node other than a Merge with a dead
+    input — a data input holding a dead value, or a control input from a dead node
+    (whose first output is dead) — is dead, with the first dead value found; its
+    outputs are that value and its kernel never runs.  (A Merge: ``merge_fires``.)"""
+    for v in values:
+        if v.__class__ is Dead:
+            return v
+    return None
+
+
+def switch_outputs(data: Any, pred: Any, marker: Dead) -> tuple[Any, Any]:
+    """THE Switch rule (every engine's): ``data`` goes to output 1 when ``pred`` is
+    true, else to output 0; the other output is ``marker``, the Switch's dead value."""
+    return (marker, data) if pred else (data, marker)
+
+
+def merge_fires(controls_left: int, dead: int, first_live: int, expected: int) -> bool:
+    """THE Merge rule of the pending-count engines: a Merge runs once its control
+    inputs are done and either an input arrived live (it forwards the first live one,
+    with its index) or ``expected`` inputs arrived dead (it is dead).  A loop Merge
+    expects one input per iteration; a straight-line program resolves the same
+    rule statically (the first live candidate in program order)."""
+    return controls_left <= 0 and (first_live >= 0 or dead >= expected)
 
 _INLINE = registry.INLINE
 _SEND = registry.SEND
@@ -85,9 +117,8 @@ class Step(Protocol):
     """What a propagator asks of its step (:class:`asyncflow.runtime.step.Step`)."""
 
     _error: errors.OpError | None
-    _label: tuple[str, int] | None
     _bound: BoundPlan
-    _stats: list[Any] | None  # None unless the step is traced
+    _trace: Any  # its StepTrace (runtime.observe) when traced, else None
 
     def dispatch(self, token: Any, i: int, node: BoundNode, args: list[Any],
                  frame_id: int = 0, iter_id: int = 0, is_dead: bool = False) -> None: ...
@@ -140,11 +171,18 @@ def _dead_fetch(bound: BoundPlan, k: int, v: Dead) -> errors.InvalidArgumentErro
 _NO_MERGES: dict[int, list[Any]] = {}
 
 
+def _shuffler(bound: BoundPlan) -> Any:
+    """The shuffle of a step's ready batches (``ExecutorOptions.shuffle_seed``), or None."""
+    if bound.options.shuffle_seed is None:
+        return None
+    return bound.options.shuffler().shuffle  # type: ignore[union-attr]
+
+
 class PlainPropagator:
     """Readiness by pending counts over one value list (graphs without loop frames)."""
 
     __slots__ = ("_bound", "_dead", "_kinds", "_merges", "_nodes", "_pending",
-                 "_ready", "_refs", "_step", "_vals")
+                 "_ready", "_refs", "_shuffle", "_step", "_vals")
 
     def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
                  args: Sequence[Any]) -> None:
@@ -167,6 +205,7 @@ class PlainPropagator:
         # Merge node -> [control producers left, dead inputs, first live input, fired, origin]
         # (no Merge without control flow: then one shared, always empty dict)
         self._merges: dict[int, list[Any]] = {} if info is not None else _NO_MERGES
+        self._shuffle = _shuffler(bound)
 
     def has_ready(self) -> bool:
         return bool(self._ready)
@@ -178,7 +217,8 @@ class PlainPropagator:
         """Run ready nodes until none is left (True), or until the clock passes ``until``
         (False: the step yields to the event loop, then drains again).
 
-        This is the per-node hot path and is kept in one piece on purpose: every
+        The hot loop (longer than the house's 60 lines on purpose): this is the
+        per-node hot path and is kept in one piece: every
         attribute is hoisted into a local, and the common shapes (1 or 2 inputs, one
         output, one consumer) take the shortest branches.  The completion half
         (store outputs, release inputs, decrement consumers) is repeated in
@@ -195,10 +235,13 @@ class PlainPropagator:
         dead = self._dead
         pop = ready.pop
         push = ready.append
+        shuffle = self._shuffle  # (tests only: ExecutorOptions.shuffle_seed)
         budget = CHECK_EVERY
         i = -1
         try:
             while ready:
+                if shuffle is not None:
+                    shuffle(ready)
                 i = pop()
                 while True:
                     kernel, kind, n, ins, out, nout, cons, frees, counted, getter, _ = nodes[i]
@@ -242,20 +285,21 @@ class PlainPropagator:
                                 push(c)
                     budget -= 1
                     if not budget:
-                        if perf_counter() >= until:
+                        if slice_over(until):
                             if nxt >= 0:
                                 push(nxt)
                             return not ready  # the step yields to the loop, then goes on
                         budget = CHECK_EVERY
                     if nxt < 0:
                         break
+                    if shuffle is not None:  # the consumer joins the batch to shuffle
+                        push(nxt)
+                        break
                     i = nxt
                 if step._error is not None:
                     return True
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
             step.fail(i, exc)
-        except asyncio.CancelledError as exc:  # raised by the kernel itself: its failure
-            step.fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
         return True
 
     def complete(self, token: Any, v: Any) -> None:
@@ -289,15 +333,7 @@ class PlainPropagator:
                 pending[c] = p
                 if not p:
                     push(c)
-        for s in node.frees:  # _release, inline
-            vals[s] = None
-        if node.counted:
-            refs = self._refs
-            for s in node.counted:
-                r = refs[s] - 1  # type: ignore[index]
-                refs[s] = r  # type: ignore[index]
-                if not r:
-                    vals[s] = None
+        self._release(node)
         if self._dead is not None:
             return  # consumers readied above
         pending = self._pending
@@ -335,7 +371,7 @@ class PlainPropagator:
             else:
                 self._store(node, (vals[node.inputs[m[2]]], np.int32(m[2])))
                 self._propagate(i, node, None)
-            if self._step._stats is not None:
+            if self._step._trace is not None:
                 self._trace_control(i)
             return
         dead = self._dead[i] if self._dead is not None else None
@@ -350,10 +386,10 @@ class PlainPropagator:
             return
         if cf == CF_SWITCH:
             data = vals[node.inputs[0]]
-            marker = Dead(step._bound.ops[i].name)
-            self._store(node, (marker, data) if vals[node.inputs[1]] else (data, marker))
+            self._store(node, switch_outputs(data, vals[node.inputs[1]],
+                                             Dead(step._bound.ops[i].name)))
             self._propagate(i, node, None)
-            if self._step._stats is not None:
+            if self._step._trace is not None:
                 self._trace_control(i)
             return
         args = [vals[s] for s in node.inputs]
@@ -388,15 +424,8 @@ class PlainPropagator:
                 self._merge_input(c, first, end)
                 continue
             if dead[c] is None:
-                if node_dead is not None:
-                    dead[c] = node_dead
-                else:
-                    for s in nodes[c].inputs:
-                        if first <= s < end:
-                            v = vals[s]
-                            if isinstance(v, Dead):
-                                dead[c] = v
-                                break
+                dead[c] = node_dead or first_dead(
+                    vals[s] for s in nodes[c].inputs if first <= s < end)
             p = pending[c] - 1
             pending[c] = p
             if not p:
@@ -438,7 +467,7 @@ class PlainPropagator:
                     m[2] = pos
         if not data:
             m[0] -= 1
-        if m[0] <= 0 and (m[2] >= 0 or m[1] >= self._nodes[c].arity):
+        if merge_fires(m[0], m[1], m[2], self._nodes[c].arity):
             m[3] = True
             self._ready.append(c)
 
@@ -456,149 +485,6 @@ class PlainPropagator:
                 if isinstance(v, Dead):
                     raise _dead_fetch(self._bound, k, v)
         return out
-
-
-# -- a static schedule -------------------------------------------------------------------
-
-#: A plan eligible for a static schedule gets one after this many general runs (the
-#: first run of a plan pays no scheduling cost).  Tests set it very high to force
-#: the general path on the same graphs.
-SCHEDULE_AFTER = 1
-
-
-class StaticSchedule:
-    """The straight-line schedule of one bound plan made only of inline kernels without
-    control flow: built once, from the plain propagator's order (see
-    :func:`asyncflow.compiler.schedule.static_order`), after the plan's first runs.
-
-    ``blocks`` splits it into runs of :data:`CHECK_EVERY` nodes, the points where a
-    step looks at the clock; each entry is ``(kernel, arity, in0, in1, out, num_outputs,
-    frees, counted, getter, node)`` (``in0`` / ``in1`` are -1 when unused).
-    """
-
-    __slots__ = ("_bound", "args", "blocks", "runs")
-
-    def __init__(self, bound: BoundPlan) -> None:
-        self._bound = bound
-        self.runs = 0
-        self.blocks: tuple[tuple[tuple[Any, ...], ...], ...] | None = None
-        plan = bound.plan
-        #: (slot, feed index) of every _Arg node.
-        self.args = tuple((s, k) for s, (k, _) in zip(plan.arg_slots, plan.partition.args))
-
-    def get(self) -> tuple[tuple[tuple[Any, ...], ...], ...] | None:
-        """The schedule's blocks, or None while the plan still runs on the general path
-        (counts a run; builds the schedule when the plan has run enough)."""
-        blocks = self.blocks
-        if blocks is None:
-            self.runs = runs = self.runs + 1
-            if runs <= SCHEDULE_AFTER:
-                return None
-            with gc_paused():  # ~10x faster for a large plan in a large heap
-                blocks = self.blocks = self._build()
-        return blocks
-
-    def _build(self) -> tuple[tuple[tuple[Any, ...], ...], ...] | None:
-        order = static_order(self._bound.plan)
-        if order is None:
-            return None
-        nodes = self._bound.nodes
-        entries = []
-        for i in order:
-            kernel, _, n, ins, out, nout, _, frees, counted, getter, _ = nodes[i]
-            entries.append((kernel, n, ins[0] if n else -1, ins[1] if n > 1 else -1,
-                            out, nout, frees, counted, getter, i))
-        return tuple(tuple(entries[k:k + CHECK_EVERY])
-                     for k in range(0, len(entries), CHECK_EVERY))
-
-
-class SchedulePropagator:
-    """Runs a :class:`StaticSchedule`: every node once, in a fixed order, no pending
-    counts and no ready stack — the plain propagator's result for the plans it takes.
-
-    Used only for untraced steps of plans made of inline kernels without control flow
-    (no node is ever dispatched, dead or waited for); everything else the step does
-    (first error, yielding on the clock, retvals) is unchanged.
-    """
-
-    __slots__ = ("_blocks", "_bound", "_next", "_refs", "_step", "_vals")
-
-    def __init__(self, step: Step, bound: BoundPlan, schedule: StaticSchedule,
-                 args: Sequence[Any]) -> None:
-        plan = bound.plan
-        self._step = step
-        self._bound = bound
-        blocks = schedule.blocks
-        assert blocks is not None
-        self._blocks = blocks
-        vals = list(plan.initial_values)
-        for s, k in schedule.args:  # the _Arg nodes
-            vals[s] = args[k]
-        self._vals = vals
-        self._refs = list(plan.initial_refs) if plan.initial_refs is not None else None
-        self._next = 0  # the next block to run
-
-    def has_ready(self) -> bool:
-        return self._next < len(self._blocks)
-
-    def clear(self) -> None:
-        self._next = len(self._blocks)
-
-    def drain(self, until: float) -> bool:
-        """Run the schedule's blocks until the end (True) or until the clock passes
-        ``until`` after a block (False: the step yields, then drains again)."""
-        step = self._step
-        if step._error is not None:
-            return True
-        blocks = self._blocks
-        vals = self._vals
-        refs = self._refs
-        b = self._next
-        end = len(blocks)
-        i = -1
-        try:
-            while b < end:
-                for kernel, n, x, y, out, nout, frees, counted, getter, i in blocks[b]:  # noqa: B007 (i: errors)
-                    if n == 2:
-                        v = kernel(vals[x], vals[y])
-                    elif n == 1:
-                        v = kernel(vals[x])
-                    elif n == 0:
-                        v = kernel()
-                    else:
-                        v = kernel(*getter(vals))
-                    if nout == 1:
-                        vals[out] = v
-                    elif nout:
-                        vals[out:out + nout] = _check_outputs(v, nout)
-                    for s in frees:
-                        vals[s] = None
-                    if counted:
-                        for s in counted:
-                            r = refs[s] - 1  # type: ignore[index]
-                            refs[s] = r  # type: ignore[index]
-                            if not r:
-                                vals[s] = None
-                b += 1
-                if b < end and perf_counter() >= until:
-                    self._next = b
-                    return False  # the step yields to the loop, then goes on
-            self._next = end
-            return True
-        except Exception as exc:
-            self._next = end
-            step.fail(i, exc)
-        except asyncio.CancelledError as exc:  # raised by the kernel itself: its failure
-            self._next = end
-            step.fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
-        return True
-
-    def complete(self, token: Any, value: Any) -> None:
-        raise errors.InternalError(None, None, "a scheduled step dispatches no node")
-
-    def retvals(self) -> list[Any]:
-        vals = self._vals
-        return [vals[s] for s in self._bound.plan.retval_slots]  # the _Retval nodes
 
 
 # -- loops ------------------------------------------------------------------------------
@@ -695,7 +581,7 @@ class FramePropagator:
     """Readiness per (node, frame instance, iteration) (graphs with loops)."""
 
     __slots__ = ("_bound", "_info", "_initial", "_initial_pending", "_initial_refs",
-                 "_loops", "_nodes", "_ready", "_root", "_step")
+                 "_loops", "_nodes", "_pick", "_ready", "_root", "_step")
     _loops: Sequence[FastLoop | None]
 
     def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
@@ -716,6 +602,9 @@ class FramePropagator:
         for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
             root_vals[s] = args[k]
         self._ready: deque[tuple[int, _Frame, int]] = deque()
+        # (Tests only, ExecutorOptions.shuffle_seed: which ready token runs next.)
+        rng = bound.options.shuffler() if bound.options.shuffle_seed is not None else None
+        self._pick = rng.randrange if rng is not None else None
         for i in plan.initial_ready:
             self._push(i, self._root, 0)
 
@@ -749,9 +638,11 @@ class FramePropagator:
         while ready and step._error is None:
             budget -= 1
             if not budget:
-                if perf_counter() >= until:
+                if slice_over(until):
                     return False
                 budget = CHECK_EVERY
+            if self._pick is not None:  # a random ready token next: a shuffled batch
+                ready.rotate(-self._pick(len(ready)))
             i, frame, it = ready.popleft()
             if i < 0:  # a frame instance on the fast path: runs until done or time is up
                 if not self._run_fast(frame, until):
@@ -760,10 +651,8 @@ class FramePropagator:
                 continue
             try:
                 self._execute(i, frame, it, self._nodes[i], kinds[i])
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
                 step.fail(i, exc)
-            except asyncio.CancelledError as exc:  # raised by the kernel itself
-                step.fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
         return True
 
     def _read(self, st: _Iteration, slot: int) -> Any:
@@ -771,73 +660,73 @@ class FramePropagator:
         return vals[slot] if slot in vals else self._initial[slot]
 
     def _execute(self, i: int, frame: _Frame, it: int, node: BoundNode, kind: int) -> None:
+        """Run node ``i`` of iteration ``it`` of ``frame``: by its control-flow kind."""
         st = frame.iters[it]
-        step = self._step
-        if step._stats is not None:  # traced: kernels record their frame and iteration
-            step._label = (self._info.frames[frame.static].name, it)
+        trace = self._step._trace
+        if trace is not None:  # traced: kernels record their frame and iteration
+            trace.label = (self._info.frames[frame.static].name, it)
         if kind == CF_NONE and node.flow == _INLINE and i not in st.dead:
             self._run_inline(i, frame, it, st, node)
-            return
-        if kind == CF_MERGE:
-            m = st.merges.pop(i)
-            if m[2] < 0:
-                all_dead = st.dead.get(i) or Dead(self._bound.ops[i].name)
-                self._complete(i, frame, it, (all_dead, all_dead), all_dead)
-            else:
-                value = self._read(st, node.inputs[m[2]])
-                self._complete(i, frame, it, (value, np.int32(m[2])), None)
-            if self._step._stats is not None:
-                self._trace_control(i)
-            return
-        dead = st.dead.get(i)
-        if kind == CF_NONE:
-            flow = node.flow
-            if dead is not None and flow != _SEND and flow != _RECV:
-                self._complete(i, frame, it, (dead,) * node.num_outputs, dead)
-                return
-            args = [self._read(st, s) for s in node.inputs]
-            if flow == _INLINE:
-                v = node.kernel(*args)
-                outs = (v,) if node.num_outputs == 1 else tuple(_check_outputs(v, node.num_outputs)
-                                                                if node.num_outputs else ())
-                self._complete(i, frame, it, outs, None)
-            else:
-                step.dispatch((i, frame, it), i, node, args if dead is None else
-                              [None] * len(args), frame.id, it, dead is not None)
-            return
-        if kind == CF_SWITCH:
+        elif kind == CF_NONE:
+            self._run_other(i, frame, it, st, node)
+        elif kind == CF_MERGE:
+            self._run_merge(i, frame, it, st, node)
+        elif kind == CF_SWITCH:
+            dead = st.dead.get(i)
             if dead is None:
-                data = self._read(st, node.inputs[0])
-                pred = self._read(st, node.inputs[1])
-                marker = Dead(self._bound.ops[i].name)
-                outs = (marker, data) if pred else (data, marker)
+                outs = switch_outputs(self._read(st, node.inputs[0]),
+                                      self._read(st, node.inputs[1]),
+                                      Dead(self._bound.ops[i].name))
             else:
                 outs = (dead, dead)
             self._complete(i, frame, it, outs, dead)
-            if self._step._stats is not None:
+            if trace is not None:
                 self._trace_control(i)
+        else:
+            self._route(i, frame, it, st, node, kind)
+
+    def _run_other(self, i: int, frame: _Frame, it: int, st: _Iteration,
+                   node: BoundNode) -> None:
+        """A node that is dead, or whose kernel is not inline (dispatched)."""
+        dead = st.dead.get(i)
+        flow = node.flow
+        if dead is not None and flow != _SEND and flow != _RECV:
+            self._complete(i, frame, it, (dead,) * node.num_outputs, dead)
             return
+        args = [self._read(st, s) for s in node.inputs]
+        if flow == _INLINE:
+            v = node.kernel(*args)
+            nout = node.num_outputs
+            outs = (v,) if nout == 1 else tuple(_check_outputs(v, nout) if nout else ())
+            self._complete(i, frame, it, outs, None)
+        else:  # (transfers run dead too: the peer learns the deadness)
+            self._step.dispatch((i, frame, it), i, node, args if dead is None else
+                                [None] * len(args), frame.id, it, dead is not None)
+
+    def _run_merge(self, i: int, frame: _Frame, it: int, st: _Iteration,
+                   node: BoundNode) -> None:
+        """A Merge that fired (``merge_fires``): its first live input, or dead."""
+        m = st.merges.pop(i)
+        if m[2] < 0:
+            all_dead = st.dead.get(i) or Dead(self._bound.ops[i].name)
+            self._complete(i, frame, it, (all_dead, all_dead), all_dead)
+        else:
+            value = self._read(st, node.inputs[m[2]])
+            self._complete(i, frame, it, (value, np.int32(m[2])), None)
+        if self._step._trace is not None:
+            self._trace_control(i)
+
+    def _route(self, i: int, frame: _Frame, it: int, st: _Iteration, node: BoundNode,
+               kind: int) -> None:
+        """Enter, Exit, NextIteration: move the value between frames and iterations."""
+        dead = st.dead.get(i)
         value = dead if dead is not None else self._read(st, node.inputs[0])
         self._release(st, node)
-        if self._step._stats is not None:
+        if self._step._trace is not None:
             self._trace_control(i)
         if kind == CF_ENTER:
-            child = self._child(frame, it, self._info.child[i])
-            if child.fast is not None:
-                self._enter_fast(child, i, value)
-                self._done_token(frame, it)
-                return
-            if self._info.constant[i]:
-                child.invariants.append((i, value))
-                for k in list(child.iters):
-                    self._deliver(i, value, child, k)
-            else:
-                self._deliver(i, value, child, 0)
-            child.pending_enters -= 1
-            self._done_token(frame, it)
-            self._check_iteration(child, 0)
-            return
-        if kind == CF_EXIT:
+            self._enter(i, frame, it, value)
+        elif kind == CF_EXIT:
             if isinstance(value, Dead):
                 frame.dead_exits[i] = value  # delivered dead if no live value ever comes
             elif i not in frame.delivered:
@@ -845,21 +734,41 @@ class FramePropagator:
                 assert frame.parent is not None
                 self._deliver(i, value, frame.parent, frame.parent_iter)
             self._done_token(frame, it)
-            return
-        if kind == CF_NEXT:
+        elif kind == CF_NEXT:
             if not isinstance(value, Dead):
-                nxt = it + 1
-                if nxt in frame.iters:
-                    self._deliver(i, value, frame, nxt)
-                elif len(frame.iters) < self._info.frames[frame.static].parallel_iterations \
-                        and not frame.waiting:
-                    self._new_iteration(frame, nxt)
-                    self._deliver(i, value, frame, nxt)
-                else:
-                    frame.waiting.append((nxt, i, value))
+                self._next_iteration(i, frame, it + 1, value)
+            self._done_token(frame, it)
+        else:
+            raise errors.InternalError(None, self._bound.ops[i],
+                                       f"unknown control-flow kind {kind}")
+
+    def _enter(self, i: int, frame: _Frame, it: int, value: Any) -> None:
+        child = self._child(frame, it, self._info.child[i])
+        if child.fast is not None:
+            self._enter_fast(child, i, value)
             self._done_token(frame, it)
             return
-        raise errors.InternalError(None, self._bound.ops[i], f"unknown control-flow kind {kind}")
+        if self._info.constant[i]:
+            child.invariants.append((i, value))
+            for k in list(child.iters):
+                self._deliver(i, value, child, k)
+        else:
+            self._deliver(i, value, child, 0)
+        child.pending_enters -= 1
+        self._done_token(frame, it)
+        self._check_iteration(child, 0)
+
+    def _next_iteration(self, i: int, frame: _Frame, nxt: int, value: Any) -> None:
+        """NextIteration ``i`` carries ``value`` into iteration ``nxt`` (at most
+        ``parallel_iterations`` in flight: later ones queue)."""
+        if nxt in frame.iters:
+            self._deliver(i, value, frame, nxt)
+        elif len(frame.iters) < self._info.frames[frame.static].parallel_iterations \
+                and not frame.waiting:
+            self._new_iteration(frame, nxt)
+            self._deliver(i, value, frame, nxt)
+        else:
+            frame.waiting.append((nxt, i, value))
 
     def _run_inline(self, i: int, frame: _Frame, it: int, st: _Iteration,
                     node: BoundNode) -> None:
@@ -956,12 +865,8 @@ class FramePropagator:
             if info.kind[c] == CF_MERGE:
                 self._activate_merge(c, frame, it, st, data, control)
                 continue
-            edge_dead = src_dead if control else None
-            for _, slot in data:
-                v = st.vals.get(slot)
-                if isinstance(v, Dead):
-                    edge_dead = v
-                    break
+            edge_dead = first_dead(st.vals.get(slot) for _, slot in data) or (
+                src_dead if control else None)
             if edge_dead is not None and c not in st.dead:
                 st.dead[c] = edge_dead
             p = st.pending.get(c, initial_pending[c]) - 1
@@ -988,7 +893,7 @@ class FramePropagator:
             elif m[2] < 0:
                 m[2] = pos
         expected = 1 if self._info.loop_merge[c] else self._nodes[c].arity
-        if m[0] <= 0 and (m[2] >= 0 or m[1] >= expected):
+        if merge_fires(m[0], m[1], m[2], expected):
             m[3] = 1
             self._push(c, frame, it)
 
@@ -1042,6 +947,8 @@ class FramePropagator:
         assert parent is not None
         if outcome == DONE:  # the last iteration's Exits
             for e, v in run.exits:
+                if self._step._trace is not None:
+                    self._trace_control(e)
                 if isinstance(v, Dead):
                     frame.dead_exits[e] = v
                 elif e not in frame.delivered:

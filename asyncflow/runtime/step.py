@@ -12,8 +12,9 @@ The step owns what is the same for every graph: dispatching nodes that do not ru
 inline (async kernels become tasks of the step's own task group — a lone one is
 awaited in the caller's task —, expensive ones tasks awaiting a worker thread of the
 device, ``_Recv`` a waiter that the matching send completes, no task), the
-first-error rule, cancellation, deadlines, yielding to the event loop on a budget,
-tracing.  *Which nodes are ready* is the
+first-error rule, cancellation, deadlines, yielding to the event loop on a budget.
+A traced step runs the plan's traced copy (:mod:`asyncflow.runtime.observe`): the
+same engine, task mode and hand-offs, with kernels that record.  *Which nodes are ready* is the
 propagator's business (:mod:`asyncflow.runtime.propagators`), chosen once per plan
 at bind time: the plain propagator (no loop frames; dead tensors of ``cond``
 handled off the fast path) or the frame propagator (loops: frames, iterations,
@@ -32,7 +33,7 @@ Invariants (each stated where its field is set):
   ends, so a long loop holds no task of a finished iteration.
 
 Cross-partition edges (the hand-off): the partitions of one step share a
-:class:`HandoffQueue`.  A ``_Recv`` that waits leaves a :class:`_RecvWaiter` in the
+:class:`HandoffQueue`.  A ``_Recv`` that waits leaves a :class:`RecvWaiter` in the
 rendezvous (no future); the matching ``_Send`` completes it synchronously, and the
 receiving partition's node finishes and its partition drains right away, on the
 sender's stack, without a trip through the event loop.  To keep that stack flat, the
@@ -42,7 +43,7 @@ owner, and a completion for the owner itself only readies its node (the owner's 
 drain, below the send, goes on with it).  However long the chain of device changes,
 at most two drains are on the stack.  A waiter completed by anything else (a remote
 pull, a partial run's feed, an abort) runs from the event loop instead.  Without a
-queue (a lone step, or ``barrier.HANDOFFS`` off) every wait is an ``asyncio.Future``
+queue (a lone step, or ``ExecutorOptions.handoffs`` off) every wait is an ``asyncio.Future``
 with a done callback: the general path.
 """
 
@@ -52,55 +53,45 @@ import asyncio
 import contextvars
 import functools
 import math
-import threading
 import time
 import traceback
-import weakref
-from array import array
-from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-
 from asyncflow import errors
-from asyncflow.compiler.keys import frame_key
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel, SendKernel
 from asyncflow.runtime.cancellation import CancellationManager, running_step
-from asyncflow.runtime.gc_pause import gc_paused
+from asyncflow.runtime.handoff import (
+    HandoffQueue,
+    RecvWaiter,
+    TracedRecvWaiter,
+    later,
+    run_handoffs,
+)
+from asyncflow.runtime.interpreter import ProgramPropagator, program_of
+from asyncflow.runtime.kernel_env import call_in_thread, quiet_numpy, restore_numpy
 from asyncflow.runtime.loop_fastpath import fast_loops
+from asyncflow.runtime.observe import StepTrace, traced_plan
 from asyncflow.runtime.propagators import (
     Dead,
     FramePropagator,
     PlainPropagator,
     Propagator,
-    SchedulePropagator,
-    StaticSchedule,
 )
 from asyncflow.runtime.resources import WOULD_BLOCK
-from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
+from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["OWN_GROUP", "PARTS", "SLICE", "HandoffQueue", "Step", "abort_on_loop",
+__all__ = ["SLICE", "HandoffQueue", "Step", "abort_on_loop",
            "clear_frames", "current_step", "format_node_error"]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
 SLICE = 0.001
-#: The step's tasks run in a group of its own (``Step._join``: a step whose tasks all
-#: finished returns without another trip through the event loop) instead of an
-#: ``asyncio.TaskGroup``, the general path kept for tests that compare the two.
-OWN_GROUP = True
-#: An async kernel with ``parts``, ``(func, convert)`` (a ``py_func``: ``convert(await
-#: func(*args))``), is run as those: one coroutine less per node.  Tests turn it off
-#: to run the same graphs through the kernel itself.
-PARTS = True
-#: Hand-offs run between two looks at the clock by the send that runs them.
-_HANDOFF_CHECK_EVERY = 32
 
 _ASYNC = registry.ASYNC
 
@@ -112,33 +103,6 @@ _ASYNC = registry.ASYNC
 current_step: contextvars.ContextVar[Step | None] = running_step
 _SEND = registry.SEND
 _RECV = registry.RECV
-
-
-# Kernels run with numpy's floating-point warnings off (TF does not warn either).
-# np.errstate(all="ignore") costs ~1 us per step on a ~6 us tiny run, most of it
-# building the same error object each time: set numpy's context variable to one
-# prebuilt object instead, when this numpy has it (numpy >= 2), else use errstate.
-try:
-    from numpy._core._ufunc_config import (  # type: ignore[attr-defined]
-        _extobj_contextvar,
-        _make_extobj,
-    )
-
-    _QUIET = _make_extobj(all="ignore")
-
-    def _quiet_numpy() -> Any:
-        return _extobj_contextvar.set(_QUIET)
-
-    def _restore_numpy(token: Any) -> None:
-        _extobj_contextvar.reset(token)
-except ImportError:  # pragma: no cover - older numpy
-    def _quiet_numpy() -> Any:
-        state = np.errstate(all="ignore")
-        state.__enter__()
-        return state
-
-    def _restore_numpy(token: Any) -> None:
-        token.__exit__(None, None, None)
 
 
 def format_node_error(exc: BaseException, op: Any) -> errors.OpError:
@@ -156,7 +120,6 @@ class Step:
         "_alone",
         "_bound",
         "_cm",
-        "_compact",
         "_ctx",
         "_deferred",
         "_done",
@@ -164,7 +127,6 @@ class Step:
         "_finished",
         "_frame",
         "_handoffs",
-        "_label",
         "_loop",
         "_nodes",
         "_outstanding",
@@ -173,10 +135,9 @@ class Step:
         "_rendezvous",
         "_spare",
         "_spawn",
-        "_stats",
         "_stopped",
         "_tasks",
-        "_tid",
+        "_trace",
     )
 
     def __init__(self, bound: BoundPlan, frame: CallFrame, trace: bool = False,
@@ -191,7 +152,7 @@ class Step:
         self._handoffs = handoffs
         # A waiter the last recv offered but did not use (its value was there): the
         # next recv offers it again, so only a recv that waits allocates one.
-        self._spare: _RecvWaiter | None = None
+        self._spare: RecvWaiter | None = None
         # The step's context (numpy quiet, cancellation, tracing), for hand-offs run
         # from the event loop; taken at the first recv that waits.
         self._ctx: contextvars.Context | None = None
@@ -213,34 +174,22 @@ class Step:
         # Every node ran and nothing failed: the step's outcome is its results, whatever
         # deadline, close or abort arrives after this (written once, on the loop thread).
         self._finished = False
-        #: The (frame name, iteration) the frame propagator is running a node in.
-        self._label: tuple[str, int] | None = None
-        # Traced steps: raw records, made into NodeExecStats only when the stats are
-        # read (see "tracing" below): a traced inline node costs one clock read.
-        self._stats: list[Any] | None = None
-        self._compact: tuple[array[float], list[Any]] | None = None
-        self._tid = 0  # the thread a traced step's inline nodes run on
-        nodes = bound.nodes
+        # A traced step's records (the observation layer's; None: nobody traces).  A
+        # traced step runs the plan's traced copy: the same engine, other kernels.
+        self._trace: StepTrace | None = None
         if trace:
-            self._stats = []
-            nodes = _traced_nodes(bound)
-            if not bound.frames:
-                n = len(nodes)
-                self._compact = (array("d", bytes(8 * n)), [None] * n)
-        self._nodes = nodes
+            bound = self._bound = traced_plan(bound)
+            self._trace = StepTrace(bound)
+        self._nodes = nodes = bound.nodes
         prop: Propagator
-        if bound.frames:  # loops; simple loop frames on the fast path unless traced
-            prop = FramePropagator(self, bound, nodes, frame.args,
-                                   () if trace else fast_loops(bound))
-        elif bound.schedulable:
-            schedule = bound.derived.get("schedule")
-            if schedule is None or schedule.blocks is None:
-                schedule = _schedule(bound)  # None while the plan runs the general path
-            if schedule is None:
+        if bound.frames:  # loops; simple loop frames as straight-line programs
+            prop = FramePropagator(self, bound, nodes, frame.args, fast_loops(bound))
+        elif bound.schedulable:  # the straight-line interpreter, once the plan is lowered
+            program = bound.derived.get("program") or program_of(bound)
+            if program is None:
                 prop = PlainPropagator(self, bound, nodes, frame.args)
-            else:  # traced: the same order, with the traced kernels
-                prop = SchedulePropagator(self, bound, traced_schedule(bound, schedule)
-                                          if trace else schedule, frame.args)
+            else:
+                prop = ProgramPropagator(self, bound, program, frame.args)
         else:
             prop = PlainPropagator(self, bound, nodes, frame.args)
         self._prop = prop
@@ -254,15 +203,15 @@ class Step:
         continues with ``await run()``, which also starts the async kernels that could
         not finish at once).  Not for plans with receives.
         """
-        quiet = _quiet_numpy()
-        tracing = self._trace_on() if self._stats is not None else None
+        quiet = quiet_numpy()
+        tracing = self._trace.on() if self._trace is not None else None
         try:
             finished = self._prop.drain(
                 math.inf if slice_s is None else time.perf_counter() + slice_s)
         finally:
             if tracing is not None:
-                self._trace_off(tracing)
-            _restore_numpy(quiet)
+                StepTrace.off(tracing)
+            restore_numpy(quiet)
         if self._error is not None:
             raise self._error
         if not finished or self._outstanding:
@@ -280,8 +229,8 @@ class Step:
         current = current_step.set(self)  # its tasks and kernels inherit it (and its manager)
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
-        tracing = self._trace_on() if self._stats is not None else None
-        quiet = _quiet_numpy()
+        tracing = self._trace.on() if self._trace is not None else None
+        quiet = quiet_numpy()
         try:
             finished = self._error is not None or self._prop.drain(time.perf_counter() + SLICE)
             if self._error is None and (not finished or self._outstanding):
@@ -290,9 +239,9 @@ class Step:
             clear_frames(exc)  # the task group's frames hold it: no cycle left behind
             raise
         finally:
-            _restore_numpy(quiet)
+            restore_numpy(quiet)
             if tracing is not None:
-                self._trace_off(tracing)
+                StepTrace.off(tracing)
             current_step.reset(current)
         if self._error is not None:
             raise self._error
@@ -305,9 +254,14 @@ class Step:
 
     def results(self) -> list[Any]:
         """The retvals of a finished step (the outcome when a deadline or cancellation
-        arrived after its last node ran)."""
-        assert self._finished
-        return self._retvals()
+        arrived after its last node ran, maybe before ``run`` handed them out: a
+        hand-off finishes a partition on a peer's stack, and its own task may be
+        cancelled before it resumes)."""
+        retvals = self._frame.retvals
+        if retvals is None:
+            assert self._finished
+            retvals = self._retvals()
+        return retvals
 
     def abort(self, error: errors.OpError) -> None:
         """Fail the step with ``error`` (if it has not failed yet).  Loop thread only."""
@@ -361,12 +315,7 @@ class Step:
     def stats(self) -> StepStats | None:
         """The step's stats when it ran traced (one device: the partition's); its
         NodeExecStats are made from the raw records when first read."""
-        if self._stats is None:
-            return None
-        return StepStats([DeviceStepStats.deferred(
-            self._bound.plan.device,
-            functools.partial(_node_stats, self._bound, self._stats, self._compact,
-                              self._tid))])
+        return None if self._trace is None else self._trace.stats()
 
     # -- waiting for tasks ----------------------------------------------------------------
 
@@ -382,7 +331,7 @@ class Step:
                 if self._error is not None or self._stopped or (
                         not self._outstanding and not prop.has_ready()):
                     return
-            if OWN_GROUP:
+            if self._bound.options.own_task_group:
                 self._start_deferred(loop.create_task)
                 try:
                     await self._drive(loop)
@@ -421,8 +370,8 @@ class Step:
         try:
             while self._error is None and not self._stopped:
                 if prop.has_ready():
-                    if self._stats is not None:
-                        self._stats.append(time.time())  # a trace boundary
+                    if self._trace is not None:
+                        self._trace.boundary()
                     if not prop.drain(time.perf_counter() + SLICE):
                         await asyncio.sleep(0)  # deadlines, cancels and tasks run
                     continue
@@ -446,7 +395,7 @@ class Step:
                 self._cancel_tasks()
 
     async def _join(self) -> None:
-        """The end of the step's own group (``OWN_GROUP``): wait until every task it
+        """The end of the step's own group (``ExecutorOptions.own_task_group``): wait until every task it
         started is done, then raise the first exception one of them ended with that is
         not a cancellation (what ``asyncio.TaskGroup.__aexit__`` does).
 
@@ -499,7 +448,7 @@ class Step:
             # [this task, cancelled by the step's abort, its cancel requests before]
             alone = self._alone = [task, False, task.cancelling(), i]
             try:
-                await self._run_node(token, i, args, self._label, alone=True)
+                await self._run_node(token, i, args, self._label(), alone=True)
             except asyncio.CancelledError:
                 if not alone[1] or task.uncancel() > 0:
                     # The caller was cancelled (or its deadline passed): nothing new
@@ -527,89 +476,10 @@ class Step:
         """Start node ``i`` (``token`` to the propagator), which does not run inline."""
         kind = node.flow
         if kind == _SEND:
-            # Sends never block: done at once, like an inline node.  A dead value is
-            # sent too, flagged, so the receiving device sees the branch was not taken.
-            stats = self._stats
-            start = time.time() if stats is not None else 0.0
-            handoffs = self._handoffs
-            kernel = node.kernel
-            if handoffs is not None and handoffs.owner is None:
-                # The outermost send of a chain runs what the chain queues (module doc).
-                handoffs.owner = self
-                queue = handoffs.queue
-                try:
-                    if type(kernel) is SendKernel and not (frame_id or iter_id):
-                        self._rendezvous.send(  # type: ignore[union-attr]
-                            kernel.key, args[0] if args else SEND_TOKEN, is_dead)
-                    else:
-                        kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
-                    if stats is not None:
-                        self._record_transfer(i, start, frame_id, iter_id)
-                    self._prop.complete(token, None)
-                    if queue:  # most often one recv: run it here, the rest (if any) below
-                        until = time.perf_counter() + SLICE
-                        first = queue.popleft()
-                        first.step._handoff_drain(first, until)  # never this step
-                        if queue:
-                            _run_handoffs(queue, until)
-                finally:
-                    handoffs.owner = None
-                    if queue:
-                        # (Only if this send raised after handing off: the loop runs them.)
-                        _later(queue)
-                return
-            if type(kernel) is SendKernel and not (frame_id or iter_id):
-                self._rendezvous.send(  # type: ignore[union-attr]
-                    kernel.key, args[0] if args else SEND_TOKEN, is_dead)
-            else:
-                kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
-            if stats is not None:
-                self._record_transfer(i, start, frame_id, iter_id)
-            self._prop.complete(token, None)
+            self._send(token, i, node, args, frame_id, iter_id, is_dead)
             return
         if kind == _RECV:
-            start = time.time() if self._stats is not None else 0.0
-            if self._handoffs is not None:
-                if self._stats is not None:
-                    waiter: _RecvWaiter = _TracedRecvWaiter(
-                        self, token, i, (start, frame_id, iter_id))
-                else:
-                    waiter = self._spare  # type: ignore[assignment]
-                    if waiter is None:
-                        waiter = self._spare = _RecvWaiter(self, token, i)
-                    else:
-                        waiter.token = token
-                        waiter.i = i
-                kernel = node.kernel
-                if type(kernel) is RecvKernel and not (frame_id or iter_id):
-                    item = self._rendezvous.recv_or_wait(  # type: ignore[union-attr]
-                        kernel.key, waiter)
-                else:
-                    item = kernel(self._rendezvous, frame_id, iter_id, waiter)
-                if item is None:  # the matching send (or an abort) completes the waiter
-                    self._spare = None  # the rendezvous holds it now
-                    self._outstanding += 1
-                    if self._ctx is None:
-                        self._ctx = contextvars.copy_context()
-                    return
-            else:
-                fut = asyncio.get_running_loop().create_future()
-                item = node.kernel(self._rendezvous, frame_id, iter_id, fut)
-                if item is None:
-                    # Wait without a task and without polling: the matching send (or an
-                    # abort) resolves the future, whose callback finishes the node.
-                    self._outstanding += 1
-                    if self._recvs is None:
-                        self._recvs = set()
-                    self._recvs.add(fut)
-                    fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
-                                                            frame_id, iter_id))
-                    return
-            # The value was there already (an abort raised: the drain fails node i).
-            value, dead = item
-            if self._stats is not None:
-                self._record_transfer(i, start, frame_id, iter_id)
-            self._prop.complete(token, Dead(self._bound.ops[i].name) if dead else value)
+            self._recv(token, i, node, frame_id, iter_id)
             return
         if kind == _ASYNC:
             # An async kernel with a ``nowait`` twin (queue ops) first tries to finish
@@ -628,6 +498,95 @@ class Step:
         else:
             self._start_task(spawn, token, i, args)
 
+    def _send(self, token: Any, i: int, node: BoundNode, args: list[Any], frame_id: int,
+              iter_id: int, is_dead: bool) -> None:
+        """Sends never block: done at once, like an inline node.  A dead value is sent
+        too, flagged, so the receiving device sees the branch was not taken."""
+        handoffs = self._handoffs
+        if handoffs is None or handoffs.owner is not None:
+            self._send_value(token, i, node, args, frame_id, iter_id, is_dead)
+            return
+        # The outermost send of a chain runs what the chain queues (module doc).
+        handoffs.owner = self
+        queue = handoffs.queue
+        try:
+            self._send_value(token, i, node, args, frame_id, iter_id, is_dead)
+            if queue:  # most often one recv: run it here, the rest (if any) below
+                until = time.perf_counter() + SLICE
+                first = queue.popleft()
+                first.step._handoff_drain(first, until)  # never this step
+                if queue:
+                    run_handoffs(queue, until)
+        finally:
+            handoffs.owner = None
+            if queue:
+                # (Only if this send raised after handing off: the loop runs them.)
+                later(queue)
+
+    def _send_value(self, token: Any, i: int, node: BoundNode, args: list[Any],
+                    frame_id: int, iter_id: int, is_dead: bool) -> None:
+        trace = self._trace
+        start = time.time() if trace is not None else 0.0
+        kernel = node.kernel
+        if type(kernel) is SendKernel and not (frame_id or iter_id):
+            self._rendezvous.send(  # type: ignore[union-attr]
+                kernel.key, args[0] if args else SEND_TOKEN, is_dead)
+        else:
+            kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
+        if trace is not None:
+            trace.transfer(i, start, frame_id, iter_id)
+        self._prop.complete(token, None)
+
+    def _recv(self, token: Any, i: int, node: BoundNode, frame_id: int, iter_id: int) -> None:
+        """A ``_Recv``: its value now, or a wait the matching send (or an abort) ends."""
+        start = time.time() if self._trace is not None else 0.0
+        if self._handoffs is not None:
+            item = self._recv_or_wait(token, i, node, frame_id, iter_id, start)
+        else:
+            fut = asyncio.get_running_loop().create_future()
+            item = node.kernel(self._rendezvous, frame_id, iter_id, fut)
+            if item is None:
+                # Wait without a task and without polling: the matching send (or an
+                # abort) resolves the future, whose callback finishes the node.
+                self._outstanding += 1
+                if self._recvs is None:
+                    self._recvs = set()
+                self._recvs.add(fut)
+                fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
+                                                        frame_id, iter_id))
+        if item is None:
+            return
+        # The value was there already (an abort raised: the drain fails node i).
+        value, dead = item
+        if self._trace is not None:
+            self._trace.transfer(i, start, frame_id, iter_id)
+        self._prop.complete(token, Dead(self._bound.ops[i].name) if dead else value)
+
+    def _recv_or_wait(self, token: Any, i: int, node: BoundNode, frame_id: int,
+                      iter_id: int, start: float) -> tuple[Any, bool] | None:
+        """A recv with hand-offs: its (value, is_dead), or None when it waits (a
+        :class:`RecvWaiter` in the rendezvous, which the matching send completes)."""
+        if self._trace is not None:
+            waiter: RecvWaiter = TracedRecvWaiter(self, token, i, (start, frame_id, iter_id))
+        else:
+            waiter = self._spare  # type: ignore[assignment]
+            if waiter is None:
+                waiter = self._spare = RecvWaiter(self, token, i)
+            else:
+                waiter.token = token
+                waiter.i = i
+        kernel = node.kernel
+        if type(kernel) is RecvKernel and not (frame_id or iter_id):
+            item = self._rendezvous.recv_or_wait(kernel.key, waiter)  # type: ignore[union-attr]
+        else:
+            item = kernel(self._rendezvous, frame_id, iter_id, waiter)
+        if item is None:  # the matching send (or an abort) completes the waiter
+            self._spare = None  # the rendezvous holds it now
+            self._outstanding += 1
+            if self._ctx is None:
+                self._ctx = contextvars.copy_context()
+        return item
+
     def _start_task(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
                     token: Any, i: int, args: list[Any]) -> None:
         if self._stopped:
@@ -635,7 +594,7 @@ class Step:
             return
         # The task leaves _tasks itself when its body ends (no done callback to schedule);
         # one cancelled before it started stays until the step, which is failing, ends.
-        self._tasks.add(spawn(self._run_node(token, i, args, self._label)))
+        self._tasks.add(spawn(self._run_node(token, i, args, self._label())))
 
     async def _run_node(self, token: Any, i: int, args: list[Any],
                         label: tuple[str, int] | None, alone: bool = False) -> None:
@@ -646,25 +605,9 @@ class Step:
         before it starts leaves no coroutine that was never awaited.
         """
         keep = alone  # a task leaves _tasks as its body ends, unless it raises (below)
-        convert: Callable[[Any], Any] | None = None
         try:
-            reset = None
             try:
-                node = self._nodes[i]
-                if node.flow == _ASYNC:
-                    self._label = label  # what a traced kernel records (frame, iteration)
-                    if current_step.get() is not self:  # (the task's context has it)
-                        reset = current_step.set(self)  # undone after: the caller's task
-                    kernel = node.kernel
-                    parts = getattr(kernel, "parts", None) if PARTS else None
-                    if parts is None:
-                        work: Coroutine[Any, Any, Any] = kernel(*args)
-                    else:  # the kernel's own coroutine, then its conversion (see PARTS)
-                        func, convert = parts
-                        work = func(*args)
-                else:
-                    work = self._bound.device.run_in_thread(
-                        _call_in_thread, contextvars.copy_context(), node.kernel, args)
+                work, convert, reset = self._start_kernel(self._nodes[i], args, label)
                 try:
                     v = await work
                 finally:
@@ -680,34 +623,57 @@ class Step:
                         raise asyncio.CancelledError
             except Exception as exc:
                 self._outstanding -= 1
-                self._fail(i, exc)
+                self.fail(i, exc)
                 return
             except asyncio.CancelledError as exc:
                 self._outstanding -= 1
-                if not _being_cancelled():
-                    # The kernel raised CancelledError itself (e.g. it awaited a future
-                    # someone else cancelled): that is a failure of this node.
-                    self._fail(i, errors.CancelledError(None, None, f"kernel raised {exc!r}"))
+                if not _being_cancelled():  # the kernel raised it itself: its failure
+                    self.fail(i, exc)
                     return
                 raise
             except BaseException:
-                # Neither an error nor a cancellation (KeyboardInterrupt, SystemExit, ...):
-                # the step stops, and the task keeps its place in _tasks so that the group
-                # raises it (a lone node's reaches the caller as it is).
                 self._outstanding -= 1
-                spawn = self._spawn  # the loop's create_task in the step's own group
-                if not alone and getattr(spawn, "__self__", None) is self._loop:
-                    # (An asyncio.TaskGroup does this itself, and raises it.)
-                    self._stopped = True
-                    self._cancel_tasks()
-                    self._wake()
-                    keep = True
+                keep = self._stop_for_base_exception(alone) or keep
                 raise
             self._outstanding -= 1
             self._finish(token, i, v)
         finally:
             if not keep:
                 self._tasks.discard(asyncio.current_task())
+
+    def _start_kernel(self, node: BoundNode, args: list[Any], label: tuple[str, int] | None
+                      ) -> tuple[Any, Callable[[Any], Any] | None, Any]:
+        """(what to await, the conversion of its result or None, the ``current_step``
+        token to reset after or None) for an async or thread node."""
+        if node.flow != _ASYNC:
+            return (self._bound.device.run_in_thread(
+                call_in_thread, contextvars.copy_context(), node.kernel, args), None, None)
+        if label is not None:  # what a traced kernel records (frame, iteration)
+            self._trace.label = label  # type: ignore[union-attr]
+        reset = None
+        if current_step.get() is not self:  # (the task's context has it)
+            reset = current_step.set(self)  # undone after: the caller's task
+        kernel = node.kernel
+        # An async kernel with ``parts``, ``(func, convert)`` (a py_func:
+        # ``convert(await func(*args))``), runs as those: a coroutine less.
+        parts = getattr(kernel, "parts", None) if self._bound.options.kernel_parts else None
+        if parts is None:
+            return kernel(*args), None, reset
+        func, convert = parts
+        return func(*args), convert, reset
+
+    def _stop_for_base_exception(self, alone: bool) -> bool:
+        """A kernel raised neither an error nor a cancellation (KeyboardInterrupt,
+        SystemExit, ...): the step stops; True when its task must keep its place in
+        ``_tasks`` so that the step's own group raises it (a lone node's reaches the
+        caller as it is; an ``asyncio.TaskGroup`` does this itself, and raises it)."""
+        spawn = self._spawn  # the loop's create_task in the step's own group
+        if alone or getattr(spawn, "__self__", None) is not self._loop:
+            return False
+        self._stopped = True
+        self._cancel_tasks()
+        self._wake()
+        return True
 
     def _recv_done(self, token: Any, i: int, start: float, frame_id: int, iter_id: int,
                    fut: asyncio.Future[Any]) -> None:
@@ -720,14 +686,14 @@ class Step:
         if exc is not None:
             self._fail(i, exc)
             return
-        if self._stats is not None:
-            self._record_transfer(i, start, frame_id, iter_id)
+        if self._trace is not None:
+            self._trace.transfer(i, start, frame_id, iter_id)
         value, dead = fut.result()
         self._finish(token, i, Dead(self._bound.ops[i].name) if dead else value)
 
     # -- hand-offs (see the module docstring) ---------------------------------------------
 
-    def _handoff_ready(self, waiter: _RecvWaiter) -> None:
+    def _handoff_ready(self, waiter: RecvWaiter) -> None:
         """A recv of this step, whose send is the outermost of the running chain (so the
         step is draining below it): ready its consumers only, that drain goes on
         with them."""
@@ -736,14 +702,14 @@ class Step:
             return
         value, dead = waiter.result  # type: ignore[misc]
         i = waiter.i
-        if self._stats is not None:
-            self._record_transfer(i, *waiter.trace)  # type: ignore[attr-defined]
+        if self._trace is not None:
+            self._trace.transfer(i, *waiter.trace)  # type: ignore[attr-defined]
         try:
             self._prop.complete(waiter.token, Dead(self._bound.ops[i].name) if dead else value)
         except Exception as exc:
             self._fail(i, exc)
 
-    def _handoff_drain(self, waiter: _RecvWaiter, until: float) -> None:
+    def _handoff_drain(self, waiter: RecvWaiter, until: float) -> None:
         """A recv of this step completed while the step was not draining: finish the
         node and drain until ``until`` (its own sends queue what they complete).
         ``_finish``, with the caller's time slice."""
@@ -755,9 +721,9 @@ class Step:
         i = waiter.i
         prop = self._prop
         tracing = None
-        if self._stats is not None:
-            self._record_transfer(i, *waiter.trace)  # type: ignore[attr-defined]
-            tracing = _TRACING.set(self)  # traced kernels record here, not in the sender
+        if self._trace is not None:
+            self._trace.transfer(i, *waiter.trace)  # type: ignore[attr-defined]
+            tracing = self._trace.on()  # traced kernels record here, not in the sender
         try:
             prop.complete(waiter.token, Dead(self._bound.ops[i].name) if dead else value)
             drained = prop.drain(until)
@@ -766,14 +732,14 @@ class Step:
             return
         finally:
             if tracing is not None:
-                _TRACING.reset(tracing)
+                StepTrace.off(tracing)
         if not drained or self._error is not None:
             self._wake()  # the waiting loop goes on draining after a yield, or fails
         elif not self._outstanding:
             self._finished = True  # before any deadline or close can land
             self._wake()
 
-    def _handoff_later(self, waiter: _RecvWaiter) -> None:
+    def _handoff_later(self, waiter: RecvWaiter) -> None:
         """From the event loop (in the step's context): a recv completed by something
         other than this step group's sends, or left over after a time slice."""
         result = waiter.result
@@ -795,8 +761,8 @@ class Step:
         except Exception as exc:
             self._fail(i, exc)
             return
-        if self._stats is not None:
-            self._stats.append(time.time())  # a trace boundary
+        if self._trace is not None:
+            self._trace.boundary()
         if not prop.drain(time.perf_counter() + SLICE):
             self._wake()  # the waiting loop goes on draining after a yield
         elif self._error is not None:
@@ -819,7 +785,12 @@ class Step:
     # -- failure --------------------------------------------------------------------------
 
     def fail(self, i: int, exc: BaseException) -> None:
-        """Node ``i``'s kernel raised ``exc``: the step fails (first error wins)."""
+        """THE failing-kernel rule, every engine's: node ``i``'s kernel raised ``exc``,
+        an ``Exception`` or a ``CancelledError`` of its own (it awaited a future
+        someone else cancelled: a failure of the node, never a cancellation of the
+        step); the step fails with the node's error (the first error wins)."""
+        if isinstance(exc, asyncio.CancelledError):
+            exc = errors.CancelledError(None, None, f"kernel raised {exc!r}")
         self._fail(i, exc)
 
     def _fail(self, i: int, exc: BaseException) -> None:
@@ -851,531 +822,26 @@ class Step:
         self._finished = True
         return retvals
 
-    # -- tracing --------------------------------------------------------------------------
-    #
-    # A traced step keeps raw records and makes them into TF's NodeExecStats only
-    # when someone reads ``stats`` (RunMetadata.step_stats builds them on first
-    # access).  The inline nodes of a frame-free plan (each runs at most once) write
-    # into ``_compact`` at their own index: ``ends[i]``, the time the kernel returned
-    # (a raw double: no object is kept per node), and ``infos[i]``, its outputs'
-    # info.  One clock read per node: a node starts where the step's previous event
-    # on its thread ended — the node before it, a transfer or control record, or a
-    # *boundary*, a bare time appended to ``_stats`` before every drain, when the
-    # step takes up work after the loop ran something else.  ``_stats`` holds, in
-    # the order things happened:
-    #   a float                                         a boundary
-    #   (i, kind, start, end, tid, infos, key, label)  any other node run
-    #   NodeExecStats                                   a nested step's (merge_stats)
-    # An info is what ``_output_info`` gives, or a numpy scalar's type for a scalar.
+    # -- observation (the hooks of :mod:`asyncflow.runtime.observe`) ----------------------
 
-    def _trace_on(self) -> Any:
-        """Make this step the one its traced kernels record into (in this context)."""
-        stats = self._stats
-        if stats is None:
-            return None
-        self._tid = threading.get_ident()  # where its inline nodes run
-        stats.append(time.time())  # a boundary: a drain follows
-        return _TRACING.set(self), _RECORD.set(self._compact)
-
-    @staticmethod
-    def _trace_off(tokens: Any) -> None:
-        if tokens is not None:
-            _RECORD.reset(tokens[1])
-            _TRACING.reset(tokens[0])
+    def _label(self) -> tuple[str, int] | None:
+        """The (frame, iteration) a traced async kernel started now records (loops)."""
+        return self._trace.label if self._trace is not None else None
 
     def record(self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any],
                key: str = "") -> None:
         """Append node ``i``'s stats (traced steps only)."""
-        self._stats.append((i, kind, start, end, threading.get_ident(),  # type: ignore[union-attr]
-                            tuple(_output_info(o) for o in outputs), key, self._label))
-
-    def _record_transfer(self, i: int, start: float, frame_id: int, iter_id: int) -> None:
-        node = self._bound.plan.nodes[i]
-        key = node.attrs["key"]
-        if frame_id or iter_id:
-            key = frame_key(key, frame_id, iter_id)
-        self.record(i, "send" if node.op == "_Send" else "recv", start, time.time(), (),
-                    key=key)
+        self._trace.record(i, kind, start, end, outputs, key)  # type: ignore[union-attr]
 
     @property
     def tracing(self) -> bool:
         """Whether this step records node stats."""
-        return self._stats is not None
+        return self._trace is not None
 
     def merge_stats(self, stats: StepStats, prefix: str) -> None:
         """Add a nested step's node stats (a function call's body), names prefixed."""
-        if self._stats is None:
-            return
-        for dev in stats.dev_stats:
-            for n in dev.node_stats:
-                n.node_name = prefix + n.node_name
-                n.timeline_label = prefix + n.timeline_label
-                self._stats.append(n)  # already a NodeExecStats
-
-
-def _run_handoffs(queue: deque[_RecvWaiter], until: float) -> None:
-    """Run the rest of the completed recvs a chain of sends queued (the outermost send
-    ran the first one), each in the slice ending at ``until``.  After the slice, the
-    rest are left to the event loop."""
-    count = 1
-    while queue:
-        if not count % _HANDOFF_CHECK_EVERY and time.perf_counter() >= until:
-            _later(queue)  # the slice is over: yield to the loop
-            return
-        waiter = queue.popleft()
-        # Never the outermost send's step (see _RecvWaiter.set_result).
-        waiter.step._handoff_drain(waiter, until)
-        count += 1
-
-
-def _later(queue: deque[_RecvWaiter]) -> None:
-    """Leave the queued hand-offs to the event loop, each in its step's context."""
-    loop = asyncio.get_running_loop()
-    while queue:
-        waiter = queue.popleft()
-        step = waiter.step
-        loop.call_soon(step._handoff_later, waiter, context=step._ctx)
-
-
-class HandoffQueue:
-    """The recvs completed inside a chain of sends, for the chain's outermost send to
-    run (one per step, shared by its partitions; see the module docstring)."""
-
-    __slots__ = ("owner", "queue")
-
-    def __init__(self) -> None:
-        #: The step whose send is the outermost of the running chain, or None.
-        self.owner: Step | None = None
-        #: Completed waiters not run yet; empty whenever ``owner`` is None.
-        self.queue: deque[_RecvWaiter] = deque()
-
-    def __repr__(self) -> str:
-        return f"<HandoffQueue owner={self.owner!r} queued={len(self.queue)}>"
-
-
-class _RecvWaiter:
-    """A waiting ``_Recv`` of a step, as the rendezvous holds it (a future's three
-    methods, :class:`~asyncflow.runtime.rendezvous.Waiter`), without a future."""
-
-    __slots__ = ("i", "result", "step", "token")
-
-    def __init__(self, step: Step, token: Any, i: int) -> None:
-        self.step = step
-        self.token = token
-        self.i = i
-        #: The (value, is_dead) or the error it got; None while it waits.
-        self.result: tuple[Any, bool] | BaseException | None = None
-
-    def done(self) -> bool:
-        """Completed, or its step failed or stopped (then it gives up its turn)."""
-        step = self.step
-        return self.result is not None or step._error is not None or step._stopped
-
-    def set_result(self, result: tuple[Any, bool], /) -> None:
-        self.result = result
-        step = self.step
-        handoffs = step._handoffs
-        assert handoffs is not None
-        owner = handoffs.owner
-        if owner is step:  # draining below the chain's outermost send: ready the node now
-            step._handoff_ready(self)
-        elif owner is not None:  # sent inside a chain: its outermost send runs it
-            handoffs.queue.append(self)
-        else:  # not sent by a partition of this step: from the loop, in the step's context
-            asyncio.get_running_loop().call_soon(step._handoff_later, self, context=step._ctx)
-
-    def set_exception(self, exception: BaseException, /) -> None:
-        self.result = exception
-        step = self.step
-        asyncio.get_running_loop().call_soon(step._handoff_later, self, context=step._ctx)
-
-    def __repr__(self) -> str:
-        state = "waiting" if self.result is None else "completed"
-        return f"<{type(self).__name__} node={self.i} {state}>"
-
-
-class _TracedRecvWaiter(_RecvWaiter):
-    """The waiter of a traced step's recv: also what its transfer record needs."""
-
-    __slots__ = ("trace",)
-
-    def __init__(self, step: Step, token: Any, i: int, trace: tuple[float, int, int]) -> None:
-        super().__init__(step, token, i)
-        #: (when the recv started, frame id, iteration).
-        self.trace = trace
-
-
-#: The step a traced kernel records into (set by ``Step.run`` of a traced step) and
-#: its ``_compact`` records (what the inline kernels of frame-free plans write).
-_TRACING: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
-    "asyncflow_tracing_step", default=None)
-_RECORD: contextvars.ContextVar[tuple[array[float], list[Any]] | None] = (
-    contextvars.ContextVar("asyncflow_trace_record", default=None))
-
-
-class _Traced:
-    """What tracing a bound plan needs, made once per plan: the traced kernels (a
-    traced step allocates no closures, and so no reference cycles, per node), and the
-    names NodeExecStats carry."""
-
-    __slots__ = ("_inline", "_names", "_schedule", "nodes")
-
-    def __init__(self, bound: BoundPlan) -> None:
-        frames = bound.frames
-        self.nodes = tuple(_traced_node(i, n, frames) for i, n in enumerate(bound.nodes))
-        self._names: list[tuple[str, str, str]] | None = None
-        self._inline: list[tuple[str, str, str, bool]] | None = None
-        self._schedule: tuple[Any, _TracedSchedule] | None = None
-
-    def schedule(self, schedule: Any) -> _TracedSchedule:
-        """``schedule`` (a plan's straight-line schedule: ``blocks`` of entries whose
-        first item is the kernel and last the node index, and ``args``) with the traced
-        kernels: a traced step replays the same order as an untraced one."""
-        made = self._schedule
-        if made is None or made[0] is not schedule:
-            nodes = self.nodes
-            blocks = tuple(tuple((nodes[e[-1]].kernel, *e[1:]) for e in block)
-                           for block in schedule.blocks)
-            made = self._schedule = (schedule, _TracedSchedule(blocks, schedule.args))
-        return made[1]
-
-    def names(self, bound: BoundPlan) -> list[tuple[str, str, str]]:
-        """(node name, op type, timeline label) per node, made on first use."""
-        names = self._names
-        if names is None:
-            names = self._names = [(op.name, op.type, f"{op.name} = {op.type}()")
-                                   for op in bound.ops]
-        return names
-
-    def inline(self, bound: BoundPlan) -> list[tuple[str, str, str, bool]]:
-        """Per node: its names and whether it has one output (its info is then recorded
-        bare), what the stats of a compact inline node need; made on first use."""
-        inline = self._inline
-        if inline is None:
-            inline = self._inline = [(*names, n.num_outputs == 1) for names, n
-                                     in zip(self.names(bound), bound.nodes, strict=True)]
-        return inline
-
-
-class _TracedSchedule:
-    """A straight-line schedule with traced kernels (what the schedule propagator reads)."""
-
-    __slots__ = ("args", "blocks")
-
-    def __init__(self, blocks: tuple[tuple[tuple[Any, ...], ...], ...], args: Any) -> None:
-        self.blocks = blocks
-        self.args = args
-
-
-_TRACED: weakref.WeakKeyDictionary[BoundPlan, _Traced] = weakref.WeakKeyDictionary()
-
-
-def _traced(bound: BoundPlan) -> _Traced:
-    traced = _TRACED.get(bound)
-    if traced is None:
-        traced = _TRACED[bound] = _Traced(bound)
-    return traced
-
-
-def _schedule(bound: BoundPlan) -> StaticSchedule | None:
-    """The static schedule of a schedulable plan, once it has run enough (else None;
-    counts the run)."""
-    schedule = bound.derived.get("schedule")
-    if schedule is None:
-        schedule = bound.derived["schedule"] = StaticSchedule(bound)
-    return schedule if schedule.get() is not None else None
-
-
-def _traced_nodes(bound: BoundPlan) -> tuple[BoundNode, ...]:
-    return _traced(bound).nodes
-
-
-def traced_schedule(bound: BoundPlan, schedule: Any) -> Any:
-    """``bound``'s straight-line ``schedule`` with the kernels of a traced step: an
-    object with the ``blocks`` and ``args`` the schedule propagator reads (typed Any,
-    so it stands where the plan's own schedule does)."""
-    return _traced(bound).schedule(schedule)
-
-
-def _traced_node(i: int, node: BoundNode, frames: bool) -> BoundNode:
-    """``node`` with a kernel that records when it ran into the current traced step."""
-    flow = node.flow
-    if flow not in (registry.INLINE, registry.ASYNC, registry.EXPENSIVE):
-        return node  # transfers are recorded by dispatch, control flow by the propagator
-    kernel = node.kernel
-    if flow == registry.INLINE and not frames:
-        return BoundNode(_compact_traced(i, kernel, node.arity, node.num_outputs == 1),
-                         *node[1:])
-    kind = registry.KERNEL_KINDS[flow]
-    single = node.num_outputs == 1
-    now = time.time
-    current = _TRACING.get
-
-    def info(v: Any) -> tuple[Any, ...]:
-        return (_output_info(v),) if single else tuple(_output_info(o) for o in (v or ()))
-
-    if flow == _ASYNC:
-        async def timed(coro: Coroutine[Any, Any, Any], step: Step | None,
-                        label: tuple[str, int] | None) -> Any:
-            start = now()
-            v = await coro
-            if step is not None and step._stats is not None:
-                step._stats.append((i, kind, start, now(), threading.get_ident(), info(v),
-                                    "", label))
-            return v
-
-        def traced_async(*args: Any) -> Any:
-            step = current()
-            return timed(kernel(*args), step, step._label if step is not None else None)
-        wrapped: Callable[..., Any] = traced_async
-    else:
-        ident = threading.get_ident
-
-        def traced(*args: Any) -> Any:
-            start = now()
-            v = kernel(*args)
-            end = now()
-            step = current()
-            if step is not None and step._stats is not None:
-                step._stats.append((i, kind, start, end, ident(), info(v), "", step._label))
-            return v
-        wrapped = traced
-    return BoundNode(wrapped, *node[1:])
-
-
-def _compact_traced(i: int, kernel: Callable[..., Any], arity: int,
-                    single: bool) -> Callable[..., Any]:
-    """The traced kernel of an inline node of a frame-free plan: one clock read, one
-    context variable read and two stores at the node's index (a numpy scalar output is
-    recorded as its type: no attribute reads, no object kept)."""
-    now = time.time
-    current = _RECORD.get
-    scalars = _SCALAR_TYPES
-    info = _output_info
-    if single and arity == 2:
-        def traced2(a: Any, b: Any) -> Any:
-            v = kernel(a, b)
-            record = current()
-            if record is not None:
-                ends, infos = record
-                ends[i] = now()
-                t = type(v)
-                infos[i] = t if t in scalars else info(v)
-            return v
-        return traced2
-    if single and arity == 1:
-        def traced1(a: Any) -> Any:
-            v = kernel(a)
-            record = current()
-            if record is not None:
-                ends, infos = record
-                ends[i] = now()
-                t = type(v)
-                infos[i] = t if t in scalars else info(v)
-            return v
-        return traced1
-
-    def traced(*args: Any) -> Any:
-        v = kernel(*args)
-        record = current()
-        if record is not None:
-            ends, infos = record
-            ends[i] = now()
-            if single:
-                t = type(v)
-                infos[i] = t if t in scalars else info(v)
-            else:
-                infos[i] = tuple(info(o) for o in (v or ()))
-        return v
-    return traced
-
-
-def _node_stats(bound: BoundPlan, records: list[Any],
-                compact: tuple[array[float], list[Any]] | None,
-                tid: int) -> list[NodeExecStats]:
-    """A traced step's raw records as TF's ``NodeExecStats``, in the order the nodes
-    ended (see "tracing" in :class:`Step`).
-
-    The records (boundaries, node runs, nested steps' stats; few in a frame-free plan)
-    are sorted by when they ended, ties in the order they were made; the compact
-    inline nodes are taken from ``ends`` with numpy (already in end order when the
-    plan ran in index order, else sorted stably) and their stats made in a tight loop
-    (:func:`_inline_stats`); a record goes before the compact nodes that ended at the
-    same time."""
-    # A large step's stats are many new objects, none of them cyclic, kept as long as
-    # the RunMetadata: no collection while they are made, and they start old (else
-    # the next young collection, right after the read, scans them all for nothing).
-    with gc_paused(promote_after=5_000):
-        return _make_node_stats(bound, records, compact, tid)
-
-
-def _make_node_stats(bound: BoundPlan, records: list[Any],
-                     compact: tuple[array[float], list[Any]] | None,
-                     tid: int) -> list[NodeExecStats]:
-    # (end, seq, record): seq is unique, so the sort never compares records.
-    events: list[tuple[float, int, Any]] = []
-    for seq, r in enumerate(records):
-        if type(r) is float:
-            events.append((r, seq, None))
-        elif isinstance(r, NodeExecStats):
-            events.append(((r.all_start_micros + r.all_end_rel_micros) / 1e6, seq, r))
-        else:
-            events.append((r[3], seq, r))
-    events.sort()
-    traced = _traced(bound)
-    names = traced.names(bound)
-    index: list[int] = []
-    micros: list[int] = []
-    cuts: list[int] = [0] * len(events)
-    infos: list[Any] = []
-    if compact is not None:
-        ends, infos = compact
-        at = np.frombuffer(ends, dtype=np.float64)
-        idx = np.flatnonzero(at)
-        times = at[idx]
-        if times.size > 1 and bool((times[1:] < times[:-1]).any()):
-            order = np.argsort(times, kind="stable")  # ties: by node index
-            idx, times = idx[order], times[order]
-        index = idx.tolist()
-        # int(t * 1e6) of each end: the product is the same double, the cast truncates.
-        micros = (times * 1e6).astype(np.int64).tolist()
-        if events:
-            cuts = np.searchsorted(times, [e[0] for e in events], side="left").tolist()
-    out: list[NodeExecStats] = []
-    inline = traced.inline(bound)
-    pos = 0
-    last = 0  # when the step's previous event on its own thread ended (us; 0: none yet)
-    for (end, _, r), cut in zip(events, cuts, strict=True):
-        if cut > pos:
-            last = _inline_stats(out, inline, infos, index[pos:cut], micros[pos:cut], last,
-                                 tid)
-            pos = cut
-        if r is None:
-            last = int(end * 1e6)  # a boundary
-        elif isinstance(r, NodeExecStats):
-            out.append(r)
-        else:
-            i, kind, start, end, tid_r, outputs, key, label = r
-            if tid_r == tid:
-                last = int(end * 1e6)
-            out.append(_exec_stats(names[i], kind, start, end, tid_r, outputs, key, label))
-    if pos < len(index):
-        _inline_stats(out, inline, infos, index[pos:], micros[pos:], last, tid)
-    return out
-
-
-def _inline_stats(out: list[NodeExecStats], inline: list[tuple[str, str, str, bool]],
-                  infos: list[Any], index: list[int], micros: list[int], last: int,
-                  tid: int) -> int:
-    """Append the stats of compact inline nodes ``index`` (in the order they ended,
-    at ``micros``) to ``out``: each started where the step's previous event ended
-    (``last``, in us; 0: when it ended).  Returns when the last one ended.
-
-    The hot loop of reading a traced step's stats: every field of the dataclass is set
-    directly (no keyword or ``__init__`` call per node; tests/test_tracing_paths.py
-    checks the result field by field against the constructor's)."""
-    new = object.__new__
-    cls = NodeExecStats
-    append = out.append
-    scalars = _FIRST_SCALAR_OUTPUTS
-    for i, end in zip(index, micros, strict=True):
-        start = last or end
-        last = end
-        name, op_type, timeline, single = inline[i]
-        info = infos[i]
-        if not single:
-            output = _node_outputs(info)
-        elif type(info) is type:  # a numpy scalar's type: its shared NodeOutput
-            o = scalars.get(info)
-            output = [o if o is not None else _scalar_output(0, info)]
-        else:
-            output = _node_outputs((info,))
-        s = new(cls)
-        s.node_name = name
-        s.op_type = op_type
-        s.kind = "inline"
-        s.scheduled_micros = start
-        s.all_start_micros = start
-        s.op_start_rel_micros = 0
-        s.op_end_rel_micros = s.all_end_rel_micros = end - start
-        s.thread_id = tid
-        s.timeline_label = timeline
-        s.output = output
-        s.rendezvous_key = ""
-        s.frame_name = ""
-        s.iter_id = 0
-        append(s)
-    return last
-
-
-def _exec_stats(names: tuple[str, str, str], kind: str, start: float, end: float, tid: int,
-                outputs: tuple[Any, ...], key: str,
-                label: tuple[str, int] | None) -> NodeExecStats:
-    name, op_type, timeline = names
-    start_us = int(start * 1e6)
-    dur = int(end * 1e6) - start_us
-    frame, iteration = label if label is not None else ("", 0)
-    if frame:
-        timeline = f"{name} = {op_type}() [frame {frame} iter {iteration}]"
-    return NodeExecStats(name, op_type, kind, start_us, start_us, 0, dur, dur, tid, timeline,
-                         _node_outputs(outputs), key, frame, iteration)
-
-
-#: The NodeOutput of a numpy scalar output, by (output index, scalar type); and of
-#: output 0 by scalar type.
-_SCALAR_OUTPUTS: dict[tuple[int, type], NodeOutput] = {}
-_FIRST_SCALAR_OUTPUTS: dict[type, NodeOutput] = {}
-
-
-def _scalar_output(k: int, scalar: type) -> NodeOutput:
-    """Output ``k`` of numpy scalar type ``scalar``: one shared (frozen) NodeOutput."""
-    out = _SCALAR_OUTPUTS.get((k, scalar))
-    if out is None:
-        name, size = _dtype_info(scalar)
-        out = _SCALAR_OUTPUTS[(k, scalar)] = NodeOutput(k, (), name, size)
-        if k == 0:
-            _FIRST_SCALAR_OUTPUTS[scalar] = out
-    return out
-
-
-def _node_outputs(infos: tuple[Any, ...]) -> list[NodeOutput]:
-    outs = []
-    for k, info in enumerate(infos):
-        if info is None:
-            continue
-        if isinstance(info, type):  # a numpy scalar
-            outs.append(_scalar_output(k, info))
-        else:
-            shape, dtype, nbytes = info
-            outs.append(NodeOutput(k, tuple(shape), _dtype_info(dtype)[0], int(nbytes)))
-    return outs
-
-
-_DTYPE_INFO: dict[Any, tuple[str, int]] = {}
-
-#: numpy scalar types of a fixed size: a traced node's scalar output is recorded as
-#: its type alone (``np.str_`` / ``np.bytes_`` / ``np.void`` vary in size: not here).
-_SCALAR_TYPES = frozenset(
-    np.dtype(c).type for c in "?bBhHiIlLqQefdgFDG")
-
-
-def _dtype_info(dtype: Any) -> tuple[str, int]:
-    """The name and item size of a dtype given by its scalar type, memoized (numpy
-    computes ``dtype.name`` anew on every access)."""
-    info = _DTYPE_INFO.get(dtype)
-    if info is None:
-        d = np.dtype(dtype)
-        info = _DTYPE_INFO[dtype] = (d.name, d.itemsize)
-    return info
-
-
-def _output_info(o: Any) -> tuple[tuple[int, ...], Any, int] | None:
-    """(shape, dtype, bytes) of a node's output, without keeping the value alive."""
-    if o is None or isinstance(o, Dead):
-        return None
-    if not isinstance(o, np.ndarray | np.generic):
-        o = np.asarray(o)
-    return o.shape, o.dtype.type, o.nbytes  # the scalar type: hashed fast, named later
+        if self._trace is not None:
+            self._trace.merge(stats, prefix)
 
 
 class _Abortable(Protocol):
@@ -1413,17 +879,3 @@ def clear_frames(exc: BaseException | None) -> None:
 def _being_cancelled() -> bool:
     task = asyncio.current_task()
     return task is None or task.cancelling() > 0
-
-
-def _call_in_thread(ctx: contextvars.Context, kernel: Callable[..., Any],
-                    args: list[Any]) -> Any:
-    """Run a kernel on a worker thread, in the step's context.
-
-    ``StopIteration`` cannot cross into an asyncio future (it would never complete),
-    so it becomes ``OutOfRangeError`` here, as TensorFlow maps it.
-    """
-    try:
-        return ctx.run(kernel, *args)
-    except StopIteration as exc:
-        raise errors.OutOfRangeError(None, None, f"StopIteration: {exc}") from exc
-

@@ -3,7 +3,8 @@
 ``Session.run_stream`` yields each fetch as soon as its value exists.  The executor
 is not told about it: the hot loop of :mod:`asyncflow.runtime.propagators` stays
 exactly as it is for ordinary runs (no per-node check).  Instead, a streaming step
-runs a *copy* of the bound plan (made per step, cheap: a tuple of named tuples) in
+runs a *copy* of the bound plan (made per step, cheap: a tuple of named tuples;
+:func:`~asyncflow.runtime.observe.observed`, so the same engine as the plan's) in
 which only the nodes that produce a retval slot have their kernel wrapped; the
 wrapper hands the output to ``notify(k, value)`` and returns it unchanged.  Every
 other node is the very same :class:`~asyncflow.runtime.bind.BoundNode`.
@@ -21,11 +22,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from typing import Any
 
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import BoundNode, BoundPlan, tap_recv
+from asyncflow.runtime.observe import observed
 
 __all__ = ["Notify", "watch_retvals"]
 
@@ -66,7 +67,7 @@ def watch_retvals(bound: BoundPlan, notify: Notify,
     nodes = list(bound.nodes)
     for i, outs in watch.items():
         nodes[i] = _watched(nodes[i], sorted(outs.items()), notify, loop)
-    return replace(bound, nodes=tuple(nodes))
+    return observed(bound, nodes)
 
 
 def _watched(node: BoundNode, outs: list[tuple[int, list[int]]], notify: Notify,

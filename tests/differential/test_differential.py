@@ -8,17 +8,104 @@ here (``python -m tests.differential --tf N`` is the TF run).
 from __future__ import annotations
 
 import collections
+import itertools
+from typing import Any
 
 import numpy as np
 import pytest
 
-from .oracles import compare, run_asyncflow, run_numpy, run_reference
-from .programs import CATEGORIES, generate
+import asyncflow as af
+from asyncflow import session as session_module
 
-PROGRAMS = 300
+from .oracles import Outcome, compare, run_asyncflow, run_numpy, run_reference
+from .programs import CATEGORIES, Program, generate
+
+#: Programs of CI's run (seeds 0 .. PROGRAMS - 1), each on every variant below.
+PROGRAMS = 500
+#: The variant run is split into this many tests (a failure names its chunk).
+CHUNKS = 10
+
+
+#: Every way a session can run a program: (name, SessionConfig keywords, traced).
+#: Engines (straight-line interpreter where the plan allows / the general propagator
+#: only) x traced or not x optimizer L0 / L1 x hand-offs or futures between devices x
+#: three shuffles of the general propagator's ready batches.
+SEEDS = (0, 1, 2)
+
+
+def _variants() -> list[tuple[str, af.SessionConfig, bool]]:
+    out = []
+    for straight, traced, level, handoffs, seed in itertools.product(
+            (True, False), (False, True), (af.OptimizerOptions.L1, af.OptimizerOptions.L0),
+            (True, False), SEEDS):
+        options = af.ExecutorOptions(straight_line=straight, handoffs=handoffs,
+                                     shuffle_seed=seed)
+        graph = af.GraphOptions(optimizer_options=af.OptimizerOptions(opt_level=level))
+        name = (f"{'straight' if straight else 'general'}/{'traced' if traced else 'plain'}/"
+                f"{'L1' if level == af.OptimizerOptions.L1 else 'L0'}/"
+                f"{'handoff' if handoffs else 'future'}/shuffle{seed}")
+        out.append((name, af.SessionConfig(device_count={"CPU": 2}, graph_options=graph,
+                                           executor_options=options), traced))
+    return out
+
+
+VARIANTS = _variants()
+_TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE, timeout_in_ms=20_000)
+
+
+def _expected(program: Program) -> Outcome:
+    return run_numpy(program)
+
+
+def _check(program: Program, expected: Outcome, traced_steps: list[int]) -> list[str]:
+    """``program`` on every variant against ``expected``: the failures."""
+    failures = []
+    # A program on one device runs one partition: no hand-off either way, so the
+    # future-based variants would repeat the hand-off ones exactly.
+    several = bool({n.device for n in program.nodes} - {None, "/cpu:0"})
+    for name, config, traced in VARIANTS:
+        if not several and not config.executor_options.handoffs:
+            continue
+        before = len(traced_steps)
+        ours = run_asyncflow(program, config=config, run_options=_TRACE if traced else None)
+        if traced and any(o[0] == "ok" for o in ours) and len(traced_steps) == before:
+            failures.append(f"seed {program.seed} [{name}]: no step was traced")
+        why = compare(ours, expected)
+        if why is not None:
+            failures.append(f"seed {program.seed} ({program.category}) [{name}]: {why}")
+    return failures
+
+
+@pytest.fixture
+def traced_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The oracle passes no RunMetadata: a run asking for FULL_TRACE is traced anyway
+    (the stats are made and dropped), and each traced step is counted here."""
+    counted: list[int] = []
+
+    def wants(options: af.RunOptions | None, run_metadata: Any) -> bool:
+        traced = (options is not None
+                  and options.trace_level >= af.RunOptions.FULL_TRACE)
+        if traced:
+            counted.append(1)
+        return traced
+
+    monkeypatch.setattr(session_module, "_wants_trace", wants)
+    return counted
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_every_variant_agrees_with_the_numpy_reference(
+        chunk: int, traced_steps: list[int]) -> None:
+    failures = []
+    for seed in range(chunk, PROGRAMS, CHUNKS):
+        program = generate(seed)
+        failures += _check(program, _expected(program), traced_steps)
+    assert failures == []
 
 
 def test_asyncflow_agrees_with_the_numpy_reference_on_every_program() -> None:
+    """The default session against both references, and the outcomes the generator
+    reaches (every category, both outcomes, errors included)."""
     failures = []
     categories: collections.Counter[str] = collections.Counter()
     outcomes: collections.Counter[str] = collections.Counter()
@@ -36,17 +123,15 @@ def test_asyncflow_agrees_with_the_numpy_reference_on_every_program() -> None:
         if why is not None:
             failures.append(f"seed {seed} ({program.category}): {why}")
     assert failures == []
-    # The generator reaches every category and both outcomes, errors included.
     assert set(categories) == set(CATEGORIES)
     assert outcomes["ok"] > PROGRAMS
     for error in ("InvalidArgumentError", "OutOfRangeError", "CancelledError"):
         assert outcomes[error] > 0, outcomes
 
 
-def test_loop_programs_agree_on_the_fast_and_the_general_loop_path(
+def test_the_loop_fast_path_runs_in_the_straight_line_variants(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # while_loops run on the frame propagator's fast path when they can; the same
-    # programs with only its general form must give the same outcomes.
+    # Agreement means nothing if the straight-line variants never took the fast path.
     from asyncflow.runtime import loop_fastpath
 
     programs = [p for p in map(generate, range(PROGRAMS))
@@ -61,15 +146,16 @@ def test_loop_programs_agree_on_the_fast_and_the_general_loop_path(
         return started
 
     monkeypatch.setattr(loop_fastpath.LoopRun, "begin", counted)
-    fast = [run_asyncflow(p) for p in programs]
+    straight = af.SessionConfig(device_count={"CPU": 2})
+    general = af.SessionConfig(device_count={"CPU": 2},
+                               executor_options=af.ExecutorOptions(straight_line=False))
+    for p in programs:
+        run_asyncflow(p, config=straight)
     assert sum(begun) >= 3  # the rest are folded, pruned or error out before the loop
-    monkeypatch.setattr(loop_fastpath, "ENABLED", False)
-    failures = []
-    for program, ours in zip(programs, fast, strict=True):
-        why = compare(ours, run_asyncflow(program))
-        if why is not None:
-            failures.append(f"seed {program.seed}: fast path vs general: {why}")
-    assert failures == []
+    begun.clear()
+    for p in programs:
+        run_asyncflow(p, config=general)
+    assert not any(begun)
 
 
 def test_generation_is_deterministic() -> None:

@@ -1,0 +1,399 @@
+"""The straight-line interpreter: the one engine that runs instruction programs.
+
+The compiler lowers what a fixed order can express into programs of
+:class:`~asyncflow.compiler.loop_schedule.Instr` (a frame-free partition of
+synchronous kernels: :func:`asyncflow.compiler.schedule.lower_static_order`; a
+simple loop frame's iteration: :mod:`asyncflow.compiler.loop_schedule`).  Here an
+instruction is bound to its kernel as a closure over its slots (one call per node:
+no unpacking, no dispatch on its kind) and programs run over one flat value list,
+freeing each slot after its last reader.  :class:`ProgramPropagator` runs a
+frame-free partition's program; :mod:`asyncflow.runtime.loop_fastpath` runs a loop
+frame's programs iteration after iteration.  Everything else runs on the general
+propagators.
+
+The rules are the engines' shared ones: a dead input makes a node dead, a Switch
+routes by :func:`~asyncflow.runtime.propagators.switch_outputs`, a Merge takes its
+first live candidate (:func:`merge_pick`), a failing kernel goes to ``Step.fail``,
+the clock is asked through :func:`~asyncflow.runtime.propagators.slice_over`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from asyncflow.compiler.loop_schedule import (
+    I_CONST,
+    I_EXIT,
+    I_KERNEL,
+    I_MERGE,
+    I_SWITCH,
+    Instr,
+)
+from asyncflow.compiler.schedule import StaticProgram, lower_static_order
+from asyncflow.runtime.gc_pause import gc_paused
+from asyncflow.runtime.observe import current_trace
+from asyncflow.runtime.propagators import (
+    CHECK_EVERY,
+    Dead,
+    _check_outputs,
+    first_dead,
+    slice_over,
+    switch_outputs,
+)
+
+if TYPE_CHECKING:
+    from asyncflow.runtime.bind import BoundNode, BoundPlan
+    from asyncflow.runtime.propagators import Step
+
+__all__ = ["BInstr", "BoundProgram", "Op", "ProgramPropagator", "bind_instr", "closure",
+           "execute", "merge_pick", "program_of", "run_program"]
+
+
+def merge_pick(vals: list[Any], candidates: Sequence[tuple[int, Any]]) -> tuple[Any, Any]:
+    """THE straight-line form of the Merge rule: (value, index) of the first live
+    candidate ``(slot, index)`` in program order, or (dead, dead) with the first dead
+    one when none is live.  (The pending-count engines fire on the same rule as
+    inputs arrive: :func:`~asyncflow.runtime.propagators.merge_fires`.)"""
+    first_dead = None
+    for slot, index in candidates:
+        v = vals[slot]
+        if v.__class__ is not Dead:
+            return v, index
+        if first_dead is None:
+            first_dead = v
+    return first_dead, first_dead
+
+
+def _kernel_closure(kernel: Any, ins: tuple[int, ...], out: int,
+                    frees: tuple[int, ...]) -> Op:
+    """The shortest closures: one output, one or two inputs, at most one slot to free."""
+    a, b = ins[0], ins[-1]
+    if len(ins) == 2 and not frees:
+        def k2(vals: list[Any]) -> None:
+            vals[out] = kernel(vals[a], vals[b])
+        return k2
+    if len(ins) == 2:
+        (r,) = frees
+
+        def k2f(vals: list[Any]) -> None:
+            vals[out] = kernel(vals[a], vals[b])
+            vals[r] = None
+        return k2f
+    if not frees:
+        def k1(vals: list[Any]) -> None:
+            vals[out] = kernel(vals[a])
+        return k1
+    (r,) = frees
+
+    def k1f(vals: list[Any]) -> None:
+        vals[out] = kernel(vals[a])
+        vals[r] = None
+    return k1f
+
+
+#: One bound instruction: what the interpreter unpacks.
+#: (kind, kernel or None, input slots, out slot, outputs, check slots, frees, node, extra)
+BInstr = tuple[int, Any, tuple[int, ...], int, int, tuple[int, ...], tuple[int, ...], int, Any]
+#: An instruction of the head or of an iteration that goes on, as a closure over
+#: its slots and kernel (one call per node: no unpacking, no dispatch on its kind).
+Op = Callable[[list[Any]], None]
+
+
+def bind_instr(x: Instr, nodes: Sequence[Any], ops: Sequence[Any]) -> BInstr:
+    extra: Any = None
+    kernel: Any = None
+    if x.kind == I_KERNEL:
+        kernel = nodes[x.node].kernel
+    elif x.kind == I_CONST:
+        extra = x.value
+    elif x.kind == I_SWITCH:
+        extra = Dead(ops[x.node].name)
+    elif x.kind == I_MERGE:
+        extra = tuple(np.int32(p) for p in x.positions)
+    return (x.kind, kernel, x.ins, x.out, x.num_outputs, x.checks, x.frees, x.node, extra)
+
+
+def _recorded(run: Op, node: int) -> Op:
+    """A routing instruction (Switch, Merge) of a traced plan: recorded as control."""
+    def recorded(vals: list[Any]) -> None:
+        run(vals)
+        trace = current_trace()
+        if trace is not None:
+            now = time.time()
+            trace.record(node, "control", now, now, ())
+    return recorded
+
+
+def closure(x: BInstr, traced: bool = False) -> Op:
+    """Instruction ``x`` (of the head or of an iteration that goes on) as a closure
+    (``traced``: a routing instruction records itself)."""
+    kind, kernel, ins, out, nout, checks, frees, node, extra = x
+    run = _live_closure(kind, kernel, ins, out, nout, frees, extra)
+    if traced and kind in (I_SWITCH, I_MERGE):
+        run = _recorded(run, node)
+    if not checks:
+        return run
+    dead_outs = range(out, out + nout)
+    if len(checks) == 1 and nout == 1:  # a node of one cond branch, most often
+        (c,) = checks
+
+        def checked_one(vals: list[Any]) -> None:  # first_dead of one slot, inline
+            v = vals[c]
+            if v.__class__ is Dead:
+                vals[out] = v
+                for r in frees:
+                    vals[r] = None
+            else:
+                run(vals)
+        return checked_one
+
+    def checked(vals: list[Any]) -> None:
+        dead = first_dead(map(vals.__getitem__, checks))  # the node may be dead
+        if dead is None:
+            run(vals)
+            return
+        for o in dead_outs:
+            vals[o] = dead
+        for r in frees:
+            vals[r] = None
+    return checked
+
+
+def _live_closure(kind: int, kernel: Any, ins: tuple[int, ...], out: int, nout: int,
+                  frees: tuple[int, ...], extra: Any) -> Op:
+    """The closure of a live node; the commonest shapes (one output, one or two
+    inputs, at most one slot to free) get their own, shortest bodies, every other
+    shape (no input, several outputs or none) the general one: any kernel shape runs
+    here (see ``runs_straight_line``)."""
+    if kind == I_KERNEL and nout == 1 and 1 <= len(ins) <= 2 and len(frees) <= 1:
+        return _kernel_closure(kernel, ins, out, frees)
+    if kind == I_SWITCH:
+        data_slot, pred_slot = ins
+
+        def switch(vals: list[Any]) -> None:
+            vals[out], vals[out + 1] = switch_outputs(vals[data_slot], vals[pred_slot], extra)
+            for r in frees:
+                vals[r] = None
+        return switch
+    if kind == I_CONST:
+        def const(vals: list[Any]) -> None:
+            vals[out] = extra
+            for r in frees:
+                vals[r] = None
+        return const
+    if kind == I_MERGE:
+        candidates = tuple(zip(ins, extra, strict=True))
+
+        def merge(vals: list[Any]) -> None:
+            vals[out], vals[out + 1] = merge_pick(vals, candidates)
+            for r in frees:
+                vals[r] = None
+        return merge
+    program = ((kind, kernel, ins, out, nout, (), frees, -1, extra),)
+
+    def other(vals: list[Any]) -> None:  # a kernel of another shape
+        execute(program, vals)
+    return other
+
+
+def run_program(program: Sequence[BInstr], vals: list[Any], step: Step,
+         exits: list[tuple[int, Any]] | None) -> bool:
+    """Run one straight-line program over ``vals``; False when a node failed (the
+    step has its error)."""
+    failed: list[int] = [-1]
+    try:
+        execute(program, vals, exits, failed)
+    except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
+        step.fail(failed[0], exc)
+        return False
+    return True
+
+
+def execute(program: Sequence[BInstr], vals: list[Any],
+             exits: list[tuple[int, Any]] | None = None, failed: list[int] | None = None
+             ) -> None:
+    """Run instructions (any kind); a kernel's exception propagates, and ``failed[0]``
+    (when given) says whose it was."""
+    for kind, kernel, ins, out, nout, checks, frees, node, extra in program:
+        if failed is not None:
+            failed[0] = node
+        if checks:  # the node may be dead: it is when any of these slots is
+            dead = first_dead(map(vals.__getitem__, checks))
+            if dead is not None:
+                if kind == I_EXIT:
+                    exits.append((node, dead))  # type: ignore[union-attr]
+                elif nout == 1:
+                    vals[out] = dead
+                elif nout:
+                    vals[out:out + nout] = (dead,) * nout
+                for s in frees:
+                    vals[s] = None
+                continue
+        if kind == I_KERNEL:
+            n = len(ins)
+            if n == 2:
+                v = kernel(vals[ins[0]], vals[ins[1]])
+            elif n == 1:
+                v = kernel(vals[ins[0]])
+            else:
+                v = kernel(*[vals[s] for s in ins])
+            if nout == 1:
+                vals[out] = v
+            elif nout:
+                vals[out:out + nout] = _check_outputs(v, nout)
+        elif kind == I_SWITCH:
+            vals[out], vals[out + 1] = switch_outputs(vals[ins[0]], vals[ins[1]], extra)
+        elif kind == I_MERGE:
+            vals[out], vals[out + 1] = merge_pick(vals, tuple(zip(ins, extra, strict=True)))
+        elif kind == I_CONST:
+            vals[out] = extra
+        else:  # I_EXIT
+            exits.append((node, vals[ins[0]]))  # type: ignore[union-attr]
+        for s in frees:
+            vals[s] = None
+
+
+# -- frame-free partitions -------------------------------------------------------------------
+
+
+class BoundProgram:
+    """A frame-free partition's program bound to the kernels of one bound plan, in
+    blocks of :data:`CHECK_EVERY` instructions (the points where a step looks at the
+    clock).  A block is lowered and its closures made when a step first reaches it:
+    a large program is made over its first run's time slices (a deadline or a
+    cancellation lands between two blocks), and costs nothing again."""
+
+    __slots__ = ("_nodes", "args", "blocks", "node_of", "program")
+
+    def __init__(self, program: StaticProgram, nodes: Sequence[BoundNode],
+                 args: tuple[tuple[int, int], ...]) -> None:
+        self.program = program
+        self._nodes = nodes
+        #: Per block: its closures, or None until a step first runs it.
+        self.blocks: list[tuple[Op, ...] | None] = [None] * (-(-len(program) // CHECK_EVERY))
+        #: What a failing closure names: its node.
+        self.node_of: dict[Op, int] = {}
+        #: (slot, feed index) of every _Arg node.
+        self.args = args
+
+    def block(self, b: int) -> tuple[Op, ...]:
+        """Block ``b``'s closures (lowered and bound on first use)."""
+        ops = self.blocks[b]
+        if ops is None:
+            with gc_paused():  # new objects, none cyclic
+                instrs = self.program.instrs(b * CHECK_EVERY, (b + 1) * CHECK_EVERY)
+                bound = [bind_instr(x, self._nodes, ()) for x in instrs]
+                ops = tuple(closure(x) for x in bound)
+                self.node_of.update(zip(ops, (x[7] for x in bound), strict=True))
+            self.blocks[b] = ops
+        return ops
+
+
+def program_of(bound: BoundPlan) -> BoundProgram | None:
+    """The program ``bound``'s steps run, or None while its plan runs on the general
+    path: the plan is lowered after ``ExecutorOptions.schedule_after`` runs (by
+    default its first run pays nothing for it), once.  An observed copy of a plan
+    binds the plan's program to its own kernels."""
+    derived = bound.derived
+    program = derived.get("program")
+    if program is not None:
+        return program  # type: ignore[no-any-return]
+    ref = derived.get("base")  # an observed copy's plan, weakly (see observe.observed)
+    base = ref() if ref is not None else None
+    plan_program = _lowered(base if base is not None else bound)
+    if plan_program is None:
+        return None
+    if base is None:
+        program = plan_program
+    else:
+        program = BoundProgram(plan_program.program, bound.nodes, plan_program.args)
+    derived["program"] = program
+    return program
+
+
+def _lowered(bound: BoundPlan) -> BoundProgram | None:
+    """The plan's own program, made once it has run enough (counts a run)."""
+    derived = bound.derived
+    program = derived.get("program")
+    if program is not None:
+        return program  # type: ignore[no-any-return]
+    runs = derived["runs"] = derived.get("runs", 0) + 1
+    if runs <= bound.options.schedule_after or derived.get("unlowered"):
+        return None
+    plan = bound.plan
+    with gc_paused():  # ~10x faster for a large plan in a large heap
+        lowered = lower_static_order(plan)
+    if lowered is None:
+        derived["unlowered"] = True  # some node never becomes ready: the general path
+        return None
+    args = tuple((s, k) for s, (k, _) in zip(plan.arg_slots, plan.partition.args))
+    program = derived["program"] = BoundProgram(lowered, bound.nodes, args)
+    return program
+
+
+class ProgramPropagator:
+    """Runs a :class:`BoundProgram`: every node once, in the plan's fixed order, no
+    pending counts and no ready stack — what the general propagator computes for the
+    partitions it takes (synchronous kernels, no control flow: nothing is ever
+    dispatched, dead or waited for).  Everything else the step does (first error,
+    yielding on the clock, retvals) is unchanged."""
+
+    __slots__ = ("_bound", "_end", "_next", "_program", "_step", "_vals")
+
+    def __init__(self, step: Step, bound: BoundPlan, program: BoundProgram,
+                 args: Sequence[Any]) -> None:
+        self._step = step
+        self._bound = bound
+        self._program = program
+        vals = list(bound.plan.initial_values)
+        for s, k in program.args:  # the _Arg nodes
+            vals[s] = args[k]
+        self._vals = vals
+        self._next = 0  # the next block to run
+        self._end = len(program.blocks)
+
+    def has_ready(self) -> bool:
+        return self._next < self._end
+
+    def clear(self) -> None:
+        self._next = self._end
+
+    def drain(self, until: float) -> bool:
+        """Run the program's blocks until the end (True) or until the clock passes
+        ``until`` after a block (False: the step yields, then drains again).  The
+        per-node hot loop: one closure call per node."""
+        step = self._step
+        if step._error is not None:
+            return True
+        program = self._program
+        blocks = program.blocks
+        vals = self._vals
+        b = self._next
+        end = self._end
+        f: Op | None = None
+        try:
+            while b < end:
+                for f in blocks[b] or program.block(b):
+                    f(vals)
+                b += 1
+                if b < end and slice_over(until):
+                    self._next = b
+                    return False  # the step yields to the loop, then goes on
+            self._next = end
+            return True
+        except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
+            self._next = end
+            step.fail(program.node_of[f] if f is not None else -1, exc)
+        return True
+
+    def complete(self, token: Any, value: Any) -> None:
+        raise AssertionError("a program dispatches no node")
+
+    def retvals(self) -> list[Any]:
+        vals = self._vals
+        return [vals[s] for s in self._bound.plan.retval_slots]  # the _Retval nodes
