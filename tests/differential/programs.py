@@ -19,8 +19,6 @@ and assigned inside while loops and inside conds in loops), ``partial_runs``
 category also draws numeric ops, so that e.g. a loop body or an ``assign_add`` value
 is itself a random expression.  Generation is deterministic in its seed.
 
-:data:`RUNTIME_FIXED` gates the program kinds the runtime cannot run yet (see
-:data:`GATED`): with it off they are never generated.
 """
 
 from __future__ import annotations
@@ -31,18 +29,9 @@ from typing import Any
 
 import numpy as np
 
-#: Flip once the runtime runs variables inside loop bodies and a multi-device step
-#: whose deadline lands as it finishes (both crash today, in the loop fast path and
-#: the step barrier): it turns on the kinds of :data:`GATED`.
-RUNTIME_FIXED = False
-
-ALL_CATEGORIES = ("numerics", "control_flow", "variables", "queues", "feeds", "devices",
-                  "functions", "loop_state", "partial_runs", "callables", "deadlines",
-                  "duplicates")
-#: What :data:`RUNTIME_FIXED` gates: the whole ``loop_state`` category, and in
-#: ``deadlines`` the programs over several devices (with it off they use one).
-GATED = ("loop_state", "deadlines over several devices")
-CATEGORIES = tuple(c for c in ALL_CATEGORIES if RUNTIME_FIXED or c != "loop_state")
+CATEGORIES = ("numerics", "control_flow", "variables", "queues", "feeds", "devices",
+              "functions", "loop_state", "partial_runs", "callables", "deadlines",
+              "duplicates")
 
 FLOATS = ("float32", "float64")
 INTS = ("int32", "int64")
@@ -662,7 +651,7 @@ class _Gen:
         """Slow async kernels over the devices, run under random deadlines and by
         callers that give up at random times."""
         rng = self.rng
-        devices = ("/cpu:0", "/cpu:1") if RUNTIME_FIXED else ("/cpu:0",)
+        devices = ("/cpu:0", "/cpu:1")
         dt = rng.choice(NUMERIC)
         shape = rng.choice(((), (3,)))
         x = self.leaf(dt, shape)

@@ -8,6 +8,7 @@ here (``python -m tests.differential --tf N`` is the TF run).
 from __future__ import annotations
 
 import collections
+import datetime
 import itertools
 from typing import Any
 
@@ -22,6 +23,18 @@ from .programs import CATEGORIES, Program, generate
 
 #: Programs of CI's run (seeds 0 .. PROGRAMS - 1), each on every variant below.
 PROGRAMS = 500
+#: And a few more each day: seeds past the fixed range that move with the date, so
+#: successive CI runs reach new programs (a failure names its seed, replayable with
+#: ``python -m tests.differential --ref 1 --seed S``).
+DAILY = 20
+
+
+def daily_seeds(today: datetime.date | None = None) -> range:
+    """The ``DAILY`` extra seeds of ``today``'s runs (a new block every day)."""
+    day = (today or datetime.date.today()).toordinal()
+    first = 100_000 + (day % 10_000) * DAILY
+    return range(first, first + DAILY)
+
 #: The variant run is split into this many tests (a failure names its chunk).
 CHUNKS = 10
 
@@ -97,7 +110,7 @@ def traced_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_every_variant_agrees_with_the_numpy_reference(
         chunk: int, traced_steps: list[int]) -> None:
     failures = []
-    for seed in range(chunk, PROGRAMS, CHUNKS):
+    for seed in [*range(chunk, PROGRAMS, CHUNKS), *daily_seeds()[chunk::CHUNKS]]:
         program = generate(seed)
         failures += _check(program, _expected(program), traced_steps)
     assert failures == []

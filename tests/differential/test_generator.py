@@ -20,8 +20,9 @@ from . import __main__ as cli
 from . import programs
 from .oracles import compare, run_asyncflow, run_numpy
 from .programs import RACY_ERRORS, generate
+from .test_differential import PROGRAMS
 
-SEEDS = range(300)  # the seeds test_differential runs (its first PROGRAMS)
+SEEDS = range(PROGRAMS)  # the seeds test_differential runs
 
 
 def _kinds() -> collections.Counter[str]:
@@ -92,17 +93,14 @@ def test_the_seeds_reach_every_step_kind_often() -> None:
         assert seen[feature] >= 5, (feature, seen)
 
 
-def test_gated_kinds_wait_for_the_runtime_fix() -> None:
-    # Until RUNTIME_FIXED, no seed gives loop_state and deadlines use one device.
-    assert programs.RUNTIME_FIXED is False
-    assert "loop_state" in programs.ALL_CATEGORIES
-    assert "loop_state" not in programs.CATEGORIES
+def test_loop_state_and_multi_device_deadlines_are_generated() -> None:
+    # Variables read and assigned in loop bodies, and deadlines over several devices
+    # (the two kinds the runtime once crashed on) are drawn by the default seeds.
     seen = _kinds()
-    assert seen["loop_state"] == 0
+    assert seen["loop_state"] >= 20, seen
     devices = {n.device for p in map(generate, SEEDS) if p.category == "deadlines"
                for n in p.nodes}
-    assert "/cpu:1" not in devices
-    # They are still generated when asked for, and the numpy oracle models them.
+    assert "/cpu:1" in devices
     program = generate(3, "loop_state")
     assert any(n.kind == "while_var" for n in program.nodes)
     assert all(o[0] == "ok" for o in run_numpy(program))
@@ -160,3 +158,15 @@ def test_tf_without_tensorflow_says_what_to_install(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["python -m tests.differential --tf needs TensorFlow: "
                    "pip install tensorflow-cpu"]
+
+
+def test_daily_seeds_lie_past_the_fixed_range_and_move_with_the_date() -> None:
+    import datetime
+
+    from .test_differential import DAILY, daily_seeds
+
+    day = datetime.date(2026, 11, 26)
+    today, tomorrow = daily_seeds(day), daily_seeds(day + datetime.timedelta(days=1))
+    assert len(today) == DAILY
+    assert min(today) >= PROGRAMS
+    assert not set(today) & set(tomorrow)
