@@ -21,10 +21,10 @@ from asyncflow.framework import graph as graph_module
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape, unknown_shape
-from asyncflow.ops._base import define_op, make_op
+from asyncflow.ops._base import const_value, define_op, make_op
 from asyncflow.ops.array_ops import (
+    _axis_value,
     _check_axis,
-    _const_value,
     constant,
     reshape,
     squeeze,
@@ -44,7 +44,7 @@ def _check_index(t: Tensor, what: str) -> None:
 
 
 def _vector_value(t: Tensor) -> list[int] | None:
-    value = _const_value(t)
+    value = const_value(t)
     return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
 
 
@@ -441,17 +441,18 @@ def _unpack_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return unpack_kernel, registry.INLINE
 
 
-def unstack(value: Any, num: int | None = None, axis: int = 0,
+def unstack(value: Any, num: int | None = None, axis: Any = 0,
             name: str | None = "unstack") -> list[Tensor]:
     """The slices of ``value`` along ``axis`` as a list of tensors (op ``Unpack``)."""
     x = convert_to_tensor(value)
+    axis = _axis_value(axis, "Unpack", name)
     if num is None:
         rank = x.shape.rank
         n = None if rank is None else x.shape[_check_axis(axis, rank, x)]
         if n is None:
             raise ValueError(f"cannot infer num from shape {x.shape} of {x.name!r}")
         num = n
-    op = make_op("Unpack", (x,), {"num": int(num), "axis": int(axis)}, name=name,
+    op = make_op("Unpack", (x,), {"num": int(num), "axis": axis}, name=name,
                  default_name="unstack")
     return list(op.outputs)
 
