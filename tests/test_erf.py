@@ -14,7 +14,7 @@ import pytest
 
 import asyncflow as af
 from asyncflow.framework import registry
-from asyncflow.ops import _erf
+from asyncflow.ops import special_math as _erf
 from asyncflow.testing import reference_run as run
 
 # A dense grid over every interval of the method, the interval edges, and both tails.

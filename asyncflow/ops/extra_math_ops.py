@@ -13,7 +13,7 @@ from asyncflow import dtypes, errors
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape, broadcast_shapes, unknown_shape
-from asyncflow.ops import _erf
+from asyncflow.ops import special_math
 from asyncflow.ops._base import (
     binary_inputs,
     binary_shape,
@@ -69,7 +69,7 @@ def _erf_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
 
 define_op("Erf", _erf_shape)
 # numpy has no erf: a vectorised float64 one (FDLIBM's method, within one ulp).
-inline_kernel("Erf", _erf.erf)
+inline_kernel("Erf", special_math.erf)
 
 
 def erf(x: Any, name: str | None = None) -> Tensor:
@@ -81,7 +81,7 @@ def erf(x: Any, name: str | None = None) -> Tensor:
 define_op("Erfc", _erf_shape)
 # 1 - erf(x) loses every digit for large x: erfc keeps its relative accuracy there
 # (exact gelu computes 0.5 * x * erfc(-x / sqrt(2))).
-inline_kernel("Erfc", _erf.erfc)
+inline_kernel("Erfc", special_math.erfc)
 
 
 def erfc(x: Any, name: str | None = None) -> Tensor:

@@ -1,4 +1,4 @@
-"""Vectorised ``erf`` and ``erfc`` in numpy, accurate to float64 (numpy has neither).
+"""Special functions numpy lacks, vectorised: ``erf`` and ``erfc``, accurate to float64.
 
 The method and coefficients are Sun's FDLIBM ``s_erf.c`` (Copyright (C) 1993 by Sun
 Microsystems, Inc.; permission to use, copy, modify and distribute freely granted,
