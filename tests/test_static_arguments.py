@@ -86,6 +86,17 @@ def test_concat_stack_unstack_gather_axis_computed(g: af.Graph) -> None:
     np.testing.assert_array_equal(run(g_), np.take(A, [2, 0], axis=2))
 
 
+def test_split_count_computed(g: af.Graph) -> None:
+    a = af.constant(A)
+    parts = af.split(a, af.size(af.constant([0, 0])), axis=af.constant(1) * 2)   # 2 along 2
+    assert [p.shape.as_list() for p in parts] == [[2, 3, 2], [2, 3, 2]]
+    for got, want in zip(run(parts), np.split(A, 2, axis=2)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(TypeError, match=r"cannot build Split 'sp': num_or_size_splits .*"
+                                        r"'n' \(Placeholder\)"):
+        af.split(a, af.placeholder(af.int32, [], name="n"), name="sp")
+
+
 def test_reshape_shape_from_static_shape_slice(g: af.Graph) -> None:
     x = af.placeholder(af.float32, [2, 3, 4], name="x")
     shape = af.concat([af.constant([-1]), af.shape(x)[2:]], 0)  # [-1, 4]

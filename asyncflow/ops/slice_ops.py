@@ -21,7 +21,7 @@ from asyncflow.framework import graph as graph_module
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape, unknown_shape
-from asyncflow.ops._base import const_value, define_op, make_op
+from asyncflow.ops._base import const_value, define_op, make_op, static_value
 from asyncflow.ops.array_ops import (
     _axis_value,
     _check_axis,
@@ -394,6 +394,10 @@ def split(value: Any, num_or_size_splits: Any, axis: Any = 0, num: int | None = 
     given sizes (a list, one may be ``-1``; op ``SplitV``)."""
     x = convert_to_tensor(value)
     a = constant(axis, dtype=dtypes.int32) if not isinstance(axis, Tensor) else axis
+    if isinstance(num_or_size_splits, Tensor) and num_or_size_splits.shape.rank == 0:
+        # A scalar tensor is a count of splits (as TF, which takes its constant value).
+        count = static_value(num_or_size_splits, "num_or_size_splits", "Split", name)
+        num_or_size_splits = int(count)
     if isinstance(num_or_size_splits, int | np.integer):
         op = make_op("Split", (a, x), {"num_split": int(num_or_size_splits)}, name=name,
                      default_name="split")
