@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from asyncflow.framework.constant_eval import constant_value
+from asyncflow.framework.constant_eval import blocking_op, constant_value
 from asyncflow.testing import reference_run as run
 
 
@@ -169,3 +169,16 @@ def test_partly_known_shape_is_not_a_constant(g: af.Graph) -> None:
     with pytest.raises(TypeError, match=r"cannot build Transpose 'tr2': perm"):
         af.transpose(af.placeholder(af.float32, [None, 3, 4]),
                      af.reverse(af.shape(x), [0]) - 1, name="tr2")
+
+
+def test_shape_of_unknown_shape_stops_the_walk(g: af.Graph) -> None:
+    """``Shape`` of a tensor without a full static shape is not a constant (as TF): the
+    walk stops there instead of going back through the network behind it."""
+    x = af.placeholder(af.float32, [None, 4], name="x")
+    h = x
+    for _ in range(50):
+        h = af.tanh(h * 2.0)
+    s = af.shape(h)
+    assert blocking_op(s) is s.op
+    assert blocking_op(af.tanh(h)).name == "x"
+    assert constant_value(af.shape(af.zeros([3, 4])) * 2).tolist() == [6, 8]

@@ -43,6 +43,9 @@ __all__ = ["blocking_op", "constant_value", "evaluate", "inline_kernel", "never_
 _NEVER = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval", "_Send",
                     "_Recv", "Const"})
 
+#: Ops whose value is their input's shape: known from the static shape or not at all.
+_SHAPE_OPS = frozenset({"Shape", "Size", "Rank"})
+
 #: How many ops the constant subgraph behind a graph tensor may have for
 #: :func:`constant_value`: shape arithmetic is a few ops; a larger walk means the
 #: value depends on real data.
@@ -164,7 +167,9 @@ def _constant_subgraph(op: Operation, max_ops: int
         stack.append((current, True))
         if _leaf_value(current) is not None:
             continue
-        if _never_evaluated(current):
+        if _never_evaluated(current) or current._type in _SHAPE_OPS:
+            # A shape op its input's static shape does not answer: as TF, not a
+            # constant (and the walk never goes back through a whole network).
             return None, current
         stack.extend((i._op, False) for i in current._inputs)
     return order, None
@@ -183,7 +188,7 @@ def _leaf_value(op: Operation) -> tuple[np.ndarray, ...] | None:
     kind = op._type
     if kind == "Const":
         return (op._attrs["value"],)
-    if kind not in ("Shape", "Size", "Rank") or len(op._inputs) != 1:
+    if kind not in _SHAPE_OPS or len(op._inputs) != 1:
         return None
     shape = op._inputs[0]._shape
     dt = op._outputs[0]._dtype.np
