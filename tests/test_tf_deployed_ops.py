@@ -405,7 +405,7 @@ def test_stack_of_an_empty_array_needs_a_full_element_shape() -> None:
 
 
 def test_constant_value_of_evaluates_constant_subgraphs_only() -> None:
-    from asyncflow.compiler.constant_folding import constant_value_of
+    from asyncflow.framework.constant_eval import constant_value as constant_value_of
 
     with af.Graph().as_default():
         perm = af.concat([af.constant([2]), af.constant([0, 1]) * 1], 0)

@@ -31,7 +31,7 @@ from asyncflow.compat._values import (
     dtype_from_enum,
     ndarray_from_proto,
 )
-from asyncflow.compiler.constant_folding import constant_value_of
+from asyncflow.framework.constant_eval import constant_value
 from asyncflow.framework.graph import Graph, Operation, Tensor, get_default_graph
 from asyncflow.framework.shapes import TensorShape, unknown_shape
 
@@ -214,7 +214,7 @@ class _Ctx:
     def const(self, t: Tensor, what: str) -> Any:
         """The build-time value of ``t``: a Const, or computed from constants alone
         (Keras makes a ``Transpose`` perm by ``ConcatV2`` of constants)."""
-        value = constant_value_of(t)
+        value = constant_value(t)
         if value is None:
             raise errors.UnimplementedError(
                 None, None, f"node {self.node.name!r} ({self.node.op}): {what} must be a "
@@ -273,7 +273,7 @@ def _every_axis(axes: Tensor, x: Tensor) -> bool:
     if limit.op.type != "Rank" or _through_identities(limit.op.inputs[0]) \
             is not _through_identities(x):
         return False
-    first, step = constant_value_of(start), constant_value_of(delta)
+    first, step = constant_value(start), constant_value(delta)
     return first is not None and step is not None and int(first) == 0 and int(step) == 1
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from asyncflow import dtypes
 from asyncflow.framework import registry
+from asyncflow.framework.constant_eval import blocking_op, constant_value
 from asyncflow.framework.graph import (
     Graph,
     Operation,
@@ -32,10 +33,13 @@ from asyncflow.framework.shapes import TensorShape, broadcast_shapes
 __all__ = [
     "binary_inputs",
     "binary_shape",
+    "const_value",
     "define_op",
     "inline_kernel",
+    "is_tensor",
     "make_op",
     "same_shape",
+    "static_value",
     "unary_shape",
 ]
 
@@ -151,3 +155,43 @@ def unary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[tupl
 def same_shape(t: Tensor) -> TensorShape:
     """The static shape of ``t`` (a readability helper)."""
     return t._shape
+
+
+# -- static arguments ----------------------------------------------------------------
+
+def const_value(t: Tensor) -> np.ndarray | None:
+    """The value of ``t`` when it is known at build time, else None.
+
+    ``t`` is a graph tensor (shape functions: a constant, or computed from constants
+    alone, see :func:`~asyncflow.framework.constant_eval.constant_value`) or a
+    compiled node's input ``ValueInfo`` (kernel factories), which carries the value
+    of a constant input."""
+    if getattr(t, "_op", None) is None:
+        return getattr(t, "value", None)
+    return constant_value(t)
+
+
+def is_tensor(value: Any) -> bool:
+    """Whether ``value`` is a graph tensor or converts to one (a ``Variable``)."""
+    return isinstance(value, Tensor) or hasattr(value, "_as_graph_element")
+
+
+def static_value(value: Any, what: str, op_type: str, name: str | None) -> Any:
+    """``value`` itself, or when it is a tensor, its build-time value (an ndarray).
+
+    The one gate of every static argument an op constructor takes (a perm, an axis,
+    reduction axes): a tensor computed from constants alone is evaluated, as TF's
+    ``constant_value``; one that depends on a feed, a variable or a random op is a
+    ``TypeError`` naming the op being built and the tensor."""
+    if not is_tensor(value):
+        return value
+    t = convert_to_tensor(value)
+    found = constant_value(t)
+    if found is None:
+        blocker = blocking_op(t)
+        cause = ("values known only when the graph runs" if blocker is None
+                 else f"{blocker.name!r} ({blocker.type})")
+        raise TypeError(f"cannot build {op_type} {name or op_type!r}: {what} must be known "
+                        f"when the graph is built (a constant, or computed from constants "
+                        f"only), got {t.name!r} ({t.op.type}), which depends on {cause}")
+    return found

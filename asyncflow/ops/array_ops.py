@@ -18,7 +18,8 @@ from asyncflow.framework.graph import (
     make_constant_value,
 )
 from asyncflow.framework.shapes import TensorShape, as_shape, shape_of_value, unknown_shape
-from asyncflow.ops._base import define_op, inline_kernel, make_op, unary_shape
+from asyncflow.ops._base import const_value, define_op, inline_kernel, make_op, unary_shape
+from asyncflow.ops._base import static_value as _static_value
 
 __all__ = [
     "concat",
@@ -209,20 +210,6 @@ def group(*inputs: Any, name: str | None = None) -> Operation:
 Specs = list[tuple[dtypes.DType, Any]]
 
 
-def _const_value(t: Tensor) -> np.ndarray | None:
-    """The value of ``t`` when it is a constant (known at build time), else None.
-
-    ``t`` is a graph tensor (shape functions) or a compiled node's input ``ValueInfo``
-    (kernel factories), which carries the value of a constant input."""
-    op = getattr(t, "_op", None)
-    if op is None:
-        return getattr(t, "value", None)
-    if op._type == "Const":
-        value: np.ndarray = op._attrs["value"]
-        return value
-    return None
-
-
 def _int_list(value: Any, what: str) -> list[int]:
     if isinstance(value, np.ndarray):
         value = value.tolist()
@@ -235,17 +222,17 @@ def _int_list(value: Any, what: str) -> list[int]:
     return out
 
 
-def _axis_value(axis: Any, what: str = "axis") -> int:
-    """A Python int from an int, a numpy integer or a scalar constant tensor."""
-    if isinstance(axis, Tensor):
-        value = _const_value(axis)
-        if value is None or value.ndim != 0:
-            raise TypeError(f"{what} must be a Python int or a scalar constant tensor, "
-                            f"got {axis.name!r}")
-        axis = value[()]
-    if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
+def _axis_value(axis: Any, op_type: str, name: str | None, what: str = "axis") -> int:
+    """A Python int from an int, a numpy integer or a scalar tensor known at build time."""
+    value = _static_value(axis, what, op_type, name)
+    if isinstance(value, np.ndarray):
+        if value.ndim != 0:
+            raise TypeError(f"cannot build {op_type} {name or op_type!r}: {what} must be a "
+                            f"scalar, got shape {list(value.shape)}")
+        value = value[()]
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{what} must be a single int, got {axis!r}")
-    return int(axis)
+    return int(value)
 
 
 def _check_axis(axis: int, rank: int, t: Tensor) -> int:
@@ -257,7 +244,7 @@ def _check_axis(axis: int, rank: int, t: Tensor) -> int:
 
 def _known_shape_input(t: Tensor) -> TensorShape:
     """The static value of a 1-D shape tensor: its Const value, else unknown dims."""
-    value = _const_value(t)
+    value = const_value(t)
     if value is not None:
         return TensorShape(value.tolist())
     if t._shape.rank == 1 and t._shape[0] is not None:
@@ -299,7 +286,7 @@ def _reshape_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     shape_t = inputs[1]
     if not shape_t._dtype.is_integer:
         raise TypeError(f"shape must be an int32 or int64 tensor, got {shape_t._dtype.name}")
-    value = _const_value(shape_t)
+    value = const_value(shape_t)
     if value is not None:
         return [(x._dtype, _reshape_target(x, value.tolist()))]
     return [(x._dtype, _known_shape_input(shape_t))]
@@ -368,7 +355,8 @@ def transpose(a: Any, perm: Any = None, name: str | None = "transpose",
     if conjugate:
         raise NotImplementedError("transpose(conjugate=True) is not supported")
     x = convert_to_tensor(a)
-    attrs = {"perm": None if perm is None else _int_list(perm, "perm")}
+    attrs = {"perm": None if perm is None else
+             _int_list(_static_value(perm, "perm", "Transpose", name), "perm")}
     return make_op("Transpose", (x,), attrs, name=name, default_name="transpose").outputs[0]
 
 
@@ -433,7 +421,7 @@ def concat(values: Any, axis: Any, name: str | None = "concat") -> Tensor:
     As TensorFlow, a single value gives an ``Identity`` of it.
     """
     tensors = [convert_to_tensor(v) for v in _as_list(values, "concat")]
-    a = _axis_value(axis)
+    a = _axis_value(axis, "ConcatV2", name)
     if len(tensors) == 1:
         # TF checks the axis against the rank even for one input.
         rank = tensors[0]._shape.rank
@@ -487,7 +475,7 @@ def _pack_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 def stack(values: Any, axis: int = 0, name: str | None = "stack") -> Tensor:
     """The tensors of ``values`` (same shape) stacked along a new ``axis`` (op ``Pack``)."""
     tensors = [convert_to_tensor(v) for v in _as_list(values, "stack")]
-    return make_op("Pack", tensors, {"axis": _axis_value(axis)}, name=name,
+    return make_op("Pack", tensors, {"axis": _axis_value(axis, "Pack", name)}, name=name,
                    default_name="stack").outputs[0]
 
 
@@ -534,7 +522,7 @@ def gather(params: Any, indices: Any, validate_indices: Any = None, name: str | 
     """The slices of ``params`` at ``indices`` along ``axis`` (default 0), op ``GatherV2``."""
     p = convert_to_tensor(params)
     i = convert_to_tensor(indices)
-    attrs = {"axis": 0 if axis is None else _axis_value(axis)}
+    attrs = {"axis": 0 if axis is None else _axis_value(axis, "GatherV2", name)}
     return make_op("GatherV2", (p, i), attrs, name=name, default_name="GatherV2").outputs[0]
 
 
@@ -568,7 +556,7 @@ def expand_dims(input: Any, axis: Any = None, name: str | None = None,
     if axis is None:
         raise ValueError("expand_dims requires an axis")
     x = convert_to_tensor(input)
-    return make_op("ExpandDims", (x,), {"axis": _axis_value(axis)}, name=name,
+    return make_op("ExpandDims", (x,), {"axis": _axis_value(axis, "ExpandDims", name)}, name=name,
                    default_name="ExpandDims").outputs[0]
 
 
@@ -608,7 +596,8 @@ def squeeze(input: Any, axis: Any = None, name: str | None = None,
             raise ValueError("cannot specify both 'axis' and 'squeeze_dims'")
         axis = squeeze_dims
     x = convert_to_tensor(input)
-    attrs = {"squeeze_dims": [] if axis is None else _int_list(axis, "axis")}
+    attrs = {"squeeze_dims": [] if axis is None else
+             _int_list(_static_value(axis, "axis", "Squeeze", name), "axis")}
     return make_op("Squeeze", (x,), attrs, name=name, default_name="Squeeze").outputs[0]
 
 

@@ -12,8 +12,8 @@ from asyncflow import dtypes
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape, unknown_shape
-from asyncflow.ops._base import define_op, make_op, unary_shape
-from asyncflow.ops.array_ops import _const_value, constant
+from asyncflow.ops._base import const_value, define_op, make_op, unary_shape
+from asyncflow.ops.array_ops import constant
 
 __all__ = ["one_hot", "ones_like", "pad", "tile", "zeros_like"]
 
@@ -36,7 +36,7 @@ def _check_int(t: Tensor, what: str) -> None:
 def _tile_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     x, multiples = inputs
     _check_int(multiples, "multiples")
-    m = _const_value(multiples)
+    m = const_value(multiples)
     rank = x._shape.rank
     if m is not None:
         mults = np.asarray(m).reshape(-1).tolist()
@@ -91,7 +91,7 @@ def _pad_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     if paddings._shape.rank not in (2, None) or (
             paddings._shape.rank == 2 and paddings._shape[1] not in (2, None)):
         raise ValueError(f"paddings must be a [rank, 2] matrix, got shape {paddings._shape}")
-    value = _const_value(paddings)
+    value = const_value(paddings)
     if value is None:
         n = paddings._shape[0] if paddings._shape.rank == 2 else None
         return [(x._dtype, unknown_shape(rank if rank is not None else n))]
@@ -176,7 +176,7 @@ def _one_hot_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     if on._dtype is not off._dtype:
         raise TypeError(f"on_value and off_value must have one dtype, got {on._dtype.name} "
                         f"and {off._dtype.name}")
-    d = _const_value(depth)
+    d = const_value(depth)
     n = None if d is None else int(d)
     if n is not None and n < 0:
         raise ValueError(f"depth must be non-negative, got {n}")

@@ -27,8 +27,7 @@ from asyncflow import dtypes, errors
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape
-from asyncflow.ops._base import define_op, make_op
-from asyncflow.ops.array_ops import _const_value
+from asyncflow.ops._base import const_value, define_op, make_op
 
 __all__ = ["decode_jpeg", "decode_png", "encode_jpeg", "encode_png", "resize",
            "resize_bilinear", "resize_nearest_neighbor"]
@@ -49,7 +48,7 @@ def _resize_shape(out_dtype: dtypes.DType | None) -> Callable[..., Specs]:
         if not size._shape.is_compatible_with(TensorShape([2])):
             raise ValueError(f"size {size.name!r} must be a 1-D tensor of 2 elements, got "
                              f"shape {size._shape}")
-        value = _const_value(size)
+        value = const_value(size)
         hw = [int(v) for v in value.tolist()] if value is not None else [None, None]
         if any(d is not None and d <= 0 for d in hw):
             raise ValueError(f"size {size.name!r} must be positive, got {hw}")

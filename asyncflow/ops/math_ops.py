@@ -27,9 +27,11 @@ from asyncflow.framework.shapes import TensorShape, broadcast_shapes, unknown_sh
 from asyncflow.ops._base import (
     binary_inputs,
     binary_shape,
+    const_value,
     define_op,
     inline_kernel,
     make_op,
+    static_value,
     unary_shape,
 )
 
@@ -650,14 +652,10 @@ def matmul(a: Any, b: Any, transpose_a: bool = False, transpose_b: bool = False,
 
 # -- reductions ---------------------------------------------------------------------
 
-def _normalize_axes(axis: Any) -> list[int] | None:
+def _normalize_axes(axis: Any, op_type: str, name: str | None) -> list[int] | None:
     if axis is None:
         return None
-    if isinstance(axis, Tensor):
-        if axis.op.type != "Const":
-            raise TypeError(f"reduction axis must be a Python int, a list of ints or a "
-                            f"constant tensor, got {axis.name!r}")
-        axis = axis.op.get_attr("value").tolist()
+    axis = static_value(axis, "the reduction axis", op_type, name)
     if isinstance(axis, np.ndarray):
         axis = axis.tolist()
     items = list(axis) if isinstance(axis, list | tuple) else [axis]
@@ -724,7 +722,7 @@ def _reduce(op_type: str, input_tensor: Any, axis: Any, keepdims: Any, name: str
     if keep_dims is not None:
         keepdims = keep_dims
     x = convert_to_tensor(input_tensor)
-    attrs = {"axis": _normalize_axes(axis), "keep_dims": bool(keepdims)}
+    attrs = {"axis": _normalize_axes(axis, op_type, name), "keep_dims": bool(keepdims)}
     return make_op(op_type, (x,), attrs, name=name, default_name=op_type).outputs[0]
 
 
@@ -903,7 +901,7 @@ def _arg(op_type: str, input: Any, axis: Any, name: str | None, output_type: Any
         if axis is not None:
             raise ValueError("cannot specify both 'axis' and 'dimension'")
         axis = dimension
-    axes = _normalize_axes(0 if axis is None else axis)
+    axes = _normalize_axes(0 if axis is None else axis, op_type, name)
     if axes is None or len(axes) != 1:
         raise TypeError(f"{op_type} axis must be a single int, got {axis!r}")
     attrs = {"axis": axes[0], "output_type": dtypes.as_dtype(output_type)}
@@ -929,9 +927,8 @@ _RANGE_ORDER = (dtypes.int32, dtypes.int64, dtypes.float32, dtypes.float64)
 
 
 def _const_scalar(t: Tensor) -> Any:
-    if t.op.type != "Const":
-        return None
-    return t.op.get_attr("value")[()]
+    value = const_value(t)
+    return None if value is None or value.ndim else value[()]
 
 
 def _range_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:

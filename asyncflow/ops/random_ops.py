@@ -25,9 +25,9 @@ from asyncflow import dtypes
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Graph, Operation, Tensor, convert_to_tensor, get_default_graph
 from asyncflow.framework.shapes import TensorShape, unknown_shape
-from asyncflow.ops._base import define_op, make_op
+from asyncflow.ops._base import const_value, define_op, make_op
 from asyncflow.ops._philox import PhiloxStream
-from asyncflow.ops.array_ops import _const_value, constant
+from asyncflow.ops.array_ops import constant
 
 __all__ = ["get_seed", "random_normal", "random_uniform", "set_random_seed",
            "truncated_normal"]
@@ -70,7 +70,7 @@ def _random_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     if shape._shape.rank not in (1, None):
         raise ValueError(f"shape {shape.name!r} must be a vector, got shape {shape._shape}")
     dt = attrs["dtype"] if "dtype" in attrs else inputs[1]._dtype
-    value = _const_value(shape)
+    value = const_value(shape)
     if value is not None:
         dims = np.asarray(value).reshape(-1).tolist()
         if any(d < 0 for d in dims):

@@ -21,10 +21,10 @@ from asyncflow.framework import graph as graph_module
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape, unknown_shape
-from asyncflow.ops._base import define_op, make_op
+from asyncflow.ops._base import const_value, define_op, make_op, static_value
 from asyncflow.ops.array_ops import (
+    _axis_value,
     _check_axis,
-    _const_value,
     constant,
     reshape,
     squeeze,
@@ -44,7 +44,7 @@ def _check_index(t: Tensor, what: str) -> None:
 
 
 def _vector_value(t: Tensor) -> list[int] | None:
-    value = _const_value(t)
+    value = const_value(t)
     return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
 
 
@@ -394,6 +394,10 @@ def split(value: Any, num_or_size_splits: Any, axis: Any = 0, num: int | None = 
     given sizes (a list, one may be ``-1``; op ``SplitV``)."""
     x = convert_to_tensor(value)
     a = constant(axis, dtype=dtypes.int32) if not isinstance(axis, Tensor) else axis
+    if isinstance(num_or_size_splits, Tensor) and num_or_size_splits.shape.rank == 0:
+        # A scalar tensor is a count of splits (as TF, which takes its constant value).
+        count = static_value(num_or_size_splits, "num_or_size_splits", "Split", name)
+        num_or_size_splits = int(count)
     if isinstance(num_or_size_splits, int | np.integer):
         op = make_op("Split", (a, x), {"num_split": int(num_or_size_splits)}, name=name,
                      default_name="split")
@@ -441,17 +445,18 @@ def _unpack_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return unpack_kernel, registry.INLINE
 
 
-def unstack(value: Any, num: int | None = None, axis: int = 0,
+def unstack(value: Any, num: int | None = None, axis: Any = 0,
             name: str | None = "unstack") -> list[Tensor]:
     """The slices of ``value`` along ``axis`` as a list of tensors (op ``Unpack``)."""
     x = convert_to_tensor(value)
+    axis = _axis_value(axis, "Unpack", name)
     if num is None:
         rank = x.shape.rank
         n = None if rank is None else x.shape[_check_axis(axis, rank, x)]
         if n is None:
             raise ValueError(f"cannot infer num from shape {x.shape} of {x.name!r}")
         num = n
-    op = make_op("Unpack", (x,), {"num": int(num), "axis": int(axis)}, name=name,
+    op = make_op("Unpack", (x,), {"num": int(num), "axis": axis}, name=name,
                  default_name="unstack")
     return list(op.outputs)
 
