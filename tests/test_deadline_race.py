@@ -56,14 +56,14 @@ async def test_deadline_landing_as_the_last_partition_finishes(
     # The step's deadline, caught as the session makes it, so the test can expire it
     # at the chosen moment.
     deadlines: list[Any] = []
-    make_timeout = asyncio.timeout
+    make_timeout = asyncio.timeout_at
 
-    def caught(delay: float | None) -> AbstractContextManager[Any]:
-        t = make_timeout(delay)
+    def caught(when: float | None) -> AbstractContextManager[Any]:
+        t = make_timeout(when)
         deadlines.append(t)
         return t  # type: ignore[return-value]
 
-    monkeypatch.setattr(session_module.asyncio, "timeout", caught)
+    monkeypatch.setattr(session_module.asyncio, "timeout_at", caught)
     graph, x, y = _chain(slow)
     loop = asyncio.get_running_loop()
     with af.Session(graph=graph, config=_config()) as sess:

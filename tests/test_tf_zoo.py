@@ -63,8 +63,8 @@ def _compare(name: str, values: list[Any], expected: list[np.ndarray]) -> None:
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"{name} {out}")
 
 
-async def _run(g: af.Graph, name: str) -> list[Any]:
-    async with af.Session(graph=g) as sess:
+async def _run(g: af.Graph, name: str, config: af.SessionConfig | None = None) -> list[Any]:
+    async with af.Session(graph=g, config=config) as sess:
         out: list[Any] = await sess.run(_spec(name)["outputs"], feed_dict=_feeds(name))
     return out
 
@@ -157,11 +157,8 @@ LOOP_MODELS = sorted(n for n in MODELS if "Enter" in _spec(n)["op_types"])
 
 
 @pytest.mark.parametrize("name", LOOP_MODELS)
-async def test_zoo_loops_match_tf_on_the_general_frame_path(
-        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # TensorArray loops with the loop fast path off: the frame propagator's general
-    # form must order reads and writes by the flow just the same.
-    from asyncflow.runtime import loop_fastpath
-
-    monkeypatch.setattr(loop_fastpath, "ENABLED", False)
-    _compare(name, await _run(_imported(name), name), _expected(name))
+async def test_zoo_loops_match_tf_on_the_general_frame_path(name: str) -> None:
+    # TensorArray loops with the straight-line programs off: the general propagator
+    # must order reads and writes by the flow just the same.
+    config = af.SessionConfig(executor_options=af.ExecutorOptions(straight_line=False))
+    _compare(name, await _run(_imported(name), name, config), _expected(name))
