@@ -78,7 +78,7 @@ def _ps_graph() -> tuple[af.Graph, Any, Any, Any]:
 
 # -- the cluster ------------------------------------------------------------------------
 
-def test_devices_and_assignment_are_deterministic(cluster: Any) -> None:
+def test_devices_and_tasks_bound_by_worker_name(cluster: Any) -> None:
     assert cluster.devices() == [
         "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:0/device:CPU:1",
         "/job:worker/replica:0/task:0/device:CPU:0",
@@ -89,8 +89,11 @@ def test_devices_and_assignment_are_deterministic(cluster: Any) -> None:
     assert list(cluster.assignment) == ["/job:ps/replica:0/task:0",
                                         "/job:worker/replica:0/task:0",
                                         "/job:worker/replica:0/task:1"]
-    assert addresses == sorted(addresses)
     assert len(set(addresses)) == 3
+    # A LocalCluster names each Dask worker after its task: bound by name, not address.
+    assert cluster.names == {"/job:ps/replica:0/task:0": "ps-0",
+                             "/job:worker/replica:0/task:0": "worker-0",
+                             "/job:worker/replica:0/task:1": "worker-1"}
 
 
 def test_bad_jobs_are_value_errors() -> None:

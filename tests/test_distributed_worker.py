@@ -220,6 +220,7 @@ async def test_a_dead_task_ends_calls_in_flight_to_it() -> None:
     cluster = Cluster({"worker": 2})
     cluster.client = Client()
     cluster.assignment = {A: "tcp://a", B: "tcp://b"}
+    cluster._incarnation = {A: "a1", B: "b1"}
     cluster._loop = asyncio.get_running_loop()
     lost: list[str] = []
     cluster.add_watcher(lambda task, error: lost.append(task))

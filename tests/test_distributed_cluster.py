@@ -1,0 +1,188 @@
+"""asyncflow on a real command-line Dask cluster: ``dask scheduler`` and ``dask worker``
+processes started here, killed, stopped and restarted by pid.
+
+Every process is tracked by the ``procs`` fixture and killed by pid when the test ends,
+whatever happened; every wait is bounded.  Each test starts its own scheduler, so the
+task → worker map it records starts empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncflow as af
+
+afd = pytest.importorskip("asyncflow.distributed")
+
+PS = "/job:ps/replica:0/task:0"
+W0 = "/job:worker/replica:0/task:0"
+_DASK = str(Path(sys.executable).with_name("dask"))
+_START_TIMEOUT = 60.0
+
+
+class Procs:
+    """Dask processes of one test, killed by pid at its end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self._tmp = tmp
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._n = 0
+
+    def _spawn(self, args: list[str], env: dict[str, str] | None = None
+               ) -> subprocess.Popen[bytes]:
+        self._n += 1
+        log = open(self._tmp / f"proc-{self._n}.log", "wb")  # noqa: SIM115 - closed below
+        try:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **(env or {})})
+        finally:
+            log.close()
+        self._procs.append(proc)
+        return proc
+
+    def scheduler(self, port: int = 0, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+        """A ``dask scheduler`` on 127.0.0.1; (its process, its address)."""
+        path = self._tmp / f"scheduler-{self._n + 1}.json"
+        proc = self._spawn([_DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                            "--no-dashboard", "--scheduler-file", str(path), *extra])
+        deadline = time.monotonic() + _START_TIMEOUT
+        while True:
+            if path.exists():
+                try:
+                    return proc, str(json.loads(path.read_text())["address"])
+                except (ValueError, KeyError):
+                    pass  # written but not complete yet
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"dask scheduler did not start: {self.log(proc)}")
+            time.sleep(0.05)
+
+    def worker(self, address: str, name: str, *extra: str,
+               env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """A ``dask worker`` named ``name`` (no nanny: its pid is the worker's)."""
+        return self._spawn([_DASK, "worker", address, "--host", "127.0.0.1", "--name", name,
+                            "--nthreads", "1", "--no-nanny", "--no-dashboard", *extra],
+                           env=env)
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        k = self._procs.index(proc) + 1
+        return (self._tmp / f"proc-{k}.log").read_text(errors="replace")[-3000:]
+
+    def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            proc.wait(timeout=30)
+
+    def close(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)  # a stopped process cannot die otherwise
+                os.kill(proc.pid, signal.SIGKILL)
+        for proc in self._procs:
+            proc.wait(timeout=30)
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    p = Procs(tmp_path)
+    try:
+        yield p
+    finally:
+        p.close()
+        gc.collect()  # a quiet point (see the testing note in docs/distributed.md)
+
+
+async def _wait_for_names(cluster: Any, names: set[str]) -> None:
+    """Until the scheduler lists workers of every name in ``names`` (bounded)."""
+    async def listed() -> set[str]:
+        info = await cluster.client.scheduler.identity(n_workers=-1)
+        return {str(w["name"]) for w in info["workers"].values()}
+    async with asyncio.timeout(_START_TIMEOUT):
+        while not names <= await cluster._call(listed()):  # noqa: ASYNC110 - another process
+            await asyncio.sleep(0.1)
+
+
+def _ps_graph() -> tuple[af.Graph, Any, Any]:
+    g = af.Graph()
+    with g.as_default():
+        with af.device(PS):
+            v = af.Variable(np.float32(1.0), name="v")
+        with af.device(W0):
+            bump = af.identity(v.assign_add(np.float32(1.0)) * 1.0, name="bump")
+    return g, v, bump
+
+
+# -- stable task identity ----------------------------------------------------------------
+
+async def test_tasks_are_bound_by_worker_name_and_never_move(procs: Procs) -> None:
+    _, address = procs.scheduler()
+    procs.worker(address, "ps-0")
+    procs.worker(address, "w-0")
+    named = await afd.Cluster.connect(address, jobs={"ps": ["ps-0"], "worker": ["w-0"]},
+                                      timeout_s=_START_TIMEOUT)
+    async with named:
+        assert named.names == {PS: "ps-0", W0: "w-0"}
+        # A task count: asyncflow chooses a free worker once ("ps-0" and "w-0" are
+        # recorded as taken by the named client) and records the choice on the scheduler.
+        procs.worker(address, "c-1")
+        await _wait_for_names(named, {"c-1"})
+        counted = await afd.Cluster.connect(address, jobs={"extra": 1})
+        async with counted:
+            assert counted.names == {"/job:extra/replica:0/task:0": "c-1"}
+            # A worker whose address or name sorts first joins: nothing moves, and a
+            # client connecting later sees the same map.
+            procs.worker(address, "a-0")
+            await _wait_for_names(named, {"a-0"})
+            again = await afd.Cluster.connect(address, jobs={"extra": 1})
+            async with again:
+                assert again.names == counted.names
+                assert again.assignment == counted.assignment
+        g, v, bump = _ps_graph()
+        async with af.Session(named, graph=g) as sess:
+            await sess.run(v.initializer)
+            assert await sess.run(bump) == 2.0
+
+
+async def test_a_worker_back_under_its_name_takes_its_task_back(procs: Procs) -> None:
+    _, address = procs.scheduler()
+    ps = procs.worker(address, "ps-0")
+    procs.worker(address, "w-0")
+    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ps-0"], "worker": ["w-0"]},
+                                        timeout_s=_START_TIMEOUT)
+    g, v, bump = _ps_graph()
+    async with cluster, af.Session(cluster, graph=g) as sess:
+        await sess.run(v.initializer)
+        assert await sess.run(bump) == 2.0
+        old = cluster.assignment[PS]
+        procs.kill(ps)
+        with pytest.raises(af.errors.UnavailableError,
+                           match=rf"task {PS} \(Dask worker 'ps-0'.*is unavailable"):
+            await asyncio.wait_for(sess.run(bump), 30)
+        procs.worker(address, "ps-0")  # a new process under the same name
+        await _wait_for_names(cluster, {"ps-0"})
+        with pytest.raises(af.errors.AbortedError,
+                           match=rf"task {PS} \(Dask worker 'ps-0'\) restarted: its state "
+                                 r"is gone"):
+            await asyncio.wait_for(sess.run(bump), 30)
+        assert cluster.assignment[PS] != old
+        # Later steps run: the variable is uninitialized, as TF after a ps restart.
+        with pytest.raises(af.errors.FailedPreconditionError, match="uninitialized"):
+            await asyncio.wait_for(sess.run(bump), 30)
+        await sess.run(v.initializer)
+        assert await sess.run(bump) == 2.0
+        # A new session on the same cluster runs too.
+        async with af.Session(cluster, graph=g) as fresh:
+            assert await fresh.run(bump) == 3.0
