@@ -403,6 +403,44 @@ def test_from_client_uses_an_existing_client(dask_cluster: Any) -> None:
         assert client.status == "running"  # the caller's client stays open
 
 
+async def test_from_client_with_an_asynchronous_client(dask_cluster: Any) -> None:
+    import distributed
+
+    g = af.Graph()
+    with g.as_default():
+        with af.device(W0):
+            a = af.constant(np.arange(4.0), name="a")
+        with af.device(W1):
+            b = af.reduce_sum(a * a, name="b")
+    async with distributed.Client(dask_cluster.scheduler_address, asynchronous=True,
+                                  set_as_default=False) as client:
+        cluster = await afd.Cluster.from_client(client, jobs={"worker": 2})
+        async with cluster, af.Session(cluster, graph=g) as sess:
+            assert await sess.run(b) == 14.0
+        assert client.status == "running"  # the caller's client stays open
+
+
+async def test_shared_variables_with_another_dtype_or_shape_are_refused(cluster: Any) -> None:
+    def graph(value: Any) -> tuple[af.Graph, Any]:
+        g = af.Graph()
+        with g.as_default(), af.device(PS):
+            v = af.Variable(value, name="clash_v")
+        return g, v
+    g1, v1 = graph(np.zeros(3, np.float32))
+    g2, v2 = graph(np.zeros(2, np.float64))
+    g3, v3 = graph(np.zeros(3, np.float32))
+    async with af.Session(cluster, graph=g1) as a, af.Session(cluster, graph=g2) as b, \
+            af.Session(cluster, graph=g3) as c:
+        await a.run(v1.initializer)
+        with pytest.raises(af.errors.InvalidArgumentError,
+                           match=r"variable 'clash_v' on task /job:ps/replica:0/task:0 is "
+                                 r"shared with dtype float32 and shape \(3,\), but this "
+                                 r"session declares dtype float64 and shape \(2,\)"):
+            await b.run(v2.initializer)
+        assert (await c.run(v3) == 0.0).all()  # the same declaration shares it
+        assert (await a.run(v1) == 0.0).all()  # and the first session is untouched
+
+
 async def test_two_clients_of_one_cluster_share_task_state(dask_cluster: Any) -> None:
     g = af.Graph()
     with g.as_default(), af.device(W1):

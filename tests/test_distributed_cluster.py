@@ -115,6 +115,17 @@ async def _wait_for_names(cluster: Any, names: set[str]) -> None:
             await asyncio.sleep(0.1)
 
 
+async def _joined(address: str, names: set[str]) -> None:
+    """Until workers of every name in ``names`` joined the scheduler (bounded)."""
+    import distributed
+
+    async with distributed.Client(address, asynchronous=True, set_as_default=False) as c, \
+            asyncio.timeout(_START_TIMEOUT):
+        while not names <= {str(w["name"]) for w in  # noqa: ASYNC110 - another process
+                            (await c.scheduler.identity(n_workers=-1))["workers"].values()}:
+            await asyncio.sleep(0.1)
+
+
 def _ps_graph() -> tuple[af.Graph, Any, Any]:
     g = af.Graph()
     with g.as_default():
@@ -186,3 +197,96 @@ async def test_a_worker_back_under_its_name_takes_its_task_back(procs: Procs) ->
         # A new session on the same cluster runs too.
         async with af.Session(cluster, graph=g) as fresh:
             assert await fresh.run(bump) == 3.0
+
+
+# -- deployment checks -----------------------------------------------------------------
+
+async def test_version_mismatch_missing_asyncflow_and_removed_plugin_name_the_worker(
+        procs: Procs, tmp_path: Path) -> None:
+    old = tmp_path / "old_asyncflow.py"
+    old.write_text("import asyncflow\nasyncflow.__version__ = '0.0.1-old'\n")
+    bare = tmp_path / "no_asyncflow.py"
+    bare.write_text("import sys\nsys.modules['asyncflow'] = None  # as if not installed\n")
+    _, address = procs.scheduler()
+    old_worker = procs.worker(address, "old-0", "--preload", str(old))
+    bare_worker = procs.worker(address, "bare-0", "--preload", str(bare))
+    procs.worker(address, "ok-0")
+    await _joined(address, {"old-0", "bare-0", "ok-0"})  # before the service is installed
+    # The first connect installs the service: bare-0 cannot load it.
+    with pytest.raises(af.errors.FailedPreconditionError,
+                       match=r"Dask worker 'bare-0' .* has no asyncflow service for task "
+                             r"/job:ps/replica:0/task:0: installing it failed: .*No module "
+                             r"named 'asyncflow.distributed'"):
+        await afd.Cluster.connect(address, jobs={"ps": ["bare-0"]}, timeout_s=_START_TIMEOUT)
+    mine = af.__version__
+    with pytest.raises(af.errors.FailedPreconditionError,
+                       match=rf"Dask worker 'old-0' .* runs asyncflow 0\.0\.1-old \(protocol "
+                             rf"\d+\) but this client runs {mine}"):
+        await afd.Cluster.connect(address, jobs={"ps": ["old-0"]}, timeout_s=_START_TIMEOUT)
+    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ok-0"]},
+                                        timeout_s=_START_TIMEOUT)
+    g = af.Graph()
+    with g.as_default(), af.device(PS):
+        y = af.constant(np.float32(2.0)) * 3.0
+    async with cluster, af.Session(cluster, graph=g) as sess:
+        assert await sess.run(y) == 6.0
+
+        for proc in (old_worker, bare_worker):  # (bare-0 has no plugin to unregister)
+            procs.kill(proc)
+
+        async def unregister() -> None:
+            await cluster.client.unregister_worker_plugin("asyncflow")
+        await cluster._call(unregister())
+        for _ in range(2):  # the session stays usable: the same clear error each time
+            with pytest.raises(af.errors.FailedPreconditionError,
+                               match=r"Dask worker 'ok-0' .* has no asyncflow service for "
+                                     r"task /job:ps/replica:0/task:0: its worker plugin "
+                                     r"'asyncflow' was unregistered"):
+                await asyncio.wait_for(sess.run(y), 30)
+    # Connecting again installs the service again.
+    again = await afd.Cluster.connect(address, jobs={"ps": ["ok-0"]})
+    async with again, af.Session(again, graph=g) as sess:
+        assert await sess.run(y) == 6.0
+    # A worker without asyncflow joining once the service is installed is refused by
+    # Dask: a task named after it fails within the connect timeout, naming it.
+    procs.worker(address, "late-0", "--preload", str(bare))
+    with pytest.raises(af.errors.UnavailableError,
+                       match=r"no Dask worker named 'late-0' joined the cluster within 3 s"):
+        await afd.Cluster.connect(address, jobs={"ps": ["late-0"]}, timeout_s=3)
+
+
+def _tls(tmp: Path) -> Any:
+    """Dask ``Security`` with a self-signed certificate made here (openssl), for every
+    role (what ``Security.temporary()`` does with the ``cryptography`` package)."""
+    from distributed.security import Security
+
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=asyncflow-test",
+                    "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    files = {f"tls_{role}_{kind}": str(path) for role in ("client", "scheduler", "worker")
+             for kind, path in (("cert", cert), ("key", key))}
+    return Security(tls_ca_file=str(cert), require_encryption=True, **files)
+
+
+async def test_tls_local_cluster_and_connect_with_security(tmp_path: Path) -> None:
+    security = _tls(tmp_path)
+    g = af.Graph()
+    with g.as_default():
+        with af.device(PS):
+            a = af.constant(np.arange(3.0), name="a")
+        with af.device(W0):
+            b = af.reduce_sum(a * a, name="b")
+    async with afd.LocalCluster(jobs={"ps": 1, "worker": 1}, security=security) as cluster:
+        assert all(addr.startswith("tls://") for addr in cluster.assignment.values())
+        async with af.Session(cluster, graph=g) as sess:
+            assert await sess.run(b) == 5.0
+        address = cluster.dask_cluster.scheduler_address
+        assert address.startswith("tls://")
+        other = await afd.Cluster.connect(address, jobs={"ps": 1, "worker": 1},
+                                          security=security)
+        async with other, af.Session(other, graph=g) as sess:
+            assert other.names == cluster.names  # the map recorded on the scheduler
+            assert await sess.run(b) == 5.0
+    gc.collect()

@@ -147,6 +147,7 @@ class Cluster:
         self._watchers: list[Callable[[str, errors.UnavailableError], None]] = []
         #: Master session handles of this client (renewed on every task by the pings).
         self.sessions: set[str] = set()
+        self._install_error: str | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -211,9 +212,12 @@ class Cluster:
         names = await self._bind_names(timeout_s, failed)
         info = await client.scheduler.identity(n_workers=-1)
         by_name = {str(w.get("name")): address for address, w in info["workers"].items()}
-        async with asyncio.TaskGroup() as tg:
-            for task, name in names.items():
-                tg.create_task(self._adopt(task, name, by_name[name], failed))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for task, name in names.items():
+                    tg.create_task(self._adopt(task, name, by_name[name], failed))
+        except BaseExceptionGroup as group:
+            raise group.exceptions[0] from None
         self.assignment = {task: self.assignment[task] for task in self.tasks}  # in order
         self.names = names
         self._watch_task = asyncio.get_running_loop().create_task(self._health_watch())
@@ -224,8 +228,14 @@ class Cluster:
         Called through the scheduler (not ``Client.register_plugin``) so one worker
         that cannot load asyncflow is named instead of failing everything.
         """
-        replies = await self.client.scheduler.register_worker_plugin(
-            plugin=_pickle.dumps(AsyncflowWorker()), name=PLUGIN_NAME, idempotent=True)
+        try:
+            replies = await self.client.scheduler.register_worker_plugin(
+                plugin=_pickle.dumps(AsyncflowWorker()), name=PLUGIN_NAME, idempotent=True)
+        except Exception as exc:
+            # A worker could not even load the plugin (no asyncflow there); Dask does not
+            # say which: the handshake finds it and names it with this reason.
+            self._install_error = f"{type(exc).__name__}: {exc}"
+            return {}
         return {address: str(reply.get("exception", reply.get("text", "setup failed")))
                 for address, reply in (replies or {}).items()
                 if reply.get("status") == "error"}
@@ -249,7 +259,8 @@ class Cluster:
                     None, None, f"no Dask worker named {', '.join(map(repr, missing))} "
                                 f"joined the cluster within {timeout_s:g} s (workers: "
                                 f"{', '.join(map(repr, sorted(present)))}); start it with "
-                                f"`dask worker ADDRESS --name NAME`")
+                                f"`dask worker ADDRESS --name NAME` (Dask refuses a worker "
+                                f"that cannot load asyncflow: install it there)")
             await asyncio.sleep(0.1)
         names = {t: n for t, n in self._pinned.items() if n is not None}
         if len(names) == len(self.tasks):
@@ -303,11 +314,13 @@ class Cluster:
                 None, None, f"task {task}: Dask worker {name!r} ({address}) is "
                             f"unreachable: {type(exc).__name__}: {exc}") from None
         if not isinstance(reply, dict):
+            why = (f"installing it failed: {self._install_error}" if self._install_error
+                   else f"asyncflow is not installed there or its worker plugin "
+                        f"{PLUGIN_NAME!r} was unregistered")
             raise errors.FailedPreconditionError(
                 None, None, f"Dask worker {name!r} ({address}) has no asyncflow service "
-                            f"for task {task}: asyncflow is not installed there or its "
-                            f"worker plugin {PLUGIN_NAME!r} was unregistered; install "
-                            f"asyncflow on the worker and connect again")
+                            f"for task {task}: {why}; install asyncflow on the worker and "
+                            f"connect again")
         if (reply["version"], reply["protocol"]) != (version, protocol):
             raise errors.FailedPreconditionError(
                 None, None, f"Dask worker {name!r} ({address}) runs asyncflow "
