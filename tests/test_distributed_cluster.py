@@ -290,3 +290,75 @@ async def test_tls_local_cluster_and_connect_with_security(tmp_path: Path) -> No
             assert other.names == cluster.names  # the map recorded on the scheduler
             assert await sess.run(b) == 5.0
     gc.collect()
+
+
+# -- health ------------------------------------------------------------------------------
+
+async def test_a_stopped_worker_fails_its_steps_after_the_health_timeout(procs: Procs) -> None:
+    _, address = procs.scheduler()
+    ps = procs.worker(address, "ps-0")
+    procs.worker(address, "w-0")
+    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ps-0"], "worker": ["w-0"]},
+                                        timeout_s=_START_TIMEOUT, health_timeout_s=1.0)
+    g, v, bump = _ps_graph()
+    with g.as_default(), af.device(W0):
+        alone = af.constant(np.float32(3.0)) * 2.0
+    async with cluster, af.Session(cluster, graph=g) as sess:
+        await sess.run(v.initializer)
+        assert await sess.run(bump) == 2.0
+        procs.kill(ps, signal.SIGSTOP)  # a hung host: connected, silent
+        start = time.perf_counter()
+        with pytest.raises(af.errors.UnavailableError,
+                           match=rf"task {PS} \(Dask worker 'ps-0'.* did not answer for 1 s"):
+            await asyncio.wait_for(sess.run(bump), 30)
+        assert time.perf_counter() - start < 5.0  # Dask's own worker-ttl is minutes
+        assert await sess.run(alone) == 6.0  # steps not touching it run
+        procs.kill(ps, signal.SIGCONT)
+        # The same process answers again: its state is intact, steps simply run.
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    assert await sess.run(bump) == 3.0
+                    break
+                except af.errors.UnavailableError:
+                    await asyncio.sleep(0.2)
+
+
+async def test_a_deadline_returns_even_when_a_thread_kernel_ignores_it(procs: Procs) -> None:
+    _, address = procs.scheduler()
+    procs.worker(address, "w-0")
+
+    def stubborn(x: np.ndarray) -> np.ndarray:
+        time.sleep(4.0)  # ignores cancellation, as blocking code does
+        return x
+
+    g = af.Graph()
+    with g.as_default(), af.device(W0):
+        x = af.placeholder(af.float32, shape=(), name="x")
+        stuck = af.py_func(stubborn, [x], af.float32, expensive=True, name="stuck")
+        quick = af.py_func(lambda v: v + 1.0, [x], af.float32, expensive=True, name="quick")
+    cluster = await afd.Cluster.connect(address, jobs={"worker": ["w-0"]},
+                                        timeout_s=_START_TIMEOUT)
+    async with cluster, af.Session(cluster, graph=g) as sess:
+        assert await sess.run(quick, {x: 1.0}) == 2.0
+        start = time.perf_counter()
+        with pytest.raises(af.errors.DeadlineExceededError):
+            await sess.run(stuck, {x: 1.0}, options=af.RunOptions(timeout_in_ms=500))
+        assert time.perf_counter() - start < 2.0
+        # The next kernel on that task does not wait for the stuck thread, which the
+        # task's device counts until it returns.
+        start = time.perf_counter()
+        assert await sess.run(quick, {x: 2.0}) == 3.0
+        assert time.perf_counter() - start < 2.0
+        assert await _stuck_threads(cluster) == {"w-0": 1}
+
+
+async def _stuck_threads(cluster: Any) -> dict[str, int]:
+    def stuck(dask_worker: Any) -> int:
+        envs = dask_worker.plugins["asyncflow"]._envs.values()
+        return sum(d.stuck for env in envs for d in env.devices)
+
+    async def run() -> dict[str, int]:
+        return await cluster.client.run(stuck)  # type: ignore[no-any-return]
+    by_address = await cluster._call(run())
+    return {cluster.names[t]: by_address[a] for t, a in cluster.assignment.items()}

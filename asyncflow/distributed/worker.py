@@ -37,9 +37,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncflow import errors
 from asyncflow.compiler.plan import Plan
@@ -51,8 +52,10 @@ from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.resources import ResourceMgr
 from asyncflow.step_stats import StepStats
 
-__all__ = ["GraphMgr", "RendezvousMgr", "SessionMgr", "WorkerEnv", "WorkerSession",
-           "on_task"]
+__all__ = ["GraphMgr", "RendezvousMgr", "SessionMgr", "TaskDevice", "WorkerEnv",
+           "WorkerSession", "on_task"]
+
+T = TypeVar("T")
 
 #: How many finished step ids a task remembers, so a late pull or push for a step that
 #: is over fails at once instead of waiting in a fresh rendezvous.
@@ -66,6 +69,53 @@ def on_task(error: errors.OpError, task: str) -> errors.OpError:
     tagged = type(error)(error.node_name, None, f"{error.message} (on task {task})")
     tagged.__cause__ = error
     return tagged
+
+
+class TaskDevice(LocalDevice):
+    """A task's device: a thread kernel that ignores its step's end is abandoned.
+
+    In the session's own process a cancelled thread kernel is waited for (nothing is
+    left running behind a step).  A task serves many masters for a long time, so
+    there a kernel that blocks past its step's deadline or abort is *accounted for*
+    instead: its thread keeps the pool it runs in, the device takes a fresh pool for
+    the next kernel (which therefore never waits for it), and :attr:`stuck` counts
+    it until it returns.  Past ``max_stuck`` stuck threads the device waits again,
+    so a kernel that never returns cannot make threads without bound.
+    """
+
+    __slots__ = ("_stuck", "max_stuck")
+
+    def __init__(self, name: str, device_type: str, index: int, max_threads: int,
+                 max_stuck: int = 8) -> None:
+        super().__init__(name, device_type, index, max_threads)
+        self._stuck: set[Future[Any]] = set()
+        self.max_stuck = max_stuck
+
+    @property
+    def stuck(self) -> int:
+        """Kernel threads of ended steps that have not returned yet."""
+        return len(self._stuck)
+
+    async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        pool = self._get_pool()
+        cf: Future[T] = pool.submit(fn, *args)
+        try:
+            return await asyncio.wrap_future(cf)
+        except asyncio.CancelledError:
+            if not cf.cancel():
+                if len(self._stuck) >= self.max_stuck:
+                    await asyncio.shield(asyncio.wrap_future(cf))  # bounded: wait now
+                else:
+                    self._abandon(pool, cf)
+            raise
+
+    def _abandon(self, pool: ThreadPoolExecutor, cf: Future[Any]) -> None:
+        with self._lock:
+            self._stuck.add(cf)
+            if self._pool is pool:
+                self._pool = None  # the next kernel gets threads of a fresh pool
+        cf.add_done_callback(self._stuck.discard)
+        pool.shutdown(wait=False)  # its threads end once the stuck kernel returns
 
 
 class RendezvousMgr:
@@ -263,7 +313,7 @@ class WorkerEnv:
 
     def __init__(self, task: str, cpus: int, threads: int, pull: PullFn) -> None:
         self.task = task
-        self.devices = tuple(LocalDevice(f"{task}/device:CPU:{i}", "CPU", i, threads)
+        self.devices = tuple(TaskDevice(f"{task}/device:CPU:{i}", "CPU", i, threads)
                              for i in range(cpus))
         self._device_of = {d.name: d for d in self.devices}
         self.resources = ResourceMgr()
@@ -273,7 +323,7 @@ class WorkerEnv:
         #: step id → (its barrier, set when it ended, its session's handle)
         self._running: dict[int, tuple[ExecutorBarrier, asyncio.Event, str]] = {}
 
-    def device(self, name: str) -> LocalDevice:
+    def device(self, name: str) -> TaskDevice:
         device = self._device_of.get(name)
         if device is None:
             raise errors.InvalidArgumentError(
