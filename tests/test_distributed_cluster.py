@@ -53,6 +53,13 @@ class Procs:
         self._procs.append(proc)
         return proc
 
+    def python(self, code: str, *args: str) -> subprocess.Popen[bytes]:
+        """``python -c code args...`` whose stdout the test reads (a master process)."""
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+        self._procs.append(proc)
+        return proc
+
     def scheduler(self, port: int = 0, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
         """A ``dask scheduler`` on 127.0.0.1; (its process, its address)."""
         path = self._tmp / f"scheduler-{self._n + 1}.json"
@@ -93,6 +100,8 @@ class Procs:
                 os.kill(proc.pid, signal.SIGKILL)
         for proc in self._procs:
             proc.wait(timeout=30)
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 @pytest.fixture
@@ -360,5 +369,91 @@ async def _stuck_threads(cluster: Any) -> dict[str, int]:
 
     async def run() -> dict[str, int]:
         return await cluster.client.run(stuck)  # type: ignore[no-any-return]
+    by_address = await cluster._call(run())
+    return {cluster.names[t]: by_address[a] for t, a in cluster.assignment.items()}
+
+
+# -- leases ------------------------------------------------------------------------------
+
+_MASTER = """
+import asyncio, sys
+import numpy as np
+import asyncflow as af, asyncflow.distributed as afd
+
+address, marker = sys.argv[1], sys.argv[2]
+
+async def slow(x):
+    with open(marker, "a") as f:
+        f.write("started\\n")
+    try:
+        await asyncio.sleep(8.0)
+    except asyncio.CancelledError:
+        with open(marker, "a") as f:
+            f.write("cancelled\\n")
+        raise
+    with open(marker, "a") as f:
+        f.write("finished\\n")
+    return x
+
+async def main():
+    g = af.Graph()
+    with g.as_default():
+        with af.device("/job:ps/task:0"):
+            v = af.Variable(np.float32(0.0), name="v")
+        with af.device("/job:worker/task:0"):
+            y = af.py_func(slow, [af.constant(np.float32(1.0))], af.float32, name="slow")
+        with af.device("/job:ps/task:0"), af.control_dependencies([y.op]):
+            bump = v.assign_add(np.float32(1.0))
+    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ps-0"], "worker": ["w-0"]},
+                                        master_lease_s=1.0)
+    async with af.Session(cluster, graph=g) as sess:
+        await sess.run(v.initializer)
+        print("running", flush=True)
+        await sess.run(bump)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_dead_masters_steps_are_cancelled_and_its_writes_never_land(
+        procs: Procs, tmp_path: Path) -> None:
+    _, address = procs.scheduler()
+    procs.worker(address, "ps-0")
+    procs.worker(address, "w-0")
+    await _joined(address, {"ps-0", "w-0"})
+    marker = tmp_path / "kernel.txt"
+    master = procs.python(_MASTER, address, str(marker))
+    assert master.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(master.stdout.readline), _START_TIMEOUT)
+    assert line == b"running\n"
+    async with asyncio.timeout(30):
+        while not marker.exists():  # noqa: ASYNC110 - another process
+            await asyncio.sleep(0.05)
+    procs.kill(master)  # the master dies mid-step
+    killed = time.perf_counter()
+    async with asyncio.timeout(10):
+        while "cancelled" not in marker.read_text():  # noqa: ASYNC110 - another process
+            await asyncio.sleep(0.05)
+    assert time.perf_counter() - killed < 4.0  # the 1 s lease, checked four times a second
+    g = af.Graph()
+    with g.as_default(), af.device("/job:ps/task:0"):
+        v = af.Variable(np.float32(0.0), name="v")
+    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ps-0"], "worker": ["w-0"]})
+    async with cluster, af.Session(cluster, graph=g) as sess:
+        await asyncio.sleep(max(0.0, killed + 9.0 - time.perf_counter()))  # past the kernel
+        assert await sess.run(v) == 0.0  # the orphaned step's write never landed
+        assert marker.read_text() == "started\ncancelled\n"
+        # The dead master's sessions and graphs are gone from every task.
+        assert await _sessions(cluster) == {"ps-0": 1, "w-0": 0}  # (this session's, on ps)
+        await afd.reset(cluster)
+
+
+async def _sessions(cluster: Any) -> dict[str, int]:
+    def count(dask_worker: Any) -> int:
+        envs = dask_worker.plugins["asyncflow"]._envs.values()
+        return sum(len(env.sessions.all()) for env in envs)
+
+    async def run() -> dict[str, int]:
+        return await cluster.client.run(count)  # type: ignore[no-any-return]
     by_address = await cluster._call(run())
     return {cluster.names[t]: by_address[a] for t, a in cluster.assignment.items()}
