@@ -360,18 +360,21 @@ class Cluster:
         """Find ``task``'s worker by name again and shake hands (bounded); True when a
         new process hosts it."""
         name = self.names[task]
-        async with asyncio.timeout(self.health_timeout_s):
-            try:
+        old = self._incarnation.get(task)
+        try:
+            async with asyncio.timeout(self.health_timeout_s):
                 info = await self.client.scheduler.identity(n_workers=-1)
-            except (distributed.comm.core.CommClosedError, OSError) as exc:
-                raise errors.UnavailableError(
-                    None, None, f"the scheduler is unreachable: {exc}") from None
-            address = next((a for a, w in info["workers"].items()
-                            if str(w.get("name")) == name), None)
-            if address is None:
-                raise errors.UnavailableError(None, None, f"no Dask worker named {name!r}")
-            old = self._incarnation.get(task)
-            await self._adopt(task, name, address, {})
+                address = next((a for a, w in info["workers"].items()
+                                if str(w.get("name")) == name), None)
+                if address is None:
+                    raise errors.UnavailableError(None, None, f"no Dask worker named {name!r}")
+                # (Again: a restarted scheduler has forgotten the worker service.)
+                failed = await self._install()
+                await self._adopt(task, name, address, failed)
+        except (TimeoutError, distributed.comm.core.CommClosedError, OSError) as exc:
+            raise errors.UnavailableError(
+                None, None, f"the scheduler is unreachable: {type(exc).__name__}: "
+                            f"{exc}") from None
         return self._incarnation[task] != old
 
     def restarted(self, task: str) -> errors.AbortedError:
