@@ -497,3 +497,50 @@ async def test_monitored_session_recovers_from_a_killed_ps(procs: Procs, tmp_pat
         assert msess.recoveries == 1
         assert msess.global_step == 11
         assert await msess.run(step) == 12.0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_monitored_session_survives_a_scheduler_restart(procs: Procs, tmp_path: Path
+                                                              ) -> None:
+    port = _free_port()
+    scheduler, address = procs.scheduler(port)
+    workers = [procs.worker(address, "ps-0"), procs.worker(address, "w-0")]
+    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ps-0"], "worker": ["w-0"]},
+                                        timeout_s=_START_TIMEOUT, health_timeout_s=2.0)
+    g = af.Graph()
+    with g.as_default():
+        with af.device(PS):
+            v = af.Variable(np.float32(0.0), name="v")
+        with af.device(W0):
+            delta = af.constant(np.float32(1.0))
+        with af.device(PS):
+            step = v.assign_add(delta)
+    async with cluster, af.train.MonitoredSession(
+            lambda: af.Session(cluster, graph=g), checkpoint_dir=str(tmp_path / "ckpt"),
+            save_steps=3, recovery_timeout_s=90) as msess:
+        for _ in range(4):
+            await msess.run(step)
+        # The scheduler dies and every worker with it (all ps state gone); the
+        # deployment brings them back on the same address under the same names.
+        for proc in (scheduler, *workers):
+            procs.kill(proc)
+
+        async def restart() -> None:
+            await asyncio.sleep(1.0)
+            procs.scheduler(port)
+            procs.worker(address, "ps-0")
+            procs.worker(address, "w-0")
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(asyncio.to_thread(asyncio.run, restart()))
+            assert await asyncio.wait_for(msess.run(step), 90) == 4.0  # from model.ckpt-3
+        # Each restarted task aborts the first step touching it: the restore (ps only),
+        # then the step (w-0 too).
+        assert msess.recoveries == 2
+        assert await msess.run(step) == 5.0
