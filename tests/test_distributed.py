@@ -632,3 +632,41 @@ async def test_a_cluster_that_is_not_started_or_closed_says_so() -> None:
     async with af.Session(cluster, graph=g) as sess:
         with pytest.raises(af.errors.UnavailableError, match="not started"):
             await sess.run(y)
+
+
+async def test_sharded_saver_writes_each_tasks_variables_on_that_task(cluster: Any,
+                                                                       tmp_path: Any) -> None:
+    import json
+
+    g = af.Graph()
+    with g.as_default():
+        with af.device(PS):
+            a = af.Variable(np.arange(3, dtype=np.float32), name="a")
+        with af.device(W1):
+            b = af.Variable(np.float64(2.5), name="b")
+        c = af.Variable(np.int32(7), name="c")  # the client's own
+        saver = af.train.Saver(sharded=True)
+        bump = af.group(a.assign_add(np.ones(3, np.float32)), b.assign(np.float64(-1.0)),
+                        c.assign(np.int32(0)))
+    async with af.Session(cluster, graph=g) as sess:
+        await sess.run([a.initializer, b.initializer, c.initializer])
+        path = await saver.save(sess, str(tmp_path / "model.ckpt"), global_step=1)
+        assert af.train.latest_checkpoint(tmp_path) == path
+        await sess.run(bump)
+        await saver.restore(sess, path)
+        got = await sess.run([a, b, c])
+    assert got[0].tolist() == [0.0, 1.0, 2.0]
+    assert (got[1], got[2]) == (2.5, 7)
+
+    async def worker_pids() -> dict[str, int]:
+        return await cluster.client.run(os.getpid)  # type: ignore[no-any-return]
+    pids = await cluster._call(worker_pids())
+    writers = {}
+    for shard in sorted(tmp_path.glob("model.ckpt-1.shard-*-of-3.npz")):
+        with np.load(shard) as data:
+            index = json.loads(bytes(data["__asyncflow_index__"]).decode())
+        writers[tuple(index["variables"])] = index["writer_pid"]
+    # Each task's variables were written by that task's process; the client's by itself.
+    assert writers == {("c",): os.getpid(),
+                       ("a",): pids[cluster.assignment["/job:ps/replica:0/task:0"]],
+                       ("b",): pids[cluster.assignment["/job:worker/replica:0/task:1"]]}
