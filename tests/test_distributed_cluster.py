@@ -544,3 +544,35 @@ async def test_monitored_session_survives_a_scheduler_restart(procs: Procs, tmp_
         # then the step (w-0 too).
         assert msess.recoveries == 2
         assert await msess.run(step) == 5.0
+
+
+# -- living inside a Dask cluster ----------------------------------------------------------
+
+async def test_adaptive_scaling_never_retires_a_task_and_runs_show_as_events() -> None:
+    g = af.Graph()
+    with g.as_default():
+        with af.device(PS):
+            v = af.Variable(np.float32(1.0), name="v")
+        with af.device(W0):
+            y = af.multiply(v, 3.0, name="y")
+    async with afd.LocalCluster(jobs={"ps": 1, "worker": 1}) as cluster, \
+            af.Session(cluster, graph=g) as sess:
+        await sess.run(v.initializer)
+        dask_cluster = cluster.dask_cluster
+
+        async def adapt_and_wait() -> set[str]:
+            adaptive = dask_cluster.adapt(minimum=1, maximum=2, interval="50ms",
+                                          wait_count=1)
+            await asyncio.sleep(2.0)  # forty rounds: Dask would retire one idle worker
+            adaptive.stop()
+            info = await cluster.client.scheduler.identity(n_workers=-1)
+            return {str(w["name"]) for w in info["workers"].values()}
+        assert await cluster._call(adapt_and_wait()) == {"ps-0", "worker-0"}
+        assert await sess.run(y) == 3.0
+
+        async def events() -> list[Any]:
+            return [msg for _, msg in await cluster.client.get_events("asyncflow")]
+        runs = [e for e in await cluster._call(events()) if e["action"] == "run_graph"]
+    assert {(e["task"], e["step"], e["status"]) for e in runs} >= {
+        (PS, "y:0", "ok"), (W0, "y:0", "ok")}
+    gc.collect()

@@ -38,13 +38,15 @@ import asyncflow
 from asyncflow import errors
 from asyncflow.distributed.worker import WorkerEnv
 
-__all__ = ["PLUGIN_NAME", "PROTOCOL", "AsyncflowWorker", "local_identity", "unavailable",
+__all__ = ["EVENT_TOPIC", "PLUGIN_NAME", "PROTOCOL", "AsyncflowWorker", "local_identity", "unavailable",
            "wire", "unwire"]
 
 PLUGIN_NAME = "asyncflow"
+#: The topic of the events each remote partition run logs on the scheduler.
+EVENT_TOPIC = "asyncflow"
 #: The wire protocol between masters and workers: bumped whenever a handler's
 #: arguments or replies change, so mismatched installs fail at registration.
-PROTOCOL = 2
+PROTOCOL = 3
 #: How often a task looks for sessions whose master's lease ran out.
 _LEASE_CHECK_S = 0.25
 _OK: dict[str, Any] = {"ok": True}
@@ -158,6 +160,13 @@ class AsyncflowWorker(WorkerPlugin):
         if task_loop is not None:
             task_loop.loop.call_later(_LEASE_CHECK_S, self._check_leases)
 
+    def _event(self, task: str, name: str, step_id: int, start: float, status: str) -> None:
+        """A partition run, as an event on Dask's scheduler (topic ``asyncflow``, shown
+        by the dashboard and ``Client.get_events``); batched with Dask's own messages."""
+        self._worker.log_event(EVENT_TOPIC, {
+            "action": "run_graph", "step": name, "step_id": step_id, "task": task,
+            "start": start, "stop": time.time(), "status": status})
+
     def _stale(self, incarnation: str) -> bool:
         return incarnation != self.incarnation
 
@@ -255,15 +264,19 @@ class AsyncflowWorker(WorkerPlugin):
         return _OK
 
     async def _h_run_graph(self, comm: Any, task: str, incarnation: str, session: str,
-                           handle: str, step_id: int, args: list[Any], trace: bool) -> Any:
+                           handle: str, step_id: int, args: list[Any], trace: bool,
+                           name: str) -> Any:
         env = self._envs.get(task)
         if env is None or self._stale(incarnation):
             return {"restarted": True}
+        start = time.time()
         try:
             values, stats = await self._on_task(env.run_graph(session, handle, step_id, args,
                                                               trace))
         except errors.OpError as exc:
+            self._event(task, name, step_id, start, type(exc).__name__)
             return {"ok": False, "error": ToPickle(exc)}
+        self._event(task, name, step_id, start, "ok")
         return {"ok": True, "values": [wire(v) for v in values],
                 "stats": None if stats is None else ToPickle(stats)}
 

@@ -228,6 +228,8 @@ class Cluster:
         Called through the scheduler (not ``Client.register_plugin``) so one worker
         that cannot load asyncflow is named instead of failing everything.
         """
+        await self.client.scheduler.register_scheduler_plugin(
+            plugin=_pickle.dumps(_keeper()()), name=f"{PLUGIN_NAME}-tasks", idempotent=True)
         try:
             replies = await self.client.scheduler.register_worker_plugin(
                 plugin=_pickle.dumps(AsyncflowWorker()), name=PLUGIN_NAME, idempotent=True)
@@ -262,9 +264,7 @@ class Cluster:
                                 f"`dask worker ADDRESS --name NAME` (Dask refuses a worker "
                                 f"that cannot load asyncflow: install it there)")
             await asyncio.sleep(0.1)
-        names = {t: n for t, n in self._pinned.items() if n is not None}
-        if len(names) == len(self.tasks):
-            return names
+        # Recorded even when every task is pinned: the scheduler's plugin reads the map.
         free = sorted((n for n, a in present.items() if a not in failed), key=_name_order)
         reply = await client.scheduler.run_function(
             function=_pickle.dumps(_claimer()), args=_pickle.dumps(
@@ -633,6 +633,23 @@ def _claimer() -> Callable[..., dict[str, str]]:
         dask_scheduler.set_metadata(key, recorded)
         return names
     return claim
+
+
+def _keeper() -> type:
+    """A scheduler plugin that keeps Dask's adaptive scaling from retiring a worker that
+    hosts a task (one named in the recorded task map).
+
+    Made here, so cloudpickle ships the class by value: the scheduler needs no
+    asyncflow.  Dask asks it through ``SchedulerPlugin.valid_workers_downscaling``
+    whenever it picks workers to close (``Adaptive``, ``retire_workers`` by count).
+    """
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class AsyncflowTaskKeeper(SchedulerPlugin):
+        def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
+            hosts = set((scheduler.get_metadata(_METADATA_KEY, default=None) or {}).values())
+            return [ws for ws in workers if str(ws.name) not in hosts]
+    return AsyncflowTaskKeeper
 
 
 def _name_order(name: str) -> tuple[int, int | str]:

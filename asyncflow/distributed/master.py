@@ -94,13 +94,15 @@ _ABORT_GRACE = 5.0
 class DistributedCall(_CompiledCall):
     """A compiled signature over local and remote partitions."""
 
-    __slots__ = ("_generations", "_handles", "_lock", "master", "needs", "remote",
+    __slots__ = ("_generations", "_handles", "_lock", "master", "name", "needs", "remote",
                  "sources")
 
     def __init__(self, master: Master, compiled: Compiled, local: Sequence[int],
                  bound: Sequence[Any], fetches: Sequence[Tensor], feed_keys: tuple[Any, ...],
                  converters: tuple[Callable[[Any], Any], ...], rebuild: Rebuild) -> None:
         super().__init__(compiled, bound, fetches, feed_keys, converters, rebuild)
+        #: What the step is called on Dask's dashboard (its events): its fetches.
+        self.name = ", ".join(t.name for t in fetches)[:120] or "(targets only)"
         self.single = self.fast = self.inline_first = False
         self.master = master
         plans = compiled.plans
@@ -313,7 +315,7 @@ class DistributedStep(ExecutorBarrier):
         try:
             reply = await self._master.call(task, "run_graph", session=self._master.handle,
                                             handle=handle, step_id=self._step_id, args=args,
-                                            trace=self._trace)
+                                            trace=self._trace, name=self._call.name)
         except errors.OpError as exc:
             self._record(exc)
             return
