@@ -26,7 +26,8 @@ def _run_example(name: str, *args: str) -> str:
 def test_every_example_is_covered() -> None:
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
     assert scripts == {"quickstart_async.py", "quickstart_sync.py", "async_io_service.py",
-                       "save_and_load.py", "typed_graph.py", "distributed_local.py"}
+                       "save_and_load.py", "typed_graph.py", "distributed_local.py",
+                       "distributed_ps_recovery.py"}
 
 
 def test_quickstart_async() -> None:
@@ -76,3 +77,12 @@ def test_distributed_local() -> None:
     # w = 0.5 * (0 + 1 + 2) per element; total = 2 * sum(w)
     assert lines == ["devices: 3", "w = [1.5, 1.5, 1.5]", "total = 9.0",
                      "kernel ran in another process: True"]
+
+
+def test_distributed_ps_recovery() -> None:
+    # Real dask scheduler and worker processes; the script kills ps-0 and restarts it.
+    pytest.importorskip("distributed")
+    lines = _run_example("distributed_ps_recovery.py").splitlines()
+    assert lines == ["step 25: killed ps-0, starting it again under the same name",
+                     "recovered: ps-0 restored from the checkpoint of step 20",
+                     "loss after 60 steps = 0.0001", "recoveries = 1"]
