@@ -79,3 +79,13 @@ def test_bad_arguments_are_clear() -> None:
         af.train.MonitoredSession(af.Session, save_steps=2)
     with pytest.raises(RuntimeError, match="not open"):
         af.train.MonitoredSession(af.Session).run_sync(af.constant(1.0))
+
+
+def test_a_relative_checkpoint_dir_is_found_again(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    g, step = _counter()
+    with af.train.MonitoredSession(lambda: af.Session(graph=g), checkpoint_dir="ckpt",
+                                   save_steps=2) as msess:
+        msess.run_sync(step)
+    assert af.train.latest_checkpoint("ckpt") == str(tmp_path / "ckpt" / "model.ckpt-1")

@@ -345,7 +345,9 @@ def _read_checkpoint(path: str) -> dict[str, np.ndarray]:
 
 def _write_state(latest: str, kept: list[str]) -> None:
     directory = os.path.dirname(os.path.abspath(latest))
-    state = {"model_checkpoint_path": latest, "all_model_checkpoint_paths": kept}
+    # Absolute: a relative save path would otherwise be read relative to the directory.
+    state = {"model_checkpoint_path": os.path.abspath(latest),
+             "all_model_checkpoint_paths": [os.path.abspath(p) for p in kept]}
     _atomic_write(os.path.join(directory, _STATE), json.dumps(state, indent=1).encode())
 
 
