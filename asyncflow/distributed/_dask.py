@@ -46,7 +46,7 @@ PLUGIN_NAME = "asyncflow"
 EVENT_TOPIC = "asyncflow"
 #: The wire protocol between masters and workers: bumped whenever a handler's
 #: arguments or replies change, so mismatched installs fail at registration.
-PROTOCOL = 3
+PROTOCOL = 4
 #: How often a task looks for sessions whose master's lease ran out.
 _LEASE_CHECK_S = 0.25
 _OK: dict[str, Any] = {"ok": True}
@@ -130,7 +130,7 @@ class AsyncflowWorker(WorkerPlugin):
         self.incarnation = uuid.uuid4().hex
         self._task_loop = _TaskLoop(f"asyncflow-task-{worker.address}")
         self._task_loop.loop.call_soon_threadsafe(self._check_leases)
-        for name in ("hello", "ping", "register_graph", "deregister_graph", "close_session", "run_graph",
+        for name in ("hello", "ping", "client_gone", "register_graph", "deregister_graph", "close_session", "run_graph",
                      "recv_tensor", "send_tensor", "abort_step", "cleanup_step", "reset"):
             worker.handlers[f"asyncflow_{name}"] = getattr(self, f"_h_{name}")
 
@@ -225,8 +225,17 @@ class AsyncflowWorker(WorkerPlugin):
                                                 time.monotonic() + lease)
         return _OK
 
+    async def _h_client_gone(self, comm: Any, client: str) -> Any:
+        """The scheduler saw a client leave: drop its sessions now (not at lease end)."""
+        task_loop = self._task_loop
+        if task_loop is not None:
+            for env in list(self._envs.values()):
+                task_loop.loop.call_soon_threadsafe(env.forget_master, client,
+                                                    time.monotonic())
+        return _OK
+
     async def _h_register_graph(self, comm: Any, task: str, incarnation: str, session: str,
-                                isolate: bool, cpus: int, lease: float,
+                                isolate: bool, cpus: int, lease: float, client: str,
                                 addresses: dict[str, str], plans: Any) -> Any:
         if self._stale(incarnation):
             return {"restarted": True}
@@ -235,7 +244,7 @@ class AsyncflowWorker(WorkerPlugin):
 
         async def register() -> str:
             handle = env.register_graph(session, isolate, unwire(plans))
-            env.renew([session], time.monotonic() + lease)
+            env.renew([session], time.monotonic() + lease, client)
             return handle
         try:
             return {"ok": True, "handle": await self._on_task(register())}

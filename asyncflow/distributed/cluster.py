@@ -41,6 +41,7 @@ from distributed.protocol import pickle as _dask_pickle
 
 from asyncflow import errors
 from asyncflow.distributed._dask import PLUGIN_NAME, AsyncflowWorker, local_identity
+from asyncflow.distributed._scheduler import METADATA_KEY, claimer, keeper, name_order
 
 __all__ = ["Cluster", "LocalCluster", "reset"]
 
@@ -50,8 +51,6 @@ T = TypeVar("T")
 _dask: Any = distributed
 _pickle: Any = _dask_pickle
 
-#: Scheduler metadata key of the recorded task → worker-name map.
-_METADATA_KEY = ["asyncflow", "tasks"]
 
 #: A job's tasks: a count (asyncflow chooses the workers) or the workers' names.
 JobSpec = int | Sequence[str]
@@ -229,7 +228,7 @@ class Cluster:
         that cannot load asyncflow is named instead of failing everything.
         """
         await self.client.scheduler.register_scheduler_plugin(
-            plugin=_pickle.dumps(_keeper()()), name=f"{PLUGIN_NAME}-tasks", idempotent=True)
+            plugin=_pickle.dumps(keeper()()), name=f"{PLUGIN_NAME}-tasks", idempotent=True)
         try:
             replies = await self.client.scheduler.register_worker_plugin(
                 plugin=_pickle.dumps(AsyncflowWorker()), name=PLUGIN_NAME, idempotent=True)
@@ -265,10 +264,10 @@ class Cluster:
                                 f"that cannot load asyncflow: install it there)")
             await asyncio.sleep(0.1)
         # Recorded even when every task is pinned: the scheduler's plugin reads the map.
-        free = sorted((n for n, a in present.items() if a not in failed), key=_name_order)
+        free = sorted((n for n, a in present.items() if a not in failed), key=name_order)
         reply = await client.scheduler.run_function(
-            function=_pickle.dumps(_claimer()), args=_pickle.dumps(
-                (_METADATA_KEY, dict(self._pinned), free)),
+            function=_pickle.dumps(claimer()), args=_pickle.dumps(
+                (METADATA_KEY, dict(self._pinned), free)),
             kwargs=_pickle.dumps({}), wait=True)
         if reply["status"] == "error":
             _, exc, _ = _dask.core.clean_exception(**reply)
@@ -605,56 +604,6 @@ class Cluster:
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} jobs={self.jobs!r} "
                 f"unavailable={sorted(self._dead)!r} closed={self._closed}>")
-
-
-def _claimer() -> Callable[..., dict[str, str]]:
-    """The function that binds unpinned tasks to free workers *on the scheduler*.
-
-    Made here, so cloudpickle ships it by value (the scheduler needs no asyncflow),
-    and run synchronously on the scheduler's event loop, so two clients connecting at
-    once cannot choose differently: the first choice is recorded in the scheduler's
-    metadata and every later client reads it.
-    """
-    def claim(key: list[str], pinned: dict[str, str | None], free: list[str],
-              dask_scheduler: Any = None) -> dict[str, str]:
-        recorded = dict(dask_scheduler.get_metadata(key, default=None) or {})
-        taken = set(recorded.values()) | {n for n in pinned.values() if n is not None}
-        spare = [n for n in free if n not in taken]
-        names: dict[str, str] = {}
-        for task, name in pinned.items():
-            if name is not None:
-                recorded[task] = name
-            elif task not in recorded:
-                if not spare:
-                    raise ValueError(f"no free Dask worker for task {task}: every worker "
-                                     f"of the cluster hosts a task already ({recorded!r})")
-                recorded[task] = spare.pop(0)
-            names[task] = recorded[task]
-        dask_scheduler.set_metadata(key, recorded)
-        return names
-    return claim
-
-
-def _keeper() -> type:
-    """A scheduler plugin that keeps Dask's adaptive scaling from retiring a worker that
-    hosts a task (one named in the recorded task map).
-
-    Made here, so cloudpickle ships the class by value: the scheduler needs no
-    asyncflow.  Dask asks it through ``SchedulerPlugin.valid_workers_downscaling``
-    whenever it picks workers to close (``Adaptive``, ``retire_workers`` by count).
-    """
-    from distributed.diagnostics.plugin import SchedulerPlugin
-
-    class AsyncflowTaskKeeper(SchedulerPlugin):
-        def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
-            hosts = set((scheduler.get_metadata(_METADATA_KEY, default=None) or {}).values())
-            return [ws for ws in workers if str(ws.name) not in hosts]
-    return AsyncflowTaskKeeper
-
-
-def _name_order(name: str) -> tuple[int, int | str]:
-    """Worker names in a stable order: numbers (LocalCluster's 0, 1, ...) numerically."""
-    return (0, int(name)) if name.isdigit() else (1, name)
 
 
 class LocalCluster(Cluster):

@@ -70,6 +70,7 @@ class Cluster(Protocol):
     generation: dict[str, int]
     sessions: set[str]
     master_lease_s: float
+    client: Any
     _closed: bool
     _lock: threading.Lock
 
@@ -174,6 +175,7 @@ class DistributedCall(_CompiledCall):
                 reply = await master.cluster.rpc(
                     task, "register_graph", session=master.handle, isolate=master.isolate,
                     cpus=master.cluster.cpus_per_task, lease=master.cluster.master_lease_s,
+                    client=master.cluster.client.id,
                     addresses=master.cluster.assignment, plans=ToPickle(tuple(plans)))
             except errors.OpError:
                 raise

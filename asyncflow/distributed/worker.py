@@ -270,6 +270,8 @@ class WorkerSession:
         self.graph_mgr = GraphMgr(env, self.resources)
         #: When the master's lease on this session runs out (``time.monotonic``).
         self.lease_end = float("inf")
+        #: The Dask client id of the master (its removal ends the lease at once).
+        self.client: str | None = None
 
 
 class SessionMgr:
@@ -420,12 +422,23 @@ class WorkerEnv:
 
     # -- leases ----------------------------------------------------------------------------
 
-    def renew(self, sessions: Sequence[str], lease_end: float) -> None:
-        """The masters of ``sessions`` are alive: their leases run until ``lease_end``."""
+    def renew(self, sessions: Sequence[str], lease_end: float, client: str | None = None
+              ) -> None:
+        """The masters of ``sessions`` are alive: their leases run until ``lease_end``
+        (``client``: the Dask client they speak through, when known)."""
         for handle in sessions:
             ws = self.sessions.find(handle)
             if ws is not None:
                 ws.lease_end = lease_end
+                if client is not None:
+                    ws.client = client
+
+    def forget_master(self, client: str, now: float) -> list[str]:
+        """Dask removed ``client``: its sessions' leases end now (the handles dropped)."""
+        for ws in self.sessions.all():
+            if ws.client == client:
+                ws.lease_end = -1.0
+        return self.expire(now)
 
     def expire(self, now: float) -> list[str]:
         """Drop every session whose master's lease ended before ``now``: its running
