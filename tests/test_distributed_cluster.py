@@ -574,9 +574,13 @@ async def test_adaptive_scaling_never_retires_a_task_and_runs_show_as_events() -
         assert await cluster._call(adapt_and_wait()) == {"ps-0", "worker-0"}
         assert await sess.run(y) == 3.0
 
-        async def events() -> list[Any]:
-            return [msg for _, msg in await cluster.client.get_events("asyncflow")]
-        runs = [e for e in await cluster._call(events()) if e["action"] == "run_graph"]
-    assert {(e["task"], e["step"], e["status"]) for e in runs} >= {
-        (PS, "y:0", "ok"), (W0, "y:0", "ok")}
+        async def runs() -> set[tuple[str, str, str]]:
+            events = [msg for _, msg in await cluster.client.get_events("asyncflow")]
+            return {(e["task"], e["step"], e["status"]) for e in events
+                    if e["action"] == "run_graph"}
+        # Events travel batched with the workers' other messages: wait for them (bounded).
+        async with asyncio.timeout(15):
+            while not {(PS, "y:0", "ok"), (W0, "y:0", "ok")} <= await cluster._call(  # noqa: ASYNC110
+                    runs()):
+                await asyncio.sleep(0.05)
     gc.collect()
