@@ -232,6 +232,10 @@ async def test_version_mismatch_missing_asyncflow_and_removed_plugin_name_the_wo
                        match=rf"Dask worker 'old-0' .* runs asyncflow 0\.0\.1-old \(protocol "
                              rf"\d+\) but this client runs {mine}"):
         await afd.Cluster.connect(address, jobs={"ps": ["old-0"]}, timeout_s=_START_TIMEOUT)
+    # Choosing by count passes over both: the task goes to the one compatible worker.
+    chosen = await afd.Cluster.connect(address, jobs={"extra": 1})
+    async with chosen:
+        assert chosen.names == {"/job:extra/replica:0/task:0": "ok-0"}
     cluster = await afd.Cluster.connect(address, jobs={"ps": ["ok-0"]},
                                         timeout_s=_START_TIMEOUT)
     g = af.Graph()

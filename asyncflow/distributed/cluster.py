@@ -265,6 +265,8 @@ class Cluster:
             await asyncio.sleep(0.1)
         # Recorded even when every task is pinned: the scheduler's plugin reads the map.
         free = sorted((n for n, a in present.items() if a not in failed), key=name_order)
+        if any(n is None for n in self._pinned.values()):
+            free = await self._compatible(free, present)
         reply = await client.scheduler.run_function(
             function=_pickle.dumps(claimer()), args=_pickle.dumps(
                 (METADATA_KEY, dict(self._pinned), free)),
@@ -280,6 +282,19 @@ class Cluster:
                             f"{', '.join(map(repr, missing))}, which are not in the cluster; "
                             f"start them again under the same names")
         return names
+
+    async def _compatible(self, names: list[str], present: Mapping[str, str]) -> list[str]:
+        """The workers of ``names`` that pass the handshake (asyncflow chooses among
+        them, so a worker with another version or none is never recorded for a task)."""
+        async def ok(name: str) -> bool:
+            try:
+                await self._hello("(unassigned)", name, present[name])
+            except errors.OpError:
+                return False
+            return True
+        async with asyncio.TaskGroup() as tg:
+            checks = [tg.create_task(ok(name)) for name in names]
+        return [name for name, check in zip(names, checks, strict=True) if check.result()]
 
     async def _adopt(self, task: str, name: str, address: str,
                      failed: Mapping[str, str]) -> str:
