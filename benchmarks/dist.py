@@ -6,7 +6,11 @@ repeat, beside Dask's own anchor on the same workers through the same client:
 
 * ``dist.step``  — a 2-task step passing one 8-byte tensor (task 0 computes it, task 1
   consumes it, the session fetches the result); anchor: a ``client.submit`` chain of
-  the same two tasks pinned to the same two workers (one worker-to-worker pull).
+  the same two tasks pinned to the same two workers (one worker-to-worker pull); a
+  note gives Dask's own client→worker round trip (one message to a worker handler and
+  its answer) and the ratio.
+  Dask's functions are ``operator`` functions, pickled by reference (as a deployed
+  module's would be), never shipped by value on each call.
 * ``dist.bytes`` — a 64 MiB float32 tensor made on task 0 and summed on task 1, in
   GB/s of tensor crossing tasks; anchor: ``np.ones`` on worker 0 summed on worker 1.
 * ``dist.concurrent`` — steps/s with 100 concurrent tiny 2-task steps; anchor: 100
@@ -14,13 +18,16 @@ repeat, beside Dask's own anchor on the same workers through the same client:
 * ``dist.kill`` — ms from ``kill -9`` of task 0's worker mid-step to the caller's
   ``UnavailableError`` (no anchor).
 
-Exit status 0 when every row ran (targets are reported, never asserted).
+Every figure is measured interleaved with its anchor, repeat by repeat, and reported
+as the best repeat and the median.  Exit status 0 when every row ran (targets are
+reported, never asserted).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import operator
 import os
 import signal
 import sys
@@ -53,16 +60,25 @@ def _rows(mib: int) -> dict[str, Row]:
     return {r.id: r for r in rows}
 
 
-async def _best(fn: Callable[[], Awaitable[object]], n: int, repeats: int) -> float:
-    """Best of ``repeats`` of the mean seconds per call over ``n`` calls."""
-    await fn()
-    best = float("inf")
+async def _per_call(fn: Callable[[], Awaitable[object]], n: int) -> float:
+    """Mean seconds per call over ``n`` calls."""
+    start = time.perf_counter()
+    for _ in range(n):
+        await fn()
+    return (time.perf_counter() - start) / n
+
+
+async def _interleaved(fns: list[Callable[[], Awaitable[object]]], n: int, repeats: int
+                       ) -> list[list[float]]:
+    """Each function's seconds per call, repeat by repeat, measured in turn (so a busy
+    moment of a shared machine hits them alike)."""
+    for fn in fns:
+        await fn()  # warm: compiled, registered, connected
+    out: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(n):
-            await fn()
-        best = min(best, (time.perf_counter() - start) / n)
-    return best
+        for k, fn in enumerate(fns):
+            out[k].append(await _per_call(fn, n))
+    return out
 
 
 async def run(quick: bool, rows: dict[str, Row]) -> bool:
@@ -93,16 +109,15 @@ async def run(quick: bool, rows: dict[str, Row]) -> bool:
                 b = af.multiply(a, 2.0, name="b")
                 total = af.reduce_sum(big, name="total")
 
-        def add1(v: float) -> float:
-            return v + 1.0
-
-        def mul2(v: float) -> float:
-            return v * 2.0
-
         async def dask_chain() -> Any:
-            fa = client.submit(add1, 1.0, workers=[w0], pure=False)
-            fb = client.submit(mul2, fa, workers=[w1], pure=False)
+            fa = client.submit(operator.add, 1.0, 1.0, workers=[w0], pure=False)
+            fb = client.submit(operator.mul, fa, 2.0, workers=[w1], pure=False)
             return await fb
+
+        async def dask_rtt() -> Any:
+            # Dask's own client->worker round trip: one message to a worker handler and
+            # its answer over the client's comms (no scheduler, no task).
+            return await client.rpc(w0).identity()
 
         async def dask_bytes() -> Any:
             fa = client.submit(np.ones, (elems,), np.float32, workers=[w0], pure=False)
@@ -112,9 +127,16 @@ async def run(quick: bool, rows: dict[str, Row]) -> bool:
         async with af.Session(cluster, graph=g) as sess:
             try:
                 assert await sess.run(b, {x: 1.0}) == 4.0
-                ours = await _best(lambda: sess.run(b, {x: 1.0}), n_steps, repeats)
-                anchor = await _best(on_client(dask_chain), n_steps, repeats)
-                rows["dist.step"].ours, rows["dist.step"].anchor = ours * 1e3, anchor * 1e3
+                ours, anchor, rtt = await _interleaved(
+                    [lambda: sess.run(b, {x: 1.0}), on_client(dask_chain),
+                     on_client(dask_rtt)], n_steps, repeats)
+                rows["dist.step"].record(ours, anchor, per=lambda t: t * 1e3)
+                rtt_ms = sorted(rtt)[len(rtt) // 2] * 1e3
+                rows["dist.step"].notes.append(
+                    f"Dask's client->worker round trip (rpc to the worker's identity "
+                    f"handler, median): {rtt_ms:.2f} ms; "
+                    f"a step costs {sorted(ours)[len(ours) // 2] * 1e3 / rtt_ms:.1f}x it "
+                    f"(medians)")
                 pull = await _dask_pull(cluster, w0, w1, n_steps)
                 rows["dist.step"].notes.append(
                     f"Dask's own worker-to-worker pull of the same 8 bytes (get_data_from_"
@@ -124,10 +146,10 @@ async def run(quick: bool, rows: dict[str, Row]) -> bool:
             try:
                 assert await sess.run(total) == elems
                 nbytes = elems * 4
-                ours = await _best(lambda: sess.run(total), max(n_steps // 20, 3), repeats)
-                anchor = await _best(on_client(dask_bytes), max(n_steps // 20, 3), repeats)
-                rows["dist.bytes"].ours = nbytes / ours / 1e9
-                rows["dist.bytes"].anchor = nbytes / anchor / 1e9
+                ours, anchor = await _interleaved([lambda: sess.run(total),
+                                                   on_client(dask_bytes)],
+                                                  max(n_steps // 20, 3), repeats)
+                rows["dist.bytes"].record(ours, anchor, per=lambda t: nbytes / t / 1e9)
             except Exception as exc:
                 ok = _failed(rows["dist.bytes"], exc)
             try:
@@ -137,10 +159,9 @@ async def run(quick: bool, rows: dict[str, Row]) -> bool:
                 async def dask_100() -> None:
                     await asyncio.gather(*(dask_chain() for _ in range(100)))
 
-                ours = await _best(ours_100, 1, repeats)
-                anchor = await _best(on_client(dask_100), 1, repeats)
-                rows["dist.concurrent"].ours = 100 / ours
-                rows["dist.concurrent"].anchor = 100 / anchor
+                ours, anchor = await _interleaved([ours_100, on_client(dask_100)], 1,
+                                                  repeats)
+                rows["dist.concurrent"].record(ours, anchor, per=lambda t: 100 / t)
             except Exception as exc:
                 ok = _failed(rows["dist.concurrent"], exc)
             try:

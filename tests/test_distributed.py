@@ -78,7 +78,7 @@ def _ps_graph() -> tuple[af.Graph, Any, Any, Any]:
 
 # -- the cluster ------------------------------------------------------------------------
 
-def test_devices_and_assignment_are_deterministic(cluster: Any) -> None:
+def test_devices_and_tasks_bound_by_worker_name(cluster: Any) -> None:
     assert cluster.devices() == [
         "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:0/device:CPU:1",
         "/job:worker/replica:0/task:0/device:CPU:0",
@@ -89,8 +89,11 @@ def test_devices_and_assignment_are_deterministic(cluster: Any) -> None:
     assert list(cluster.assignment) == ["/job:ps/replica:0/task:0",
                                         "/job:worker/replica:0/task:0",
                                         "/job:worker/replica:0/task:1"]
-    assert addresses == sorted(addresses)
     assert len(set(addresses)) == 3
+    # A LocalCluster names each Dask worker after its task: bound by name, not address.
+    assert cluster.names == {"/job:ps/replica:0/task:0": "ps-0",
+                             "/job:worker/replica:0/task:0": "worker-0",
+                             "/job:worker/replica:0/task:1": "worker-1"}
 
 
 def test_bad_jobs_are_value_errors() -> None:
@@ -400,6 +403,44 @@ def test_from_client_uses_an_existing_client(dask_cluster: Any) -> None:
         assert client.status == "running"  # the caller's client stays open
 
 
+async def test_from_client_with_an_asynchronous_client(dask_cluster: Any) -> None:
+    import distributed
+
+    g = af.Graph()
+    with g.as_default():
+        with af.device(W0):
+            a = af.constant(np.arange(4.0), name="a")
+        with af.device(W1):
+            b = af.reduce_sum(a * a, name="b")
+    async with distributed.Client(dask_cluster.scheduler_address, asynchronous=True,
+                                  set_as_default=False) as client:
+        cluster = await afd.Cluster.from_client(client, jobs={"worker": 2})
+        async with cluster, af.Session(cluster, graph=g) as sess:
+            assert await sess.run(b) == 14.0
+        assert client.status == "running"  # the caller's client stays open
+
+
+async def test_shared_variables_with_another_dtype_or_shape_are_refused(cluster: Any) -> None:
+    def graph(value: Any) -> tuple[af.Graph, Any]:
+        g = af.Graph()
+        with g.as_default(), af.device(PS):
+            v = af.Variable(value, name="clash_v")
+        return g, v
+    g1, v1 = graph(np.zeros(3, np.float32))
+    g2, v2 = graph(np.zeros(2, np.float64))
+    g3, v3 = graph(np.zeros(3, np.float32))
+    async with af.Session(cluster, graph=g1) as a, af.Session(cluster, graph=g2) as b, \
+            af.Session(cluster, graph=g3) as c:
+        await a.run(v1.initializer)
+        with pytest.raises(af.errors.InvalidArgumentError,
+                           match=r"variable 'clash_v' on task /job:ps/replica:0/task:0 is "
+                                 r"shared with dtype float32 and shape \(3,\), but this "
+                                 r"session declares dtype float64 and shape \(2,\)"):
+            await b.run(v2.initializer)
+        assert (await c.run(v3) == 0.0).all()  # the same declaration shares it
+        assert (await a.run(v1) == 0.0).all()  # and the first session is untouched
+
+
 async def test_two_clients_of_one_cluster_share_task_state(dask_cluster: Any) -> None:
     g = af.Graph()
     with g.as_default(), af.device(W1):
@@ -591,3 +632,41 @@ async def test_a_cluster_that_is_not_started_or_closed_says_so() -> None:
     async with af.Session(cluster, graph=g) as sess:
         with pytest.raises(af.errors.UnavailableError, match="not started"):
             await sess.run(y)
+
+
+async def test_sharded_saver_writes_each_tasks_variables_on_that_task(cluster: Any,
+                                                                       tmp_path: Any) -> None:
+    import json
+
+    g = af.Graph()
+    with g.as_default():
+        with af.device(PS):
+            a = af.Variable(np.arange(3, dtype=np.float32), name="a")
+        with af.device(W1):
+            b = af.Variable(np.float64(2.5), name="b")
+        c = af.Variable(np.int32(7), name="c")  # the client's own
+        saver = af.train.Saver(sharded=True)
+        bump = af.group(a.assign_add(np.ones(3, np.float32)), b.assign(np.float64(-1.0)),
+                        c.assign(np.int32(0)))
+    async with af.Session(cluster, graph=g) as sess:
+        await sess.run([a.initializer, b.initializer, c.initializer])
+        path = await saver.save(sess, str(tmp_path / "model.ckpt"), global_step=1)
+        assert af.train.latest_checkpoint(tmp_path) == path
+        await sess.run(bump)
+        await saver.restore(sess, path)
+        got = await sess.run([a, b, c])
+    assert got[0].tolist() == [0.0, 1.0, 2.0]
+    assert (got[1], got[2]) == (2.5, 7)
+
+    async def worker_pids() -> dict[str, int]:
+        return await cluster.client.run(os.getpid)  # type: ignore[no-any-return]
+    pids = await cluster._call(worker_pids())
+    writers = {}
+    for shard in sorted(tmp_path.glob("model.ckpt-1.shard-*-of-3.npz")):
+        with np.load(shard) as data:
+            index = json.loads(bytes(data["__asyncflow_index__"]).decode())
+        writers[tuple(index["variables"])] = index["writer_pid"]
+    # Each task's variables were written by that task's process; the client's by itself.
+    assert writers == {("c",): os.getpid(),
+                       ("a",): pids[cluster.assignment["/job:ps/replica:0/task:0"]],
+                       ("b",): pids[cluster.assignment["/job:worker/replica:0/task:1"]]}

@@ -220,6 +220,7 @@ async def test_a_dead_task_ends_calls_in_flight_to_it() -> None:
     cluster = Cluster({"worker": 2})
     cluster.client = Client()
     cluster.assignment = {A: "tcp://a", B: "tcp://b"}
+    cluster._incarnation = {A: "a1", B: "b1"}
     cluster._loop = asyncio.get_running_loop()
     lost: list[str] = []
     cluster.add_watcher(lambda task, error: lost.append(task))
@@ -248,3 +249,20 @@ def test_arrays_travel_as_buffers_not_pickles() -> None:
     assert header["serializer"] == "dask"  # Dask's numpy serializer, not pickle
     # The frame is the array's own memory: no copy, no pickle of the data.
     assert any(np.shares_memory(np.frombuffer(f, np.uint8), array) for f in frames)
+
+
+async def test_reset_drops_what_masters_past_their_lease_left() -> None:
+    g, b = _two_task_graph()
+    tasks = Tasks()
+    handles, _ = tasks.register(g, [b], session="gone")
+    tasks.register(g, [b], session="alive")
+    env = tasks.envs[A]
+    env.renew(["gone"], 10.0)
+    env.renew(["alive"], 30.0)
+    env.reset(now=20.0)  # the lease of "gone" ended at 10.0: its master is gone
+    assert [ws.handle for ws in env.sessions.all()] == ["alive"]
+    with pytest.raises(af.errors.NotFoundError, match=f"session 'gone' is unknown on task {A}"):
+        await env.run_graph("gone", handles[A], 1, [])
+    assert env.expire(25.0) == []  # "alive" holds its lease until 30.0
+    assert env.expire(31.0) == ["alive"]
+    tasks.close()

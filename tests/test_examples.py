@@ -26,7 +26,8 @@ def _run_example(name: str, *args: str) -> str:
 def test_every_example_is_covered() -> None:
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
     assert scripts == {"quickstart_async.py", "quickstart_sync.py", "async_io_service.py",
-                       "save_and_load.py", "typed_graph.py", "distributed_local.py"}
+                       "save_and_load.py", "typed_graph.py", "distributed_local.py",
+                       "distributed_ps_recovery.py"}
 
 
 def test_quickstart_async() -> None:
@@ -86,3 +87,12 @@ def test_the_examples_index_lists_every_example() -> None:
               if p.is_dir() and not p.name.startswith((".", "_"))]
     missing = [name for name in names if f"[`{name}`]({name})" not in index]
     assert not missing, f"examples/README.md does not list {missing}"
+
+
+def test_distributed_ps_recovery() -> None:
+    # Real dask scheduler and worker processes; the script kills ps-0 and restarts it.
+    pytest.importorskip("distributed")
+    lines = _run_example("distributed_ps_recovery.py").splitlines()
+    assert lines == ["step 25: killed ps-0, starting it again under the same name",
+                     "recovered: ps-0 restored from the checkpoint of step 20",
+                     "loss after 60 steps = 0.0001", "recoveries = 1"]

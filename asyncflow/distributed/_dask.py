@@ -10,14 +10,22 @@ loop through a Dask ``ConnectionPool`` of its own (configured like the worker's)
 a cross-task recv costs no hop through Dask's loop on the consuming side.
 
 Handlers (all take ``task``, the task name the master assigned to this worker):
-``register_graph``, ``deregister_graph``, ``close_session``, ``run_graph``,
-``recv_tensor``, ``send_tensor``, ``abort_step``, ``cleanup_step``, ``reset``.
+``hello`` (the version handshake) and ``ping`` (health and lease renewal) answer on
+Dask's loop at once; ``register_graph``, ``deregister_graph``, ``close_session``,
+``run_graph``, ``recv_tensor``, ``send_tensor``, ``abort_step``, ``cleanup_step`` and
+``reset`` also take ``incarnation``, the token of the worker process the master
+shook hands with: a different token means the worker restarted (its state is gone)
+and the reply says ``restarted`` instead of failing on state that is not there.
+Every handler answers with a dict, so Dask's ``None`` for an op without a handler
+(asyncflow missing, or its plugin unregistered) is told apart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
+import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -26,12 +34,27 @@ from distributed.comm.core import CommClosedError
 from distributed.core import ConnectionPool
 from distributed.protocol.serialize import ToPickle, to_serialize
 
+import asyncflow
 from asyncflow import errors
 from asyncflow.distributed.worker import WorkerEnv
 
-__all__ = ["PLUGIN_NAME", "AsyncflowWorker", "unavailable", "wire", "unwire"]
+__all__ = ["EVENT_TOPIC", "PLUGIN_NAME", "PROTOCOL", "AsyncflowWorker", "local_identity", "unavailable",
+           "wire", "unwire"]
 
 PLUGIN_NAME = "asyncflow"
+#: The topic of the events each remote partition run logs on the scheduler.
+EVENT_TOPIC = "asyncflow"
+#: The wire protocol between masters and workers: bumped whenever a handler's
+#: arguments or replies change, so mismatched installs fail at registration.
+PROTOCOL = 4
+#: How often a task looks for sessions whose master's lease ran out.
+_LEASE_CHECK_S = 0.25
+_OK: dict[str, Any] = {"ok": True}
+
+
+def local_identity() -> tuple[str, int]:
+    """(asyncflow version, wire protocol) of this process (read at call time)."""
+    return str(asyncflow.__version__), PROTOCOL
 T = TypeVar("T")
 
 #: Connection failures that mean "the peer process is gone".
@@ -95,13 +118,19 @@ class AsyncflowWorker(WorkerPlugin):
         self._worker: Any = None
         self._task_loop: _TaskLoop | None = None
         self._pool: Any = None  # the task loop's ConnectionPool (made by the first pull)
+        #: This worker process's token (made by ``setup``, in the worker: the plugin is
+        #: pickled by the client): a master holding another one talks to a worker that
+        #: restarted (or whose plugin was installed again).
+        self.incarnation = ""
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def setup(self, worker: Any) -> None:
         self._worker = worker
+        self.incarnation = uuid.uuid4().hex
         self._task_loop = _TaskLoop(f"asyncflow-task-{worker.address}")
-        for name in ("register_graph", "deregister_graph", "close_session", "run_graph",
+        self._task_loop.loop.call_soon_threadsafe(self._check_leases)
+        for name in ("hello", "ping", "client_gone", "register_graph", "deregister_graph", "close_session", "run_graph",
                      "recv_tensor", "send_tensor", "abort_step", "cleanup_step", "reset"):
             worker.handlers[f"asyncflow_{name}"] = getattr(self, f"_h_{name}")
 
@@ -121,6 +150,25 @@ class AsyncflowWorker(WorkerPlugin):
                 await asyncio.to_thread(env.close)
 
     # -- plumbing -------------------------------------------------------------------------
+
+    def _check_leases(self) -> None:
+        """Drop the sessions of masters gone silent (task loop, every quarter second)."""
+        now = time.monotonic()
+        for env in list(self._envs.values()):
+            env.expire(now)
+        task_loop = self._task_loop
+        if task_loop is not None:
+            task_loop.loop.call_later(_LEASE_CHECK_S, self._check_leases)
+
+    def _event(self, task: str, name: str, step_id: int, start: float, status: str) -> None:
+        """A partition run, as an event on Dask's scheduler (topic ``asyncflow``, shown
+        by the dashboard and ``Client.get_events``); batched with Dask's own messages."""
+        self._worker.log_event(EVENT_TOPIC, {
+            "action": "run_graph", "step": name, "step_id": step_id, "task": task,
+            "start": start, "stop": time.time(), "status": status})
+
+    def _stale(self, incarnation: str) -> bool:
+        return incarnation != self.incarnation
 
     def _env(self, task: str, cpus: int = 1, threads: int = 1) -> WorkerEnv:
         env = self._envs.get(task)
@@ -153,57 +201,98 @@ class AsyncflowWorker(WorkerPlugin):
                 task=task, step_id=step_id, key=key)
         except COMM_ERRORS as exc:
             raise unavailable(task, address, exc) from None
+        if reply is None:  # Dask's answer to an op without a handler
+            raise errors.FailedPreconditionError(
+                None, None, f"task {task} (Dask worker {address}) has no asyncflow service: "
+                            f"its worker plugin {PLUGIN_NAME!r} was unregistered")
         if not reply["ok"]:
             raise unwire(reply["error"])
         return reply["value"], reply["dead"]
 
     # -- handlers (on Dask's loop) ----------------------------------------------------------
 
-    async def _h_register_graph(self, comm: Any, task: str, session: str, isolate: bool,
-                                cpus: int, addresses: dict[str, str], plans: Any) -> Any:
+    async def _h_hello(self, comm: Any, task: str, version: str, protocol: int) -> Any:
+        """The handshake: this worker's version, protocol and process token."""
+        mine, proto = local_identity()
+        return {"version": mine, "protocol": proto, "incarnation": self.incarnation}
+
+    async def _h_ping(self, comm: Any, task: str, sessions: list[str], lease: float) -> Any:
+        """Health check and lease renewal of a master's sessions on ``task``."""
+        env = self._envs.get(task)
+        task_loop = self._task_loop
+        if env is not None and sessions and task_loop is not None:
+            task_loop.loop.call_soon_threadsafe(env.renew, sessions,
+                                                time.monotonic() + lease)
+        return _OK
+
+    async def _h_client_gone(self, comm: Any, client: str) -> Any:
+        """The scheduler saw a client leave: drop its sessions now (not at lease end)."""
+        task_loop = self._task_loop
+        if task_loop is not None:
+            for env in list(self._envs.values()):
+                task_loop.loop.call_soon_threadsafe(env.forget_master, client,
+                                                    time.monotonic())
+        return _OK
+
+    async def _h_register_graph(self, comm: Any, task: str, incarnation: str, session: str,
+                                isolate: bool, cpus: int, lease: float, client: str,
+                                addresses: dict[str, str], plans: Any) -> Any:
+        if self._stale(incarnation):
+            return {"restarted": True}
         self._addresses.update(addresses)
         env = self._env(task, cpus, cpus)
 
         async def register() -> str:
-            return env.register_graph(session, isolate, unwire(plans))
+            handle = env.register_graph(session, isolate, unwire(plans))
+            env.renew([session], time.monotonic() + lease, client)
+            return handle
         try:
             return {"ok": True, "handle": await self._on_task(register())}
         except errors.OpError as exc:
             return {"ok": False, "error": ToPickle(exc)}
 
-    async def _h_deregister_graph(self, comm: Any, task: str, session: str,
-                                  handle: str) -> None:
+    async def _h_deregister_graph(self, comm: Any, task: str, incarnation: str,
+                                  session: str, handle: str) -> Any:
         env = self._envs.get(task)
-        if env is not None:
+        if env is not None and not self._stale(incarnation):
             async def deregister() -> None:
                 try:
                     env.deregister_graph(session, handle)
                 except errors.NotFoundError:
                     pass
             await self._on_task(deregister())
+        return _OK
 
-    async def _h_close_session(self, comm: Any, task: str, session: str) -> None:
+    async def _h_close_session(self, comm: Any, task: str, incarnation: str,
+                               session: str) -> Any:
         env = self._envs.get(task)
-        if env is not None:
+        if env is not None and not self._stale(incarnation):
             async def close() -> None:
                 env.close_session(session)
             await self._on_task(close())
+        return _OK
 
-    async def _h_run_graph(self, comm: Any, task: str, session: str, handle: str,
-                           step_id: int, args: list[Any], trace: bool) -> Any:
+    async def _h_run_graph(self, comm: Any, task: str, incarnation: str, session: str,
+                           handle: str, step_id: int, args: list[Any], trace: bool,
+                           name: str) -> Any:
         env = self._envs.get(task)
-        if env is None:
-            return {"ok": False, "error": ToPickle(errors.NotFoundError(
-                None, None, f"task {task} has no registered graphs (the worker restarted?)"))}
+        if env is None or self._stale(incarnation):
+            return {"restarted": True}
+        start = time.time()
         try:
             values, stats = await self._on_task(env.run_graph(session, handle, step_id, args,
                                                               trace))
         except errors.OpError as exc:
+            self._event(task, name, step_id, start, type(exc).__name__)
             return {"ok": False, "error": ToPickle(exc)}
+        self._event(task, name, step_id, start, "ok")
         return {"ok": True, "values": [wire(v) for v in values],
                 "stats": None if stats is None else ToPickle(stats)}
 
-    async def _h_recv_tensor(self, comm: Any, task: str, step_id: int, key: str) -> Any:
+    async def _h_recv_tensor(self, comm: Any, task: str, step_id: int, key: str,
+                             incarnation: str | None = None) -> Any:
+        if incarnation is not None and self._stale(incarnation):
+            return {"restarted": True}
         env = self._env(task)
         try:
             value, dead = await self._on_task(env.recv_tensor(step_id, key))
@@ -211,29 +300,38 @@ class AsyncflowWorker(WorkerPlugin):
             return {"ok": False, "error": ToPickle(exc)}
         return {"ok": True, "value": wire(value), "dead": dead}
 
-    async def _h_send_tensor(self, comm: Any, task: str, step_id: int, key: str, value: Any,
-                             dead: bool) -> None:
+    async def _h_send_tensor(self, comm: Any, task: str, incarnation: str, step_id: int,
+                             key: str, value: Any, dead: bool) -> Any:
+        if self._stale(incarnation):
+            return {"restarted": True}
         env = self._env(task)
 
         async def send() -> None:
             env.send_tensor(step_id, key, value, dead)
         await self._on_task(send())
+        return _OK
 
-    async def _h_abort_step(self, comm: Any, task: str, step_id: int, error: Any) -> None:
+    async def _h_abort_step(self, comm: Any, task: str, incarnation: str, step_id: int,
+                            error: Any) -> Any:
         env = self._envs.get(task)
-        if env is not None:
+        if env is not None and not self._stale(incarnation):
             async def abort() -> None:
                 env.abort_step(step_id, unwire(error))
             await self._on_task(abort())
+        return _OK
 
-    async def _h_cleanup_step(self, comm: Any, task: str, step_id: int) -> None:
+    async def _h_cleanup_step(self, comm: Any, task: str, incarnation: str,
+                              step_id: int) -> Any:
         env = self._envs.get(task)
-        if env is not None:
+        if env is not None and not self._stale(incarnation):
             await self._on_task(env.cleanup_step(step_id))
+        return _OK
 
-    async def _h_reset(self, comm: Any, task: str) -> None:
+    async def _h_reset(self, comm: Any, task: str, incarnation: str) -> Any:
+        """Clear the task's containers, and drop what masters gone silent left."""
         env = self._envs.get(task)
-        if env is not None:
+        if env is not None and not self._stale(incarnation):
             async def reset() -> None:
-                env.reset()
+                env.reset(time.monotonic())
             await self._on_task(reset())
+        return _OK

@@ -15,7 +15,12 @@ cluster's; the master then
   (``cleanup_step``: stops a task still running it — deadlines, cancellation,
   ``close`` — and frees its rendezvous; after a success the tasks free it themselves);
 * fails every running step that touches a task whose worker died
-  (:meth:`Cluster.mark_unavailable`) with ``UnavailableError`` naming the task.
+  (:meth:`Cluster.mark_unavailable`) with ``UnavailableError`` naming the task;
+* before a step touches a task that was unavailable, asks the cluster to find its
+  worker again (:meth:`Cluster.revive`): a worker back under the task's name takes
+  it back, the first step fails with ``AbortedError`` when a new process came back,
+  and the partitions are registered again (a plan's registration remembers each
+  task's generation).
 
 All Dask calls run on the cluster's client loop (:meth:`Cluster._call`), so steps may
 run on any loop and thread.
@@ -62,13 +67,19 @@ class Cluster(Protocol):
     tasks: tuple[str, ...]
     cpus_per_task: int
     assignment: dict[str, str]
+    generation: dict[str, int]
+    sessions: set[str]
+    master_lease_s: float
+    client: Any
     _closed: bool
+    _lock: threading.Lock
 
     def devices(self) -> list[str]: ...
     def unavailable(self, task: str) -> errors.UnavailableError | None: ...
     def add_watcher(self, fn: Callable[[str, errors.UnavailableError], None]) -> None: ...
     def remove_watcher(self, fn: Callable[[str, errors.UnavailableError], None]) -> None: ...
     async def rpc(self, task: str, op: str, **kwargs: Any) -> Any: ...
+    async def revive(self, task: str) -> None: ...
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T: ...
     def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]: ...
     def _run_sync(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T: ...
@@ -84,12 +95,15 @@ _ABORT_GRACE = 5.0
 class DistributedCall(_CompiledCall):
     """A compiled signature over local and remote partitions."""
 
-    __slots__ = ("_handles", "_lock", "master", "needs", "remote", "sources")
+    __slots__ = ("_generations", "_handles", "_lock", "master", "name", "needs", "remote",
+                 "sources")
 
     def __init__(self, master: Master, compiled: Compiled, local: Sequence[int],
                  bound: Sequence[Any], fetches: Sequence[Tensor], feed_keys: tuple[Any, ...],
                  converters: tuple[Callable[[Any], Any], ...], rebuild: Rebuild) -> None:
         super().__init__(compiled, bound, fetches, feed_keys, converters, rebuild)
+        #: What the step is called on Dask's dashboard (its events): its fetches.
+        self.name = ", ".join(t.name for t in fetches)[:120] or "(targets only)"
         self.single = self.fast = self.inline_first = False
         self.master = master
         plans = compiled.plans
@@ -119,6 +133,8 @@ class DistributedCall(_CompiledCall):
         self.needs = {task: {k for plan in mine for k, _ in plan.partition.args}
                       for task, mine in self.remote.items()}
         self._handles: Future[dict[str, str]] | None = None
+        #: Each task's generation when the handles were registered.
+        self._generations: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def register(self) -> Future[dict[str, str]]:
@@ -129,14 +145,21 @@ class DistributedCall(_CompiledCall):
         """
         with self._lock:
             cf = self._handles
-            if cf is None or (cf.done() and (cf.cancelled() or cf.exception() is not None)):
+            if cf is None or (cf.done() and (cf.cancelled() or cf.exception() is not None
+                                             or not self._current())):
                 cf = self._handles = self.master.cluster._submit(self._register())
         return cf
+
+    def _current(self) -> bool:
+        """Registered with the workers hosting the tasks now (none restarted since)."""
+        generation = self.master.cluster.generation
+        return all(generation.get(t) == g for t, g in self._generations.items())
 
     async def handles(self) -> dict[str, str]:
         """Task → graph handle, once registration finished."""
         cf = self._handles
-        if cf is not None and cf.done() and not cf.cancelled() and cf.exception() is None:
+        if (cf is not None and cf.done() and not cf.cancelled() and cf.exception() is None
+                and self._current()):
             return cf.result()  # registered: no lock, no loop round trip
         # Shielded: a step cancelled (or past its deadline) while waiting does not
         # cancel the registration other steps of this plan share.
@@ -145,13 +168,15 @@ class DistributedCall(_CompiledCall):
     async def _register(self) -> dict[str, str]:
         master = self.master
         handles: dict[str, str] = {}
+        generations = {task: master.cluster.generation.get(task, 0) for task in self.remote}
 
         async def one(task: str, plans: list[Plan]) -> None:
             try:
                 reply = await master.cluster.rpc(
                     task, "register_graph", session=master.handle, isolate=master.isolate,
-                    cpus=master.cluster.cpus_per_task, addresses=master.cluster.assignment,
-                    plans=ToPickle(tuple(plans)))
+                    cpus=master.cluster.cpus_per_task, lease=master.cluster.master_lease_s,
+                    client=master.cluster.client.id,
+                    addresses=master.cluster.assignment, plans=ToPickle(tuple(plans)))
             except errors.OpError:
                 raise
             except Exception as exc:  # e.g. a py_func that cannot be pickled
@@ -168,6 +193,7 @@ class DistributedCall(_CompiledCall):
                     tg.create_task(one(task, plans))
         except BaseExceptionGroup as group:
             raise group.exceptions[0] from None
+        self._generations = generations
         return handles
 
 
@@ -226,6 +252,8 @@ class DistributedStep(ExecutorBarrier):
         master = self._master
         master._started(self)
         try:
+            if any(master.cluster.unavailable(task) for task in self._call.remote):
+                await master.cluster._call(self._revive())
             handles = await self._call.handles()
             for task in self._call.remote:
                 dead = master.cluster.unavailable(task)
@@ -242,6 +270,16 @@ class DistributedStep(ExecutorBarrier):
         if self._derived_error is not None:
             raise self._derived_error
         return self._results()
+
+    async def _revive(self) -> None:
+        """Find the step's unavailable tasks again (cluster loop); the first error."""
+        cluster = self._master.cluster
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for task in self._call.remote:
+                    tg.create_task(cluster.revive(task))
+        except BaseExceptionGroup as group:
+            raise group.exceptions[0] from None
 
     async def _run_all(self, handles: dict[str, str]) -> None:
         rendezvous = self._rendezvous
@@ -279,7 +317,7 @@ class DistributedStep(ExecutorBarrier):
         try:
             reply = await self._master.call(task, "run_graph", session=self._master.handle,
                                             handle=handle, step_id=self._step_id, args=args,
-                                            trace=self._trace)
+                                            trace=self._trace, name=self._call.name)
         except errors.OpError as exc:
             self._record(exc)
             return
@@ -408,6 +446,8 @@ class Master:
         # (from the OS, not `random`, which tests and apps may seed) plus a counter.
         self._step_ids = itertools.count(secrets.randbits(62))
         cluster.add_watcher(self._on_unavailable)
+        with cluster._lock:
+            cluster.sessions.add(self.handle)  # the cluster's pings renew its lease
 
     def __repr__(self) -> str:
         return (f"<Master {self.handle} tasks={len(self.cluster.tasks)} "
@@ -496,6 +536,8 @@ class Master:
 
     def _forget(self) -> bool:
         self.cluster.remove_watcher(self._on_unavailable)
+        with self.cluster._lock:
+            self.cluster.sessions.discard(self.handle)
         return self._registered and not self.cluster._closed
 
     async def close(self) -> None:

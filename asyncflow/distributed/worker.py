@@ -17,6 +17,16 @@ TensorFlow's ``distributed_runtime`` shapes, on one event loop:
   (``finish``; no message needed); after a failure, the session's
   ``cleanup_step`` removes it and fails whatever still waits on it.
 
+Leases: every session's master renews it (``renew``, from the master's pings and its
+calls); :meth:`WorkerEnv.expire` aborts the running steps of a session whose lease
+ran out and drops the session (its graphs, and its resources when isolated), so a
+dead master's orphaned steps stop and their pending writes never land.
+
+Shared variables are checked at registration: a session declaring a variable the
+task's container already knows with another dtype or shape fails with
+``InvalidArgumentError`` naming it (TF's check), instead of both sessions silently
+overwriting each other.
+
 Nothing here knows about Dask: the transport (``pull``) is injected, so a worker is
 driven in process by the unit tests and by :mod:`asyncflow.distributed._dask` in a
 Dask worker process, where every method runs on the task's own event loop.
@@ -27,9 +37,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncflow import errors
 from asyncflow.compiler.plan import Plan
@@ -41,8 +52,10 @@ from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.resources import ResourceMgr
 from asyncflow.step_stats import StepStats
 
-__all__ = ["GraphMgr", "RendezvousMgr", "SessionMgr", "WorkerEnv", "WorkerSession",
-           "on_task"]
+__all__ = ["GraphMgr", "RendezvousMgr", "SessionMgr", "TaskDevice", "WorkerEnv",
+           "WorkerSession", "on_task"]
+
+T = TypeVar("T")
 
 #: How many finished step ids a task remembers, so a late pull or push for a step that
 #: is over fails at once instead of waiting in a fresh rendezvous.
@@ -56,6 +69,53 @@ def on_task(error: errors.OpError, task: str) -> errors.OpError:
     tagged = type(error)(error.node_name, None, f"{error.message} (on task {task})")
     tagged.__cause__ = error
     return tagged
+
+
+class TaskDevice(LocalDevice):
+    """A task's device: a thread kernel that ignores its step's end is abandoned.
+
+    In the session's own process a cancelled thread kernel is waited for (nothing is
+    left running behind a step).  A task serves many masters for a long time, so
+    there a kernel that blocks past its step's deadline or abort is *accounted for*
+    instead: its thread keeps the pool it runs in, the device takes a fresh pool for
+    the next kernel (which therefore never waits for it), and :attr:`stuck` counts
+    it until it returns.  Past ``max_stuck`` stuck threads the device waits again,
+    so a kernel that never returns cannot make threads without bound.
+    """
+
+    __slots__ = ("_stuck", "max_stuck")
+
+    def __init__(self, name: str, device_type: str, index: int, max_threads: int,
+                 max_stuck: int = 8) -> None:
+        super().__init__(name, device_type, index, max_threads)
+        self._stuck: set[Future[Any]] = set()
+        self.max_stuck = max_stuck
+
+    @property
+    def stuck(self) -> int:
+        """Kernel threads of ended steps that have not returned yet."""
+        return len(self._stuck)
+
+    async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        pool = self._get_pool()
+        cf: Future[T] = pool.submit(fn, *args)
+        try:
+            return await asyncio.wrap_future(cf)
+        except asyncio.CancelledError:
+            if not cf.cancel():
+                if len(self._stuck) >= self.max_stuck:
+                    await asyncio.shield(asyncio.wrap_future(cf))  # bounded: wait now
+                else:
+                    self._abandon(pool, cf)
+            raise
+
+    def _abandon(self, pool: ThreadPoolExecutor, cf: Future[Any]) -> None:
+        with self._lock:
+            self._stuck.add(cf)
+            if self._pool is pool:
+                self._pool = None  # the next kernel gets threads of a fresh pool
+        cf.add_done_callback(self._stuck.discard)
+        pool.shutdown(wait=False)  # its threads end once the stuck kernel returns
 
 
 class RendezvousMgr:
@@ -163,13 +223,55 @@ class GraphMgr:
         return len(self._items)
 
 
+#: The ops that declare a variable (their ``dtype``, ``shape`` and ``var_name`` attrs).
+_VARIABLE_OPS = frozenset({"VariableV2", "ReadVariableOp", "Assign", "AssignAdd",
+                           "AssignSub"})
+
+
+class Declared:
+    """Variable name → (dtype, shape) as declared by the sessions of one container."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[Any, Any]] = {}
+
+    def check(self, plans: Sequence[Plan], task: str) -> None:
+        """Record the variables ``plans`` declare; a clash with an earlier declaration
+        raises ``InvalidArgumentError`` (nothing of ``plans`` is recorded then)."""
+        new: dict[str, tuple[Any, Any]] = {}
+        for plan in plans:
+            for node in plan.nodes:
+                if node.op not in _VARIABLE_OPS or "var_name" not in node.attrs:
+                    continue
+                name, dtype, shape = (node.attrs["var_name"], node.attrs["dtype"],
+                                      node.attrs["shape"])
+                seen = self._seen.get(name) or new.get(name)
+                if seen is not None and (seen[0] is not dtype
+                                         or not seen[1].is_compatible_with(shape)):
+                    raise errors.InvalidArgumentError(
+                        node.name, None,
+                        f"variable {name!r} on task {task} is shared with dtype "
+                        f"{seen[0].name} and shape {seen[1]}, but this session declares "
+                        f"dtype {dtype.name} and shape {shape} (another client's "
+                        f"graph? rename the variable or isolate the session's state)")
+                new.setdefault(name, (dtype, shape))
+        self._seen.update(new)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
 class WorkerSession:
     """The state of one master session on this task."""
 
     def __init__(self, env: WorkerEnv, handle: str, isolate: bool) -> None:
         self.handle = handle
         self.resources = ResourceMgr() if isolate else env.resources
+        self.declared = Declared() if isolate else env.declared
         self.graph_mgr = GraphMgr(env, self.resources)
+        #: When the master's lease on this session runs out (``time.monotonic``).
+        self.lease_end = float("inf")
+        #: The Dask client id of the master (its removal ends the lease at once).
+        self.client: str | None = None
 
 
 class SessionMgr:
@@ -184,6 +286,9 @@ class SessionMgr:
         if ws is None:
             ws = self._sessions[handle] = WorkerSession(self._env, handle, isolate)
         return ws
+
+    def find(self, handle: str) -> WorkerSession | None:
+        return self._sessions.get(handle)
 
     def get(self, handle: str) -> WorkerSession:
         ws = self._sessions.get(handle)
@@ -210,15 +315,17 @@ class WorkerEnv:
 
     def __init__(self, task: str, cpus: int, threads: int, pull: PullFn) -> None:
         self.task = task
-        self.devices = tuple(LocalDevice(f"{task}/device:CPU:{i}", "CPU", i, threads)
+        self.devices = tuple(TaskDevice(f"{task}/device:CPU:{i}", "CPU", i, threads)
                              for i in range(cpus))
         self._device_of = {d.name: d for d in self.devices}
         self.resources = ResourceMgr()
+        self.declared = Declared()
         self.sessions = SessionMgr(self)
         self.rendezvous = RendezvousMgr(task, pull)
-        self._running: dict[int, tuple[ExecutorBarrier, asyncio.Event]] = {}
+        #: step id → (its barrier, set when it ended, its session's handle)
+        self._running: dict[int, tuple[ExecutorBarrier, asyncio.Event, str]] = {}
 
-    def device(self, name: str) -> LocalDevice:
+    def device(self, name: str) -> TaskDevice:
         device = self._device_of.get(name)
         if device is None:
             raise errors.InvalidArgumentError(
@@ -230,7 +337,9 @@ class WorkerEnv:
 
     def register_graph(self, session: str, isolate: bool, plans: Sequence[Plan]) -> str:
         """Register this task's partitions of a plan for ``session`` → a graph handle."""
-        return self.sessions.find_or_create(session, isolate).graph_mgr.register(plans)
+        ws = self.sessions.find_or_create(session, isolate)
+        ws.declared.check(plans, self.task)
+        return ws.graph_mgr.register(plans)
 
     def deregister_graph(self, session: str, handle: str) -> None:
         self.sessions.get(session).graph_mgr.deregister(handle)
@@ -253,7 +362,7 @@ class WorkerEnv:
         barrier = ExecutorBarrier(item.bound, item.retval_map, CallFrame(list(args)),
                                   trace=trace, rendezvous=rdv)
         finished = asyncio.Event()
-        self._running[step_id] = (barrier, finished)
+        self._running[step_id] = (barrier, finished, session)
         try:
             if rdv.aborted is not None:  # aborted (or cleaned up) before it started
                 cause = rdv.aborted
@@ -311,11 +420,52 @@ class WorkerEnv:
             await running[1].wait()
         self.rendezvous.cleanup(step_id)
 
-    def reset(self) -> None:
-        """Clear every resource container of this task (``afd.reset``)."""
+    # -- leases ----------------------------------------------------------------------------
+
+    def renew(self, sessions: Sequence[str], lease_end: float, client: str | None = None
+              ) -> None:
+        """The masters of ``sessions`` are alive: their leases run until ``lease_end``
+        (``client``: the Dask client they speak through, when known)."""
+        for handle in sessions:
+            ws = self.sessions.find(handle)
+            if ws is not None:
+                ws.lease_end = lease_end
+                if client is not None:
+                    ws.client = client
+
+    def forget_master(self, client: str, now: float) -> list[str]:
+        """Dask removed ``client``: its sessions' leases end now (the handles dropped)."""
+        for ws in self.sessions.all():
+            if ws.client == client:
+                ws.lease_end = -1.0
+        return self.expire(now)
+
+    def expire(self, now: float) -> list[str]:
+        """Drop every session whose master's lease ended before ``now``: its running
+        steps are aborted (their kernels cancelled, their writes never land) and its
+        graphs forgotten.  The handles dropped."""
+        gone = [ws.handle for ws in self.sessions.all() if ws.lease_end < now]
+        for handle in gone:
+            error = errors.AbortedError(
+                None, None, f"the master of session {handle} on task {self.task} went "
+                            f"silent past its lease: its steps are aborted")
+            for step_id, (barrier, _, owner) in list(self._running.items()):
+                if owner == handle:
+                    barrier.abort(error)
+                    self.rendezvous.find_or_create(step_id).abort(error)
+            self.sessions.delete(handle)
+        return gone
+
+    def reset(self, now: float | None = None) -> None:
+        """Clear every resource container of this task (``afd.reset``), after dropping
+        what masters gone silent left (``now``: the lease clock)."""
+        if now is not None:
+            self.expire(now)
         self.resources.clear()
+        self.declared.clear()
         for ws in self.sessions.all():
             ws.resources.clear()
+            ws.declared.clear()
             ws.graph_mgr.rebind()
 
     def close(self) -> None:

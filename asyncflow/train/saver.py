@@ -6,6 +6,13 @@ array per variable, keyed by the variable's op name (``"dense/w"``), plus the en
 "shape": [...]}}}``.  Beside the checkpoints, the file ``checkpoint`` (JSON) lists them:
 ``{"model_checkpoint_path": ..., "all_model_checkpoint_paths": [...]}``, newest last.
 
+``Saver(sharded=True)`` (TF's sharded saver) writes each task's variables *on that
+task*: one shard ``<path>.shard-K-of-N.npz`` per device task (same format), written
+by an op placed there, so a ``ps`` task's values never travel through the client;
+``<path>.npz`` is then a manifest (the index, with ``"shards": N`` and each
+variable's shard, and no arrays).  As in TF, the tasks and the client must see the
+same filesystem (a shared or network file system) for a sharded checkpoint.
+
 Every file is written to a temporary name in the same directory and renamed over the
 target (``os.replace``, atomic on POSIX and Windows), so a failed or interrupted save
 leaves the previous checkpoint and the ``checkpoint`` list intact.  Disk I/O runs on a
@@ -18,6 +25,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -27,7 +35,9 @@ import numpy as np
 
 from asyncflow import dtypes, errors
 from asyncflow.framework.graph import Operation, Tensor
+from asyncflow.framework.graph import device as _device
 from asyncflow.ops.array_ops import group, placeholder
+from asyncflow.ops.py_func import py_func
 from asyncflow.ops.state_ops import Variable, global_variables
 
 __all__ = ["Saver", "latest_checkpoint"]
@@ -43,11 +53,13 @@ class Saver:
     ``var_list``: a list of variables (keyed by their op names) or a dict name ->
     variable; default: every global variable of the default graph.  The restore ops
     (a placeholder and an ``Assign`` per variable) are built here, as TF builds them.
-    ``max_to_keep`` newest checkpoints are kept (``None`` or 0: all).
+    ``max_to_keep`` newest checkpoints are kept (``None`` or 0: all).  ``sharded``:
+    each task's variables are saved and restored on that task (see the module doc).
     """
 
     def __init__(self, var_list: Sequence[Variable] | Mapping[str, Variable] | None = None,
-                 max_to_keep: int | None = 5, name: str = "save") -> None:
+                 max_to_keep: int | None = 5, name: str = "save", sharded: bool = False
+                 ) -> None:
         if var_list is None:
             var_list = global_variables()
         if isinstance(var_list, Mapping):
@@ -66,14 +78,39 @@ class Saver:
         self._max_to_keep = max_to_keep or 0
         graph = next(iter(named.values())).graph
         self._feeds: dict[str, Tensor] = {}
-        assigns = []
+        self._shards: list[dict[str, Variable]] = []
+        assigns: list[Any] = []
         with graph.as_default(), graph.name_scope(name), graph.control_dependencies(None):
-            for key, var in named.items():
-                p = placeholder(var.dtype, var.shape, name="restore_value")
-                self._feeds[key] = p
-                assigns.append(var.assign(p))
+            if sharded:
+                self._shards = _by_task(named)
+                self._path = placeholder(dtypes.string, (), name="shard_path")
+                saves = [self._shard_ops(k, shard, assigns) for k, shard in
+                         enumerate(self._shards)]
+                self._save_op: Operation | None = group(*saves, name="save_shards")
+            else:
+                self._save_op = None
+                for key, var in named.items():
+                    p = placeholder(var.dtype, var.shape, name="restore_value")
+                    self._feeds[key] = p
+                    assigns.append(var.assign(p))
             self._restore_op: Operation = group(*assigns, name="restore_all")
         self._kept: list[str] = []
+
+    def _shard_ops(self, k: int, shard: dict[str, Variable], assigns: list[Any]) -> Any:
+        """Shard ``k``'s save op and restore assigns, placed on its variables' task."""
+        n = len(self._shards)
+        names = tuple(shard)
+        with _device(next(iter(shard.values())).op.device):
+            save = py_func(_ShardWriter(names, k, n), [self._path, *shard.values()], [],
+                           expensive=True, name=f"save_shard_{k}")
+            values = py_func(_ShardReader(names, tuple(v.dtype.np for v in shard.values()),
+                                          tuple(_static_shape(v) for v in shard.values()),
+                                          k, n),
+                             [self._path], [v.dtype for v in shard.values()],
+                             expensive=True, name=f"restore_shard_{k}")
+            assigns.extend(var.assign(value) for var, value in zip(shard.values(), values,
+                                                                   strict=True))
+        return save
 
     @property
     def last_checkpoints(self) -> list[str]:
@@ -91,8 +128,12 @@ class Saver:
             step = global_step if isinstance(global_step, int) else int(
                 await sess.run(global_step))
             path = f"{path}-{step}"
-        values = await sess.run(dict(self._vars))
-        await asyncio.to_thread(_write_checkpoint, path, values)
+        if self._save_op is not None:
+            await sess.run(self._save_op, feed_dict={self._path: path})
+            await asyncio.to_thread(_write_manifest, path, self._shards)
+        else:
+            values = await sess.run(dict(self._vars))
+            await asyncio.to_thread(_write_checkpoint, path, values)
         if path in self._kept:
             self._kept.remove(path)
         self._kept.append(path)
@@ -112,6 +153,10 @@ class Saver:
         naming the variable for a dtype or shape that does not match.
         """
         path = os.fspath(save_path)
+        if self._save_op is not None:
+            await asyncio.to_thread(_check_manifest, path, self._shards)
+            await sess.run(self._restore_op, feed_dict={self._path: path})
+            return
         stored = await asyncio.to_thread(_read_checkpoint, path)
         feeds: dict[Tensor, Any] = {}
         for key, var in self._vars.items():
@@ -131,7 +176,103 @@ class Saver:
         await sess.run(self._restore_op, feed_dict=feeds)
 
     def __repr__(self) -> str:
-        return f"<Saver variables={len(self._vars)} kept={len(self._kept)}>"
+        return (f"<Saver variables={len(self._vars)} shards={len(self._shards) or 1} "
+                f"kept={len(self._kept)}>")
+
+
+def _by_task(named: Mapping[str, Variable]) -> list[dict[str, Variable]]:
+    """Variables grouped by the task of their device (no job: the client's), in order."""
+    groups: dict[str, dict[str, Variable]] = {}
+    for key, var in named.items():
+        groups.setdefault(_task_key(var.op.device), {})[key] = var
+    return [groups[k] for k in sorted(groups)]
+
+
+def _task_key(device: str) -> str:
+    job = re.search(r"/job:([^/]+)", device)
+    task = re.search(r"/task:(\d+)", device)
+    if job is None:
+        return ""
+    return f"/job:{job.group(1)}/task:{task.group(1) if task else 0}"
+
+
+def _static_shape(var: Variable) -> tuple[int, ...] | None:
+    if not var.shape.is_fully_defined():
+        return None
+    return tuple(int(d) for d in var.shape.as_list() if d is not None)
+
+
+def _shard_file(path: str, k: int, n: int) -> str:
+    return f"{path}.shard-{k}-of-{n}"
+
+
+def _path_of(value: Any) -> str:
+    value = value.item() if isinstance(value, np.ndarray) else value
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _ShardWriter:
+    """Writes one shard where its op runs (on the variables' task).  A class at module
+    level, so it ships to a worker by reference."""
+
+    def __init__(self, names: tuple[str, ...], k: int, n: int) -> None:
+        self.names, self.k, self.n = names, k, n
+
+    def __call__(self, path: Any, *values: Any) -> None:
+        _write_checkpoint(_shard_file(_path_of(path), self.k, self.n),
+                          dict(zip(self.names, values, strict=True)),
+                          {"writer_pid": os.getpid()})
+
+
+class _ShardReader:
+    """Reads one shard where its op runs, checking each variable's dtype and shape."""
+
+    def __init__(self, names: tuple[str, ...], dtypes_: tuple[Any, ...],
+                 shapes: tuple[tuple[int, ...] | None, ...], k: int, n: int) -> None:
+        self.names, self.dtypes, self.shapes, self.k, self.n = names, dtypes_, shapes, k, n
+
+    def __call__(self, path: Any) -> list[np.ndarray]:
+        file = _shard_file(_path_of(path), self.k, self.n)
+        stored = _read_checkpoint(file)
+        out = []
+        for key, dtype, shape in zip(self.names, self.dtypes, self.shapes, strict=True):
+            if key not in stored:
+                raise errors.NotFoundError(None, None, f"variable {key!r} not found in "
+                                                       f"checkpoint shard {file!r}")
+            value = stored[key]
+            if value.dtype != dtype or (shape is not None and value.shape != shape):
+                raise errors.InvalidArgumentError(
+                    None, None, f"variable {key!r} is {np.dtype(dtype).name} {shape}, "
+                                f"checkpoint shard {file!r} holds {value.dtype.name} "
+                                f"{value.shape}")
+            out.append(value)
+        return out
+
+
+def _write_manifest(path: str, shards: Sequence[Mapping[str, Variable]]) -> None:
+    index = {"format": FORMAT, "shards": len(shards),
+             "variables": {key: {"dtype": var.dtype.name, "shard": k}
+                           for k, shard in enumerate(shards) for key, var in shard.items()}}
+    buffer = io.BytesIO()
+    savez: Any = np.savez  # its typed signature cannot take names as keywords
+    savez(buffer, **{_INDEX: np.frombuffer(json.dumps(index).encode(), np.uint8)})
+    _atomic_write(path + ".npz", buffer.getvalue())
+
+
+def _check_manifest(path: str, shards: Sequence[Mapping[str, Variable]]) -> None:
+    file = path + ".npz"
+    if not os.path.exists(file):
+        raise errors.NotFoundError(None, None, f"checkpoint {path!r} not found (no {file!r})")
+    try:
+        with np.load(file, allow_pickle=False) as data:
+            index = json.loads(bytes(data[_INDEX]).decode())
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise errors.DataLossError(None, None, f"checkpoint {path!r} is unreadable: "
+                                               f"{type(exc).__name__}: {exc}") from exc
+    if index.get("shards") != len(shards):
+        raise errors.InvalidArgumentError(
+            None, None, f"checkpoint {path!r} has {index.get('shards') or 1} shard(s), this "
+                        f"Saver(sharded=True) saves {len(shards)}")
 
 
 def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> str | None:
@@ -167,7 +308,8 @@ def _atomic_write(target: str, data: bytes) -> None:
         raise
 
 
-def _write_checkpoint(path: str, values: Mapping[str, Any]) -> None:
+def _write_checkpoint(path: str, values: Mapping[str, Any],
+                      extra: Mapping[str, Any] | None = None) -> None:
     arrays = {k: np.asarray(v) for k, v in values.items()}
     for k, a in arrays.items():
         if a.dtype == object:
@@ -175,7 +317,8 @@ def _write_checkpoint(path: str, values: Mapping[str, Any]) -> None:
                                                         f"{k!r}")
     index = {"format": FORMAT, "variables": {k: {"dtype": dtypes.as_dtype(a.dtype).name,
                                                  "shape": list(a.shape)}
-                                             for k, a in arrays.items()}}
+                                             for k, a in arrays.items()},
+             **(extra or {})}
     buffer = io.BytesIO()
     arrays[_INDEX] = np.frombuffer(json.dumps(index).encode(), np.uint8)
     savez: Any = np.savez  # its typed signature cannot take names as keywords
@@ -202,7 +345,9 @@ def _read_checkpoint(path: str) -> dict[str, np.ndarray]:
 
 def _write_state(latest: str, kept: list[str]) -> None:
     directory = os.path.dirname(os.path.abspath(latest))
-    state = {"model_checkpoint_path": latest, "all_model_checkpoint_paths": kept}
+    # Absolute: a relative save path would otherwise be read relative to the directory.
+    state = {"model_checkpoint_path": os.path.abspath(latest),
+             "all_model_checkpoint_paths": [os.path.abspath(p) for p in kept]}
     _atomic_write(os.path.join(directory, _STATE), json.dumps(state, indent=1).encode())
 
 
