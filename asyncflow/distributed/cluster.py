@@ -644,7 +644,7 @@ class LocalCluster(Cluster):
         kwargs: dict[str, Any] = {} if self.security is None else {"security": self.security}
         dask_cluster = self.dask_cluster = await _dask.LocalCluster(
             n_workers=0, threads_per_worker=self.cpus_per_task, processes=True,
-            asynchronous=True, dashboard_address=":0", worker_dashboard_address=None,
+            asynchronous=True, dashboard_address="127.0.0.1:0", worker_dashboard_address=None,
             host="127.0.0.1", **kwargs)
         # One Dask worker per task, named after it: the spec's key is the worker's name.
         for task in self.tasks:
