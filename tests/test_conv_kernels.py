@@ -242,3 +242,98 @@ def test_a_zero_pad_before_a_valid_convolution_becomes_its_padding(depthwise: bo
     with af.Session(graph=graph) as fast, af.Session(graph=graph, config=L0) as plain:
         np.testing.assert_allclose(fast.run_sync(y, feed), plain.run_sync(y, feed),
                                    rtol=1e-5, atol=1e-5)
+
+
+# -- run-time sizing ----------------------------------------------------------------------
+
+def _unknown_batch_conv(kind: str, c: int, k: int, o: int, seed: int) -> tuple[Any, Any]:
+    """A convolution of a placeholder whose batch is unknown (as every exported model's)."""
+    rng = np.random.default_rng(seed)
+    with af.Graph().as_default():
+        x = af.placeholder(af.float64, [None, None, None, c], name="x")
+        f = af.constant(rng.standard_normal((k, k, c, o if kind != "depthwise" else 1)))
+        if kind == "depthwise":
+            y = af.nn.depthwise_conv2d(x, f, [1, 1, 1, 1], "SAME")
+        elif kind == "fused":
+            y = af.nn.relu(af.nn.bias_add(af.nn.conv2d(x, f, 1, "SAME"),
+                                          af.constant(rng.standard_normal(o))))
+        else:
+            y = af.nn.conv2d(x, f, 1, "SAME")
+    return x, y
+
+
+def _threads_of_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Record, per convolution call, whether it ran on the main thread."""
+    import threading
+
+    from asyncflow.ops import conv_ops
+
+    calls: list[bool] = []
+    for name in ("_conv2d", "_depthwise"):
+        real = getattr(conv_ops, name)
+
+        def spy(*args: Any, _real: Any = real) -> Any:
+            calls.append(threading.current_thread() is threading.main_thread())
+            return _real(*args)
+
+        monkeypatch.setattr(conv_ops, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["conv", "depthwise", "fused"])
+def test_an_unknown_batch_is_sized_by_the_fed_input(kind: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch 1 runs inline on the loop; the same graph fed batch 8 crosses the
+    threshold and runs on a worker thread of the device (where BLAS may be boosted)."""
+    from asyncflow.ops import conv_ops
+
+    x, y = _unknown_batch_conv(kind, 4, 3, 4, seed=5)
+    one = np.random.default_rng(0).standard_normal((1, 6, 6, 4))
+    eight = np.repeat(one, 8, axis=0)
+    per_image = 6 * 6 * 4 * 3 * 3 * (4 if kind != "depthwise" else 1)
+    monkeypatch.setattr(conv_ops, "_EXPENSIVE_MACS", 4 * per_image)
+    calls = _threads_of_calls(monkeypatch)
+    with af.Session(graph=y.graph) as sess:
+        small = sess.run_sync(y, {x: one})
+        large = sess.run_sync(y, {x: eight})
+    assert calls == [True, False]
+    np.testing.assert_allclose(large, np.repeat(small, 8, axis=0), rtol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(["conv", "depthwise", "fused"]), n=st.integers(1, 3),
+       h=st.integers(1, 6), c=st.integers(1, 3), k=st.integers(1, 3),
+       threshold=st.integers(1, 400), seed=st.integers(0, 2**16))
+def test_run_time_sized_convolutions_match_the_static_ones(
+        kind: str, n: int, h: int, c: int, k: int, threshold: int, seed: int) -> None:
+    """Whichever side of the threshold the fed input falls, the result is the kernel's:
+    the same graph with static shapes (constants) is the oracle."""
+    from asyncflow.ops import conv_ops
+
+    x, y = _unknown_batch_conv(kind, c, k, 2, seed)
+    feed = np.random.default_rng(seed).standard_normal((n, h, h + 1, c))
+    with af.Session(graph=y.graph, config=L0) as sess:
+        static = sess.run_sync(y, {x: feed})   # L0 folds nothing: shapes stay unknown
+    saved = conv_ops._EXPENSIVE_MACS
+    conv_ops._EXPENSIVE_MACS = threshold
+    try:
+        with af.Session(graph=y.graph) as sess:
+            got = sess.run_sync(y, {x: feed})
+    finally:
+        conv_ops._EXPENSIVE_MACS = saved
+    np.testing.assert_allclose(got, static, rtol=1e-12, atol=1e-12)
+
+
+def test_run_time_sizing_keeps_static_decisions() -> None:
+    """A convolution whose shapes are all known is decided once, when the plan is made
+    (no sizing per run)."""
+    from asyncflow.framework import registry
+
+    with af.Graph().as_default():
+        x = af.placeholder(af.float32, [1, 8, 8, 4])
+        y = af.nn.conv2d(x, af.constant(np.ones((3, 3, 4, 4), np.float32)), 1, "SAME")
+        z = af.nn.conv2d(af.placeholder(af.float32, [None, 8, 8, 4]),
+                         af.constant(np.ones((3, 3, 4, 4), np.float32)), 1, "SAME")
+    kdef = registry.get_kernel("Conv2D", "CPU")
+    assert kdef.instantiate(y.op)[1] == registry.INLINE
+    assert kdef.instantiate(z.op)[1] == registry.ASYNC

@@ -10,10 +10,12 @@ Geometry follows TensorFlow exactly: ``VALID`` uses no padding; ``SAME`` gives
 (the extra row/column at the bottom/right); ``EXPLICIT`` takes TF's
 ``explicit_paddings`` (8 ints, ``[before, after]`` per dimension in data format order).
 
-A convolution whose static size says it is worth a thread hop (``_EXPENSIVE_MACS``
-multiply-adds or more, unknown dimensions counted as 1) is marked expensive so it
-runs on a worker thread of its device; numpy's BLAS releases the GIL meanwhile, and
-a GEMM that large gets more BLAS threads when its kernel runs alone (:func:`_gemm`).
+A convolution worth a thread hop (``_EXPENSIVE_MACS`` multiply-adds or more) runs on a
+worker thread of its device; numpy's BLAS releases the GIL meanwhile, and a GEMM that
+large gets more BLAS threads when its kernel runs alone (:func:`_gemm`).  Smaller ones
+run inline.  The static shapes decide when they are known; a graph with an unknown
+batch (every exported model) is sized by its fed input at run time instead
+(:class:`_RunTimeSized`), so the same graph runs batch 1 inline and batch 8 threaded.
 A 1x1 convolution is a plain GEMM of the pixels; a depthwise convolution one
 ``einsum`` over the window view; ``_FusedConv2D`` (made by the optimizer, see
 ``asyncflow.compiler.fold_batchnorm``) adds the bias and clamps in place.
@@ -33,7 +35,9 @@ from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape
 from asyncflow.ops._base import define_op, make_op
-from asyncflow.runtime.devices import blas_governor
+from asyncflow.runtime.cancellation import running_step
+from asyncflow.runtime.devices import LocalDevice, blas_governor
+from asyncflow.runtime.resources import WOULD_BLOCK
 
 __all__ = ["avg_pool", "conv2d", "conv2d_transpose", "depthwise_conv2d", "max_pool"]
 
@@ -291,15 +295,83 @@ def _in_nhwc(fn: Callable[..., Any], nchw: bool) -> Callable[..., Any]:
     return nchw_kernel
 
 
-def _conv_kind(op: Operation) -> int:
+def _static_macs(op: Operation) -> tuple[int, bool] | None:
+    """The op's multiply-adds by its static shapes (unknown dimensions counted as 1) and
+    whether every dimension was known; None when a rank is unknown."""
     out = op._outputs[0]._shape
     f = op._inputs[1]._shape
     if out.rank is None or f.rank is None:
-        return registry.EXPENSIVE
+        return None
     kh, kw, c, _ = (d or 1 for d in f)
     depthwise = op._attrs.get("conv_op", op._type) != "Conv2D"
     macs = math.prod(d or 1 for d in out) * kh * kw * (1 if depthwise else c)
-    return registry.EXPENSIVE if macs >= _EXPENSIVE_MACS else registry.INLINE
+    known = out.is_fully_defined() and f.is_fully_defined()
+    return macs, known
+
+
+def _sized(op: Operation, kernel: Callable[..., Any], macs: Callable[..., int]
+           ) -> tuple[Callable[..., Any], int]:
+    """``kernel`` and its kind: decided now when the static shapes settle it, else by the
+    input's actual size at run time (:class:`_RunTimeSized`).
+
+    A graph built with an unknown batch (every exported model) would otherwise be sized
+    as batch 1, and a batch-8 convolution run inline on the event loop with one BLAS
+    thread.
+    """
+    static = _static_macs(op)
+    if static is not None and (static[1] or static[0] >= _EXPENSIVE_MACS):
+        return kernel, registry.EXPENSIVE if static[0] >= _EXPENSIVE_MACS else registry.INLINE
+    return _RunTimeSized(kernel, macs), registry.ASYNC
+
+
+class _RunTimeSized:
+    """A kernel that runs inline when its inputs are small and on a worker thread of the
+    step's device (where :func:`_gemm` may boost BLAS) when they are large.
+
+    The executor calls :meth:`nowait` first, like an inline kernel: it computes at once
+    below ``_EXPENSIVE_MACS`` multiply-adds (a few microseconds to size), else answers
+    ``WOULD_BLOCK`` and the executor awaits the call, which hops to the device's thread.
+    """
+
+    __slots__ = ("_kernel", "_macs")
+
+    def __init__(self, kernel: Callable[..., Any], macs: Callable[..., int]) -> None:
+        self._kernel = kernel
+        self._macs = macs
+
+    def nowait(self, *args: Any) -> Any:
+        if self._macs(*args) < _EXPENSIVE_MACS:
+            return self._kernel(*args)
+        return WOULD_BLOCK
+
+    async def __call__(self, *args: Any) -> Any:
+        device = _step_device()
+        if device is None:  # (not run by a step's executor: nothing to hop to)
+            return self._kernel(*args)
+        return await device.run_in_thread(self._kernel, *args)
+
+
+def _step_device() -> LocalDevice | None:
+    """The device whose step is running this kernel (None outside a step)."""
+    bound = getattr(running_step.get(), "_bound", None)
+    device = getattr(bound, "device", None)
+    return device if isinstance(device, LocalDevice) else None
+
+
+def _conv_macs(s: tuple[int, int]) -> Callable[..., int]:
+    """About the multiply-adds of a convolution (``Conv2D`` and depthwise alike) of
+    ``x`` by ``f`` with strides ``s``: each input element meets ``kh * kw * f.shape[3]``
+    filter taps (outputs, or outputs per channel), once per stride step."""
+    step = s[0] * s[1]
+
+    def macs(x: np.ndarray, f: np.ndarray, *_: Any) -> int:
+        return int(x.size * f.shape[0] * f.shape[1] * f.shape[3]) // step
+
+    return macs
+
+
+def _backprop_macs(sizes: np.ndarray, f: np.ndarray, dy: np.ndarray) -> int:
+    return int(dy.size * f.shape[0] * f.shape[1] * f.shape[2])
 
 
 @registry.register_kernel_factory("Conv2D")
@@ -309,7 +381,7 @@ def _conv2d_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     def conv2d_kernel(x: np.ndarray, f: np.ndarray) -> Any:
         return _conv2d(x, f, s, d, padding, explicit)
 
-    return _in_nhwc(conv2d_kernel, nchw), _conv_kind(op)
+    return _sized(op, _in_nhwc(conv2d_kernel, nchw), _conv_macs(s))
 
 
 def _conv2d(x: np.ndarray, f: np.ndarray, s: tuple[int, int], d: tuple[int, int],
@@ -342,7 +414,7 @@ def _depthwise_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     def depthwise_kernel(x: np.ndarray, f: np.ndarray) -> Any:
         return _depthwise(x, f, s, d, padding, explicit)
 
-    return _in_nhwc(depthwise_kernel, nchw), _conv_kind(op)
+    return _sized(op, _in_nhwc(depthwise_kernel, nchw), _conv_macs(s))
 
 
 def _depthwise(x: np.ndarray, f: np.ndarray, s: tuple[int, int], d: tuple[int, int],
@@ -386,7 +458,7 @@ def _fused_conv_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
             np.clip(y, 0, 6, out=y)
         return y
 
-    return fused_conv_kernel, _conv_kind(op)
+    return _sized(op, fused_conv_kernel, _conv_macs(s))
 
 
 def _pool_reduce(x: np.ndarray, k: tuple[int, int], s: tuple[int, int], padding: str,
@@ -433,14 +505,14 @@ def _conv_backprop_input_kernel(op: Operation) -> tuple[Callable[..., Any], int]
         return buf[:, ph[0]:ph[0] + h, pw[0]:pw[0] + w, :].astype(dy.dtype, copy=False)
 
     if not nchw:
-        return backprop_input_kernel, _conv_kind(op)
+        return _sized(op, backprop_input_kernel, _backprop_macs)
 
     def nchw_kernel(sizes: np.ndarray, f: np.ndarray, dy: np.ndarray) -> Any:
         nhwc = np.asarray(sizes)[[0, 2, 3, 1]]
         y = backprop_input_kernel(nhwc, f, np.transpose(dy, (0, 2, 3, 1)))
         return np.ascontiguousarray(np.transpose(y, (0, 3, 1, 2)))
 
-    return nchw_kernel, _conv_kind(op)
+    return _sized(op, nchw_kernel, _backprop_macs)
 
 
 def _lowest(dtype: np.dtype[Any]) -> Any:
