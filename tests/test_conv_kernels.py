@@ -262,42 +262,73 @@ def _unknown_batch_conv(kind: str, c: int, k: int, o: int, seed: int) -> tuple[A
     return x, y
 
 
-def _threads_of_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Record, per convolution call, whether it ran on the main thread."""
+def _calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int, bool]]:
+    """Record, per convolution call: on the main thread?, its batch, and whether its
+    GEMMs may boost BLAS (not when it is one part of a split batch)."""
     import threading
 
     from asyncflow.ops import conv_ops
 
-    calls: list[bool] = []
+    calls: list[tuple[bool, int, bool]] = []
     for name in ("_conv2d", "_depthwise"):
         real = getattr(conv_ops, name)
 
-        def spy(*args: Any, _real: Any = real) -> Any:
-            calls.append(threading.current_thread() is threading.main_thread())
-            return _real(*args)
+        def spy(x: np.ndarray, *args: Any, _real: Any = real) -> Any:
+            calls.append((threading.current_thread() is threading.main_thread(),
+                          x.shape[0], not getattr(conv_ops._part, "active", False)))
+            return _real(x, *args)
 
         monkeypatch.setattr(conv_ops, name, spy)
     return calls
 
 
+TWO_THREADS = af.SessionConfig(inter_op_parallelism_threads=2)
+
+
 @pytest.mark.parametrize("kind", ["conv", "depthwise", "fused"])
 def test_an_unknown_batch_is_sized_by_the_fed_input(kind: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Batch 1 runs inline on the loop; the same graph fed batch 8 crosses the
-    threshold and runs on a worker thread of the device (where BLAS may be boosted)."""
+    """Batch 1 runs inline on the loop; the same graph fed batch 8 crosses the threshold
+    and runs on the device's worker threads, split in parts (two per thread, one BLAS
+    thread each) when the device has two threads and the machine two cores."""
     from asyncflow.ops import conv_ops
+    from asyncflow.runtime.devices import available_cores
 
     x, y = _unknown_batch_conv(kind, 4, 3, 4, seed=5)
     one = np.random.default_rng(0).standard_normal((1, 6, 6, 4))
     eight = np.repeat(one, 8, axis=0)
     per_image = 6 * 6 * 4 * 3 * 3 * (4 if kind != "depthwise" else 1)
     monkeypatch.setattr(conv_ops, "_EXPENSIVE_MACS", 4 * per_image)
-    calls = _threads_of_calls(monkeypatch)
-    with af.Session(graph=y.graph) as sess:
+    calls = _calls(monkeypatch)
+    with af.Session(graph=y.graph, config=TWO_THREADS) as sess:
         small = sess.run_sync(y, {x: one})
         large = sess.run_sync(y, {x: eight})
-    assert calls == [True, False]
-    np.testing.assert_allclose(large, np.repeat(small, 8, axis=0), rtol=1e-12)
+        assert calls[0] == (True, 1, True)
+        split = [(False, 2, False)] * 4 if available_cores() >= 2 else [(False, 8, True)]
+        assert calls[1:] == split
+        np.testing.assert_allclose(large, np.repeat(small, 8, axis=0), rtol=1e-12)
+        # A batch of one above the threshold is one call on a thread (it may boost).
+        del calls[:]
+        monkeypatch.setattr(conv_ops, "_EXPENSIVE_MACS", per_image // 2)
+        np.testing.assert_allclose(sess.run_sync(y, {x: one}), small, rtol=1e-12)
+        assert calls == [(False, 1, True)]
+
+
+def test_a_failing_part_of_a_split_batch_fails_the_node(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first part's error is the node's (not an exception group); the session stays
+    usable."""
+    from asyncflow.ops import conv_ops
+
+    monkeypatch.setattr(conv_ops, "_EXPENSIVE_MACS", 1)
+    with af.Graph().as_default() as graph:
+        x = af.placeholder(af.float64, [None, None, None, None], name="x")
+        y = af.nn.conv2d(x, af.constant(np.ones((3, 3, 4, 2))), 1, "SAME", name="conv")
+    with af.Session(graph=graph, config=TWO_THREADS) as sess:
+        with pytest.raises(af.errors.InvalidArgumentError,
+                           match=r"(?s)^ValueError: input depth 3 does not match.*node conv "):
+            sess.run_sync(y, {x: np.ones((8, 5, 5, 3))})
+        assert sess.run_sync(y, {x: np.ones((8, 5, 5, 4))}).shape == (8, 5, 5, 2)
 
 
 @settings(max_examples=40, deadline=None)
