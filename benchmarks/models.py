@@ -446,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"asyncflow real-model benchmark ({'quick: not a measurement' if args.quick else 'full'}"
           f"): {len(specs)} models, {rounds} interleaved rounds, {os.cpu_count()} CPUs, "
           f"1-min load average at start {load:.2f}, {time.perf_counter() - started:.0f} s")
+    print(blas_line())
     print("times in ms per call; TF = TF 1.x default config (Grappler on), noG = every graph "
           "optimizer off; spread = p90 / p10 of the call times" +
           ("" if tf is not None else "; TF not measured"))
@@ -454,6 +455,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
     return 1 if any(r.error for r in rows) else 0
+
+
+def blas_line() -> str:
+    """numpy's BLAS and the kernels it runs: the per-core GEMM speed behind every conv
+    figure.  OpenBLAS runs the kernels ``OPENBLAS_CORETYPE`` names, else those it detects;
+    on a Zen 5 EPYC (AVX-512) Haswell's AVX2 GEMM ran at 26-59 GMAC/s on one core,
+    SkylakeX's at 83-118, TF's own at 77-124."""
+    from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
+
+    libs = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture', '?')} "
+            f"kernels)" for i in threadpool_info() if i.get("user_api") == "blas"]
+    chosen = os.environ.get("OPENBLAS_CORETYPE")
+    return (f"numpy BLAS: {', '.join(libs) or 'none found'}; OPENBLAS_CORETYPE="
+            f"{chosen or 'unset'}")
 
 
 if __name__ == "__main__":

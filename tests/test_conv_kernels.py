@@ -289,7 +289,7 @@ TWO_THREADS = af.SessionConfig(inter_op_parallelism_threads=2)
 def test_an_unknown_batch_is_sized_by_the_fed_input(kind: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Batch 1 runs inline on the loop; the same graph fed batch 8 crosses the threshold
-    and runs on the device's worker threads, split in parts (two per thread, one BLAS
+    and runs on the device's worker threads, split in parts (one per thread, one BLAS
     thread each) when the device has two threads and the machine two cores."""
     from asyncflow.ops import conv_ops
     from asyncflow.runtime.devices import available_cores
@@ -304,7 +304,7 @@ def test_an_unknown_batch_is_sized_by_the_fed_input(kind: str,
         small = sess.run_sync(y, {x: one})
         large = sess.run_sync(y, {x: eight})
         assert calls[0] == (True, 1, True)
-        split = [(False, 2, False)] * 4 if available_cores() >= 2 else [(False, 8, True)]
+        split = [(False, 4, False)] * 2 if available_cores() >= 2 else [(False, 8, True)]
         assert calls[1:] == split
         np.testing.assert_allclose(large, np.repeat(small, 8, axis=0), rtol=1e-12)
         # A batch of one above the threshold is one call on a thread (it may boost).
