@@ -70,6 +70,7 @@ class ModelSpec:
     family: str = "text"          # "conv" | "text"
     rtol: float = 1e-4
     atol: float = 1e-5
+    strings: list[str] = field(default_factory=list)  # string inputs, stored as uint8 bytes
 
 
 # -- discovery --------------------------------------------------------------------------
@@ -112,7 +113,8 @@ def manifest_models(manifest: Path) -> list[ModelSpec]:
             [i["name"] for i in m["inputs"]], list(m["outputs"]),
             str(manifest.parent / values) if values else None,
             _family(set(m.get("op_types", ()))),
-            float(m.get("rtol", 1e-4)), float(m.get("atol", 1e-5))))
+            float(m.get("rtol", 1e-4)), float(m.get("atol", 1e-5)),
+            [i["name"] for i in m["inputs"] if i.get("dtype") == "string"]))
     return out
 
 
@@ -124,7 +126,11 @@ def recorded(spec: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, np.ndarr
         return {}, {}
     data = np.load(spec.values, allow_pickle=False)
     feed, fetch = ("input/", "output/") if spec.kind == "saved_model" else ("feed/", "fetch/")
-    return ({k: data[feed + k] for k in spec.inputs if feed + k in data.files},
+    feeds = {k: data[feed + k] for k in spec.inputs if feed + k in data.files}
+    for k in spec.strings:  # (a zoo manifest stores a string feed as its bytes)
+        if k in feeds:
+            feeds[k] = np.array(feeds[k].tobytes(), dtype=object)
+    return (feeds,
             {k: data[fetch + k] for k in spec.outputs if fetch + k in data.files})
 
 
