@@ -357,14 +357,25 @@ def test_run_time_sized_convolutions_match_the_static_ones(
 
 def test_run_time_sizing_keeps_static_decisions() -> None:
     """A convolution whose shapes are all known is decided once, when the plan is made
-    (no sizing per run)."""
+    (no sizing per run); so is one whose images are too small for any batch to need a
+    thread."""
     from asyncflow.framework import registry
 
     with af.Graph().as_default():
         x = af.placeholder(af.float32, [1, 8, 8, 4])
         y = af.nn.conv2d(x, af.constant(np.ones((3, 3, 4, 4), np.float32)), 1, "SAME")
+        # Only the batch free, small images: inline at any batch (the plan keeps the
+        # executor's all-inline path).
         z = af.nn.conv2d(af.placeholder(af.float32, [None, 8, 8, 4]),
                          af.constant(np.ones((3, 3, 4, 4), np.float32)), 1, "SAME")
+        # Images below the threshold of which four would cross it.
+        big = af.nn.conv2d(af.placeholder(af.float32, [None, 32, 32, 64]),
+                           af.constant(np.ones((3, 3, 64, 8), np.float32)), 1, "SAME")
+        free = af.nn.conv2d(af.placeholder(af.float32, [None, None, None, 4]),
+                            af.constant(np.ones((3, 3, 4, 4), np.float32)), 1, "SAME")
     kdef = registry.get_kernel("Conv2D", "CPU")
     assert kdef.instantiate(y.op)[1] == registry.INLINE
-    assert kdef.instantiate(z.op)[1] == registry.ASYNC
+    assert kdef.instantiate(z.op)[1] == registry.INLINE
+    assert 32 * 32 * 8 * 9 * 64 < 1 << 24 <= 32 * 32 * 8 * 9 * 64 * 4
+    assert kdef.instantiate(big.op)[1] == registry.ASYNC
+    assert kdef.instantiate(free.op)[1] == registry.ASYNC

@@ -57,6 +57,14 @@ _BOOST_MACS = 1 << 24
 #: against 2**20), and under load each hop may wait for a core.
 _EXPENSIVE_MACS = _BOOST_MACS
 
+#: A convolution with a free batch is sized at run time only when this batch of its
+#: images would reach ``_EXPENSIVE_MACS``; smaller ones stay inline whatever the batch.
+#: The run-time decision makes the kernel an async one, and a plan with an async node
+#: loses the executor's all-inline path: the 32x32 zoo models' batch-1 steps took
+#: 0.05-0.1 ms (15-20%) longer, and their batch-8 convolutions (resnet_v1_block's 2.4M
+#: multiply-adds per image) were no faster on threads.
+_SIZED_BATCH = 4
+
 _FLOATS = (dtypes.float16, dtypes.float32, dtypes.float64)
 
 
@@ -333,10 +341,19 @@ def _sized(op: Operation, kernel: Callable[..., Any], macs: Callable[..., int],
     static = _static_macs(op)
     if static is not None and static[1] and static[0] < _EXPENSIVE_MACS:
         return kernel, registry.INLINE
+    if static is not None and _only_batch_free(op) and static[0] * _SIZED_BATCH < _EXPENSIVE_MACS:
+        return kernel, registry.INLINE  # small images: inline at any batch worth serving
     batch = op._outputs[0]._shape[0] if op._outputs[0]._shape.rank else None
     if static is not None and static[0] >= _EXPENSIVE_MACS and batch == 1:
         return kernel, registry.EXPENSIVE
     return _RunTimeSized(kernel, macs, split), registry.ASYNC
+
+
+def _only_batch_free(op: Operation) -> bool:
+    """Every dimension of the output and the filter is known but the batch."""
+    out = op._outputs[0]._shape
+    return (out.rank == 4 and all(d is not None for d in out.as_list()[1:])
+            and op._inputs[1]._shape.is_fully_defined())
 
 
 class _RunTimeSized:
