@@ -70,6 +70,7 @@ class ModelSpec:
     family: str = "text"          # "conv" | "text"
     rtol: float = 1e-4
     atol: float = 1e-5
+    strings: list[str] = field(default_factory=list)  # string inputs, stored as uint8 bytes
 
 
 # -- discovery --------------------------------------------------------------------------
@@ -112,7 +113,8 @@ def manifest_models(manifest: Path) -> list[ModelSpec]:
             [i["name"] for i in m["inputs"]], list(m["outputs"]),
             str(manifest.parent / values) if values else None,
             _family(set(m.get("op_types", ()))),
-            float(m.get("rtol", 1e-4)), float(m.get("atol", 1e-5))))
+            float(m.get("rtol", 1e-4)), float(m.get("atol", 1e-5)),
+            [i["name"] for i in m["inputs"] if i.get("dtype") == "string"]))
     return out
 
 
@@ -124,7 +126,11 @@ def recorded(spec: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, np.ndarr
         return {}, {}
     data = np.load(spec.values, allow_pickle=False)
     feed, fetch = ("input/", "output/") if spec.kind == "saved_model" else ("feed/", "fetch/")
-    return ({k: data[feed + k] for k in spec.inputs if feed + k in data.files},
+    feeds = {k: data[feed + k] for k in spec.inputs if feed + k in data.files}
+    for k in spec.strings:  # (a zoo manifest stores a string feed as its bytes)
+        if k in feeds:
+            feeds[k] = np.array(feeds[k].tobytes(), dtype=object)
+    return (feeds,
             {k: data[fetch + k] for k in spec.outputs if fetch + k in data.files})
 
 
@@ -446,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"asyncflow real-model benchmark ({'quick: not a measurement' if args.quick else 'full'}"
           f"): {len(specs)} models, {rounds} interleaved rounds, {os.cpu_count()} CPUs, "
           f"1-min load average at start {load:.2f}, {time.perf_counter() - started:.0f} s")
+    print(blas_line())
     print("times in ms per call; TF = TF 1.x default config (Grappler on), noG = every graph "
           "optimizer off; spread = p90 / p10 of the call times" +
           ("" if tf is not None else "; TF not measured"))
@@ -454,6 +461,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
     return 1 if any(r.error for r in rows) else 0
+
+
+def blas_line() -> str:
+    """numpy's BLAS and the kernels it runs: the per-core GEMM speed behind every conv
+    figure.  OpenBLAS runs the kernels ``OPENBLAS_CORETYPE`` names, else those it detects;
+    on a Zen 5 EPYC (AVX-512) Haswell's AVX2 GEMM ran at 26-59 GMAC/s on one core,
+    SkylakeX's at 83-118, TF's own at 77-124."""
+    from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
+
+    libs = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture', '?')} "
+            f"kernels)" for i in threadpool_info() if i.get("user_api") == "blas"]
+    chosen = os.environ.get("OPENBLAS_CORETYPE")
+    return (f"numpy BLAS: {', '.join(libs) or 'none found'}; OPENBLAS_CORETYPE="
+            f"{chosen or 'unset'}")
 
 
 if __name__ == "__main__":

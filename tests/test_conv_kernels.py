@@ -242,3 +242,140 @@ def test_a_zero_pad_before_a_valid_convolution_becomes_its_padding(depthwise: bo
     with af.Session(graph=graph) as fast, af.Session(graph=graph, config=L0) as plain:
         np.testing.assert_allclose(fast.run_sync(y, feed), plain.run_sync(y, feed),
                                    rtol=1e-5, atol=1e-5)
+
+
+# -- run-time sizing ----------------------------------------------------------------------
+
+def _unknown_batch_conv(kind: str, c: int, k: int, o: int, seed: int) -> tuple[Any, Any]:
+    """A convolution of a placeholder whose batch is unknown (as every exported model's)."""
+    rng = np.random.default_rng(seed)
+    with af.Graph().as_default():
+        x = af.placeholder(af.float64, [None, None, None, c], name="x")
+        f = af.constant(rng.standard_normal((k, k, c, o if kind != "depthwise" else 1)))
+        if kind == "depthwise":
+            y = af.nn.depthwise_conv2d(x, f, [1, 1, 1, 1], "SAME")
+        elif kind == "fused":
+            y = af.nn.relu(af.nn.bias_add(af.nn.conv2d(x, f, 1, "SAME"),
+                                          af.constant(rng.standard_normal(o))))
+        else:
+            y = af.nn.conv2d(x, f, 1, "SAME")
+    return x, y
+
+
+def _calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int, bool]]:
+    """Record, per convolution call: on the main thread?, its batch, and whether its
+    GEMMs may boost BLAS (not when it is one part of a split batch)."""
+    import threading
+
+    from asyncflow.ops import conv_ops
+
+    calls: list[tuple[bool, int, bool]] = []
+    for name in ("_conv2d", "_depthwise"):
+        real = getattr(conv_ops, name)
+
+        def spy(x: np.ndarray, *args: Any, _real: Any = real) -> Any:
+            calls.append((threading.current_thread() is threading.main_thread(),
+                          x.shape[0], not getattr(conv_ops._part, "active", False)))
+            return _real(x, *args)
+
+        monkeypatch.setattr(conv_ops, name, spy)
+    return calls
+
+
+TWO_THREADS = af.SessionConfig(inter_op_parallelism_threads=2)
+
+
+@pytest.mark.parametrize("kind", ["conv", "depthwise", "fused"])
+def test_an_unknown_batch_is_sized_by_the_fed_input(kind: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch 1 runs inline on the loop; the same graph fed batch 8 crosses the threshold
+    and runs on the device's worker threads, split in parts (one per thread, one BLAS
+    thread each) when the device has two threads and the machine two cores."""
+    from asyncflow.ops import conv_ops
+    from asyncflow.runtime.devices import available_cores
+
+    x, y = _unknown_batch_conv(kind, 4, 3, 4, seed=5)
+    one = np.random.default_rng(0).standard_normal((1, 6, 6, 4))
+    eight = np.repeat(one, 8, axis=0)
+    per_image = 6 * 6 * 4 * 3 * 3 * (4 if kind != "depthwise" else 1)
+    monkeypatch.setattr(conv_ops, "_EXPENSIVE_MACS", 4 * per_image)
+    calls = _calls(monkeypatch)
+    with af.Session(graph=y.graph, config=TWO_THREADS) as sess:
+        small = sess.run_sync(y, {x: one})
+        large = sess.run_sync(y, {x: eight})
+        assert calls[0] == (True, 1, True)
+        split = [(False, 4, False)] * 2 if available_cores() >= 2 else [(False, 8, True)]
+        assert calls[1:] == split
+        np.testing.assert_allclose(large, np.repeat(small, 8, axis=0), rtol=1e-12)
+        # A batch of one above the threshold is one call on a thread (it may boost).
+        del calls[:]
+        monkeypatch.setattr(conv_ops, "_EXPENSIVE_MACS", per_image // 2)
+        np.testing.assert_allclose(sess.run_sync(y, {x: one}), small, rtol=1e-12)
+        assert calls == [(False, 1, True)]
+
+
+def test_a_failing_part_of_a_split_batch_fails_the_node(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first part's error is the node's (not an exception group); the session stays
+    usable."""
+    from asyncflow.ops import conv_ops
+
+    monkeypatch.setattr(conv_ops, "_EXPENSIVE_MACS", 1)
+    with af.Graph().as_default() as graph:
+        x = af.placeholder(af.float64, [None, None, None, None], name="x")
+        y = af.nn.conv2d(x, af.constant(np.ones((3, 3, 4, 2))), 1, "SAME", name="conv")
+    with af.Session(graph=graph, config=TWO_THREADS) as sess:
+        with pytest.raises(af.errors.InvalidArgumentError,
+                           match=r"(?s)^ValueError: input depth 3 does not match.*node conv "):
+            sess.run_sync(y, {x: np.ones((8, 5, 5, 3))})
+        assert sess.run_sync(y, {x: np.ones((8, 5, 5, 4))}).shape == (8, 5, 5, 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(["conv", "depthwise", "fused"]), n=st.integers(1, 3),
+       h=st.integers(1, 6), c=st.integers(1, 3), k=st.integers(1, 3),
+       threshold=st.integers(1, 400), seed=st.integers(0, 2**16))
+def test_run_time_sized_convolutions_match_the_static_ones(
+        kind: str, n: int, h: int, c: int, k: int, threshold: int, seed: int) -> None:
+    """Whichever side of the threshold the fed input falls, the result is the kernel's:
+    the same graph with static shapes (constants) is the oracle."""
+    from asyncflow.ops import conv_ops
+
+    x, y = _unknown_batch_conv(kind, c, k, 2, seed)
+    feed = np.random.default_rng(seed).standard_normal((n, h, h + 1, c))
+    with af.Session(graph=y.graph, config=L0) as sess:
+        static = sess.run_sync(y, {x: feed})   # L0 folds nothing: shapes stay unknown
+    saved = conv_ops._EXPENSIVE_MACS
+    conv_ops._EXPENSIVE_MACS = threshold
+    try:
+        with af.Session(graph=y.graph) as sess:
+            got = sess.run_sync(y, {x: feed})
+    finally:
+        conv_ops._EXPENSIVE_MACS = saved
+    np.testing.assert_allclose(got, static, rtol=1e-12, atol=1e-12)
+
+
+def test_run_time_sizing_keeps_static_decisions() -> None:
+    """A convolution whose shapes are all known is decided once, when the plan is made
+    (no sizing per run); so is one whose images are too small for any batch to need a
+    thread."""
+    from asyncflow.framework import registry
+
+    with af.Graph().as_default():
+        x = af.placeholder(af.float32, [1, 8, 8, 4])
+        y = af.nn.conv2d(x, af.constant(np.ones((3, 3, 4, 4), np.float32)), 1, "SAME")
+        # Only the batch free, small images: inline at any batch (the plan keeps the
+        # executor's all-inline path).
+        z = af.nn.conv2d(af.placeholder(af.float32, [None, 8, 8, 4]),
+                         af.constant(np.ones((3, 3, 4, 4), np.float32)), 1, "SAME")
+        # Images below the threshold of which four would cross it.
+        big = af.nn.conv2d(af.placeholder(af.float32, [None, 32, 32, 64]),
+                           af.constant(np.ones((3, 3, 64, 8), np.float32)), 1, "SAME")
+        free = af.nn.conv2d(af.placeholder(af.float32, [None, None, None, 4]),
+                            af.constant(np.ones((3, 3, 4, 4), np.float32)), 1, "SAME")
+    kdef = registry.get_kernel("Conv2D", "CPU")
+    assert kdef.instantiate(y.op)[1] == registry.INLINE
+    assert kdef.instantiate(z.op)[1] == registry.INLINE
+    assert 32 * 32 * 8 * 9 * 64 < 1 << 24 <= 32 * 32 * 8 * 9 * 64 * 4
+    assert kdef.instantiate(big.op)[1] == registry.ASYNC
+    assert kdef.instantiate(free.op)[1] == registry.ASYNC

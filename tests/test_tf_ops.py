@@ -87,13 +87,23 @@ def test_python_values_take_the_inputs_dtype(graph: af.Graph) -> None:
 
 def test_big_conv_runs_on_a_worker_thread(graph: af.Graph) -> None:
     from asyncflow.framework import registry
+    from asyncflow.runtime.resources import WOULD_BLOCK
 
     x = af.placeholder(af.float32, (8, 64, 64, 16))
     big = af.nn.conv2d(x, np.ones((3, 3, 16, 32), np.float32), 1, "SAME")
     small = af.nn.conv2d(af.placeholder(af.float32, (1, 4, 4, 1)),
                          np.ones((1, 1, 1, 1), np.float32), 1, "SAME")
-    assert registry.get_kernel("Conv2D").instantiate(big.op)[1] == registry.EXPENSIVE
-    assert registry.get_kernel("Conv2D").instantiate(small.op)[1] == registry.INLINE
+    one = af.nn.conv2d(af.placeholder(af.float32, (1, 128, 128, 16)),
+                       np.ones((3, 3, 16, 32), np.float32), 1, "SAME")
+    kdef = registry.get_kernel("Conv2D")
+    # A batch is split across the device's threads when it runs: an async kernel whose
+    # nowait twin declines to compute it on the loop.
+    kernel, kind = kdef.instantiate(big.op)
+    assert kind == registry.ASYNC
+    assert kernel.nowait(np.zeros((8, 64, 64, 16), np.float32),
+                         np.ones((3, 3, 16, 32), np.float32)) is WOULD_BLOCK
+    assert kdef.instantiate(one.op)[1] == registry.EXPENSIVE
+    assert kdef.instantiate(small.op)[1] == registry.INLINE
 
 
 def test_pooling_references(graph: af.Graph) -> None:

@@ -10,10 +10,12 @@ Geometry follows TensorFlow exactly: ``VALID`` uses no padding; ``SAME`` gives
 (the extra row/column at the bottom/right); ``EXPLICIT`` takes TF's
 ``explicit_paddings`` (8 ints, ``[before, after]`` per dimension in data format order).
 
-A convolution whose static size says it is worth a thread hop (``_EXPENSIVE_MACS``
-multiply-adds or more, unknown dimensions counted as 1) is marked expensive so it
-runs on a worker thread of its device; numpy's BLAS releases the GIL meanwhile, and
-a GEMM that large gets more BLAS threads when its kernel runs alone (:func:`_gemm`).
+A convolution worth a thread hop (``_EXPENSIVE_MACS`` multiply-adds or more) runs on a
+worker thread of its device; numpy's BLAS releases the GIL meanwhile, and a GEMM that
+large gets more BLAS threads when its kernel runs alone (:func:`_gemm`).  Smaller ones
+run inline.  The static shapes decide when they are known; a graph with an unknown
+batch (every exported model) is sized by its fed input at run time instead
+(:class:`_RunTimeSized`), so the same graph runs batch 1 inline and batch 8 threaded.
 A 1x1 convolution is a plain GEMM of the pixels; a depthwise convolution one
 ``einsum`` over the window view; ``_FusedConv2D`` (made by the optimizer, see
 ``asyncflow.compiler.fold_batchnorm``) adds the bias and clamps in place.
@@ -21,7 +23,10 @@ A 1x1 convolution is a plain GEMM of the pixels; a depthwise convolution one
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,7 +38,9 @@ from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape
 from asyncflow.ops._base import define_op, make_op
-from asyncflow.runtime.devices import blas_governor
+from asyncflow.runtime.cancellation import running_step
+from asyncflow.runtime.devices import LocalDevice, available_cores, blas_governor
+from asyncflow.runtime.resources import WOULD_BLOCK
 
 __all__ = ["avg_pool", "conv2d", "conv2d_transpose", "depthwise_conv2d", "max_pool"]
 
@@ -49,6 +56,14 @@ _BOOST_MACS = 1 << 24
 #: convolution (batch-1 latency 0.76 -> 0.41 ms, batch-8 time 68 -> 18 ms measured
 #: against 2**20), and under load each hop may wait for a core.
 _EXPENSIVE_MACS = _BOOST_MACS
+
+#: A convolution with a free batch is sized at run time only when this batch of its
+#: images would reach ``_EXPENSIVE_MACS``; smaller ones stay inline whatever the batch.
+#: The run-time decision makes the kernel an async one, and a plan with an async node
+#: loses the executor's all-inline path: the 32x32 zoo models' batch-1 steps took
+#: 0.05-0.1 ms (15-20%) longer, and their batch-8 convolutions (resnet_v1_block's 2.4M
+#: multiply-adds per image) were no faster on threads.
+_SIZED_BATCH = 4
 
 _FLOATS = (dtypes.float16, dtypes.float32, dtypes.float64)
 
@@ -221,13 +236,21 @@ define_op("AvgPool", _pool_shape)
 # -- kernels ---------------------------------------------------------------------------
 
 def _pad(x: np.ndarray, ph: tuple[int, int], pw: tuple[int, int], value: Any) -> np.ndarray:
-    """``x`` (NHWC) padded spatially with ``value``: one fill and one copy (``np.pad``
-    costs tens of microseconds of Python per call on top)."""
+    """``x`` (NHWC) padded spatially with ``value``: the border filled, the inside copied
+    once (``np.pad`` costs tens of microseconds of Python per call on top, and filling
+    the whole buffer first writes the inside twice: a batch-8 MobileNet step spent 6%
+    of its time there)."""
     if not (ph[0] or ph[1] or pw[0] or pw[1]):
         return x
     n, h, w, c = x.shape
-    out = np.full((n, h + ph[0] + ph[1], w + pw[0] + pw[1], c), value, x.dtype)
-    out[:, ph[0]:ph[0] + h, pw[0]:pw[0] + w, :] = x
+    top, left = ph[0], pw[0]
+    bottom, right = top + h, left + w
+    out = np.empty((n, bottom + ph[1], right + pw[1], c), x.dtype)
+    out[:, :top] = value
+    out[:, bottom:] = value
+    out[:, top:bottom, :left] = value
+    out[:, top:bottom, right:] = value
+    out[:, top:bottom, left:right] = x
     return out
 
 
@@ -252,7 +275,7 @@ def _tap(x: np.ndarray, i: int, j: int, oh: int, ow: int, s: tuple[int, int]) ->
 def _gemm(a: np.ndarray, b: np.ndarray) -> Any:
     """``a @ b``; a product large enough to gain from BLAS threads gets its share of the
     cores for the call (see :class:`asyncflow.runtime.devices.BlasGovernor`)."""
-    if a.shape[0] * a.shape[1] * b.shape[1] < _BOOST_MACS:
+    if a.shape[0] * a.shape[1] * b.shape[1] < _BOOST_MACS or getattr(_part, "active", False):
         return a @ b
     with blas_governor().boost():
         return a @ b
@@ -291,15 +314,138 @@ def _in_nhwc(fn: Callable[..., Any], nchw: bool) -> Callable[..., Any]:
     return nchw_kernel
 
 
-def _conv_kind(op: Operation) -> int:
+def _static_macs(op: Operation) -> tuple[int, bool] | None:
+    """The op's multiply-adds by its static shapes (unknown dimensions counted as 1) and
+    whether every dimension was known; None when a rank is unknown."""
     out = op._outputs[0]._shape
     f = op._inputs[1]._shape
     if out.rank is None or f.rank is None:
-        return registry.EXPENSIVE
+        return None
     kh, kw, c, _ = (d or 1 for d in f)
     depthwise = op._attrs.get("conv_op", op._type) != "Conv2D"
     macs = math.prod(d or 1 for d in out) * kh * kw * (1 if depthwise else c)
-    return registry.EXPENSIVE if macs >= _EXPENSIVE_MACS else registry.INLINE
+    known = out.is_fully_defined() and f.is_fully_defined()
+    return macs, known
+
+
+def _sized(op: Operation, kernel: Callable[..., Any], macs: Callable[..., int],
+           split: bool = True) -> tuple[Callable[..., Any], int]:
+    """``kernel`` and its kind: decided now when the static shapes settle it (small: inline;
+    large with a batch of 1: a worker thread), else by the inputs' actual size at run
+    time (:class:`_RunTimeSized`, which may also ``split`` a batch across threads).
+
+    A graph built with an unknown batch (every exported model) would otherwise be sized
+    as batch 1, and a batch-8 convolution run inline on the event loop with one BLAS
+    thread.
+    """
+    static = _static_macs(op)
+    if static is not None and static[1] and static[0] < _EXPENSIVE_MACS:
+        return kernel, registry.INLINE
+    if static is not None and _only_batch_free(op) and static[0] * _SIZED_BATCH < _EXPENSIVE_MACS:
+        return kernel, registry.INLINE  # small images: inline at any batch worth serving
+    batch = op._outputs[0]._shape[0] if op._outputs[0]._shape.rank else None
+    if static is not None and static[0] >= _EXPENSIVE_MACS and batch == 1:
+        return kernel, registry.EXPENSIVE
+    return _RunTimeSized(kernel, macs, split), registry.ASYNC
+
+
+def _only_batch_free(op: Operation) -> bool:
+    """Every dimension of the output and the filter is known but the batch."""
+    out = op._outputs[0]._shape
+    return (out.rank == 4 and all(d is not None for d in out.as_list()[1:])
+            and op._inputs[1]._shape.is_fully_defined())
+
+
+class _RunTimeSized:
+    """A kernel that runs inline when its inputs are small and on the worker threads of
+    the step's device when they are large.
+
+    The executor calls :meth:`nowait` first, like an inline kernel: it computes at once
+    below ``_EXPENSIVE_MACS`` multiply-adds (a few microseconds to size), else answers
+    ``WOULD_BLOCK`` and the executor awaits the call, which hops to the device's threads.
+    A batch of several images is split into parts, one kernel call each on one of the
+    device's threads (one BLAS thread each): every part of the convolution (window copy,
+    GEMM, depthwise einsum, bias, clamp) runs on all the cores.  (A GEMM boosted to
+    several BLAS threads parallelises the GEMM only, and on a loaded machine waits for
+    its slowest helper thread: ResNet50 64px batch 8 had a 140 ms median for a 40 ms
+    minimum, split 48 ms for 45.)
+    A single image is one call, whose large GEMMs may get BLAS threads (:func:`_gemm`).
+    """
+
+    __slots__ = ("_kernel", "_macs", "_split")
+
+    def __init__(self, kernel: Callable[..., Any], macs: Callable[..., int],
+                 split: bool) -> None:
+        self._kernel = kernel
+        self._macs = macs
+        self._split = split
+
+    def nowait(self, *args: Any) -> Any:
+        if self._macs(*args) < _EXPENSIVE_MACS:
+            return self._kernel(*args)
+        return WOULD_BLOCK
+
+    async def __call__(self, *args: Any) -> Any:
+        device = _step_device()
+        if device is None:  # (not run by a step's executor: nothing to hop to)
+            return self._kernel(*args)
+        parts = _parts(args[0].shape[0] if args[0].ndim else 1, device) if self._split else 1
+        if parts <= 1:
+            return await device.run_in_thread(self._kernel, *args)
+        x, *rest = args
+        cuts = [len(x) * i // parts for i in range(parts + 1)]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(device.run_in_thread(
+                    _unboosted, self._kernel, x[a:b], *rest)) for a, b in itertools.pairwise(cuts)]
+        except BaseExceptionGroup as eg:  # the first failure, as one kernel call raises it
+            raise eg.exceptions[0] from None
+        return np.concatenate([t.result() for t in tasks])
+
+
+def _parts(batch: int, device: LocalDevice) -> int:
+    """How many parts a batch is split into: one per thread that can run at once, one
+    image at least per part.  (Two per thread, so that a thread finishing early takes
+    another, cost more in thread hops than they saved: ResNet50 64px batch 8 at 56 ms
+    minimum against 45 ms, measured interleaved on a loaded 2-core machine.)"""
+    width = min(device.max_threads, available_cores())
+    return 1 if width < 2 else min(batch, width)
+
+
+_part = threading.local()   # .active: this thread computes one part of a split batch
+
+
+def _unboosted(kernel: Callable[..., Any], *args: Any) -> Any:
+    """``kernel(*args)`` as one part of a split batch: its GEMMs keep one BLAS thread (the
+    other parts use the other cores)."""
+    _part.active = True
+    try:
+        return kernel(*args)
+    finally:
+        _part.active = False
+
+
+def _step_device() -> LocalDevice | None:
+    """The device whose step is running this kernel (None outside a step)."""
+    bound = getattr(running_step.get(), "_bound", None)
+    device = getattr(bound, "device", None)
+    return device if isinstance(device, LocalDevice) else None
+
+
+def _conv_macs(s: tuple[int, int]) -> Callable[..., int]:
+    """About the multiply-adds of a convolution (``Conv2D`` and depthwise alike) of
+    ``x`` by ``f`` with strides ``s``: each input element meets ``kh * kw * f.shape[3]``
+    filter taps (outputs, or outputs per channel), once per stride step."""
+    step = s[0] * s[1]
+
+    def macs(x: np.ndarray, f: np.ndarray, *_: Any) -> int:
+        return int(x.size * f.shape[0] * f.shape[1] * f.shape[3]) // step
+
+    return macs
+
+
+def _backprop_macs(sizes: np.ndarray, f: np.ndarray, dy: np.ndarray) -> int:
+    return int(dy.size * f.shape[0] * f.shape[1] * f.shape[2])
 
 
 @registry.register_kernel_factory("Conv2D")
@@ -309,7 +455,7 @@ def _conv2d_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     def conv2d_kernel(x: np.ndarray, f: np.ndarray) -> Any:
         return _conv2d(x, f, s, d, padding, explicit)
 
-    return _in_nhwc(conv2d_kernel, nchw), _conv_kind(op)
+    return _sized(op, _in_nhwc(conv2d_kernel, nchw), _conv_macs(s))
 
 
 def _conv2d(x: np.ndarray, f: np.ndarray, s: tuple[int, int], d: tuple[int, int],
@@ -342,7 +488,7 @@ def _depthwise_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     def depthwise_kernel(x: np.ndarray, f: np.ndarray) -> Any:
         return _depthwise(x, f, s, d, padding, explicit)
 
-    return _in_nhwc(depthwise_kernel, nchw), _conv_kind(op)
+    return _sized(op, _in_nhwc(depthwise_kernel, nchw), _conv_macs(s))
 
 
 def _depthwise(x: np.ndarray, f: np.ndarray, s: tuple[int, int], d: tuple[int, int],
@@ -386,7 +532,7 @@ def _fused_conv_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
             np.clip(y, 0, 6, out=y)
         return y
 
-    return fused_conv_kernel, _conv_kind(op)
+    return _sized(op, fused_conv_kernel, _conv_macs(s))
 
 
 def _pool_reduce(x: np.ndarray, k: tuple[int, int], s: tuple[int, int], padding: str,
@@ -433,14 +579,14 @@ def _conv_backprop_input_kernel(op: Operation) -> tuple[Callable[..., Any], int]
         return buf[:, ph[0]:ph[0] + h, pw[0]:pw[0] + w, :].astype(dy.dtype, copy=False)
 
     if not nchw:
-        return backprop_input_kernel, _conv_kind(op)
+        return _sized(op, backprop_input_kernel, _backprop_macs, split=False)
 
     def nchw_kernel(sizes: np.ndarray, f: np.ndarray, dy: np.ndarray) -> Any:
         nhwc = np.asarray(sizes)[[0, 2, 3, 1]]
         y = backprop_input_kernel(nhwc, f, np.transpose(dy, (0, 2, 3, 1)))
         return np.ascontiguousarray(np.transpose(y, (0, 3, 1, 2)))
 
-    return nchw_kernel, _conv_kind(op)
+    return _sized(op, nchw_kernel, _backprop_macs, split=False)
 
 
 def _lowest(dtype: np.dtype[Any]) -> Any:
