@@ -208,18 +208,34 @@ class Cluster:
         client = self.client
         assert client is not None
         failed = await self._install()
-        names = await self._bind_names(timeout_s, failed)
-        info = await client.scheduler.identity(n_workers=-1)
-        by_name = {str(w.get("name")): address for address, w in info["workers"].items()}
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for task, name in names.items():
-                    tg.create_task(self._adopt(task, name, by_name[name], failed))
-        except BaseExceptionGroup as group:
-            raise group.exceptions[0] from None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            names = await self._bind_names(timeout_s, failed, deadline)
+            by_name = await self._addresses_by_name()
+            if all(name in by_name for name in names.values()):
+                try:
+                    async with asyncio.TaskGroup() as tg:
+                        for task, name in names.items():
+                            tg.create_task(self._adopt(task, name, by_name[name], failed))
+                    break
+                except BaseExceptionGroup as group:
+                    exc = group.exceptions[0]
+                    by_name = await self._addresses_by_name()
+                    if not (isinstance(exc, errors.UnavailableError)
+                            and not all(name in by_name for name in names.values())):
+                        raise exc from None
+            # A worker seen a moment ago has left (Dask removes one that cannot load
+            # asyncflow once the service is installed, also while it is being adopted):
+            # bind again; _bind_names names it if it is still missing at the deadline.
+            await asyncio.sleep(0.1)
         self.assignment = {task: self.assignment[task] for task in self.tasks}  # in order
         self.names = names
         self._watch_task = asyncio.get_running_loop().create_task(self._health_watch())
+
+    async def _addresses_by_name(self) -> dict[str, str]:
+        """Worker name → address, of the workers in the cluster now."""
+        info = await self.client.scheduler.identity(n_workers=-1)
+        return {str(w.get("name")): address for address, w in info["workers"].items()}
 
     async def _install(self) -> dict[str, str]:
         """Register the worker service on every worker; worker address → why it failed.
@@ -241,10 +257,11 @@ class Cluster:
                 for address, reply in (replies or {}).items()
                 if reply.get("status") == "error"}
 
-    async def _bind_names(self, timeout_s: float, failed: Mapping[str, str]) -> dict[str, str]:
-        """Task → worker name: the pinned ones, the rest recorded on the scheduler."""
+    async def _bind_names(self, timeout_s: float, failed: Mapping[str, str],
+                          deadline: float) -> dict[str, str]:
+        """Task → worker name: the pinned ones, the rest recorded on the scheduler;
+        named workers missing at ``deadline`` fail naming them (and ``timeout_s``)."""
         client = self.client
-        deadline = time.monotonic() + timeout_s
         while True:
             info = await client.scheduler.identity(n_workers=-1)
             workers = info["workers"]
