@@ -157,11 +157,21 @@ def _check_outputs(v: Any, nout: int) -> Any:
 
 
 def _dead_fetch(bound: BoundPlan, k: int, v: Dead) -> errors.InvalidArgumentError:
+    """The error of fetch ``k`` holding a dead value, naming the user's tensor: a fetch
+    produced on another device arrives through a ``_Recv``, whose name the user never
+    wrote, so the Recv's ``tensor_name`` (the tensor sent) is named instead."""
     name, index = bound.plan.partition.retvals[k][1]
-    op = next((o for o, n in zip(bound.ops, bound.plan.nodes) if n.name == name), None)
+    at = next((i for i, n in enumerate(bound.plan.nodes) if n.name == name), None)
+    node = bound.plan.nodes[at] if at is not None else None
+    tensor, cause = f"{name}:{index}", f"the untaken output of Switch {v.origin!r}"
+    if node is not None and node.op == "_Recv":
+        tensor = str(node.attrs["tensor_name"])
+        cause = (f"the untaken output of a Switch on {node.attrs['send_device']}, "
+                 f"from which it was sent dead")
+    op = bound.ops[at] if at is not None else None
     return errors.InvalidArgumentError(
-        None, op, f"Retval[{k}] does not have value: the fetched tensor '{name}:{index}' "
-                  f"is dead: it depends on the untaken output of Switch {v.origin!r}")
+        None, op, f"Retval[{k}] does not have value: the fetched tensor '{tensor}' "
+                  f"is dead: it depends on {cause}")
 
 
 # -- no loops ---------------------------------------------------------------------------
