@@ -591,7 +591,7 @@ class FramePropagator:
     """Readiness per (node, frame instance, iteration) (graphs with loops)."""
 
     __slots__ = ("_bound", "_info", "_initial", "_initial_pending", "_initial_refs",
-                 "_loops", "_nodes", "_pick", "_ready", "_root", "_step")
+                 "_loops", "_nodes", "_on_exit", "_pick", "_ready", "_root", "_step")
     _loops: Sequence[FastLoop | None]
 
     def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
@@ -615,6 +615,8 @@ class FramePropagator:
         # (Tests only, ExecutorOptions.shuffle_seed: which ready token runs next.)
         rng = bound.options.shuffler() if bound.options.shuffle_seed is not None else None
         self._pick = rng.randrange if rng is not None else None
+        # A streaming step's hook: an Exit delivered a fetched value (None: nobody streams).
+        self._on_exit: Any = bound.derived.get("on_exit")
         for i in plan.initial_ready:
             self._push(i, self._root, 0)
 
@@ -737,12 +739,7 @@ class FramePropagator:
         if kind == CF_ENTER:
             self._enter(i, frame, it, value)
         elif kind == CF_EXIT:
-            if isinstance(value, Dead):
-                frame.dead_exits[i] = value  # delivered dead if no live value ever comes
-            elif i not in frame.delivered:
-                frame.delivered.add(i)
-                assert frame.parent is not None
-                self._deliver(i, value, frame.parent, frame.parent_iter)
+            self._exit(i, value, frame)
             self._done_token(frame, it)
         elif kind == CF_NEXT:
             if not isinstance(value, Dead):
@@ -751,6 +748,22 @@ class FramePropagator:
         else:
             raise errors.InternalError(None, self._bound.ops[i],
                                        f"unknown control-flow kind {kind}")
+
+    def _exit(self, i: int, value: Any, frame: _Frame) -> None:
+        """Exit ``i`` of ``frame`` got ``value``: its first live value goes to the parent
+        frame at once (a dead one waits: delivered dead if no live value ever comes).
+        Into the root frame it is a step's result: a stream is told (``on_exit``)."""
+        if isinstance(value, Dead):
+            frame.dead_exits[i] = value
+            return
+        if i in frame.delivered:
+            return
+        frame.delivered.add(i)
+        parent = frame.parent
+        assert parent is not None
+        self._deliver(i, value, parent, frame.parent_iter)
+        if self._on_exit is not None and parent is self._root:
+            self._on_exit(i, value)
 
     def _enter(self, i: int, frame: _Frame, it: int, value: Any) -> None:
         child = self._child(frame, it, self._info.child[i])
@@ -959,11 +972,7 @@ class FramePropagator:
             for e, v in run.exits:
                 if self._step._trace is not None:
                     self._trace_control(e)
-                if isinstance(v, Dead):
-                    frame.dead_exits[e] = v
-                elif e not in frame.delivered:
-                    frame.delivered.add(e)
-                    self._deliver(e, v, parent, frame.parent_iter)
+                self._exit(e, v, frame)
             self._frame_done(frame)
             return True
         assert outcome == HANDOFF
