@@ -1,32 +1,34 @@
-"""Propagators: which nodes of a step are ready, and where their values live.
+"""The general propagator: which nodes of a step are ready, and where their values live.
 
-TensorFlow's executor delegates readiness to a propagator chosen once per graph
-(``SimplePropagatorState`` without loops, ``PropagatorState`` with them).  So does
-:class:`~asyncflow.runtime.step.Step`:
+TensorFlow's executor delegates readiness to a propagator; here there is one,
+:class:`PropagatorState` (beside the straight-line interpreter of
+:mod:`asyncflow.runtime.interpreter`, which runs what a fixed order expresses):
 
-* :class:`PlainPropagator` — a graph without loop frames.  Values live in one list
-  indexed by slot; ``pending[i]`` counts node ``i``'s unfinished producers; a node at
-  zero is pushed on the ``ready`` stack (LIFO: finishing a chain first frees its
-  values sooner).  Cheap kernels run right inside :meth:`PlainPropagator.drain`, the
-  per-node hot path.  ``cond`` needs no frames: a Switch, a Merge, the producers of a
-  Merge's inputs and dead nodes leave the hot path for :meth:`PlainPropagator._special`,
-  which propagates *dead tensors* (a non-Merge node with a dead data or control input
-  is dead; a Merge fires on its first live input, or dead when all are dead).
-* :class:`FramePropagator` — a graph with loops.  Tokens are ``(node, frame,
-  iteration)``: a tree of frame instances (one per loop entered, per parent
-  iteration), each with its live iterations; Enter delivers into iteration 0 of the
-  child frame (a constant Enter into every iteration), NextIteration into the next
-  iteration (a dead one ends the loop; at most ``parallel_iterations`` in flight,
-  later ones queue), Exit into the parent frame; a frame instance with no work left
-  delivers its Exits that never got a live value as dead.  A loop frame the compiler
-  gave a straight-line schedule (only inline kernels, no nested loop) runs instead
-  as a tight loop over one reused value list (:mod:`asyncflow.runtime.loop_fastpath`)
-  once all its Enters arrived, and hands back to the general form if it meets what
-  that does not model; traced steps take the same path (with traced kernels).
+* The root frame: values in one list indexed by slot; ``pending[i]`` counts node
+  ``i``'s unfinished producers; a node at zero is pushed on the ``ready`` stack
+  (LIFO: finishing a chain first frees its values sooner).  Cheap kernels run right
+  inside :meth:`PropagatorState._drain_root`, the per-node hot loop.  ``cond``
+  needs no frames: a Switch, a Merge, the producers of a Merge's inputs, dead nodes
+  and Enters leave the hot path for :meth:`PropagatorState._special`, which
+  propagates *dead tensors* (a non-Merge node with a dead data or control input is
+  dead; a Merge fires on its first live input, or dead when all are dead).  A plan
+  without loops never leaves the root frame and pays nothing for frames.
+* Loop frames: tokens ``(node, frame, iteration)``: a tree of frame instances (one
+  per loop entered, per parent iteration), each with its live iterations; Enter
+  delivers into iteration 0 of the child frame (a constant Enter into every
+  iteration), NextIteration into the next iteration (a dead one ends the loop; at
+  most ``parallel_iterations`` in flight, later ones queue), Exit into the parent
+  frame (the root's lists for an outermost loop); a frame instance with no work
+  left delivers its Exits that never got a live value as dead.  A loop frame the
+  compiler gave a straight-line schedule (only inline kernels, no nested loop) runs
+  instead as a tight loop over one reused value list
+  (:mod:`asyncflow.runtime.loop_fastpath`) once all its Enters arrived, and hands
+  back to the general form if it meets what that does not model; traced steps take
+  the same path (with traced kernels).
 
-Both free a value after its last reader (per iteration in loops), run inline kernels
-without a task, hand every other node to ``step.dispatch``, and report a fetched
-dead tensor as ``InvalidArgumentError`` naming it.
+Values are freed after their last reader (per iteration in loops), inline kernels
+run without a task, every other node goes to ``step.dispatch``, and a fetched dead
+tensor is an ``InvalidArgumentError`` naming it.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundNode, BoundPlan
 
 __all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "Dead",
-           "FastLoop", "FastRun", "FramePropagator", "PlainPropagator", "Propagator",
+           "FastLoop", "FastRun", "Propagator", "PropagatorState",
            "Step", "first_dead", "merge_fires", "slice_over", "switch_outputs"]
 
 #: Nodes run between two looks at the clock while draining.
@@ -174,329 +176,6 @@ def _dead_fetch(bound: BoundPlan, k: int, v: Dead) -> errors.InvalidArgumentErro
                   f"is dead: it depends on {cause}")
 
 
-# -- no loops ---------------------------------------------------------------------------
-
-#: The merges of every plain propagator without control flow: never written (only a
-#: Merge node writes, and there is none), so one dict serves them all.
-_NO_MERGES: dict[int, list[Any]] = {}
-
-
-def _shuffler(bound: BoundPlan) -> Any:
-    """The shuffle of a step's ready batches (``ExecutorOptions.shuffle_seed``), or None."""
-    if bound.options.shuffle_seed is None:
-        return None
-    return bound.options.shuffler().shuffle  # type: ignore[union-attr]
-
-
-class PlainPropagator:
-    """Readiness by pending counts over one value list (graphs without loop frames)."""
-
-    __slots__ = ("_bound", "_dead", "_kinds", "_merges", "_nodes", "_pending",
-                 "_ready", "_refs", "_shuffle", "_step", "_vals")
-
-    def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
-                 args: Sequence[Any]) -> None:
-        plan = bound.plan
-        self._step = step
-        self._bound = bound
-        self._nodes = nodes
-        vals = list(plan.initial_values)
-        for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
-            vals[s] = args[k]
-        self._vals = vals
-        self._pending = list(plan.initial_pending)
-        self._ready = list(plan.initial_ready)
-        self._refs = list(plan.initial_refs) if plan.initial_refs is not None else None
-        info = plan.frames
-        # Control flow (cond) or cross-device receives: nodes may be dead.
-        # Invariant: _dead[i] is the Dead marker node i inherits, or None while live.
-        self._dead: list[Dead | None] | None = [None] * len(nodes) if info is not None else None
-        self._kinds = info.kind if info is not None else ()
-        # Merge node -> [control producers left, dead inputs, first live input, fired, origin]
-        # (no Merge without control flow: then one shared, always empty dict)
-        self._merges: dict[int, list[Any]] = {} if info is not None else _NO_MERGES
-        self._shuffle = _shuffler(bound)
-
-    def has_ready(self) -> bool:
-        return bool(self._ready)
-
-    def clear(self) -> None:
-        self._ready.clear()
-
-    def drain(self, until: float) -> bool:
-        """Run ready nodes until none is left (True), or until the clock passes ``until``
-        (False: the step yields to the event loop, then drains again).
-
-        The hot loop (longer than the house's 60 lines on purpose): this is the
-        per-node hot path and is kept in one piece: every
-        attribute is hoisted into a local, and the common shapes (1 or 2 inputs, one
-        output, one consumer) take the shortest branches.  The completion half
-        (store outputs, release inputs, decrement consumers) is repeated in
-        ``complete`` for nodes completed by tasks; keep the two in sync.
-        """
-        ready = self._ready
-        step = self._step
-        if not ready or step._error is not None:
-            return True
-        nodes = self._nodes
-        vals = self._vals
-        pending = self._pending
-        refs = self._refs
-        dead = self._dead
-        pop = ready.pop
-        push = ready.append
-        shuffle = self._shuffle  # (tests only: ExecutorOptions.shuffle_seed)
-        budget = CHECK_EVERY
-        i = -1
-        try:
-            while ready:
-                if shuffle is not None:
-                    shuffle(ready)
-                i = pop()
-                while True:
-                    kernel, kind, n, ins, out, nout, cons, frees, counted, getter, _ = nodes[i]
-                    if kind or (dead is not None and dead[i] is not None):
-                        if not self._kinds:  # no control flow: dispatch it right here
-                            step.dispatch(i, i, nodes[i], [vals[ins[0]]] if n == 1 else
-                                          [vals[s] for s in ins] if n else [])
-                        else:
-                            self._special(i)  # control flow, a dead node
-                        break
-                    if n == 2:
-                        v = kernel(vals[ins[0]], vals[ins[1]])
-                    elif n == 1:
-                        v = kernel(vals[ins[0]])
-                    elif n == 0:
-                        v = kernel()
-                    else:
-                        v = kernel(*getter(vals))  # type: ignore[misc]
-                    if nout == 1:
-                        vals[out] = v
-                    elif nout:
-                        vals[out:out + nout] = _check_outputs(v, nout)
-                    for s in frees:
-                        vals[s] = None
-                    if counted:
-                        for s in counted:
-                            r = refs[s] - 1  # type: ignore[index]
-                            refs[s] = r  # type: ignore[index]
-                            if not r:
-                                vals[s] = None
-                    # Continue with the first consumer this node made ready, without a
-                    # push/pop round trip (a chain runs entirely in this inner loop).
-                    nxt = -1
-                    for c in cons:
-                        p = pending[c] - 1
-                        pending[c] = p
-                        if not p:
-                            if nxt < 0:
-                                nxt = c
-                            else:
-                                push(c)
-                    budget -= 1
-                    if not budget:
-                        if slice_over(until):
-                            if nxt >= 0:
-                                push(nxt)
-                            return not ready  # the step yields to the loop, then goes on
-                        budget = CHECK_EVERY
-                    if nxt < 0:
-                        break
-                    if shuffle is not None:  # the consumer joins the batch to shuffle
-                        push(nxt)
-                        break
-                    i = nxt
-                if step._error is not None:
-                    return True
-        except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
-            step.fail(i, exc)
-        return True
-
-    def complete(self, token: Any, v: Any) -> None:
-        """Store node ``token``'s outputs, release its inputs, and ready its consumers."""
-        i: int = token
-        node = self._nodes[i]
-        nout = node.num_outputs
-        if isinstance(v, Dead):
-            self._store(node, (v,) * nout)
-            self._propagate(i, node, v)
-            return
-        vals = self._vals
-        if nout == 1:
-            vals[node.out] = v
-        elif nout:
-            vals[node.out:node.out + nout] = _check_outputs(v, nout)
-        if self._dead is not None:
-            if nout > 1:  # a live node's outputs may still be dead: look at each
-                self._propagate(i, node, None)
-                return
-            # One live output (or none: a send): no consumer turns dead through it,
-            # only a Merge counts it.  ``_propagate``, with the dead scan left out.
-            kinds = self._kinds
-            pending = self._pending
-            push = self._ready.append
-            for c in node.consumers:
-                if kinds[c] == CF_MERGE:
-                    self._merge_input(c, node.out, node.out + nout)
-                    continue
-                p = pending[c] - 1
-                pending[c] = p
-                if not p:
-                    push(c)
-        self._release(node)
-        if self._dead is not None:
-            return  # consumers readied above
-        pending = self._pending
-        push = self._ready.append
-        for c in node.consumers:
-            p = pending[c] - 1
-            pending[c] = p
-            if not p:
-                push(c)
-
-    # -- off the hot path: dispatch and dead tensors -----------------------------------------
-
-    def _special(self, i: int) -> None:
-        node = self._nodes[i]
-        vals = self._vals
-        step = self._step
-        kinds = self._kinds
-        # No control flow, nothing dead: a node to dispatch (with cross-device edges,
-        # mostly a live send or recv).
-        if not kinds or (kinds[i] == CF_NONE and node.flow != _INLINE
-                         and self._dead[i] is None):  # type: ignore[index]
-            ins = node.inputs
-            n = node.arity
-            step.dispatch(i, i, node, [vals[ins[0]]] if n == 1 else
-                          [vals[s] for s in ins] if n else [])
-            return
-        cf = self._kinds[i]
-        if cf == CF_MERGE:
-            # No entry: every input is a preloaded constant (always live): the first.
-            m = self._merges.pop(i, None) or [0, 0, 0, True, None]
-            if m[2] < 0:
-                d = m[4] or Dead(step._bound.ops[i].name)
-                self._store(node, (d, d))
-                self._propagate(i, node, d)
-            else:
-                self._store(node, (vals[node.inputs[m[2]]], np.int32(m[2])))
-                self._propagate(i, node, None)
-            if self._step._trace is not None:
-                self._trace_control(i)
-            return
-        dead = self._dead[i] if self._dead is not None else None
-        if dead is not None:
-            if node.flow == _SEND:  # transfers run dead: the peer learns the deadness
-                step.dispatch(i, i, node, [None] * node.arity, 0, 0, True)
-            elif node.flow == _RECV:
-                step.dispatch(i, i, node, [])
-            else:
-                self._store(node, (dead,) * node.num_outputs)
-                self._propagate(i, node, dead)
-            return
-        if cf == CF_SWITCH:
-            data = vals[node.inputs[0]]
-            self._store(node, switch_outputs(data, vals[node.inputs[1]],
-                                             Dead(step._bound.ops[i].name)))
-            self._propagate(i, node, None)
-            if self._step._trace is not None:
-                self._trace_control(i)
-            return
-        args = [vals[s] for s in node.inputs]
-        if node.flow == _INLINE:  # an inline kernel whose output a Merge counts
-            self.complete(i, node.kernel(*args))
-            return
-        step.dispatch(i, i, node, args)
-
-    def _store(self, node: BoundNode, outs: Sequence[Any]) -> None:
-        if len(outs) != node.num_outputs:
-            raise errors.InternalError(None, None, f"kernel returned {len(outs)} values, "
-                                                   f"expected {node.num_outputs}")
-        self._vals[node.out:node.out + node.num_outputs] = outs
-
-    def _propagate(self, i: int, node: BoundNode, node_dead: Dead | None) -> None:
-        """Ready node ``i``'s consumers, marking those its dead outputs reach; then free.
-
-        A consumer reached from a dead node is dead (through data or control edges);
-        one that reads a dead output of a live node (a Switch's untaken side) is dead
-        too.  A Merge counts its dead and live inputs instead.
-        """
-        vals = self._vals
-        dead = self._dead
-        assert dead is not None
-        nodes = self._nodes
-        pending = self._pending
-        push = self._ready.append
-        kinds = self._kinds
-        first, end = node.out, node.out + node.num_outputs
-        for c in node.consumers:
-            if kinds[c] == CF_MERGE:
-                self._merge_input(c, first, end)
-                continue
-            if dead[c] is None:
-                dead[c] = node_dead or first_dead(
-                    vals[s] for s in nodes[c].inputs if first <= s < end)
-            p = pending[c] - 1
-            pending[c] = p
-            if not p:
-                push(c)
-        self._release(node)
-
-    def _release(self, node: BoundNode) -> None:
-        """Free the slots whose last reader ``node`` is (the hot loop does this inline)."""
-        vals = self._vals
-        for s in node.frees:
-            vals[s] = None
-        refs = self._refs
-        for s in node.counted:
-            r = refs[s] - 1  # type: ignore[index]
-            refs[s] = r  # type: ignore[index]
-            if not r:
-                vals[s] = None
-
-    def _merge_input(self, c: int, first: int, end: int) -> None:
-        """A producer of Merge ``c`` finished: its outputs are slots ``first:end``
-        (none of them read by ``c``: a control edge)."""
-        m = self._merges.get(c)
-        if m is None:
-            info = self._bound.plan.frames
-            assert info is not None
-            m = self._merges[c] = [info.merge_controls[c], 0, -1, False, None]
-        if m[3]:
-            return  # already fired
-        vals = self._vals
-        data = False
-        for pos, s in enumerate(self._nodes[c].inputs):
-            if first <= s < end:
-                data = True
-                v = vals[s]
-                if isinstance(v, Dead):
-                    m[1] += 1
-                    m[4] = m[4] or v
-                elif m[2] < 0:
-                    m[2] = pos
-        if not data:
-            m[0] -= 1
-        if merge_fires(m[0], m[1], m[2], self._nodes[c].arity):
-            m[3] = True
-            self._ready.append(c)
-
-    def _trace_control(self, i: int) -> None:
-        import time
-
-        now = time.time()
-        self._step.record(i, "control", now, now, ())
-
-    def retvals(self) -> list[Any]:
-        vals = self._vals
-        out = [vals[s] for s in self._bound.plan.retval_slots]  # the _Retval nodes
-        if self._dead is not None:
-            for k, v in enumerate(out):
-                if isinstance(v, Dead):
-                    raise _dead_fetch(self._bound, k, v)
-        return out
-
-
 # -- loops ------------------------------------------------------------------------------
 
 #: Outcomes of :meth:`FastRun.advance`.
@@ -587,63 +266,423 @@ class _Frame:
         self.fast: FastRun | None = None
 
 
-class FramePropagator:
-    """Readiness per (node, frame instance, iteration) (graphs with loops)."""
+# -- the general propagator ---------------------------------------------------------------------------
 
-    __slots__ = ("_bound", "_info", "_initial", "_initial_pending", "_initial_refs",
-                 "_loops", "_nodes", "_on_exit", "_pick", "_ready", "_root", "_step")
+#: The merges of every plain propagator without control flow: never written (only a
+#: Merge node writes, and there is none), so one dict serves them all.
+_NO_MERGES: dict[int, list[Any]] = {}
+
+
+def _shuffler(bound: BoundPlan) -> Any:
+    """The shuffle of a step's ready batches (``ExecutorOptions.shuffle_seed``), or None."""
+    if bound.options.shuffle_seed is None:
+        return None
+    return bound.options.shuffler().shuffle  # type: ignore[union-attr]
+
+class PropagatorState:
+    """THE general engine: readiness by pending counts, dead tensors, and the frames
+    and iterations of loops (TensorFlow's ``PropagatorState``).
+
+    The root frame (its one iteration) is flat lists indexed by slot or node —
+    ``_vals``, ``_pending``, ``_refs``, ``_dead``, ``_merges`` — and its ready nodes
+    (ints, on the ``_ready`` stack) run in the per-node hot loop,
+    :meth:`_drain_root`.  A plan without loops never leaves it: ``_root`` stays None
+    and nothing is paid for frames.  A loop's frame instances and iterations
+    (:class:`_Frame`, :class:`_Iteration`: dicts) have ``(node, frame, iteration)``
+    tokens, queued on ``_fready`` and run by :meth:`_drain_frames`; a root Enter
+    moves its value into a frame (:meth:`_enter`), an Exit back into the root lists
+    (:meth:`_deliver`).  Invariant: a root node's consumers are root nodes or Enters
+    (a loop is entered only through its Enters), so the hot loop never meets a node
+    of a loop frame.
+    """
+
+    __slots__ = ("_bound", "_dead", "_fready", "_info", "_initial", "_initial_pending",
+                 "_initial_refs", "_kinds", "_loops", "_merges", "_nodes", "_on_exit",
+                 "_pending", "_pick", "_ready", "_refs", "_root", "_shuffle", "_step",
+                 "_vals")
     _loops: Sequence[FastLoop | None]
+    _info: FrameInfo  # (read by the loop side only: set whenever there are loops)
 
     def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
                  args: Sequence[Any], loops: Sequence[FastLoop | None] = ()) -> None:
         plan = bound.plan
-        assert plan.frames is not None
         self._step = step
         self._bound = bound
         self._nodes = nodes
-        self._info: FrameInfo = plan.frames
+        vals = list(plan.initial_values)
+        for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
+            vals[s] = args[k]
+        self._vals = vals
+        self._pending = list(plan.initial_pending)
+        self._ready = list(plan.initial_ready)
+        self._refs = list(plan.initial_refs) if plan.initial_refs is not None else None
+        info = plan.frames
+        # Control flow (cond) or cross-device receives: nodes may be dead.
+        # Invariant: _dead[i] is the Dead marker node i inherits, or None while live.
+        self._dead: list[Dead | None] | None = [None] * len(nodes) if info is not None else None
+        self._kinds = info.kind if info is not None else ()
+        # Merge node -> [control producers left, dead inputs, first live input, fired, origin]
+        # (no Merge without control flow: then one shared, always empty dict)
+        self._merges: dict[int, list[Any]] = {} if info is not None else _NO_MERGES
+        self._shuffle = _shuffler(bound)
+        self._init_frames(bound, loops)
+
+    def _init_frames(self, bound: BoundPlan, loops: Sequence[FastLoop | None]) -> None:
+        """The loop side: the root frame instance (only with loops) and its helpers."""
+        plan = bound.plan
+        self._info = plan.frames  # type: ignore[assignment]
         self._initial = plan.initial_values
         self._initial_pending = plan.initial_pending
         self._initial_refs = plan.initial_refs
-        # The fast path per static frame (none: every frame runs in general form).
-        self._loops = loops
-        self._root = _Frame(0, "", None, 0, 0)
-        root_vals = self._root.iters[0].vals
-        for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
-            root_vals[s] = args[k]
-        self._ready: deque[tuple[int, _Frame, int]] = deque()
-        # (Tests only, ExecutorOptions.shuffle_seed: which ready token runs next.)
+        self._loops = loops  # the fast path per static frame (none: the general form)
+        self._fready: deque[tuple[int, _Frame, int]] = deque()
+        # The frame tree's root; its values are the flat lists above, its iteration
+        # only counts the child frames it holds.  None: a plan without loops.
+        self._root: _Frame | None = _Frame(0, "", None, 0, 0) if bound.frames else None
+        # (Tests only, ExecutorOptions.shuffle_seed: which ready frame token runs next.)
         rng = bound.options.shuffler() if bound.options.shuffle_seed is not None else None
         self._pick = rng.randrange if rng is not None else None
         # A streaming step's hook: an Exit delivered a fetched value (None: nobody streams).
         self._on_exit: Any = bound.derived.get("on_exit")
-        for i in plan.initial_ready:
-            self._push(i, self._root, 0)
 
     def has_ready(self) -> bool:
-        return bool(self._ready)
+        return bool(self._ready or self._fready)
 
     def clear(self) -> None:
         self._ready.clear()
+        self._fready.clear()
+
+    def drain(self, until: float) -> bool:
+        """Run ready nodes until none is left (True), or until the clock passes ``until``
+        (False: the step yields to the event loop, then drains again): the root
+        frame's in the hot loop, then the loop frames' tokens, in turn until neither
+        has work (an Exit readies root nodes, a root Enter frame tokens)."""
+        step = self._step
+        trace = step._trace
+        while True:
+            if trace is not None:
+                trace.label = None  # root nodes run in no frame
+            if not self._drain_root(until):
+                return False
+            if not self._fready or step._error is not None:
+                return True
+            if not self._drain_frames(until):
+                return False
+            if not self._ready:
+                return True
+
+    def _drain_root(self, until: float) -> bool:
+        """Run the root frame's ready nodes (see :meth:`drain`).
+
+        The hot loop (longer than the house's 60 lines on purpose): this is the
+        per-node hot path and is kept in one piece: every
+        attribute is hoisted into a local, and the common shapes (1 or 2 inputs, one
+        output, one consumer) take the shortest branches.  The completion half
+        (store outputs, release inputs, decrement consumers) is repeated in
+        ``complete`` for nodes completed by tasks; keep the two in sync.
+        """
+        ready = self._ready
+        step = self._step
+        if not ready or step._error is not None:
+            return True
+        nodes = self._nodes
+        vals = self._vals
+        pending = self._pending
+        refs = self._refs
+        dead = self._dead
+        pop = ready.pop
+        push = ready.append
+        shuffle = self._shuffle  # (tests only: ExecutorOptions.shuffle_seed)
+        budget = CHECK_EVERY
+        i = -1
+        try:
+            while ready:
+                if shuffle is not None:
+                    shuffle(ready)
+                i = pop()
+                while True:
+                    kernel, kind, n, ins, out, nout, cons, frees, counted, getter, _ = nodes[i]
+                    if kind or (dead is not None and dead[i] is not None):
+                        if not self._kinds:  # no control flow: dispatch it right here
+                            step.dispatch(i, i, nodes[i], [vals[ins[0]]] if n == 1 else
+                                          [vals[s] for s in ins] if n else [])
+                        else:
+                            self._special(i)  # control flow, a dead node
+                        break
+                    if n == 2:
+                        v = kernel(vals[ins[0]], vals[ins[1]])
+                    elif n == 1:
+                        v = kernel(vals[ins[0]])
+                    elif n == 0:
+                        v = kernel()
+                    else:
+                        v = kernel(*getter(vals))  # type: ignore[misc]
+                    if nout == 1:
+                        vals[out] = v
+                    elif nout:
+                        vals[out:out + nout] = _check_outputs(v, nout)
+                    for s in frees:
+                        vals[s] = None
+                    if counted:
+                        for s in counted:
+                            r = refs[s] - 1  # type: ignore[index]
+                            refs[s] = r  # type: ignore[index]
+                            if not r:
+                                vals[s] = None
+                    # Continue with the first consumer this node made ready, without a
+                    # push/pop round trip (a chain runs entirely in this inner loop).
+                    nxt = -1
+                    for c in cons:
+                        p = pending[c] - 1
+                        pending[c] = p
+                        if not p:
+                            if nxt < 0:
+                                nxt = c
+                            else:
+                                push(c)
+                    budget -= 1
+                    if not budget:
+                        if slice_over(until):
+                            if nxt >= 0:
+                                push(nxt)
+                            return not ready  # the step yields to the loop, then goes on
+                        budget = CHECK_EVERY
+                    if nxt < 0:
+                        break
+                    if shuffle is not None:  # the consumer joins the batch to shuffle
+                        push(nxt)
+                        break
+                    i = nxt
+                if step._error is not None:
+                    return True
+        except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
+            step.fail(i, exc)
+        return True
+
+    def complete(self, token: Any, v: Any) -> None:
+        """Store node ``token``'s outputs, release its inputs, and ready its consumers
+        (a root node's token is its index, a loop frame node's a tuple)."""
+        if token.__class__ is not int:
+            self._complete_token(token, v)
+            return
+        i: int = token
+        node = self._nodes[i]
+        nout = node.num_outputs
+        if isinstance(v, Dead):
+            self._store(node, (v,) * nout)
+            self._propagate(i, node, v)
+            return
+        vals = self._vals
+        if nout == 1:
+            vals[node.out] = v
+        elif nout:
+            vals[node.out:node.out + nout] = _check_outputs(v, nout)
+        if self._dead is not None:
+            if nout > 1:  # a live node's outputs may still be dead: look at each
+                self._propagate(i, node, None)
+                return
+            # One live output (or none: a send): no consumer turns dead through it,
+            # only a Merge counts it.  ``_propagate``, with the dead scan left out.
+            kinds = self._kinds
+            pending = self._pending
+            push = self._ready.append
+            for c in node.consumers:
+                if kinds[c] == CF_MERGE:
+                    self._merge_input(c, node.out, node.out + nout)
+                    continue
+                p = pending[c] - 1
+                pending[c] = p
+                if not p:
+                    push(c)
+        self._release(node)
+        if self._dead is not None:
+            return  # consumers readied above
+        pending = self._pending
+        push = self._ready.append
+        for c in node.consumers:
+            p = pending[c] - 1
+            pending[c] = p
+            if not p:
+                push(c)
+
+    # -- the root frame off the hot path: dispatch, dead tensors, Enter -----------------------------------------
+
+    def _special(self, i: int) -> None:
+        node = self._nodes[i]
+        vals = self._vals
+        step = self._step
+        kinds = self._kinds
+        # No control flow, nothing dead: a node to dispatch (with cross-device edges,
+        # mostly a live send or recv).
+        if not kinds or (kinds[i] == CF_NONE and node.flow != _INLINE
+                         and self._dead[i] is None):  # type: ignore[index]
+            ins = node.inputs
+            n = node.arity
+            step.dispatch(i, i, node, [vals[ins[0]]] if n == 1 else
+                          [vals[s] for s in ins] if n else [])
+            return
+        cf = self._kinds[i]
+        if cf == CF_MERGE:
+            # No entry: every input is a preloaded constant (always live): the first.
+            m = self._merges.pop(i, None) or [0, 0, 0, True, None]
+            if m[2] < 0:
+                d = m[4] or Dead(step._bound.ops[i].name)
+                self._store(node, (d, d))
+                self._propagate(i, node, d)
+            else:
+                self._store(node, (vals[node.inputs[m[2]]], np.int32(m[2])))
+                self._propagate(i, node, None)
+            if self._step._trace is not None:
+                self._trace_control(i)
+            return
+        dead = self._dead[i] if self._dead is not None else None
+        if cf == CF_ENTER:  # into a loop frame (a dead value enters dead)
+            root = self._root
+            assert root is not None
+            value = dead if dead is not None else vals[node.inputs[0]]
+            self._release(node)
+            if step._trace is not None:
+                self._trace_control(i)
+            self._enter(i, root, 0, value)
+            return
+        if dead is not None:
+            if node.flow == _SEND:  # transfers run dead: the peer learns the deadness
+                step.dispatch(i, i, node, [None] * node.arity, 0, 0, True)
+            elif node.flow == _RECV:
+                step.dispatch(i, i, node, [])
+            else:
+                self._store(node, (dead,) * node.num_outputs)
+                self._propagate(i, node, dead)
+            return
+        if cf == CF_SWITCH:
+            data = vals[node.inputs[0]]
+            self._store(node, switch_outputs(data, vals[node.inputs[1]],
+                                             Dead(step._bound.ops[i].name)))
+            self._propagate(i, node, None)
+            if self._step._trace is not None:
+                self._trace_control(i)
+            return
+        args = [vals[s] for s in node.inputs]
+        if node.flow == _INLINE:  # an inline kernel whose output a Merge counts
+            self.complete(i, node.kernel(*args))
+            return
+        step.dispatch(i, i, node, args)
+
+    def _store(self, node: BoundNode, outs: Sequence[Any]) -> None:
+        if len(outs) != node.num_outputs:
+            raise errors.InternalError(None, None, f"kernel returned {len(outs)} values, "
+                                                   f"expected {node.num_outputs}")
+        self._vals[node.out:node.out + node.num_outputs] = outs
+
+    def _propagate(self, i: int, node: BoundNode, node_dead: Dead | None,
+                   release: bool = True) -> None:
+        """Ready node ``i``'s consumers, marking those its dead outputs reach; then free
+        (``release``: its inputs are root slots, not an Exit's in a frame).
+
+        A consumer reached from a dead node is dead (through data or control edges);
+        one that reads a dead output of a live node (a Switch's untaken side) is dead
+        too.  A Merge counts its dead and live inputs instead.
+        """
+        vals = self._vals
+        dead = self._dead
+        assert dead is not None
+        nodes = self._nodes
+        pending = self._pending
+        push = self._ready.append
+        kinds = self._kinds
+        first, end = node.out, node.out + node.num_outputs
+        for c in node.consumers:
+            if kinds[c] == CF_MERGE:
+                self._merge_input(c, first, end)
+                continue
+            if dead[c] is None:
+                dead[c] = node_dead or first_dead(
+                    vals[s] for s in nodes[c].inputs if first <= s < end)
+            p = pending[c] - 1
+            pending[c] = p
+            if not p:
+                push(c)
+        if release:
+            self._release(node)
+
+    def _release(self, node: BoundNode) -> None:
+        """Free the slots whose last reader ``node`` is (the hot loop does this inline)."""
+        vals = self._vals
+        for s in node.frees:
+            vals[s] = None
+        refs = self._refs
+        for s in node.counted:
+            r = refs[s] - 1  # type: ignore[index]
+            refs[s] = r  # type: ignore[index]
+            if not r:
+                vals[s] = None
+
+    def _merge_input(self, c: int, first: int, end: int) -> None:
+        """A producer of Merge ``c`` finished: its outputs are slots ``first:end``
+        (none of them read by ``c``: a control edge)."""
+        m = self._merges.get(c)
+        if m is None:
+            info = self._bound.plan.frames
+            assert info is not None
+            m = self._merges[c] = [info.merge_controls[c], 0, -1, False, None]
+        if m[3]:
+            return  # already fired
+        vals = self._vals
+        data = False
+        for pos, s in enumerate(self._nodes[c].inputs):
+            if first <= s < end:
+                data = True
+                v = vals[s]
+                if isinstance(v, Dead):
+                    m[1] += 1
+                    m[4] = m[4] or v
+                elif m[2] < 0:
+                    m[2] = pos
+        if not data:
+            m[0] -= 1
+        if merge_fires(m[0], m[1], m[2], self._nodes[c].arity):
+            m[3] = True
+            self._ready.append(c)
+
+    def _trace_control(self, i: int) -> None:
+        import time
+
+        now = time.time()
+        self._step.record(i, "control", now, now, ())
+
+    def retvals(self) -> list[Any]:
+        vals = self._vals
+        out = [vals[s] for s in self._bound.plan.retval_slots]  # the _Retval nodes
+        if self._dead is not None:
+            for k, v in enumerate(out):
+                if isinstance(v, Dead):
+                    raise _dead_fetch(self._bound, k, v)
+        return out
+
+    # -- loop frames ---------------------------------------------------------------------
 
     def release(self) -> None:
         """The step is over: unlink the frame instances a failed or cancelled step left
         (each holds its parent, which holds it), so they are freed without the cycle
         collector.  A finished step has removed them all already."""
-        frames = list(self._root.children.values())
+        root = self._root
+        if root is None:
+            return
+        frames = list(root.children.values())
         while frames:
             frame = frames.pop()
             frames.extend(frame.children.values())
             frame.children.clear()
             frame.parent = None
-        self._root.children.clear()
+        root.children.clear()
 
     def _push(self, i: int, frame: _Frame, it: int) -> None:
         frame.iters[it].outstanding += 1
-        self._ready.append((i, frame, it))
+        self._fready.append((i, frame, it))
 
-    def drain(self, until: float) -> bool:
-        ready = self._ready
+    def _drain_frames(self, until: float) -> bool:
+        """Run the loop frames' ready tokens (see :meth:`drain`)."""
+        ready = self._fready
         step = self._step
         kinds = self._info.kind
         budget = CHECK_EVERY
@@ -733,7 +772,7 @@ class FramePropagator:
         """Enter, Exit, NextIteration: move the value between frames and iterations."""
         dead = st.dead.get(i)
         value = dead if dead is not None else self._read(st, node.inputs[0])
-        self._release(st, node)
+        self._release_in(st, node)
         if self._step._trace is not None:
             self._trace_control(i)
         if kind == CF_ENTER:
@@ -810,7 +849,7 @@ class FramePropagator:
         kinds = self._info.kind
         pending = st.pending
         initial_pending = self._initial_pending
-        push = self._ready.append
+        push = self._fready.append
         for c, data, control in self._bound.plan.edges_out[i]:
             if kinds[c] == CF_MERGE:
                 self._activate_merge(c, frame, it, st, data, control)
@@ -822,12 +861,12 @@ class FramePropagator:
                 pending.pop(c, None)
                 st.outstanding += 1
                 push((c, frame, it))
-        self._release(st, node)
+        self._release_in(st, node)
         st.outstanding -= 1
         if not st.outstanding:
             self._check_iteration(frame, it)
 
-    def complete(self, token: Any, v: Any) -> None:
+    def _complete_token(self, token: Any, v: Any) -> None:
         i, frame, it = token
         node = self._nodes[i]
         if isinstance(v, Dead):
@@ -853,10 +892,10 @@ class FramePropagator:
         for k, v in enumerate(outs):
             vals[node.out + k] = v
         self._activate(i, frame, it, st, dead)
-        self._release(st, node)
+        self._release_in(st, node)
         self._done_token(frame, it)
 
-    def _release(self, st: _Iteration, node: BoundNode) -> None:
+    def _release_in(self, st: _Iteration, node: BoundNode) -> None:
         """Free the slots whose last reader in this iteration ``node`` is."""
         vals = st.vals
         for s in node.frees:
@@ -874,7 +913,13 @@ class FramePropagator:
                     vals.pop(s, None)
 
     def _deliver(self, i: int, value: Any, frame: _Frame, it: int) -> None:
-        """Enter / Exit / NextIteration: put ``value`` into (frame, it) and activate there."""
+        """Enter / Exit / NextIteration: put ``value`` into (frame, it) and activate there
+        (an Exit into the root frame: its flat lists, readying root nodes)."""
+        if frame is self._root:
+            node = self._nodes[i]
+            self._vals[node.out] = value
+            self._propagate(i, node, value if value.__class__ is Dead else None, False)
+            return
         st = frame.iters[it]
         st.vals[self._nodes[i].out] = value
         dead = value if isinstance(value, Dead) else None
@@ -947,7 +992,7 @@ class FramePropagator:
         if child.pending_enters:
             return
         if run.begin():
-            self._ready.append((-1, child, 0))
+            self._fready.append((-1, child, 0))
             return
         # A value entered dead: the general form runs the frame, from its Enters.
         child.fast = None
@@ -1034,19 +1079,3 @@ class FramePropagator:
         del parent.children[(frame.parent_iter, frame.static)]
         parent.iters[frame.parent_iter].children -= 1
         self._check_iteration(parent, frame.parent_iter)
-
-    def _trace_control(self, i: int) -> None:
-        import time
-
-        now = time.time()
-        self._step.record(i, "control", now, now, ())
-
-    def retvals(self) -> list[Any]:
-        st = self._root.iters[0]
-        out: list[Any] = []
-        for k, s in enumerate(self._bound.plan.retval_slots):
-            v = self._read(st, s)
-            if isinstance(v, Dead):
-                raise _dead_fetch(self._bound, k, v)
-            out.append(v)
-        return out
