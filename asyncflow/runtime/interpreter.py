@@ -58,7 +58,7 @@ def merge_pick(vals: list[Any], candidates: Sequence[tuple[int, Any]]) -> tuple[
     """THE straight-line form of the Merge rule: (value, index) of the first live
     candidate ``(slot, index)`` in program order, or (dead, dead) with the first dead
     one when none is live.  (The pending-count engines fire on the same rule as
-    inputs arrive: :func:`~asyncflow.runtime.propagators.merge_fires`.)"""
+    inputs arrive: :func:`~asyncflow.runtime.propagators.merge_arrive`.)"""
     first_dead = None
     for slot, index in candidates:
         v = vals[slot]

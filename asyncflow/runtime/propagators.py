@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,7 +59,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "Dead",
            "FastLoop", "FastRun", "Propagator", "PropagatorState",
-           "Step", "first_dead", "merge_fires", "slice_over", "switch_outputs"]
+           "Step", "first_dead", "merge_arrive", "merge_outputs", "slice_over",
+           "switch_outputs"]
 
 #: Nodes run between two looks at the clock while draining.
 CHECK_EVERY = 256
@@ -77,7 +78,7 @@ def first_dead(values: Iterable[Any]) -> Dead | None:
     """THE dead-input rule, every engine's: a node other than a Merge with a dead
     input — a data input holding a dead value, or a control input from a dead node
     (whose first output is dead) — is dead, with the first dead value found; its
-    outputs are that value and its kernel never runs.  (A Merge: ``merge_fires``.)"""
+    outputs are that value and its kernel never runs.  (A Merge: ``merge_arrive``.)"""
     for v in values:
         if v.__class__ is Dead:
             return v
@@ -90,13 +91,44 @@ def switch_outputs(data: Any, pred: Any, marker: Dead) -> tuple[Any, Any]:
     return (marker, data) if pred else (data, marker)
 
 
-def merge_fires(controls_left: int, dead: int, first_live: int, expected: int) -> bool:
-    """THE Merge rule of the pending-count engines: a Merge runs once its control
-    inputs are done and either an input arrived live (it forwards the first live one,
-    with its index) or ``expected`` inputs arrived dead (it is dead).  A loop Merge
-    expects one input per iteration; a straight-line program resolves the same
-    rule statically (the first live candidate in program order)."""
-    return controls_left <= 0 and (first_live >= 0 or dead >= expected)
+def merge_arrive(m: list[Any], arrived: Iterable[tuple[int, Any]], control: bool,
+                 expected: int) -> bool:
+    """THE Merge rule of the general engine (root frame and loop frames alike), for
+    inputs arriving at Merge state ``m`` = [control inputs left, dead inputs, first
+    live input's position (-1: none yet), fired, first dead value]: ``arrived`` are
+    the (position, value) of the data inputs that just came, ``control`` whether a
+    control input did.  True when the Merge fires now: its control inputs are done
+    and either an input arrived live (it forwards the first live one, with its
+    position: :func:`merge_outputs`) or ``expected`` inputs arrived dead (it is
+    dead).  A loop Merge expects one input per iteration.  The straight-line form,
+    ``interpreter.merge_pick``, resolves the same rule once every input is known:
+    the first live one in input order."""
+    if m[3]:
+        return False  # fired already (in this iteration)
+    if control:
+        m[0] -= 1
+    for pos, v in arrived:
+        if v.__class__ is Dead:
+            m[1] += 1
+            if m[4] is None:
+                m[4] = v
+        elif m[2] < 0:
+            m[2] = pos
+    fires: bool = m[0] <= 0 and (m[2] >= 0 or m[1] >= expected)
+    m[3] = fires
+    return fires
+
+
+def merge_outputs(m: list[Any], inputs: Sequence[int], read: Callable[[int], Any],
+                  bound: BoundPlan, i: int) -> tuple[Any, Any]:
+    """The two outputs of Merge ``i`` that fired with state ``m`` (see
+    :func:`merge_arrive`): its first live input's value (``read`` of its slot) and
+    position, or its first dead input twice (a fresh marker naming the Merge when
+    none was recorded)."""
+    if m[2] < 0:
+        dead = m[4] or Dead(bound.ops[i].name)
+        return dead, dead
+    return read(inputs[m[2]]), np.int32(m[2])
 
 _INLINE = registry.INLINE
 _SEND = registry.SEND
@@ -221,8 +253,8 @@ class _Iteration:
         self.pending: dict[int, int] = {}
         self.refs: dict[int, int] = {}
         self.dead: dict[int, Dead] = {}
-        # Merge node -> [controls left, dead inputs, first live input position, fired]
-        self.merges: dict[int, list[int]] = {}
+        # Merge node -> its state (see merge_arrive)
+        self.merges: dict[int, list[Any]] = {}
         self.outstanding = 0
         self.children = 0
 
@@ -321,7 +353,7 @@ class PropagatorState:
         # Invariant: _dead[i] is the Dead marker node i inherits, or None while live.
         self._dead: list[Dead | None] | None = [None] * len(nodes) if info is not None else None
         self._kinds = info.kind if info is not None else ()
-        # Merge node -> [control producers left, dead inputs, first live input, fired, origin]
+        # Merge node -> its state (see merge_arrive)
         # (no Merge without control flow: then one shared, always empty dict)
         self._merges: dict[int, list[Any]] = {} if info is not None else _NO_MERGES
         self._shuffle = _shuffler(bound)
@@ -525,13 +557,9 @@ class PropagatorState:
         if cf == CF_MERGE:
             # No entry: every input is a preloaded constant (always live): the first.
             m = self._merges.pop(i, None) or [0, 0, 0, True, None]
-            if m[2] < 0:
-                d = m[4] or Dead(step._bound.ops[i].name)
-                self._store(node, (d, d))
-                self._propagate(i, node, d)
-            else:
-                self._store(node, (vals[node.inputs[m[2]]], np.int32(m[2])))
-                self._propagate(i, node, None)
+            outs = merge_outputs(m, node.inputs, vals.__getitem__, self._bound, i)
+            self._store(node, outs)
+            self._propagate(i, node, outs[1] if outs[1].__class__ is Dead else None)
             if self._step._trace is not None:
                 self._trace_control(i)
             return
@@ -622,26 +650,11 @@ class PropagatorState:
         (none of them read by ``c``: a control edge)."""
         m = self._merges.get(c)
         if m is None:
-            info = self._bound.plan.frames
-            assert info is not None
-            m = self._merges[c] = [info.merge_controls[c], 0, -1, False, None]
-        if m[3]:
-            return  # already fired
+            m = self._merges[c] = [self._info.merge_controls[c], 0, -1, False, None]
         vals = self._vals
-        data = False
-        for pos, s in enumerate(self._nodes[c].inputs):
-            if first <= s < end:
-                data = True
-                v = vals[s]
-                if isinstance(v, Dead):
-                    m[1] += 1
-                    m[4] = m[4] or v
-                elif m[2] < 0:
-                    m[2] = pos
-        if not data:
-            m[0] -= 1
-        if merge_fires(m[0], m[1], m[2], self._nodes[c].arity):
-            m[3] = True
+        node = self._nodes[c]
+        arrived = [(pos, vals[s]) for pos, s in enumerate(node.inputs) if first <= s < end]
+        if merge_arrive(m, arrived, not arrived, node.arity):
             self._ready.append(c)
 
     def _trace_control(self, i: int) -> None:
@@ -756,14 +769,10 @@ class PropagatorState:
 
     def _run_merge(self, i: int, frame: _Frame, it: int, st: _Iteration,
                    node: BoundNode) -> None:
-        """A Merge that fired (``merge_fires``): its first live input, or dead."""
-        m = st.merges.pop(i)
-        if m[2] < 0:
-            all_dead = st.dead.get(i) or Dead(self._bound.ops[i].name)
-            self._complete(i, frame, it, (all_dead, all_dead), all_dead)
-        else:
-            value = self._read(st, node.inputs[m[2]])
-            self._complete(i, frame, it, (value, np.int32(m[2])), None)
+        """A Merge that fired (``merge_arrive``): its first live input, or dead."""
+        outs = merge_outputs(st.merges.pop(i), node.inputs, lambda s: self._read(st, s),
+                             self._bound, i)
+        self._complete(i, frame, it, outs, outs[1] if outs[1].__class__ is Dead else None)
         if self._step._trace is not None:
             self._trace_control(i)
 
@@ -948,21 +957,10 @@ class PropagatorState:
                         data: Sequence[tuple[int, int]], control: bool) -> None:
         m = st.merges.get(c)
         if m is None:
-            m = st.merges[c] = [self._info.merge_controls[c], 0, -1, 0]
-        if m[3]:
-            return  # already fired in this iteration
-        if control:
-            m[0] -= 1
-        for pos, slot in data:
-            v = st.vals.get(slot)
-            if isinstance(v, Dead):
-                m[1] += 1
-                st.dead.setdefault(c, v)
-            elif m[2] < 0:
-                m[2] = pos
+            m = st.merges[c] = [self._info.merge_controls[c], 0, -1, False, None]
+        vals = st.vals
         expected = 1 if self._info.loop_merge[c] else self._nodes[c].arity
-        if merge_fires(m[0], m[1], m[2], expected):
-            m[3] = 1
+        if merge_arrive(m, [(pos, vals.get(slot)) for pos, slot in data], control, expected):
             self._push(c, frame, it)
 
     # -- frames and iterations ------------------------------------------------------------
