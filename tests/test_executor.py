@@ -392,3 +392,27 @@ async def test_long_inline_step_shares_the_loop_and_can_be_cancelled(graph: af.G
             with pytest.raises(asyncio.CancelledError):
                 await background
         assert sess.statistics().in_flight == 0
+
+
+@pytest.mark.parametrize("straight_line", [True, False])
+async def test_loops_in_cond_branches_cross_the_root_frame_both_ways(
+        graph: af.Graph, straight_line: bool) -> None:
+    # The general propagator's root frame is flat lists, its loop frames dicts: a
+    # dead value entering a loop (the untaken branch), a loop's Exit readying a root
+    # Merge, and root nodes running after an Exit, must all cross that boundary.
+    p = af.placeholder(af.bool, (), name="p")
+    x = af.placeholder(af.float32, (), name="x")
+
+    def looped() -> af.Tensor:
+        _, s = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + x),
+                             (af.constant(0), x))
+        return s * 2.0
+
+    out = af.cond(p, looped, lambda: x - 1.0)
+    after = out + af.while_loop(lambda i: i < 2.0, lambda i: i + 1.0, x)
+    options = af.ExecutorOptions(straight_line=straight_line)
+    async with af.Session(graph=graph,
+                          config=af.SessionConfig(executor_options=options)) as sess:
+        assert await sess.run([out, after], {p: True, x: 1.0}) == [8.0, 10.0]
+        assert await sess.run([out, after], {p: False, x: 1.0}) == [0.0, 2.0]
+        assert await sess.run([out, after], {p: True, x: 5.0}) == [40.0, 45.0]
