@@ -5,8 +5,9 @@ One step runs (the same compiled signature, admission, deadline and counters as
 fetched value report it (:mod:`asyncflow.runtime.streaming`) through a queue, and
 the generator yields each fetch once all its tensors are there: readiness order.
 Fetches whose values exist before the step runs (fed tensors, constants preloaded
-into the plan) are yielded first.  A fetch no kernel reports (an operation, a
-``while_loop`` output) is yielded when the step ends, in fetch order.  The step's first error is raised by
+into the plan) are yielded first; a ``while_loop`` output as soon as its loop exits.
+A fetch nothing reports (an operation, a tensor passed through unchanged) is yielded
+when the step ends, in fetch order.  The step's first error is raised by
 the generator after the values that were ready before it.  Leaving the ``async
 for`` early (``break``, an exception, ``aclose()``) cancels the rest of the step
 and waits for it to stop: nothing keeps running.

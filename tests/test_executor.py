@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from asyncflow.runtime.propagators import FramePropagator, PlainPropagator
+from asyncflow.runtime.propagators import PropagatorState
 
 TWO = af.SessionConfig(device_count={"CPU": 2})
 TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
@@ -40,10 +40,13 @@ async def test_propagator_is_chosen_at_bind_time(graph: af.Graph) -> None:
             from asyncflow.runtime.step import Step
             return Step(bound, CallFrame([1.0, True][: len(feeds)]))._prop
 
-        assert isinstance(step_of(plain, {"x:0": 1.0}), PlainPropagator)
-        # A cond needs dead tensors but no frames: still the plain propagator.
-        assert isinstance(step_of(with_cond, {"x:0": 1.0, "p:0": True}), PlainPropagator)
-        assert isinstance(step_of(looped, {}), FramePropagator)
+        # One general propagator; a plan without loops never makes a frame.
+        assert step_of(plain, {"x:0": 1.0})._root is None
+        # A cond needs dead tensors but no frames.
+        assert isinstance(step_of(with_cond, {"x:0": 1.0, "p:0": True}), PropagatorState)
+        assert step_of(with_cond, {"x:0": 1.0, "p:0": True})._root is None
+        assert isinstance(step_of(looped, {}), PropagatorState)
+        assert step_of(looped, {})._root is not None
         assert await sess.run(with_cond, {"x:0": 1.0, "p:0": True}) == 4.0
         assert await sess.run(with_cond, {"x:0": 1.0, "p:0": False}) == 1.0
         assert await sess.run(looped) == 10.0
@@ -389,3 +392,27 @@ async def test_long_inline_step_shares_the_loop_and_can_be_cancelled(graph: af.G
             with pytest.raises(asyncio.CancelledError):
                 await background
         assert sess.statistics().in_flight == 0
+
+
+@pytest.mark.parametrize("straight_line", [True, False])
+async def test_loops_in_cond_branches_cross_the_root_frame_both_ways(
+        graph: af.Graph, straight_line: bool) -> None:
+    # The general propagator's root frame is flat lists, its loop frames dicts: a
+    # dead value entering a loop (the untaken branch), a loop's Exit readying a root
+    # Merge, and root nodes running after an Exit, must all cross that boundary.
+    p = af.placeholder(af.bool, (), name="p")
+    x = af.placeholder(af.float32, (), name="x")
+
+    def looped() -> af.Tensor:
+        _, s = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + x),
+                             (af.constant(0), x))
+        return s * 2.0
+
+    out = af.cond(p, looped, lambda: x - 1.0)
+    after = out + af.while_loop(lambda i: i < 2.0, lambda i: i + 1.0, x)
+    options = af.ExecutorOptions(straight_line=straight_line)
+    async with af.Session(graph=graph,
+                          config=af.SessionConfig(executor_options=options)) as sess:
+        assert await sess.run([out, after], {p: True, x: 1.0}) == [8.0, 10.0]
+        assert await sess.run([out, after], {p: False, x: 1.0}) == [0.0, 2.0]
+        assert await sess.run([out, after], {p: True, x: 5.0}) == [40.0, 45.0]

@@ -86,3 +86,44 @@ def test_options_are_frozen() -> None:
     options = af.ExecutorOptions()
     with pytest.raises(AttributeError):
         options.handoffs = False  # type: ignore[misc]
+
+
+def _call_orders(options: af.ExecutorOptions) -> list[int]:
+    """The order in which a called (not inlined) function's unordered stateful body
+    nodes ran."""
+    order: list[int] = []
+    graph = af.Graph()
+    with graph.as_default():
+        def probe(k: int) -> Any:
+            def run(v: Any) -> Any:
+                order.append(k)
+                return v
+            return run
+
+        @af.Defun(af.float64, func_name="unordered")
+        def body(x: af.Tensor) -> af.Tensor:
+            parts = []
+            for k in range(12):
+                y = af.py_func(probe(k), [x], af.float64, stateful=True)
+                y.set_shape(())
+                parts.append(y)
+            return af.add_n(parts)
+
+        x = af.placeholder(af.float64, shape=(), name="x")
+        total = af.reshape(body(x), [])
+    no_inlining = af.GraphOptions(
+        optimizer_options=af.OptimizerOptions(do_function_inlining=False))
+    config = af.SessionConfig(executor_options=options, graph_options=no_inlining)
+    with af.Session(graph=graph, config=config) as sess:
+        assert sess.run_sync(total, {x: 1.0}) == 12.0
+    return order
+
+
+def test_a_function_body_runs_with_the_callers_options() -> None:
+    # The body of a call kernel is a step of its own: it must see the session's
+    # shuffle, or a shuffled run would not reach the orders inside calls.
+    by_seed = {seed: _call_orders(af.ExecutorOptions(straight_line=False, shuffle_seed=seed))
+               for seed in range(4)}
+    assert all(sorted(o) == list(range(12)) for o in by_seed.values())
+    assert _call_orders(af.ExecutorOptions(straight_line=False, shuffle_seed=2)) == by_seed[2]
+    assert len({tuple(o) for o in by_seed.values()}) > 1

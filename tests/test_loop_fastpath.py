@@ -1,7 +1,7 @@
 """The frame propagator's loop fast path against its general form.
 
 Every graph here runs twice, on fresh sessions: with the fast path
-(``ExecutorOptions.straight_line``, the default) and with the general FramePropagator
+(``ExecutorOptions.straight_line``, the default) and with the general propagator (PropagatorState)
 only; results, errors (type, node, message) and fetched dead tensors must agree.
 Each test also checks which path ran, so a fast path that silently stopped
 applying cannot pass as agreement.

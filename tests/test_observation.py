@@ -11,7 +11,7 @@ import asyncflow as af
 from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.interpreter import ProgramPropagator
-from asyncflow.runtime.propagators import FramePropagator
+from asyncflow.runtime.propagators import PropagatorState
 from asyncflow.runtime.step import Step
 
 
@@ -51,7 +51,7 @@ def test_a_traced_loop_runs_its_straight_line_program() -> None:
         bound = sess._prepare(out, {}).bound[0]
         for trace in (False, True):
             prop = Step(bound, CallFrame([]), trace=trace)._prop
-            assert isinstance(prop, FramePropagator)
+            assert isinstance(prop, PropagatorState)
             assert any(loop is not None for loop in prop._loops), trace
         md = af.RunMetadata()
         full = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)

@@ -290,3 +290,25 @@ def test_inlined_input_less_nodes_wait_for_every_input() -> None:
     waits = by_name[control].control_inputs
     assert all(by_name[w].op == "Identity" for w in waits)
     assert {by_name[by_name[w].inputs[0][0]].op for w in waits} == {"Switch"}
+
+
+# -- a dead fetch names the user's tensor -------------------------------------------------
+
+@pytest.mark.parametrize("device", ["/cpu:0", "/cpu:1"])
+def test_dead_fetch_names_the_users_tensor_across_devices(device: str) -> None:
+    # Produced on /cpu:1, the fetch reaches the client device through a _Recv: the
+    # error must still name the tensor the user fetched, not the Recv.
+    from asyncflow.ops.control_flow_ops import switch
+
+    g = af.Graph()
+    with g.as_default():
+        p = af.placeholder(af.bool, (), name="p")
+        with af.device(device):
+            _, taken = switch(af.constant(1.0) + 1.0, p, name="branchy")
+            y = af.identity(taken, name="taken")
+    with af.Session(graph=g, config=af.SessionConfig(device_count={"CPU": 2})) as sess:
+        with pytest.raises(af.errors.InvalidArgumentError,
+                           match=r"the fetched tensor 'taken:0' is dead") as info:
+            sess.run_sync(y, {p: False})
+        assert "_recv" not in str(info.value)
+        assert sess.run_sync(y, {p: True}) == 2.0  # the session stays usable

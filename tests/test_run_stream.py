@@ -192,3 +192,28 @@ async def test_cond_outputs_stream_when_the_taken_branch_computed_them(graph: af
     assert {f.name: v for f, v in seen} == {
         outer.name: 200.0, inner.name: 4.0, remote.name: 2.5, slow.name: 3.0,
         passthrough.name: 2.0}
+
+
+@pytest.mark.parametrize("straight_line", [True, False])
+async def test_a_while_loop_output_streams_when_its_loop_exits(graph: af.Graph,
+                                                               straight_line: bool) -> None:
+    # An Exit runs no kernel: the propagator must tell the stream when it delivers the
+    # loop's value, or the value would wait for the slow kernel (whose gate the
+    # consumer opens only after it saw the loop's value).
+    gates: dict[str, asyncio.Event] = {}
+    log: list[str] = []
+    x = af.placeholder(af.float32, shape=(), name="x")
+    slow = _gated("slow", x, gates, log)
+    looped = af.while_loop(lambda i, s: i < 5, lambda i, s: (i + 1, s + x),
+                           (af.constant(0), af.constant(0.0)))
+    options = af.ExecutorOptions(straight_line=straight_line)
+    async with af.Session(graph=graph,
+                          config=af.SessionConfig(executor_options=options)) as sess:
+        seen = []
+        async with asyncio.timeout(5):  # without the Exit hook: slow is never released
+            async for fetch, value in sess.run_stream([slow, looped[1], looped[0]], {x: 2.0}):
+                seen.append((fetch.name, value))
+                if len(seen) == 2:
+                    gates.setdefault("slow", asyncio.Event()).set()
+    assert sorted(seen[:2]) == sorted([(looped[1].name, 10.0), (looped[0].name, 5)])
+    assert seen[2:] == [(slow.name, 3.0)]

@@ -180,13 +180,27 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(
     blocks = [program.block(k) for k in range(len(program.blocks))]
     plan_blocks = [plan_program.block(k) for k in range(len(plan_program.blocks))]
     assert [len(b) for b in blocks] == [len(b) for b in plan_blocks]
-    # Each closure calls the traced kernel of its node: compare the cells.
+    # Each closure records its node: the traced kernel's recording fused into the
+    # closure (observe.traced_op, over the node's own kernel), or a call of the
+    # traced kernel; the plan's own closures record nothing.
     flat = [f for b in blocks for f in b]
-    kernels = [c.cell_contents for f in flat for c in f.__closure__ or ()
-               if callable(c.cell_contents)]
-    assert {traced.nodes[program.node_of[f]].kernel for f in flat} <= set(kernels)
-    untraced = {bound.nodes[plan_program.node_of[f]].kernel for b in plan_blocks for f in b}
-    assert not untraced & set(kernels)
+
+    def cells(f: Any) -> set[Any]:
+        return {c.cell_contents for c in f.__closure__ or () if callable(c.cell_contents)}
+
+    for f in flat:
+        node = program.node_of[f]
+        traced_kernel = traced.nodes[node].kernel
+        if f.__qualname__ == "traced_op.<locals>.traced":
+            assert traced_kernel.compact == (node, bound.nodes[node].kernel)
+            assert bound.nodes[node].kernel in cells(f)
+        else:
+            assert traced_kernel in cells(f)
+    assert any(f.__qualname__ == "traced_op.<locals>.traced" for f in flat)
+    assert not any(f.__qualname__.startswith(("traced_op", "_compact_traced"))
+                   for b in plan_blocks for f in b)
+    traced_kernels = {n.kernel for n in traced.nodes} - {n.kernel for n in bound.nodes}
+    assert not any(traced_kernels & cells(f) for b in plan_blocks for f in b)
 
 
 async def test_tracing_is_the_same_on_every_run_of_a_plan(graph: af.Graph) -> None:

@@ -73,7 +73,7 @@ def _py_func_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
         async def async_kernel(*args: Any) -> Any:
             return convert(await func(*args))
 
-        # What the step runs instead, without this coroutine (see step.PARTS).
+        # What the step runs instead, without this coroutine (see ExecutorOptions.kernel_parts).
         async_kernel.parts = (func, convert)  # type: ignore[attr-defined]
         return async_kernel, registry.ASYNC
 

@@ -130,6 +130,7 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
          options: ExecutorOptions | None = None) -> BoundPlan:
     """Instantiate the kernels of ``plan`` for ``device`` (and ``resources``); its steps
     run as ``options`` say (default: the fastest way)."""
+    options = options if options is not None else _DEFAULT_OPTIONS
     kernel_cache: dict[str, registry.KernelDef] = {}
     static: dict[str, tuple[Callable[..., Any], int]] = {}  # kernels of static factories
     # A Merge is control flow: a plan without frame information has none.
@@ -156,7 +157,7 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
                 continue
         known = static.get(op_type)
         if FUNCTION_ATTR in node.attrs:  # a call the optimizer did not inline
-            kernel, flow = _call_kernel(node, device, resources, bodies, op_lookup)
+            kernel, flow = _call_kernel(node, device, resources, bodies, op_lookup, options)
         elif known is not None:
             kernel, flow = known
         else:
@@ -180,7 +181,6 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
             operator.itemgetter(*ins) if arity > 2 else None, flow)))
     # Without control-flow info there is no Switch / Merge (no CONTROL or SPECIAL kind):
     # all_inline then means every node is an inline kernel.
-    options = options if options is not None else _DEFAULT_OPTIONS
     schedulable = (options.straight_line and plan.frames is None and all_inline
                    and runs_straight_line(n.flow for n in nodes))
     return BoundPlan(plan, tuple(nodes), op_lookup, device, all_inline, plan.loops, schedulable,
@@ -203,13 +203,15 @@ def _kernel_def(node: NodeDef, device: LocalDevice, cache: dict[str, registry.Ke
 
 
 def _call_kernel(node: NodeDef, device: LocalDevice, resources: Any, bodies: dict[Any, Any],
-                 op_lookup: Callable[[str], Any] | None) -> tuple[Callable[..., Any], int]:
+                 op_lookup: Callable[[str], Any] | None,
+                 options: ExecutorOptions) -> tuple[Callable[..., Any], int]:
+    """The kernel of a call node; its body runs with the caller's ``options``."""
     factory = call_kernel_factory[0]
     if factory is None:
         raise errors.NotFoundError(None, _op_for(node, op_lookup),
                                    f"no kernel for function call {node.name!r} (op "
                                    f"{node.op}): asyncflow.runtime.function_call is not loaded")
-    return factory(node, device, resources, bodies)
+    return factory(node, device, resources, bodies, options)
 
 
 def _op_for(node: NodeDef, op_lookup: Callable[[str], Any] | None) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 from asyncflow.compiler.ir import FUNCTION_ATTR, FunctionIR, GraphIR, NodeDef
 from asyncflow.compiler.optimize import OPTIONS_ATTR
 from asyncflow.compiler.pipeline import Compiled, compile_signature
-from asyncflow.config import OptimizerOptions
+from asyncflow.config import ExecutorOptions, OptimizerOptions
 from asyncflow.framework import registry
 from asyncflow.runtime import bind as _bind
 from asyncflow.runtime.bind import BoundPlan
@@ -56,23 +56,26 @@ class _Body:
     __slots__ = ("bound", "name", "retval_map")
 
     def __init__(self, fn: FunctionIR, device: LocalDevice, resources: Any,
-                 options: OptimizerOptions) -> None:
+                 options: OptimizerOptions, executor_options: ExecutorOptions) -> None:
         compiled = compile_body(fn, device.name, options)
         (plan,) = compiled.plans
         self.name = fn.name
-        self.bound: BoundPlan = _bind.bind(plan, device, resources)
+        # The body runs as its caller's steps do (engine, hand-offs, shuffle).
+        self.bound: BoundPlan = _bind.bind(plan, device, resources, options=executor_options)
         self.retval_map = compiled.retval_map
 
 
 def make_call_kernel(node: NodeDef, device: LocalDevice, resources: Any,
-                     bodies: dict[Any, Any]) -> tuple[Callable[..., Any], int]:
-    """The ASYNC kernel of call node ``node`` (bodies are shared through ``bodies``)."""
+                     bodies: dict[Any, Any],
+                     executor_options: ExecutorOptions) -> tuple[Callable[..., Any], int]:
+    """The ASYNC kernel of call node ``node`` (bodies are shared through ``bodies``),
+    its body bound with the caller's ``executor_options``."""
     fn: FunctionIR = node.attrs[FUNCTION_ATTR]
     options = node.attrs.get(OPTIONS_ATTR, _NOT_INLINED)
     key = (id(fn), options)
     body: _Body | None = bodies.get(key)
     if body is None:
-        body = bodies[key] = _Body(fn, device, resources, options)
+        body = bodies[key] = _Body(fn, device, resources, options, executor_options)
     prefix = node.name + "/"
     single = len(node.outputs) == 1
     bound, retval_map = body.bound, body.retval_map

@@ -36,7 +36,7 @@ from asyncflow.compiler.loop_schedule import (
 )
 from asyncflow.compiler.schedule import StaticProgram, lower_static_order
 from asyncflow.runtime.gc_pause import gc_paused
-from asyncflow.runtime.observe import current_trace
+from asyncflow.runtime.observe import current_trace, traced_op
 from asyncflow.runtime.propagators import (
     CHECK_EVERY,
     Dead,
@@ -58,7 +58,7 @@ def merge_pick(vals: list[Any], candidates: Sequence[tuple[int, Any]]) -> tuple[
     """THE straight-line form of the Merge rule: (value, index) of the first live
     candidate ``(slot, index)`` in program order, or (dead, dead) with the first dead
     one when none is live.  (The pending-count engines fire on the same rule as
-    inputs arrive: :func:`~asyncflow.runtime.propagators.merge_fires`.)"""
+    inputs arrive: :func:`~asyncflow.runtime.propagators.merge_arrive`.)"""
     first_dead = None
     for slot, index in candidates:
         v = vals[slot]
@@ -71,7 +71,11 @@ def merge_pick(vals: list[Any], candidates: Sequence[tuple[int, Any]]) -> tuple[
 
 def _kernel_closure(kernel: Any, ins: tuple[int, ...], out: int,
                     frees: tuple[int, ...]) -> Op:
-    """The shortest closures: one output, one or two inputs, at most one slot to free."""
+    """The shortest closures: one output, one or two inputs, at most one slot to free
+    (a traced kernel's with its recording fused in: ``observe.traced_op``)."""
+    traced = traced_op(kernel, ins, out, frees[0] if frees else -1)
+    if traced is not None:
+        return traced
     a, b = ins[0], ins[-1]
     if len(ins) == 2 and not frees:
         def k2(vals: list[Any]) -> None:

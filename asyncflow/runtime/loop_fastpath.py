@@ -3,13 +3,13 @@
 :func:`fast_loops` binds the compiler's
 :class:`~asyncflow.compiler.loop_schedule.LoopSchedule` of each eligible loop frame
 to the plan's kernels (once per bound plan, remembered with it; the step hands them
-to its :class:`~asyncflow.runtime.propagators.FramePropagator`): the head and the
+to its :class:`~asyncflow.runtime.propagators.PropagatorState`): the head and the
 body of an iteration that goes on become closures of the straight-line interpreter
 (:mod:`asyncflow.runtime.interpreter`), one call per node.  :class:`LoopRun` is one
 instance of such a frame in a step: one flat value list, reused from iteration to
 iteration, and the iteration counter.
 
-The :class:`~asyncflow.runtime.propagators.FramePropagator` stays in charge of
+The :class:`~asyncflow.runtime.propagators.PropagatorState` stays in charge of
 frames: it creates a ``LoopRun`` when the frame is entered, gives it the Enters'
 values, calls :meth:`LoopRun.advance` from its drain (resumable between iterations,
 so the step still yields to the event loop on its time slice), and afterwards

@@ -1,32 +1,34 @@
-"""Propagators: which nodes of a step are ready, and where their values live.
+"""The general propagator: which nodes of a step are ready, and where their values live.
 
-TensorFlow's executor delegates readiness to a propagator chosen once per graph
-(``SimplePropagatorState`` without loops, ``PropagatorState`` with them).  So does
-:class:`~asyncflow.runtime.step.Step`:
+TensorFlow's executor delegates readiness to a propagator; here there is one,
+:class:`PropagatorState` (beside the straight-line interpreter of
+:mod:`asyncflow.runtime.interpreter`, which runs what a fixed order expresses):
 
-* :class:`PlainPropagator` — a graph without loop frames.  Values live in one list
-  indexed by slot; ``pending[i]`` counts node ``i``'s unfinished producers; a node at
-  zero is pushed on the ``ready`` stack (LIFO: finishing a chain first frees its
-  values sooner).  Cheap kernels run right inside :meth:`PlainPropagator.drain`, the
-  per-node hot path.  ``cond`` needs no frames: a Switch, a Merge, the producers of a
-  Merge's inputs and dead nodes leave the hot path for :meth:`PlainPropagator._special`,
-  which propagates *dead tensors* (a non-Merge node with a dead data or control input
-  is dead; a Merge fires on its first live input, or dead when all are dead).
-* :class:`FramePropagator` — a graph with loops.  Tokens are ``(node, frame,
-  iteration)``: a tree of frame instances (one per loop entered, per parent
-  iteration), each with its live iterations; Enter delivers into iteration 0 of the
-  child frame (a constant Enter into every iteration), NextIteration into the next
-  iteration (a dead one ends the loop; at most ``parallel_iterations`` in flight,
-  later ones queue), Exit into the parent frame; a frame instance with no work left
-  delivers its Exits that never got a live value as dead.  A loop frame the compiler
-  gave a straight-line schedule (only inline kernels, no nested loop) runs instead
-  as a tight loop over one reused value list (:mod:`asyncflow.runtime.loop_fastpath`)
-  once all its Enters arrived, and hands back to the general form if it meets what
-  that does not model; traced steps take the same path (with traced kernels).
+* The root frame: values in one list indexed by slot; ``pending[i]`` counts node
+  ``i``'s unfinished producers; a node at zero is pushed on the ``ready`` stack
+  (LIFO: finishing a chain first frees its values sooner).  Cheap kernels run right
+  inside :meth:`PropagatorState._drain_root`, the per-node hot loop.  ``cond``
+  needs no frames: a Switch, a Merge, the producers of a Merge's inputs, dead nodes
+  and Enters leave the hot path for :meth:`PropagatorState._special`, which
+  propagates *dead tensors* (a non-Merge node with a dead data or control input is
+  dead; a Merge fires on its first live input, or dead when all are dead).  A plan
+  without loops never leaves the root frame and pays nothing for frames.
+* Loop frames: tokens ``(node, frame, iteration)``: a tree of frame instances (one
+  per loop entered, per parent iteration), each with its live iterations; Enter
+  delivers into iteration 0 of the child frame (a constant Enter into every
+  iteration), NextIteration into the next iteration (a dead one ends the loop; at
+  most ``parallel_iterations`` in flight, later ones queue), Exit into the parent
+  frame (the root's lists for an outermost loop); a frame instance with no work
+  left delivers its Exits that never got a live value as dead.  A loop frame the
+  compiler gave a straight-line schedule (only inline kernels, no nested loop) runs
+  instead as a tight loop over one reused value list
+  (:mod:`asyncflow.runtime.loop_fastpath`) once all its Enters arrived, and hands
+  back to the general form if it meets what that does not model; traced steps take
+  the same path (with traced kernels).
 
-Both free a value after its last reader (per iteration in loops), run inline kernels
-without a task, hand every other node to ``step.dispatch``, and report a fetched
-dead tensor as ``InvalidArgumentError`` naming it.
+Values are freed after their last reader (per iteration in loops), inline kernels
+run without a task, every other node goes to ``step.dispatch``, and a fetched dead
+tensor is an ``InvalidArgumentError`` naming it.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,8 +58,9 @@ if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundNode, BoundPlan
 
 __all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "Dead",
-           "FastLoop", "FastRun", "FramePropagator", "PlainPropagator", "Propagator",
-           "Step", "first_dead", "merge_fires", "slice_over", "switch_outputs"]
+           "FastLoop", "FastRun", "Propagator", "PropagatorState",
+           "Step", "first_dead", "merge_arrive", "merge_outputs", "slice_over",
+           "switch_outputs"]
 
 #: Nodes run between two looks at the clock while draining.
 CHECK_EVERY = 256
@@ -75,7 +78,7 @@ def first_dead(values: Iterable[Any]) -> Dead | None:
     """THE dead-input rule, every engine's: a node other than a Merge with a dead
     input — a data input holding a dead value, or a control input from a dead node
     (whose first output is dead) — is dead, with the first dead value found; its
-    outputs are that value and its kernel never runs.  (A Merge: ``merge_fires``.)"""
+    outputs are that value and its kernel never runs.  (A Merge: ``merge_arrive``.)"""
     for v in values:
         if v.__class__ is Dead:
             return v
@@ -88,13 +91,44 @@ def switch_outputs(data: Any, pred: Any, marker: Dead) -> tuple[Any, Any]:
     return (marker, data) if pred else (data, marker)
 
 
-def merge_fires(controls_left: int, dead: int, first_live: int, expected: int) -> bool:
-    """THE Merge rule of the pending-count engines: a Merge runs once its control
-    inputs are done and either an input arrived live (it forwards the first live one,
-    with its index) or ``expected`` inputs arrived dead (it is dead).  A loop Merge
-    expects one input per iteration; a straight-line program resolves the same
-    rule statically (the first live candidate in program order)."""
-    return controls_left <= 0 and (first_live >= 0 or dead >= expected)
+def merge_arrive(m: list[Any], arrived: Iterable[tuple[int, Any]], control: bool,
+                 expected: int) -> bool:
+    """THE Merge rule of the general engine (root frame and loop frames alike), for
+    inputs arriving at Merge state ``m`` = [control inputs left, dead inputs, first
+    live input's position (-1: none yet), fired, first dead value]: ``arrived`` are
+    the (position, value) of the data inputs that just came, ``control`` whether a
+    control input did.  True when the Merge fires now: its control inputs are done
+    and either an input arrived live (it forwards the first live one, with its
+    position: :func:`merge_outputs`) or ``expected`` inputs arrived dead (it is
+    dead).  A loop Merge expects one input per iteration.  The straight-line form,
+    ``interpreter.merge_pick``, resolves the same rule once every input is known:
+    the first live one in input order."""
+    if m[3]:
+        return False  # fired already (in this iteration)
+    if control:
+        m[0] -= 1
+    for pos, v in arrived:
+        if v.__class__ is Dead:
+            m[1] += 1
+            if m[4] is None:
+                m[4] = v
+        elif m[2] < 0:
+            m[2] = pos
+    fires: bool = m[0] <= 0 and (m[2] >= 0 or m[1] >= expected)
+    m[3] = fires
+    return fires
+
+
+def merge_outputs(m: list[Any], inputs: Sequence[int], read: Callable[[int], Any],
+                  bound: BoundPlan, i: int) -> tuple[Any, Any]:
+    """The two outputs of Merge ``i`` that fired with state ``m`` (see
+    :func:`merge_arrive`): its first live input's value (``read`` of its slot) and
+    position, or its first dead input twice (a fresh marker naming the Merge when
+    none was recorded)."""
+    if m[2] < 0:
+        dead = m[4] or Dead(bound.ops[i].name)
+        return dead, dead
+    return read(inputs[m[2]]), np.int32(m[2])
 
 _INLINE = registry.INLINE
 _SEND = registry.SEND
@@ -157,14 +191,114 @@ def _check_outputs(v: Any, nout: int) -> Any:
 
 
 def _dead_fetch(bound: BoundPlan, k: int, v: Dead) -> errors.InvalidArgumentError:
+    """The error of fetch ``k`` holding a dead value, naming the user's tensor: a fetch
+    produced on another device arrives through a ``_Recv``, whose name the user never
+    wrote, so the Recv's ``tensor_name`` (the tensor sent) is named instead."""
     name, index = bound.plan.partition.retvals[k][1]
-    op = next((o for o, n in zip(bound.ops, bound.plan.nodes) if n.name == name), None)
+    at = next((i for i, n in enumerate(bound.plan.nodes) if n.name == name), None)
+    node = bound.plan.nodes[at] if at is not None else None
+    tensor, cause = f"{name}:{index}", f"the untaken output of Switch {v.origin!r}"
+    if node is not None and node.op == "_Recv":
+        tensor = str(node.attrs["tensor_name"])
+        cause = (f"the untaken output of a Switch on {node.attrs['send_device']}, "
+                 f"from which it was sent dead")
+    op = bound.ops[at] if at is not None else None
     return errors.InvalidArgumentError(
-        None, op, f"Retval[{k}] does not have value: the fetched tensor '{name}:{index}' "
-                  f"is dead: it depends on the untaken output of Switch {v.origin!r}")
+        None, op, f"Retval[{k}] does not have value: the fetched tensor '{tensor}' "
+                  f"is dead: it depends on {cause}")
 
 
-# -- no loops ---------------------------------------------------------------------------
+# -- loops ------------------------------------------------------------------------------
+
+#: Outcomes of :meth:`FastRun.advance`.
+RUNNING, DONE, HANDOFF, FAILED = range(4)
+
+
+class FastLoop(Protocol):
+    """A loop frame's fast path, bound once per plan
+    (:class:`asyncflow.runtime.loop_fastpath.BoundLoop`)."""
+
+    @property
+    def exit_markers(self) -> Sequence[tuple[int, Dead]]:
+        """Per Exit: the dead value it holds in an iteration that goes on."""
+
+    def start(self) -> FastRun:
+        """A new instance of the frame (its Enters' values come next)."""
+
+
+class FastRun(Protocol):
+    """One frame instance on the fast path (:class:`~asyncflow.runtime.loop_fastpath.LoopRun`)."""
+
+    entered: list[tuple[int, Any]]   # the Enters' (node, value), in arrival order
+    exits: list[tuple[int, Any]]     # DONE: the Exits' (node, value) of the last iteration
+    carried: list[tuple[int, Any]]   # HANDOFF: the NextIterations' (node, value)
+    iteration: int                   # DONE / HANDOFF: the last iteration run
+
+    @property
+    def loop(self) -> FastLoop:
+        """The frame's fast path."""
+
+    def begin(self) -> bool:
+        """All Enters arrived: start (False: a value entered dead; the general form runs)."""
+
+    def advance(self, until: float, step: Step) -> int:
+        """Run iterations: RUNNING (time is up), DONE, HANDOFF or FAILED."""
+
+
+class _Iteration:
+    __slots__ = ("children", "dead", "merges", "outstanding", "pending", "refs", "vals")
+
+    def __init__(self) -> None:
+        self.vals: dict[int, Any] = {}
+        self.pending: dict[int, int] = {}
+        self.refs: dict[int, int] = {}
+        self.dead: dict[int, Dead] = {}
+        # Merge node -> its state (see merge_arrive)
+        self.merges: dict[int, list[Any]] = {}
+        self.outstanding = 0
+        self.children = 0
+
+
+class _Frame:
+    __slots__ = (
+        "children",
+        "dead_exits",
+        "delivered",
+        "fast",
+        "id",
+        "invariants",
+        "iters",
+        "name",
+        "parent",
+        "parent_iter",
+        "pending_enters",
+        "static",
+        "waiting",
+    )
+
+    def __init__(self, static: int, name: str, parent: _Frame | None, parent_iter: int,
+                 pending_enters: int) -> None:
+        self.static = static
+        #: The instance name ("parent;iteration;frame"), the same in every partition
+        #: holding part of the loop; ``id`` (its hash) goes into rendezvous keys.
+        self.name = name
+        self.id = 0 if parent is None else int.from_bytes(
+            hashlib.blake2b(name.encode(), digest_size=7).digest(), "big")
+        self.parent = parent
+        self.parent_iter = parent_iter
+        self.iters: dict[int, _Iteration] = {0: _Iteration()}
+        self.pending_enters = pending_enters
+        self.invariants: list[tuple[int, Any]] = []
+        self.waiting: deque[tuple[int, int, Any]] = deque()  # (iteration, node, value)
+        self.delivered: set[int] = set()
+        self.dead_exits: dict[int, Dead] = {}
+        self.children: dict[tuple[int, int], _Frame] = {}
+        #: The fast path's run of this instance, while it has one (then ``iters`` is
+        #: unused: the run holds the values until it is done or hands back).
+        self.fast: FastRun | None = None
+
+
+# -- the general propagator ---------------------------------------------------------------------------
 
 #: The merges of every plain propagator without control flow: never written (only a
 #: Merge node writes, and there is none), so one dict serves them all.
@@ -177,15 +311,32 @@ def _shuffler(bound: BoundPlan) -> Any:
         return None
     return bound.options.shuffler().shuffle  # type: ignore[union-attr]
 
+class PropagatorState:
+    """THE general engine: readiness by pending counts, dead tensors, and the frames
+    and iterations of loops (TensorFlow's ``PropagatorState``).
 
-class PlainPropagator:
-    """Readiness by pending counts over one value list (graphs without loop frames)."""
+    The root frame (its one iteration) is flat lists indexed by slot or node —
+    ``_vals``, ``_pending``, ``_refs``, ``_dead``, ``_merges`` — and its ready nodes
+    (ints, on the ``_ready`` stack) run in the per-node hot loop,
+    :meth:`_drain_root`.  A plan without loops never leaves it: ``_root`` stays None
+    and nothing is paid for frames.  A loop's frame instances and iterations
+    (:class:`_Frame`, :class:`_Iteration`: dicts) have ``(node, frame, iteration)``
+    tokens, queued on ``_fready`` and run by :meth:`_drain_frames`; a root Enter
+    moves its value into a frame (:meth:`_enter`), an Exit back into the root lists
+    (:meth:`_deliver`).  Invariant: a root node's consumers are root nodes or Enters
+    (a loop is entered only through its Enters), so the hot loop never meets a node
+    of a loop frame.
+    """
 
-    __slots__ = ("_bound", "_dead", "_kinds", "_merges", "_nodes", "_pending",
-                 "_ready", "_refs", "_shuffle", "_step", "_vals")
+    __slots__ = ("_bound", "_dead", "_fready", "_info", "_initial", "_initial_pending",
+                 "_initial_refs", "_kinds", "_loops", "_merges", "_nodes", "_on_exit",
+                 "_pending", "_pick", "_ready", "_refs", "_root", "_shuffle", "_step",
+                 "_vals")
+    _loops: Sequence[FastLoop | None]
+    _info: FrameInfo  # (read by the loop side only: set whenever there are loops)
 
     def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
-                 args: Sequence[Any]) -> None:
+                 args: Sequence[Any], loops: Sequence[FastLoop | None] = ()) -> None:
         plan = bound.plan
         self._step = step
         self._bound = bound
@@ -202,20 +353,58 @@ class PlainPropagator:
         # Invariant: _dead[i] is the Dead marker node i inherits, or None while live.
         self._dead: list[Dead | None] | None = [None] * len(nodes) if info is not None else None
         self._kinds = info.kind if info is not None else ()
-        # Merge node -> [control producers left, dead inputs, first live input, fired, origin]
+        # Merge node -> its state (see merge_arrive)
         # (no Merge without control flow: then one shared, always empty dict)
         self._merges: dict[int, list[Any]] = {} if info is not None else _NO_MERGES
         self._shuffle = _shuffler(bound)
+        self._init_frames(bound, loops)
+
+    def _init_frames(self, bound: BoundPlan, loops: Sequence[FastLoop | None]) -> None:
+        """The loop side: the root frame instance (only with loops) and its helpers."""
+        plan = bound.plan
+        self._info = plan.frames  # type: ignore[assignment]
+        self._initial = plan.initial_values
+        self._initial_pending = plan.initial_pending
+        self._initial_refs = plan.initial_refs
+        self._loops = loops  # the fast path per static frame (none: the general form)
+        self._fready: deque[tuple[int, _Frame, int]] = deque()
+        # The frame tree's root; its values are the flat lists above, its iteration
+        # only counts the child frames it holds.  None: a plan without loops.
+        self._root: _Frame | None = _Frame(0, "", None, 0, 0) if bound.frames else None
+        # (Tests only, ExecutorOptions.shuffle_seed: which ready frame token runs next.)
+        rng = bound.options.shuffler() if bound.options.shuffle_seed is not None else None
+        self._pick = rng.randrange if rng is not None else None
+        # A streaming step's hook: an Exit delivered a fetched value (None: nobody streams).
+        self._on_exit: Any = bound.derived.get("on_exit")
 
     def has_ready(self) -> bool:
-        return bool(self._ready)
+        return bool(self._ready or self._fready)
 
     def clear(self) -> None:
         self._ready.clear()
+        self._fready.clear()
 
     def drain(self, until: float) -> bool:
         """Run ready nodes until none is left (True), or until the clock passes ``until``
-        (False: the step yields to the event loop, then drains again).
+        (False: the step yields to the event loop, then drains again): the root
+        frame's in the hot loop, then the loop frames' tokens, in turn until neither
+        has work (an Exit readies root nodes, a root Enter frame tokens)."""
+        step = self._step
+        trace = step._trace
+        while True:
+            if trace is not None:
+                trace.label = None  # root nodes run in no frame
+            if not self._drain_root(until):
+                return False
+            if not self._fready or step._error is not None:
+                return True
+            if not self._drain_frames(until):
+                return False
+            if not self._ready:
+                return True
+
+    def _drain_root(self, until: float) -> bool:
+        """Run the root frame's ready nodes (see :meth:`drain`).
 
         The hot loop (longer than the house's 60 lines on purpose): this is the
         per-node hot path and is kept in one piece: every
@@ -303,7 +492,11 @@ class PlainPropagator:
         return True
 
     def complete(self, token: Any, v: Any) -> None:
-        """Store node ``token``'s outputs, release its inputs, and ready its consumers."""
+        """Store node ``token``'s outputs, release its inputs, and ready its consumers
+        (a root node's token is its index, a loop frame node's a tuple)."""
+        if token.__class__ is not int:
+            self._complete_token(token, v)
+            return
         i: int = token
         node = self._nodes[i]
         nout = node.num_outputs
@@ -344,7 +537,7 @@ class PlainPropagator:
             if not p:
                 push(c)
 
-    # -- off the hot path: dispatch and dead tensors -----------------------------------------
+    # -- the root frame off the hot path: dispatch, dead tensors, Enter -----------------------------------------
 
     def _special(self, i: int) -> None:
         node = self._nodes[i]
@@ -364,17 +557,22 @@ class PlainPropagator:
         if cf == CF_MERGE:
             # No entry: every input is a preloaded constant (always live): the first.
             m = self._merges.pop(i, None) or [0, 0, 0, True, None]
-            if m[2] < 0:
-                d = m[4] or Dead(step._bound.ops[i].name)
-                self._store(node, (d, d))
-                self._propagate(i, node, d)
-            else:
-                self._store(node, (vals[node.inputs[m[2]]], np.int32(m[2])))
-                self._propagate(i, node, None)
+            outs = merge_outputs(m, node.inputs, vals.__getitem__, self._bound, i)
+            self._store(node, outs)
+            self._propagate(i, node, outs[1] if outs[1].__class__ is Dead else None)
             if self._step._trace is not None:
                 self._trace_control(i)
             return
         dead = self._dead[i] if self._dead is not None else None
+        if cf == CF_ENTER:  # into a loop frame (a dead value enters dead)
+            root = self._root
+            assert root is not None
+            value = dead if dead is not None else vals[node.inputs[0]]
+            self._release(node)
+            if step._trace is not None:
+                self._trace_control(i)
+            self._enter(i, root, 0, value)
+            return
         if dead is not None:
             if node.flow == _SEND:  # transfers run dead: the peer learns the deadness
                 step.dispatch(i, i, node, [None] * node.arity, 0, 0, True)
@@ -404,8 +602,10 @@ class PlainPropagator:
                                                    f"expected {node.num_outputs}")
         self._vals[node.out:node.out + node.num_outputs] = outs
 
-    def _propagate(self, i: int, node: BoundNode, node_dead: Dead | None) -> None:
-        """Ready node ``i``'s consumers, marking those its dead outputs reach; then free.
+    def _propagate(self, i: int, node: BoundNode, node_dead: Dead | None,
+                   release: bool = True) -> None:
+        """Ready node ``i``'s consumers, marking those its dead outputs reach; then free
+        (``release``: its inputs are root slots, not an Exit's in a frame).
 
         A consumer reached from a dead node is dead (through data or control edges);
         one that reads a dead output of a live node (a Switch's untaken side) is dead
@@ -430,7 +630,8 @@ class PlainPropagator:
             pending[c] = p
             if not p:
                 push(c)
-        self._release(node)
+        if release:
+            self._release(node)
 
     def _release(self, node: BoundNode) -> None:
         """Free the slots whose last reader ``node`` is (the hot loop does this inline)."""
@@ -449,26 +650,11 @@ class PlainPropagator:
         (none of them read by ``c``: a control edge)."""
         m = self._merges.get(c)
         if m is None:
-            info = self._bound.plan.frames
-            assert info is not None
-            m = self._merges[c] = [info.merge_controls[c], 0, -1, False, None]
-        if m[3]:
-            return  # already fired
+            m = self._merges[c] = [self._info.merge_controls[c], 0, -1, False, None]
         vals = self._vals
-        data = False
-        for pos, s in enumerate(self._nodes[c].inputs):
-            if first <= s < end:
-                data = True
-                v = vals[s]
-                if isinstance(v, Dead):
-                    m[1] += 1
-                    m[4] = m[4] or v
-                elif m[2] < 0:
-                    m[2] = pos
-        if not data:
-            m[0] -= 1
-        if merge_fires(m[0], m[1], m[2], self._nodes[c].arity):
-            m[3] = True
+        node = self._nodes[c]
+        arrived = [(pos, vals[s]) for pos, s in enumerate(node.inputs) if first <= s < end]
+        if merge_arrive(m, arrived, not arrived, node.arity):
             self._ready.append(c)
 
     def _trace_control(self, i: int) -> None:
@@ -486,152 +672,30 @@ class PlainPropagator:
                     raise _dead_fetch(self._bound, k, v)
         return out
 
-
-# -- loops ------------------------------------------------------------------------------
-
-#: Outcomes of :meth:`FastRun.advance`.
-RUNNING, DONE, HANDOFF, FAILED = range(4)
-
-
-class FastLoop(Protocol):
-    """A loop frame's fast path, bound once per plan
-    (:class:`asyncflow.runtime.loop_fastpath.BoundLoop`)."""
-
-    @property
-    def exit_markers(self) -> Sequence[tuple[int, Dead]]:
-        """Per Exit: the dead value it holds in an iteration that goes on."""
-
-    def start(self) -> FastRun:
-        """A new instance of the frame (its Enters' values come next)."""
-
-
-class FastRun(Protocol):
-    """One frame instance on the fast path (:class:`~asyncflow.runtime.loop_fastpath.LoopRun`)."""
-
-    entered: list[tuple[int, Any]]   # the Enters' (node, value), in arrival order
-    exits: list[tuple[int, Any]]     # DONE: the Exits' (node, value) of the last iteration
-    carried: list[tuple[int, Any]]   # HANDOFF: the NextIterations' (node, value)
-    iteration: int                   # DONE / HANDOFF: the last iteration run
-
-    @property
-    def loop(self) -> FastLoop:
-        """The frame's fast path."""
-
-    def begin(self) -> bool:
-        """All Enters arrived: start (False: a value entered dead; the general form runs)."""
-
-    def advance(self, until: float, step: Step) -> int:
-        """Run iterations: RUNNING (time is up), DONE, HANDOFF or FAILED."""
-
-
-class _Iteration:
-    __slots__ = ("children", "dead", "merges", "outstanding", "pending", "refs", "vals")
-
-    def __init__(self) -> None:
-        self.vals: dict[int, Any] = {}
-        self.pending: dict[int, int] = {}
-        self.refs: dict[int, int] = {}
-        self.dead: dict[int, Dead] = {}
-        # Merge node -> [controls left, dead inputs, first live input position, fired]
-        self.merges: dict[int, list[int]] = {}
-        self.outstanding = 0
-        self.children = 0
-
-
-class _Frame:
-    __slots__ = (
-        "children",
-        "dead_exits",
-        "delivered",
-        "fast",
-        "id",
-        "invariants",
-        "iters",
-        "name",
-        "parent",
-        "parent_iter",
-        "pending_enters",
-        "static",
-        "waiting",
-    )
-
-    def __init__(self, static: int, name: str, parent: _Frame | None, parent_iter: int,
-                 pending_enters: int) -> None:
-        self.static = static
-        #: The instance name ("parent;iteration;frame"), the same in every partition
-        #: holding part of the loop; ``id`` (its hash) goes into rendezvous keys.
-        self.name = name
-        self.id = 0 if parent is None else int.from_bytes(
-            hashlib.blake2b(name.encode(), digest_size=7).digest(), "big")
-        self.parent = parent
-        self.parent_iter = parent_iter
-        self.iters: dict[int, _Iteration] = {0: _Iteration()}
-        self.pending_enters = pending_enters
-        self.invariants: list[tuple[int, Any]] = []
-        self.waiting: deque[tuple[int, int, Any]] = deque()  # (iteration, node, value)
-        self.delivered: set[int] = set()
-        self.dead_exits: dict[int, Dead] = {}
-        self.children: dict[tuple[int, int], _Frame] = {}
-        #: The fast path's run of this instance, while it has one (then ``iters`` is
-        #: unused: the run holds the values until it is done or hands back).
-        self.fast: FastRun | None = None
-
-
-class FramePropagator:
-    """Readiness per (node, frame instance, iteration) (graphs with loops)."""
-
-    __slots__ = ("_bound", "_info", "_initial", "_initial_pending", "_initial_refs",
-                 "_loops", "_nodes", "_pick", "_ready", "_root", "_step")
-    _loops: Sequence[FastLoop | None]
-
-    def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
-                 args: Sequence[Any], loops: Sequence[FastLoop | None] = ()) -> None:
-        plan = bound.plan
-        assert plan.frames is not None
-        self._step = step
-        self._bound = bound
-        self._nodes = nodes
-        self._info: FrameInfo = plan.frames
-        self._initial = plan.initial_values
-        self._initial_pending = plan.initial_pending
-        self._initial_refs = plan.initial_refs
-        # The fast path per static frame (none: every frame runs in general form).
-        self._loops = loops
-        self._root = _Frame(0, "", None, 0, 0)
-        root_vals = self._root.iters[0].vals
-        for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
-            root_vals[s] = args[k]
-        self._ready: deque[tuple[int, _Frame, int]] = deque()
-        # (Tests only, ExecutorOptions.shuffle_seed: which ready token runs next.)
-        rng = bound.options.shuffler() if bound.options.shuffle_seed is not None else None
-        self._pick = rng.randrange if rng is not None else None
-        for i in plan.initial_ready:
-            self._push(i, self._root, 0)
-
-    def has_ready(self) -> bool:
-        return bool(self._ready)
-
-    def clear(self) -> None:
-        self._ready.clear()
+    # -- loop frames ---------------------------------------------------------------------
 
     def release(self) -> None:
         """The step is over: unlink the frame instances a failed or cancelled step left
         (each holds its parent, which holds it), so they are freed without the cycle
         collector.  A finished step has removed them all already."""
-        frames = list(self._root.children.values())
+        root = self._root
+        if root is None:
+            return
+        frames = list(root.children.values())
         while frames:
             frame = frames.pop()
             frames.extend(frame.children.values())
             frame.children.clear()
             frame.parent = None
-        self._root.children.clear()
+        root.children.clear()
 
     def _push(self, i: int, frame: _Frame, it: int) -> None:
         frame.iters[it].outstanding += 1
-        self._ready.append((i, frame, it))
+        self._fready.append((i, frame, it))
 
-    def drain(self, until: float) -> bool:
-        ready = self._ready
+    def _drain_frames(self, until: float) -> bool:
+        """Run the loop frames' ready tokens (see :meth:`drain`)."""
+        ready = self._fready
         step = self._step
         kinds = self._info.kind
         budget = CHECK_EVERY
@@ -705,14 +769,10 @@ class FramePropagator:
 
     def _run_merge(self, i: int, frame: _Frame, it: int, st: _Iteration,
                    node: BoundNode) -> None:
-        """A Merge that fired (``merge_fires``): its first live input, or dead."""
-        m = st.merges.pop(i)
-        if m[2] < 0:
-            all_dead = st.dead.get(i) or Dead(self._bound.ops[i].name)
-            self._complete(i, frame, it, (all_dead, all_dead), all_dead)
-        else:
-            value = self._read(st, node.inputs[m[2]])
-            self._complete(i, frame, it, (value, np.int32(m[2])), None)
+        """A Merge that fired (``merge_arrive``): its first live input, or dead."""
+        outs = merge_outputs(st.merges.pop(i), node.inputs, lambda s: self._read(st, s),
+                             self._bound, i)
+        self._complete(i, frame, it, outs, outs[1] if outs[1].__class__ is Dead else None)
         if self._step._trace is not None:
             self._trace_control(i)
 
@@ -721,18 +781,13 @@ class FramePropagator:
         """Enter, Exit, NextIteration: move the value between frames and iterations."""
         dead = st.dead.get(i)
         value = dead if dead is not None else self._read(st, node.inputs[0])
-        self._release(st, node)
+        self._release_in(st, node)
         if self._step._trace is not None:
             self._trace_control(i)
         if kind == CF_ENTER:
             self._enter(i, frame, it, value)
         elif kind == CF_EXIT:
-            if isinstance(value, Dead):
-                frame.dead_exits[i] = value  # delivered dead if no live value ever comes
-            elif i not in frame.delivered:
-                frame.delivered.add(i)
-                assert frame.parent is not None
-                self._deliver(i, value, frame.parent, frame.parent_iter)
+            self._exit(i, value, frame)
             self._done_token(frame, it)
         elif kind == CF_NEXT:
             if not isinstance(value, Dead):
@@ -741,6 +796,22 @@ class FramePropagator:
         else:
             raise errors.InternalError(None, self._bound.ops[i],
                                        f"unknown control-flow kind {kind}")
+
+    def _exit(self, i: int, value: Any, frame: _Frame) -> None:
+        """Exit ``i`` of ``frame`` got ``value``: its first live value goes to the parent
+        frame at once (a dead one waits: delivered dead if no live value ever comes).
+        Into the root frame it is a step's result: a stream is told (``on_exit``)."""
+        if isinstance(value, Dead):
+            frame.dead_exits[i] = value
+            return
+        if i in frame.delivered:
+            return
+        frame.delivered.add(i)
+        parent = frame.parent
+        assert parent is not None
+        self._deliver(i, value, parent, frame.parent_iter)
+        if self._on_exit is not None and parent is self._root:
+            self._on_exit(i, value)
 
     def _enter(self, i: int, frame: _Frame, it: int, value: Any) -> None:
         child = self._child(frame, it, self._info.child[i])
@@ -787,7 +858,7 @@ class FramePropagator:
         kinds = self._info.kind
         pending = st.pending
         initial_pending = self._initial_pending
-        push = self._ready.append
+        push = self._fready.append
         for c, data, control in self._bound.plan.edges_out[i]:
             if kinds[c] == CF_MERGE:
                 self._activate_merge(c, frame, it, st, data, control)
@@ -799,12 +870,12 @@ class FramePropagator:
                 pending.pop(c, None)
                 st.outstanding += 1
                 push((c, frame, it))
-        self._release(st, node)
+        self._release_in(st, node)
         st.outstanding -= 1
         if not st.outstanding:
             self._check_iteration(frame, it)
 
-    def complete(self, token: Any, v: Any) -> None:
+    def _complete_token(self, token: Any, v: Any) -> None:
         i, frame, it = token
         node = self._nodes[i]
         if isinstance(v, Dead):
@@ -830,10 +901,10 @@ class FramePropagator:
         for k, v in enumerate(outs):
             vals[node.out + k] = v
         self._activate(i, frame, it, st, dead)
-        self._release(st, node)
+        self._release_in(st, node)
         self._done_token(frame, it)
 
-    def _release(self, st: _Iteration, node: BoundNode) -> None:
+    def _release_in(self, st: _Iteration, node: BoundNode) -> None:
         """Free the slots whose last reader in this iteration ``node`` is."""
         vals = st.vals
         for s in node.frees:
@@ -851,7 +922,13 @@ class FramePropagator:
                     vals.pop(s, None)
 
     def _deliver(self, i: int, value: Any, frame: _Frame, it: int) -> None:
-        """Enter / Exit / NextIteration: put ``value`` into (frame, it) and activate there."""
+        """Enter / Exit / NextIteration: put ``value`` into (frame, it) and activate there
+        (an Exit into the root frame: its flat lists, readying root nodes)."""
+        if frame is self._root:
+            node = self._nodes[i]
+            self._vals[node.out] = value
+            self._propagate(i, node, value if value.__class__ is Dead else None, False)
+            return
         st = frame.iters[it]
         st.vals[self._nodes[i].out] = value
         dead = value if isinstance(value, Dead) else None
@@ -880,21 +957,10 @@ class FramePropagator:
                         data: Sequence[tuple[int, int]], control: bool) -> None:
         m = st.merges.get(c)
         if m is None:
-            m = st.merges[c] = [self._info.merge_controls[c], 0, -1, 0]
-        if m[3]:
-            return  # already fired in this iteration
-        if control:
-            m[0] -= 1
-        for pos, slot in data:
-            v = st.vals.get(slot)
-            if isinstance(v, Dead):
-                m[1] += 1
-                st.dead.setdefault(c, v)
-            elif m[2] < 0:
-                m[2] = pos
+            m = st.merges[c] = [self._info.merge_controls[c], 0, -1, False, None]
+        vals = st.vals
         expected = 1 if self._info.loop_merge[c] else self._nodes[c].arity
-        if merge_fires(m[0], m[1], m[2], expected):
-            m[3] = 1
+        if merge_arrive(m, [(pos, vals.get(slot)) for pos, slot in data], control, expected):
             self._push(c, frame, it)
 
     # -- frames and iterations ------------------------------------------------------------
@@ -924,7 +990,7 @@ class FramePropagator:
         if child.pending_enters:
             return
         if run.begin():
-            self._ready.append((-1, child, 0))
+            self._fready.append((-1, child, 0))
             return
         # A value entered dead: the general form runs the frame, from its Enters.
         child.fast = None
@@ -949,11 +1015,7 @@ class FramePropagator:
             for e, v in run.exits:
                 if self._step._trace is not None:
                     self._trace_control(e)
-                if isinstance(v, Dead):
-                    frame.dead_exits[e] = v
-                elif e not in frame.delivered:
-                    frame.delivered.add(e)
-                    self._deliver(e, v, parent, frame.parent_iter)
+                self._exit(e, v, frame)
             self._frame_done(frame)
             return True
         assert outcome == HANDOFF
@@ -1015,19 +1077,3 @@ class FramePropagator:
         del parent.children[(frame.parent_iter, frame.static)]
         parent.iters[frame.parent_iter].children -= 1
         self._check_iteration(parent, frame.parent_iter)
-
-    def _trace_control(self, i: int) -> None:
-        import time
-
-        now = time.time()
-        self._step.record(i, "control", now, now, ())
-
-    def retvals(self) -> list[Any]:
-        st = self._root.iters[0]
-        out: list[Any] = []
-        for k, s in enumerate(self._bound.plan.retval_slots):
-            v = self._read(st, s)
-            if isinstance(v, Dead):
-                raise _dead_fetch(self._bound, k, v)
-            out.append(v)
-        return out

@@ -75,9 +75,8 @@ from asyncflow.runtime.loop_fastpath import fast_loops
 from asyncflow.runtime.observe import StepTrace, traced_plan
 from asyncflow.runtime.propagators import (
     Dead,
-    FramePropagator,
-    PlainPropagator,
     Propagator,
+    PropagatorState,
 )
 from asyncflow.runtime.resources import WOULD_BLOCK
 from asyncflow.step_stats import StepStats
@@ -182,16 +181,14 @@ class Step:
             self._trace = StepTrace(bound)
         self._nodes = nodes = bound.nodes
         prop: Propagator
-        if bound.frames:  # loops; simple loop frames as straight-line programs
-            prop = FramePropagator(self, bound, nodes, frame.args, fast_loops(bound))
-        elif bound.schedulable:  # the straight-line interpreter, once the plan is lowered
+        program = None
+        if bound.schedulable:  # the straight-line interpreter, once the plan is lowered
             program = bound.derived.get("program") or program_of(bound)
-            if program is None:
-                prop = PlainPropagator(self, bound, nodes, frame.args)
-            else:
-                prop = ProgramPropagator(self, bound, program, frame.args)
-        else:
-            prop = PlainPropagator(self, bound, nodes, frame.args)
+        if program is not None:
+            prop = ProgramPropagator(self, bound, program, frame.args)
+        else:  # the general propagator; simple loop frames as straight-line programs
+            prop = PropagatorState(self, bound, nodes, frame.args,
+                                   fast_loops(bound) if bound.frames else ())
         self._prop = prop
 
     # -- public -------------------------------------------------------------------------
@@ -282,7 +279,7 @@ class Step:
         self._rendezvous = None
         self._ctx = None
         self._spare = None  # (it holds the step)
-        if isinstance(self._prop, FramePropagator):
+        if isinstance(self._prop, PropagatorState):
             self._prop.release()  # the frame tree of a step that failed inside a loop
 
     def abort_threadsafe(self, error: errors.OpError) -> None:

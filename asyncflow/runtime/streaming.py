@@ -10,12 +10,15 @@ wrapper hands the output to ``notify(k, value)`` and returns it unchanged.  Ever
 other node is the very same :class:`~asyncflow.runtime.bind.BoundNode`.
 
 Covered: inline, async, worker-thread and ``_Recv`` nodes (a fetch produced on
-another device is seen when it arrives), and a ``cond``'s output (its Merge runs
+another device is seen when it arrives), a ``cond``'s output (its Merge runs
 no kernel: the kernels computing the branch outputs are watched instead, see
-:func:`watch_retvals`).  A retval that no kernel produces — a preloaded constant,
-a fed value, a loop's Exit, a branch that returns an outside tensor unchanged, a
-dead tensor — is not notified; the caller takes it from the step's results when
-the step ends.
+:func:`watch_retvals`), and a ``while_loop``'s output: an Exit runs no kernel
+either, so the copy names its watched Exits in ``derived["on_exit"]`` and the
+frame propagator calls that when it delivers an Exit's live value into the root
+frame (one ``is None`` check per Exit when nobody streams).  A retval that no
+kernel or Exit produces — a preloaded constant, a fed value, a branch that
+returns an outside tensor unchanged, a dead tensor — is not notified; the caller
+takes it from the step's results when the step ends.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def watch_retvals(bound: BoundPlan, notify: Notify,
     producer = {node.out + j: (i, j) for i, node in enumerate(bound.nodes)
                 for j in range(node.num_outputs)}
     watch: dict[int, dict[int, list[int]]] = {}  # node -> output -> retvals it gives
+    exits: dict[int, list[int]] = {}  # Exit node -> retvals it gives
 
     # Each retval's sources, walked with a stack (a nested function calling itself
     # would be a reference cycle per stream).
@@ -56,7 +60,9 @@ def watch_retvals(bound: BoundPlan, notify: Notify,
             if found is None:
                 continue  # a preloaded constant or a fed value: taken from the results
             i, j = found
-            if bound.nodes[i].flow in _WATCHED:
+            if plan.nodes[i].op == "Exit":  # no kernel: the propagator tells
+                exits.setdefault(i, []).append(k)
+            elif bound.nodes[i].flow in _WATCHED:
                 watch.setdefault(i, {}).setdefault(j, []).append(k)
             elif plan.nodes[i].op == "Merge" and j == 0:
                 # A cond's output: its value is that of the one live input, and in a
@@ -67,7 +73,18 @@ def watch_retvals(bound: BoundPlan, notify: Notify,
     nodes = list(bound.nodes)
     for i, outs in watch.items():
         nodes[i] = _watched(nodes[i], sorted(outs.items()), notify, loop)
-    return observed(bound, nodes)
+    copy = observed(bound, nodes)
+    if exits:
+        copy.derived["on_exit"] = _exit_watch(exits, notify)
+    return copy
+
+
+def _exit_watch(exits: dict[int, list[int]], notify: Notify) -> Callable[[int, Any], None]:
+    """``on_exit(i, value)``: Exit ``i`` delivered ``value`` into the root frame."""
+    def on_exit(i: int, value: Any) -> None:
+        for k in exits.get(i, ()):
+            notify(k, value)
+    return on_exit
 
 
 def _watched(node: BoundNode, outs: list[tuple[int, list[int]]], notify: Notify,
