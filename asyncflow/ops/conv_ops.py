@@ -427,8 +427,7 @@ def _unboosted(kernel: Callable[..., Any], *args: Any) -> Any:
 
 def _step_device() -> LocalDevice | None:
     """The device whose step is running this kernel (None outside a step)."""
-    bound = getattr(running_step.get(), "_bound", None)
-    device = getattr(bound, "device", None)
+    device = getattr(running_step.get(), "device", None)
     return device if isinstance(device, LocalDevice) else None
 
 

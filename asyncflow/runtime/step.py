@@ -83,6 +83,7 @@ from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
+    from asyncflow.runtime.devices import LocalDevice
     from asyncflow.runtime.rendezvous import Rendezvous
 
 __all__ = ["SLICE", "HandoffQueue", "Step", "abort_on_loop",
@@ -302,6 +303,11 @@ class Step:
                 found.append(frame.f_locals["i"])
         ops = self._bound.ops
         return sorted(getattr(ops[i], "name", str(i)) for i in found)
+
+    @property
+    def device(self) -> LocalDevice:
+        """The device the step's partition runs on (a kernel may size its work by it)."""
+        return self._bound.device
 
     @property
     def frame(self) -> CallFrame:
