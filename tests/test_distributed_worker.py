@@ -252,8 +252,10 @@ def test_small_values_travel_inside_the_message() -> None:
         frames = dumps({"value": wire(value)})
         assert len(frames) == 1  # no serialized sub-frames: no pickle, no header
         back = unwire_value(loads(frames)["value"])
-        assert type(back) is type(value) and back.dtype == value.dtype
-        assert back.shape == value.shape and np.array_equal(back, value)
+        assert type(back) is type(value)
+        assert back.dtype == value.dtype
+        assert back.shape == value.shape
+        assert np.array_equal(back, value)
         if isinstance(back, np.ndarray):
             back[...] = 0  # writable, as the sender's was
     for other in ("text", np.array(["a"], object), np.zeros(1 << 20, np.float32)):
