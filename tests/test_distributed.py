@@ -96,6 +96,34 @@ def test_devices_and_tasks_bound_by_worker_name(cluster: Any) -> None:
                              "/job:worker/replica:0/task:1": "worker-1"}
 
 
+async def test_steps_are_served_on_each_tasks_own_loop_and_sent_from_the_steps(
+        cluster: Any) -> None:
+    # Each task serves a step's messages on the loop its partitions run on (a Dask
+    # server of its own, in the worker's process), not on Dask's loop with a hop per
+    # message; the session sends them from the step's own loop, not the client's.
+    def where(dask_worker: Any) -> dict[str, Any]:
+        plugin = dask_worker.plugins["asyncflow"]
+        return {"on_task_loop": plugin._server.loop.asyncio_loop is plugin._task_loop.loop,
+                "step_ops_on_dask": sorted(op for op in dask_worker.handlers
+                                           if op.startswith("asyncflow_")),
+                "service": plugin.service}
+
+    async def run() -> dict[str, dict[str, Any]]:
+        return await cluster.client.run(where)  # type: ignore[no-any-return]
+    found = await cluster._call(run())
+    for task, address in cluster.assignment.items():
+        info = found[address]
+        assert info["on_task_loop"]
+        assert info["step_ops_on_dask"] == ["asyncflow_client_gone", "asyncflow_hello",
+                                            "asyncflow_ping"]
+        assert cluster.service[task] == info["service"] != address
+    g, w, y, _ = _ps_graph()
+    async with af.Session(cluster, graph=g) as sess:
+        await sess.run(w.initializer)
+        assert await sess.run(y) == 6.0
+    assert asyncio.get_running_loop() in cluster._pools
+
+
 def test_bad_jobs_are_value_errors() -> None:
     with pytest.raises(ValueError, match="task count"):
         afd.LocalCluster(jobs={"worker": 0})

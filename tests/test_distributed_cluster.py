@@ -581,7 +581,7 @@ async def test_adaptive_scaling_never_retires_a_task_and_runs_show_as_events() -
         async def runs() -> set[tuple[str, str, str]]:
             events = [msg for _, msg in await cluster.client.get_events("asyncflow")]
             return {(e["task"], e["step"], e["status"]) for e in events
-                    if e["action"] == "run_graph"}
+                    if e["action"] == "run_graph" and e["runs"] == len(e["step_ids"]) >= 1}
         # Events travel batched with the workers' other messages: wait for them (bounded).
         async with asyncio.timeout(15):
             while not {(PS, "y:0", "ok"), (W0, "y:0", "ok")} <= await cluster._call(  # noqa: ASYNC110

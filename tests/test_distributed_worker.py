@@ -220,6 +220,7 @@ async def test_a_dead_task_ends_calls_in_flight_to_it() -> None:
     cluster = Cluster({"worker": 2})
     cluster.client = Client()
     cluster.assignment = {A: "tcp://a", B: "tcp://b"}
+    cluster.service = {A: "tcp://a:1", B: "tcp://b:1"}
     cluster._incarnation = {A: "a1", B: "b1"}
     cluster._loop = asyncio.get_running_loop()
     lost: list[str] = []
@@ -237,6 +238,57 @@ async def test_a_dead_task_ends_calls_in_flight_to_it() -> None:
     call_b.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call_b  # the caller's own cancellation stays a cancellation
+
+
+def test_small_values_travel_inside_the_message() -> None:
+    # An 8-byte scalar through Dask's serializers costs more than the rest of its trip:
+    # small numeric values are their bytes in the message, and come back as they were.
+    from distributed.protocol import dumps, loads
+
+    from asyncflow.distributed._dask import unwire_value, wire
+
+    for value in (np.float64(4.0), np.bool_(True), np.array(2.5, np.float32),
+                  np.arange(6, dtype=np.int32).reshape(2, 3), np.array([1 + 2j])):
+        frames = dumps({"value": wire(value)})
+        assert len(frames) == 1  # no serialized sub-frames: no pickle, no header
+        back = unwire_value(loads(frames)["value"])
+        assert type(back) is type(value)
+        assert back.dtype == value.dtype
+        assert back.shape == value.shape
+        assert np.array_equal(back, value)
+        if isinstance(back, np.ndarray):
+            back[...] = 0  # writable, as the sender's was
+    for other in ("text", np.array(["a"], object), np.zeros(1 << 20, np.float32)):
+        assert not isinstance(wire(other), dict)  # pickled or buffers, as before
+
+
+def test_partition_runs_are_logged_as_one_event_per_step_and_interval() -> None:
+    from asyncflow.distributed._dask import EVENT_TOPIC, AsyncflowWorker
+
+    logged: list[tuple[str, dict[str, Any]]] = []
+
+    class Worker:
+        def log_event(self, topic: str, msg: dict[str, Any]) -> None:
+            logged.append((topic, msg))
+
+    plugin = AsyncflowWorker()
+    plugin._worker = Worker()
+    for step_id in (1, 2, 3):
+        plugin._event(A, "y:0", step_id, float(step_id), "ok")
+    plugin._event(A, "y:0", 4, 4.0, "InvalidArgumentError")
+    plugin._event(B, "z:0", 5, 5.0, "ok")
+    assert logged == []  # a run costs nothing but a note
+    plugin._flush_events()
+    assert [topic for topic, _ in logged] == [EVENT_TOPIC] * 3
+    events = {(e["task"], e["step"], e["status"]): e for _, e in logged}
+    ok = events[(A, "y:0", "ok")]
+    assert (ok["action"], ok["runs"], ok["step_ids"], ok["start"]) == (
+        "run_graph", 3, [1, 2, 3], 1.0)
+    assert ok["stop"] >= ok["start"]
+    assert events[(A, "y:0", "InvalidArgumentError")]["runs"] == 1
+    assert events[(B, "z:0", "ok")]["step_ids"] == [5]
+    plugin._flush_events()
+    assert len(logged) == 3  # nothing new: nothing logged
 
 
 def test_arrays_travel_as_buffers_not_pickles() -> None:

@@ -1,54 +1,81 @@
 """The worker service inside a Dask worker process: a ``WorkerPlugin`` that adds
 asyncflow's handlers to the worker's server and hosts the task's own event loop.
 
-Dask's comms carry every message (``worker.handlers``, ``ConnectionPool``); numpy
-arrays travel as buffers (``to_serialize``), partitions, errors and step stats with
-Dask's pickle (cloudpickle, so ``py_func`` bodies ship too).  Handlers run on Dask's
-event loop and hand the work to the task's loop, in a thread of its own, so a long
-step never stalls the worker's heartbeats.  Pulls from peers leave from the task's
-loop through a Dask ``ConnectionPool`` of its own (configured like the worker's), so
-a cross-task recv costs no hop through Dask's loop on the consuming side.
+Dask's comms carry every message; numpy arrays travel as buffers
+(``to_serialize``), partitions, errors and step stats with Dask's pickle (cloudpickle,
+so ``py_func`` bodies ship too).  The task's work runs on an event loop of its own, in
+a thread of its own, so a long step never stalls the worker's heartbeats.
 
-Handlers (all take ``task``, the task name the master assigned to this worker):
-``hello`` (the version handshake) and ``ping`` (health and lease renewal) answer on
-Dask's loop at once; ``register_graph``, ``deregister_graph``, ``close_session``,
-``run_graph``, ``recv_tensor``, ``send_tensor``, ``abort_step``, ``cleanup_step`` and
-``reset`` also take ``incarnation``, the token of the worker process the master
-shook hands with: a different token means the worker restarted (its state is gone)
-and the reply says ``restarted`` instead of failing on state that is not there.
-Every handler answers with a dict, so Dask's ``None`` for an op without a handler
-(asyncflow missing, or its plugin unregistered) is told apart.
+Two servers, both Dask's (``distributed.core.Server``, its comms, protocol and
+security):
+
+* the Dask worker itself (``worker.handlers``, on Dask's loop) answers ``hello`` (the
+  version handshake, which also gives the task service's address), ``ping`` (health
+  and lease renewal) and ``client_gone``;
+* the **task service**, a ``Server`` listening on a port of its own on the task's
+  loop, answers everything a step does: ``register_graph``, ``deregister_graph``,
+  ``close_session``, ``run_graph``, ``recv_tensor``, ``send_tensor``, ``abort_step``,
+  ``cleanup_step`` and ``reset``.  A message is handled where the step runs: no hop
+  between threads per message (each hop cost a wake-up of the other loop and a fight
+  for the GIL with it, several times a step), and pulls from peers leave through the
+  service's own connection pool.
+
+Step-time handlers take ``task`` (the task name the master assigned to this worker)
+and ``incarnation``, the token of the worker process the master shook hands with: a
+different token means the worker restarted (its state is gone) and the reply says
+``restarted`` instead of failing on state that is not there.  Every handler answers
+with a dict, so Dask's ``None`` for an op without a handler (asyncflow missing, or its
+plugin unregistered) is told apart.  Removing the plugin stops the task service and
+says so on the worker's event topic, so masters stop calling it at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import time
 import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+import numpy as np
 from distributed import WorkerPlugin
+from distributed.comm.addressing import (
+    get_address_host,
+    parse_address,
+    parse_host_port,
+    unparse_host_port,
+)
 from distributed.comm.core import CommClosedError
-from distributed.core import ConnectionPool
+from distributed.core import Server as _Server
 from distributed.protocol.serialize import ToPickle, to_serialize
+from tornado.ioloop import PeriodicCallback
 
 import asyncflow
 from asyncflow import errors
 from asyncflow.distributed.worker import WorkerEnv
 
-__all__ = ["EVENT_TOPIC", "PLUGIN_NAME", "PROTOCOL", "AsyncflowWorker", "local_identity", "unavailable",
-           "wire", "unwire"]
+__all__ = ["EVENT_TOPIC", "PLUGIN_NAME", "PROTOCOL", "SERVICE_STOPPED", "AsyncflowWorker",
+           "local_identity", "unavailable", "unwire", "unwire_value", "wire"]
 
 PLUGIN_NAME = "asyncflow"
 #: The topic of the events each remote partition run logs on the scheduler.
 EVENT_TOPIC = "asyncflow"
 #: The wire protocol between masters and workers: bumped whenever a handler's
 #: arguments or replies change, so mismatched installs fail at registration.
-PROTOCOL = 4
+PROTOCOL = 5
+#: The action of the event a worker logs on its own topic (its address) when its task
+#: service stops (the plugin was removed): masters stop calling it at once.
+SERVICE_STOPPED = "asyncflow-service-stopped"
 #: How often a task looks for sessions whose master's lease ran out.
 _LEASE_CHECK_S = 0.25
+#: How often the runs of the last interval are logged on the scheduler (one event per
+#: step name and status: a step a millisecond must not cost a message each).
+_EVENTS_EVERY_MS = 200
+#: The ops the task service answers on the task's loop.
+_SERVICE_OPS = ("register_graph", "deregister_graph", "close_session", "run_graph",
+                "recv_tensor", "send_tensor", "abort_step", "cleanup_step", "reset")
 _OK: dict[str, Any] = {"ok": True}
 
 
@@ -56,6 +83,9 @@ def local_identity() -> tuple[str, int]:
     """(asyncflow version, wire protocol) of this process (read at call time)."""
     return str(asyncflow.__version__), PROTOCOL
 T = TypeVar("T")
+
+#: Dask's ``Server``, untyped: the task service is one.
+_DaskServer: Any = _Server
 
 #: Connection failures that mean "the peer process is gone".
 COMM_ERRORS = (CommClosedError, OSError)
@@ -67,9 +97,32 @@ def unavailable(task: str, address: str, exc: BaseException) -> errors.Unavailab
                     f"{type(exc).__name__}: {exc}")
 
 
+#: Numeric arrays and scalars up to this size travel inside the message itself.
+_INLINE_BYTES = 16384
+_INLINE_KINDS = frozenset("biufc")
+#: The key of an inlined value (a plain dict: Dask's msgpack carries it as is).
+_INLINE = "__asyncflow_nd__"
+
+
 def wire(value: Any) -> Any:
-    """A value as it travels: arrays as buffers, anything else pickled."""
+    """A value as it travels: a small numeric array or scalar as its bytes inside the
+    message (Dask's serializers cost ~25 µs for an 8-byte scalar, more than the rest
+    of its trip), larger arrays as buffers (no copy), anything else pickled.
+    The receiver calls :func:`unwire_value`."""
+    if (isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in _INLINE_KINDS
+            and value.nbytes <= _INLINE_BYTES):
+        return {_INLINE: (value.dtype.str, value.shape, value.tobytes(),
+                          isinstance(value, np.generic))}
     return to_serialize(value)  # type: ignore[no-untyped-call]
+
+
+def unwire_value(value: Any) -> Any:
+    """A value as :func:`wire` sent it."""
+    if type(value) is dict and _INLINE in value:
+        dtype, shape, data, scalar = value[_INLINE]
+        array = np.frombuffer(data, np.dtype(dtype)).reshape(shape)
+        return array[()] if scalar else array.copy()  # (writable, as the sender's)
+    return value
 
 
 def unwire(value: Any) -> Any:
@@ -114,10 +167,18 @@ class AsyncflowWorker(WorkerPlugin):
 
     def __init__(self) -> None:
         self._envs: dict[str, WorkerEnv] = {}
-        self._addresses: dict[str, str] = {}
+        self._addresses: dict[str, str] = {}  # task → its task service's address
         self._worker: Any = None
         self._task_loop: _TaskLoop | None = None
-        self._pool: Any = None  # the task loop's ConnectionPool (made by the first pull)
+        self._server: Any = None  # the task service (a Dask Server on the task loop)
+        #: The task service's address (given to masters by the handshake).
+        self.service = ""
+        # Partition runs not logged yet: (task, step name, step id, start, stop, status),
+        # appended on the task loop, drained on Dask's.
+        self._runs: collections.deque[tuple[str, str, int, float, float, str]] = (
+            collections.deque())
+        self._flusher: PeriodicCallback | None = None
+        self._serving: asyncio.Future[str] | None = None  # the service starting
         #: This worker process's token (made by ``setup``, in the worker: the plugin is
         #: pickled by the client): a master holding another one talks to a worker that
         #: restarted (or whose plugin was installed again).
@@ -125,25 +186,55 @@ class AsyncflowWorker(WorkerPlugin):
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def setup(self, worker: Any) -> None:
+    async def setup(self, worker: Any) -> None:
         self._worker = worker
         self.incarnation = uuid.uuid4().hex
         self._task_loop = _TaskLoop(f"asyncflow-task-{worker.address}")
         self._task_loop.loop.call_soon_threadsafe(self._check_leases)
-        for name in ("hello", "ping", "client_gone", "register_graph", "deregister_graph", "close_session", "run_graph",
-                     "recv_tensor", "send_tensor", "abort_step", "cleanup_step", "reset"):
+        # Handlers first: a handshake arriving while the service starts waits for it
+        # (Dask may answer the plugin's registration before every setup finished).
+        self._serving = asyncio.ensure_future(self._task_loop.call(self._serve(worker)))
+        for name in ("hello", "ping", "client_gone"):
             worker.handlers[f"asyncflow_{name}"] = getattr(self, f"_h_{name}")
+        self.service = await self._serving
+        self._flusher = PeriodicCallback(self._flush_events, _EVENTS_EVERY_MS)
+        self._flusher.start()
+
+    async def _serve(self, worker: Any) -> str:
+        """Start the task service on the task loop (where it runs); its address.
+
+        It listens on the host the worker listens on, on a free port, with the
+        worker's security (TLS when the worker uses it); it is reached at the host the
+        worker is reached at.
+        """
+        handlers = {f"asyncflow_{op}": getattr(self, f"_h_{op}") for op in _SERVICE_OPS}
+        server = _DaskServer(handlers, connection_args=worker.connection_args,
+                        local_directory=worker.local_directory, needs_workdir=False)
+        await server
+        scheme, loc = parse_address(worker.listener.listen_address)
+        host, _ = parse_host_port(loc)
+        await server.listen(f"{scheme}://{unparse_host_port(host, 0)}",
+                            **worker.security.get_listen_args("worker"))
+        self._server = server
+        return f"{scheme}://{unparse_host_port(get_address_host(worker.address), server.port)}"
 
     async def teardown(self, worker: Any) -> None:
         for name in list(worker.handlers):
             if name.startswith("asyncflow_"):
                 del worker.handlers[name]
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            flusher.stop()
+            self._flush_events()
         task_loop, self._task_loop = self._task_loop, None
         if task_loop is not None:
             envs, self._envs = list(self._envs.values()), {}
-            pool, self._pool = self._pool, None
-            if pool is not None:
-                await task_loop.call(pool.close())
+            server, self._server = self._server, None
+            if server is not None:
+                await task_loop.call(server.close())
+            # Masters calling the service stop now (the worker may live on without it).
+            worker.log_event(worker.address, {"action": SERVICE_STOPPED,
+                                              "incarnation": self.incarnation})
             # Joining threads would block Dask's loop: done on a thread of its own.
             await asyncio.to_thread(task_loop.stop)
             for env in envs:
@@ -161,11 +252,31 @@ class AsyncflowWorker(WorkerPlugin):
             task_loop.loop.call_later(_LEASE_CHECK_S, self._check_leases)
 
     def _event(self, task: str, name: str, step_id: int, start: float, status: str) -> None:
-        """A partition run, as an event on Dask's scheduler (topic ``asyncflow``, shown
-        by the dashboard and ``Client.get_events``); batched with Dask's own messages."""
-        self._worker.log_event(EVENT_TOPIC, {
-            "action": "run_graph", "step": name, "step_id": step_id, "task": task,
-            "start": start, "stop": time.time(), "status": status})
+        """Note a partition run (task loop: a deque append, nothing sent)."""
+        self._runs.append((task, name, step_id, start, time.time(), status))
+
+    def _flush_events(self) -> None:
+        """Log the runs noted since the last flush on Dask's scheduler (Dask's loop):
+        one event per task, step name and status (topic ``asyncflow``, shown by the
+        dashboard and ``Client.get_events``) with how many runs, their step ids and
+        the first start and last stop."""
+        runs = self._runs
+        if not runs:
+            return
+        summary: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for _ in range(len(runs)):
+            task, name, step_id, start, stop, status = runs.popleft()
+            event = summary.get((task, name, status))
+            if event is None:
+                summary[(task, name, status)] = {
+                    "action": "run_graph", "step": name, "task": task, "status": status,
+                    "runs": 1, "step_ids": [step_id], "start": start, "stop": stop}
+            else:
+                event["runs"] += 1
+                event["step_ids"].append(step_id)
+                event["stop"] = stop
+        for event in summary.values():
+            self._worker.log_event(EVENT_TOPIC, event)
 
     def _stale(self, incarnation: str) -> bool:
         return incarnation != self.incarnation
@@ -176,28 +287,17 @@ class AsyncflowWorker(WorkerPlugin):
             env = self._envs[task] = WorkerEnv(task, cpus, threads, self._pull)
         return env
 
-    async def _on_task(self, coro: Coroutine[Any, Any, T]) -> T:
-        assert self._task_loop is not None
-        return await self._task_loop.call(coro)
-
-    async def _task_pool(self) -> Any:
-        pool = self._pool
-        if pool is None:
-            dask_pool = self._worker.rpc
-            pool = ConnectionPool(
-                serializers=dask_pool.serializers, deserializers=dask_pool.deserializers,
-                connection_args=dask_pool.connection_args, timeout=dask_pool.timeout)
-            await pool.start()  # never suspends: no second pool can be made meanwhile
-            self._pool = pool
-        return pool
-
     async def _pull(self, task: str, step_id: int, key: str) -> tuple[Any, bool]:
         """A cross-task recv (on the task loop): ask the producer's worker."""
         address = self._addresses.get(task)
         if address is None:
             raise errors.UnavailableError(None, None, f"task {task} has no known worker")
+        server = self._server
+        if server is None:
+            raise errors.UnavailableError(None, None, f"the service of task {task}'s peer "
+                                                      f"stopped")
         try:
-            reply = await (await self._task_pool())(address).asyncflow_recv_tensor(
+            reply = await server.rpc(address).asyncflow_recv_tensor(
                 task=task, step_id=step_id, key=key)
         except COMM_ERRORS as exc:
             raise unavailable(task, address, exc) from None
@@ -207,14 +307,18 @@ class AsyncflowWorker(WorkerPlugin):
                             f"its worker plugin {PLUGIN_NAME!r} was unregistered")
         if not reply["ok"]:
             raise unwire(reply["error"])
-        return reply["value"], reply["dead"]
+        return unwire_value(reply["value"]), reply["dead"]
 
-    # -- handlers (on Dask's loop) ----------------------------------------------------------
+    # -- handlers on Dask's loop --------------------------------------------------------------
 
     async def _h_hello(self, comm: Any, task: str, version: str, protocol: int) -> Any:
-        """The handshake: this worker's version, protocol and process token."""
+        """The handshake: this worker's version, protocol, process token and the
+        address of its task service."""
         mine, proto = local_identity()
-        return {"version": mine, "protocol": proto, "incarnation": self.incarnation}
+        if self._serving is not None:
+            await asyncio.shield(self._serving)
+        return {"version": mine, "protocol": proto, "incarnation": self.incarnation,
+                "service": self.service}
 
     async def _h_ping(self, comm: Any, task: str, sessions: list[str], lease: float) -> Any:
         """Health check and lease renewal of a master's sessions on ``task``."""
@@ -234,6 +338,8 @@ class AsyncflowWorker(WorkerPlugin):
                                                     time.monotonic())
         return _OK
 
+    # -- the task service's handlers (on the task loop) ------------------------------------
+
     async def _h_register_graph(self, comm: Any, task: str, incarnation: str, session: str,
                                 isolate: bool, cpus: int, lease: float, client: str,
                                 addresses: dict[str, str], plans: Any) -> Any:
@@ -241,35 +347,28 @@ class AsyncflowWorker(WorkerPlugin):
             return {"restarted": True}
         self._addresses.update(addresses)
         env = self._env(task, cpus, cpus)
-
-        async def register() -> str:
-            handle = env.register_graph(session, isolate, unwire(plans))
-            env.renew([session], time.monotonic() + lease, client)
-            return handle
         try:
-            return {"ok": True, "handle": await self._on_task(register())}
+            handle = env.register_graph(session, isolate, unwire(plans))
         except errors.OpError as exc:
             return {"ok": False, "error": ToPickle(exc)}
+        env.renew([session], time.monotonic() + lease, client)
+        return {"ok": True, "handle": handle}
 
     async def _h_deregister_graph(self, comm: Any, task: str, incarnation: str,
                                   session: str, handle: str) -> Any:
         env = self._envs.get(task)
         if env is not None and not self._stale(incarnation):
-            async def deregister() -> None:
-                try:
-                    env.deregister_graph(session, handle)
-                except errors.NotFoundError:
-                    pass
-            await self._on_task(deregister())
+            try:
+                env.deregister_graph(session, handle)
+            except errors.NotFoundError:
+                pass
         return _OK
 
     async def _h_close_session(self, comm: Any, task: str, incarnation: str,
                                session: str) -> Any:
         env = self._envs.get(task)
         if env is not None and not self._stale(incarnation):
-            async def close() -> None:
-                env.close_session(session)
-            await self._on_task(close())
+            env.close_session(session)
         return _OK
 
     async def _h_run_graph(self, comm: Any, task: str, incarnation: str, session: str,
@@ -280,8 +379,8 @@ class AsyncflowWorker(WorkerPlugin):
             return {"restarted": True}
         start = time.time()
         try:
-            values, stats = await self._on_task(env.run_graph(session, handle, step_id, args,
-                                                              trace))
+            values, stats = await env.run_graph(session, handle, step_id,
+                                                [unwire_value(a) for a in args], trace)
         except errors.OpError as exc:
             self._event(task, name, step_id, start, type(exc).__name__)
             return {"ok": False, "error": ToPickle(exc)}
@@ -295,7 +394,7 @@ class AsyncflowWorker(WorkerPlugin):
             return {"restarted": True}
         env = self._env(task)
         try:
-            value, dead = await self._on_task(env.recv_tensor(step_id, key))
+            value, dead = await env.recv_tensor(step_id, key)
         except errors.OpError as exc:
             return {"ok": False, "error": ToPickle(exc)}
         return {"ok": True, "value": wire(value), "dead": dead}
@@ -304,34 +403,26 @@ class AsyncflowWorker(WorkerPlugin):
                              key: str, value: Any, dead: bool) -> Any:
         if self._stale(incarnation):
             return {"restarted": True}
-        env = self._env(task)
-
-        async def send() -> None:
-            env.send_tensor(step_id, key, value, dead)
-        await self._on_task(send())
+        self._env(task).send_tensor(step_id, key, unwire_value(value), dead)
         return _OK
 
     async def _h_abort_step(self, comm: Any, task: str, incarnation: str, step_id: int,
                             error: Any) -> Any:
         env = self._envs.get(task)
         if env is not None and not self._stale(incarnation):
-            async def abort() -> None:
-                env.abort_step(step_id, unwire(error))
-            await self._on_task(abort())
+            env.abort_step(step_id, unwire(error))
         return _OK
 
     async def _h_cleanup_step(self, comm: Any, task: str, incarnation: str,
                               step_id: int) -> Any:
         env = self._envs.get(task)
         if env is not None and not self._stale(incarnation):
-            await self._on_task(env.cleanup_step(step_id))
+            await env.cleanup_step(step_id)
         return _OK
 
     async def _h_reset(self, comm: Any, task: str, incarnation: str) -> Any:
         """Clear the task's containers, and drop what masters gone silent left."""
         env = self._envs.get(task)
         if env is not None and not self._stale(incarnation):
-            async def reset() -> None:
-                env.reset(time.monotonic())
-            await self._on_task(reset())
+            env.reset(time.monotonic())
         return _OK

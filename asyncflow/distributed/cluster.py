@@ -40,7 +40,12 @@ import distributed.comm.core
 from distributed.protocol import pickle as _dask_pickle
 
 from asyncflow import errors
-from asyncflow.distributed._dask import PLUGIN_NAME, AsyncflowWorker, local_identity
+from asyncflow.distributed._dask import (
+    PLUGIN_NAME,
+    SERVICE_STOPPED,
+    AsyncflowWorker,
+    local_identity,
+)
 from asyncflow.distributed._scheduler import METADATA_KEY, claimer, keeper, name_order
 
 __all__ = ["Cluster", "LocalCluster", "reset"]
@@ -130,6 +135,9 @@ class Cluster:
         self.names: dict[str, str] = {}
         #: task name → address of the Dask worker hosting it now.
         self.assignment: dict[str, str] = {}
+        #: task name → address of its task service (in that worker's process), where
+        #: steps are sent.
+        self.service: dict[str, str] = {}
         #: task name → how many times its worker was replaced (graphs registered with
         #: an older generation are registered again).
         self.generation: dict[str, int] = {}
@@ -139,10 +147,15 @@ class Cluster:
         self._own_loop: _Loop | None = None
         self._owns_client = False
         self._dead: dict[str, str] = {}  # task → why it is unavailable
+        # Tasks whose worker stopped its service (the plugin was removed): each call
+        # asks the worker again first.
+        self._no_service: set[str] = set()
         # In-flight calls per task (cluster loop only): a task's death ends them at once,
         # even a connect that Dask would retry for its whole connect timeout.
         self._calls: dict[str, set[asyncio.Task[Any]]] = {}
         self._severed: set[asyncio.Task[Any]] = set()
+        # Loop → the connection pool of calls made on it (see _pool).
+        self._pools: dict[asyncio.AbstractEventLoop, Any] = {}
         self._watchers: list[Callable[[str, errors.UnavailableError], None]] = []
         #: Master session handles of this client (renewed on every task by the pings).
         self.sessions: set[str] = set()
@@ -320,8 +333,9 @@ class Cluster:
             raise errors.FailedPreconditionError(
                 None, None, f"Dask worker {name!r} ({address}) cannot host task {task}: "
                             f"asyncflow's worker service failed there: {failed[address]}")
-        token = await self._hello(task, name, address)
+        token, service = await self._hello(task, name, address)
         self.assignment[task] = address
+        self.service[task] = service
         self.generation.setdefault(task, 0)
         if self._incarnation.get(task, token) != token:
             self.generation[task] += 1
@@ -329,8 +343,9 @@ class Cluster:
         self.client.subscribe_topic(address, self._watch(task, address))
         return token
 
-    async def _hello(self, task: str, name: str, address: str) -> str:
-        """The version and protocol handshake; the worker process's token."""
+    async def _hello(self, task: str, name: str, address: str) -> tuple[str, str]:
+        """The version and protocol handshake; the worker process's token and its task
+        service's address."""
         version, protocol = local_identity()
         try:
             async with asyncio.timeout(self.health_timeout_s):
@@ -346,8 +361,8 @@ class Cluster:
                             f"unreachable: {type(exc).__name__}: {exc}") from None
         if not isinstance(reply, dict):
             why = (f"installing it failed: {self._install_error}" if self._install_error
-                   else f"asyncflow is not installed there or its worker plugin "
-                        f"{PLUGIN_NAME!r} was unregistered")
+                   else f"its worker plugin {PLUGIN_NAME!r} was unregistered (or asyncflow "
+                        f"is not installed there)")
             raise errors.FailedPreconditionError(
                 None, None, f"Dask worker {name!r} ({address}) has no asyncflow service "
                             f"for task {task}: {why}; install asyncflow on the worker and "
@@ -358,15 +373,30 @@ class Cluster:
                             f"{reply['version']} (protocol {reply['protocol']}) but this "
                             f"client runs {version} (protocol {protocol}); install the same "
                             f"asyncflow on every machine")
-        return str(reply["incarnation"])
+        return str(reply["incarnation"]), str(reply["service"])
 
     def _watch(self, task: str, address: str) -> Callable[[Any], None]:
         def on_event(event: Any) -> None:
             msg = event[1] if isinstance(event, tuple) else event
-            if (isinstance(msg, dict) and msg.get("action") == "remove-worker"
-                    and self.assignment.get(task) == address):
+            if not isinstance(msg, dict) or self.assignment.get(task) != address:
+                return
+            if msg.get("action") == "remove-worker":
                 self.mark_unavailable(task, "its Dask worker was removed from the cluster")
+            elif (msg.get("action") == SERVICE_STOPPED
+                  and msg.get("incarnation") == self._incarnation.get(task)):
+                self._no_service.add(task)
+                self._sever(task)
         return on_event
+
+    async def _ask_again(self, task: str) -> None:
+        """``task``'s worker stopped its service: shake hands again (an error naming
+        the worker while it has none; ``AbortedError`` when it has a new one, whose
+        state is gone)."""
+        old = self._incarnation.get(task)
+        await self._adopt(task, self.names[task], self.assignment[task], {})
+        self._no_service.discard(task)
+        if self._incarnation[task] != old:
+            raise self.restarted(task)
 
     # -- finding a task's worker again ---------------------------------------------------
 
@@ -441,20 +471,22 @@ class Cluster:
             watchers = list(self._watchers)
         error = self.unavailable(task)
         assert error is not None
-        loop = self._loop
-        if loop is not None:
-            try:
-                loop.call_soon_threadsafe(self._sever, task)
-            except RuntimeError:  # the client's loop is closed: nothing in flight
-                pass
+        self._sever(task)
         for watcher in watchers:
             watcher(task, error)
 
     def _sever(self, task: str) -> None:
-        """End every call in flight to ``task`` (cluster loop)."""
-        for call in self._calls.get(task, ()):
-            if call.cancel():
-                self._severed.add(call)
+        """End every call in flight to ``task`` (any thread: each call is ended on its
+        own loop, if it is still in flight there)."""
+        for call in list(self._calls.get(task, ())):
+            try:
+                call.get_loop().call_soon_threadsafe(self._sever_call, task, call)
+            except RuntimeError:  # its loop is closed: the call is over
+                pass
+
+    def _sever_call(self, task: str, call: asyncio.Task[Any]) -> None:
+        if call in self._calls.get(task, ()) and call.cancel():
+            self._severed.add(call)
 
     def add_watcher(self, fn: Callable[[str, errors.UnavailableError], None]) -> None:
         with self._lock:
@@ -471,8 +503,46 @@ class Cluster:
 
         return Master(self, session)
 
+    async def _client_side(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` (which uses the Dask client) on the client's loop."""
+        if asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await self._call(coro)
+
+    async def _pool(self) -> Any:
+        """The connection pool for calls made on the running loop: the client's own on
+        its loop, a pool configured like it on any other loop (a session's), so a step
+        talks to the tasks without hopping to the client's thread and back."""
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return self.client.rpc
+        pool = self._pools.get(loop)
+        if pool is None:
+            own = self.client.rpc
+            pool = _dask.core.ConnectionPool(
+                limit=own.limit, serializers=own.serializers,
+                deserializers=own.deserializers, connection_args=own.connection_args,
+                timeout=own.timeout)
+            await pool.start()  # never suspends: no second pool is made meanwhile
+            with self._lock:
+                self._drop_pools(lambda other: other.is_closed())
+                self._pools[loop] = pool
+        return pool
+
+    def _drop_pools(self, which: Callable[[asyncio.AbstractEventLoop], bool]) -> None:
+        """Close the pools of the loops ``which`` selects (under the lock)."""
+        for loop in [loop for loop in self._pools if which(loop)]:
+            pool = self._pools.pop(loop)
+            comms = [c for d in (pool.available, pool.occupied) for cs in d.values()
+                     for c in cs]
+            for comm in comms:
+                if loop.is_closed() or not loop.is_running():
+                    comm.abort()  # nothing runs there: close the sockets here
+                else:
+                    loop.call_soon_threadsafe(comm.abort)
+
     async def rpc(self, task: str, op: str, **kwargs: Any) -> Any:
-        """Call handler ``asyncflow_<op>`` of ``task``'s worker (on the client's loop)."""
+        """Call handler ``asyncflow_<op>`` of ``task``'s task service (from any loop)."""
         dead = self.unavailable(task)
         if dead is not None:
             raise dead
@@ -482,13 +552,21 @@ class Cluster:
                 "not started (use `async with afd.LocalCluster(...) as cluster`)")
             raise errors.UnavailableError(None, None, f"cannot reach task {task}: the cluster "
                                                       f"is {state}")
-        address = self.assignment[task]
+        if task in self._no_service:
+            await self._client_side(self._ask_again(task))
+        address = self.service[task]
+        pool = await self._pool()
         me = asyncio.current_task()
         assert me is not None
         calls = self._calls.setdefault(task, set())
         calls.add(me)
         try:
-            reply = await getattr(client.rpc(address), f"asyncflow_{op}")(
+            # Again, now that _sever sees this call: a task marked gone from another
+            # thread between the first look and here is not called.
+            dead = self.unavailable(task)
+            if dead is not None:
+                raise dead
+            reply = await getattr(pool(address), f"asyncflow_{op}")(
                 task=task, incarnation=self._incarnation[task], **kwargs)
         except (distributed.comm.core.CommClosedError, OSError) as exc:
             self.mark_unavailable(task, f"{type(exc).__name__}: {exc}")
@@ -502,14 +580,18 @@ class Cluster:
             self._severed.discard(me)
             me.uncancel()
             dead = self.unavailable(task)
-            assert dead is not None
+            if dead is None:  # the worker stopped its service: say why (it raises)
+                await self._client_side(self._ask_again(task))
+                dead = errors.UnavailableError(
+                    None, None, f"task {task}: the call was interrupted by its worker's "
+                                f"service stopping; run the step again")
             raise dead from None
         finally:
             calls.discard(me)
         if isinstance(reply, dict) and reply.get("restarted"):
             # A new process answers at the old address: take it, the state is gone.
             try:
-                await self._rebind(task)
+                await self._client_side(self._rebind(task))
             except (errors.OpError, TimeoutError):
                 self.mark_unavailable(task, "its Dask worker restarted")
         return self._checked(task, address, reply)
@@ -590,6 +672,10 @@ class Cluster:
 
     async def close(self) -> None:
         """Close the client (and the Dask cluster it started); idempotent."""
+        with self._lock:
+            pool = self._pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.close()
         if self._own_loop is None and self.client is not None and self.client.asynchronous:
             if not self._closed:  # an asynchronous client of the caller: its loop is ours
                 self._closed = True
@@ -602,6 +688,8 @@ class Cluster:
         self._close_now()
 
     def _close_now(self) -> None:
+        with self._lock:
+            self._drop_pools(lambda loop: True)
         if self._closed:
             return
         self._closed = True

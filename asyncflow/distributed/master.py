@@ -22,8 +22,10 @@ cluster's; the master then
   and the partitions are registered again (a plan's registration remembers each
   task's generation).
 
-All Dask calls run on the cluster's client loop (:meth:`Cluster._call`), so steps may
-run on any loop and thread.
+A step's own calls (``run_graph``, pulls, pushes, aborts) go out from the step's loop
+through a connection pool of that loop (:meth:`Cluster.rpc`), never hopping to the
+client's thread and back; registration, cleanup and recovery run on the client's loop
+(:meth:`Cluster._call`).  Steps may run on any loop and thread.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from distributed.protocol.serialize import ToPickle
 from asyncflow import errors
 from asyncflow.compiler.pipeline import Compiled
 from asyncflow.compiler.plan import Plan
-from asyncflow.distributed._dask import unwire, wire
+from asyncflow.distributed._dask import unwire, unwire_value, wire
 from asyncflow.distributed.rendezvous import LOCAL_TASK, RemoteRendezvous, task_of
 from asyncflow.framework.graph import Tensor
 from asyncflow.runtime.barrier import ExecutorBarrier
@@ -67,6 +69,7 @@ class Cluster(Protocol):
     tasks: tuple[str, ...]
     cpus_per_task: int
     assignment: dict[str, str]
+    service: dict[str, str]
     generation: dict[str, int]
     sessions: set[str]
     master_lease_s: float
@@ -176,7 +179,7 @@ class DistributedCall(_CompiledCall):
                     task, "register_graph", session=master.handle, isolate=master.isolate,
                     cpus=master.cluster.cpus_per_task, lease=master.cluster.master_lease_s,
                     client=master.cluster.client.id,
-                    addresses=master.cluster.assignment, plans=ToPickle(tuple(plans)))
+                    addresses=master.cluster.service, plans=ToPickle(tuple(plans)))
             except errors.OpError:
                 raise
             except Exception as exc:  # e.g. a py_func that cannot be pickled
@@ -324,7 +327,7 @@ class DistributedStep(ExecutorBarrier):
         if not reply["ok"]:
             self._record(unwire(reply["error"]))
             return
-        self._remote_values[task] = reply["values"]
+        self._remote_values[task] = [unwire_value(v) for v in reply["values"]]
         stats = reply["stats"]
         if stats is not None:
             self._remote_stats.append(unwire(stats))
@@ -482,16 +485,16 @@ class Master:
         assert isinstance(call, DistributedCall)
         return DistributedStep(self, call, frame, trace, rendezvous)
 
-    # -- transport (from any loop; the work runs on the client's loop) --------------------
+    # -- transport (on the step's own loop: no hop to the client's thread) ------------------
 
     async def call(self, task: str, op: str, **kwargs: Any) -> Any:
-        return await self.cluster._call(self.cluster.rpc(task, op, **kwargs))
+        return await self.cluster.rpc(task, op, **kwargs)
 
     async def pull(self, task: str, step_id: int, key: str) -> tuple[Any, bool]:
         reply = await self.call(task, "recv_tensor", step_id=step_id, key=key)
         if not reply["ok"]:
             raise unwire(reply["error"])
-        return reply["value"], reply["dead"]
+        return unwire_value(reply["value"]), reply["dead"]
 
     async def push(self, task: str, step_id: int, key: str, value: Any, is_dead: bool) -> None:
         await self.call(task, "send_tensor", step_id=step_id, key=key, value=wire(value),
