@@ -289,7 +289,7 @@ class BoundProgram:
         """Block ``b``'s closures (lowered and bound on first use)."""
         ops = self.blocks[b]
         if ops is None:
-            with gc_paused():  # new objects, none cyclic
+            with gc_paused(promote_after=0):  # new objects, none cyclic, kept with the plan
                 instrs = self.program.instrs(b * CHECK_EVERY, (b + 1) * CHECK_EVERY)
                 bound = [bind_instr(x, self._nodes, ()) for x in instrs]
                 ops = tuple(closure(x) for x in bound)
