@@ -50,7 +50,11 @@ Nodes = tuple[tuple[NodeDef, ...], tuple[int, ...], bool]
 def rewrite_convolutions(nodes: Sequence[NodeDef], placement: Sequence[int], *,
                          feeds: Collection[Ref], protected: Collection[str]) -> Nodes:
     """The three rewrites: pads into convolutions, then batch norms (a folded chain ends
-    in the ``BiasAdd`` the fusion takes), then bias + activation."""
+    in the ``BiasAdd`` the fusion takes), then bias + activation.  Each rewrite
+    starts at a convolution: a graph without one is returned as it is, without the
+    lookups the rewrites build over every node."""
+    if not any(n.op in _CONVS for n in nodes):
+        return tuple(nodes), tuple(placement), False
     changed = False
     for rewrite in (fold_pads, fold_batch_norms, fuse_conv_bias_activation):
         nodes, placement, did = rewrite(nodes, placement, feeds=feeds, protected=protected)
