@@ -260,15 +260,7 @@ def _write_manifest(path: str, shards: Sequence[Mapping[str, Variable]]) -> None
 
 
 def _check_manifest(path: str, shards: Sequence[Mapping[str, Variable]]) -> None:
-    file = path + ".npz"
-    if not os.path.exists(file):
-        raise errors.NotFoundError(None, None, f"checkpoint {path!r} not found (no {file!r})")
-    try:
-        with np.load(file, allow_pickle=False) as data:
-            index = json.loads(bytes(data[_INDEX]).decode())
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
-        raise errors.DataLossError(None, None, f"checkpoint {path!r} is unreadable: "
-                                               f"{type(exc).__name__}: {exc}") from exc
+    index, _ = _load(path, values=False)
     if index.get("shards") != len(shards):
         raise errors.InvalidArgumentError(
             None, None, f"checkpoint {path!r} has {index.get('shards') or 1} shard(s), this "
@@ -327,20 +319,28 @@ def _write_checkpoint(path: str, values: Mapping[str, Any],
 
 
 def _read_checkpoint(path: str) -> dict[str, np.ndarray]:
+    index, values = _load(path, values=True)
+    if index.get("format") != FORMAT:
+        raise errors.DataLossError(None, None, f"checkpoint {path!r} has format "
+                                               f"{index.get('format')!r}, expected {FORMAT}")
+    return values
+
+
+def _load(path: str, *, values: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The index of checkpoint ``path`` and, when ``values``, the variables it lists;
+    a missing file is NotFoundError, an unreadable one DataLossError, both naming it."""
     file = path + ".npz"
     if not os.path.exists(file):
         raise errors.NotFoundError(None, None, f"checkpoint {path!r} not found (no {file!r})")
     try:
         with np.load(file, allow_pickle=False) as data:
             index = json.loads(bytes(data[_INDEX]).decode())
-            if index.get("format") != FORMAT:
-                raise errors.DataLossError(None, None, f"checkpoint {path!r} has format "
-                                                       f"{index.get('format')!r}, expected "
-                                                       f"{FORMAT}")
-            return {k: data[k] for k in index["variables"]}
+            read = ({k: data[k] for k in index["variables"]}
+                    if values and index.get("format") == FORMAT else {})
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         raise errors.DataLossError(None, None, f"checkpoint {path!r} is unreadable: "
                                                f"{type(exc).__name__}: {exc}") from exc
+    return index, read
 
 
 def _write_state(latest: str, kept: list[str]) -> None:
