@@ -121,6 +121,33 @@ def test_resize_static_shape_and_bad_arguments() -> None:
             af.image.resize_nearest_neighbor(af.placeholder(af.float32, (5, 5, 3)), [2, 2])
 
 
+def test_small_resizes_run_inline_and_large_ones_on_the_worker_threads() -> None:
+    # A hop to a worker thread costs more than resizing a small image: a serving graph's
+    # small resizes run inline, sized by their static output (an unknown batch as 8).
+    from asyncflow.framework import registry
+
+    with af.Graph().as_default():
+        small = af.placeholder(af.float32, (None, 64, 64, 3))
+        large = af.placeholder(af.float32, (1, 512, 512, 3))
+        unknown = af.placeholder(af.float32, (None, None, None, 3))
+        cases = [(af.image.resize_bilinear(small, [32, 32]), registry.INLINE),
+                 (af.image.resize_nearest_neighbor(small, [32, 32]), registry.INLINE),
+                 (af.image.resize_bilinear(small, [128, 128]), registry.EXPENSIVE),
+                 (af.image.resize_bilinear(large, [256, 256]), registry.EXPENSIVE),
+                 (af.image.resize_nearest_neighbor(unknown, af.shape(unknown)[1:3]),
+                  registry.EXPENSIVE)]
+        for out, kind in cases:
+            assert registry.get_kernel(out.op.type).instantiate(out.op)[1] == kind, out
+        # Inline or not, the values are the same.
+        x = np.random.default_rng(0).random((2, 64, 64, 3), np.float32)
+        with af.Session() as sess:
+            inline, threaded = sess.run_sync(
+                [af.image.resize_bilinear(small, [32, 32]),
+                 af.image.resize_bilinear(af.image.resize_bilinear(small, [128, 128]),
+                                          [32, 32])], {small: x})
+        assert inline.shape == threaded.shape == (2, 32, 32, 3)
+
+
 # -- PNG / JPEG ------------------------------------------------------------------------------
 
 def _image() -> np.ndarray:
