@@ -10,19 +10,22 @@ import pytest
 import asyncflow as af
 
 
+def _probe(order: list[int], k: int) -> Any:
+    """A kernel passing its input through that records ``k`` in ``order`` when it runs."""
+    def run(v: Any) -> Any:
+        order.append(k)
+        return v
+    return run
+
+
 def _unordered(n: int, order: list[int]) -> tuple[af.Graph, af.Tensor]:
     """``n`` stateful nodes no edge orders, each recording when it ran, summed."""
     graph = af.Graph()
     with graph.as_default():
-        def probe(k: int) -> Any:
-            def run(v: Any) -> Any:
-                order.append(k)
-                return v
-            return run
         x = af.placeholder(af.float64, shape=(), name="x")
         parts = []
         for k in range(n):
-            y = af.py_func(probe(k), [x], af.float64, stateful=True, name=f"p{k}")
+            y = af.py_func(_probe(order, k), [x], af.float64, stateful=True, name=f"p{k}")
             y.set_shape(())
             parts.append(y)
         total = af.add_n(parts)
@@ -94,17 +97,12 @@ def _call_orders(options: af.ExecutorOptions) -> list[int]:
     order: list[int] = []
     graph = af.Graph()
     with graph.as_default():
-        def probe(k: int) -> Any:
-            def run(v: Any) -> Any:
-                order.append(k)
-                return v
-            return run
 
         @af.Defun(af.float64, func_name="unordered")
         def body(x: af.Tensor) -> af.Tensor:
             parts = []
             for k in range(12):
-                y = af.py_func(probe(k), [x], af.float64, stateful=True)
+                y = af.py_func(_probe(order, k), [x], af.float64, stateful=True)
                 y.set_shape(())
                 parts.append(y)
             return af.add_n(parts)

@@ -40,7 +40,7 @@ from asyncflow.runtime.observe import current_trace, traced_op
 from asyncflow.runtime.propagators import (
     CHECK_EVERY,
     Dead,
-    _check_outputs,
+    check_outputs,
     first_dead,
     slice_over,
     switch_outputs,
@@ -249,7 +249,7 @@ def execute(program: Sequence[BInstr], vals: list[Any],
             if nout == 1:
                 vals[out] = v
             elif nout:
-                vals[out:out + nout] = _check_outputs(v, nout)
+                vals[out:out + nout] = check_outputs(v, nout)
         elif kind == I_SWITCH:
             vals[out], vals[out + 1] = switch_outputs(vals[ins[0]], vals[ins[1]], extra)
         elif kind == I_MERGE:

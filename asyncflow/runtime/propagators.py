@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "Dead",
            "FastLoop", "FastRun", "Propagator", "PropagatorState",
-           "Step", "first_dead", "merge_arrive", "merge_outputs", "slice_over",
+           "Step", "check_outputs", "first_dead", "merge_arrive", "merge_outputs", "slice_over",
            "switch_outputs"]
 
 #: Nodes run between two looks at the clock while draining.
@@ -183,7 +183,7 @@ class Propagator(Protocol):
         """The fetched values, in plan order (``InvalidArgumentError`` for a dead one)."""
 
 
-def _check_outputs(v: Any, nout: int) -> Any:
+def check_outputs(v: Any, nout: int) -> Any:
     if not isinstance(v, list | tuple) or len(v) != nout:
         got = f"{len(v)} values" if isinstance(v, list | tuple) else type(v).__name__
         raise errors.InternalError(None, None, f"kernel returned {got}, expected {nout} outputs")
@@ -452,7 +452,7 @@ class PropagatorState:
                     if nout == 1:
                         vals[out] = v
                     elif nout:
-                        vals[out:out + nout] = _check_outputs(v, nout)
+                        vals[out:out + nout] = check_outputs(v, nout)
                     for s in frees:
                         vals[s] = None
                     if counted:
@@ -508,7 +508,7 @@ class PropagatorState:
         if nout == 1:
             vals[node.out] = v
         elif nout:
-            vals[node.out:node.out + nout] = _check_outputs(v, nout)
+            vals[node.out:node.out + nout] = check_outputs(v, nout)
         if self._dead is not None:
             if nout > 1:  # a live node's outputs may still be dead: look at each
                 self._propagate(i, node, None)
@@ -761,7 +761,7 @@ class PropagatorState:
         if flow == _INLINE:
             v = node.kernel(*args)
             nout = node.num_outputs
-            outs = (v,) if nout == 1 else tuple(_check_outputs(v, nout) if nout else ())
+            outs = (v,) if nout == 1 else tuple(check_outputs(v, nout) if nout else ())
             self._complete(i, frame, it, outs, None)
         else:  # (transfers run dead too: the peer learns the deadness)
             self._step.dispatch((i, frame, it), i, node, args if dead is None else
@@ -853,7 +853,7 @@ class PropagatorState:
         if nout == 1:
             vals[node.out] = v
         elif nout:
-            for k, o in enumerate(_check_outputs(v, nout)):
+            for k, o in enumerate(check_outputs(v, nout)):
                 vals[node.out + k] = o
         kinds = self._info.kind
         pending = st.pending
@@ -882,7 +882,7 @@ class PropagatorState:
             self._complete(i, frame, it, (v,) * node.num_outputs, v)
             return
         nout = node.num_outputs
-        outs = (v,) if nout == 1 else (tuple(_check_outputs(v, nout)) if nout else ())
+        outs = (v,) if nout == 1 else (tuple(check_outputs(v, nout)) if nout else ())
         self._complete(i, frame, it, outs, None)
 
     # -- propagation -------------------------------------------------------------------

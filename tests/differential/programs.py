@@ -459,13 +459,20 @@ class _Gen:
             stack.extend(self.nodes[nid].args)
         return {k: v for k, v in self.feeds.items() if k in needed}
 
-    def variables(self) -> None:
+    def initialized_variable(self) -> tuple[str, tuple[int, ...], int]:
+        """A variable of a random dtype and shape, and a run that initializes it first:
+        (dtype, shape, node id)."""
         rng = self.rng
         dt = rng.choice(NUMERIC)
         shape = rng.choice(((), (3,), (2, 2)))
         var = self.add("variable", (), {"init": random_value(rng, dt, shape), "pure": False},
                        dt, shape)
         self.runs.append(Run([self.add("var_init", (var,), {"pure": False}, None, ())]))
+        return dt, shape, var
+
+    def variables(self) -> None:
+        rng = self.rng
+        dt, shape, var = self.initialized_variable()
         for _ in range(rng.randint(1, 4)):
             value = self.operand(dt, shape, exact=True)
             if rng.random() < 0.5:
@@ -579,11 +586,7 @@ class _Gen:
     def make_loop_state(self) -> None:
         """Variables read and assigned inside while loops and inside conds in loops."""
         rng = self.rng
-        dt = rng.choice(NUMERIC)
-        shape = rng.choice(((), (3,), (2, 2)))
-        var = self.add("variable", (), {"init": random_value(rng, dt, shape), "pure": False},
-                       dt, shape)
-        self.runs.append(Run([self.add("var_init", (var,), {"pure": False}, None, ())]))
+        dt, shape, var = self.initialized_variable()
         read = self.add("read", (var,), {"pure": False}, dt, shape)
         for _ in range(rng.randint(1, 3)):
             delta = self.operand(dt, shape, exact=True)
