@@ -29,11 +29,15 @@ def require_asyncio(what: str = "asyncflow") -> None:
         return
     library = _current_async_library()
     if library is None:
-        raise RuntimeError(f"{what} must be awaited inside an asyncio event loop "
-                           f"(asyncio.run(...)); from plain code use sess.run_sync(...)")
-    raise RuntimeError(f"{what} needs the asyncio event loop, but it was awaited from "
-                       f"{library}; run your program with asyncio (anyio users: "
-                       f"anyio.run(main, backend='asyncio'))")
+        raise RuntimeError(
+            f"{what} must be awaited inside an asyncio event loop "
+            f"(asyncio.run(...)); from plain code use sess.run_sync(...)"
+        )
+    raise RuntimeError(
+        f"{what} needs the asyncio event loop, but it was awaited from "
+        f"{library}; run your program with asyncio (anyio users: "
+        f"anyio.run(main, backend='asyncio'))"
+    )
 
 
 def _current_async_library() -> str | None:

@@ -21,19 +21,31 @@ class SessionCallable:
 
     __slots__ = ("_run", "_run_sync", "_signature")
 
-    def __init__(self, run: Callable[..., Coroutine[Any, Any, Any]], run_sync: Callable[..., Any],
-                 signature: str = "") -> None:
+    def __init__(
+        self,
+        run: Callable[..., Coroutine[Any, Any, Any]],
+        run_sync: Callable[..., Any],
+        signature: str = "",
+    ) -> None:
         self._run = run
         self._run_sync = run_sync
         self._signature = signature
 
-    def __call__(self, *feed_values: Any, options: RunOptions | None = None,
-                 run_metadata: RunMetadata | None = None) -> Coroutine[Any, Any, Any]:
+    def __call__(
+        self,
+        *feed_values: Any,
+        options: RunOptions | None = None,
+        run_metadata: RunMetadata | None = None,
+    ) -> Coroutine[Any, Any, Any]:
         # The step's coroutine itself (no wrapping coroutine): await it.
         return self._run(feed_values, options, run_metadata)
 
-    def run_sync(self, *feed_values: Any, options: RunOptions | None = None,
-                 run_metadata: RunMetadata | None = None) -> Any:
+    def run_sync(
+        self,
+        *feed_values: Any,
+        options: RunOptions | None = None,
+        run_metadata: RunMetadata | None = None,
+    ) -> Any:
         """Call it from plain code (no event loop running in this thread)."""
         return self._run_sync(feed_values, options, run_metadata)
 

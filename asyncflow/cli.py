@@ -62,36 +62,86 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    run = sub.add_parser("run", help="import a graph def (JSON) and run one step",
-                         description="Import a graph def and run one step.")
+    run = sub.add_parser(
+        "run",
+        help="import a graph def (JSON) and run one step",
+        description="Import a graph def and run one step.",
+    )
     run.add_argument("graph", metavar="GRAPH.json", help="a graph def written as JSON")
-    run.add_argument("--feed", action="append", default=[], metavar="NAME=VALUE",
-                     help="feed tensor NAME ('x:0' or 'x') with VALUE (JSON or a .npy path)")
-    run.add_argument("--fetch", action="append", default=[], metavar="NAME",
-                     help="a tensor to fetch and print ('y:0' or 'y')")
-    run.add_argument("--target", action="append", default=[], metavar="OP",
-                     help="an op to run without fetching a value")
-    run.add_argument("--trace", metavar="FILE",
-                     help="also write a Chrome trace (Perfetto, chrome://tracing) to FILE")
-    run.add_argument("--progress", action="store_true",
-                     help="show a live progress bar on stderr for runs over ~1 s (nodes done / "
-                          "total, the node running longest); needs the 'progress' extra")
-    run.add_argument("--allow-module", action="append", default=[], metavar="M",
-                     help="let py_func references import module M (and its submodules)")
-    run.add_argument("--trust", action="store_true",
-                     help="let py_func references import any module (trusted files only)")
-    run.add_argument("--opt-level", type=int, choices=(0, 1), default=1,
-                     help="graph optimizations: 1 (default) folds constants, merges common "
-                          "subexpressions and inlines functions; 0 runs the graph as written")
-    picture = sub.add_parser("graph", help="print a graph def as a DOT or Mermaid picture",
-                             description="Print a graph def as a picture (imports nothing).")
+    run.add_argument(
+        "--feed",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="feed tensor NAME ('x:0' or 'x') with VALUE (JSON or a .npy path)",
+    )
+    run.add_argument(
+        "--fetch",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a tensor to fetch and print ('y:0' or 'y')",
+    )
+    run.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="OP",
+        help="an op to run without fetching a value",
+    )
+    run.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="also write a Chrome trace (Perfetto, chrome://tracing) to FILE",
+    )
+    run.add_argument(
+        "--progress",
+        action="store_true",
+        help="show a live progress bar on stderr for runs over ~1 s (nodes done / "
+        "total, the node running longest); needs the 'progress' extra",
+    )
+    run.add_argument(
+        "--allow-module",
+        action="append",
+        default=[],
+        metavar="M",
+        help="let py_func references import module M (and its submodules)",
+    )
+    run.add_argument(
+        "--trust",
+        action="store_true",
+        help="let py_func references import any module (trusted files only)",
+    )
+    run.add_argument(
+        "--opt-level",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="graph optimizations: 1 (default) folds constants, merges common "
+        "subexpressions and inlines functions; 0 runs the graph as written",
+    )
+    picture = sub.add_parser(
+        "graph",
+        help="print a graph def as a DOT or Mermaid picture",
+        description="Print a graph def as a picture (imports nothing).",
+    )
     picture.add_argument("graph", metavar="GRAPH.json", help="a graph def written as JSON")
-    picture.add_argument("--format", choices=("dot", "mermaid"), default="dot",
-                         help="Graphviz DOT (default) or Mermaid")
-    demo = sub.add_parser("demo", help="run a built-in graph mixing numpy and async I/O",
-                          description="Run a built-in example graph and print its timing.")
-    demo.add_argument("--trace", metavar="FILE",
-                      help="also write a Chrome trace (Perfetto, chrome://tracing) to FILE")
+    picture.add_argument(
+        "--format",
+        choices=("dot", "mermaid"),
+        default="dot",
+        help="Graphviz DOT (default) or Mermaid",
+    )
+    demo = sub.add_parser(
+        "demo",
+        help="run a built-in graph mixing numpy and async I/O",
+        description="Run a built-in example graph and print its timing.",
+    )
+    demo.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="also write a Chrome trace (Perfetto, chrome://tracing) to FILE",
+    )
     return parser
 
 
@@ -133,6 +183,7 @@ def _describe(exc: BaseException) -> str:
 
 # -- asyncflow run ----------------------------------------------------------------
 
+
 def _run(args: argparse.Namespace) -> int:
     import asyncflow as af
     from asyncflow.framework.graph_def import allowed_reference_modules
@@ -149,8 +200,9 @@ def _run(args: argparse.Namespace) -> int:
         with graph.as_default():
             af.import_graph_def(graph_def, name="")
     except (TypeError, ValueError) as exc:
-        raise _UsageError(f"cannot import graph file {args.graph!r}: {exc}"
-                          f"{_module_hint(exc)}") from None
+        raise _UsageError(
+            f"cannot import graph file {args.graph!r}: {exc}{_module_hint(exc)}"
+        ) from None
     finally:
         allowed_reference_modules.reset(token)
     _defined_in(graph, args.graph)
@@ -163,16 +215,18 @@ def _run(args: argparse.Namespace) -> int:
     options = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE) if args.trace else None
     metadata = af.RunMetadata() if args.trace else None
     level = af.OptimizerOptions.L1 if args.opt_level == 1 else af.OptimizerOptions.L0
-    config = af.SessionConfig(graph_options=af.GraphOptions(
-        optimizer_options=af.OptimizerOptions(opt_level=level)))
+    config = af.SessionConfig(
+        graph_options=af.GraphOptions(optimizer_options=af.OptimizerOptions(opt_level=level))
+    )
     bar = _ProgressBar() if args.progress else None
     if bar is not None:
         options = options or af.RunOptions()
         options.progress = bar.update
     with af.Session(graph=graph, config=config) as sess:
         try:
-            results = sess.run_sync([fetches, targets], feed_dict=feed_dict, options=options,
-                                    run_metadata=metadata)[0]
+            results = sess.run_sync(
+                [fetches, targets], feed_dict=feed_dict, options=options, run_metadata=metadata
+            )[0]
         finally:
             if bar is not None:
                 bar.close()
@@ -197,9 +251,11 @@ def _module_hint(exc: BaseException) -> str:
     """What to do when a reference's module is not found."""
     if "No module named" not in str(exc):
         return ""
-    return (f" (modules are imported from the installed packages, PYTHONPATH and the "
-            f"working directory {os.getcwd()!r}: run from the directory that holds the "
-            f"module, or add its directory to PYTHONPATH)")
+    return (
+        f" (modules are imported from the installed packages, PYTHONPATH and the "
+        f"working directory {os.getcwd()!r}: run from the directory that holds the "
+        f"module, or add its directory to PYTHONPATH)"
+    )
 
 
 def _defined_in(graph: Any, path: str) -> None:
@@ -228,13 +284,19 @@ class _ProgressBar:
                 TimeElapsedColumn,
             )
         except ImportError:
-            raise _UsageError("--progress needs the 'rich' library: "
-                              "pip install 'asyncflow[progress]'") from None
+            raise _UsageError(
+                "--progress needs the 'rich' library: pip install 'asyncflow[progress]'"
+            ) from None
         # No refresh thread: each event (every 0.1 s, on the run's loop) refreshes.
         self._progress = Progress(
-            TextColumn("nodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("nodes"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
             TextColumn("{task.fields[longest]}"),
-            console=Console(stderr=True), auto_refresh=False)
+            console=Console(stderr=True),
+            auto_refresh=False,
+        )
         self._task: Any = None
 
     def update(self, event: Any) -> None:
@@ -245,8 +307,9 @@ class _ProgressBar:
             self._task = self._progress.add_task("run", total=event.nodes_total, longest="")
         longest = event.longest
         text = f"running {longest[0]} for {longest[1]:.1f} s" if longest else ""
-        self._progress.update(self._task, completed=event.nodes_done, longest=text,
-                              total=event.nodes_total)
+        self._progress.update(
+            self._task, completed=event.nodes_done, longest=text, total=event.nodes_total
+        )
         self._progress.refresh()
 
     def close(self) -> None:
@@ -266,8 +329,11 @@ def callable_references(graph_def: Any) -> dict[str, list[str]]:
     roots: list[tuple[str, Any]] = []
     if isinstance(nodes, list):
         roots += [(str(n.get("name")) if isinstance(n, dict) else "?", n) for n in nodes]
-    rest = {k: v for k, v in graph_def.items() if k != "node"} \
-        if isinstance(graph_def, dict) else graph_def
+    rest = (
+        {k: v for k, v in graph_def.items() if k != "node"}
+        if isinstance(graph_def, dict)
+        else graph_def
+    )
     roots.append(("library" if isinstance(graph_def, dict) else "?", rest))
     for where, root in roots:
         stack = [root]
@@ -289,18 +355,25 @@ def _check_references(path: str, graph_def: Any, allowed: frozenset[str] | None)
     from asyncflow.framework.graph_def import reference_module_allowed
 
     refs = callable_references(graph_def)
-    refused = {ref: where for ref, where in refs.items()
-               if not reference_module_allowed(ref.partition(":")[0], allowed)}
+    refused = {
+        ref: where
+        for ref, where in refs.items()
+        if not reference_module_allowed(ref.partition(":")[0], allowed)
+    }
     if not refused:
         return
-    listed = ", ".join(f"{ref!r} (in {', '.join(repr(w) for w in where)})"
-                       for ref, where in sorted(refused.items()))
+    listed = ", ".join(
+        f"{ref!r} (in {', '.join(repr(w) for w in where)})"
+        for ref, where in sorted(refused.items())
+    )
     modules = sorted({ref.partition(":")[0] for ref in refused})
     flags = " ".join(f"--allow-module {m}" for m in modules)
-    raise _UsageError(f"graph file {path!r} names Python functions that loading it would "
-                      f"import and run: {listed}; refusing to import "
-                      f"{', '.join(repr(m) for m in modules)}. If you trust this file, "
-                      f"pass {flags} (or --trust)")
+    raise _UsageError(
+        f"graph file {path!r} names Python functions that loading it would "
+        f"import and run: {listed}; refusing to import "
+        f"{', '.join(repr(m) for m in modules)}. If you trust this file, "
+        f"pass {flags} (or --trust)"
+    )
 
 
 def _graph(args: argparse.Namespace) -> int:
@@ -341,8 +414,9 @@ def _parse_feed(item: str) -> tuple[str, Any]:
     try:
         return name, json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _UsageError(f"bad --feed {item!r}: VALUE is not JSON ({exc.msg}) nor a "
-                          f".npy file") from None
+        raise _UsageError(
+            f"bad --feed {item!r}: VALUE is not JSON ({exc.msg}) nor a .npy file"
+        ) from None
 
 
 def _tensor(graph: Any, name: str, flag: str) -> Any:
@@ -400,16 +474,22 @@ def build_demo_graph() -> tuple[Any, dict[str, Any]]:
 
     graph = af.Graph()
     with graph.as_default():
-        weights = af.constant(np.array([[0.5, -1.0], [1.5, 0.25], [-0.5, 2.0]],
-                                       np.float32), name="weights")
-        rows = [af.py_func(fetch_user, [af.constant(np.int64(uid), name=f"id_{uid}")],
-                           af.float32, name=f"fetch_user_{uid}")
-                for uid in _DEMO_USERS]
+        weights = af.constant(
+            np.array([[0.5, -1.0], [1.5, 0.25], [-0.5, 2.0]], np.float32), name="weights"
+        )
+        rows = [
+            af.py_func(
+                fetch_user,
+                [af.constant(np.int64(uid), name=f"id_{uid}")],
+                af.float32,
+                name=f"fetch_user_{uid}",
+            )
+            for uid in _DEMO_USERS
+        ]
         features = af.stack(rows, name="features")
         logits = af.matmul(features, weights, name="logits")
         probs = af.nn.softmax(logits, name="probs")
-        scores = af.py_func(score_batch, [features], af.float32, expensive=True,
-                            name="score_batch")
+        scores = af.py_func(score_batch, [features], af.float32, expensive=True, name="score_batch")
         best = af.argmax(scores, axis=0, name="best")
     return graph, {"probs": probs, "scores": scores, "best": best}
 
@@ -430,17 +510,21 @@ async def _run_demo() -> tuple[dict[str, Any], Any, float]:
 def _demo(args: argparse.Namespace) -> int:
     results, metadata, wall = asyncio.run(_run_demo())
     np.set_printoptions(precision=3, suppress=True)
-    print(f"asyncflow demo: {len(_DEMO_USERS)} async user lookups "
-          f"({DEMO_LATENCY_S * 1000:.0f} ms each) -> stack -> matmul -> softmax, "
-          f"plus a thread-pool scoring kernel\n")
+    print(
+        f"asyncflow demo: {len(_DEMO_USERS)} async user lookups "
+        f"({DEMO_LATENCY_S * 1000:.0f} ms each) -> stack -> matmul -> softmax, "
+        f"plus a thread-pool scoring kernel\n"
+    )
     for name, value in results.items():
         print(_format_fetch(name, value))
     print()
     rows = _timing_rows(metadata.step_stats)
     print(_timing_table(rows))
     async_total = sum(r[4] for r in rows if r[2] == "async")
-    print(f"\nstep wall time {wall * 1000:.1f} ms; async kernels' latencies sum to "
-          f"{async_total:.1f} ms: they overlapped on the event loop.")
+    print(
+        f"\nstep wall time {wall * 1000:.1f} ms; async kernels' latencies sum to "
+        f"{async_total:.1f} ms: they overlapped on the event loop."
+    )
     if args.trace:
         _write_trace(metadata.step_stats, args.trace)
         print(f"Chrome trace written to {args.trace} (open it in https://ui.perfetto.dev)")
@@ -453,8 +537,16 @@ def _timing_rows(step_stats: Any) -> list[tuple[str, str, str, float, float]]:
     if not stats:
         return []
     t0 = min(ns.all_start_micros for ns in stats)
-    rows = [(ns.node_name, ns.op_type, ns.kind, (ns.all_start_micros - t0) / 1000.0,
-             ns.op_end_rel_micros / 1000.0) for ns in stats]
+    rows = [
+        (
+            ns.node_name,
+            ns.op_type,
+            ns.kind,
+            (ns.all_start_micros - t0) / 1000.0,
+            ns.op_end_rel_micros / 1000.0,
+        )
+        for ns in stats
+    ]
     rows.sort(key=lambda r: (r[3], r[0]))
     return rows
 
@@ -463,8 +555,10 @@ def _timing_table(rows: list[tuple[str, str, str, float, float]]) -> str:
     header = ("node", "op", "kind", "start ms", "dur ms")
     name_w = max([len(header[0]), *(len(r[0]) for r in rows)])
     op_w = max([len(header[1]), *(len(r[1]) for r in rows)])
-    lines = [f"{header[0]:<{name_w}}  {header[1]:<{op_w}}  {header[2]:<6}  "
-             f"{header[3]:>8}  {header[4]:>8}"]
+    lines = [
+        f"{header[0]:<{name_w}}  {header[1]:<{op_w}}  {header[2]:<6}  "
+        f"{header[3]:>8}  {header[4]:>8}"
+    ]
     lines.append("-" * len(lines[0]))
     for name, op, kind, start, dur in rows:
         lines.append(f"{name:<{name_w}}  {op:<{op_w}}  {kind:<6}  {start:>8.2f}  {dur:>8.2f}")

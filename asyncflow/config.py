@@ -13,8 +13,14 @@ from typing import Any, ClassVar
 from asyncflow.progress import ProgressEvent
 from asyncflow.step_stats import StepStats
 
-__all__ = ["ExecutorOptions", "GraphOptions", "OptimizerOptions", "RunMetadata", "RunOptions",
-           "SessionConfig"]
+__all__ = [
+    "ExecutorOptions",
+    "GraphOptions",
+    "OptimizerOptions",
+    "RunMetadata",
+    "RunOptions",
+    "SessionConfig",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +49,9 @@ class OptimizerOptions:
 
     def __post_init__(self) -> None:
         if self.opt_level not in (OptimizerOptions.L0, OptimizerOptions.L1):
-            raise ValueError(f"opt_level must be OptimizerOptions.L0 or .L1, "
-                             f"got {self.opt_level!r}")
+            raise ValueError(
+                f"opt_level must be OptimizerOptions.L0 or .L1, got {self.opt_level!r}"
+            )
         size = self.max_folded_constant_in_bytes
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"max_folded_constant_in_bytes must be an int >= 0, got {size!r}")
@@ -57,8 +64,7 @@ class OptimizerOptions:
     @property
     def cse(self) -> bool:
         """Common-subexpression elimination runs."""
-        return (self.opt_level == OptimizerOptions.L1
-                and self.do_common_subexpression_elimination)
+        return self.opt_level == OptimizerOptions.L1 and self.do_common_subexpression_elimination
 
     @property
     def inlining(self) -> bool:
@@ -74,8 +80,10 @@ class GraphOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.optimizer_options, OptimizerOptions):
-            raise TypeError(f"optimizer_options must be an af.OptimizerOptions, "
-                            f"got {type(self.optimizer_options).__name__}")
+            raise TypeError(
+                f"optimizer_options must be an af.OptimizerOptions, "
+                f"got {type(self.optimizer_options).__name__}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,24 +129,33 @@ class SessionConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.executor_options, ExecutorOptions):
-            raise TypeError(f"executor_options must be an af.ExecutorOptions, "
-                            f"got {type(self.executor_options).__name__}")
+            raise TypeError(
+                f"executor_options must be an af.ExecutorOptions, "
+                f"got {type(self.executor_options).__name__}"
+            )
         if not isinstance(self.graph_options, GraphOptions):
-            raise TypeError(f"graph_options must be an af.GraphOptions, "
-                            f"got {type(self.graph_options).__name__}")
+            raise TypeError(
+                f"graph_options must be an af.GraphOptions, got {type(self.graph_options).__name__}"
+            )
         if not isinstance(self.device_count, dict):
-            raise TypeError(f"device_count must be a dict like {{'CPU': 2}}, "
-                            f"got {self.device_count!r}")
+            raise TypeError(
+                f"device_count must be a dict like {{'CPU': 2}}, got {self.device_count!r}"
+            )
         for kind, n in self.device_count.items():
             if not isinstance(n, int) or isinstance(n, bool) or n < 0:
                 raise ValueError(f"device_count[{kind!r}] must be an int >= 0, got {n!r}")
             if kind.upper() != "CPU" and n:
-                raise ValueError(f"device type {kind!r} is not supported here; "
-                                 f"only 'CPU' devices exist")
+                raise ValueError(
+                    f"device type {kind!r} is not supported here; only 'CPU' devices exist"
+                )
         if self.device_count.get("CPU", self.device_count.get("cpu", 1)) < 1:
             raise ValueError("device_count must provide at least one CPU device")
-        for name in ("inter_op_parallelism_threads", "intra_op_parallelism_threads",
-                     "operation_timeout_in_ms", "max_concurrent_steps"):
+        for name in (
+            "inter_op_parallelism_threads",
+            "intra_op_parallelism_threads",
+            "operation_timeout_in_ms",
+            "max_concurrent_steps",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -175,8 +192,9 @@ class RunOptions:
         """
         t = self.timeout_in_ms
         if not isinstance(t, int | float) or isinstance(t, bool) or not t >= 0:
-            raise ValueError(f"RunOptions.timeout_in_ms must be a number >= 0 "
-                             f"(0: no deadline), got {t!r}")
+            raise ValueError(
+                f"RunOptions.timeout_in_ms must be a number >= 0 (0: no deadline), got {t!r}"
+            )
 
 
 @dataclass(slots=True)
@@ -237,12 +255,10 @@ class ExecutorOptions:
                 raise TypeError(f"ExecutorOptions.{name} must be a bool, got {value!r}")
         after = self.schedule_after
         if not isinstance(after, int) or isinstance(after, bool) or after < 0:
-            raise ValueError(f"ExecutorOptions.schedule_after must be an int >= 0, "
-                             f"got {after!r}")
+            raise ValueError(f"ExecutorOptions.schedule_after must be an int >= 0, got {after!r}")
         seed = self.shuffle_seed
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise TypeError(f"ExecutorOptions.shuffle_seed must be None or an int, "
-                            f"got {seed!r}")
+            raise TypeError(f"ExecutorOptions.shuffle_seed must be None or an int, got {seed!r}")
 
     def shuffler(self) -> random.Random | None:
         """A fresh generator for one step's shuffled batches (None: no shuffling)."""

@@ -116,8 +116,20 @@ string = DType("string", np.dtype(object))
 complex64 = DType("complex64", np.dtype(np.complex64))
 complex128 = DType("complex128", np.dtype(np.complex128))
 
-_ALL = (float16, float32, float64, int8, int16, int32, int64, uint8, bool, string,
-        complex64, complex128)
+_ALL = (
+    float16,
+    float32,
+    float64,
+    int8,
+    int16,
+    int32,
+    int64,
+    uint8,
+    bool,
+    string,
+    complex64,
+    complex128,
+)
 _BY_NAME: dict[str, DType] = {d.name: d for d in _ALL}
 _BY_NAME.update({"half": float16, "float": float32, "double": float64})
 _BY_NP: dict[np.dtype[Any], DType] = {d.np: d for d in _ALL}
@@ -198,8 +210,9 @@ def as_string_array(value: Any) -> np.ndarray:
             elif isinstance(item, str):
                 items.append(item.encode("utf-8"))
             else:
-                raise TypeError(f"a string tensor holds bytes or str, got "
-                                f"{type(item).__name__} {item!r}")
+                raise TypeError(
+                    f"a string tensor holds bytes or str, got {type(item).__name__} {item!r}"
+                )
     array = np.empty(len(items), dtype=object)
     array[:] = items
     return array.reshape(shape)

@@ -72,6 +72,7 @@ __all__ = [
     "from_exception",
 ]
 
+
 class NodeLike(Protocol):
     """What an error names: a graph ``Operation`` or a compiled node (anything with a
     ``name``; errors keep no reference to a graph's internals beyond it)."""
@@ -274,9 +275,7 @@ def exception_type_from_error_code(error_code: int) -> type[OpError]:
     return _CODE_TO_TYPE.get(error_code, UnknownError)
 
 
-def from_exception(
-    exc: BaseException, op: NodeLike | None = None, prefix: str = ""
-) -> OpError:
+def from_exception(exc: BaseException, op: NodeLike | None = None, prefix: str = "") -> OpError:
     """The ``OpError`` a kernel's exception becomes; ``prefix`` is prepended to the message.
 
     An ``OpError`` keeps its type and message; other exceptions map to the matching

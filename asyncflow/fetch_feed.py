@@ -39,8 +39,10 @@ def fetch_key(fetch: Any) -> Any:
         return (t, tuple(fetch_key(f) for f in fetch))
     if hasattr(fetch, "_as_graph_element") or isinstance(fetch, Tensor | Operation):
         return fetch
-    raise TypeError(f"Fetch argument {fetch!r} has invalid type {type(fetch)!r}, must be a "
-                    f"string or Tensor, an Operation, or a list/tuple/dict of those.")
+    raise TypeError(
+        f"Fetch argument {fetch!r} has invalid type {type(fetch)!r}, must be a "
+        f"string or Tensor, an Operation, or a list/tuple/dict of those."
+    )
 
 
 Rebuild = Callable[[Sequence[Any]], Any]
@@ -62,10 +64,12 @@ class FetchMapper:
         except TypeError:
             raise TypeError(
                 f"Fetch argument {fetch!r} has invalid type {type(fetch)!r}, must be a "
-                f"string or Tensor, an Operation, or a list/tuple/dict of those.") from None
+                f"string or Tensor, an Operation, or a list/tuple/dict of those."
+            ) from None
         except ValueError as exc:
-            raise ValueError(f"Fetch argument {fetch!r} cannot be interpreted as a Tensor "
-                             f"or Operation: {exc}") from None
+            raise ValueError(
+                f"Fetch argument {fetch!r} cannot be interpreted as a Tensor or Operation: {exc}"
+            ) from None
 
     def _build(self, fetch: Any) -> Rebuild:
         if isinstance(fetch, list | tuple) and not isinstance(fetch, str):
@@ -117,8 +121,9 @@ def feed_converter(t: Tensor) -> Callable[[Any], Any]:
     name = t.name
 
     def fail_shape(shape: tuple[int, ...]) -> None:
-        raise ValueError(f"Cannot feed value of shape {shape!r} for Tensor {name!r}, which "
-                         f"has shape {t._shape}")
+        raise ValueError(
+            f"Cannot feed value of shape {shape!r} for Tensor {name!r}, which has shape {t._shape}"
+        )
 
     floating = np_dtype.kind == "f"
     scalar_ok = dims is None or not dims  # a 0-d value passes the shape check
@@ -137,9 +142,11 @@ def feed_converter(t: Tensor) -> Callable[[Any], Any]:
             shape = ()
         else:
             if isinstance(v, Tensor) or hasattr(v, "_as_graph_element"):
-                raise TypeError(f"The value of a feed cannot be an af.Tensor object (feeding "
-                                f"{name!r}). Acceptable feed values include Python scalars, "
-                                f"strings, lists, numpy ndarrays.")
+                raise TypeError(
+                    f"The value of a feed cannot be an af.Tensor object (feeding "
+                    f"{name!r}). Acceptable feed values include Python scalars, "
+                    f"strings, lists, numpy ndarrays."
+                )
             if is_string:
                 a = _dtypes.as_string_array(v)  # bytes, as TF (str is UTF-8 encoded)
             elif tv is np.ndarray and v.dtype == np_dtype:
@@ -148,11 +155,15 @@ def feed_converter(t: Tensor) -> Callable[[Any], Any]:
                 try:
                     a = np.asarray(v, dtype=np_dtype)
                 except (TypeError, ValueError, OverflowError) as exc:
-                    raise TypeError(f"cannot convert feed value {v!r} for Tensor {name!r} "
-                                    f"to {t._dtype.name}: {exc}") from None
+                    raise TypeError(
+                        f"cannot convert feed value {v!r} for Tensor {name!r} "
+                        f"to {t._dtype.name}: {exc}"
+                    ) from None
                 if tv is int and a != v:  # as TF: only Python ints are checked
-                    raise TypeError(f"Type of feed value {v!r} with type {tv.__name__} is not "
-                                    f"compatible with Tensor type {t._dtype.name} of {name!r}")
+                    raise TypeError(
+                        f"Type of feed value {v!r} with type {tv.__name__} is not "
+                        f"compatible with Tensor type {t._dtype.name} of {name!r}"
+                    )
             shape = a.shape
             if not shape:
                 a = a[()]

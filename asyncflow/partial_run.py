@@ -55,8 +55,13 @@ class Session(Protocol):
 
     def _prepared(self, compiled: Compiled) -> Any: ...
 
-    def _runner(self, call: Any, frame: CallFrame, trace: bool = False,
-                rendezvous: LocalRendezvous | None = None) -> StepRunner: ...
+    def _runner(
+        self,
+        call: Any,
+        frame: CallFrame,
+        trace: bool = False,
+        rendezvous: LocalRendezvous | None = None,
+    ) -> StepRunner: ...
 
     async def _run_step(self, step: StepRunner, options: RunOptions | None) -> list[Any]: ...
 
@@ -81,8 +86,9 @@ class _PartialRun:
     ir: GraphIR | None = None
 
     def complete(self) -> bool:
-        return (len(self.fed) == len(self.feed_keys)
-                and len(self.fetched) == len(self.fetch_keys) + len(self.target_keys))
+        return len(self.fed) == len(self.feed_keys) and len(self.fetched) == len(
+            self.fetch_keys
+        ) + len(self.target_keys)
 
 
 class PartialRuns:
@@ -103,21 +109,31 @@ class PartialRuns:
             raise ValueError(f"partial_run_setup: feeds has duplicate entries: {feeds!r}")
         ir = sess._graph_ir()
         compiled = compile_signature(
-            ir, feeds=[ref_of(t) for t in feed_list],
+            ir,
+            feeds=[ref_of(t) for t in feed_list],
             fetches=[ref_of(t) for t in mapper.tensors],
-            targets=[op.name for op in mapper.targets], devices=sess.list_devices(),
+            targets=[op.name for op in mapper.targets],
+            devices=sess.list_devices(),
             incarnation=sess._incarnation,
-            allow_soft_placement=sess.config.allow_soft_placement, client=CLIENT,
-            options=sess.config.graph_options.optimizer_options)
+            allow_soft_placement=sess.config.allow_soft_placement,
+            client=CLIENT,
+            options=sess.config.graph_options.optimizer_options,
+        )
         keys = compiled.client
         assert keys is not None
         rendezvous = LocalRendezvous()
         step = sess._runner(sess._prepared(compiled), CallFrame(()), False, rendezvous)
         handle = f"partial_run_{next(self._ids)}"
-        state = _PartialRun(handle, step, rendezvous, asyncio.get_running_loop(),
-                            dict(zip(feed_list, keys.feeds)),
-                            dict(zip(mapper.tensors, keys.fetches)),
-                            dict(zip(mapper.targets, keys.targets)), ir=ir)
+        state = _PartialRun(
+            handle,
+            step,
+            rendezvous,
+            asyncio.get_running_loop(),
+            dict(zip(feed_list, keys.feeds)),
+            dict(zip(mapper.tensors, keys.fetches)),
+            dict(zip(mapper.targets, keys.targets)),
+            ir=ir,
+        )
 
         async def run_partial() -> None:
             try:
@@ -132,34 +148,38 @@ class PartialRuns:
         self._runs[handle] = state
         return handle
 
-    async def run(self, handle: str, fetches: Any,
-                  feed_dict: Mapping[Any, Any] | None = None) -> Any:
+    async def run(
+        self, handle: str, fetches: Any, feed_dict: Mapping[Any, Any] | None = None
+    ) -> Any:
         """See :meth:`Session.partial_run`."""
         sess = self._session
         state = self._runs.get(handle) if isinstance(handle, str) else None
         if state is None:
             raise errors.InvalidArgumentError(
-                None, None, f"The partial run handle {handle!r} is invalid: it was never "
-                            f"set up with partial_run_setup (or it already finished)")
+                None,
+                None,
+                f"The partial run handle {handle!r} is invalid: it was never "
+                f"set up with partial_run_setup (or it already finished)",
+            )
         if asyncio.get_running_loop() is not state.loop:
             raise RuntimeError(f"partial run {handle!r} was set up on another event loop")
         mapper = FetchMapper(sess.graph, fetches)
         feeds = [(sess._feed_tensor(k), v) for k, v in (feed_dict or {}).items()]
         checks: list[tuple[Any, Mapping[Any, str], set[Any], str, str]] = [
             *((t, state.feed_keys, state.fed, "feed", "fed") for t, _ in feeds),
-            *((t, state.fetch_keys, state.fetched, "fetch", "fetched")
-              for t in mapper.tensors),
-            *((op, state.target_keys, state.fetched, "fetch", "fetched")
-              for op in mapper.targets)]
+            *((t, state.fetch_keys, state.fetched, "fetch", "fetched") for t in mapper.tensors),
+            *((op, state.target_keys, state.fetched, "fetch", "fetched") for op in mapper.targets),
+        ]
         for item, declared, done, what, verb in checks:
             op = item.op if isinstance(item, Tensor) else item
             if item not in declared:
                 raise errors.InvalidArgumentError(
-                    None, op, f"The {what} {item.name} was not specified in "
-                              f"partial_run_setup.")
+                    None, op, f"The {what} {item.name} was not specified in partial_run_setup."
+                )
             if item in done:
                 raise errors.InvalidArgumentError(
-                    None, op, f"The {what} {item.name} has already been {verb}.")
+                    None, op, f"The {what} {item.name} has already been {verb}."
+                )
         _check_computable(state, mapper, {t for t, _ in feeds})
         converted = [(t, feed_converter(t)(v)) for t, v in feeds]
         try:
@@ -179,8 +199,9 @@ class PartialRuns:
             self._runs.pop(handle, None)
             if isinstance(root, errors.OpError):
                 raise root from None
-            raise errors.CancelledError(None, None, f"partial run {handle!r} was aborted: "
-                                                    f"{exc.message}") from exc
+            raise errors.CancelledError(
+                None, None, f"partial run {handle!r} was aborted: {exc.message}"
+            ) from exc
         if state.complete():
             self._runs.pop(handle, None)
             assert state.task is not None
@@ -221,8 +242,11 @@ def _check_computable(state: _PartialRun, mapper: FetchMapper, feeding: set[Tens
         if missing is not None:
             op = item.op if isinstance(item, Tensor) else item
             raise errors.InvalidArgumentError(
-                None, op, f"Fetch {item.name} can't be computed from the feeds that have "
-                          f"been fed so far: it needs {missing.name}, which is not fed yet.")
+                None,
+                op,
+                f"Fetch {item.name} can't be computed from the feeds that have "
+                f"been fed so far: it needs {missing.name}, which is not fed yet.",
+            )
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

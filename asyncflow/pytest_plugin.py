@@ -67,8 +67,7 @@ async def _close_and_check(sessions: list[Session], before: _Snapshot) -> None:
     for sess in sessions:
         await sess.close()
     current = asyncio.current_task()
-    tasks = [t for t in asyncio.all_tasks() - before.tasks
-             if t is not current and not t.done()]
+    tasks = [t for t in asyncio.all_tasks() - before.tasks if t is not current and not t.done()]
     threads = [t for t in _worker_threads() - before.threads if t.is_alive()]
     for task in tasks:  # do not let them run into the next test
         task.cancel()
@@ -76,12 +75,16 @@ async def _close_and_check(sessions: list[Session], before: _Snapshot) -> None:
         await asyncio.wait(tasks)
     problems = []
     if tasks:
-        problems.append(f"{len(tasks)} task(s) still pending after the test: "
-                        f"{', '.join(sorted(repr(t.get_name()) for t in tasks))} "
-                        f"(await or cancel every task you start)")
+        problems.append(
+            f"{len(tasks)} task(s) still pending after the test: "
+            f"{', '.join(sorted(repr(t.get_name()) for t in tasks))} "
+            f"(await or cancel every task you start)"
+        )
     if threads:
-        problems.append(f"asyncflow worker thread(s) still running after the sessions "
-                        f"closed: {', '.join(sorted(t.name for t in threads))}")
+        problems.append(
+            f"asyncflow worker thread(s) still running after the sessions "
+            f"closed: {', '.join(sorted(t.name for t in threads))}"
+        )
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
 
@@ -114,8 +117,9 @@ async def _af_session_factory(af_graph: Graph) -> AsyncIterator[SessionFactory]:
 
 def _needs_pytest_asyncio(name: str) -> Any:
     def fixture() -> Any:
-        raise pytest.UsageError(f"the {name} fixture needs pytest-asyncio: "
-                                f"pip install pytest-asyncio")
+        raise pytest.UsageError(
+            f"the {name} fixture needs pytest-asyncio: pip install pytest-asyncio"
+        )
 
     fixture.__doc__ = f"``{name}`` (unavailable: pytest-asyncio is not installed)."
     return pytest.fixture(fixture, name=name)

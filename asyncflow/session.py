@@ -116,9 +116,15 @@ class _CompiledCall:
         "single",
     )
 
-    def __init__(self, compiled: Compiled, bound: Sequence[BoundPlan], fetches: Sequence[Tensor],
-                 feed_keys: tuple[Any, ...], converters: tuple[Callable[[Any], Any], ...],
-                 rebuild: Rebuild) -> None:
+    def __init__(
+        self,
+        compiled: Compiled,
+        bound: Sequence[BoundPlan],
+        fetches: Sequence[Tensor],
+        feed_keys: tuple[Any, ...],
+        converters: tuple[Callable[[Any], Any], ...],
+        rebuild: Rebuild,
+    ) -> None:
         self.compiled = compiled
         self.bound = tuple(bound)
         self.feed_keys = feed_keys
@@ -133,8 +139,10 @@ class _CompiledCall:
             if rebuild([probe]) is probe:
                 self.lone = self.retval_converters[0]
         #: A readable name of the signature (statistics): "fetches <- feeds".
-        self.signature = (f"[{', '.join(t.name for t in fetches)}] <- "
-                          f"[{', '.join(_feed_name(k) for k in feed_keys)}]")
+        self.signature = (
+            f"[{', '.join(t.name for t in fetches)}] <- "
+            f"[{', '.join(_feed_name(k) for k in feed_keys)}]"
+        )
         #: One partition whose retvals are the fetches: one Step, no barrier.
         self.single = len(self.bound) == 1 and all(p == 0 for p, _ in compiled.retval_map)
         #: The fast path, defined once: one partition made only of inline kernels runs
@@ -170,6 +178,7 @@ class _CompiledCall:
 
 # -- the session --------------------------------------------------------------------
 
+
 class Session:
     """Runs (parts of) a graph.  ``await sess.run(...)`` in async code, ``run_sync`` elsewhere.
 
@@ -177,14 +186,19 @@ class Session:
     close it on exit.  Safe to use from many tasks and threads at once.
     """
 
-    def __init__(self, target: str | Graph | Any = "", graph: Graph | None = None,
-                 config: SessionConfig | None = None) -> None:
+    def __init__(
+        self,
+        target: str | Graph | Any = "",
+        graph: Graph | None = None,
+        config: SessionConfig | None = None,
+    ) -> None:
         if isinstance(target, Graph) and graph is None:
             # Convenience: af.Session(g) (TF's first positional argument is `target`).
             graph, target = target, ""
         # A cluster (asyncflow.distributed) as target: it makes this session's master.
-        make_master = None if isinstance(target, str) else getattr(
-            target, "_asyncflow_master", None)
+        make_master = (
+            None if isinstance(target, str) else getattr(target, "_asyncflow_master", None)
+        )
         if make_master is None and target:
             raise ValueError(f"target {target!r}: only the in-process target '' is supported")
         if graph is None:
@@ -199,9 +213,12 @@ class Session:
         self._config = config
         n_cpu = config.device_count.get("CPU", config.device_count.get("cpu", 1))
         threads = config.inter_op_parallelism_threads or _default_threads()
-        self._devices = tuple(LocalDevice(canonical_device("CPU", i), "CPU", i, threads,
-                                          config.intra_op_parallelism_threads)
-                              for i in range(n_cpu))
+        self._devices = tuple(
+            LocalDevice(
+                canonical_device("CPU", i), "CPU", i, threads, config.intra_op_parallelism_threads
+            )
+            for i in range(n_cpu)
+        )
         self._device_names = tuple(d.name for d in self._devices)
         self._cache: dict[Any, _CompiledCall] = {}
         self._compile_lock = threading.Lock()
@@ -224,8 +241,9 @@ class Session:
         self._runners = SyncRunners()
         weakref.finalize(self, self._runners.close)
         # Backpressure (None: no limit); outcome counters and compiles per signature.
-        self._admission = (Admission(config.max_concurrent_steps)
-                           if config.max_concurrent_steps else None)
+        self._admission = (
+            Admission(config.max_concurrent_steps) if config.max_concurrent_steps else None
+        )
         self._completed = 0
         self._failed = 0
         self._plan_compiles: dict[str, int] = {}
@@ -280,9 +298,13 @@ class Session:
 
     # -- running -----------------------------------------------------------------------
 
-    async def run(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
-                  options: RunOptions | None = None,
-                  run_metadata: RunMetadata | None = None) -> Any:
+    async def run(
+        self,
+        fetches: Any,
+        feed_dict: Mapping[Any, Any] | None = None,
+        options: RunOptions | None = None,
+        run_metadata: RunMetadata | None = None,
+    ) -> Any:
         """Run one step; returns ``fetches``' structure with tensors replaced by values.
 
         Operations (targets) give ``None``; 0-d values are numpy scalars.  A failing
@@ -299,9 +321,13 @@ class Session:
             return out if done else await self._awaited(call, out, None, run_metadata)
         return await self._execute(call, call.frame(feed_dict), options, run_metadata)
 
-    def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
-                 options: RunOptions | None = None,
-                 run_metadata: RunMetadata | None = None) -> Any:
+    def run_sync(
+        self,
+        fetches: Any,
+        feed_dict: Mapping[Any, Any] | None = None,
+        options: RunOptions | None = None,
+        run_metadata: RunMetadata | None = None,
+    ) -> Any:
         """``run`` for code without an event loop.
 
         The step runs on this session's event loop for the calling thread (one
@@ -323,12 +349,20 @@ class Session:
         call = self._prepare(fetches, feed_dict)
         return self._run_sync(call, call.frame(feed_dict), options, run_metadata)
 
-    def _run_sync(self, call: _CompiledCall, frame: CallFrame, options: RunOptions | None,
-                  run_metadata: RunMetadata | None) -> Any:
+    def _run_sync(
+        self,
+        call: _CompiledCall,
+        frame: CallFrame,
+        options: RunOptions | None,
+        run_metadata: RunMetadata | None,
+    ) -> Any:
         # No loop at all: an all-inline plan, no deadline (its own or the session's), no
         # slot to wait for, no progress ticker (traced or not: tracing never awaits).
-        if call.fast and self._loop_free and (options is None or (
-                not options.timeout_in_ms and options.progress is None)):
+        if (
+            call.fast
+            and self._loop_free
+            and (options is None or (not options.timeout_in_ms and options.progress is None))
+        ):
             step = self._runner(call, frame, _wants_trace(options, run_metadata))
             try:
                 values = step.run_inline()  # type: ignore[union-attr]
@@ -346,8 +380,12 @@ class Session:
             return self._finished(call, step, values, options, run_metadata)
         return self._runners.run(self._execute(call, frame, options, run_metadata))
 
-    def run_stream(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
-                   options: RunOptions | None = None) -> AsyncGenerator[tuple[Any, Any], None]:
+    def run_stream(
+        self,
+        fetches: Any,
+        feed_dict: Mapping[Any, Any] | None = None,
+        options: RunOptions | None = None,
+    ) -> AsyncGenerator[tuple[Any, Any], None]:
         """Run one step and yield ``(fetch, value)`` for each element of ``fetches`` (a
         list or tuple of fetches, or one) as soon as its value is ready.
 
@@ -371,8 +409,9 @@ class Session:
         twin.bound = tuple(bound)
         return twin
 
-    def make_callable(self, fetches: Any, feed_list: Sequence[Any] | None = None,
-                      accept_options: bool = False) -> SessionCallable:
+    def make_callable(
+        self, fetches: Any, feed_list: Sequence[Any] | None = None, accept_options: bool = False
+    ) -> SessionCallable:
         """An async callable running ``fetches`` with positional feed values.
 
         The signature is resolved and compiled now; each call skips that work.
@@ -387,11 +426,15 @@ class Session:
         converters = call.converters
         n = len(feed_list)
 
-        def frame_of(feed_values: tuple[Any, ...], options: RunOptions | None,
-                     run_metadata: RunMetadata | None) -> CallFrame:
+        def frame_of(
+            feed_values: tuple[Any, ...],
+            options: RunOptions | None,
+            run_metadata: RunMetadata | None,
+        ) -> CallFrame:
             if len(feed_values) != n:
-                raise TypeError(f"expected {n} feed values (for {feed_list!r}), got "
-                                f"{len(feed_values)}")
+                raise TypeError(
+                    f"expected {n} feed values (for {feed_list!r}), got {len(feed_values)}"
+                )
             if options is not None or run_metadata is not None:
                 if not accept_options:
                     raise TypeError("this callable was made without accept_options=True")
@@ -399,8 +442,11 @@ class Session:
             self._check_open()
             return CallFrame([conv(v) for conv, v in zip(converters, feed_values)])
 
-        async def run(feed_values: tuple[Any, ...], options: RunOptions | None,
-                      run_metadata: RunMetadata | None) -> Any:
+        async def run(
+            feed_values: tuple[Any, ...],
+            options: RunOptions | None,
+            run_metadata: RunMetadata | None,
+        ) -> Any:
             frame = frame_of(feed_values, options, run_metadata)
             if options is None and self._admission is None:  # as run()
                 require_asyncio("Session.run")
@@ -408,17 +454,25 @@ class Session:
                 return out if done else await self._awaited(call, out, None, run_metadata)
             return await self._execute(call, frame, options, run_metadata)
 
-        def run_sync(feed_values: tuple[Any, ...], options: RunOptions | None,
-                     run_metadata: RunMetadata | None) -> Any:
+        def run_sync(
+            feed_values: tuple[Any, ...],
+            options: RunOptions | None,
+            run_metadata: RunMetadata | None,
+        ) -> Any:
             _check_no_running_loop("SessionCallable.run_sync()", "fn(...)")
             frame = frame_of(feed_values, options, run_metadata)
             return self._run_sync(call, frame, options, run_metadata)
 
         return SessionCallable(run, run_sync, call.signature)
 
-    async def _execute(self, call: _CompiledCall, frame: CallFrame,
-                       options: RunOptions | None, run_metadata: RunMetadata | None,
-                       admitted: bool = False) -> Any:
+    async def _execute(
+        self,
+        call: _CompiledCall,
+        frame: CallFrame,
+        options: RunOptions | None,
+        run_metadata: RunMetadata | None,
+        admitted: bool = False,
+    ) -> Any:
         """Run one step of ``call``: the one path of ``run`` and ``make_callable``."""
         require_asyncio("Session.run")
         if options is not None and options.progress is not None:
@@ -429,8 +483,14 @@ class Session:
         done, out = self._begin(call, frame, options, run_metadata, trace)
         return out if done else await self._awaited(call, out, options, run_metadata)
 
-    def _begin(self, call: _CompiledCall, frame: CallFrame, options: RunOptions | None,
-               run_metadata: RunMetadata | None, trace: bool = False) -> tuple[bool, Any]:
+    def _begin(
+        self,
+        call: _CompiledCall,
+        frame: CallFrame,
+        options: RunOptions | None,
+        run_metadata: RunMetadata | None,
+        trace: bool = False,
+    ) -> tuple[bool, Any]:
         """Make the step and, on the fast path (``call.inline_first``, traced or not),
         run its first time slice right here: no loop registration, no task.
         ``(True, result)`` when it finished so; else ``(False, step)`` for
@@ -454,8 +514,13 @@ class Session:
         step.release()
         return True, result
 
-    async def _awaited(self, call: _CompiledCall, step: StepRunner, options: RunOptions | None,
-                       run_metadata: RunMetadata | None) -> Any:
+    async def _awaited(
+        self,
+        call: _CompiledCall,
+        step: StepRunner,
+        options: RunOptions | None,
+        run_metadata: RunMetadata | None,
+    ) -> Any:
         """Run ``step`` on the event loop (deadline, in-flight registry) to its outcome."""
         # Steps that reach the loop are the ones that can be slow: timed only when the
         # DEBUG log would show it (one check otherwise).
@@ -475,18 +540,25 @@ class Session:
         with self._counter_lock:
             self._completed += 1
         if started and (took := time.perf_counter() - started) >= SLOW_STEP_SECONDS:
-            logger.debug("slow step: %s took %.3f s (over %.3g s)", call.signature, took,
-                         SLOW_STEP_SECONDS)
+            logger.debug(
+                "slow step: %s took %.3f s (over %.3g s)", call.signature, took, SLOW_STEP_SECONDS
+            )
         return self._finished(call, step, values, options, run_metadata)
 
-    async def _with_progress(self, call: _CompiledCall, frame: CallFrame, options: RunOptions,
-                             run_metadata: RunMetadata | None) -> Any:
+    async def _with_progress(
+        self,
+        call: _CompiledCall,
+        frame: CallFrame,
+        options: RunOptions,
+        run_metadata: RunMetadata | None,
+    ) -> Any:
         """``_execute`` reporting to ``options.progress`` (a ticker task beside the step)."""
         assert options.progress is not None
         tracker = ProgressTracker(options.progress)
         counted = self._streaming(call, [tracker.watch(b) for b in call.bound])
         return await tracker.run_beside(
-            self._execute(counted, frame, replace(options, progress=None), run_metadata))
+            self._execute(counted, frame, replace(options, progress=None), run_metadata)
+        )
 
     def _count_failed(self, call: _CompiledCall | None = None) -> None:
         """Count a failed step (called where its exception is being handled) and log it
@@ -495,11 +567,19 @@ class Session:
             self._failed += 1
         if logger.isEnabledFor(logging.DEBUG):
             exc = sys.exc_info()[1]
-            logger.debug("step failed: %s: %s", call.signature if call is not None
-                         else "(waiting for a slot)", _one_line(exc))
+            logger.debug(
+                "step failed: %s: %s",
+                call.signature if call is not None else "(waiting for a slot)",
+                _one_line(exc),
+            )
 
-    async def _admitted(self, call: _CompiledCall, frame: CallFrame,
-                        options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
+    async def _admitted(
+        self,
+        call: _CompiledCall,
+        frame: CallFrame,
+        options: RunOptions | None,
+        run_metadata: RunMetadata | None,
+    ) -> Any:
         """``_execute`` with a step slot held (``SessionConfig.max_concurrent_steps``)."""
         admission = self._admission
         assert admission is not None
@@ -510,8 +590,11 @@ class Session:
                 self._count_failed(call)
                 raise
             if left:  # the rest of the deadline is the step's
-                options = (replace(options, timeout_in_ms=left) if options is not None
-                           else RunOptions(timeout_in_ms=left))
+                options = (
+                    replace(options, timeout_in_ms=left)
+                    if options is not None
+                    else RunOptions(timeout_in_ms=left)
+                )
         try:
             if self._closed:  # closed while this step waited for its slot
                 self._count_failed(call)
@@ -520,8 +603,14 @@ class Session:
         finally:
             admission.release()
 
-    def _finished(self, call: _CompiledCall, step: StepRunner, values: list[Any],
-                  options: RunOptions | None, run_metadata: RunMetadata | None) -> Any:
+    def _finished(
+        self,
+        call: _CompiledCall,
+        step: StepRunner,
+        values: list[Any],
+        options: RunOptions | None,
+        run_metadata: RunMetadata | None,
+    ) -> Any:
         if run_metadata is not None:
             run_metadata.clear()
             stats = step.stats
@@ -531,16 +620,23 @@ class Session:
                 run_metadata.partition_graphs = call.graph_defs()
         return call.results(values)
 
-    def _runner(self, call: _CompiledCall, frame: CallFrame, trace: bool = False,
-                rendezvous: LocalRendezvous | None = None) -> StepRunner:
+    def _runner(
+        self,
+        call: _CompiledCall,
+        frame: CallFrame,
+        trace: bool = False,
+        rendezvous: LocalRendezvous | None = None,
+    ) -> StepRunner:
         """The step of a compiled call: one partition's Step, or a barrier over several."""
         if self._master is not None:
             return self._master.runner(  # type: ignore[no-any-return]
-                call, frame, trace, rendezvous)
+                call, frame, trace, rendezvous
+            )
         if call.single:
             return Step(call.bound[0], frame, trace, rendezvous)
-        return ExecutorBarrier(call.bound, call.compiled.retval_map, frame, trace=trace,
-                               rendezvous=rendezvous)
+        return ExecutorBarrier(
+            call.bound, call.compiled.retval_map, frame, trace=trace, rendezvous=rendezvous
+        )
 
     # -- partial runs ----------------------------------------------------------------------
 
@@ -554,8 +650,9 @@ class Session:
         require_asyncio("Session.partial_run_setup")
         return await self._partial_runs.setup(fetches, feeds)
 
-    async def partial_run(self, handle: str, fetches: Any,
-                          feed_dict: Mapping[Any, Any] | None = None) -> Any:
+    async def partial_run(
+        self, handle: str, fetches: Any, feed_dict: Mapping[Any, Any] | None = None
+    ) -> Any:
         """Feed some of the declared feeds and fetch some of the declared fetches.
 
         Each declared feed may be fed once and each fetch fetched once; anything else
@@ -565,8 +662,11 @@ class Session:
         return await self._partial_runs.run(handle, fetches, feed_dict)
 
     def _timeout_ms(self, options: RunOptions | None) -> int:
-        return (options.timeout_in_ms if options is not None and options.timeout_in_ms
-                else self._config.operation_timeout_in_ms)
+        return (
+            options.timeout_in_ms
+            if options is not None and options.timeout_in_ms
+            else self._config.operation_timeout_in_ms
+        )
 
     def _enter(self, step: StepRunner) -> None:
         """Count ``step`` and register it in flight (``close`` aborts and waits for it)."""
@@ -625,8 +725,9 @@ class Session:
         finally:
             self._leave(step)
 
-    def _deadline_error(self, timeout_ms: float, pending: Sequence[str]
-                        ) -> errors.DeadlineExceededError:
+    def _deadline_error(
+        self, timeout_ms: float, pending: Sequence[str]
+    ) -> errors.DeadlineExceededError:
         """TF's deadline error: it names the first kernel still running (``node_name``,
         ``op``) and lists them all; a step with no kernel running (waiting on a receive,
         or between inline slices) names none."""
@@ -637,7 +738,8 @@ class Session:
         more = f" and {len(pending) - 10} more" if len(pending) > 10 else ""
         op = self._graph._by_name.get(pending[0])
         return errors.DeadlineExceededError(
-            pending[0], op, f"{message}; still running: {shown}{more}")
+            pending[0], op, f"{message}; still running: {shown}{more}"
+        )
 
     # -- compiling ---------------------------------------------------------------------
 
@@ -683,36 +785,60 @@ class Session:
             raise ValueError(f"Tensor {dup.name!r} is fed more than once in feed_dict")
         ir = self._graph_ir()
         soft = self._config.allow_soft_placement
-        if (not self._config.place_pruned_graph and ir.requests
-                and self._placement_checked != self._graph.version):
+        if (
+            not self._config.place_pruned_graph
+            and ir.requests
+            and self._placement_checked != self._graph.version
+        ):
             # As TF's default: every op of the graph must ask for a valid device.
             place(ir.nodes, self._device_names, allow_soft_placement=soft, lookup=ir.by_name)
             self._placement_checked = self._graph.version
         compiled = compile_signature(
-            ir, feeds=[ref_of(t) for t in feeds], fetches=[ref_of(t) for t in mapper.tensors],
-            targets=[op.name for op in mapper.targets], devices=self._device_names,
-            incarnation=self._incarnation, allow_soft_placement=soft,
+            ir,
+            feeds=[ref_of(t) for t in feeds],
+            fetches=[ref_of(t) for t in mapper.tensors],
+            targets=[op.name for op in mapper.targets],
+            devices=self._device_names,
+            incarnation=self._incarnation,
+            allow_soft_placement=soft,
             options=self._config.graph_options.optimizer_options,
-            client_device=self._master is None)
+            client_device=self._master is None,
+        )
         if self._config.log_device_placement:
-            _log_placement([f"{name}: ({ir.by_name[name].op if name in ir.by_name else ''})"
-                            f": {device}" for name, device in compiled.placement])
-        return self._prepared(compiled, mapper.tensors, feed_keys,
-                              tuple(feed_converter(t) for t in feeds), mapper.rebuild)
+            _log_placement(
+                [
+                    f"{name}: ({ir.by_name[name].op if name in ir.by_name else ''}): {device}"
+                    for name, device in compiled.placement
+                ]
+            )
+        return self._prepared(
+            compiled,
+            mapper.tensors,
+            feed_keys,
+            tuple(feed_converter(t) for t in feeds),
+            mapper.rebuild,
+        )
 
-    def _prepared(self, compiled: Compiled, fetches: Sequence[Tensor] = (),
-                  feed_keys: tuple[Any, ...] = (),
-                  converters: tuple[Callable[[Any], Any], ...] = (),
-                  rebuild: Rebuild = list) -> _CompiledCall:
+    def _prepared(
+        self,
+        compiled: Compiled,
+        fetches: Sequence[Tensor] = (),
+        feed_keys: tuple[Any, ...] = (),
+        converters: tuple[Callable[[Any], Any], ...] = (),
+        rebuild: Rebuild = list,
+    ) -> _CompiledCall:
         """``compiled`` with its kernels bound to this session's devices and resources:
         the one place a compiled signature meets the runtime."""
         if self._master is not None:
             return self._master.prepared(  # type: ignore[no-any-return]
-                compiled, fetches, feed_keys, converters, rebuild)
+                compiled, fetches, feed_keys, converters, rebuild
+            )
         lookup = self._graph._by_name.get
         options = self._config.executor_options
-        bound = [bind(plan, self._device_of[plan.device], self._resources, lookup, options)
-                 for plan in compiled.plans]
+        bound = [
+            bind(plan, self._device_of[plan.device], self._resources, lookup, options)
+            for plan in compiled.plans
+        ]
         return _CompiledCall(compiled, bound, fetches, feed_keys, converters, rebuild)
 
     def _feed_tensor(self, key: Any) -> Tensor:
@@ -722,22 +848,28 @@ class Session:
             key = conv()
         if isinstance(key, Tensor):
             if key.graph is not graph:
-                raise ValueError(f"Cannot feed Tensor {key.name!r}: it is not an element of "
-                                 f"this session's graph")
+                raise ValueError(
+                    f"Cannot feed Tensor {key.name!r}: it is not an element of this session's graph"
+                )
             t = key
         elif isinstance(key, str):
             if ":" not in key:
-                raise TypeError(f"Cannot interpret feed_dict key {key!r} as a Tensor: the name "
-                                f"{key!r} refers to an Operation, not a Tensor. Tensor names "
-                                f"must be of the form '<op_name>:<output_index>'.")
+                raise TypeError(
+                    f"Cannot interpret feed_dict key {key!r} as a Tensor: the name "
+                    f"{key!r} refers to an Operation, not a Tensor. Tensor names "
+                    f"must be of the form '<op_name>:<output_index>'."
+                )
             try:
                 t = graph.get_tensor_by_name(key)
             except KeyError as exc:
-                raise ValueError(f"Cannot interpret feed_dict key {key!r} as a Tensor: "
-                                 f"{exc.args[0]}") from None
+                raise ValueError(
+                    f"Cannot interpret feed_dict key {key!r} as a Tensor: {exc.args[0]}"
+                ) from None
         else:
-            raise TypeError(f"Cannot interpret feed_dict key {key!r} as a Tensor: expected an "
-                            f"af.Tensor or a name like 'x:0', got {type(key).__name__}")
+            raise TypeError(
+                f"Cannot interpret feed_dict key {key!r} as a Tensor: expected an "
+                f"af.Tensor or a name like 'x:0', got {type(key).__name__}"
+            )
         if not graph.is_feedable(t):
             raise ValueError(f"Tensor {t.name!r} may not be fed.")
         return t
@@ -757,8 +889,9 @@ class Session:
                     done = self._in_flight[step] = Future()
                 steps.append((step, done))
         for step, _ in steps:
-            step.abort_threadsafe(errors.CancelledError(
-                None, None, "Session has been closed: the step was cancelled"))
+            step.abort_threadsafe(
+                errors.CancelledError(None, None, "Session has been closed: the step was cancelled")
+            )
         return [done for _, done in steps]
 
     async def close(self) -> None:
@@ -797,15 +930,23 @@ class Session:
         require_asyncio("async with af.Session(...)")
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()
 
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close_sync()
 
 
@@ -828,18 +969,29 @@ def _check_no_running_loop(what: str, instead: str) -> None:
         asyncio.get_running_loop()
     except RuntimeError:
         return
-    raise RuntimeError(f"{what} cannot be called while an event loop is running in this "
-                       f"thread; use `await {instead}` instead")
+    raise RuntimeError(
+        f"{what} cannot be called while an event loop is running in this "
+        f"thread; use `await {instead}` instead"
+    )
 
 
 def _log_compile(call: _CompiledCall, seconds: float) -> None:
     opt = call.compiled.optimizer
     sizes = ", ".join(str(len(p.nodes)) for p in call.compiled.plans)
-    logger.debug("compiled %s in %.1f ms: %d partition(s) of %s node(s); optimizer: "
-                 "%d -> %d nodes (folded %d, cse %d, inlined %d, %d round(s))",
-                 call.signature, seconds * 1000, len(call.compiled.plans), sizes,
-                 opt.nodes_before, opt.nodes_after, opt.folded, opt.cse, opt.inlined,
-                 opt.rounds)
+    logger.debug(
+        "compiled %s in %.1f ms: %d partition(s) of %s node(s); optimizer: "
+        "%d -> %d nodes (folded %d, cse %d, inlined %d, %d round(s))",
+        call.signature,
+        seconds * 1000,
+        len(call.compiled.plans),
+        sizes,
+        opt.nodes_before,
+        opt.nodes_after,
+        opt.folded,
+        opt.cse,
+        opt.inlined,
+        opt.rounds,
+    )
 
 
 def _log_placement(lines: Sequence[str]) -> None:
@@ -871,21 +1023,26 @@ def _check_run_args(options: Any, run_metadata: Any) -> None:
     and a bad one is a ``TypeError`` here, never an ``AttributeError`` mid-step."""
     if options is not None:
         if not isinstance(options, RunOptions):
-            raise TypeError(f"options must be an af.RunOptions, got "
-                            f"{type(options).__name__}: {options!r}")
+            raise TypeError(
+                f"options must be an af.RunOptions, got {type(options).__name__}: {options!r}"
+            )
         options._check()
     if run_metadata is not None and not isinstance(run_metadata, RunMetadata):
-        raise TypeError(f"run_metadata must be an af.RunMetadata, got "
-                        f"{type(run_metadata).__name__}: {run_metadata!r}")
+        raise TypeError(
+            f"run_metadata must be an af.RunMetadata, got "
+            f"{type(run_metadata).__name__}: {run_metadata!r}"
+        )
 
 
 def _wants_trace(options: RunOptions | None, run_metadata: RunMetadata | None) -> bool:
-    return (options is not None and run_metadata is not None
-            and options.trace_level >= RunOptions.FULL_TRACE)
+    return (
+        options is not None
+        and run_metadata is not None
+        and options.trace_level >= RunOptions.FULL_TRACE
+    )
 
 
 def _default_threads() -> int:
     import os
 
     return max(os.cpu_count() or 1, 1)
-

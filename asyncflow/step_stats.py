@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AllocatorMemoryUsed", "DeviceStepStats", "NodeExecStats", "NodeOutput",
-           "StepStats"]
+__all__ = ["AllocatorMemoryUsed", "DeviceStepStats", "NodeExecStats", "NodeOutput", "StepStats"]
 
 
 @dataclass(frozen=True, slots=True)

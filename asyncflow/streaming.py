@@ -54,12 +54,14 @@ class _Session(Protocol):
 
     def _streaming(self, call: Any, bound: Sequence[BoundPlan]) -> Any: ...
 
-    async def _execute(self, call: Any, frame: CallFrame, options: RunOptions | None,
-                       run_metadata: None) -> Any: ...
+    async def _execute(
+        self, call: Any, frame: CallFrame, options: RunOptions | None, run_metadata: None
+    ) -> Any: ...
 
 
-async def stream(session: _Session, fetches: Any, feed_dict: Mapping[Any, Any] | None,
-                 options: RunOptions | None) -> AsyncGenerator[tuple[Any, Any], None]:
+async def stream(
+    session: _Session, fetches: Any, feed_dict: Mapping[Any, Any] | None, options: RunOptions | None
+) -> AsyncGenerator[tuple[Any, Any], None]:
     """The body of ``Session.run_stream`` (see there)."""
     require_asyncio("Session.run_stream")
     elements = list(fetches) if isinstance(fetches, list | tuple) else [fetches]
@@ -152,10 +154,13 @@ def _known_now(call: _Call, frame: CallFrame) -> list[tuple[int, Any]]:
     return known
 
 
-def _fan_out(targets: dict[int, list[int]], notify: Callable[[int, Any], None]
-             ) -> Callable[[int, Any], None]:
+def _fan_out(
+    targets: dict[int, list[int]], notify: Callable[[int, Any], None]
+) -> Callable[[int, Any], None]:
     """Partition retval ``index`` → the fetches (call order) it is."""
+
     def tell(index: int, value: Any) -> None:
         for k in targets.get(index, ()):
             notify(k, value)
+
     return tell

@@ -28,9 +28,14 @@ from asyncflow.runtime.resources import ResourceMgr
 __all__ = ["reference_run"]
 
 
-def reference_run(fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
-                  graph: Graph | None = None, *, check_dtypes: bool = True,
-                  resources: ResourceMgr | None = None) -> Any:
+def reference_run(
+    fetches: Any,
+    feed_dict: Mapping[Any, Any] | None = None,
+    graph: Graph | None = None,
+    *,
+    check_dtypes: bool = True,
+    resources: ResourceMgr | None = None,
+) -> Any:
     """Evaluate ``fetches`` sequentially; the result has the structure of ``fetches``.
 
     ``fetches`` is a Tensor, an Operation (gives ``None``), a tensor or op name, or a
@@ -79,8 +84,9 @@ def _map_structure(structure: Any, fn: Any) -> Any:
 class _Interpreter:
     """Memoized evaluation of ops; one instance per :func:`reference_run` call."""
 
-    def __init__(self, feeds: dict[Tensor, Any], check_dtypes: bool,
-                 resources: ResourceMgr | None = None) -> None:
+    def __init__(
+        self, feeds: dict[Tensor, Any], check_dtypes: bool, resources: ResourceMgr | None = None
+    ) -> None:
         self.feeds = feeds
         self.check_dtypes = check_dtypes
         self.done: dict[Operation, tuple[Any, ...]] = {}
@@ -116,8 +122,10 @@ class _Interpreter:
                 in_progress.discard(op)
                 continue
             if op in in_progress:
-                raise ValueError(f"reference_run: cycle through op {op.name!r} "
-                                 f"(control-flow loops are not supported)")
+                raise ValueError(
+                    f"reference_run: cycle through op {op.name!r} "
+                    f"(control-flow loops are not supported)"
+                )
             in_progress.add(op)
             stack.append((op, True))
             # Pushed last → popped first: control inputs run before data inputs.
@@ -142,23 +150,27 @@ class _Interpreter:
             return ()
         outputs = (result,) if n == 1 else tuple(result)
         if len(outputs) != n:
-            raise AssertionError(f"kernel of op {op.name!r} returned {len(outputs)} "
-                                 f"values for {n} outputs")
+            raise AssertionError(
+                f"kernel of op {op.name!r} returned {len(outputs)} values for {n} outputs"
+            )
         if self.check_dtypes:
             for t, v in zip(op.outputs, outputs, strict=True):
                 got = np.asarray(v).dtype
                 if not t.dtype.is_string and got != t.dtype.np:
-                    raise AssertionError(f"kernel of op {op.name!r} (type {op.type}) "
-                                         f"returned {got} for output {t.name!r} declared "
-                                         f"{t.dtype.name}")
+                    raise AssertionError(
+                        f"kernel of op {op.name!r} (type {op.type}) "
+                        f"returned {got} for output {t.name!r} declared "
+                        f"{t.dtype.name}"
+                    )
         return outputs
-
 
     def call(self, function: Any, args: list[Any]) -> Any:
         """A function call (``af.Defun``): its body evaluated on the call's inputs."""
         body = function.body
-        feeds = {body.get_operation_by_name(a).outputs[0]: v
-                 for a, v in zip(function.args, args, strict=True)}
+        feeds = {
+            body.get_operation_by_name(a).outputs[0]: v
+            for a, v in zip(function.args, args, strict=True)
+        }
         inner = _Interpreter(feeds, self.check_dtypes)
         inner._resources = self._resources
         results = [inner.fetch(body, t) for t in function.rets]

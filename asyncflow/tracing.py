@@ -32,44 +32,78 @@ class Timeline:
 
     def __init__(self, step_stats: StepStats, graph: Any = None) -> None:
         if not isinstance(step_stats, StepStats):
-            raise TypeError(f"Timeline needs the step_stats of a RunMetadata, got "
-                            f"{type(step_stats).__name__}")
+            raise TypeError(
+                f"Timeline needs the step_stats of a RunMetadata, got {type(step_stats).__name__}"
+            )
         self._step_stats = step_stats
 
-    def generate_chrome_trace_format(self, show_dataflow: bool = True,
-                                     show_memory: bool = False) -> str:
+    def generate_chrome_trace_format(
+        self, show_dataflow: bool = True, show_memory: bool = False
+    ) -> str:
         """The trace as JSON text (``show_memory`` is accepted for TF compatibility)."""
         return json.dumps(self.trace_events(show_dataflow), separators=(",", ":"))
 
     def trace_events(self, show_dataflow: bool = True) -> dict[str, Any]:
         """The trace as a dict (``{"traceEvents": [...], "displayTimeUnit": "ms"}``)."""
         events: list[dict[str, Any]] = []
-        origin = min((ns.all_start_micros for d in self._step_stats.dev_stats
-                      for ns in d.node_stats), default=0)
+        origin = min(
+            (ns.all_start_micros for d in self._step_stats.dev_stats for ns in d.node_stats),
+            default=0,
+        )
         sends: dict[str, tuple[int, int, int]] = {}
         recvs: dict[str, tuple[int, int, int]] = {}
         for pid, dev in enumerate(self._step_stats.dev_stats):
-            events.append({"ph": "M", "name": "process_name", "pid": pid,
-                           "args": {"name": dev.device}})
-            events.append({"ph": "M", "name": "process_sort_index", "pid": pid,
-                           "args": {"sort_index": pid}})
+            events.append(
+                {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": dev.device}}
+            )
+            events.append(
+                {"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}}
+            )
             lanes = _assign_lanes(dev.node_stats)
             for tid in sorted(set(lanes)):
-                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                               "args": {"name": f"lane {tid}"}})
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": pid,
+                        "tid": tid,
+                        "args": {"name": f"lane {tid}"},
+                    }
+                )
             for ns, tid in zip(dev.node_stats, lanes):
                 ts = ns.all_start_micros - origin
                 dur = max(ns.all_end_rel_micros, 1)
-                events.append({
-                    "ph": "X", "cat": "Op", "name": ns.op_type or ns.node_name,
-                    "pid": pid, "tid": tid, "ts": ts, "dur": dur,
-                    "args": {"name": ns.node_name, "op": ns.op_type, "kind": ns.kind,
-                             "thread_id": ns.thread_id,
-                             **({"frame": ns.frame_name, "iteration": ns.iter_id}
-                                if ns.frame_name else {}),
-                             "outputs": [{"slot": o.slot, "shape": list(o.shape),
-                                          "dtype": o.dtype, "bytes": o.requested_bytes}
-                                         for o in ns.output]}})
+                events.append(
+                    {
+                        "ph": "X",
+                        "cat": "Op",
+                        "name": ns.op_type or ns.node_name,
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": ts,
+                        "dur": dur,
+                        "args": {
+                            "name": ns.node_name,
+                            "op": ns.op_type,
+                            "kind": ns.kind,
+                            "thread_id": ns.thread_id,
+                            **(
+                                {"frame": ns.frame_name, "iteration": ns.iter_id}
+                                if ns.frame_name
+                                else {}
+                            ),
+                            "outputs": [
+                                {
+                                    "slot": o.slot,
+                                    "shape": list(o.shape),
+                                    "dtype": o.dtype,
+                                    "bytes": o.requested_bytes,
+                                }
+                                for o in ns.output
+                            ],
+                        },
+                    }
+                )
                 if ns.rendezvous_key:
                     where = (pid, tid, ts if ns.kind == "send" else ts + dur - 1)
                     (sends if ns.kind == "send" else recvs)[ns.rendezvous_key] = where
@@ -80,10 +114,29 @@ class Timeline:
                     continue
                 rpid, rtid, rts = target
                 name = key.split(";")[3] if key.count(";") == 4 else key
-                events.append({"ph": "s", "cat": "DataFlow", "name": name, "id": flow_id,
-                               "pid": spid, "tid": stid, "ts": sts})
-                events.append({"ph": "f", "bp": "e", "cat": "DataFlow", "name": name,
-                               "id": flow_id, "pid": rpid, "tid": rtid, "ts": max(rts, sts)})
+                events.append(
+                    {
+                        "ph": "s",
+                        "cat": "DataFlow",
+                        "name": name,
+                        "id": flow_id,
+                        "pid": spid,
+                        "tid": stid,
+                        "ts": sts,
+                    }
+                )
+                events.append(
+                    {
+                        "ph": "f",
+                        "bp": "e",
+                        "cat": "DataFlow",
+                        "name": name,
+                        "id": flow_id,
+                        "pid": rpid,
+                        "tid": rtid,
+                        "ts": max(rts, sts),
+                    }
+                )
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

@@ -23,28 +23,53 @@ from benchmarks.workloads import ROWS_OF, WORKLOAD_FUNCS, make_rows, scale
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    p.add_argument("--quick", action="store_true",
-                   help="small sizes, one or two repeats: a smoke run, not a measurement")
-    p.add_argument("--only", action="append", default=[], metavar="NAME",
-                   help=f"run only this workload (repeatable, or comma-separated): "
-                        f"{', '.join(WORKLOADS)}")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, one or two repeats: a smoke run, not a measurement",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"run only this workload (repeatable, or comma-separated): {', '.join(WORKLOADS)}",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    p.add_argument("--no-external", action="store_true",
-                   help="skip the TensorFlow and Dask anchors (their subprocesses)")
+    p.add_argument(
+        "--no-external",
+        action="store_true",
+        help="skip the TensorFlow and Dask anchors (their subprocesses)",
+    )
     p.add_argument("--repeats", type=int, help="override best-of-N of the microbenchmarks")
-    p.add_argument("--profile", metavar="N", type=int, nargs="?", const=30,
-                   help="cProfile the in-process workloads (not the scale subprocess) and "
-                        "print the top N functions by own time to stderr (default 30); "
-                        "profiling inflates the figures, read them as a breakdown only")
-    p.add_argument("--guard", action="store_true",
-                   help="the CI regression guard: measure a few rows at small sizes of its "
-                        "own and fail (exit 1) when a ratio ours/anchor regressed by more "
-                        "than 2x against benchmarks/guard_baseline.json (see "
-                        "benchmarks.guard); --only restricts it to some of its rows")
-    p.add_argument("--update-baseline", action="store_true",
-                   help="with --guard: measure and write the baseline instead of checking")
-    p.add_argument("--baseline", metavar="FILE",
-                   help="with --guard: this baseline file instead of the committed one")
+    p.add_argument(
+        "--profile",
+        metavar="N",
+        type=int,
+        nargs="?",
+        const=30,
+        help="cProfile the in-process workloads (not the scale subprocess) and "
+        "print the top N functions by own time to stderr (default 30); "
+        "profiling inflates the figures, read them as a breakdown only",
+    )
+    p.add_argument(
+        "--guard",
+        action="store_true",
+        help="the CI regression guard: measure a few rows at small sizes of its "
+        "own and fail (exit 1) when a ratio ours/anchor regressed by more "
+        "than 2x against benchmarks/guard_baseline.json (see "
+        "benchmarks.guard); --only restricts it to some of its rows",
+    )
+    p.add_argument(
+        "--update-baseline",
+        action="store_true",
+        help="with --guard: measure and write the baseline instead of checking",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="with --guard: this baseline file instead of the committed one",
+    )
     args = p.parse_args(argv)
     only = [name for item in args.only for name in item.split(",") if name]
     if args.guard:
@@ -77,8 +102,9 @@ def _environment(sizes: Sizes) -> dict[str, Any]:
     }
 
 
-def run_ours(names: list[str], sizes: Sizes, rows: dict[str, report.Row],
-             with_tf: bool = False) -> bool:
+def run_ours(
+    names: list[str], sizes: Sizes, rows: dict[str, report.Row], with_tf: bool = False
+) -> bool:
     """Measure asyncflow and the in-process anchors; False if a workload crashed.
     With ``with_tf`` the scale workload alternates TF's subprocesses with its own."""
     ok = True
@@ -117,8 +143,9 @@ def run_external(names: list[str], sizes: Sizes, rows: dict[str, report.Row]) ->
         _apply_external(engine, attr, results, rows)
 
 
-def _apply_external(engine: str, attr: str, results: dict[str, Any],
-                    rows: dict[str, report.Row]) -> None:
+def _apply_external(
+    engine: str, attr: str, results: dict[str, Any], rows: dict[str, report.Row]
+) -> None:
     note = "n/a"
     if "_unavailable" in results:
         note = "not inst."
@@ -132,10 +159,10 @@ def _apply_external(engine: str, attr: str, results: dict[str, Any],
             for row_id in ROWS_OF.get(workload, ()):
                 rows[row_id].notes.append(f"{engine} anchor failed: {value}")
                 setattr(rows[row_id], f"{attr}_note", "error")
-        elif key.startswith("_note.") and key[len("_note."):] in rows:
-            rows[key[len("_note."):]].notes.append(str(value))
-        elif key.startswith("_median.") and key[len("_median."):] in rows:
-            setattr(rows[key[len("_median."):]], f"{attr}_median", float(value))
+        elif key.startswith("_note.") and key[len("_note.") :] in rows:
+            rows[key[len("_note.") :]].notes.append(str(value))
+        elif key.startswith("_median.") and key[len("_median.") :] in rows:
+            setattr(rows[key[len("_median.") :]], f"{attr}_median", float(value))
     for row in rows.values():
         if row.id in results:
             setattr(row, attr, float(results[row.id]))
@@ -159,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
 
         from benchmarks import guard
 
-        return guard.main(args.only, args.update_baseline,
-                          Path(args.baseline) if args.baseline else None)
+        return guard.main(
+            args.only, args.update_baseline, Path(args.baseline) if args.baseline else None
+        )
     sizes = QUICK if args.quick else FULL
     if args.repeats:
         sizes = Sizes.from_json({**sizes.to_json(), "repeats": args.repeats})
@@ -192,19 +220,28 @@ def main(argv: list[str] | None = None) -> int:
     env["load_average_1min_at_start"] = load_before
     table_rows = list(rows.values())
     blas = ", ".join(f"{k}={v}" for k, v in env["blas_threads"].items())
-    pinned = "" if env["blas_pinned_before_numpy"] else (
-        "  WARNING: numpy was imported before benchmarks: the pin may not apply")
-    print(f"asyncflow benchmarks ({'quick smoke sizes: not a measurement' if args.quick else 'full'})"
-          f" - Python {env['python']}, numpy {env['numpy']}, {env['cpus']} CPUs, "
-          f"{elapsed:.0f} s; 1-min load average at start {load_before:.2f}")
+    pinned = (
+        ""
+        if env["blas_pinned_before_numpy"]
+        else ("  WARNING: numpy was imported before benchmarks: the pin may not apply")
+    )
+    print(
+        f"asyncflow benchmarks ({'quick smoke sizes: not a measurement' if args.quick else 'full'})"
+        f" - Python {env['python']}, numpy {env['numpy']}, {env['cpus']} CPUs, "
+        f"{elapsed:.0f} s; 1-min load average at start {load_before:.2f}"
+    )
     print(f"BLAS pinned to one thread: {blas}.{pinned}")
-    print(f"Each figure is the best of {sizes.repeats} repeats (overlap, parallel, Dask: "
-          f"best of {sizes.slow_repeats}; queue, variable: best of {sizes.state_repeats}; "
-          f"scale: {sizes.scale_repeats} fresh subprocesses per engine; service: "
-          f"{sizes.service_repeats} per endpoint); anchors alternate with asyncflow repeat "
-          f"by repeat; the medians of the repeats follow the table.")
-    print("TF 1.x: tf.compat.v1 graph mode, graph optimizers off, own subprocess; "
-          "Dask: dask.threaded.get on the same task graph, own subprocess.")
+    print(
+        f"Each figure is the best of {sizes.repeats} repeats (overlap, parallel, Dask: "
+        f"best of {sizes.slow_repeats}; queue, variable: best of {sizes.state_repeats}; "
+        f"scale: {sizes.scale_repeats} fresh subprocesses per engine; service: "
+        f"{sizes.service_repeats} per endpoint); anchors alternate with asyncflow repeat "
+        f"by repeat; the medians of the repeats follow the table."
+    )
+    print(
+        "TF 1.x: tf.compat.v1 graph mode, graph optimizers off, own subprocess; "
+        "Dask: dask.threaded.get on the same task graph, own subprocess."
+    )
     print(report.render_ratio_legend(table_rows))
     print()
     print(report.render_table(table_rows))
@@ -223,7 +260,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"environment": env, "quick": args.quick, "seconds": elapsed,
-                       "rows": [r.to_json() for r in table_rows]}, f, indent=2)
+            json.dump(
+                {
+                    "environment": env,
+                    "quick": args.quick,
+                    "seconds": elapsed,
+                    "rows": [r.to_json() for r in table_rows],
+                },
+                f,
+                indent=2,
+            )
             f.write("\n")
     return 0 if ok else 1

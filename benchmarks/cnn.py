@@ -26,7 +26,8 @@ def weights(image: int) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for i, (cin, cout) in enumerate(itertools.pairwise(CHANNELS)):
         out[f"w{i}"] = (rng.standard_normal((3, 3, cin, cout)) / np.sqrt(9 * cin)).astype(
-            np.float32)
+            np.float32
+        )
         out[f"b{i}"] = (0.01 * rng.standard_normal(cout)).astype(np.float32)
     flat = (image // 4) ** 2 * CHANNELS[-1]
     out["wd"] = (rng.standard_normal((flat, CLASSES)) / np.sqrt(flat)).astype(np.float32)
@@ -36,8 +37,7 @@ def weights(image: int) -> dict[str, np.ndarray]:
 
 def images(batch: int, image: int) -> np.ndarray:
     """A batch of input images (a fixed seed)."""
-    return np.random.default_rng(1).random((batch, image, image, CHANNELS[0])).astype(
-        np.float32)
+    return np.random.default_rng(1).random((batch, image, image, CHANNELS[0])).astype(np.float32)
 
 
 def _conv_same(x: np.ndarray, w: np.ndarray) -> Any:
@@ -71,6 +71,7 @@ def build(nn: Any, ops: Any, x: Any, p: dict[str, np.ndarray]) -> Any:
         h = nn.relu(nn.bias_add(h, ops.constant(p[f"b{i}"])))
         h = nn.max_pool(h, [1, 2, 2, 1], [1, 2, 2, 1], "VALID")
     flat = p["wd"].shape[0]
-    logits = nn.bias_add(ops.matmul(ops.reshape(h, [-1, flat]), ops.constant(p["wd"])),
-                         ops.constant(p["bd"]))
+    logits = nn.bias_add(
+        ops.matmul(ops.reshape(h, [-1, flat]), ops.constant(p["wd"])), ops.constant(p["bd"])
+    )
     return nn.softmax(logits)

@@ -49,15 +49,29 @@ W1 = "/job:worker/task:1"
 
 def _rows(mib: int) -> dict[str, Row]:
     rows = [
-        Row("dist.step", "2-task step, 8-byte tensor", "ms/step",
-            "client.submit chain of 2 tasks on the same 2 workers", Target("<=", 2.0)),
-        Row("dist.bytes", f"{mib} MiB float32 across tasks", "GB/s",
-            "np.ones on worker 0, np.sum on worker 1 (submit)", Target(">=", 1.0),
-            better="higher"),
-        Row("dist.concurrent", "100 concurrent 2-task steps", "steps/s",
-            "100 concurrent 2-task submit chains", better="higher"),
-        Row("dist.kill", "kill -9 of a worker mid-step", "ms", "(none)",
-            Target("<=", 1000.0)),
+        Row(
+            "dist.step",
+            "2-task step, 8-byte tensor",
+            "ms/step",
+            "client.submit chain of 2 tasks on the same 2 workers",
+            Target("<=", 2.0),
+        ),
+        Row(
+            "dist.bytes",
+            f"{mib} MiB float32 across tasks",
+            "GB/s",
+            "np.ones on worker 0, np.sum on worker 1 (submit)",
+            Target(">=", 1.0),
+            better="higher",
+        ),
+        Row(
+            "dist.concurrent",
+            "100 concurrent 2-task steps",
+            "steps/s",
+            "100 concurrent 2-task submit chains",
+            better="higher",
+        ),
+        Row("dist.kill", "kill -9 of a worker mid-step", "ms", "(none)", Target("<=", 1000.0)),
     ]
     return {r.id: r for r in rows}
 
@@ -70,8 +84,9 @@ async def _per_call(fn: Callable[[], Awaitable[object]], n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
-async def _interleaved(fns: list[Callable[[], Awaitable[object]]], n: int, repeats: int
-                       ) -> list[list[float]]:
+async def _interleaved(
+    fns: list[Callable[[], Awaitable[object]]], n: int, repeats: int
+) -> list[list[float]]:
     """Each function's seconds per call, repeat by repeat, measured in turn (so a busy
     moment of a shared machine hits them alike)."""
     for fn in fns:
@@ -97,7 +112,9 @@ async def run(quick: bool, rows: dict[str, Row]) -> bool:
             async def call() -> Any:
                 async def inner() -> Any:
                     return await coro_fn()
+
                 return await cluster._call(inner())
+
             return call
 
         g = af.Graph()
@@ -123,10 +140,14 @@ async def run(quick: bool, rows: dict[str, Row]) -> bool:
 
         # The same round trip from this loop, over a pool of this loop (no thread hop).
         from distributed.core import ConnectionPool
+
         own = client.rpc
-        pool = await ConnectionPool(serializers=own.serializers,
-                                    deserializers=own.deserializers,
-                                    connection_args=own.connection_args, timeout=own.timeout)
+        pool = await ConnectionPool(
+            serializers=own.serializers,
+            deserializers=own.deserializers,
+            connection_args=own.connection_args,
+            timeout=own.timeout,
+        )
 
         async def dask_rtt_here() -> Any:
             return await pool(w0).identity()
@@ -140,22 +161,33 @@ async def run(quick: bool, rows: dict[str, Row]) -> bool:
             try:
                 assert await sess.run(b, {x: 1.0}) == 4.0
                 ours, anchor, rtt, rtt_here = await _interleaved(
-                    [lambda: sess.run(b, {x: 1.0}), on_client(dask_chain),
-                     on_client(dask_rtt), dask_rtt_here], n_steps, repeats)
+                    [
+                        lambda: sess.run(b, {x: 1.0}),
+                        on_client(dask_chain),
+                        on_client(dask_rtt),
+                        dask_rtt_here,
+                    ],
+                    n_steps,
+                    repeats,
+                )
                 rows["dist.step"].record(ours, anchor, per=lambda t: t * 1e3)
                 step_ms = _median(ours) * 1e3
-                for what, times in (("from this loop, a pool of its own", rtt_here),
-                                    ("through the Dask client's loop", rtt)):
+                for what, times in (
+                    ("from this loop, a pool of its own", rtt_here),
+                    ("through the Dask client's loop", rtt),
+                ):
                     rtt_ms = _median(times) * 1e3
                     rows["dist.step"].notes.append(
                         f"Dask's client->worker round trip ({what}; rpc to the worker's "
                         f"identity handler, median of {repeats} interleaved repeats): "
                         f"{rtt_ms:.2f} ms (best {min(times) * 1e3:.2f}); a step "
-                        f"{step_ms:.2f} ms costs {step_ms / rtt_ms:.1f}x it (medians)")
+                        f"{step_ms:.2f} ms costs {step_ms / rtt_ms:.1f}x it (medians)"
+                    )
                 pull = await _dask_pull(cluster, w0, w1, n_steps)
                 rows["dist.step"].notes.append(
                     f"Dask's own worker-to-worker pull of the same 8 bytes (get_data_from_"
-                    f"worker, timed inside worker 1): {pull * 1e3:.2f} ms")
+                    f"worker, timed inside worker 1): {pull * 1e3:.2f} ms"
+                )
             except Exception as exc:
                 ok = _failed(rows["dist.step"], exc)
             finally:
@@ -163,21 +195,21 @@ async def run(quick: bool, rows: dict[str, Row]) -> bool:
             try:
                 assert await sess.run(total) == elems
                 nbytes = elems * 4
-                ours, anchor = await _interleaved([lambda: sess.run(total),
-                                                   on_client(dask_bytes)],
-                                                  max(n_steps // 20, 3), repeats)
+                ours, anchor = await _interleaved(
+                    [lambda: sess.run(total), on_client(dask_bytes)], max(n_steps // 20, 3), repeats
+                )
                 rows["dist.bytes"].record(ours, anchor, per=lambda t: nbytes / t / 1e9)
             except Exception as exc:
                 ok = _failed(rows["dist.bytes"], exc)
             try:
+
                 async def ours_100() -> None:
                     await asyncio.gather(*(sess.run(b, {x: 1.0}) for _ in range(100)))
 
                 async def dask_100() -> None:
                     await asyncio.gather(*(dask_chain() for _ in range(100)))
 
-                ours, anchor = await _interleaved([ours_100, on_client(dask_100)], 1,
-                                                  repeats)
+                ours, anchor = await _interleaved([ours_100, on_client(dask_100)], 1, repeats)
                 rows["dist.concurrent"].record(ours, anchor, per=lambda t: 100 / t)
             except Exception as exc:
                 ok = _failed(rows["dist.concurrent"], exc)
@@ -252,19 +284,26 @@ def _failed(row: Row, exc: Exception) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks distributed",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="small sizes, few repeats: a smoke run, not a measurement")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks distributed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, few repeats: a smoke run, not a measurement",
+    )
     args = p.parse_args(argv)
     rows = _rows(4 if args.quick else 64)
     start = time.perf_counter()
     ok = asyncio.run(run(args.quick, rows))
     table = list(rows.values())
-    print(f"asyncflow distributed benchmarks ({'quick' if args.quick else 'full'}) - "
-          f"Dask LocalCluster of 2 worker processes, {os.cpu_count()} CPUs, "
-          f"{time.perf_counter() - start:.0f} s")
+    print(
+        f"asyncflow distributed benchmarks ({'quick' if args.quick else 'full'}) - "
+        f"Dask LocalCluster of 2 worker processes, {os.cpu_count()} CPUs, "
+        f"{time.perf_counter() - start:.0f} s"
+    )
     print()
     print(report.render_table(table))
     print()

@@ -46,8 +46,15 @@ def run_child(args: list[str], timeout: float) -> Results:
     """Run ``python -m <args>`` and parse the JSON object on its last stdout line."""
     cmd = [sys.executable, "-m", *args]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=child_env(), cwd=REPO_ROOT, check=False)
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=child_env(),
+            cwd=REPO_ROOT,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return {"_error": f"timed out after {timeout:.0f} s: {' '.join(args)}"}
     lines = proc.stdout.strip().splitlines()
@@ -73,8 +80,9 @@ def collect(engine: str, sizes: Sizes, workloads: list[str], timeout: float = 30
     wanted = [w for w in workloads if w in _SUPPORTED[engine]]
     if not wanted:
         return {}
-    return run_child(["benchmarks.external", engine, json.dumps(sizes.to_json()),
-                      ",".join(wanted)], timeout)
+    return run_child(
+        ["benchmarks.external", engine, json.dumps(sizes.to_json()), ",".join(wanted)], timeout
+    )
 
 
 # --------------------------------------------------------------------------- TensorFlow
@@ -90,8 +98,7 @@ def _tf() -> Any:
 
 def tf_config(tf1: Any, inter: int = 0, intra: int = 0) -> Any:
     """A ConfigProto with every graph optimizer off (see the module docstring)."""
-    config = tf1.ConfigProto(inter_op_parallelism_threads=inter,
-                             intra_op_parallelism_threads=intra)
+    config = tf1.ConfigProto(inter_op_parallelism_threads=inter, intra_op_parallelism_threads=intra)
     # Without this, the first session's pool sizes are the process's for good.
     config.use_per_session_threads = bool(inter or intra)
     config.graph_options.rewrite_options.disable_meta_optimizer = True
@@ -165,8 +172,10 @@ def _tf_xdev(tf1: Any, s: Sizes, k: int) -> Results:
     g2, x2, y2, edges = tf_xdev_chain(tf1, n, k)
     config2 = tf_config(tf1)
     config2.device_count["CPU"] = 2
-    with (tf1.Session(graph=g1, config=tf_config(tf1)) as s1,
-          tf1.Session(graph=g2, config=config2) as s2):
+    with (
+        tf1.Session(graph=g1, config=tf_config(tf1)) as s1,
+        tf1.Session(graph=g2, config=config2) as s2,
+    ):
         for sess, y, x in ((s1, y1, x1), (s2, y2, x2)):
             value = sess.run(y, {x: 0.0})
             if value != n:
@@ -180,11 +189,17 @@ def _tf_xdev(tf1: Any, s: Sizes, k: int) -> Results:
     # TF's count is one more than the chain's edges when the fetched tensor is on
     # /cpu:1: the fetch travels to the client device through a pair of its own.
     extra = ": the fetch from /cpu:1 is one more" if sends > edges else ""
-    return {f"xdev.k{k}": min(two_times) / n * 1e6,
-            f"_note.xdev.k{k}": xdev_note(
-                n, sends, two_times, one_times,
-                who=f"TF 1.x ({sends:,} _Send/_Recv pairs in its partition graphs for the "
-                    f"chain's {edges:,} device changes{extra}): ")}
+    return {
+        f"xdev.k{k}": min(two_times) / n * 1e6,
+        f"_note.xdev.k{k}": xdev_note(
+            n,
+            sends,
+            two_times,
+            one_times,
+            who=f"TF 1.x ({sends:,} _Send/_Recv pairs in its partition graphs for the "
+            f"chain's {edges:,} device changes{extra}): ",
+        ),
+    }
 
 
 def _tf_best_of(sess: Any, fetch: Any, feed: dict[Any, Any], repeats: int) -> float:
@@ -198,8 +213,7 @@ def _tf_times(sess: Any, fetch: Any, feed: dict[Any, Any], repeats: int) -> list
     return [timed(lambda: sess.run(fetch, feed)) for _ in range(repeats)]
 
 
-def _figures(out: Results, row_id: str, times: list[float],
-             per: Callable[[float], float]) -> None:
+def _figures(out: Results, row_id: str, times: list[float], per: Callable[[float], float]) -> None:
     """``row_id``'s figure from its best repeat and, as ``_median.<row_id>``, from the
     median repeat (``per`` maps seconds to the row's unit, monotonically)."""
     out[row_id] = per(min(times))
@@ -214,8 +228,12 @@ def tf_workload(name: str, s: Sizes) -> Results:
     if name == "chain":
         g, x0, y = tf_shared_chain(tf1, s.chain_n)
         with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
-            _figures(out, "chain", _tf_times(sess, y, {x0: 0.0}, s.repeats),
-                     lambda t: t / s.chain_n * 1e6)
+            _figures(
+                out,
+                "chain",
+                _tf_times(sess, y, {x0: 0.0}, s.repeats),
+                lambda t: t / s.chain_n * 1e6,
+            )
     elif name == "wide":
         g = tf1.Graph()
         with g.as_default():
@@ -223,8 +241,9 @@ def tf_workload(name: str, s: Sizes) -> Results:
             one = tf1.constant(np.float32(1.0), name="one")
             y = tf1.add_n([x + one for _ in range(s.wide_n)])
         with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
-            _figures(out, "wide", _tf_times(sess, y, {x: 1.0}, s.repeats),
-                     lambda t: t / s.wide_n * 1e6)
+            _figures(
+                out, "wide", _tf_times(sess, y, {x: 1.0}, s.repeats), lambda t: t / s.wide_n * 1e6
+            )
     elif name == "tiny":
         g = tf1.Graph()
         with g.as_default():
@@ -295,8 +314,9 @@ def tf_workload(name: str, s: Sizes) -> Results:
 
         out["opt.call.inlined"] = tf_call(tf1, s, inline=True)
         out["opt.call.kernel"] = tf_call(tf1, s, inline=False)
-        out["_note.opt.call.inlined"] = ("TF 1.x: function.Defun chain, grappler off, "
-                                         "do_function_inlining on / off")
+        out["_note.opt.call.inlined"] = (
+            "TF 1.x: function.Defun chain, grappler off, do_function_inlining on / off"
+        )
     return out
 
 
@@ -314,8 +334,7 @@ def _tf_cnn(tf1: Any, s: Sizes) -> Results:
     with g.as_default():
         x = tf1.placeholder(tf1.float32, (None, s.cnn_image, s.cnn_image, 3), name="images")
         probs = model.build(tf1.nn, tf1, x, p)
-    one_thread = tf1.ConfigProto(inter_op_parallelism_threads=1,
-                                 intra_op_parallelism_threads=1)
+    one_thread = tf1.ConfigProto(inter_op_parallelism_threads=1, intra_op_parallelism_threads=1)
     one_thread.use_per_session_threads = True
     with tf1.Session(graph=g) as sess, tf1.Session(graph=g, config=one_thread) as single:
         for session in (sess, single):
@@ -325,10 +344,13 @@ def _tf_cnn(tf1: Any, s: Sizes) -> Results:
         times = _tf_times(sess, probs, {x: x_val}, s.repeats)
         best_single = _tf_best_of(single, probs, {x: x_val}, s.repeats)
     best = min(times)
-    return {"cnn": best * 1e3, "_median.cnn": statistics.median(times) * 1e3,
-            "_note.cnn": f"TF 1.x cnn: default ConfigProto (intra-op threads = cores); "
-                         f"with 1 inter- and 1 intra-op thread {best_single * 1e3:.2f} "
-                         f"ms/batch (asyncflow's BLAS is pinned to 1 thread here)"}
+    return {
+        "cnn": best * 1e3,
+        "_median.cnn": statistics.median(times) * 1e3,
+        "_note.cnn": f"TF 1.x cnn: default ConfigProto (intra-op threads = cores); "
+        f"with 1 inter- and 1 intra-op thread {best_single * 1e3:.2f} "
+        f"ms/batch (asyncflow's BLAS is pinned to 1 thread here)",
+    }
 
 
 @contextlib.contextmanager
@@ -385,11 +407,14 @@ def _tf_callable(tf1: Any, s: Sizes, nested: bool) -> Results:
             runs.append(timed(run_calls))
             fns.append(timed(callable_calls))
     per_fn, per_run = min(fns) / calls * 1e6, min(runs) / calls * 1e6
-    return {row_id: per_fn, f"_median.{row_id}": statistics.median(fns) / calls * 1e6,
-            f"_note.{row_id}": f"TF 1.x: make_callable {per_fn:.1f} us/call vs its "
-                               f"session.run {per_run:.1f} us/run ({per_fn / per_run:.2f}x; "
-                               f"default config, as tiny.run's TF anchor; best of "
-                               f"{s.repeats} x {calls:,} calls each)"}
+    return {
+        row_id: per_fn,
+        f"_median.{row_id}": statistics.median(fns) / calls * 1e6,
+        f"_note.{row_id}": f"TF 1.x: make_callable {per_fn:.1f} us/call vs its "
+        f"session.run {per_run:.1f} us/run ({per_fn / per_run:.2f}x; "
+        f"default config, as tiny.run's TF anchor; best of "
+        f"{s.repeats} x {calls:,} calls each)",
+    }
 
 
 def _tf_trace(tf1: Any, s: Sizes, traced: bool) -> Results:
@@ -413,20 +438,31 @@ def _tf_trace(tf1: Any, s: Sizes, traced: bool) -> Results:
         plains, optss = [], []
         for _ in range(s.repeats):
             plains.append(timed(lambda: sess.run(y, feed)))
-            optss.append(timed(lambda: sess.run(
-                y, feed, options=opts,
-                run_metadata=tf1.RunMetadata() if traced else None)))
+            optss.append(
+                timed(
+                    lambda: sess.run(
+                        y, feed, options=opts, run_metadata=tf1.RunMetadata() if traced else None
+                    )
+                )
+            )
         t_plain, t_opts = min(plains), min(optss)
-    what = (f"FULL_TRACE with a RunMetadata ({recorded:,} node stats recorded)" if traced
-            else "options=RunOptions(), run_metadata=None")
-    return {row_id: t_opts / n * 1e6, f"_median.{row_id}": statistics.median(optss) / n * 1e6,
-            f"_note.{row_id}": f"TF 1.x: {what} {t_opts / n * 1e6:.2f} us/node vs its plain "
-                               f"run {t_plain / n * 1e6:.2f} us/node "
-                               f"({t_opts / t_plain:.2f}x)"}
+    what = (
+        f"FULL_TRACE with a RunMetadata ({recorded:,} node stats recorded)"
+        if traced
+        else "options=RunOptions(), run_metadata=None"
+    )
+    return {
+        row_id: t_opts / n * 1e6,
+        f"_median.{row_id}": statistics.median(optss) / n * 1e6,
+        f"_note.{row_id}": f"TF 1.x: {what} {t_opts / n * 1e6:.2f} us/node vs its plain "
+        f"run {t_plain / n * 1e6:.2f} us/node "
+        f"({t_opts / t_plain:.2f}x)",
+    }
 
 
-def _run_threads(targets: list[Callable[[], None]], timeout: float,
-                 on_timeout: Callable[[], None] = lambda: None) -> float:
+def _run_threads(
+    targets: list[Callable[[], None]], timeout: float, on_timeout: Callable[[], None] = lambda: None
+) -> float:
     """Seconds for threads running ``targets`` to finish; the first exception raised
     in one of them is re-raised here, and a thread still running after ``timeout``
     (``on_timeout`` is called to unblock it) is an error."""
@@ -441,6 +477,7 @@ def _run_threads(targets: list[Callable[[], None]], timeout: float,
                 fn()
             except BaseException as exc:  # re-raised in the caller
                 errors.append(exc)
+
         return run
 
     threads = [threading.Thread(target=guarded(fn), daemon=True) for fn in targets]
@@ -467,8 +504,7 @@ def _tf_queue(tf1: Any, s: Sizes) -> Results:
     from producer and consumer threads sharing one session (TF sessions are
     thread-safe; a full or empty queue blocks the calling thread)."""
     total, producers, consumers = s.queue_n, s.queue_producers, s.queue_consumers
-    shares = [total // consumers + (1 if k < total % consumers else 0)
-              for k in range(consumers)]
+    shares = [total // consumers + (1 if k < total % consumers else 0) for k in range(consumers)]
     g = tf1.Graph()
     with g.as_default():
         x = tf1.placeholder(tf1.int32, shape=(), name="x")
@@ -494,18 +530,25 @@ def _tf_queue(tf1: Any, s: Sizes) -> Results:
             elapsed = _run_threads(
                 [functools.partial(produce, k) for k in range(producers)]
                 + [functools.partial(consume, out, n) for out, n in zip(received, shares)],
-                timeout=60.0, on_timeout=lambda: sess.run(close))
+                timeout=60.0,
+                on_timeout=lambda: sess.run(close),
+            )
             got = sorted(v for part in received for v in part)
             if got != list(range(total)) or sess.run(size) != 0:
-                raise AssertionError(f"TF queue: {len(got):,} elements received for "
-                                     f"{total:,} sent, or some left in the queue")
+                raise AssertionError(
+                    f"TF queue: {len(got):,} elements received for "
+                    f"{total:,} sent, or some left in the queue"
+                )
             times.append(elapsed)
     best = min(times)
-    return {"queue": total / best, "_median.queue": total / statistics.median(times),
-            "_note.queue": f"TF 1.x: tf.queue.FIFOQueue({s.queue_capacity}), "
-                           f"{producers} producer + {consumers} consumer threads on one "
-                           f"session, every element exactly once; best run {best:.2f} s "
-                           f"({best / total * 1e6:.1f} us per element)"}
+    return {
+        "queue": total / best,
+        "_median.queue": total / statistics.median(times),
+        "_note.queue": f"TF 1.x: tf.queue.FIFOQueue({s.queue_capacity}), "
+        f"{producers} producer + {consumers} consumer threads on one "
+        f"session, every element exactly once; best run {best:.2f} s "
+        f"({best / total * 1e6:.1f} us per element)",
+    }
 
 
 def _tf_variable(tf1: Any, s: Sizes) -> Results:
@@ -530,17 +573,19 @@ def _tf_variable(tf1: Any, s: Sizes) -> Results:
         for _ in range(s.state_repeats):
             sess.run(init)
 
-            elapsed = _run_threads([functools.partial(steps, n) for n in shares],
-                                   timeout=60.0)
+            elapsed = _run_threads([functools.partial(steps, n) for n in shares], timeout=60.0)
             value = sess.run(v)
             if value != total:
                 raise AssertionError(f"TF variable ended at {value!r}, expected {total}")
             times.append(elapsed)
     best = min(times)
-    return {"variable": total / best, "_median.variable": total / statistics.median(times),
-            "_note.variable": f"TF 1.x: {threads} threads running assign_add steps on one "
-                              f"session, ended exactly at {total:,}; best run {best:.2f} s "
-                              f"({best / total * 1e6:.1f} us per step)"}
+    return {
+        "variable": total / best,
+        "_median.variable": total / statistics.median(times),
+        "_note.variable": f"TF 1.x: {threads} threads running assign_add steps on one "
+        f"session, ended exactly at {total:,}; best run {best:.2f} s "
+        f"({best / total * 1e6:.1f} us per step)",
+    }
 
 
 def _tf_loop(tf1: Any, s: Sizes, with_cond: bool) -> Results:
@@ -560,9 +605,12 @@ def _tf_loop(tf1: Any, s: Sizes, with_cond: bool) -> Results:
     g = tf1.Graph()
     with g.as_default():
         n_ph = tf1.placeholder(tf1.int32, shape=(), name="n")
-        fetches = tf1.while_loop(lambda i, acc: i < n_ph, body,
-                                 (tf1.constant(0), tf1.constant(np.float32(0.0))),
-                                 parallel_iterations=s.loop_parallel_iterations)
+        fetches = tf1.while_loop(
+            lambda i, acc: i < n_ph,
+            body,
+            (tf1.constant(0), tf1.constant(np.float32(0.0))),
+            parallel_iterations=s.loop_parallel_iterations,
+        )
     expected = (n, float(n % 2 if with_cond else n))
     with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
         sess.run(fetches, {n_ph: 100})  # executor creation: not timed
@@ -571,9 +619,12 @@ def _tf_loop(tf1: Any, s: Sizes, with_cond: bool) -> Results:
             raise AssertionError(f"TF {row_id} computed {value!r}, expected {expected!r}")
         times = [timed(lambda: sess.run(fetches, {n_ph: n})) for _ in range(s.repeats)]
     best = min(times)
-    return {row_id: best / n * 1e6, f"_median.{row_id}": statistics.median(times) / n * 1e6,
-            f"_note.{row_id}": f"TF 1.x: tf.compat.v1.while_loop, parallel_iterations="
-                               f"{s.loop_parallel_iterations}; best run {best:.2f} s"}
+    return {
+        row_id: best / n * 1e6,
+        f"_median.{row_id}": statistics.median(times) / n * 1e6,
+        f"_note.{row_id}": f"TF 1.x: tf.compat.v1.while_loop, parallel_iterations="
+        f"{s.loop_parallel_iterations}; best run {best:.2f} s",
+    }
 
 
 def _tf_parallel_2dev(tf1: Any, s: Sizes) -> Results:
@@ -611,12 +662,14 @@ def _tf_parallel_2dev(tf1: Any, s: Sizes) -> Results:
     finally:
         for sess, _, _ in graphs.values():
             sess.close()
-    return {"parallel.2dev": min(times[1]) / min(times[2]),
-            "_median.parallel.2dev": statistics.median(times[1]) / statistics.median(times[2]),
-            "_note.parallel.2dev": f"TF 1.x best step: 1 device {min(times[1]) * 1e3:.1f} ms,"
-                                   f" 2 devices {min(times[2]) * 1e3:.1f} ms (TF's "
-                                   f"DirectSession runs every device's kernels on the "
-                                   f"session's one inter-op pool: 1 thread for both)"}
+    return {
+        "parallel.2dev": min(times[1]) / min(times[2]),
+        "_median.parallel.2dev": statistics.median(times[1]) / statistics.median(times[2]),
+        "_note.parallel.2dev": f"TF 1.x best step: 1 device {min(times[1]) * 1e3:.1f} ms,"
+        f" 2 devices {min(times[2]) * 1e3:.1f} ms (TF's "
+        f"DirectSession runs every device's kernels on the "
+        f"session's one inter-op pool: 1 thread for both)",
+    }
 
 
 # --------------------------------------------------------------------------- Dask
@@ -648,8 +701,11 @@ def dask_workload(name: str, s: Sizes) -> Results:
         dsk["sum"] = (_add_n, [f"a{i}" for i in range(n)])
         out["wide"] = best(dsk, "sum", s.slow_repeats) / n * 1e6
     elif name == "tiny":
-        dsk = {"x": np.float32(1.0), "y": (np.add, "x", np.float32(1.0)),
-               "z": (np.multiply, "y", np.float32(2.0))}
+        dsk = {
+            "x": np.float32(1.0),
+            "y": (np.add, "x", np.float32(1.0)),
+            "z": (np.multiply, "y", np.float32(2.0)),
+        }
 
         def calls() -> None:
             for _ in range(s.tiny_calls):
@@ -685,10 +741,26 @@ def _add_n(values: list[Any]) -> Any:
 
 
 _SUPPORTED = {
-    "tf": {"chain", "xdev.k1", "xdev.k100", "wide", "tiny", "callable", "callable.nested",
-           "opt.call",
-           "trace", "trace.off", "parallel", "parallel.2dev", "loop", "loop.cond", "queue",
-           "variable", "cnn", "scale"},
+    "tf": {
+        "chain",
+        "xdev.k1",
+        "xdev.k100",
+        "wide",
+        "tiny",
+        "callable",
+        "callable.nested",
+        "opt.call",
+        "trace",
+        "trace.off",
+        "parallel",
+        "parallel.2dev",
+        "loop",
+        "loop.cond",
+        "queue",
+        "variable",
+        "cnn",
+        "scale",
+    },
     "dask": {"chain", "wide", "tiny", "parallel"},
 }
 

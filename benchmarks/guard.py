@@ -42,20 +42,46 @@ from benchmarks.report import Row
 from benchmarks.sizes import QUICK, Sizes, using_clock
 
 #: The guarded rows and the workload that measures each.
-GUARD_ROWS = {"chain": "chain", "wide": "wide", "tiny.run": "tiny", "concurrent": "concurrent",
-              "loop": "loop", "variable": "variable"}
+GUARD_ROWS = {
+    "chain": "chain",
+    "wide": "wide",
+    "tiny.run": "tiny",
+    "concurrent": "concurrent",
+    "loop": "loop",
+    "variable": "variable",
+}
 #: The guard's sizes: quick's, but every timed block of the guarded rows (the
 #: anchor's too) long enough, >= ~5 ms, that on a machine whose cores are shared with
 #: other busy processes, ours and the anchor get the same share of a core: with
 #: blocks shorter than the scheduler's time slice, the best of the anchor's repeats
 #: ran unpreempted more often than ours and a ratio moved by 4x or more.
-GUARD = dataclasses.replace(QUICK, chain_n=10_000, wide_n=5_000, tiny_calls=10_000,
-                            tiny_sync_calls=50, loop_n=10_000, variable_n=20_000,
-                            state_repeats=3, concurrent_batches=5, repeats=5)
+GUARD = dataclasses.replace(
+    QUICK,
+    chain_n=10_000,
+    wide_n=5_000,
+    tiny_calls=10_000,
+    tiny_sync_calls=50,
+    loop_n=10_000,
+    variable_n=20_000,
+    state_repeats=3,
+    concurrent_batches=5,
+    repeats=5,
+)
 #: The sizes the guarded workloads read: a baseline measured with others is refused.
-GUARD_FIELDS = ("chain_n", "wide_n", "tiny_calls", "tiny_sync_calls", "concurrent_runs",
-                "concurrent_batches", "loop_n", "loop_parallel_iterations", "variable_n",
-                "variable_tasks", "state_repeats", "repeats")
+GUARD_FIELDS = (
+    "chain_n",
+    "wide_n",
+    "tiny_calls",
+    "tiny_sync_calls",
+    "concurrent_runs",
+    "concurrent_batches",
+    "loop_n",
+    "loop_parallel_iterations",
+    "variable_n",
+    "variable_tasks",
+    "state_repeats",
+    "repeats",
+)
 FACTOR = 2.0
 RETRIES = 2
 BASELINE_PATH = Path(__file__).with_name("guard_baseline.json")
@@ -92,17 +118,25 @@ class Verdict:
         if self.ratio is None:
             return f"guard: {self.row} was not measured"
         if self.baseline is None or self.limit is None:
-            return (f"guard: {self.row} has no committed baseline ratio in "
-                    f"{BASELINE_PATH.name}; regenerate it with `{REGENERATE}`")
+            return (
+                f"guard: {self.row} has no committed baseline ratio in "
+                f"{BASELINE_PATH.name}; regenerate it with `{REGENERATE}`"
+            )
         word = "above" if self.better == "lower" else "below"
         state = "ok" if self.ok else "REGRESSED"
-        return (f"guard: {self.row} {state}: ours/anchor {self.ratio:.3f}x, committed "
-                f"baseline {self.baseline:.3f}x (fails {word} {self.limit:.3f}x = "
-                f"{'2x' if self.better == 'lower' else '1/2 of'} the baseline; "
-                f"{self.better} is better)"
-                + ("" if self.ok else f"; if the change is intended, regenerate the "
-                                      f"baseline with `{REGENERATE}` and commit "
-                                      f"benchmarks/{BASELINE_PATH.name}"))
+        return (
+            f"guard: {self.row} {state}: ours/anchor {self.ratio:.3f}x, committed "
+            f"baseline {self.baseline:.3f}x (fails {word} {self.limit:.3f}x = "
+            f"{'2x' if self.better == 'lower' else '1/2 of'} the baseline; "
+            f"{self.better} is better)"
+            + (
+                ""
+                if self.ok
+                else f"; if the change is intended, regenerate the "
+                f"baseline with `{REGENERATE}` and commit "
+                f"benchmarks/{BASELINE_PATH.name}"
+            )
+        )
 
 
 def ratios(rows: dict[str, Row]) -> dict[str, tuple[float | None, str | None]]:
@@ -116,14 +150,24 @@ def ratios(rows: dict[str, Row]) -> dict[str, tuple[float | None, str | None]]:
     return out
 
 
-def check(measured: dict[str, tuple[float | None, str | None]], baseline: dict[str, Any],
-          better: dict[str, str]) -> list[Verdict]:
+def check(
+    measured: dict[str, tuple[float | None, str | None]],
+    baseline: dict[str, Any],
+    better: dict[str, str],
+) -> list[Verdict]:
     """The verdict of every measured row against ``baseline`` (row -> {"ratio": x})."""
     out = []
     for row_id, (ratio, error) in measured.items():
         entry = baseline.get(row_id)
-        out.append(Verdict(row_id, ratio, None if entry is None else float(entry["ratio"]),
-                           better[row_id], error))
+        out.append(
+            Verdict(
+                row_id,
+                ratio,
+                None if entry is None else float(entry["ratio"]),
+                better[row_id],
+                error,
+            )
+        )
     return out
 
 
@@ -152,15 +196,19 @@ def measure_rows(row_ids: list[str], sizes: Sizes = GUARD) -> dict[str, Row]:
     return {r: rows[r] for r in row_ids}
 
 
-def guard(row_ids: list[str], baseline: dict[str, Any],
-          measure: Measure = measure_rows) -> list[Verdict]:
+def guard(
+    row_ids: list[str], baseline: dict[str, Any], measure: Measure = measure_rows
+) -> list[Verdict]:
     """Measure, compare, and measure the failing rows again (up to RETRIES times)."""
     rows = measure(row_ids)
     better = {r: rows[r].better for r in row_ids}
     verdicts = {v.row: v for v in check(ratios(rows), baseline, better)}
     for _ in range(RETRIES):
-        failing = [r for r, v in verdicts.items()
-                   if not v.ok and v.baseline is not None and v.error is None]
+        failing = [
+            r
+            for r, v in verdicts.items()
+            if not v.ok and v.baseline is not None and v.error is None
+        ]
         if not failing:
             break
         again = check(ratios(measure(failing)), baseline, better)
@@ -176,8 +224,10 @@ def load_baseline(path: Path) -> dict[str, Any]:
     now, then = GUARD.to_json(), data.get("sizes", {})
     changed = [k for k in GUARD_FIELDS if then.get(k) != now[k]]
     if changed:
-        raise ValueError(f"{path.name} was measured at other sizes ({', '.join(changed)} "
-                         f"changed since); regenerate it with `{REGENERATE}`")
+        raise ValueError(
+            f"{path.name} was measured at other sizes ({', '.join(changed)} "
+            f"changed since); regenerate it with `{REGENERATE}`"
+        )
     rows: dict[str, Any] = data["rows"]
     return rows
 
@@ -187,14 +237,25 @@ def write_baseline(path: Path, rows: dict[str, Row]) -> None:
 
     data = {
         "about": f"ours/anchor ratios of the rows `python -m benchmarks --guard` checks; "
-                 f"a row fails when its ratio regresses by more than {FACTOR:g}x. "
-                 f"Regenerate with `{REGENERATE}`.",
-        "environment": {"python": platform.python_version(), "numpy": np.__version__,
-                        "machine": platform.machine()},
+        f"a row fails when its ratio regresses by more than {FACTOR:g}x. "
+        f"Regenerate with `{REGENERATE}`.",
+        "environment": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "machine": platform.machine(),
+        },
         "sizes": {k: getattr(GUARD, k) for k in GUARD_FIELDS},
-        "rows": {r: {"ratio": round(row.ours / row.anchor, 4), "better": row.better,
-                     "ours": row.ours, "anchor": row.anchor, "unit": row.unit}
-                 for r, row in rows.items() if row.ours is not None and row.anchor},
+        "rows": {
+            r: {
+                "ratio": round(row.ours / row.anchor, 4),
+                "better": row.better,
+                "ours": row.ours,
+                "anchor": row.anchor,
+                "unit": row.unit,
+            }
+            for r, row in rows.items()
+            if row.ours is not None and row.anchor
+        },
     }
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
@@ -204,23 +265,30 @@ def main(only: list[str], update: bool, baseline_path: Path | None) -> int:
     path = baseline_path or BASELINE_PATH
     unknown = sorted(set(only) - set(GUARD_ROWS) - set(GUARD_ROWS.values()))
     if unknown:
-        print(f"guard: not guarded: {', '.join(unknown)} (guarded rows: "
-              f"{', '.join(GUARD_ROWS)})", file=sys.stderr)
+        print(
+            f"guard: not guarded: {', '.join(unknown)} (guarded rows: {', '.join(GUARD_ROWS)})",
+            file=sys.stderr,
+        )
         return 2
     row_ids = [r for r, w in GUARD_ROWS.items() if not only or r in only or w in only]
     if update:
         rows = measure_rows(row_ids)
         failed = [r for r, row in rows.items() if row.ours is None or not row.anchor]
         if failed:
-            print(f"guard: {', '.join(failed)} failed to run; baseline not written: "
-                  f"{rows[failed[0]].error}", file=sys.stderr)
+            print(
+                f"guard: {', '.join(failed)} failed to run; baseline not written: "
+                f"{rows[failed[0]].error}",
+                file=sys.stderr,
+            )
             return 1
         write_baseline(path, rows)
         for r, row in rows.items():
             assert row.ours is not None
             assert row.anchor is not None
-            print(f"guard: {r} baseline ours/anchor {row.ours / row.anchor:.3f}x "
-                  f"({row.ours:.3g} / {row.anchor:.3g} {row.unit}; CPU time)")
+            print(
+                f"guard: {r} baseline ours/anchor {row.ours / row.anchor:.3f}x "
+                f"({row.ours:.3g} / {row.anchor:.3g} {row.unit}; CPU time)"
+            )
         print(f"guard: wrote {path}")
         return 0
     try:
@@ -235,7 +303,9 @@ def main(only: list[str], update: bool, baseline_path: Path | None) -> int:
     for v in verdicts:
         print(v.message(), file=sys.stdout if v.ok else sys.stderr)
     bad = [v for v in verdicts if not v.ok]
-    print(f"guard: {len(verdicts) - len(bad)} of {len(verdicts)} rows within "
-          f"{FACTOR:g}x of {path.name}" + (f"; FAILED: {', '.join(v.row for v in bad)}"
-                                            if bad else ""))
+    print(
+        f"guard: {len(verdicts) - len(bad)} of {len(verdicts)} rows within "
+        f"{FACTOR:g}x of {path.name}"
+        + (f"; FAILED: {', '.join(v.row for v in bad)}" if bad else "")
+    )
     return 1 if bad else 0

@@ -62,18 +62,19 @@ class ModelSpec:
     """A model to measure: where it is and what to feed and fetch."""
 
     name: str
-    kind: str                     # "saved_model" | "frozen"
+    kind: str  # "saved_model" | "frozen"
     path: str
-    inputs: list[str]             # signature keys (saved model) or tensor names
+    inputs: list[str]  # signature keys (saved model) or tensor names
     outputs: list[str]
-    values: str | None            # the .npz of recorded inputs and TF outputs
-    family: str = "text"          # "conv" | "text"
+    values: str | None  # the .npz of recorded inputs and TF outputs
+    family: str = "text"  # "conv" | "text"
     rtol: float = 1e-4
     atol: float = 1e-5
     strings: list[str] = field(default_factory=list)  # string inputs, stored as uint8 bytes
 
 
 # -- discovery --------------------------------------------------------------------------
+
 
 def _op_types_of_saved_model(path: Path) -> set[str]:
     from asyncflow.compat._tf_proto import messages
@@ -94,11 +95,17 @@ def saved_models(root: Path) -> list[ModelSpec]:
         npz = d.parent / f"{d.name}.npz"
         data = np.load(npz) if npz.exists() else None
         keys = data.files if data is not None else []
-        out.append(ModelSpec(
-            d.name, "saved_model", str(d),
-            [k.removeprefix("input/") for k in keys if k.startswith("input/")],
-            [k.removeprefix("output/") for k in keys if k.startswith("output/")],
-            str(npz) if data is not None else None, _family(_op_types_of_saved_model(d))))
+        out.append(
+            ModelSpec(
+                d.name,
+                "saved_model",
+                str(d),
+                [k.removeprefix("input/") for k in keys if k.startswith("input/")],
+                [k.removeprefix("output/") for k in keys if k.startswith("output/")],
+                str(npz) if data is not None else None,
+                _family(_op_types_of_saved_model(d)),
+            )
+        )
     return out
 
 
@@ -108,17 +115,25 @@ def manifest_models(manifest: Path) -> list[ModelSpec]:
     out = []
     for name, m in sorted(spec.get("models", {}).items()):
         values = m.get("values")
-        out.append(ModelSpec(
-            name, "frozen", str(manifest.parent / m["graph"]),
-            [i["name"] for i in m["inputs"]], list(m["outputs"]),
-            str(manifest.parent / values) if values else None,
-            _family(set(m.get("op_types", ()))),
-            float(m.get("rtol", 1e-4)), float(m.get("atol", 1e-5)),
-            [i["name"] for i in m["inputs"] if i.get("dtype") == "string"]))
+        out.append(
+            ModelSpec(
+                name,
+                "frozen",
+                str(manifest.parent / m["graph"]),
+                [i["name"] for i in m["inputs"]],
+                list(m["outputs"]),
+                str(manifest.parent / values) if values else None,
+                _family(set(m.get("op_types", ()))),
+                float(m.get("rtol", 1e-4)),
+                float(m.get("atol", 1e-5)),
+                [i["name"] for i in m["inputs"] if i.get("dtype") == "string"],
+            )
+        )
     return out
 
 
 # -- inputs -----------------------------------------------------------------------------
+
 
 def recorded(spec: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The recorded feeds and TF's fetched values, keyed by input / output name."""
@@ -130,8 +145,7 @@ def recorded(spec: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, np.ndarr
     for k in spec.strings:  # (a zoo manifest stores a string feed as its bytes)
         if k in feeds:
             feeds[k] = np.array(feeds[k].tobytes(), dtype=object)
-    return (feeds,
-            {k: data[fetch + k] for k in spec.outputs if fetch + k in data.files})
+    return (feeds, {k: data[fetch + k] for k in spec.outputs if fetch + k in data.files})
 
 
 def batched(feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray] | None:
@@ -140,11 +154,14 @@ def batched(feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray] |
         return feeds
     if any(v.ndim == 0 or v.dtype.kind in "SOU" for v in feeds.values()):
         return None
-    return {k: np.ascontiguousarray(np.take(v, np.arange(batch) % v.shape[0], axis=0))
-            for k, v in feeds.items()}
+    return {
+        k: np.ascontiguousarray(np.take(v, np.arange(batch) % v.shape[0], axis=0))
+        for k, v in feeds.items()
+    }
 
 
 # -- asyncflow's side -------------------------------------------------------------------
+
 
 class AfModel:
     """A model loaded in asyncflow: ``call(feeds)`` runs one step from plain code."""
@@ -161,10 +178,11 @@ class AfModel:
             return
         graph = af.Graph()
         with graph.as_default():
-            found = af.compat.import_tf_graph_def(spec.path, name="",
-                                                  return_elements=spec.inputs + spec.outputs)
+            found = af.compat.import_tf_graph_def(
+                spec.path, name="", return_elements=spec.inputs + spec.outputs
+            )
         assert found is not None
-        ins, outs = found[:len(spec.inputs)], found[len(spec.inputs):]
+        ins, outs = found[: len(spec.inputs)], found[len(spec.inputs) :]
         self.session = af.Session(graph=graph)
         fn = self.session.make_callable(dict(zip(spec.outputs, outs)), feed_list=ins)
         self._call = lambda feeds: fn.run_sync(*[feeds[k] for k in spec.inputs])
@@ -182,15 +200,20 @@ def mismatch(got: dict[str, Any], expected: dict[str, np.ndarray], spec: ModelSp
     bad = []
     for key, want in expected.items():
         value = np.asarray(got[key])
-        if value.shape != want.shape or not np.allclose(value, want, rtol=spec.rtol,
-                                                        atol=spec.atol):
-            err = (float(np.max(np.abs(value.astype(np.float64) - want)))
-                   if value.shape == want.shape else float("nan"))
+        if value.shape != want.shape or not np.allclose(
+            value, want, rtol=spec.rtol, atol=spec.atol
+        ):
+            err = (
+                float(np.max(np.abs(value.astype(np.float64) - want)))
+                if value.shape == want.shape
+                else float("nan")
+            )
             bad.append(f"{key}: max abs err {err:.3g}")
     return "; ".join(bad)
 
 
 # -- TensorFlow's side: a child process answering one JSON request per line ----------------
+
 
 class TfModel:
     """A model in a TF 1.x session with the given config (in the TF child)."""
@@ -220,8 +243,9 @@ class TfModel:
         return self._fn(*[feeds[k] for k in self._inputs])
 
 
-def _timed_calls(call: Callable[[dict[str, Any]], Any], feeds: dict[str, Any], n: int
-                 ) -> list[float]:
+def _timed_calls(
+    call: Callable[[dict[str, Any]], Any], feeds: dict[str, Any], n: int
+) -> list[float]:
     times = []
     for _ in range(n):
         t = time.perf_counter()
@@ -262,13 +286,17 @@ class TfChild:
 
     def __init__(self, tf_python: str) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH"))
-                                            if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         self._proc = subprocess.Popen(
-            [tf_python, "-m", "benchmarks.models", "--tf-child"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-            cwd=REPO_ROOT)
+            [tf_python, "-m", "benchmarks.models", "--tf-child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
+        )
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self._proc.stdin is not None
@@ -290,6 +318,7 @@ class TfChild:
 
 # -- the measurement --------------------------------------------------------------------
 
+
 @dataclass
 class Row:
     """One model at one batch size: every call's time per engine."""
@@ -297,7 +326,7 @@ class Row:
     model: str
     family: str
     batch: int
-    times: dict[str, list[float]] = field(default_factory=dict)   # engine -> seconds
+    times: dict[str, list[float]] = field(default_factory=dict)  # engine -> seconds
     error: str = ""
     check: str = ""
 
@@ -309,7 +338,7 @@ class Row:
             return t[0]
         if what == "median":
             return statistics.median(t)
-        return t[int(0.9 * (len(t) - 1))] / t[int(0.1 * (len(t) - 1))]   # spread
+        return t[int(0.9 * (len(t) - 1))] / t[int(0.1 * (len(t) - 1))]  # spread
 
     def ratio(self, what: str = "min") -> float | None:
         ours, tf = self.stat("asyncflow", what), self.stat("default", what)
@@ -326,8 +355,13 @@ class Row:
         return "met" if ok else "MISSED"
 
 
-def measure(specs: list[ModelSpec], rounds: int, block_seconds: float, tf: TfChild | None,
-            progress: Callable[[str], None]) -> list[Row]:
+def measure(
+    specs: list[ModelSpec],
+    rounds: int,
+    block_seconds: float,
+    tf: TfChild | None,
+    progress: Callable[[str], None],
+) -> list[Row]:
     """Load every model, check it, then time it in interleaved rounds."""
     rows: list[Row] = []
     for spec in specs:
@@ -336,8 +370,9 @@ def measure(specs: list[ModelSpec], rounds: int, block_seconds: float, tf: TfChi
     return rows
 
 
-def _measure_model(spec: ModelSpec, rounds: int, block_seconds: float, tf: TfChild | None
-                   ) -> list[Row]:
+def _measure_model(
+    spec: ModelSpec, rounds: int, block_seconds: float, tf: TfChild | None
+) -> list[Row]:
     feeds, expected = recorded(spec)
     plans = [(b, f) for b in BATCHES if (f := batched(feeds, b)) is not None]
     rows = [Row(spec.name, spec.family, b) for b, _ in plans]
@@ -349,8 +384,9 @@ def _measure_model(spec: ModelSpec, rounds: int, block_seconds: float, tf: TfChi
         return rows
     try:
         check = mismatch(model.call(feeds), expected, spec) if expected else "no reference"
-        tf_ok = tf is not None and "error" not in (reply := tf.ask({"cmd": "load",
-                                                                   "spec": asdict(spec)}))
+        tf_ok = tf is not None and "error" not in (
+            reply := tf.ask({"cmd": "load", "spec": asdict(spec)})
+        )
         for row, (batch, f) in zip(rows, plans):
             row.check = check or "ok"
             if tf is not None and not tf_ok:
@@ -362,8 +398,15 @@ def _measure_model(spec: ModelSpec, rounds: int, block_seconds: float, tf: TfChi
                 if tf is None or not tf_ok:
                     continue
                 for config in CONFIGS:
-                    reply = tf.ask({"cmd": "time", "model": spec.name, "config": config,
-                                    "batch": batch, "calls": calls})
+                    reply = tf.ask(
+                        {
+                            "cmd": "time",
+                            "model": spec.name,
+                            "config": config,
+                            "batch": batch,
+                            "calls": calls,
+                        }
+                    )
                     row.times.setdefault(config, []).extend(reply.get("times", []))
     except Exception as exc:
         for row in rows:
@@ -375,6 +418,7 @@ def _measure_model(spec: ModelSpec, rounds: int, block_seconds: float, tf: TfChi
 
 # -- the table --------------------------------------------------------------------------
 
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.2f}"
 
@@ -385,39 +429,82 @@ def _x(x: float | None) -> str:
 
 def render(rows: list[Row]) -> str:
     """The results table (times in ms per call)."""
-    head = ["model", "fam", "batch", "af min", "af med", "af sprd", "TF min", "TF med",
-            "TF sprd", "noG min", "noG med", "af/TF min", "af/TF med", "target", "status"]
+    head = [
+        "model",
+        "fam",
+        "batch",
+        "af min",
+        "af med",
+        "af sprd",
+        "TF min",
+        "TF med",
+        "TF sprd",
+        "noG min",
+        "noG med",
+        "af/TF min",
+        "af/TF med",
+        "target",
+        "status",
+    ]
     lines = [head]
     for r in rows:
         target = f"<={TARGETS[r.family, r.batch]:.1f}x"
-        lines.append([r.model, r.family, str(r.batch),
-                      _ms(r.stat("asyncflow", "min")), _ms(r.stat("asyncflow", "median")),
-                      _x(r.stat("asyncflow", "spread")),
-                      _ms(r.stat("default", "min")), _ms(r.stat("default", "median")),
-                      _x(r.stat("default", "spread")),
-                      _ms(r.stat("no_grappler", "min")), _ms(r.stat("no_grappler", "median")),
-                      _x(r.ratio("min")), _x(r.ratio("median")), target, r.status()])
+        lines.append(
+            [
+                r.model,
+                r.family,
+                str(r.batch),
+                _ms(r.stat("asyncflow", "min")),
+                _ms(r.stat("asyncflow", "median")),
+                _x(r.stat("asyncflow", "spread")),
+                _ms(r.stat("default", "min")),
+                _ms(r.stat("default", "median")),
+                _x(r.stat("default", "spread")),
+                _ms(r.stat("no_grappler", "min")),
+                _ms(r.stat("no_grappler", "median")),
+                _x(r.ratio("min")),
+                _x(r.ratio("median")),
+                target,
+                r.status(),
+            ]
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     out.insert(1, "-" * len(out[0]))
-    notes = [f"{r.model} b{r.batch}: {r.error or r.check}" for r in rows
-             if r.error or r.check != "ok"]
+    notes = [
+        f"{r.model} b{r.batch}: {r.error or r.check}" for r in rows if r.error or r.check != "ok"
+    ]
     return "\n".join(out + (["", "notes:", *notes] if notes else []))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks models", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks models",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="two short rounds: a smoke run")
-    p.add_argument("--manifest", action="append", default=[], type=Path,
-                   help=f"a zoo manifest (repeatable; default {ZOO_MANIFEST} if it exists)")
-    p.add_argument("--saved-models", type=Path, default=SAVED_MODELS,
-                   help="directory of SavedModels (default: the test fixtures)")
+    p.add_argument(
+        "--manifest",
+        action="append",
+        default=[],
+        type=Path,
+        help=f"a zoo manifest (repeatable; default {ZOO_MANIFEST} if it exists)",
+    )
+    p.add_argument(
+        "--saved-models",
+        type=Path,
+        default=SAVED_MODELS,
+        help="directory of SavedModels (default: the test fixtures)",
+    )
     p.add_argument("--only", action="append", default=[], help="model name (repeatable)")
     p.add_argument("--rounds", type=int, help="interleaved rounds (default 7, quick 2)")
     p.add_argument("--no-external", action="store_true", help="asyncflow only, no TF")
-    p.add_argument("--tf-python", default=sys.executable,
-                   help="the Python that has TensorFlow (default: this one)")
+    p.add_argument(
+        "--tf-python",
+        default=sys.executable,
+        help="the Python that has TensorFlow (default: this one)",
+    )
     p.add_argument("--json", type=Path, help="also write every call's time as JSON")
     p.add_argument("--tf-child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -449,13 +536,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if tf is not None:
             tf.close()
-    print(f"asyncflow real-model benchmark ({'quick: not a measurement' if args.quick else 'full'}"
-          f"): {len(specs)} models, {rounds} interleaved rounds, {os.cpu_count()} CPUs, "
-          f"1-min load average at start {load:.2f}, {time.perf_counter() - started:.0f} s")
+    print(
+        f"asyncflow real-model benchmark ({'quick: not a measurement' if args.quick else 'full'}"
+        f"): {len(specs)} models, {rounds} interleaved rounds, {os.cpu_count()} CPUs, "
+        f"1-min load average at start {load:.2f}, {time.perf_counter() - started:.0f} s"
+    )
     print(blas_line())
-    print("times in ms per call; TF = TF 1.x default config (Grappler on), noG = every graph "
-          "optimizer off; spread = p90 / p10 of the call times" +
-          ("" if tf is not None else "; TF not measured"))
+    print(
+        "times in ms per call; TF = TF 1.x default config (Grappler on), noG = every graph "
+        "optimizer off; spread = p90 / p10 of the call times"
+        + ("" if tf is not None else "; TF not measured")
+    )
     print()
     print(render(rows))
     if args.json:
@@ -470,11 +561,13 @@ def blas_line() -> str:
     SkylakeX's at 83-118, TF's own at 77-124."""
     from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
 
-    libs = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture', '?')} "
-            f"kernels)" for i in threadpool_info() if i.get("user_api") == "blas"]
+    libs = [
+        f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture', '?')} kernels)"
+        for i in threadpool_info()
+        if i.get("user_api") == "blas"
+    ]
     chosen = os.environ.get("OPENBLAS_CORETYPE")
-    return (f"numpy BLAS: {', '.join(libs) or 'none found'}; OPENBLAS_CORETYPE="
-            f"{chosen or 'unset'}")
+    return f"numpy BLAS: {', '.join(libs) or 'none found'}; OPENBLAS_CORETYPE={chosen or 'unset'}"
 
 
 if __name__ == "__main__":

@@ -33,16 +33,39 @@ __all__ = ["OPT_ROWS_OF", "OPT_WORKLOADS", "opt_rows"]
 def opt_rows(s: Sizes) -> list[Row]:
     """The optimizer's rows of the table."""
     return [
-        Row("opt.fold.first_run", f"{s.fold_n:,} const subexprs, 1st run, L1", "ms",
-            "the same first run at L0 (no optimizer)", Target("<=", 2.0, relative=True)),
-        Row("opt.fold.steady", f"{s.fold_n:,} const subexprs, steady, L1", "us/run",
-            "the same steady-state run at L0", Target("<=", 0.1, relative=True)),
-        Row("opt.cse", f"{s.cse_n:,} ops, 30% duplicated, L1", "us/run",
-            "the same steady-state run at L0", Target("<=", 0.9, relative=True)),
-        Row("opt.call.inlined", f"fn called {s.call_n:,}x, inlined", "us/call",
-            "the same calls through the call kernel (inlining off)"),
-        Row("opt.call.kernel", f"fn called {s.call_n:,}x, call kernel", "us/call",
-            "the same calls inlined"),
+        Row(
+            "opt.fold.first_run",
+            f"{s.fold_n:,} const subexprs, 1st run, L1",
+            "ms",
+            "the same first run at L0 (no optimizer)",
+            Target("<=", 2.0, relative=True),
+        ),
+        Row(
+            "opt.fold.steady",
+            f"{s.fold_n:,} const subexprs, steady, L1",
+            "us/run",
+            "the same steady-state run at L0",
+            Target("<=", 0.1, relative=True),
+        ),
+        Row(
+            "opt.cse",
+            f"{s.cse_n:,} ops, 30% duplicated, L1",
+            "us/run",
+            "the same steady-state run at L0",
+            Target("<=", 0.9, relative=True),
+        ),
+        Row(
+            "opt.call.inlined",
+            f"fn called {s.call_n:,}x, inlined",
+            "us/call",
+            "the same calls through the call kernel (inlining off)",
+        ),
+        Row(
+            "opt.call.kernel",
+            f"fn called {s.call_n:,}x, call kernel",
+            "us/call",
+            "the same calls inlined",
+        ),
     ]
 
 
@@ -90,6 +113,7 @@ def call_graph(af: Af, n: int) -> tuple[Any, Any, Any]:
     """``n`` chained calls of ``f(x) = x * 0.5 + 1``."""
     g = af.Graph()
     with g.as_default():
+
         @af.Defun(af.float32, func_name="bench_f")
         def f(t: Any) -> Any:
             return t * 0.5 + 1.0
@@ -101,8 +125,9 @@ def call_graph(af: Af, n: int) -> tuple[Any, Any, Any]:
     return g, x, y
 
 
-async def _first_and_steady(af: Af, graph: Any, x: Any, y: Any, level: str,
-                            repeats: int, runs: int) -> tuple[float, float, Any, Any]:
+async def _first_and_steady(
+    af: Af, graph: Any, x: Any, y: Any, level: str, repeats: int, runs: int
+) -> tuple[float, float, Any, Any]:
     """(first run seconds, best steady seconds per run, value, optimizer stats)."""
     async with af.Session(graph=graph, config=_config(af, level)) as sess:
         start = time.perf_counter()
@@ -132,7 +157,8 @@ def fold(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             for level in ("L1", "L0"):
                 g, x, y = fold_graph(af, s.fold_n)  # a fresh graph: nothing cached
                 first, best, values[level], stats[level] = await _first_and_steady(
-                    af, g, x, y, level, s.repeats, 20)
+                    af, g, x, y, level, s.repeats, 20
+                )
                 firsts[level].append(first)
                 steady[level].append(best)
         _same(values["L1"], values["L0"], "opt.fold")
@@ -141,7 +167,8 @@ def fold(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         st = stats["L1"]
         rows["opt.fold.steady"].notes.append(
             f"L1 runs {st.nodes_after:,} of {st.nodes_before:,} nodes "
-            f"(folding removed {st.folded:,}, CSE {st.cse:,})")
+            f"(folding removed {st.folded:,}, CSE {st.cse:,})"
+        )
 
     asyncio.run(main())
 
@@ -154,14 +181,17 @@ def cse(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         for _ in range(s.slow_repeats):
             for level in ("L1", "L0"):
                 _, best, values[level], stats[level] = await _first_and_steady(
-                    af, g, x, y, level, s.repeats, 10)
+                    af, g, x, y, level, s.repeats, 10
+                )
                 times[level].append(best)
         _same(values["L1"], values["L0"], "opt.cse")
         row = rows["opt.cse"]
         row.record(times["L1"], times["L0"], per=lambda t: t * 1e6)
         st = stats["L1"]
-        row.notes.append(f"L1 runs {st.nodes_after:,} of {st.nodes_before:,} nodes "
-                         f"(CSE removed {st.cse:,}, folding {st.folded:,})")
+        row.notes.append(
+            f"L1 runs {st.nodes_after:,} of {st.nodes_before:,} nodes "
+            f"(CSE removed {st.cse:,}, folding {st.folded:,})"
+        )
 
     asyncio.run(main())
 
@@ -174,9 +204,11 @@ def call(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         for _ in range(s.slow_repeats):
             for level in ("L1", "call"):
                 _, best, values[level], _ = await _first_and_steady(
-                    af, g, x, y, level, s.repeats, 3)
+                    af, g, x, y, level, s.repeats, 3
+                )
                 times[level].append(best)
         _same(values["L1"], values["call"], "opt.call")
+
         def per(t: float) -> float:
             return t / s.call_n * 1e6
 
@@ -200,6 +232,7 @@ def tf_call(tf1: Any, s: Sizes, inline: bool) -> float:
 
     g = tf1.Graph()
     with g.as_default():
+
         @function.Defun(tf1.float32, func_name="bench_f")
         def f(t: Any) -> Any:
             return t * 0.5 + 1.0

@@ -88,8 +88,12 @@ class Row:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
 
-    def record(self, ours: Sequence[float], anchor: Sequence[float] | None = None,
-               per: Callable[[float], float] = lambda t: t) -> None:
+    def record(
+        self,
+        ours: Sequence[float],
+        anchor: Sequence[float] | None = None,
+        per: Callable[[float], float] = lambda t: t,
+    ) -> None:
         """Set ours (and the anchor) from the repeats' raw measurements (seconds,
         usually): the best repeat and the median, each mapped through ``per`` (a
         monotonic conversion, e.g. seconds to us/node or to elements per second; the
@@ -110,8 +114,13 @@ class Row:
         met = self.target.met(self.ours, self.anchor)
         if met is None:
             return "unknown"
-        if (not met and self.target.anchor_must_meet and self.anchor is not None
-                and not self.target.met(self.anchor, None) and self._near_anchor()):
+        if (
+            not met
+            and self.target.anchor_must_meet
+            and self.anchor is not None
+            and not self.target.met(self.anchor, None)
+            and self._near_anchor()
+        ):
             return "inconclusive"
         return "met" if met else "NOT met"
 
@@ -213,24 +222,33 @@ def render_table(rows: list[Row]) -> str:
     header = _line([name for name, _, _ in COLUMNS])
     out = [header, "-" * len(header)]
     for r in rows:
-        ours = ("ERROR" if r.error is not None
-                else "skipped" if r.skipped is not None else _cell(r.ours, "-"))
-        out.append(_line([
-            r.id,
-            r.metric[:24],
-            r.unit,
-            ours,
-            _cell(r.anchor, "-"),
-            _ratio_cell(r.ours, r.anchor),
-            _cell(r.tf, r.tf_note),
-            _ratio_cell(r.ours, r.tf),
-            _cell(r.dask, r.dask_note),
-            _ratio_cell(r.ours, r.dask),
-            "-" if r.target is None else r.target.text(r.unit),
-            r.status,
-            "-" if r.tf_target is None else r.tf_target.text(short=True),
-            r.tf_status,
-        ]))
+        ours = (
+            "ERROR"
+            if r.error is not None
+            else "skipped"
+            if r.skipped is not None
+            else _cell(r.ours, "-")
+        )
+        out.append(
+            _line(
+                [
+                    r.id,
+                    r.metric[:24],
+                    r.unit,
+                    ours,
+                    _cell(r.anchor, "-"),
+                    _ratio_cell(r.ours, r.anchor),
+                    _cell(r.tf, r.tf_note),
+                    _ratio_cell(r.ours, r.tf),
+                    _cell(r.dask, r.dask_note),
+                    _ratio_cell(r.ours, r.dask),
+                    "-" if r.target is None else r.target.text(r.unit),
+                    r.status,
+                    "-" if r.tf_target is None else r.tf_target.text(short=True),
+                    r.tf_status,
+                ]
+            )
+        )
     return "\n".join(out)
 
 
@@ -253,23 +271,36 @@ MEDIAN_COLUMNS = (
 def render_medians(rows: list[Row]) -> str:
     """The best repeat beside the median of the repeats, for every row that has one:
     how far the typical repeat is from the best, and the ratios of the medians."""
+
     def line(cells: list[str]) -> str:
-        return "  ".join(f"{c:{align}{width}}" for c, (_, width, align)
-                         in zip(cells, MEDIAN_COLUMNS, strict=True)).rstrip()
+        return "  ".join(
+            f"{c:{align}{width}}"
+            for c, (_, width, align) in zip(cells, MEDIAN_COLUMNS, strict=True)
+        ).rstrip()
 
     header = line([name for name, _, _ in MEDIAN_COLUMNS])
     out = [header, "-" * len(header)]
     for r in rows:
         if r.ours is None:
             continue
-        out.append(line([
-            r.id, r.unit, "-" if r.repeats is None else str(r.repeats),
-            _num(r.ours), _cell(r.ours_median, "-"), _ratio_cell(r.ours_median, r.ours),
-            _cell(r.anchor, "-"), _cell(r.anchor_median, "-"),
-            _ratio_cell(r.ours_median, r.anchor_median),
-            _cell(r.tf, r.tf_note), _cell(r.tf_median, "-"),
-            _ratio_cell(r.ours_median, r.tf_median),
-        ]))
+        out.append(
+            line(
+                [
+                    r.id,
+                    r.unit,
+                    "-" if r.repeats is None else str(r.repeats),
+                    _num(r.ours),
+                    _cell(r.ours_median, "-"),
+                    _ratio_cell(r.ours_median, r.ours),
+                    _cell(r.anchor, "-"),
+                    _cell(r.anchor_median, "-"),
+                    _ratio_cell(r.ours_median, r.anchor_median),
+                    _cell(r.tf, r.tf_note),
+                    _cell(r.tf_median, "-"),
+                    _ratio_cell(r.ours_median, r.tf_median),
+                ]
+            )
+        )
     return "\n".join(out)
 
 
@@ -279,8 +310,10 @@ def render_ratio_legend(rows: list[Row]) -> str:
     if not higher:
         return "ratios are ours / other: lower is better."
     units = higher[0] if len(higher) == 1 else f"{', '.join(higher[:-1])} and {higher[-1]}"
-    return (f"ratios are ours / other: lower is better, except in {units} rows "
-            f"(higher is better: there a ratio above 1.00x means asyncflow is ahead).")
+    return (
+        f"ratios are ours / other: lower is better, except in {units} rows "
+        f"(higher is better: there a ratio above 1.00x means asyncflow is ahead)."
+    )
 
 
 def render_anchor_legend(rows: list[Row]) -> str:
@@ -302,16 +335,21 @@ def render_targets(rows: list[Row]) -> str:
             status = r.status
             line = f"[{status:^7}] {what}; target {r.target.text(r.unit)}"
             if status == "inconclusive":
-                line += (f" - the anchor itself only reached {_num(r.anchor)}: the target "
-                         f"is out of this machine's reach right now")
+                line += (
+                    f" - the anchor itself only reached {_num(r.anchor)}: the target "
+                    f"is out of this machine's reach right now"
+                )
             out.append(line)
     for r in rows:
         if r.tf_target is None:
             continue
         ours = "skipped" if r.skipped is not None else _cell(r.ours, "ERROR")
         what = f"{r.id}: asyncflow {ours} {r.unit}"
-        ratio = (None if r.ours is None or r.tf is None or r.skipped is not None
-                 else r.tf_target.ratio(r.ours, r.tf))
+        ratio = (
+            None
+            if r.ours is None or r.tf is None or r.skipped is not None
+            else r.tf_target.ratio(r.ours, r.tf)
+        )
         if r.tf is not None and ratio is not None:
             kind = "x faster than" if r.tf_target.faster else "x"
             what += f" vs TF 1.x {_num(r.tf)} = {ratio:.2f}{kind} TF"

@@ -46,8 +46,7 @@ def scale_asyncflow(n: int, with_cond: bool = False) -> dict[str, Any]:
         x = x0
         for k in range(n):
             if with_cond and k == n // 2:
-                x = af.cond(taken, lambda b=x: b + np.float32(0.0),
-                            lambda b=x: b - np.float32(1.0))
+                x = af.cond(taken, lambda b=x: b + np.float32(0.0), lambda b=x: b - np.float32(1.0))
             x = x + one
     build = time.perf_counter() - start
 
@@ -83,8 +82,7 @@ def scale_tf(n: int) -> dict[str, Any]:
     return _result(n, build, t1 - t0, t2 - t1, baseline)
 
 
-def _result(n: int, build: float, first: float, second: float,
-            baseline: float) -> dict[str, Any]:
+def _result(n: int, build: float, first: float, second: float, baseline: float) -> dict[str, Any]:
     return {
         "n": n,
         "scale.build": build / n * 1e6,
@@ -99,8 +97,11 @@ def _result(n: int, build: float, first: float, second: float,
 
 def main(argv: list[str]) -> int:
     engine, n = argv[0], int(argv[1])
-    fn = {"asyncflow": scale_asyncflow, "asyncflow-cond": lambda n: scale_asyncflow(n, True),
-          "tf": scale_tf}[engine]
+    fn = {
+        "asyncflow": scale_asyncflow,
+        "asyncflow-cond": lambda n: scale_asyncflow(n, True),
+        "tf": scale_tf,
+    }[engine]
     print(json.dumps(fn(n)))
     return 0
 

@@ -107,11 +107,18 @@ def create_app(sleep: float) -> Any:
         return PlainTextResponse(str(float(value)))
 
     async def stats(request: Request) -> JSONResponse:
-        return JSONResponse({"cpu": time.process_time(),
-                             "gc": [s["collections"] for s in gc.get_stats()]})
+        return JSONResponse(
+            {"cpu": time.process_time(), "gc": [s["collections"] for s in gc.get_stats()]}
+        )
 
-    return Starlette(routes=[Route("/run", run_endpoint), Route("/gather", gather_endpoint),
-                             Route("/stats", stats)], lifespan=lifespan)
+    return Starlette(
+        routes=[
+            Route("/run", run_endpoint),
+            Route("/gather", gather_endpoint),
+            Route("/stats", stats),
+        ],
+        lifespan=lifespan,
+    )
 
 
 def http_impl() -> str:
@@ -123,8 +130,15 @@ def serve(fd: int, sleep: float) -> None:
     """Serve the app on the listening socket ``fd`` (inherited from the parent)."""
     import uvicorn
 
-    uvicorn.run(create_app(sleep), fd=fd, loop="asyncio", http=http_impl(),
-                log_level="warning", access_log=False, lifespan="on")
+    uvicorn.run(
+        create_app(sleep),
+        fd=fd,
+        loop="asyncio",
+        http=http_impl(),
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
 
 
 # --------------------------------------------------------------------------- load side
@@ -158,8 +172,9 @@ async def _load(client: Any, endpoint: str, requests: int, concurrency: int) -> 
                 text = await resp.text()
             latencies.append(time.perf_counter() - start)
             if resp.status != 200 or text != EXPECTED:
-                raise AssertionError(f"/{endpoint} answered {resp.status} "
-                                     f"{text[:200]!r}, expected 200 {EXPECTED!r}")
+                raise AssertionError(
+                    f"/{endpoint} answered {resp.status} {text[:200]!r}, expected 200 {EXPECTED!r}"
+                )
 
     async with asyncio.TaskGroup() as tg:
         for _ in range(concurrency):
@@ -174,13 +189,15 @@ async def _stats(client: Any) -> dict[str, Any]:
     return data
 
 
-async def _drive(port: int, requests: int, concurrency: int, repeats: int,
-                 child: subprocess.Popen[bytes]) -> list[Repeat]:
+async def _drive(
+    port: int, requests: int, concurrency: int, repeats: int, child: subprocess.Popen[bytes]
+) -> list[Repeat]:
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}", connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=30.0)) as client:
+    async with aiohttp.ClientSession(
+        f"http://127.0.0.1:{port}", connector=connector, timeout=aiohttp.ClientTimeout(total=30.0)
+    ) as client:
         deadline = time.monotonic() + 60.0
         while True:  # wait for the server (its lifespan opens the session)
             try:
@@ -188,8 +205,7 @@ async def _drive(port: int, requests: int, concurrency: int, repeats: int,
                 break
             except aiohttp.ClientConnectionError as exc:
                 if child.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the service did not start (exit {child.poll()})") from exc
+                    raise RuntimeError(f"the service did not start (exit {child.poll()})") from exc
                 await asyncio.sleep(0.05)
         for endpoint in ENDPOINTS:  # warm-up: connections, the plan's compilation
             await _load(client, endpoint, max(concurrency, requests // 10), concurrency)
@@ -201,8 +217,16 @@ async def _drive(port: int, requests: int, concurrency: int, repeats: int,
                 latencies = await _load(client, endpoint, requests, concurrency)
                 wall, cpu = time.perf_counter() - start, time.process_time() - cpu
                 after = await _stats(client)
-                out.append(Repeat(endpoint, latencies, wall, after["cpu"] - before["cpu"], cpu,
-                                  [a - b for a, b in zip(after["gc"], before["gc"])]))
+                out.append(
+                    Repeat(
+                        endpoint,
+                        latencies,
+                        wall,
+                        after["cpu"] - before["cpu"],
+                        cpu,
+                        [a - b for a, b in zip(after["gc"], before["gc"])],
+                    )
+                )
         return out
 
 
@@ -219,10 +243,13 @@ def measure(requests: int, concurrency: int, sleep: float, repeats: int) -> list
     # could fill up and block the server.
     with tempfile.TemporaryFile() as stderr:
         child = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.service", "serve", str(sock.fileno()),
-             str(sleep)],
-            pass_fds=[sock.fileno()], env=child_env(), cwd=REPO_ROOT,
-            stdout=subprocess.DEVNULL, stderr=stderr)
+            [sys.executable, "-m", "benchmarks.service", "serve", str(sock.fileno()), str(sleep)],
+            pass_fds=[sock.fileno()],
+            env=child_env(),
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
         sock.close()  # the child has its own copy
         try:
             return asyncio.run(_drive(port, requests, concurrency, repeats, child))
@@ -245,14 +272,25 @@ def main(argv: list[str]) -> int:
         return 0
     # python -m benchmarks.service [REQUESTS CONCURRENCY SLEEP REPEATS]: one JSON line
     requests, concurrency, sleep, repeats = (
-        (int(argv[0]), int(argv[1]), float(argv[2]), int(argv[3])) if argv
-        else (2000, 50, 0.001, 3))
+        (int(argv[0]), int(argv[1]), float(argv[2]), int(argv[3])) if argv else (2000, 50, 0.001, 3)
+    )
     reps = measure(requests, concurrency, sleep, repeats)
-    print(json.dumps([{"endpoint": r.endpoint, "p50": r.percentile(0.5),
-                       "p99": r.percentile(0.99), "wall": r.wall,
-                       "cpu_per_request": r.server_cpu / len(r.latencies),
-                       "client_cpu_per_request": r.client_cpu / len(r.latencies),
-                       "gc": r.gc_collections} for r in reps]))
+    print(
+        json.dumps(
+            [
+                {
+                    "endpoint": r.endpoint,
+                    "p50": r.percentile(0.5),
+                    "p99": r.percentile(0.99),
+                    "wall": r.wall,
+                    "cpu_per_request": r.server_cpu / len(r.latencies),
+                    "client_cpu_per_request": r.client_cpu / len(r.latencies),
+                    "gc": r.gc_collections,
+                }
+                for r in reps
+            ]
+        )
+    )
     return 0
 
 

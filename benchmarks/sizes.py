@@ -13,10 +13,32 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-WORKLOADS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny", "concurrent", "callable",
-             "callable.nested", "trace", "trace.off", "overlap", "parallel", "parallel.2dev",
-             "loop", "loop.cond", "queue", "variable", "cnn", "scale", "scale.cond",
-             "opt.fold", "opt.cse", "opt.call", "service")
+WORKLOADS = (
+    "chain",
+    "xdev.k1",
+    "xdev.k100",
+    "wide",
+    "tiny",
+    "concurrent",
+    "callable",
+    "callable.nested",
+    "trace",
+    "trace.off",
+    "overlap",
+    "parallel",
+    "parallel.2dev",
+    "loop",
+    "loop.cond",
+    "queue",
+    "variable",
+    "cnn",
+    "scale",
+    "scale.cond",
+    "opt.fold",
+    "opt.cse",
+    "opt.call",
+    "service",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,17 +58,27 @@ def build() -> tuple[af.Graph, dict[str, Any]]:
         q = af.FIFOQueue(100_000, af.int32, shapes=[()], name="q")
         item = af.placeholder(af.int32, shape=(), name="item")
         x = af.placeholder(af.float32, shape=(16,), name="x")
-        math = af.reduce_sum(af.cond(af.reduce_sum(x) > 0, lambda: af.nn.relu(x) * 2.0,
-                                     lambda: af.tanh(x)))
-    ops = {"bump": bump, "put": q.enqueue(item), "take": q.dequeue(), "size": q.size(),
-           "counter": counter, "init": counter.initializer, "item": item, "x": x,
-           "math": math}
+        math = af.reduce_sum(
+            af.cond(af.reduce_sum(x) > 0, lambda: af.nn.relu(x) * 2.0, lambda: af.tanh(x))
+        )
+    ops = {
+        "bump": bump,
+        "put": q.enqueue(item),
+        "take": q.dequeue(),
+        "size": q.size(),
+        "counter": counter,
+        "init": counter.initializer,
+        "item": item,
+        "x": x,
+        "math": math,
+    }
     return g, ops
 
 
 class Soak:
-    def __init__(self, steps: int, in_flight: int, seed: int,
-                 cancel_fraction: float = 0.05) -> None:
+    def __init__(
+        self, steps: int, in_flight: int, seed: int, cancel_fraction: float = 0.05
+    ) -> None:
         self.steps = steps
         self.cancel_fraction = cancel_fraction
         self.in_flight = in_flight
@@ -88,8 +98,7 @@ class Soak:
         kind = rng.choices(("bump", "put", "take", "math"), (3, 2, 2, 3))[0]
         fate = rng.random()
         options = af.RunOptions(timeout_in_ms=rng.choice((1, 2, 5))) if fate < 0.1 else None
-        cancel_after = rng.uniform(0.0, 0.003) if 0.1 <= fate < 0.1 + self.cancel_fraction \
-            else None
+        cancel_after = rng.uniform(0.0, 0.003) if 0.1 <= fate < 0.1 + self.cancel_fraction else None
         if kind == "take" and options is None:
             options = af.RunOptions(timeout_in_ms=50)  # the queue may be empty
         feeds: dict[Any, Any] = {}
@@ -109,8 +118,9 @@ class Soak:
                 self.hangs += 1
                 self.outcomes["hang"] += 1
                 return
-            self.outcomes["deadline" if isinstance(exc, af.errors.DeadlineExceededError)
-                          else "cancelled"] += 1
+            self.outcomes[
+                "deadline" if isinstance(exc, af.errors.DeadlineExceededError) else "cancelled"
+            ] += 1
             self.bump_cancelled += kind == "bump" and cancel_after is not None
             self.take_cancelled += kind == "take" and cancel_after is not None
             return
@@ -143,8 +153,9 @@ class Soak:
                 for _ in range(self.in_flight):
                     tg.create_task(self.worker(sess, ops))
             elapsed = time.perf_counter() - start
-            remaining = [int(await sess.run(ops["take"]))
-                         for _ in range(int(await sess.run(ops["size"])))]
+            remaining = [
+                int(await sess.run(ops["take"])) for _ in range(int(await sess.run(ops["size"])))
+            ]
             counter = int(await sess.run(ops["counter"]))
         gc.collect()
         self.rss.append((self.steps, rss_mb()))
@@ -152,8 +163,10 @@ class Soak:
 
     def report(self, result: dict[str, Any]) -> bool:
         elapsed = result["elapsed"]
-        print(f"soak: {self.steps} steps, {self.in_flight} in flight, {elapsed:.1f} s, "
-              f"{self.steps / elapsed:,.0f} steps/s")
+        print(
+            f"soak: {self.steps} steps, {self.in_flight} in flight, {elapsed:.1f} s, "
+            f"{self.steps / elapsed:,.0f} steps/s"
+        )
         print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(self.outcomes.items())))
         warm = [(i, r) for i, r in self.rss if i >= self.steps // 10]
         base = warm[0][1] if warm else float("nan")
@@ -162,8 +175,9 @@ class Soak:
         checks = {
             "rss flat within 10%": bool(warm) and drift <= 0.10,
             "no hangs": self.hangs == 0,
-            "counter = successful increments (+ caller-cancelled)":
-                self.bumped <= result["counter"] <= self.bumped + self.bump_cancelled,
+            "counter = successful increments (+ caller-cancelled)": self.bumped
+            <= result["counter"]
+            <= self.bumped + self.bump_cancelled,
         }
         seen = self.dequeued + result["remaining"]
         lost = set(self.enqueued) - set(seen)
@@ -171,10 +185,12 @@ class Soak:
         # Deadlines lose nothing (a dequeue that delivered finishes its step); a caller
         # who cancels after the dequeue returned consumed that element (documented).
         checks["queue: lost <= caller-cancelled consumers"] = len(lost) <= self.take_cancelled
-        print(f"rss drift after warm-up: {100 * drift:.1f}%  counter={result['counter']} "
-              f"bumped={self.bumped}  enqueued={len(self.enqueued)} "
-              f"dequeued={len(self.dequeued)} remaining={len(result['remaining'])} "
-              f"lost={len(lost)} (caller-cancelled consumers {self.take_cancelled})")
+        print(
+            f"rss drift after warm-up: {100 * drift:.1f}%  counter={result['counter']} "
+            f"bumped={self.bumped}  enqueued={len(self.enqueued)} "
+            f"dequeued={len(self.dequeued)} remaining={len(result['remaining'])} "
+            f"lost={len(lost)} (caller-cancelled consumers {self.take_cancelled})"
+        )
         for name, ok in checks.items():
             print(f"  {'ok ' if ok else 'FAIL'} {name}")
         return all(checks.values())
@@ -185,9 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--in-flight", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cancel-fraction", type=float, default=0.05,
-                        help="fraction of steps cancelled by their caller (default 0.05; "
-                             "0.1 more get a 1-5 ms deadline)")
+    parser.add_argument(
+        "--cancel-fraction",
+        type=float,
+        default=0.05,
+        help="fraction of steps cancelled by their caller (default 0.05; "
+        "0.1 more get a 1-5 ms deadline)",
+    )
     args = parser.parse_args(argv)
     random.seed(args.seed)
     soak = Soak(args.steps, args.in_flight, args.seed, args.cancel_fraction)

@@ -50,81 +50,184 @@ TF_TARGETS: dict[str, TfTarget] = {
 def make_rows(s: Sizes) -> dict[str, Row]:
     """Every row of the table, keyed by id, before anything is measured."""
     rows = [
-        Row("chain", f"{s.chain_n:,} chained adds", "us/node",
+        Row(
+            "chain",
+            f"{s.chain_n:,} chained adds",
+            "us/node",
             "np.add loop over np.float32 scalars (the numpy floor)",
-            Target("<=", 2.0, relative=True)),
-        *(Row(f"xdev.k{k}", f"{s.chain_n:,} adds, 2dev, k={k}", "us/op",
-              f"the same chain on one device, us/op, interleaved with the 2-device "
-              f"runs (xdev.k{k})")
-          for k in XDEV_KS),
-        Row("wide", f"{s.wide_n:,} adds + add_n", "us/node",
+            Target("<=", 2.0, relative=True),
+        ),
+        *(
+            Row(
+                f"xdev.k{k}",
+                f"{s.chain_n:,} adds, 2dev, k={k}",
+                "us/op",
+                f"the same chain on one device, us/op, interleaved with the 2-device "
+                f"runs (xdev.k{k})",
+            )
+            for k in XDEV_KS
+        ),
+        Row(
+            "wide",
+            f"{s.wide_n:,} adds + add_n",
+            "us/node",
             "list of np.add on np.float32 scalars + np.sum",
-            Target("<=", 2.5)),
-        Row("tiny.run", "await sess.run (3 ops)", "us/run",
+            Target("<=", 2.5),
+        ),
+        Row(
+            "tiny.run",
+            "await sess.run (3 ops)",
+            "us/run",
             "await of a coroutine doing the same numpy ops",
-            Target("<=", 20.0)),
-        Row("concurrent", f"gather of {s.concurrent_runs:,} tiny runs", "runs/s",
+            Target("<=", 20.0),
+        ),
+        Row(
+            "concurrent",
+            f"gather of {s.concurrent_runs:,} tiny runs",
+            "runs/s",
             f"asyncio.gather of {s.concurrent_runs:,} coroutines doing the same numpy ops",
-            Target(">=", 0.5, relative=True), better="higher"),
-        Row("tiny.run_sync", "sess.run_sync (3 ops)", "us/run",
-            "asyncio.run of an empty coroutine"),
-        Row("tiny.run_sync.async", "run_sync, 1 async py_func", "us/run",
+            Target(">=", 0.5, relative=True),
+            better="higher",
+        ),
+        Row(
+            "tiny.run_sync", "sess.run_sync (3 ops)", "us/run", "asyncio.run of an empty coroutine"
+        ),
+        Row(
+            "tiny.run_sync.async",
+            "run_sync, 1 async py_func",
+            "us/run",
             "asyncio.run(sess.run(...)) of the same graph (a fresh loop per call)",
-            Target("<=", 1 / 3, relative=True)),
-        Row("callable", "make_callable (3 ops)", "us/call",
-            "await sess.run of the same graph, fetch and feed (tiny.run's call)"),
-        Row("callable.nested", "nested fetches, 2 feeds", "us/call",
-            "await sess.run of the same nested fetches and 2-entry feed_dict"),
-        Row("trace", f"{s.chain_n:,} adds, FULL_TRACE", "us/node",
+            Target("<=", 1 / 3, relative=True),
+        ),
+        Row(
+            "callable",
+            "make_callable (3 ops)",
+            "us/call",
+            "await sess.run of the same graph, fetch and feed (tiny.run's call)",
+        ),
+        Row(
+            "callable.nested",
+            "nested fetches, 2 feeds",
+            "us/call",
+            "await sess.run of the same nested fetches and 2-entry feed_dict",
+        ),
+        Row(
+            "trace",
+            f"{s.chain_n:,} adds, FULL_TRACE",
+            "us/node",
             "the same chain untraced (sess.run(y, feed)), same session",
-            Target("<=", 4.0, relative=True)),
-        Row("trace.off", f"{s.chain_n:,} adds, trace off", "us/node",
-            "sess.run(y, feed) without options / run_metadata, same session"),
-        Row("overlap", f"{s.overlap_layers}x{s.overlap_width} async kernels",
+            Target("<=", 4.0, relative=True),
+        ),
+        Row(
+            "trace.off",
+            f"{s.chain_n:,} adds, trace off",
+            "us/node",
+            "sess.run(y, feed) without options / run_metadata, same session",
+        ),
+        Row(
+            "overlap",
+            f"{s.overlap_layers}x{s.overlap_width} async kernels",
             "total/cp",
             "asyncio.gather of each layer's coroutines, layer after layer",
-            Target("<=", 1.1, anchor_must_meet=True)),
-        Row("parallel", f"2x{s.matmul_chain} matmul {s.matmul_dim}^2", "speedup",
+            Target("<=", 1.1, anchor_must_meet=True),
+        ),
+        Row(
+            "parallel",
+            f"2x{s.matmul_chain} matmul {s.matmul_dim}^2",
+            "speedup",
             "the two chains on a 2-thread executor vs one after the other",
-            Target(">=", 1.6, anchor_must_meet=True), better="higher"),
-        Row("parallel.2dev", f"2x{s.matmul_chain} matmul, 2dev x 1thr", "speedup",
+            Target(">=", 1.6, anchor_must_meet=True),
+            better="higher",
+        ),
+        Row(
+            "parallel.2dev",
+            f"2x{s.matmul_chain} matmul, 2dev x 1thr",
+            "speedup",
             "the two chains on a 2-thread executor vs one after the other",
-            better="higher"),
-        Row("loop", f"{s.loop_n:,}-iter while_loop", "us/iter",
-            "Python while loop: np.less, np.add on np.int32 / np.float32 scalars"),
-        Row("loop.cond", f"{s.loop_cond_n:,} iters, cond body", "us/iter",
-            "the same Python loop with np.mod, np.equal and an if/else add/subtract"),
-        Row("queue", f"{s.queue_n:,} el, {s.queue_producers}+{s.queue_consumers} tasks",
+            better="higher",
+        ),
+        Row(
+            "loop",
+            f"{s.loop_n:,}-iter while_loop",
+            "us/iter",
+            "Python while loop: np.less, np.add on np.int32 / np.float32 scalars",
+        ),
+        Row(
+            "loop.cond",
+            f"{s.loop_cond_n:,} iters, cond body",
+            "us/iter",
+            "the same Python loop with np.mod, np.equal and an if/else add/subtract",
+        ),
+        Row(
+            "queue",
+            f"{s.queue_n:,} el, {s.queue_producers}+{s.queue_consumers} tasks",
             "el/s",
             f"asyncio.Queue({s.queue_capacity}), the same producer / consumer tasks",
-            better="higher"),
-        Row("variable", f"assign_add, {s.variable_tasks} tasks", "steps/s",
+            better="higher",
+        ),
+        Row(
+            "variable",
+            f"assign_add, {s.variable_tasks} tasks",
+            "steps/s",
             f"{s.variable_tasks} tasks: int += 1, then await asyncio.sleep(0)",
-            better="higher"),
-        Row("cnn", f"CNN, {s.cnn_batch}x{s.cnn_image}x{s.cnn_image}x3", "ms/batch",
-            "numpy calls of the same layers (the kernels without the runtime)"),
-        Row("scale.build", f"build {s.scale_n:,} nodes", "us/node", "",
-            Target("<=", 10.0)),
-        Row("scale.first_run", "first run (compiles)", "us/node",
-            "np.add loop (numpy floor) at the same length", Target("<=", 20.0)),
-        Row("scale.second_run", "second run (cached)", "us/node",
-            "np.add loop (numpy floor) at the same length"),
-        Row("scale.peak_rss", "peak RSS - RSS after imports", "MB", "",
-            Target("<=", 400.0)),
-        Row("scale.cond.second_run", f"{s.scale_n:,} chain + one cond, run", "us/node",
+            better="higher",
+        ),
+        Row(
+            "cnn",
+            f"CNN, {s.cnn_batch}x{s.cnn_image}x{s.cnn_image}x3",
+            "ms/batch",
+            "numpy calls of the same layers (the kernels without the runtime)",
+        ),
+        Row("scale.build", f"build {s.scale_n:,} nodes", "us/node", "", Target("<=", 10.0)),
+        Row(
+            "scale.first_run",
+            "first run (compiles)",
+            "us/node",
+            "np.add loop (numpy floor) at the same length",
+            Target("<=", 20.0),
+        ),
+        Row(
+            "scale.second_run",
+            "second run (cached)",
+            "us/node",
+            "np.add loop (numpy floor) at the same length",
+        ),
+        Row("scale.peak_rss", "peak RSS - RSS after imports", "MB", "", Target("<=", 400.0)),
+        Row(
+            "scale.cond.second_run",
+            f"{s.scale_n:,} chain + one cond, run",
+            "us/node",
             "the same chain without the cond (its own subprocess)",
-            Target("<=", 1.2, relative=True)),
-        Row("scale.cond.peak_rss", f"{s.scale_n:,} chain + one cond, RSS", "MB",
-            "the same chain without the cond (peak RSS)", Target("<=", 1.2, relative=True)),
+            Target("<=", 1.2, relative=True),
+        ),
+        Row(
+            "scale.cond.peak_rss",
+            f"{s.scale_n:,} chain + one cond, RSS",
+            "MB",
+            "the same chain without the cond (peak RSS)",
+            Target("<=", 1.2, relative=True),
+        ),
         *opt_rows(s),
-        Row("service.cpu", f"ASGI, c={s.service_concurrency}, sess.run", "us/req",
+        Row(
+            "service.cpu",
+            f"ASGI, c={s.service_concurrency}, sess.run",
+            "us/req",
             "the same app's asyncio.gather endpoint (same coroutines)",
-            Target("<=", 1.2, relative=True)),
-        Row("service.p50", "ASGI, p50 latency", "ms",
-            "the same app's asyncio.gather endpoint (same coroutines)"),
-        Row("service.p99", "ASGI, p99 latency", "ms",
+            Target("<=", 1.2, relative=True),
+        ),
+        Row(
+            "service.p50",
+            "ASGI, p50 latency",
+            "ms",
             "the same app's asyncio.gather endpoint (same coroutines)",
-            Target("<=", 1.5, relative=True)),
+        ),
+        Row(
+            "service.p99",
+            "ASGI, p99 latency",
+            "ms",
+            "the same app's asyncio.gather endpoint (same coroutines)",
+            Target("<=", 1.5, relative=True),
+        ),
     ]
     for row in rows:
         row.tf_target = TF_TARGETS.get(row.id)
@@ -225,8 +328,9 @@ def _xdev_chain_graph(af: Af, n: int, k: int) -> tuple[Any, Any, Any, int]:
 async def _send_ops(af: Af, sess: Any, fetch: Any, feed: dict[Any, Any]) -> int:
     """How many ``_Send`` ops the run's partition graphs hold (its cross-device edges)."""
     md = af.RunMetadata()
-    await sess.run(fetch, feed_dict=feed,
-                   options=af.RunOptions(output_partition_graphs=True), run_metadata=md)
+    await sess.run(
+        fetch, feed_dict=feed, options=af.RunOptions(output_partition_graphs=True), run_metadata=md
+    )
     return sum(node["op"] == "_Send" for pg in md.partition_graphs for node in pg["node"])
 
 
@@ -247,14 +351,16 @@ def xdev(k: int) -> Callable[[Af, Sizes, dict[str, Row]], None]:
         two = af.SessionConfig(device_count={"CPU": 2})
 
         async def main() -> tuple[list[float], list[float]]:
-            async with (af.Session(graph=g1) as one_dev,
-                        af.Session(graph=g2, config=two) as two_dev):
+            async with af.Session(graph=g1) as one_dev, af.Session(graph=g2, config=two) as two_dev:
                 for sess, x, y in ((one_dev, x1, y1), (two_dev, x2, y2)):
                     value = await sess.run(y, feed_dict={x: 0.0})
                     _check(value == n, f"xdev chain computed {value!r}, expected {n}")
                 sends = await _send_ops(af, two_dev, y2, {x2: 0.0})
-                _check(sends == edges, f"the 2-device chain has {sends} _Send ops, "
-                                       f"expected {edges} cross-device edges")
+                _check(
+                    sends == edges,
+                    f"the 2-device chain has {sends} _Send ops, "
+                    f"expected {edges} cross-device edges",
+                )
                 two_times, one_times = [], []
                 for _ in range(s.repeats):
                     one_times.append(await _atimed(lambda: one_dev.run(y1, feed_dict={x1: 0.0})))
@@ -270,19 +376,22 @@ def xdev(k: int) -> Callable[[Af, Sizes, dict[str, Row]], None]:
     return workload
 
 
-def xdev_note(n: int, edges: int, two_times: list[float], one_times: list[float],
-              who: str = "") -> str:
+def xdev_note(
+    n: int, edges: int, two_times: list[float], one_times: list[float], who: str = ""
+) -> str:
     """The xdev row's note: medians, and the per-edge cost derived from paired repeats
     (shared with TF's anchor, which is measured the same way)."""
     from statistics import median
 
     per_edge = median(t2 - t1 for t2, t1 in zip(two_times, one_times, strict=True))
-    return (f"{who}median {median(two_times) / n * 1e6:.2f} us/op on 2 devices, "
-            f"{median(one_times) / n * 1e6:.2f} on 1 device (best "
-            f"{min(two_times) / n * 1e6:.2f} / {min(one_times) / n * 1e6:.2f}); derived: "
-            f"{per_edge / max(edges, 1) * 1e6:.2f} us per send/recv edge (median over the "
-            f"{len(two_times)} paired repeats of (2-device run - 1-device run) / {edges:,} "
-            f"edges)")
+    return (
+        f"{who}median {median(two_times) / n * 1e6:.2f} us/op on 2 devices, "
+        f"{median(one_times) / n * 1e6:.2f} on 1 device (best "
+        f"{min(two_times) / n * 1e6:.2f} / {min(one_times) / n * 1e6:.2f}); derived: "
+        f"{per_edge / max(edges, 1) * 1e6:.2f} us per send/recv edge (median over the "
+        f"{len(two_times)} paired repeats of (2-device run - 1-device run) / {edges:,} "
+        f"edges)"
+    )
 
 
 # --------------------------------------------------------------------------- wide
@@ -301,8 +410,11 @@ def wide(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         return np.sum([np.add(xv, onev) for _ in range(n)], dtype=np.float32)
 
     # Optimizer off (as TF's anchor): CSE would merge the n identical adds into one.
-    config = af.SessionConfig(graph_options=af.GraphOptions(
-        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+    config = af.SessionConfig(
+        graph_options=af.GraphOptions(
+            optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)
+        )
+    )
 
     async def main() -> tuple[list[float], list[float], int | None]:
         async with af.Session(graph=g, config=config) as sess:
@@ -321,8 +433,10 @@ def wide(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     if executed is not None:
         row.notes.append(f"a traced run executed {executed:,} nodes for {n:,} adds")
         if executed < n:
-            row.notes.append("WARNING: the optimizer merged the identical adds (CSE); "
-                             "the figure is not the cost of n executed nodes")
+            row.notes.append(
+                "WARNING: the optimizer merged the identical adds (CSE); "
+                "the figure is not the cost of n executed nodes"
+            )
 
 
 # --------------------------------------------------------------------------- tiny
@@ -391,8 +505,10 @@ def tiny(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     row = rows["tiny.run_sync"]
     row.record(ours, anchor, per=lambda t: t / sync_calls * 1e6)
     if row.ours < row.anchor:
-        row.notes.append("faster than asyncio.run itself: run_sync of a plan made only of "
-                         "inline kernels never creates an event loop")
+        row.notes.append(
+            "faster than asyncio.run itself: run_sync of a plan made only of "
+            "inline kernels never creates an event loop"
+        )
 
     # run_sync of a plan that needs a loop: the session's loop for this thread, kept
     # across calls, against a fresh loop per call.
@@ -445,7 +561,8 @@ def concurrent_runs(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             async def ours_batches() -> None:
                 for _ in range(batches):
                     results["ours"] = await asyncio.gather(
-                        *(sess.run(y, feed_dict={x: 1.0}) for _ in range(runs)))
+                        *(sess.run(y, feed_dict={x: 1.0}) for _ in range(runs))
+                    )
 
             async def anchor_batches() -> None:
                 v = np.float32(1.0)
@@ -457,8 +574,10 @@ def concurrent_runs(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
                 anchor.append(await _atimed(anchor_batches))
                 ours.append(await _atimed(ours_batches))
                 for key, got in results.items():
-                    _check(len(got) == runs and all(v == 4.0 for v in got),
-                           f"concurrent ({key}): {len(got)} results, not {runs} times 4.0")
+                    _check(
+                        len(got) == runs and all(v == 4.0 for v in got),
+                        f"concurrent ({key}): {len(got)} results, not {runs} times 4.0",
+                    )
             return ours, anchor
 
     ours, anchor = asyncio.run(main())
@@ -469,7 +588,8 @@ def concurrent_runs(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     row.notes.append(
         f"{batches} x asyncio.gather of {runs:,} `await sess.run(y, feed_dict={{x: 1.0}})` "
         f"per repeat (one session); {1e6 / row.ours:.2f} us per run vs "
-        f"{1e6 / row.anchor:.2f} us per gathered coroutine")
+        f"{1e6 / row.anchor:.2f} us per gathered coroutine"
+    )
 
 
 # --------------------------------------------------------------------------- callable
@@ -518,8 +638,10 @@ def callable_(nested: bool) -> Callable[[Af, Sizes, dict[str, Row]], None]:
             async with af.Session(graph=g) as sess:
                 fn = sess.make_callable(fetches, feed_list=feed_list)
                 for got in (await sess.run(fetches, feed_dict=feed), await fn(*values)):
-                    _check(got == expected and _shape_of(got) == _shape_of(expected),
-                           f"{row_id} computed {got!r}, expected {expected!r}")
+                    _check(
+                        got == expected and _shape_of(got) == _shape_of(expected),
+                        f"{row_id} computed {got!r}, expected {expected!r}",
+                    )
 
                 async def run_calls() -> None:
                     for _ in range(calls):
@@ -540,12 +662,16 @@ def callable_(nested: bool) -> Callable[[Af, Sizes, dict[str, Row]], None]:
         row.record(ours, anchor, per=lambda t: t / calls * 1e6)
         assert row.ours is not None
         assert row.anchor is not None
-        what = ("fetches {'a': [y, z], 'b': (y,)}, feeds x=1.0, w=3.0" if nested
-                else "tiny.run's graph, fetch y, feed x=1.0")
+        what = (
+            "fetches {'a': [y, z], 'b': (y,)}, feeds x=1.0, w=3.0"
+            if nested
+            else "tiny.run's graph, fetch y, feed x=1.0"
+        )
         row.notes.append(
             f"{what} (Python floats, converted on every call by both); best of "
             f"{s.repeats} x {calls:,} calls each; the callable saves "
-            f"{row.anchor - row.ours:.2f} us per call")
+            f"{row.anchor - row.ours:.2f} us per call"
+        )
 
     workload.__name__ = row_id.replace(".", "_")
     return workload
@@ -574,15 +700,21 @@ def trace(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             ours, anchor = [], []
             for _ in range(s.repeats):
                 anchor.append(await _atimed(lambda: sess.run(y, feed_dict=feed)))
-                ours.append(await _atimed(lambda: sess.run(
-                    y, feed_dict=feed, options=full, run_metadata=af.RunMetadata())))
+                ours.append(
+                    await _atimed(
+                        lambda: sess.run(
+                            y, feed_dict=feed, options=full, run_metadata=af.RunMetadata()
+                        )
+                    )
+                )
             # Reading the stats makes the NodeExecStats (lazily, once): timed apart.
             reads = []
             for _ in range(s.repeats):
                 md = af.RunMetadata()
                 await sess.run(y, feed_dict=feed, options=full, run_metadata=md)
-                reads.append(timed(lambda md=md: [len(d.node_stats)
-                                                  for d in md.step_stats.dev_stats]))
+                reads.append(
+                    timed(lambda md=md: [len(d.node_stats) for d in md.step_stats.dev_stats])
+                )
             return ours, anchor, recorded, min(reads)
 
     ours, anchor, recorded, read = asyncio.run(main())
@@ -592,16 +724,19 @@ def trace(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         f"reading the stats of a traced run (md.step_stats...node_stats, made on first "
         f"read) costs another {read / n * 1e6:.2f} us/node, not in this row: a traced "
         f"run whose stats are read costs {(min(ours) + read) / n * 1e6:.2f} us/node "
-        f"({(min(ours) + read) / min(anchor):.1f}x the untraced run)")
+        f"({(min(ours) + read) / min(anchor):.1f}x the untraced run)"
+    )
     row.notes.append(
         f"traced: sess.run(y, feed, options=RunOptions(trace_level=FULL_TRACE), "
         f"run_metadata=RunMetadata()) (a fresh RunMetadata each run; {recorded:,} node "
         f"stats recorded; no Chrome timeline built) vs untraced sess.run(y, feed); "
-        f"ours/anc = the traced slowdown")
+        f"ours/anc = the traced slowdown"
+    )
     row.notes.append(
         "both runs take the synchronous fast path and replay the plan's static "
         "schedule (traced: with the traced kernels, one clock read per node; the "
-        "node stats are made when step_stats is read: see the next note)")
+        "node stats are made when step_stats is read: see the next note)"
+    )
 
 
 def trace_off(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
@@ -615,17 +750,28 @@ def trace_off(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
 
     async def main() -> dict[str, list[float]]:
         async with af.Session(graph=g) as sess:
-            for kw in ({}, {"options": off, "run_metadata": None},
-                       {"options": off, "run_metadata": af.RunMetadata()}):
+            for kw in (
+                {},
+                {"options": off, "run_metadata": None},
+                {"options": off, "run_metadata": af.RunMetadata()},
+            ):
                 value = await sess.run(y, feed_dict=feed, **kw)
                 _check(value == n, f"chain computed {value!r}, expected {n}")
             times: dict[str, list[float]] = {"plain": [], "off": [], "off_md": []}
             for _ in range(s.repeats):
                 times["plain"].append(await _atimed(lambda: sess.run(y, feed_dict=feed)))
-                times["off"].append(await _atimed(lambda: sess.run(
-                    y, feed_dict=feed, options=off, run_metadata=None)))
-                times["off_md"].append(await _atimed(lambda: sess.run(
-                    y, feed_dict=feed, options=off, run_metadata=af.RunMetadata())))
+                times["off"].append(
+                    await _atimed(
+                        lambda: sess.run(y, feed_dict=feed, options=off, run_metadata=None)
+                    )
+                )
+                times["off_md"].append(
+                    await _atimed(
+                        lambda: sess.run(
+                            y, feed_dict=feed, options=off, run_metadata=af.RunMetadata()
+                        )
+                    )
+                )
             return times
 
     times = asyncio.run(main())
@@ -636,13 +782,15 @@ def trace_off(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         f"sess.run(y, feed, options=RunOptions(), run_metadata=None) vs sess.run(y, feed), "
         f"interleaved in one session: ours/anc ~1.00x means tracing off costs nothing; "
         f"also timed: RunOptions() with a RunMetadata {best['off_md']:.3f} us/node "
-        f"({best['off_md'] / best['plain']:.2f}x)")
+        f"({best['off_md'] / best['plain']:.2f}x)"
+    )
     chain_row = rows.get("chain")
     if chain_row is not None and chain_row.ours is not None:
         row.notes.append(
             f"the chain row, measured earlier in this process (its own session): "
             f"{chain_row.ours:.3f} us/node; this row's untraced anchor is "
-            f"{best['plain'] / chain_row.ours:.2f}x that")
+            f"{best['plain'] / chain_row.ours:.2f}x that"
+        )
 
 
 # --------------------------------------------------------------------------- overlap
@@ -671,15 +819,16 @@ def overlap(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     async def plain() -> Any:
         v = np.float32(0.0)
         for _ in range(layers):
-            v = np.sum(await asyncio.gather(*(sleeper(v) for _ in range(width))),
-                       dtype=np.float32)
+            v = np.sum(await asyncio.gather(*(sleeper(v) for _ in range(width))), dtype=np.float32)
         return v
 
     async def main() -> tuple[list[float], list[float]]:
         async with af.Session(graph=g) as sess:
             value = await sess.run(b, feed_dict={x: 0.0})
-            _check(bool(np.isclose(value, expected, rtol=1e-5)),
-                   f"overlap graph computed {value!r}, expected {expected!r}")
+            _check(
+                bool(np.isclose(value, expected, rtol=1e-5)),
+                f"overlap graph computed {value!r}, expected {expected!r}",
+            )
             ours, anchor = [], []
             for _ in range(s.slow_repeats):
                 anchor.append(await _atimed(plain))
@@ -689,8 +838,10 @@ def overlap(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     ours, anchor = asyncio.run(main())
     row = rows["overlap"]
     row.record(ours, anchor, per=lambda t: t / critical_path)
-    row.notes.append(f"critical path {critical_path * 1e3:.0f} ms; asyncflow's best step "
-                     f"{min(ours) * 1e3:.1f} ms")
+    row.notes.append(
+        f"critical path {critical_path * 1e3:.0f} ms; asyncflow's best step "
+        f"{min(ours) * 1e3:.1f} ms"
+    )
 
 
 # --------------------------------------------------------------------------- parallel
@@ -759,8 +910,9 @@ class _CoresTimer:
         return {key: statistics.median(v) for key, v in self.times.items()}
 
 
-def _record_speedups(row: Row, timer: _CoresTimer, ours: tuple[str, str],
-                     anchor: tuple[str, str]) -> None:
+def _record_speedups(
+    row: Row, timer: _CoresTimer, ours: tuple[str, str], anchor: tuple[str, str]
+) -> None:
     """A speedup row: the best time of ``ours[0]`` over the best of ``ours[1]`` (the
     anchor likewise), and the same ratio of the medians."""
     best, median = timer.best(), timer.median()
@@ -770,8 +922,9 @@ def _record_speedups(row: Row, timer: _CoresTimer, ours: tuple[str, str],
     row.repeats = len(timer.times[ours[0]])
 
 
-def _plain_chains(w_val: Any, a_val: Any, k: int,
-                  pool: concurrent.futures.ThreadPoolExecutor) -> dict[str, Callable[[], object]]:
+def _plain_chains(
+    w_val: Any, a_val: Any, k: int, pool: concurrent.futures.ThreadPoolExecutor
+) -> dict[str, Callable[[], object]]:
     """The numpy anchor: both chains one after the other, and on two threads."""
 
     def plain_chain() -> Any:
@@ -791,24 +944,33 @@ def _plain_chains(w_val: Any, a_val: Any, k: int,
     return {"chain": plain_chain, "serial": plain_serial, "threads": plain_threads}
 
 
-async def _time_sessions(timer: _CoresTimer, sessions: dict[str, Any], plain: dict[str, Any],
-                         heads: dict[str, tuple[Any, Any]], a_val: Any, repeats: int) -> None:
+async def _time_sessions(
+    timer: _CoresTimer,
+    sessions: dict[str, Any],
+    plain: dict[str, Any],
+    heads: dict[str, tuple[Any, Any]],
+    a_val: Any,
+    repeats: int,
+) -> None:
     """Check every session's result, then alternate the anchor and the sessions
     repeat by repeat.  ``heads`` maps a session's key to its (placeholder, fetches)."""
     expected = plain["chain"]()
     for key, sess in sessions.items():
         a, fetches = heads[key]
         out = await sess.run(fetches, feed_dict={a: a_val})
-        _check(all(np.allclose(o, expected, rtol=1e-4, atol=1e-4) for o in out),
-               f"parallel graph ({key}) computed a wrong product")
+        _check(
+            all(np.allclose(o, expected, rtol=1e-4, atol=1e-4) for o in out),
+            f"parallel graph ({key}) computed a wrong product",
+        )
     plain["threads"]()
     for _ in range(repeats):
         timer.run("serial", plain["serial"])
         timer.run("threads", plain["threads"])
         for key, sess in sessions.items():
             a, fetches = heads[key]
-            await timer.arun(key, lambda sess=sess, a=a, fetches=fetches:
-                             sess.run(fetches, feed_dict={a: a_val}))
+            await timer.arun(
+                key, lambda sess=sess, a=a, fetches=fetches: sess.run(fetches, feed_dict={a: a_val})
+            )
 
 
 def parallel(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
@@ -819,14 +981,23 @@ def parallel(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     pool = concurrent.futures.ThreadPoolExecutor(2)
 
     async def main() -> None:
-        configs = {key: af.SessionConfig(inter_op_parallelism_threads=int(key))
-                   for key in ("1", "2", "0")}
-        async with (af.Session(graph=g, config=configs["1"]) as s1,
-                    af.Session(graph=g, config=configs["2"]) as s2,
-                    af.Session(graph=g, config=configs["0"]) as s0):
+        configs = {
+            key: af.SessionConfig(inter_op_parallelism_threads=int(key)) for key in ("1", "2", "0")
+        }
+        async with (
+            af.Session(graph=g, config=configs["1"]) as s1,
+            af.Session(graph=g, config=configs["2"]) as s2,
+            af.Session(graph=g, config=configs["0"]) as s0,
+        ):
             sessions = {"1": s1, "2": s2, "0": s0}
-            await _time_sessions(timer, sessions, _plain_chains(w_val, a_val, k, pool),
-                                 dict.fromkeys(sessions, (a, heads)), a_val, s.slow_repeats)
+            await _time_sessions(
+                timer,
+                sessions,
+                _plain_chains(w_val, a_val, k, pool),
+                dict.fromkeys(sessions, (a, heads)),
+                a_val,
+                s.slow_repeats,
+            )
 
     try:
         asyncio.run(main())
@@ -839,11 +1010,13 @@ def parallel(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         f"best step: 1 thread {best['1'] * 1e3:.1f} ms, 2 threads {best['2'] * 1e3:.1f} ms, "
         f"default config (0 = one per core) {best['0'] * 1e3:.1f} ms "
         f"(speedup {best['1'] / best['0']:.2f}); plain numpy serial "
-        f"{best['serial'] * 1e3:.1f} ms")
+        f"{best['serial'] * 1e3:.1f} ms"
+    )
     row.notes.append(
         f"cores busy (process CPU s / wall s) in those steps: asyncflow 1 thread "
         f"{cores_used['1']:.2f}, 2 threads {cores_used['2']:.2f}; plain threads "
-        f"{cores_used['threads']:.2f}")
+        f"{cores_used['threads']:.2f}"
+    )
 
 
 def parallel_2dev(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
@@ -859,16 +1032,19 @@ def parallel_2dev(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     async def main() -> None:
         one = af.SessionConfig(inter_op_parallelism_threads=1)
         two = af.SessionConfig(device_count={"CPU": 2}, inter_op_parallelism_threads=1)
-        async with (af.Session(graph=g1, config=one) as s1,
-                    af.Session(graph=g2, config=two) as s2):
+        async with af.Session(graph=g1, config=one) as s1, af.Session(graph=g2, config=two) as s2:
             # The feed a crosses to /cpu:1's chain and that chain's head back to the
             # client on /cpu:0, as TF places feeds and fetches.
             sends = await _send_ops(af, s2, heads2, {a2: a_val})
             _check(sends == 2, f"the 2-device matmul graph has {sends} _Send ops, expected 2")
-            await _time_sessions(timer, {"1dev": s1, "2dev": s2},
-                                 _plain_chains(w_val, a_val, k, pool),
-                                 {"1dev": (a1, heads1), "2dev": (a2, heads2)}, a_val,
-                                 s.slow_repeats)
+            await _time_sessions(
+                timer,
+                {"1dev": s1, "2dev": s2},
+                _plain_chains(w_val, a_val, k, pool),
+                {"1dev": (a1, heads1), "2dev": (a2, heads2)},
+                a_val,
+                s.slow_repeats,
+            )
 
     try:
         asyncio.run(main())
@@ -880,11 +1056,13 @@ def parallel_2dev(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     row.notes.append(
         f"best step: 1 device x 1 thread {best['1dev'] * 1e3:.1f} ms, 2 devices x 1 thread "
         f"{best['2dev'] * 1e3:.1f} ms; plain numpy serial {best['serial'] * 1e3:.1f} ms; "
-        f"no target given: >= 1.6 is what the single-device parallel target asks")
+        f"no target given: >= 1.6 is what the single-device parallel target asks"
+    )
     row.notes.append(
         f"cores busy (process CPU s / wall s) in those steps: asyncflow 1 device "
         f"{cores_used['1dev']:.2f}, 2 devices {cores_used['2dev']:.2f}; plain threads "
-        f"{cores_used['threads']:.2f}")
+        f"{cores_used['threads']:.2f}"
+    )
 
 
 # --------------------------------------------------------------------------- loop
@@ -909,9 +1087,12 @@ def _loop_graph(af: Af, with_cond: bool, parallel_iterations: int) -> tuple[Any,
     g = af.Graph()
     with g.as_default():
         n = af.placeholder(af.int32, shape=(), name="n")
-        fetches = af.while_loop(lambda i, acc: i < n, _loop_body(af, with_cond),
-                                (af.constant(0), af.constant(np.float32(0.0))),
-                                parallel_iterations=parallel_iterations)
+        fetches = af.while_loop(
+            lambda i, acc: i < n,
+            _loop_body(af, with_cond),
+            (af.constant(0), af.constant(np.float32(0.0))),
+            parallel_iterations=parallel_iterations,
+        )
     return g, n, fetches
 
 
@@ -952,16 +1133,20 @@ def loop(with_cond: bool) -> Callable[[Af, Sizes, dict[str, Row]], None]:
         expected = _loop_expected(n, with_cond)
         plain = _python_loop(n, with_cond)
         anchor_value = plain()
-        _check((int(anchor_value[0]), float(anchor_value[1])) == expected,
-               f"the Python {row_id} anchor computed {anchor_value!r}, expected {expected!r}")
+        _check(
+            (int(anchor_value[0]), float(anchor_value[1])) == expected,
+            f"the Python {row_id} anchor computed {anchor_value!r}, expected {expected!r}",
+        )
         short = 100
 
         async def main() -> tuple[list[float], list[float]]:
             async with af.Session(graph=g) as sess:
                 value = await sess.run(fetches, feed_dict={n_ph: short})  # compiles
                 want = _loop_expected(short, with_cond)
-                _check((int(value[0]), float(value[1])) == want,
-                       f"{row_id} computed {value!r} for n={short}, expected {want!r}")
+                _check(
+                    (int(value[0]), float(value[1])) == want,
+                    f"{row_id} computed {value!r} for n={short}, expected {want!r}",
+                )
                 ours, anchor = [], []
                 for _ in range(s.repeats):
                     anchor.append(timed(plain))
@@ -969,8 +1154,10 @@ def loop(with_cond: bool) -> Callable[[Af, Sizes, dict[str, Row]], None]:
                     start = clock()
                     value = await sess.run(fetches, feed_dict={n_ph: n})
                     ours.append(clock() - start)
-                    _check((int(value[0]), float(value[1])) == expected,
-                           f"{row_id} computed {value!r}, expected {expected!r}")
+                    _check(
+                        (int(value[0]), float(value[1])) == expected,
+                        f"{row_id} computed {value!r}, expected {expected!r}",
+                    )
                 return ours, anchor
 
         ours, anchor = asyncio.run(main())
@@ -980,12 +1167,14 @@ def loop(with_cond: bool) -> Callable[[Af, Sizes, dict[str, Row]], None]:
         # The nodes an iteration executes, live or dead: every op of the loop frame but
         # its Enters, which run once per loop (the Exits run dead until the last one;
         # the untaken branch of the cond runs dead).
-        per_iter = sum(1 for op in g.get_operations()
-                       if op.name.startswith("while/") and op.type != "Enter")
+        per_iter = sum(
+            1 for op in g.get_operations() if op.name.startswith("while/") and op.type != "Enter"
+        )
         row.notes.append(
             f"parallel_iterations={pi}; asyncflow's best run {min(ours):.2f} s; an "
             f"iteration executes {per_iter} nodes, live or dead ({row.ours / per_iter:.2f} "
-            f"us per node)")
+            f"us per node)"
+        )
 
     workload.__name__ = row_id.replace(".", "_")
     return workload
@@ -1003,8 +1192,11 @@ def _check_exactly_once(what: str, received: list[list[int]], total: int) -> Non
     got = sorted(v for part in received for v in part)
     if got != list(range(total)):
         missing = len(set(range(total)) - set(got))
-        _check(False, f"{what}: {len(got):,} elements received for {total:,} sent "
-                       f"({missing:,} missing, {len(got) - len(set(got)):,} duplicated)")
+        _check(
+            False,
+            f"{what}: {len(got):,} elements received for {total:,} sent "
+            f"({missing:,} missing, {len(got) - len(set(got)):,} duplicated)",
+        )
 
 
 def queue(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
@@ -1035,8 +1227,9 @@ def queue(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             for _ in range(shares[k]):
                 out.append(await aq.get())
 
-        await asyncio.gather(*(produce(k) for k in range(producers)),
-                             *(consume(k) for k in range(consumers)))
+        await asyncio.gather(
+            *(produce(k) for k in range(producers)), *(consume(k) for k in range(consumers))
+        )
         return received
 
     async def main() -> tuple[list[float], list[float]]:
@@ -1058,8 +1251,12 @@ def queue(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
                         out.append(int(await sess.run(deq)))
 
                 await asyncio.wait_for(
-                    asyncio.gather(*(produce(k) for k in range(producers)),
-                                   *(consume(k) for k in range(consumers))), timeout)
+                    asyncio.gather(
+                        *(produce(k) for k in range(producers)),
+                        *(consume(k) for k in range(consumers)),
+                    ),
+                    timeout,
+                )
                 return received
 
             ours, anchor = [], []
@@ -1085,7 +1282,8 @@ def queue(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     row.notes.append(
         f"capacity {s.queue_capacity}, {producers} producer + {consumers} consumer tasks; "
         f"every element arrived exactly once; {1e6 / row.ours:.1f} us per element = two "
-        f"steps (an enqueue, a dequeue), best run {min(ours):.2f} s")
+        f"steps (an enqueue, a dequeue), best run {min(ours):.2f} s"
+    )
 
 
 # --------------------------------------------------------------------------- variable
@@ -1156,13 +1354,20 @@ def variable(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     assert row.ours is not None
     row.notes.append(
         f"{tasks} tasks x {total // tasks:,} steps; the variable ended exactly at {total:,} "
-        f"every run; {1e6 / row.ours:.2f} us per step, best run {min(ours):.2f} s")
+        f"every run; {1e6 / row.ours:.2f} us per step, best run {min(ours):.2f} s"
+    )
     sequential = switches < tasks
     row.notes.append(
         f"untimed check ({tasks} tasks x 3 steps): consecutive steps changed task "
-        f"{switches} times" + (": an all-inline plan's `await sess.run` never yields to the loop, so "
-                    "each task's steps run back to back (the anchor's sleep(0) switches "
-                    "task on every update)" if sequential else ""))
+        f"{switches} times"
+        + (
+            ": an all-inline plan's `await sess.run` never yields to the loop, so "
+            "each task's steps run back to back (the anchor's sleep(0) switches "
+            "task on every update)"
+            if sequential
+            else ""
+        )
+    )
 
 
 # --------------------------------------------------------------------------- cnn
@@ -1188,8 +1393,10 @@ def cnn(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     async def main() -> tuple[list[float], list[float]]:
         async with af.Session(graph=g) as sess:
             got = await sess.run(probs, feed_dict={x: x_val})  # compiles
-            _check(bool(np.allclose(got, expected, rtol=1e-4, atol=1e-6)),
-                   "the CNN's probabilities differ from numpy's")
+            _check(
+                bool(np.allclose(got, expected, rtol=1e-4, atol=1e-6)),
+                "the CNN's probabilities differ from numpy's",
+            )
             ours, anchor = [], []
             for _ in range(s.repeats):
                 anchor.append(timed(plain))
@@ -1199,8 +1406,10 @@ def cnn(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     ours, anchor = asyncio.run(main())
     row = rows["cnn"]
     row.record(ours, anchor, per=lambda t: t * 1e3)
-    row.notes.append(f"{len(g.get_operations())} ops; the TF anchor runs the same "
-                     f"model (same weights) with TF's default session config")
+    row.notes.append(
+        f"{len(g.get_operations())} ops; the TF anchor runs the same "
+        f"model (same weights) with TF's default session config"
+    )
 
 
 # --------------------------------------------------------------------------- scale
@@ -1243,26 +1452,32 @@ def scale(af: Af, s: Sizes, rows: dict[str, Row], with_tf: bool = False) -> None
         rows[key].anchor_median = statistics.median(floor_times) / s.scale_n * 1e6
     rows["scale.build"].notes.append(
         f"best of {s.scale_repeats} fresh subprocesses per engine"
-        + (", asyncflow's and TF's alternating" if with_tf else ""))
+        + (", asyncflow's and TF's alternating" if with_tf else "")
+    )
     if with_tf and tf_error is not None:
         for key in ("scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss"):
             rows[key].tf_note = "error"
         rows["scale.build"].notes.append(f"TF scale subprocess failed: {tf_error}")
     if with_tf and s.tf_scale_n != s.scale_n:
         rows["scale.build"].notes.append(
-            f"TF's scale figures are for a {s.tf_scale_n:,}-node chain")
+            f"TF's scale figures are for a {s.tf_scale_n:,}-node chain"
+        )
 
     def memory(engine: str, what: str) -> str:
         r = min(results[engine], key=lambda r: r["scale.peak_rss"])
-        return (f"{what}: peak {r['peak_abs_mb']:.0f} MB - {r['imports_rss_mb']:.0f} MB after "
-                f"its imports = {r['scale.peak_rss']:.0f} MB (the child started at "
-                f"{r['start_rss_mb']:.0f} MB)")
+        return (
+            f"{what}: peak {r['peak_abs_mb']:.0f} MB - {r['imports_rss_mb']:.0f} MB after "
+            f"its imports = {r['scale.peak_rss']:.0f} MB (the child started at "
+            f"{r['start_rss_mb']:.0f} MB)"
+        )
 
     rows["scale.peak_rss"].notes.append(
         "each engine in a fresh subprocess: (peak RSS after the workload) - (RSS after "
         "the engine's imports), both measured the same way; absolute figures from the "
-        "same interpreter start: " + memory("asyncflow", "asyncflow")
-        + ("; " + memory("tf", "TF 1.x") if results.get("tf") else ""))
+        "same interpreter start: "
+        + memory("asyncflow", "asyncflow")
+        + ("; " + memory("tf", "TF 1.x") if results.get("tf") else "")
+    )
 
 
 def scale_cond(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
@@ -1279,11 +1494,14 @@ def scale_cond(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             if "_error" in result:
                 raise RuntimeError(f"scale subprocess failed: {result['_error']}")
             out.append(result)
-    for row_id, key in (("scale.cond.second_run", "scale.second_run"),
-                        ("scale.cond.peak_rss", "scale.peak_rss")):
+    for row_id, key in (
+        ("scale.cond.second_run", "scale.second_run"),
+        ("scale.cond.peak_rss", "scale.peak_rss"),
+    ):
         rows[row_id].record([r[key] for r in cond], [r[key] for r in plain])
     rows["scale.cond.peak_rss"].notes.append(
-        "peak RSS - RSS after the imports, each in its own subprocess (as scale.peak_rss)")
+        "peak RSS - RSS after the imports, each in its own subprocess (as scale.peak_rss)"
+    )
 
 
 # --------------------------------------------------------------------------- service
@@ -1299,27 +1517,39 @@ def service(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     missing = svc.missing_modules()
     if missing:
         for row_id in ids:
-            rows[row_id].skipped = (f"not installed: {', '.join(missing)} (the bench extra: "
-                                    f"pip install -e \".[bench]\")")
+            rows[row_id].skipped = (
+                f'not installed: {", ".join(missing)} (the bench extra: pip install -e ".[bench]")'
+            )
         return
-    reps = svc.measure(s.service_requests, s.service_concurrency, s.service_sleep,
-                       s.service_repeats)
+    reps = svc.measure(
+        s.service_requests, s.service_concurrency, s.service_sleep, s.service_repeats
+    )
     by = {ep: [r for r in reps if r.endpoint == ep] for ep in svc.ENDPOINTS}
     n = s.service_requests
-    rows["service.cpu"].record([r.server_cpu / n for r in by["run"]],
-                               [r.server_cpu / n for r in by["gather"]], per=lambda t: t * 1e6)
-    rows["service.p50"].record([r.percentile(0.5) for r in by["run"]],
-                               [r.percentile(0.5) for r in by["gather"]], per=lambda t: t * 1e3)
-    rows["service.p99"].record([r.percentile(0.99) for r in by["run"]],
-                               [r.percentile(0.99) for r in by["gather"]],
-                               per=lambda t: t * 1e3)
+    rows["service.cpu"].record(
+        [r.server_cpu / n for r in by["run"]],
+        [r.server_cpu / n for r in by["gather"]],
+        per=lambda t: t * 1e6,
+    )
+    rows["service.p50"].record(
+        [r.percentile(0.5) for r in by["run"]],
+        [r.percentile(0.5) for r in by["gather"]],
+        per=lambda t: t * 1e3,
+    )
+    rows["service.p99"].record(
+        [r.percentile(0.99) for r in by["run"]],
+        [r.percentile(0.99) for r in by["gather"]],
+        per=lambda t: t * 1e3,
+    )
 
     def summary(ep: str) -> str:
         best = min(by[ep], key=lambda r: r.wall)
         gc_counts = "/".join(str(c) for c in best.gc_collections)
-        return (f"/{ep} {n / best.wall:,.0f} req/s, load generator "
-                f"{best.client_cpu / n * 1e6:.0f} us CPU/req, server GC collections "
-                f"(gen 0/1/2) {gc_counts}")
+        return (
+            f"/{ep} {n / best.wall:,.0f} req/s, load generator "
+            f"{best.client_cpu / n * 1e6:.0f} us CPU/req, server GC collections "
+            f"(gen 0/1/2) {gc_counts}"
+        )
 
     import uvicorn
 
@@ -1330,7 +1560,8 @@ def service(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         f"alternating; each request awaits two {s.service_sleep * 1e3:g} ms sleeps (I/O "
         f"stand-ins) and 3 numpy ops: /run as sess.run of a graph with 2 async py_funcs, "
         f"/gather as asyncio.gather of the same coroutines (the anchor); CPU = server "
-        f"process CPU time / requests; latency at the client")
+        f"process CPU time / requests; latency at the client"
+    )
     rows["service.cpu"].notes.append(f"best repeats: {summary('run')}; {summary('gather')}")
 
 

@@ -40,13 +40,11 @@ def build_graph() -> tuple[af.Graph, af.Tensor, af.Tensor]:
         profile = af.py_func(fetch_profile, [user_id], af.float32, name="profile")
         history = af.py_func(fetch_history, [user_id], af.float32, name="history")
         weights = af.constant(np.array([0.5, 0.25, 1.0], np.float32), name="weights")
-        score = af.add(af.reduce_sum(profile * weights), af.reduce_mean(history),
-                       name="score")
+        score = af.add(af.reduce_sum(profile * weights), af.reduce_mean(history), name="score")
     return g, user_id, score
 
 
-async def handle_request(sess: af.Session, user_id: af.Tensor, score: af.Tensor,
-                         uid: int) -> float:
+async def handle_request(sess: af.Session, user_id: af.Tensor, score: af.Tensor, uid: int) -> float:
     return float(await sess.run(score, feed_dict={user_id: uid}))
 
 
@@ -60,8 +58,10 @@ async def main() -> None:
     for uid, s in zip(uids, scores, strict=True):
         print(f"user {uid}: score {s:.2f}")
     sequential = len(uids) * 2 * LATENCY_S
-    print(f"handled {len(uids)} requests in {elapsed * 1000:.0f} ms "
-          f"(the same I/O done one call at a time: {sequential * 1000:.0f} ms)")
+    print(
+        f"handled {len(uids)} requests in {elapsed * 1000:.0f} ms "
+        f"(the same I/O done one call at a time: {sequential * 1000:.0f} ms)"
+    )
 
 
 if __name__ == "__main__":

@@ -40,9 +40,20 @@ class Deployment:
     def start_scheduler(self) -> str:
         path = self.tmp / "scheduler.json"
         self.procs["scheduler"] = subprocess.Popen(
-            [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-             "--scheduler-file", str(path)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                DASK,
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(path),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -53,9 +64,22 @@ class Deployment:
 
     def start_worker(self, address: str, name: str) -> None:
         self.procs[name] = subprocess.Popen(
-            [DASK, "worker", address, "--host", "127.0.0.1", "--name", name, "--nthreads",
-             "1", "--no-nanny", "--no-dashboard"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                DASK,
+                "worker",
+                address,
+                "--host",
+                "127.0.0.1",
+                "--name",
+                name,
+                "--nthreads",
+                "1",
+                "--no-nanny",
+                "--no-dashboard",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)
@@ -84,17 +108,24 @@ def build() -> tuple[af.Graph, af.Tensor, af.Tensor]:
                 grads.append(af.reduce_mean(x * af.reshape(err, (32, 1)), axis=0))
         with af.device("/job:ps/task:0"):
             train = w.assign_sub(0.1 * (grads[0] + grads[1]) * 0.5)
-            loss = af.reduce_mean(af.square(af.matmul(af.constant(xs), af.reshape(w, (3, 1)))
-                                            - af.constant(ys.reshape(64, 1))))
+            loss = af.reduce_mean(
+                af.square(
+                    af.matmul(af.constant(xs), af.reshape(w, (3, 1)))
+                    - af.constant(ys.reshape(64, 1))
+                )
+            )
     return g, train, loss
 
 
 async def train(deployment: Deployment, address: str, checkpoints: str) -> None:
     jobs = {"ps": ["ps-0"], "worker": ["w-0", "w-1"]}
     g, step, loss = build()
-    async with await afd.Cluster.connect(address, jobs=jobs) as cluster, \
-            af.train.MonitoredSession(lambda: af.Session(cluster, graph=g),
-                                      checkpoint_dir=checkpoints, save_steps=10) as msess:
+    async with (
+        await afd.Cluster.connect(address, jobs=jobs) as cluster,
+        af.train.MonitoredSession(
+            lambda: af.Session(cluster, graph=g), checkpoint_dir=checkpoints, save_steps=10
+        ) as msess,
+    ):
         while msess.global_step < 60:
             if msess.global_step == 25 and msess.recoveries == 0:
                 deployment.kill("ps-0")  # the ps host dies: its variables are gone

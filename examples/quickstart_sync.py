@@ -18,8 +18,9 @@ def main() -> None:
         mean = af.reduce_mean(a, name="mean")
     with af.Session(graph=g) as sess:
         # Fetches may be any nesting of lists / tuples / dicts; the result mirrors it.
-        out = sess.run_sync({"total": total, "mean": mean},
-                            feed_dict={a: np.array([1.0, 2.0, 3.0, 4.0])})
+        out = sess.run_sync(
+            {"total": total, "mean": mean}, feed_dict={a: np.array([1.0, 2.0, 3.0, 4.0])}
+        )
         print("total =", out["total"])
         print("mean =", out["mean"])
         # Tensors can also be fetched and fed by name.

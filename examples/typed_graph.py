@@ -27,7 +27,7 @@ def build() -> tuple[af.Graph, af.Tensor, af.Tensor, af.Variable]:
         w = af.Variable(np.ones((3, 1), np.float32), name="w")
         y = assert_type(x @ w, af.Tensor)
         y = assert_type(2.0 * y - 1.0, af.Tensor)
-        y = assert_type(-abs(y) / 3 + y ** 2 // 1 % 7, af.Tensor)
+        y = assert_type(-abs(y) / 3 + y**2 // 1 % 7, af.Tensor)
         big = assert_type((y > 1.0) & ~(y < 0.0) | (y >= 5.0), af.Tensor)
         picked = assert_type(af.where(big, y, y * 0.0), af.Tensor)
         doubled = assert_type(af.py_func(double, [picked], af.float32, name="double"), af.Tensor)

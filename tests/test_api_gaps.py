@@ -66,8 +66,11 @@ def test_set_shape_refines_a_py_func_output() -> None:
         y.set_shape((2, None))  # merged with what was known
         assert tuple(y.get_shape()) == (2, 3)
         assert tuple(af.matmul(y, af.ones((3, 4))).shape) == (2, 4)  # consumers see it
-        with pytest.raises(ValueError, match=r"cannot set the shape of tensor 'double:0' to "
-                                             r"\(2, 4\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"cannot set the shape of tensor 'double:0' to "
+            r"\(2, 4\)",
+        ):
             y.set_shape((2, 4))
         assert tuple(y.shape) == (2, 3)  # a failed set_shape changes nothing
         with pytest.raises(ValueError, match="'x:0'"):
@@ -132,16 +135,23 @@ def test_trio_gets_a_clear_error() -> None:
     async def main() -> None:
         require_asyncio()
 
-    with pytest.raises(RuntimeError, match=r"asyncflow needs the asyncio event loop, but it "
-                                           r"was awaited from trio.*backend='asyncio'"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"asyncflow needs the asyncio event loop, but it "
+        r"was awaited from trio.*backend='asyncio'",
+    ):
         anyio.run(main, backend="trio")
 
     with af.Session(graph=g) as sess:
+
         async def evaluate() -> None:
             await y.eval({"x:0": 1.0}, session=sess)
 
-        with pytest.raises(RuntimeError, match=r"tensor 'mul:0'.eval\(\) needs the asyncio "
-                                               r"event loop.*trio"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"tensor 'mul:0'.eval\(\) needs the asyncio "
+            r"event loop.*trio",
+        ):
             anyio.run(evaluate, backend="trio")
 
         async def run() -> None:

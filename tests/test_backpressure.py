@@ -13,8 +13,9 @@ import pytest
 import asyncflow as af
 
 
-def _gated(graph: af.Graph) -> tuple[af.Tensor, af.Tensor, list[int], dict[int, asyncio.Event],
-                                     list[int]]:
+def _gated(
+    graph: af.Graph,
+) -> tuple[af.Tensor, af.Tensor, list[int], dict[int, asyncio.Event], list[int]]:
     """y = a kernel that records its feed on entry, then waits for that feed's gate."""
     x = af.placeholder(af.int32, shape=(), name="x")
     entered: list[int] = []
@@ -133,6 +134,7 @@ def test_steps_from_several_threads_and_loops_share_the_limit(graph: af.Graph) -
     y = af.py_func(slow, [x], af.float32)
     inline = x * 2.0  # an all-inline plan counts too (it takes a slot like any step)
     with af.Session(graph=graph, config=af.SessionConfig(max_concurrent_steps=1)) as sess:
+
         def work() -> None:
             for i in range(5):
                 assert sess.run_sync(y, {x: float(i)}) == float(i)

@@ -36,8 +36,10 @@ def test_a_cost_ratio_twice_the_baseline_fails_naming_row_ratio_baseline_and_com
     (verdict,) = guard.check({"chain": (1.5, None)}, BASELINE, BETTER)  # 2.5x of 0.6
     assert not verdict.ok
     msg = verdict.message()
-    assert msg.startswith("guard: chain REGRESSED: ours/anchor 1.500x, committed baseline "
-                          "0.600x (fails above 1.200x = 2x the baseline")
+    assert msg.startswith(
+        "guard: chain REGRESSED: ours/anchor 1.500x, committed baseline "
+        "0.600x (fails above 1.200x = 2x the baseline"
+    )
     assert "`python -m benchmarks --guard --update-baseline`" in msg
     assert "benchmarks/guard_baseline.json" in msg
 
@@ -47,11 +49,13 @@ def test_a_throughput_ratio_below_half_the_baseline_fails() -> None:
     assert not verdict.ok
     assert verdict.message().startswith(
         "guard: concurrent REGRESSED: ours/anchor 0.200x, committed baseline 0.500x "
-        "(fails below 0.250x = 1/2 of the baseline; higher is better)")
+        "(fails below 0.250x = 1/2 of the baseline; higher is better)"
+    )
 
 
-@pytest.mark.parametrize(("row", "ratio"), [("chain", 1.19), ("chain", 0.1),
-                                            ("concurrent", 0.26), ("concurrent", 3.0)])
+@pytest.mark.parametrize(
+    ("row", "ratio"), [("chain", 1.19), ("chain", 0.1), ("concurrent", 0.26), ("concurrent", 3.0)]
+)
 def test_within_2x_or_better_passes(row: str, ratio: float) -> None:
     (verdict,) = guard.check({row: (ratio, None)}, BASELINE, BETTER)
     assert verdict.ok, verdict.message()
@@ -59,8 +63,11 @@ def test_within_2x_or_better_passes(row: str, ratio: float) -> None:
 
 
 def test_a_crashed_or_unbaselined_row_fails() -> None:
-    crashed, new = guard.check({"chain": (None, "AssertionError: chain computed 3"),
-                                "wide": (0.5, None)}, BASELINE, {**BETTER, "wide": "lower"})
+    crashed, new = guard.check(
+        {"chain": (None, "AssertionError: chain computed 3"), "wide": (0.5, None)},
+        BASELINE,
+        {**BETTER, "wide": "lower"},
+    )
     assert not crashed.ok
     assert crashed.message() == "guard: chain failed to run: AssertionError: chain computed 3"
     assert not new.ok
@@ -79,8 +86,10 @@ def test_a_failing_row_is_measured_again_and_its_best_ratio_kept() -> None:
 
     verdicts = guard.guard(["chain", "concurrent"], BASELINE, measure)
     assert calls == [["chain", "concurrent"], ["chain"]]  # only the failing row again
-    assert [(v.row, v.ratio, v.ok) for v in verdicts] == [("chain", 0.7, True),
-                                                          ("concurrent", 0.5, True)]
+    assert [(v.row, v.ratio, v.ok) for v in verdicts] == [
+        ("chain", 0.7, True),
+        ("concurrent", 0.5, True),
+    ]
 
 
 def test_a_real_regression_fails_after_every_retry() -> None:
@@ -111,8 +120,11 @@ def test_a_baseline_measured_at_other_sizes_is_refused(tmp_path: Path) -> None:
     data["sizes"]["chain_n"] += 1
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=r"other sizes \(chain_n changed since\); "
-                                         r"regenerate it with `python -m benchmarks --guard"):
+    with pytest.raises(
+        ValueError,
+        match=r"other sizes \(chain_n changed since\); "
+        r"regenerate it with `python -m benchmarks --guard",
+    ):
         guard.load_baseline(path)
 
 
@@ -125,14 +137,21 @@ def test_the_guard_command_fails_on_a_regressed_ratio(tmp_path: Path) -> None:
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(data))
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH"))
-                                        if p)
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--guard", "--only", "chain",
-                           "--baseline", str(path)], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--guard", "--only", "chain", "--baseline", str(path)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "guard: chain REGRESSED: ours/anchor " in proc.stderr
     assert f"committed baseline {real / 1000:.3f}x" in proc.stderr
-    assert "regenerate the baseline with `python -m benchmarks --guard --update-baseline`" \
+    assert (
+        "regenerate the baseline with `python -m benchmarks --guard --update-baseline`"
         in proc.stderr
+    )
     assert "guard: 0 of 1 rows within 2x of baseline.json; FAILED: chain" in proc.stdout

@@ -19,25 +19,77 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-ROW_IDS = ("chain", "xdev.k1", "xdev.k100", "wide", "tiny.run", "tiny.run_sync",
-           "tiny.run_sync.async", "concurrent", "callable", "callable.nested", "trace",
-           "trace.off", "overlap", "parallel", "parallel.2dev", "loop", "loop.cond", "queue",
-           "variable", "cnn", "scale.build", "scale.first_run", "scale.second_run",
-           "scale.peak_rss", "scale.cond.second_run", "scale.cond.peak_rss",
-           "opt.fold.first_run", "opt.fold.steady", "opt.cse", "opt.call.inlined",
-           "opt.call.kernel", "service.cpu", "service.p50", "service.p99")
-TARGETED = ("chain", "wide", "tiny.run", "tiny.run_sync.async", "concurrent", "trace",
-            "overlap", "parallel", "scale.build", "scale.first_run", "scale.peak_rss",
-            "scale.cond.second_run", "scale.cond.peak_rss", "opt.fold.first_run",
-            "opt.fold.steady", "opt.cse", "service.cpu", "service.p99")
+ROW_IDS = (
+    "chain",
+    "xdev.k1",
+    "xdev.k100",
+    "wide",
+    "tiny.run",
+    "tiny.run_sync",
+    "tiny.run_sync.async",
+    "concurrent",
+    "callable",
+    "callable.nested",
+    "trace",
+    "trace.off",
+    "overlap",
+    "parallel",
+    "parallel.2dev",
+    "loop",
+    "loop.cond",
+    "queue",
+    "variable",
+    "cnn",
+    "scale.build",
+    "scale.first_run",
+    "scale.second_run",
+    "scale.peak_rss",
+    "scale.cond.second_run",
+    "scale.cond.peak_rss",
+    "opt.fold.first_run",
+    "opt.fold.steady",
+    "opt.cse",
+    "opt.call.inlined",
+    "opt.call.kernel",
+    "service.cpu",
+    "service.p50",
+    "service.p99",
+)
+TARGETED = (
+    "chain",
+    "wide",
+    "tiny.run",
+    "tiny.run_sync.async",
+    "concurrent",
+    "trace",
+    "overlap",
+    "parallel",
+    "scale.build",
+    "scale.first_run",
+    "scale.peak_rss",
+    "scale.cond.second_run",
+    "scale.cond.peak_rss",
+    "opt.fold.first_run",
+    "opt.fold.steady",
+    "opt.cse",
+    "service.cpu",
+    "service.p99",
+)
 #: The targets against TF 1.x, as the table and the targets section print them.
-TF_TARGETED = {"chain": "<= 1.00x TF", "wide": "<= 1.50x TF", "xdev.k1": "<= 1.00x TF",
-               "tiny.run": ">= 30.0x faster than TF", "loop": "<= 1.00x TF",
-               "loop.cond": "<= 1.50x TF", "queue": ">= 5.00x TF",
-               "scale.build": ">= 50.0x faster than TF",
-               "scale.first_run": ">= 8.00x faster than TF"}
-SERVICE_INSTALLED = all(importlib.util.find_spec(m) is not None
-                        for m in ("starlette", "uvicorn", "aiohttp"))
+TF_TARGETED = {
+    "chain": "<= 1.00x TF",
+    "wide": "<= 1.50x TF",
+    "xdev.k1": "<= 1.00x TF",
+    "tiny.run": ">= 30.0x faster than TF",
+    "loop": "<= 1.00x TF",
+    "loop.cond": "<= 1.50x TF",
+    "queue": ">= 5.00x TF",
+    "scale.build": ">= 50.0x faster than TF",
+    "scale.first_run": ">= 8.00x faster than TF",
+}
+SERVICE_INSTALLED = all(
+    importlib.util.find_spec(m) is not None for m in ("starlette", "uvicorn", "aiohttp")
+)
 
 
 def _table_ids(stdout: str) -> list[str]:
@@ -45,7 +97,7 @@ def _table_ids(stdout: str) -> list[str]:
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("workload "))
     ids = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.strip():
             break
         ids.append(line.split()[0])
@@ -57,20 +109,26 @@ def _target_cells(stdout: str, row_id: str) -> tuple[str, str, str, str]:
     header's column positions."""
     lines = stdout.splitlines()
     header = next(line for line in lines if line.startswith("workload "))
-    starts = [header.index(name) for name in ("target", "status", "target vs TF",
-                                              "TF status")]
+    starts = [header.index(name) for name in ("target", "status", "target vs TF", "TF status")]
     row = next(line for line in lines if line.startswith(row_id + " "))
-    a, b, c, d = (row[start:end].strip()
-                  for start, end in zip(starts, [*starts[1:], len(row)]))
+    a, b, c, d = (row[start:end].strip() for start, end in zip(starts, [*starts[1:], len(row)]))
     return a, b, c, d
 
 
 def _run_benchmarks(*args: str, pythonpath: str | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (pythonpath, str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=120, check=False)
+        p for p in (pythonpath, str(REPO_ROOT), env.get("PYTHONPATH")) if p
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_quick_run_reports_every_workload(tmp_path: Path) -> None:
@@ -84,16 +142,19 @@ def test_quick_run_reports_every_workload(tmp_path: Path) -> None:
         assert any(f"] {row_id}: asyncflow " in line for line in lines), row_id
     # The targets against TF are listed, and not judged without TF's column.
     for row_id, text in TF_TARGETED.items():
-        assert any(line.startswith(f"[ no TF ] vs TF: {row_id}: asyncflow ")
-                   and line.endswith(f"target {text}") for line in lines), row_id
+        assert any(
+            line.startswith(f"[ no TF ] vs TF: {row_id}: asyncflow ")
+            and line.endswith(f"target {text}")
+            for line in lines
+        ), row_id
     assert "ERROR" not in proc.stdout
     assert "OPENBLAS_NUM_THREADS=1" in proc.stdout
     # The medians table lists every measured row beside its best repeat.
     start = lines.index(next(line for line in lines if line.startswith("medians of the")))
     assert lines[start + 1].split()[:6] == ["workload", "unit", "reps", "ours", "min", "ours"]
-    median_ids = [line.split()[0] for line in lines[start + 3:start + 3 + len(ROW_IDS)]]
+    median_ids = [line.split()[0] for line in lines[start + 3 : start + 3 + len(ROW_IDS)]]
     measured = [r for r in ROW_IDS if SERVICE_INSTALLED or not r.startswith("service.")]
-    assert median_ids[:len(measured)] == measured
+    assert median_ids[: len(measured)] == measured
 
     data = json.loads(out_json.read_text())
     rows = {row["id"]: row for row in data["rows"]}
@@ -133,8 +194,9 @@ def test_only_runs_the_named_workload() -> None:
 
 
 def test_multi_device_rows_are_selectable_and_untargeted() -> None:
-    proc = _run_benchmarks("--quick", "--no-external",
-                           "--only", "xdev.k1,xdev.k100", "--only", "parallel.2dev")
+    proc = _run_benchmarks(
+        "--quick", "--no-external", "--only", "xdev.k1,xdev.k100", "--only", "parallel.2dev"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _table_ids(proc.stdout) == ["xdev.k1", "xdev.k100", "parallel.2dev"]
     for row_id in ("xdev.k1", "xdev.k100", "parallel.2dev"):
@@ -161,8 +223,9 @@ def test_loop_rows_are_selectable_and_untargeted() -> None:
 
 def test_queue_and_variable_rows_are_throughputs_and_untargeted(tmp_path: Path) -> None:
     out_json = tmp_path / "results.json"
-    proc = _run_benchmarks("--quick", "--no-external", "--only", "queue,variable",
-                           "--json", str(out_json))
+    proc = _run_benchmarks(
+        "--quick", "--no-external", "--only", "queue,variable", "--json", str(out_json)
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _table_ids(proc.stdout) == ["queue", "variable"]
     lines = proc.stdout.splitlines()
@@ -187,15 +250,24 @@ def test_queue_and_variable_rows_are_throughputs_and_untargeted(tmp_path: Path) 
 
 def test_step_control_rows_are_selectable(tmp_path: Path) -> None:
     out_json = tmp_path / "results.json"
-    proc = _run_benchmarks("--quick", "--no-external",
-                           "--only", "callable,callable.nested,trace,trace.off",
-                           "--json", str(out_json))
+    proc = _run_benchmarks(
+        "--quick",
+        "--no-external",
+        "--only",
+        "callable,callable.nested,trace,trace.off",
+        "--json",
+        str(out_json),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ids = ["callable", "callable.nested", "trace", "trace.off"]
     assert _table_ids(proc.stdout) == ids
     lines = proc.stdout.splitlines()
-    for row_id, unit in (("callable", "us/call"), ("callable.nested", "us/call"),
-                         ("trace", "us/node"), ("trace.off", "us/node")):
+    for row_id, unit in (
+        ("callable", "us/call"),
+        ("callable.nested", "us/call"),
+        ("trace", "us/node"),
+        ("trace.off", "us/node"),
+    ):
         targeted = row_id == "trace"  # the FULL_TRACE slowdown target: <= 4x
         assert any(f"] {row_id}: asyncflow " in line for line in lines) == targeted
         row = next(line for line in lines if line.startswith(row_id + " "))
@@ -229,8 +301,10 @@ def test_unknown_workload_is_a_usage_error() -> None:
 @pytest.mark.parametrize("module", ["benchmarks.external", "benchmarks.scale"])
 def test_child_modules_import_without_the_anchors(module: str) -> None:
     # TF and Dask are optional anchors: importing the harness must not need them.
-    code = (f"import importlib, sys; importlib.import_module({module!r}); "
-            "assert 'tensorflow' not in sys.modules and 'dask' not in sys.modules")
+    code = (
+        f"import importlib, sys; importlib.import_module({module!r}); "
+        "assert 'tensorflow' not in sys.modules and 'dask' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
 
 
@@ -238,8 +312,7 @@ def test_distributed_quick_run_reports_every_row() -> None:
     pytest.importorskip("distributed")
     proc = _run_benchmarks("distributed", "--quick")
     assert proc.returncode == 0, proc.stderr
-    assert _table_ids(proc.stdout) == ["dist.step", "dist.bytes", "dist.concurrent",
-                                       "dist.kill"]
+    assert _table_ids(proc.stdout) == ["dist.step", "dist.bytes", "dist.concurrent", "dist.kill"]
     assert "Dask's own worker-to-worker pull" in proc.stdout
 
 
@@ -249,25 +322,32 @@ def test_service_is_skipped_without_the_bench_extra(tmp_path: Path) -> None:
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('no uvicorn here')\n")
     out_json = tmp_path / "results.json"
-    proc = _run_benchmarks("--quick", "--no-external", "--only", "service",
-                           "--json", str(out_json), pythonpath=str(tmp_path))
+    proc = _run_benchmarks(
+        "--quick",
+        "--no-external",
+        "--only",
+        "service",
+        "--json",
+        str(out_json),
+        pythonpath=str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for row_id in ("service.cpu", "service.p50", "service.p99"):
         row = next(line for line in proc.stdout.splitlines() if line.startswith(row_id + " "))
         assert " skipped " in row, row
-    assert ('service.cpu: skipped: not installed: uvicorn (the bench extra: '
-            'pip install -e ".[bench]")') in proc.stdout
+    assert (
+        'service.cpu: skipped: not installed: uvicorn (the bench extra: pip install -e ".[bench]")'
+    ) in proc.stdout
     assert "[skipped] service.cpu: asyncflow skipped us/req" in proc.stdout
     rows = {row["id"]: row for row in json.loads(out_json.read_text())["rows"]}
-    assert all(rows[r]["ours"] is None and rows[r]["status"] in ("skipped", "-")
-               for r in rows)
+    assert all(rows[r]["ours"] is None and rows[r]["status"] in ("skipped", "-") for r in rows)
 
 
 def _models_rows(stdout: str) -> list[tuple[str, str]]:
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("model "))
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.strip():
             break
         cells = line.split()
@@ -285,26 +365,51 @@ def test_models_quick_run_serves_the_saved_models_and_a_manifest(tmp_path: Path)
     g = af.Graph()
     with g.as_default():
         x = af.placeholder(af.float32, [None, 6, 6, 2], name="input")
-        w = af.constant(np.random.default_rng(0).standard_normal((3, 3, 2, 4)).astype(
-            np.float32))
+        w = af.constant(np.random.default_rng(0).standard_normal((3, 3, 2, 4)).astype(np.float32))
         y = af.identity(af.nn.relu(af.nn.conv2d(x, w, 1, "SAME")), name="Identity")
     (tmp_path / "tiny.pb").write_bytes(export_tf_graph_def(g))
     feed = np.random.default_rng(1).standard_normal((2, 6, 6, 2)).astype(np.float32)
     with af.Session(graph=g) as sess:
         out = sess.run_sync(y, {x: feed})
     np.savez(tmp_path / "tiny.npz", **{"feed/input:0": feed, "fetch/Identity:0": out})
-    manifest = {"models": {"tiny": {"graph": "tiny.pb", "values": "tiny.npz",
-                                    "inputs": [{"name": "input:0", "dtype": "float32",
-                                                "shape": [None, 6, 6, 2]}],
-                                    "outputs": ["Identity:0"], "op_types": ["Conv2D"]}}}
+    manifest = {
+        "models": {
+            "tiny": {
+                "graph": "tiny.pb",
+                "values": "tiny.npz",
+                "inputs": [{"name": "input:0", "dtype": "float32", "shape": [None, 6, 6, 2]}],
+                "outputs": ["Identity:0"],
+                "op_types": ["Conv2D"],
+            }
+        }
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    proc = _run_benchmarks("models", "--quick", "--no-external", "--rounds", "1",
-                           "--manifest", str(tmp_path / "manifest.json"), "--only", "conv",
-                           "--only", "transformer", "--only", "tiny",
-                           "--json", str(tmp_path / "models.json"))
+    proc = _run_benchmarks(
+        "models",
+        "--quick",
+        "--no-external",
+        "--rounds",
+        "1",
+        "--manifest",
+        str(tmp_path / "manifest.json"),
+        "--only",
+        "conv",
+        "--only",
+        "transformer",
+        "--only",
+        "tiny",
+        "--json",
+        str(tmp_path / "models.json"),
+    )
     assert proc.returncode == 0, proc.stderr
-    assert _models_rows(proc.stdout) == [("conv", "1"), ("conv", "8"), ("transformer", "1"),
-                                         ("transformer", "8"), ("tiny", "1"), ("tiny", "8")]
-    assert "notes:" not in proc.stdout   # every model matched its recorded outputs
+    assert _models_rows(proc.stdout) == [
+        ("conv", "1"),
+        ("conv", "8"),
+        ("transformer", "1"),
+        ("transformer", "8"),
+        ("tiny", "1"),
+        ("tiny", "8"),
+    ]
+    assert "notes:" not in proc.stdout  # every model matched its recorded outputs
     rows = json.loads((tmp_path / "models.json").read_text())
     assert all(r["times"]["asyncflow"] for r in rows)

@@ -42,28 +42,34 @@ def _same_op(fast: af.Operation, general: af.Operation) -> None:
     assert fast.control_inputs == general.control_inputs
     assert fast.device == general.device
     assert fast.attrs == general.attrs
-    assert [(t.dtype, t.shape) for t in fast.outputs] == \
-        [(t.dtype, t.shape) for t in general.outputs]
+    assert [(t.dtype, t.shape) for t in fast.outputs] == [
+        (t.dtype, t.shape) for t in general.outputs
+    ]
 
 
-OPERATORS: list[tuple[Callable[[af.Tensor, af.Tensor], af.Tensor],
-                      Callable[..., af.Tensor], str]] = [
+OPERATORS: list[
+    tuple[Callable[[af.Tensor, af.Tensor], af.Tensor], Callable[..., af.Tensor], str]
+] = [
     (lambda a, b: a + b, af.add, "add"),
     (lambda a, b: a - b, af.subtract, "sub"),
     (lambda a, b: a * b, af.multiply, "mul"),
     (lambda a, b: a // b, af.floordiv, "floordiv"),
     (lambda a, b: a % b, af.mod, "mod"),
-    (lambda a, b: a ** b, af.pow, "pow"),
+    (lambda a, b: a**b, af.pow, "pow"),
     (lambda a, b: a < b, af.less, "Less"),
     (lambda a, b: a >= b, af.greater_equal, "GreaterEqual"),
 ]
 
 
-@pytest.mark.parametrize(("operator", "constructor", "name"), OPERATORS,
-                         ids=[name for _, _, name in OPERATORS])
+@pytest.mark.parametrize(
+    ("operator", "constructor", "name"), OPERATORS, ids=[name for _, _, name in OPERATORS]
+)
 def test_operator_on_two_tensors_builds_what_the_constructor_builds(
-        g: af.Graph, operator: Callable[[af.Tensor, af.Tensor], af.Tensor],
-        constructor: Callable[..., af.Tensor], name: str) -> None:
+    g: af.Graph,
+    operator: Callable[[af.Tensor, af.Tensor], af.Tensor],
+    constructor: Callable[..., af.Tensor],
+    name: str,
+) -> None:
     x = af.placeholder(af.float32, shape=(None, 3), name="x")
     y = af.constant(np.ones((2, 1), np.float32), name="y")
     fast = operator(x, y)
@@ -209,7 +215,8 @@ def test_inputs_and_outputs_read_back_as_tuples(g: af.Graph, n: int) -> None:
 
 
 def test_a_large_compile_promotes_its_objects_but_never_thaws_the_application_s(
-        g: af.Graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    g: af.Graph, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(gc_pause, "_PROMOTE_AFTER", 1_000)
     x0 = af.placeholder(af.float32, shape=(), name="x")
     one = af.constant(np.float32(1.0), name="one")
@@ -256,7 +263,8 @@ def test_operator_fast_op_has_every_field_the_general_path_sets(g: af.Graph) -> 
 
 
 def test_a_large_graph_promotes_its_objects_but_never_thaws_the_application_s(
-        g: af.Graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    g: af.Graph, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(graph_module, "_PROMOTE_MASK", 63)
     x = af.constant(np.float32(1.0), name="x")
     gc.collect()
@@ -291,6 +299,7 @@ def test_a_large_graph_promotes_its_objects_but_never_thaws_the_application_s(
 
 # -- the IR conversion's fast path ----------------------------------------------------
 
+
 def _same_info(fast: object, general: object) -> None:
     assert (fast.dtype, fast.shape) == (general.dtype, general.shape)  # type: ignore[attr-defined]
     assert fast.value is general.value  # type: ignore[attr-defined]
@@ -305,18 +314,18 @@ def test_graph_ir_fast_path_gives_node_def_of_nodes(g: af.Graph) -> None:
     i = af.placeholder(af.int32, shape=(), name="i")
     one = af.constant(np.float32(1.0), name="one")
     v = af.constant(np.arange(3, dtype=np.float32), name="v")
-    y = x + one                       # fast: first input's info shared
-    y = one + y                       # fast: output shape differs from the first input's
+    y = x + one  # fast: first input's info shared
+    y = one + y  # fast: output shape differs from the first input's
     y = y * v
     z = af.cast(i, af.float32) + one  # one-input op feeding a fast one
     with af.control_dependencies([z.op]):
-        w = y - one                   # a control input: the general path
+        w = y - one  # a control input: the general path
     with af.device("/cpu:0"):
-        d = w + y                     # a requested device
-    s = af.add_n([d, w, y])           # three inputs: the general path
+        d = w + y  # a requested device
+    s = af.add_n([d, w, y])  # three inputs: the general path
     p, q = af.unstack(af.stack([x, x]), num=2)  # several outputs
-    c = (p < q)                       # a bool output of float inputs
-    for _ in range(3):                # one creation line for several ops
+    c = p < q  # a bool output of float inputs
+    for _ in range(3):  # one creation line for several ops
         s = s + one
     ops = g.get_operations()
     nodes = graph_ir(g).nodes
@@ -325,8 +334,7 @@ def test_graph_ir_fast_path_gives_node_def_of_nodes(g: af.Graph) -> None:
     for op, fast in zip(ops, nodes):
         op._ir = None
         general = node_def_of(op)
-        for field in ("name", "op", "inputs", "control_inputs", "device", "stateful",
-                      "traceback"):
+        for field in ("name", "op", "inputs", "control_inputs", "device", "stateful", "traceback"):
             assert getattr(fast, field) == getattr(general, field), (op.name, field)
         assert dict(fast.attrs).keys() == dict(general.attrs).keys()
         assert len(fast.outputs) == len(general.outputs)
@@ -369,6 +377,7 @@ def test_graph_ir_says_when_nothing_asks_for_a_device_or_a_call() -> None:
         @af.Defun(af.float32, func_name="ir_flag_twice")
         def twice(v: af.Tensor) -> af.Tensor:
             return v * 2.0
+
         return twice(y)
 
     assert ir_of(on_device) == (True, False)

@@ -57,32 +57,51 @@ def _project(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _asyncflow(script: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(script), *argv], capture_output=True,
-                          text=True, cwd=cwd, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, str(script), *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_allowed_module_in_the_working_directory_is_found(tmp_path: Path) -> None:
     project, script = _project(tmp_path)
-    proc = _asyncflow(script, project, "run", "g.json", "--allow-module", "mypkg",
-                      "--feed", "x=2", "--fetch", "y")
+    proc = _asyncflow(
+        script, project, "run", "g.json", "--allow-module", "mypkg", "--feed", "x=2", "--fetch", "y"
+    )
     assert (proc.returncode, proc.stderr) == (0, "")
     assert proc.stdout == "y:0 = 4.0\n"
 
 
 def test_a_module_not_found_gets_a_hint(tmp_path: Path) -> None:
     _project_dir, script = _project(tmp_path)
-    proc = _asyncflow(script, tmp_path, "run", "project/g.json", "--allow-module", "mypkg",
-                      "--feed", "x=2", "--fetch", "y")
+    proc = _asyncflow(
+        script,
+        tmp_path,
+        "run",
+        "project/g.json",
+        "--allow-module",
+        "mypkg",
+        "--feed",
+        "x=2",
+        "--fetch",
+        "y",
+    )
     assert proc.returncode == 2
     assert "No module named 'mypkg'" in proc.stderr
-    assert f"working directory {str(tmp_path)!r}: run from the directory that holds" \
-        in proc.stderr
+    assert f"working directory {str(tmp_path)!r}: run from the directory that holds" in proc.stderr
 
 
 def test_errors_of_a_loaded_graph_name_the_graph_file(tmp_path: Path) -> None:
     project, script = _project(tmp_path)
-    proc = _asyncflow(script, project, "run", "g.json", "--allow-module", "mypkg",
-                      "--feed", "x=2", "--fetch", "z")
+    proc = _asyncflow(
+        script, project, "run", "g.json", "--allow-module", "mypkg", "--feed", "x=2", "--fetch", "z"
+    )
     assert proc.returncode == 1
-    assert proc.stderr == ("asyncflow: error: InvalidArgumentError in node 'z': ValueError: "
-                           "boom [[node z (op PyFunc, defined at g.json)]]\n")
+    assert proc.stderr == (
+        "asyncflow: error: InvalidArgumentError in node 'z': ValueError: "
+        "boom [[node z (op PyFunc, defined at g.json)]]\n"
+    )

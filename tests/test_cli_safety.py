@@ -27,7 +27,8 @@ def evil_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, P
         "from pathlib import Path\n"
         f"Path({str(marker)!r}).write_text('imported')\n"
         "def run(x):\n"
-        "    return x\n")
+        "    return x\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, EVIL_MODULE, raising=False)
     g = af.Graph()
@@ -47,8 +48,9 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, str]
     return status, out, err
 
 
-def test_run_refuses_unlisted_module(capsys: pytest.CaptureFixture[str],
-                                     evil_graph: tuple[Path, Path]) -> None:
+def test_run_refuses_unlisted_module(
+    capsys: pytest.CaptureFixture[str], evil_graph: tuple[Path, Path]
+) -> None:
     path, marker = evil_graph
     status, out, err = _run(capsys, "run", path, "--feed", "x=1.5", "--fetch", "y")
     assert status == 2
@@ -62,8 +64,7 @@ def test_run_refuses_unlisted_module(capsys: pytest.CaptureFixture[str],
     assert EVIL_MODULE not in sys.modules
 
 
-def test_os_system_reference_is_refused(capsys: pytest.CaptureFixture[str],
-                                        tmp_path: Path) -> None:
+def test_os_system_reference_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     g = af.Graph()
     with g.as_default():
         cmd = af.constant("echo hacked", name="cmd")
@@ -79,35 +80,47 @@ def test_os_system_reference_is_refused(capsys: pytest.CaptureFixture[str],
     assert "refusing to import 'os'" in err
 
 
-def test_allow_module_and_trust_load_the_function(capsys: pytest.CaptureFixture[str],
-                                                  evil_graph: tuple[Path, Path]) -> None:
+def test_allow_module_and_trust_load_the_function(
+    capsys: pytest.CaptureFixture[str], evil_graph: tuple[Path, Path]
+) -> None:
     path, marker = evil_graph
-    status, out, err = _run(capsys, "run", path, "--feed", "x=-1.5", "--fetch", "innocent",
-                            "--allow-module", EVIL_MODULE)
+    status, out, err = _run(
+        capsys,
+        "run",
+        path,
+        "--feed",
+        "x=-1.5",
+        "--fetch",
+        "innocent",
+        "--allow-module",
+        EVIL_MODULE,
+    )
     assert (status, err) == (0, "")
     assert out == "innocent:0 = -1.5\n"
     assert marker.read_text() == "imported"
     del sys.modules[EVIL_MODULE]
     marker.unlink()
-    status, out, err = _run(capsys, "run", path, "--feed", "x=2", "--fetch", "innocent",
-                            "--trust")
+    status, out, err = _run(capsys, "run", path, "--feed", "x=2", "--fetch", "innocent", "--trust")
     assert (status, err, out) == (0, "", "innocent:0 = 2.0\n")
     assert marker.exists()
 
 
-def test_allow_module_covers_submodules_only(capsys: pytest.CaptureFixture[str],
-                                            tmp_path: Path) -> None:
+def test_allow_module_covers_submodules_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     g = af.Graph()
     with g.as_default():
         x = af.placeholder(af.float64, shape=(), name="x")
         af.py_func(math.fabs, [x], af.float64, name="f")
     path = tmp_path / "g.json"
     path.write_text(json.dumps(g.as_graph_def()))
-    status, _, err = _run(capsys, "run", path, "--feed", "x=-4", "--fetch", "f",
-                          "--allow-module", "mat")  # a prefix of the name, not a package
+    status, _, err = _run(
+        capsys, "run", path, "--feed", "x=-4", "--fetch", "f", "--allow-module", "mat"
+    )  # a prefix of the name, not a package
     assert status == 2, err
-    status, out, err = _run(capsys, "run", path, "--feed", "x=-4", "--fetch", "f",
-                            "--allow-module", "math")
+    status, out, err = _run(
+        capsys, "run", path, "--feed", "x=-4", "--fetch", "f", "--allow-module", "math"
+    )
     assert (status, out) == (0, "f:0 = 4.0\n"), err
 
 
@@ -126,9 +139,13 @@ def test_importer_checks_the_policy_itself() -> None:
 
 
 def test_references_are_found_anywhere_in_the_file() -> None:
-    graph_def = {"node": [{"name": "a", "attr": {"x": {"list": [{"func": "m1:f"}]}}},
-                          {"name": "b", "attr": {"y": {"func": "m1:f"}}}],
-                 "library": {"function": [{"node": [{"attr": {"z": {"func": "m2:g"}}}]}]}}
+    graph_def = {
+        "node": [
+            {"name": "a", "attr": {"x": {"list": [{"func": "m1:f"}]}}},
+            {"name": "b", "attr": {"y": {"func": "m1:f"}}},
+        ],
+        "library": {"function": [{"node": [{"attr": {"z": {"func": "m2:g"}}}]}]},
+    }
     assert callable_references(graph_def) == {"m1:f": ["a", "b"], "m2:g": ["library"]}
 
 
@@ -138,8 +155,9 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.strip() == f"asyncflow {af.__version__}"
 
 
-def test_graph_command_draws_without_importing(capsys: pytest.CaptureFixture[str],
-                                               evil_graph: tuple[Path, Path]) -> None:
+def test_graph_command_draws_without_importing(
+    capsys: pytest.CaptureFixture[str], evil_graph: tuple[Path, Path]
+) -> None:
     path, marker = evil_graph
     status, out, err = _run(capsys, "graph", path, "--format", "mermaid")
     assert (status, err) == (0, "")
@@ -151,8 +169,7 @@ def test_graph_command_draws_without_importing(capsys: pytest.CaptureFixture[str
     assert not marker.exists()
 
 
-def test_run_trace_writes_chrome_trace(capsys: pytest.CaptureFixture[str],
-                                       tmp_path: Path) -> None:
+def test_run_trace_writes_chrome_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     g = af.Graph()
     with g.as_default():
         x = af.placeholder(af.float32, shape=(2,), name="x")
@@ -160,8 +177,9 @@ def test_run_trace_writes_chrome_trace(capsys: pytest.CaptureFixture[str],
     path = tmp_path / "g.json"
     path.write_text(json.dumps(g.as_graph_def()))
     trace = tmp_path / "trace.json"
-    status, out, err = _run(capsys, "run", path, "--feed", "x=[1,2]", "--fetch", "y",
-                            "--trace", trace)
+    status, out, err = _run(
+        capsys, "run", path, "--feed", "x=[1,2]", "--fetch", "y", "--trace", trace
+    )
     assert (status, err) == (0, "")
     assert out.splitlines() == ["y:0 = 6.0", f"Chrome trace written to {trace}"]
     events = json.loads(trace.read_text())["traceEvents"]
@@ -181,9 +199,16 @@ def test_py_func_from_main_is_an_error_at_as_graph_def(tmp_path: Path) -> None:
         "try:\n"
         "    g.as_graph_def()\n"
         "except ValueError as exc:\n"
-        "    print(exc)\n")
+        "    print(exc)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          env=env, timeout=60, check=True)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
     assert "'__main__:double' is defined in __main__" in proc.stdout
     assert "'twice'" in proc.stdout

@@ -34,8 +34,12 @@ def names(nodes: tuple[NodeDef, ...]) -> list[str]:
     return [n.name for n in nodes]
 
 
-def _prune(graph: af.Graph, fetches: list[af.Tensor], targets: list[af.Operation] = (),  # type: ignore[assignment]
-           feeds: set[af.Tensor] = frozenset()) -> tuple[NodeDef, ...]:  # type: ignore[assignment]
+def _prune(
+    graph: af.Graph,
+    fetches: list[af.Tensor],
+    targets: list[af.Operation] = (),  # type: ignore[assignment]
+    feeds: set[af.Tensor] = frozenset(),
+) -> tuple[NodeDef, ...]:  # type: ignore[assignment]
     """prune, checked against its other algorithm (the walk from the fetches)."""
     ir = graph_ir(graph)
     fetched, targeted = [ref_of(t) for t in fetches], [op.name for op in targets]
@@ -101,11 +105,15 @@ def test_prune_is_topological_and_iterative(graph: af.Graph) -> None:
             assert position[name] < position[n.name]
 
 
-@settings(max_examples=80, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(random_graphs(), st.data())
 def test_prune_scan_and_walk_agree_on_random_graphs(
-        case: tuple[af.Graph, list[Any], dict[Any, Any]], data: st.DataObject) -> None:
+    case: tuple[af.Graph, list[Any], dict[Any, Any]], data: st.DataObject
+) -> None:
     """The reverse scan gives the walk's nodes, in graph order, on random graphs with
     control edges, fed tensors and targets."""
     graph, fetches, feeds = case
@@ -127,8 +135,9 @@ def test_prune_walks_a_graph_with_back_edges(graph: af.Graph) -> None:
     so and pruning walks from the fetches (the reverse scan would miss the loop
     body)."""
     x = af.placeholder(af.float32, shape=(), name="x")
-    i, s = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + x),
-                         [af.constant(0), af.constant(0.0)])
+    i, s = af.while_loop(
+        lambda i, s: i < 3, lambda i, s: (i + 1, s + x), [af.constant(0), af.constant(0.0)]
+    )
     ir = graph_ir(graph)
     assert ir.back_edges
     assert not graph_ir(af.Graph()).back_edges
@@ -168,11 +177,19 @@ def test_placement_malformed_device(graph: af.Graph) -> None:
         place(_nodes(graph), [CPU0])
 
 
-def _one_partition(graph: af.Graph, fetches: list[af.Tensor], feeds: list[af.Tensor] = ()  # type: ignore[assignment]
-                   ) -> object:
-    compiled = compile_signature(graph_ir(graph), feeds=[ref_of(t) for t in feeds],
-                                 fetches=[ref_of(t) for t in fetches], targets=[],
-                                 devices=[CPU0], incarnation=1)
+def _one_partition(
+    graph: af.Graph,
+    fetches: list[af.Tensor],
+    feeds: list[af.Tensor] = (),  # type: ignore[assignment]
+) -> object:
+    compiled = compile_signature(
+        graph_ir(graph),
+        feeds=[ref_of(t) for t in feeds],
+        fetches=[ref_of(t) for t in fetches],
+        targets=[],
+        devices=[CPU0],
+        incarnation=1,
+    )
     (plan,) = compiled.plans
     return plan
 
@@ -223,7 +240,8 @@ def _identity(v: np.ndarray) -> np.ndarray:
 
 
 def test_bind_of_static_kernels_matches_binding_each_node(
-        graph: af.Graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    graph: af.Graph, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Nodes of static inline kernels (two inputs or fewer) are bound from the kernel
     of their op type's first node; every field equals what binding each node on its
     own gives, with a node of three inputs beside them, and in a plan with a cond
@@ -282,9 +300,14 @@ def test_compiled_partitions_pickle_and_round_trip(graph: af.Graph) -> None:
         y = af.multiply(x, 3.0, name="y")
     z = af.reduce_sum(y, name="z")
     total = _loop_graph(graph)
-    compiled = compile_signature(graph_ir(graph), feeds=[ref_of(x)],
-                                 fetches=[ref_of(z), ref_of(total)], targets=[],
-                                 devices=[CPU0, CPU1], incarnation=7)
+    compiled = compile_signature(
+        graph_ir(graph),
+        feeds=[ref_of(x)],
+        fetches=[ref_of(z), ref_of(total)],
+        targets=[],
+        devices=[CPU0, CPU1],
+        incarnation=7,
+    )
     assert len(compiled.plans) == 2
     data = pickle.dumps(compiled)
     back = pickle.loads(data)
@@ -328,7 +351,7 @@ def test_cross_device_loop_gets_a_control_loop_per_receiving_device(graph: af.Gr
     # The body's add is on cpu:1 and receives from the loop on cpu:0: one control loop on
     # cpu:1; the loop's next value comes back to cpu:0: one there too.
     assert {device for _, device in loops} == {0, 1}
-    added = new_nodes[len(nodes):]
+    added = new_nodes[len(nodes) :]
     assert {n.op for n in added} == {"Const", "Enter", "Merge", "Switch", "NextIteration"}
     assert len(new_placement) == len(new_nodes)
     for n in added:
@@ -383,15 +406,17 @@ def _graph() -> dict[str, set[str]]:
 def test_compiler_never_imports_runtime_or_session() -> None:
     for module, imports in _graph().items():
         if module.startswith("asyncflow.compiler"):
-            bad = {m for m in imports if m.startswith(("asyncflow.runtime", "asyncflow.session",
-                                                       "asyncflow.partial_run"))}
+            bad = {
+                m
+                for m in imports
+                if m.startswith(("asyncflow.runtime", "asyncflow.session", "asyncflow.partial_run"))
+            }
             assert not bad, f"{module} imports {bad}"
 
 
 def test_layers_point_one_way() -> None:
     # framework -> compiler -> runtime -> session: nothing imports a layer above it.
-    order = ["asyncflow.framework", "asyncflow.compiler", "asyncflow.runtime",
-             "asyncflow.session"]
+    order = ["asyncflow.framework", "asyncflow.compiler", "asyncflow.runtime", "asyncflow.session"]
 
     def layer(module: str) -> int:
         for k, prefix in enumerate(order):

@@ -27,14 +27,19 @@ def run(fetches: Any, feeds: Any = None, graph: af.Graph | None = None, **config
 
 
 def test_while_counts_to_10000_with_parallel_iterations(graph: af.Graph) -> None:
-    r = af.while_loop(lambda x: af.less(x, 10000), lambda x: af.add(x, 1),
-                         [af.constant(0)], parallel_iterations=20)
+    r = af.while_loop(
+        lambda x: af.less(x, 10000),
+        lambda x: af.add(x, 1),
+        [af.constant(0)],
+        parallel_iterations=20,
+    )
     assert run(r) == 10000
 
 
 def test_while_sum_of_i_below_10(graph: af.Graph) -> None:
-    i, s = af.while_loop(lambda i, s: i < 10, lambda i, s: (i + 1, s + i),
-                         (af.constant(0), af.constant(0)))
+    i, s = af.while_loop(
+        lambda i, s: i < 10, lambda i, s: (i + 1, s + i), (af.constant(0), af.constant(0))
+    )
     assert run([i, s]) == [10, 45]
 
 
@@ -55,7 +60,8 @@ def test_while_single_tensor_and_nested_structures(graph: af.Graph) -> None:
     out = af.while_loop(
         lambda p, d: p.a < 5,
         lambda p, d: (Pair(p.a + 1, p.b * 2), {"k": d["k"] + 1.0}),
-        (Pair(af.constant(0), af.constant(1)), {"k": af.constant(0.0)}))
+        (Pair(af.constant(0), af.constant(1)), {"k": af.constant(0.0)}),
+    )
     p, d = run(list(out))
     assert isinstance(p, Pair)
     assert (p.a, p.b, d["k"]) == (5, 32, 5.0)
@@ -69,8 +75,7 @@ def test_while_uses_outside_values_as_loop_constants(graph: af.Graph) -> None:
 
 
 def test_maximum_iterations_caps(graph: af.Graph) -> None:
-    r = af.while_loop(lambda x: x < 1000, lambda x: x + 1, af.constant(0),
-                      maximum_iterations=7)
+    r = af.while_loop(lambda x: x < 1000, lambda x: x + 1, af.constant(0), maximum_iterations=7)
     assert run(r) == 7
     r2 = af.while_loop(lambda x: x < 3, lambda x: x + 1, af.constant(0), maximum_iterations=7)
     assert run(r2) == 3
@@ -88,8 +93,12 @@ def test_shape_invariants(graph: af.Graph) -> None:
     start = (af.constant(0), af.constant(np.zeros(1, np.float32)))
     with pytest.raises(ValueError, match="shape_invariants"):
         af.while_loop(lambda i, v: i < 3, body, start)
-    i, v = af.while_loop(lambda i, v: i < 3, body, start,
-                         shape_invariants=(af.TensorShape([]), af.TensorShape([None])))
+    i, v = af.while_loop(
+        lambda i, v: i < 3,
+        body,
+        start,
+        shape_invariants=(af.TensorShape([]), af.TensorShape([None])),
+    )
     assert tuple(v.shape) == (None,)
     out_i, out_v = run([i, v])
     assert out_i == 3
@@ -98,8 +107,7 @@ def test_shape_invariants(graph: af.Graph) -> None:
 
 def test_while_build_errors(graph: af.Graph) -> None:
     with pytest.raises(ValueError, match="same structure"):
-        af.while_loop(lambda a, b: a < 3, lambda a, b: (a + 1,), (af.constant(0),
-                                                                   af.constant(1)))
+        af.while_loop(lambda a, b: a < 3, lambda a, b: (a + 1,), (af.constant(0), af.constant(1)))
     with pytest.raises(TypeError, match="dtype"):
         af.while_loop(lambda a: a < 3, lambda a: af.cast(a, af.float32), af.constant(0))
     with pytest.raises(ValueError, match="parallel_iterations"):
@@ -122,8 +130,9 @@ def test_parallel_iterations_bounds_iterations_in_flight(graph: af.Graph) -> Non
         # iterations can overlap up to parallel_iterations.
         return i + 1, acc + af.reshape(af.py_func(slow, [i], af.int32), ())
 
-    i, acc = af.while_loop(lambda i, acc: i < 30, body, (af.constant(0), af.constant(0)),
-                           parallel_iterations=3)
+    i, acc = af.while_loop(
+        lambda i, acc: i < 30, body, (af.constant(0), af.constant(0)), parallel_iterations=3
+    )
     assert run([i, acc]) == [30, sum(range(30))]
     assert 1 < peak[0] <= 3
 
@@ -136,8 +145,9 @@ def test_cond_values_from_tf(graph: af.Graph) -> None:
     a = af.cond(af.less(1, 2), lambda: af.add(x, 1.0), lambda: af.subtract(x, 1.0))
     b = af.cond(af.less(1, 0), lambda: af.add(x, 1.0), lambda: af.subtract(x, 1.0))
     p = af.less(1, 2)
-    c = af.cond(p, lambda: af.add(af.cond(p, lambda: x + 1.0, lambda: x - 1.0), 1.0),
-                lambda: x - 1.0)
+    c = af.cond(
+        p, lambda: af.add(af.cond(p, lambda: x + 1.0, lambda: x - 1.0), 1.0), lambda: x - 1.0
+    )
     assert run([a, b, c]) == [11.0, 9.0, 12.0]
 
 
@@ -157,12 +167,16 @@ def test_only_the_taken_branch_runs(graph: af.Graph) -> None:
         def f(v: Any) -> Any:
             calls.append(tag)
             return v
+
         return f
 
     p = af.placeholder(af.bool, shape=())
     x = af.constant(1.0)
-    out = af.cond(p, lambda: af.py_func(effect("true"), [x], af.float32),
-                  lambda: af.py_func(effect("false"), [x], af.float32))
+    out = af.cond(
+        p,
+        lambda: af.py_func(effect("true"), [x], af.float32),
+        lambda: af.py_func(effect("false"), [x], af.float32),
+    )
     with af.Session(graph=graph) as sess:
         sess.run_sync(out, {p: True})
         assert calls == ["true"]
@@ -190,8 +204,7 @@ def test_cond_build_errors(graph: af.Graph) -> None:
     with pytest.raises(TypeError, match="Python bool"):
         af.cond(True, lambda: af.constant(1), lambda: af.constant(2))
     with pytest.raises(ValueError, match="same structure"):
-        af.cond(af.less(1, 2), lambda: [af.constant(1)],
-                lambda: (af.constant(1), af.constant(2)))
+        af.cond(af.less(1, 2), lambda: [af.constant(1)], lambda: (af.constant(1), af.constant(2)))
     with pytest.raises(TypeError, match="dtypes"):
         af.cond(af.less(1, 2), lambda: af.constant(1), lambda: af.constant(1.0))
     with pytest.raises(TypeError, match="bool"):
@@ -200,18 +213,21 @@ def test_cond_build_errors(graph: af.Graph) -> None:
 
 def test_case(graph: af.Graph) -> None:
     x = af.placeholder(af.int32, shape=())
-    out = af.case([(af.less(x, 0), lambda: af.constant(-1)),
-                   (af.equal(x, 0), lambda: af.constant(0))],
-                  default=lambda: af.constant(1))
+    out = af.case(
+        [(af.less(x, 0), lambda: af.constant(-1)), (af.equal(x, 0), lambda: af.constant(0))],
+        default=lambda: af.constant(1),
+    )
     with af.Session(graph=graph) as sess:
         assert [sess.run_sync(out, {x: v}) for v in (-5, 0, 5)] == [-1, 0, 1]
 
 
 def test_case_exclusive(graph: af.Graph) -> None:
     x = af.placeholder(af.int32, shape=())
-    out = af.case([(af.less(x, 10), lambda: af.constant(1)),
-                   (af.less(x, 20), lambda: af.constant(2))],
-                  default=lambda: af.constant(3), exclusive=True)
+    out = af.case(
+        [(af.less(x, 10), lambda: af.constant(1)), (af.less(x, 20), lambda: af.constant(2))],
+        default=lambda: af.constant(3),
+        exclusive=True,
+    )
     with af.Session(graph=graph) as sess:
         assert sess.run_sync(out, {x: 15}) == 2
         with pytest.raises(af.errors.InvalidArgumentError, match="more than one"):
@@ -247,7 +263,9 @@ def test_cond_inside_while_inside_cond(graph: af.Graph) -> None:
     def loop() -> af.Tensor:
         return af.while_loop(
             lambda v: v < 10,
-            lambda v: af.cond(af.less(v, 5), lambda: v + 2, lambda: v + 1), af.constant(0))
+            lambda v: af.cond(af.less(v, 5), lambda: v + 2, lambda: v + 1),
+            af.constant(0),
+        )
 
     out = af.cond(p, loop, lambda: af.constant(7))
     with af.Session(graph=graph) as sess:
@@ -341,10 +359,11 @@ def test_error_inside_a_loop_names_the_node(graph: af.Graph) -> None:
             raise ValueError("three")
         return v
 
-    r = af.while_loop(lambda x: x < 10,
-                      lambda x: af.reshape(af.py_func(fail_at_3, [x], af.int32,
-                                                      name="checker"), ()) + 1,
-                      af.constant(0))
+    r = af.while_loop(
+        lambda x: x < 10,
+        lambda x: af.reshape(af.py_func(fail_at_3, [x], af.int32, name="checker"), ()) + 1,
+        af.constant(0),
+    )
     with pytest.raises(af.errors.InvalidArgumentError, match="checker") as info:
         run(r)
     assert "three" in str(info.value)
@@ -380,17 +399,25 @@ def test_raw_loop(graph: af.Graph) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(start=st.integers(-20, 20), limit=st.integers(-20, 40), step=st.integers(1, 5),
-       parallel=st.integers(1, 12), cap=st.none() | st.integers(0, 30))
-def test_counter_loops_match_python(start: int, limit: int, step: int, parallel: int,
-                                    cap: int | None) -> None:
+@given(
+    start=st.integers(-20, 20),
+    limit=st.integers(-20, 40),
+    step=st.integers(1, 5),
+    parallel=st.integers(1, 12),
+    cap=st.none() | st.integers(0, 30),
+)
+def test_counter_loops_match_python(
+    start: int, limit: int, step: int, parallel: int, cap: int | None
+) -> None:
     g = af.Graph()
     with g.as_default():
         i, total = af.while_loop(
             lambda i, t: i < limit,
             lambda i, t: (i + step, af.cond(af.equal(i % 2, 0), lambda: t + i, lambda: t - 1)),
             (af.constant(start), af.constant(0)),
-            parallel_iterations=parallel, maximum_iterations=cap)
+            parallel_iterations=parallel,
+            maximum_iterations=cap,
+        )
     want_i, want_t, n = start, 0, 0
     while want_i < limit and (cap is None or n < cap):
         want_t = want_t + want_i if want_i % 2 == 0 else want_t - 1

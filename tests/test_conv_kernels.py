@@ -25,11 +25,15 @@ from asyncflow.compiler.placement import place
 from asyncflow.compiler.prune import prune
 
 DEVICES = ("/job:localhost/replica:0/task:0/device:CPU:0",)
-L0 = af.SessionConfig(graph_options=af.GraphOptions(
-    optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+L0 = af.SessionConfig(
+    graph_options=af.GraphOptions(
+        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)
+    )
+)
 
 
 # -- references -------------------------------------------------------------------------
+
 
 def _pads(size: int, k: int, s: int, d: int, padding: Any) -> tuple[int, int, int]:
     """(output size, pad before, pad after) as TF computes them."""
@@ -44,8 +48,16 @@ def _pads(size: int, k: int, s: int, d: int, padding: Any) -> tuple[int, int, in
     return max((size + before + after - ek) // s + 1, 0), before, after
 
 
-def _reference(x: np.ndarray, k: tuple[int, int], s: tuple[int, int], d: tuple[int, int],
-               padding: Any, pad_value: float, reduce: Any, depth: int) -> np.ndarray:
+def _reference(
+    x: np.ndarray,
+    k: tuple[int, int],
+    s: tuple[int, int],
+    d: tuple[int, int],
+    padding: Any,
+    pad_value: float,
+    reduce: Any,
+    depth: int,
+) -> np.ndarray:
     """``reduce(window (KH, KW, C))`` at every output pixel of NHWC ``x``."""
     n, h, w, _ = x.shape
     ph = padding if not isinstance(padding, list) else padding[0]
@@ -69,15 +81,23 @@ def _run(y: af.Tensor, config: af.SessionConfig | None = None) -> np.ndarray:
         return np.asarray(sess.run_sync(y))
 
 
-geometry = st.fixed_dictionaries({
-    "n": st.integers(1, 2), "h": st.integers(1, 8), "w": st.integers(1, 8),
-    "c": st.integers(1, 4), "k": st.tuples(st.integers(1, 3), st.integers(1, 3)),
-    "s": st.tuples(st.integers(1, 3), st.integers(1, 3)),
-    "d": st.tuples(st.integers(1, 2), st.integers(1, 2)),
-    "padding": st.one_of(st.sampled_from(["SAME", "VALID"]),
-                         st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2)),
-                                  min_size=2, max_size=2)),
-    "nchw": st.booleans(), "seed": st.integers(0, 2**16)})
+geometry = st.fixed_dictionaries(
+    {
+        "n": st.integers(1, 2),
+        "h": st.integers(1, 8),
+        "w": st.integers(1, 8),
+        "c": st.integers(1, 4),
+        "k": st.tuples(st.integers(1, 3), st.integers(1, 3)),
+        "s": st.tuples(st.integers(1, 3), st.integers(1, 3)),
+        "d": st.tuples(st.integers(1, 2), st.integers(1, 2)),
+        "padding": st.one_of(
+            st.sampled_from(["SAME", "VALID"]),
+            st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2)), min_size=2, max_size=2),
+        ),
+        "nchw": st.booleans(),
+        "seed": st.integers(0, 2**16),
+    }
+)
 
 
 def _tf_padding(padding: Any, nchw: bool) -> Any:
@@ -97,15 +117,21 @@ def test_conv2d_matches_the_loop_reference(g: dict[str, Any], o: int) -> None:
     rng = np.random.default_rng(g["seed"])
     x = rng.standard_normal((g["n"], g["h"], g["w"], g["c"]))
     f = rng.standard_normal((*g["k"], g["c"], o))
-    expected = _reference(x, g["k"], g["s"], g["d"], g["padding"], 0.0,
-                          lambda win, _: np.tensordot(win, f, 3), o)
+    expected = _reference(
+        x, g["k"], g["s"], g["d"], g["padding"], 0.0, lambda win, _: np.tensordot(win, f, 3), o
+    )
     graph = af.Graph()
     with graph.as_default():
         fmt = "NCHW" if g["nchw"] else "NHWC"
         xin = np.transpose(x, (0, 3, 1, 2)) if g["nchw"] else x
-        y = af.nn.conv2d(af.constant(xin), af.constant(f), list(g["s"]),
-                         _tf_padding(g["padding"], g["nchw"]), data_format=fmt,
-                         dilations=list(g["d"]))
+        y = af.nn.conv2d(
+            af.constant(xin),
+            af.constant(f),
+            list(g["s"]),
+            _tf_padding(g["padding"], g["nchw"]),
+            data_format=fmt,
+            dilations=list(g["d"]),
+        )
     np.testing.assert_allclose(_nhwc(_run(y, L0), g["nchw"]), expected, rtol=1e-9, atol=1e-9)
 
 
@@ -115,33 +141,47 @@ def test_depthwise_conv2d_matches_the_loop_reference(g: dict[str, Any], m: int) 
     rng = np.random.default_rng(g["seed"])
     x = rng.standard_normal((g["n"], g["h"], g["w"], g["c"]))
     f = rng.standard_normal((*g["k"], g["c"], m))
-    expected = _reference(x, g["k"], g["s"], g["d"], g["padding"], 0.0,
-                          lambda win, _: np.einsum("ijc,ijcm->cm", win, f).reshape(-1),
-                          g["c"] * m)
+    expected = _reference(
+        x,
+        g["k"],
+        g["s"],
+        g["d"],
+        g["padding"],
+        0.0,
+        lambda win, _: np.einsum("ijc,ijcm->cm", win, f).reshape(-1),
+        g["c"] * m,
+    )
     graph = af.Graph()
     with graph.as_default():
         fmt = "NCHW" if g["nchw"] else "NHWC"
         xin = np.transpose(x, (0, 3, 1, 2)) if g["nchw"] else x
-        y = af.nn.depthwise_conv2d(af.constant(xin), af.constant(f), [1, *g["s"], 1] if not
-                                   g["nchw"] else [1, 1, *g["s"]],
-                                   _tf_padding(g["padding"], g["nchw"]), data_format=fmt,
-                                   dilations=list(g["d"]))
+        y = af.nn.depthwise_conv2d(
+            af.constant(xin),
+            af.constant(f),
+            [1, *g["s"], 1] if not g["nchw"] else [1, 1, *g["s"]],
+            _tf_padding(g["padding"], g["nchw"]),
+            data_format=fmt,
+            dilations=list(g["d"]),
+        )
     np.testing.assert_allclose(_nhwc(_run(y, L0), g["nchw"]), expected, rtol=1e-9, atol=1e-9)
 
 
 @settings(max_examples=60, deadline=None)
-@given(g=geometry, kind=st.sampled_from(["max", "avg"]),
-       padding=st.sampled_from(["SAME", "VALID"]))
+@given(g=geometry, kind=st.sampled_from(["max", "avg"]), padding=st.sampled_from(["SAME", "VALID"]))
 def test_pooling_matches_the_loop_reference(g: dict[str, Any], kind: str, padding: str) -> None:
     rng = np.random.default_rng(g["seed"])
     x = rng.standard_normal((g["n"], g["h"], g["w"], g["c"]))
     if kind == "max":
+
         def reduce(win: np.ndarray, _: np.ndarray) -> np.ndarray:
             return np.asarray(win.max(axis=(0, 1)))
+
         pad_value = -np.inf
     else:
+
         def reduce(win: np.ndarray, valid: np.ndarray) -> np.ndarray:
             return np.asarray(win.sum(axis=(0, 1)) / valid.sum())
+
         pad_value = 0.0
     expected = _reference(x, g["k"], g["s"], (1, 1), padding, pad_value, reduce, g["c"])
     graph = af.Graph()
@@ -153,17 +193,20 @@ def test_pooling_matches_the_loop_reference(g: dict[str, Any], kind: str, paddin
 
 # -- the optimizer's rewrites -----------------------------------------------------------
 
+
 def _optimized_types(y: af.Tensor, fetches: list[af.Tensor] | None = None) -> list[str]:
     ir = graph_ir(y.graph)
     refs = [ref_of(t) for t in (fetches or [y])]
     nodes = prune(ir, refs, (), [])
-    out, _, _ = optimize(nodes, place(nodes, DEVICES, lookup=ir.by_name), devices=DEVICES,
-                         fetches=refs)
+    out, _, _ = optimize(
+        nodes, place(nodes, DEVICES, lookup=ir.by_name), devices=DEVICES, fetches=refs
+    )
     return [n.op for n in out]
 
 
-def _conv_bn_graph(depthwise: bool, keras_style: bool, activation: Any
-                   ) -> tuple[af.Graph, af.Tensor, af.Tensor, af.Tensor]:
+def _conv_bn_graph(
+    depthwise: bool, keras_style: bool, activation: Any
+) -> tuple[af.Graph, af.Tensor, af.Tensor, af.Tensor]:
     rng = np.random.default_rng(7)
     graph = af.Graph()
     with graph.as_default():
@@ -180,8 +223,9 @@ def _conv_bn_graph(depthwise: bool, keras_style: bool, activation: Any
             scale = af.constant(gamma) * af.rsqrt(af.constant(var) + 1e-3)
             bn = (h - af.constant(mean)) * scale + af.constant(beta)
         else:
-            bn, _, _ = af.nn.fused_batch_norm(h, gamma, beta, mean, var, epsilon=1e-3,
-                                              is_training=False)
+            bn, _, _ = af.nn.fused_batch_norm(
+                h, gamma, beta, mean, var, epsilon=1e-3, is_training=False
+            )
         y = activation(af.nn.bias_add(bn, rng.standard_normal(8).astype(np.float32)))
     return graph, x, bn, y
 
@@ -189,17 +233,20 @@ def _conv_bn_graph(depthwise: bool, keras_style: bool, activation: Any
 @pytest.mark.parametrize("depthwise", [False, True])
 @pytest.mark.parametrize("keras_style", [False, True])
 @pytest.mark.parametrize("activation", [af.nn.relu, af.nn.relu6, af.identity])
-def test_batch_norm_folds_and_bias_activation_fuse(depthwise: bool, keras_style: bool,
-                                                    activation: Any) -> None:
+def test_batch_norm_folds_and_bias_activation_fuse(
+    depthwise: bool, keras_style: bool, activation: Any
+) -> None:
     graph, x, _, y = _conv_bn_graph(depthwise, keras_style, activation)
     types = _optimized_types(y)
-    assert not {"FusedBatchNormV3", "Sub", "Mul", "Conv2D", "DepthwiseConv2dNative"} & set(
-        types), types
+    assert not {"FusedBatchNormV3", "Sub", "Mul", "Conv2D", "DepthwiseConv2dNative"} & set(types), (
+        types
+    )
     assert types.count(FUSED_CONV) == 1
     feed = {x: np.random.default_rng(1).standard_normal((2, 9, 9, 4)).astype(np.float32)}
     with af.Session(graph=graph) as fast, af.Session(graph=graph, config=L0) as plain:
-        np.testing.assert_allclose(fast.run_sync(y, feed), plain.run_sync(y, feed),
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            fast.run_sync(y, feed), plain.run_sync(y, feed), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_nothing_folds_through_a_fetched_value() -> None:
@@ -234,17 +281,22 @@ def test_a_zero_pad_before_a_valid_convolution_becomes_its_padding(depthwise: bo
         x = af.placeholder(af.float32, [None, 8, 7, 3], name="x")
         padded = af.pad(x, [[0, 0], [0, 1], [1, 2], [0, 0]])
         f = af.constant(rng.standard_normal((3, 3, 3, 2)).astype(np.float32))
-        y = (af.nn.depthwise_conv2d(padded, f, [1, 2, 2, 1], "VALID") if depthwise else
-             af.nn.conv2d(padded, f, 2, "VALID"))
+        y = (
+            af.nn.depthwise_conv2d(padded, f, [1, 2, 2, 1], "VALID")
+            if depthwise
+            else af.nn.conv2d(padded, f, 2, "VALID")
+        )
     assert "Pad" not in _optimized_types(y)
-    assert "Pad" in _optimized_types(y, [padded, y])   # a fetched pad stays
+    assert "Pad" in _optimized_types(y, [padded, y])  # a fetched pad stays
     feed = {x: rng.standard_normal((2, 8, 7, 3)).astype(np.float32)}
     with af.Session(graph=graph) as fast, af.Session(graph=graph, config=L0) as plain:
-        np.testing.assert_allclose(fast.run_sync(y, feed), plain.run_sync(y, feed),
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            fast.run_sync(y, feed), plain.run_sync(y, feed), rtol=1e-5, atol=1e-5
+        )
 
 
 # -- run-time sizing ----------------------------------------------------------------------
+
 
 def _unknown_batch_conv(kind: str, c: int, k: int, o: int, seed: int) -> tuple[Any, Any]:
     """A convolution of a placeholder whose batch is unknown (as every exported model's)."""
@@ -255,8 +307,9 @@ def _unknown_batch_conv(kind: str, c: int, k: int, o: int, seed: int) -> tuple[A
         if kind == "depthwise":
             y = af.nn.depthwise_conv2d(x, f, [1, 1, 1, 1], "SAME")
         elif kind == "fused":
-            y = af.nn.relu(af.nn.bias_add(af.nn.conv2d(x, f, 1, "SAME"),
-                                          af.constant(rng.standard_normal(o))))
+            y = af.nn.relu(
+                af.nn.bias_add(af.nn.conv2d(x, f, 1, "SAME"), af.constant(rng.standard_normal(o)))
+            )
         else:
             y = af.nn.conv2d(x, f, 1, "SAME")
     return x, y
@@ -274,8 +327,13 @@ def _calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int, bool]]:
         real = getattr(conv_ops, name)
 
         def spy(x: np.ndarray, *args: Any, _real: Any = real) -> Any:
-            calls.append((threading.current_thread() is threading.main_thread(),
-                          x.shape[0], not getattr(conv_ops._part, "active", False)))
+            calls.append(
+                (
+                    threading.current_thread() is threading.main_thread(),
+                    x.shape[0],
+                    not getattr(conv_ops._part, "active", False),
+                )
+            )
             return _real(x, *args)
 
         monkeypatch.setattr(conv_ops, name, spy)
@@ -286,8 +344,9 @@ TWO_THREADS = af.SessionConfig(inter_op_parallelism_threads=2)
 
 
 @pytest.mark.parametrize("kind", ["conv", "depthwise", "fused"])
-def test_an_unknown_batch_is_sized_by_the_fed_input(kind: str,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unknown_batch_is_sized_by_the_fed_input(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Batch 1 runs inline on the loop; the same graph fed batch 8 crosses the threshold
     and runs on the device's worker threads, split in parts (one per thread, one BLAS
     thread each) when the device has two threads and the machine two cores."""
@@ -314,8 +373,7 @@ def test_an_unknown_batch_is_sized_by_the_fed_input(kind: str,
         assert calls == [(False, 1, True)]
 
 
-def test_a_failing_part_of_a_split_batch_fails_the_node(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_part_of_a_split_batch_fails_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first part's error is the node's (not an exception group); the session stays
     usable."""
     from asyncflow.ops import conv_ops
@@ -325,18 +383,27 @@ def test_a_failing_part_of_a_split_batch_fails_the_node(
         x = af.placeholder(af.float64, [None, None, None, None], name="x")
         y = af.nn.conv2d(x, af.constant(np.ones((3, 3, 4, 2))), 1, "SAME", name="conv")
     with af.Session(graph=graph, config=TWO_THREADS) as sess:
-        with pytest.raises(af.errors.InvalidArgumentError,
-                           match=r"(?s)^ValueError: input depth 3 does not match.*node conv "):
+        with pytest.raises(
+            af.errors.InvalidArgumentError,
+            match=r"(?s)^ValueError: input depth 3 does not match.*node conv ",
+        ):
             sess.run_sync(y, {x: np.ones((8, 5, 5, 3))})
         assert sess.run_sync(y, {x: np.ones((8, 5, 5, 4))}).shape == (8, 5, 5, 2)
 
 
 @settings(max_examples=40, deadline=None)
-@given(kind=st.sampled_from(["conv", "depthwise", "fused"]), n=st.integers(1, 3),
-       h=st.integers(1, 6), c=st.integers(1, 3), k=st.integers(1, 3),
-       threshold=st.integers(1, 400), seed=st.integers(0, 2**16))
+@given(
+    kind=st.sampled_from(["conv", "depthwise", "fused"]),
+    n=st.integers(1, 3),
+    h=st.integers(1, 6),
+    c=st.integers(1, 3),
+    k=st.integers(1, 3),
+    threshold=st.integers(1, 400),
+    seed=st.integers(0, 2**16),
+)
 def test_run_time_sized_convolutions_match_the_static_ones(
-        kind: str, n: int, h: int, c: int, k: int, threshold: int, seed: int) -> None:
+    kind: str, n: int, h: int, c: int, k: int, threshold: int, seed: int
+) -> None:
     """Whichever side of the threshold the fed input falls, the result is the kernel's:
     the same graph with static shapes (constants) is the oracle."""
     from asyncflow.ops import conv_ops
@@ -344,7 +411,7 @@ def test_run_time_sized_convolutions_match_the_static_ones(
     x, y = _unknown_batch_conv(kind, c, k, 2, seed)
     feed = np.random.default_rng(seed).standard_normal((n, h, h + 1, c))
     with af.Session(graph=y.graph, config=L0) as sess:
-        static = sess.run_sync(y, {x: feed})   # L0 folds nothing: shapes stay unknown
+        static = sess.run_sync(y, {x: feed})  # L0 folds nothing: shapes stay unknown
     saved = conv_ops._EXPENSIVE_MACS
     conv_ops._EXPENSIVE_MACS = threshold
     try:
@@ -366,13 +433,25 @@ def test_run_time_sizing_keeps_static_decisions() -> None:
         y = af.nn.conv2d(x, af.constant(np.ones((3, 3, 4, 4), np.float32)), 1, "SAME")
         # Only the batch free, small images: inline at any batch (the plan keeps the
         # executor's all-inline path).
-        z = af.nn.conv2d(af.placeholder(af.float32, [None, 8, 8, 4]),
-                         af.constant(np.ones((3, 3, 4, 4), np.float32)), 1, "SAME")
+        z = af.nn.conv2d(
+            af.placeholder(af.float32, [None, 8, 8, 4]),
+            af.constant(np.ones((3, 3, 4, 4), np.float32)),
+            1,
+            "SAME",
+        )
         # Images below the threshold of which four would cross it.
-        big = af.nn.conv2d(af.placeholder(af.float32, [None, 32, 32, 64]),
-                           af.constant(np.ones((3, 3, 64, 8), np.float32)), 1, "SAME")
-        free = af.nn.conv2d(af.placeholder(af.float32, [None, None, None, 4]),
-                            af.constant(np.ones((3, 3, 4, 4), np.float32)), 1, "SAME")
+        big = af.nn.conv2d(
+            af.placeholder(af.float32, [None, 32, 32, 64]),
+            af.constant(np.ones((3, 3, 64, 8), np.float32)),
+            1,
+            "SAME",
+        )
+        free = af.nn.conv2d(
+            af.placeholder(af.float32, [None, None, None, 4]),
+            af.constant(np.ones((3, 3, 4, 4), np.float32)),
+            1,
+            "SAME",
+        )
     kdef = registry.get_kernel("Conv2D", "CPU")
     assert kdef.instantiate(y.op)[1] == registry.INLINE
     assert kdef.instantiate(z.op)[1] == registry.INLINE

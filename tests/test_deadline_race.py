@@ -44,7 +44,8 @@ def _config() -> af.SessionConfig:
 
 
 async def test_deadline_landing_as_the_last_partition_finishes(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     started = asyncio.Event()
     release = asyncio.Event()
 
@@ -67,8 +68,9 @@ async def test_deadline_landing_as_the_last_partition_finishes(
     graph, x, y = _chain(slow)
     loop = asyncio.get_running_loop()
     with af.Session(graph=graph, config=_config()) as sess:
-        run = asyncio.create_task(sess.run(
-            y, {x: 1.0}, options=af.RunOptions(timeout_in_ms=60_000)))
+        run = asyncio.create_task(
+            sess.run(y, {x: 1.0}, options=af.RunOptions(timeout_in_ms=60_000))
+        )
         await started.wait()
         (deadline,) = deadlines
         # Both callbacks queued in one turn, in this order: the deadline's (due now, so
@@ -114,8 +116,7 @@ async def test_random_deadlines_soak() -> None:
             ms = rng.choice([1, 1, 1, 2])
             try:
                 # Deadline and release race in the loop's timer queue.
-                value = await sess.run(y, {x: float(k)},
-                                       options=af.RunOptions(timeout_in_ms=ms))
+                value = await sess.run(y, {x: float(k)}, options=af.RunOptions(timeout_in_ms=ms))
             except af.errors.DeadlineExceededError:
                 outcomes["deadline"] += 1
                 if not fut.done():

@@ -51,12 +51,14 @@ def _reset(cluster: Any) -> Iterator[None]:
 
 async def _open_rendezvous(cluster: Any) -> dict[str, int]:
     """Step rendezvous each task still holds (none once its steps are over)."""
+
     def count(dask_worker: Any) -> dict[str, int]:
         plugin = dask_worker.plugins["asyncflow"]
         return {task: len(env.rendezvous) for task, env in plugin._envs.items()}
 
     async def run() -> dict[str, dict[str, int]]:
         return await cluster.client.run(count)  # type: ignore[no-any-return]
+
     out: dict[str, int] = {}
     for counts in (await cluster._call(run())).values():
         out.update(counts)
@@ -78,44 +80,59 @@ def _ps_graph() -> tuple[af.Graph, Any, Any, Any]:
 
 # -- the cluster ------------------------------------------------------------------------
 
+
 def test_devices_and_tasks_bound_by_worker_name(cluster: Any) -> None:
     assert cluster.devices() == [
-        "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:0/device:CPU:1",
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:0/device:CPU:1",
         "/job:worker/replica:0/task:0/device:CPU:0",
         "/job:worker/replica:0/task:0/device:CPU:1",
         "/job:worker/replica:0/task:1/device:CPU:0",
-        "/job:worker/replica:0/task:1/device:CPU:1"]
+        "/job:worker/replica:0/task:1/device:CPU:1",
+    ]
     addresses = list(cluster.assignment.values())
-    assert list(cluster.assignment) == ["/job:ps/replica:0/task:0",
-                                        "/job:worker/replica:0/task:0",
-                                        "/job:worker/replica:0/task:1"]
+    assert list(cluster.assignment) == [
+        "/job:ps/replica:0/task:0",
+        "/job:worker/replica:0/task:0",
+        "/job:worker/replica:0/task:1",
+    ]
     assert len(set(addresses)) == 3
     # A LocalCluster names each Dask worker after its task: bound by name, not address.
-    assert cluster.names == {"/job:ps/replica:0/task:0": "ps-0",
-                             "/job:worker/replica:0/task:0": "worker-0",
-                             "/job:worker/replica:0/task:1": "worker-1"}
+    assert cluster.names == {
+        "/job:ps/replica:0/task:0": "ps-0",
+        "/job:worker/replica:0/task:0": "worker-0",
+        "/job:worker/replica:0/task:1": "worker-1",
+    }
 
 
 async def test_steps_are_served_on_each_tasks_own_loop_and_sent_from_the_steps(
-        cluster: Any) -> None:
+    cluster: Any,
+) -> None:
     # Each task serves a step's messages on the loop its partitions run on (a Dask
     # server of its own, in the worker's process), not on Dask's loop with a hop per
     # message; the session sends them from the step's own loop, not the client's.
     def where(dask_worker: Any) -> dict[str, Any]:
         plugin = dask_worker.plugins["asyncflow"]
-        return {"on_task_loop": plugin._server.loop.asyncio_loop is plugin._task_loop.loop,
-                "step_ops_on_dask": sorted(op for op in dask_worker.handlers
-                                           if op.startswith("asyncflow_")),
-                "service": plugin.service}
+        return {
+            "on_task_loop": plugin._server.loop.asyncio_loop is plugin._task_loop.loop,
+            "step_ops_on_dask": sorted(
+                op for op in dask_worker.handlers if op.startswith("asyncflow_")
+            ),
+            "service": plugin.service,
+        }
 
     async def run() -> dict[str, dict[str, Any]]:
         return await cluster.client.run(where)  # type: ignore[no-any-return]
+
     found = await cluster._call(run())
     for task, address in cluster.assignment.items():
         info = found[address]
         assert info["on_task_loop"]
-        assert info["step_ops_on_dask"] == ["asyncflow_client_gone", "asyncflow_hello",
-                                            "asyncflow_ping"]
+        assert info["step_ops_on_dask"] == [
+            "asyncflow_client_gone",
+            "asyncflow_hello",
+            "asyncflow_ping",
+        ]
         assert cluster.service[task] == info["service"] != address
     g, w, y, _ = _ps_graph()
     async with af.Session(cluster, graph=g) as sess:
@@ -132,18 +149,27 @@ def test_bad_jobs_are_value_errors() -> None:
 
 
 def test_import_without_dask_names_the_extra() -> None:
-    code = ("import sys; sys.modules['distributed'] = None\n"
-            "import asyncflow\n"
-            "assert 'dask' not in sys.modules\n"
-            "try:\n    import asyncflow.distributed\n"
-            "except ImportError as e:\n    print(e)\n")
+    code = (
+        "import sys; sys.modules['distributed'] = None\n"
+        "import asyncflow\n"
+        "assert 'dask' not in sys.modules\n"
+        "try:\n    import asyncflow.distributed\n"
+        "except ImportError as e:\n    print(e)\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(af.__file__))}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    ).stdout
     assert 'pip install "asyncflow[distributed]"' in out
 
 
 # -- running ----------------------------------------------------------------------------
+
 
 async def test_two_devices_of_one_task_stay_in_its_process(cluster: Any) -> None:
     g = af.Graph()
@@ -152,15 +178,20 @@ async def test_two_devices_of_one_task_stay_in_its_process(cluster: Any) -> None
             a = af.constant(np.arange(3.0), name="a") + 1.0
         with af.device("/job:worker/task:1/cpu:1"):
             b = af.reduce_sum(a * a, name="b")
-    l0 = af.SessionConfig(graph_options=af.GraphOptions(  # nothing folded: a crosses devices
-        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+    l0 = af.SessionConfig(
+        graph_options=af.GraphOptions(  # nothing folded: a crosses devices
+            optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)
+        )
+    )
     async with af.Session(cluster, graph=g, config=l0) as sess:
         meta = af.RunMetadata()
         opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
         assert await sess.run(b, options=opts, run_metadata=meta) == 14.0
     devices = {d.device for d in meta.step_stats.dev_stats}
-    assert devices == {"/job:worker/replica:0/task:1/device:CPU:0",
-                       "/job:worker/replica:0/task:1/device:CPU:1"}
+    assert devices == {
+        "/job:worker/replica:0/task:1/device:CPU:0",
+        "/job:worker/replica:0/task:1/device:CPU:1",
+    }
 
 
 async def test_ps_worker_graph_matches_a_local_session(cluster: Any) -> None:
@@ -301,13 +332,14 @@ async def test_full_trace_merges_every_task(cluster: Any) -> None:
     async with af.Session(cluster, graph=g) as sess:
         await sess.run(w.initializer)
         meta = af.RunMetadata()
-        opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE,
-                             output_partition_graphs=True)
+        opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE, output_partition_graphs=True)
         await sess.run([y, z], {"x:0": [1, 1, 1]}, options=opts, run_metadata=meta)
     devices = {d.device for d in meta.step_stats.dev_stats}
-    assert {"/job:ps/replica:0/task:0/device:CPU:0",
-            "/job:worker/replica:0/task:0/device:CPU:0",
-            "/job:worker/replica:0/task:1/device:CPU:0"} <= devices
+    assert {
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:worker/replica:0/task:0/device:CPU:0",
+        "/job:worker/replica:0/task:1/device:CPU:0",
+    } <= devices
     names = {n.node_name for d in meta.step_stats.dev_stats for n in d.node_stats}
     assert {"y", "z"} <= names
     trace = af.tracing.Timeline(meta.step_stats).generate_chrome_trace_format()
@@ -336,6 +368,7 @@ async def test_many_concurrent_steps(cluster: Any) -> None:
 
 def _hanging(path: str) -> Any:
     """An async kernel that sleeps for its input's seconds; notes in ``path`` when cancelled."""
+
     def note() -> None:
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"cancelled in {os.getpid()}\n")
@@ -347,6 +380,7 @@ def _hanging(path: str) -> Any:
             note()
             raise
         return v
+
     return forever
 
 
@@ -399,18 +433,21 @@ def test_fewer_workers_than_tasks_is_a_value_error(cluster: Any) -> None:
     async def connect() -> None:
         address = cluster.dask_cluster.scheduler_address
         await afd.Cluster.connect(address, jobs={"worker": 5})
+
     with pytest.raises(ValueError, match=r"needs 5 Dask workers .* has 3"):
         asyncio.run(connect())
 
 
 # -- an existing Dask cluster, connected by address; a worker killed mid-step ------------
 
+
 @pytest.fixture(scope="module")
 def dask_cluster() -> Iterator[Any]:
     import distributed
 
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as dc:
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as dc:
         yield dc
     gc.collect()
 
@@ -440,8 +477,9 @@ async def test_from_client_with_an_asynchronous_client(dask_cluster: Any) -> Non
             a = af.constant(np.arange(4.0), name="a")
         with af.device(W1):
             b = af.reduce_sum(a * a, name="b")
-    async with distributed.Client(dask_cluster.scheduler_address, asynchronous=True,
-                                  set_as_default=False) as client:
+    async with distributed.Client(
+        dask_cluster.scheduler_address, asynchronous=True, set_as_default=False
+    ) as client:
         cluster = await afd.Cluster.from_client(client, jobs={"worker": 2})
         async with cluster, af.Session(cluster, graph=g) as sess:
             assert await sess.run(b) == 14.0
@@ -454,16 +492,22 @@ async def test_shared_variables_with_another_dtype_or_shape_are_refused(cluster:
         with g.as_default(), af.device(PS):
             v = af.Variable(value, name="clash_v")
         return g, v
+
     g1, v1 = graph(np.zeros(3, np.float32))
     g2, v2 = graph(np.zeros(2, np.float64))
     g3, v3 = graph(np.zeros(3, np.float32))
-    async with af.Session(cluster, graph=g1) as a, af.Session(cluster, graph=g2) as b, \
-            af.Session(cluster, graph=g3) as c:
+    async with (
+        af.Session(cluster, graph=g1) as a,
+        af.Session(cluster, graph=g2) as b,
+        af.Session(cluster, graph=g3) as c,
+    ):
         await a.run(v1.initializer)
-        with pytest.raises(af.errors.InvalidArgumentError,
-                           match=r"variable 'clash_v' on task /job:ps/replica:0/task:0 is "
-                                 r"shared with dtype float32 and shape \(3,\), but this "
-                                 r"session declares dtype float64 and shape \(2,\)"):
+        with pytest.raises(
+            af.errors.InvalidArgumentError,
+            match=r"variable 'clash_v' on task /job:ps/replica:0/task:0 is "
+            r"shared with dtype float32 and shape \(3,\), but this "
+            r"session declares dtype float64 and shape \(2,\)",
+        ):
             await b.run(v2.initializer)
         assert (await c.run(v3) == 0.0).all()  # the same declaration shares it
         assert (await a.run(v1) == 0.0).all()  # and the first session is untouched
@@ -506,8 +550,10 @@ async def test_connect_by_address_and_kill_a_worker_mid_step(dask_cluster: Any) 
     client_thread = cluster._own_loop._thread
     async with cluster, af.Session(cluster, graph=g) as sess:
         assert await sess.run(quick0, {x: 1.0}) == 2.0
+
         async def worker_pids() -> dict[str, int]:
             return await cluster.client.run(os.getpid)  # type: ignore[no-any-return]
+
         pids = await cluster._call(worker_pids())
         victim = pids[cluster.assignment["/job:worker/replica:0/task:0"]]
         step = asyncio.ensure_future(sess.run(both, {x: 1.0}))
@@ -572,8 +618,9 @@ def placed_graphs(draw: st.DrawFn) -> tuple[af.Graph, list[Any], dict[Any, Any]]
                     t = af.add_n(draw(st.lists(pick, min_size=1, max_size=3)))
                 else:
                     fn = _async_plus if kind == "async" else _thread_half
-                    t = af.reshape(af.py_func(fn, [draw(pick)], af.float64,
-                                              expensive=kind == "thread"), (3,))
+                    t = af.reshape(
+                        af.py_func(fn, [draw(pick)], af.float64, expensive=kind == "thread"), (3,)
+                    )
             tensors.append(t)
             ops.append(t.op)
         fetches = draw(st.lists(st.sampled_from(tensors), min_size=1, max_size=3))
@@ -584,12 +631,19 @@ def placed_graphs(draw: st.DrawFn) -> tuple[af.Graph, list[Any], dict[Any, Any]]
     return g, fetches, feeds
 
 
-@settings(max_examples=15, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 @given(case=placed_graphs())
 def test_random_dags_on_random_tasks_match_the_reference(
-        cluster: Any, case: tuple[af.Graph, list[Any], dict[Any, Any]]) -> None:
+    cluster: Any, case: tuple[af.Graph, list[Any], dict[Any, Any]]
+) -> None:
     graph, fetches, feeds = case
     expected = reference_run(fetches, feeds, graph=graph)
     with af.Session(cluster, graph=graph) as sess:
@@ -629,8 +683,10 @@ async def test_a_py_func_that_cannot_ship_is_a_clear_error(cluster: Any) -> None
     with g.as_default(), af.device(W0):
         y = af.py_func(locked, [af.constant(1.0)], af.float32, name="locked")
     async with af.Session(cluster, graph=g) as sess:
-        with pytest.raises(af.errors.InvalidArgumentError,
-                           match="cannot register the partitions of task /job:worker"):
+        with pytest.raises(
+            af.errors.InvalidArgumentError,
+            match="cannot register the partitions of task /job:worker",
+        ):
             await sess.run(y)
         with g.as_default(), af.device(W1):
             ok = af.constant(2.0, name="ok") * 2.0
@@ -662,8 +718,9 @@ async def test_a_cluster_that_is_not_started_or_closed_says_so() -> None:
             await sess.run(y)
 
 
-async def test_sharded_saver_writes_each_tasks_variables_on_that_task(cluster: Any,
-                                                                       tmp_path: Any) -> None:
+async def test_sharded_saver_writes_each_tasks_variables_on_that_task(
+    cluster: Any, tmp_path: Any
+) -> None:
     import json
 
     g = af.Graph()
@@ -674,8 +731,9 @@ async def test_sharded_saver_writes_each_tasks_variables_on_that_task(cluster: A
             b = af.Variable(np.float64(2.5), name="b")
         c = af.Variable(np.int32(7), name="c")  # the client's own
         saver = af.train.Saver(sharded=True)
-        bump = af.group(a.assign_add(np.ones(3, np.float32)), b.assign(np.float64(-1.0)),
-                        c.assign(np.int32(0)))
+        bump = af.group(
+            a.assign_add(np.ones(3, np.float32)), b.assign(np.float64(-1.0)), c.assign(np.int32(0))
+        )
     async with af.Session(cluster, graph=g) as sess:
         await sess.run([a.initializer, b.initializer, c.initializer])
         path = await saver.save(sess, str(tmp_path / "model.ckpt"), global_step=1)
@@ -688,6 +746,7 @@ async def test_sharded_saver_writes_each_tasks_variables_on_that_task(cluster: A
 
     async def worker_pids() -> dict[str, int]:
         return await cluster.client.run(os.getpid)  # type: ignore[no-any-return]
+
     pids = await cluster._call(worker_pids())
     writers = {}
     for shard in sorted(tmp_path.glob("model.ckpt-1.shard-*-of-3.npz")):
@@ -695,6 +754,8 @@ async def test_sharded_saver_writes_each_tasks_variables_on_that_task(cluster: A
             index = json.loads(bytes(data["__asyncflow_index__"]).decode())
         writers[tuple(index["variables"])] = index["writer_pid"]
     # Each task's variables were written by that task's process; the client's by itself.
-    assert writers == {("c",): os.getpid(),
-                       ("a",): pids[cluster.assignment["/job:ps/replica:0/task:0"]],
-                       ("b",): pids[cluster.assignment["/job:worker/replica:0/task:1"]]}
+    assert writers == {
+        ("c",): os.getpid(),
+        ("a",): pids[cluster.assignment["/job:ps/replica:0/task:0"]],
+        ("b",): pids[cluster.assignment["/job:worker/replica:0/task:1"]],
+    }

@@ -41,13 +41,13 @@ class Procs:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._n = 0
 
-    def _spawn(self, args: list[str], env: dict[str, str] | None = None
-               ) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         self._n += 1
         log = open(self._tmp / f"proc-{self._n}.log", "wb")  # noqa: SIM115 - closed below
         try:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **(env or {})})
+            proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
         finally:
             log.close()
         self._procs.append(proc)
@@ -55,16 +55,29 @@ class Procs:
 
     def python(self, code: str, *args: str) -> subprocess.Popen[bytes]:
         """``python -c code args...`` whose stdout the test reads (a master process)."""
-        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
         self._procs.append(proc)
         return proc
 
     def scheduler(self, port: int = 0, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
         """A ``dask scheduler`` on 127.0.0.1; (its process, its address)."""
         path = self._tmp / f"scheduler-{self._n + 1}.json"
-        proc = self._spawn([_DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                            "--no-dashboard", "--scheduler-file", str(path), *extra])
+        proc = self._spawn(
+            [
+                _DASK,
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-dashboard",
+                "--scheduler-file",
+                str(path),
+                *extra,
+            ]
+        )
         deadline = time.monotonic() + _START_TIMEOUT
         while True:
             if path.exists():
@@ -76,12 +89,27 @@ class Procs:
                 raise RuntimeError(f"dask scheduler did not start: {self.log(proc)}")
             time.sleep(0.05)
 
-    def worker(self, address: str, name: str, *extra: str,
-               env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def worker(
+        self, address: str, name: str, *extra: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         """A ``dask worker`` named ``name`` (no nanny: its pid is the worker's)."""
-        return self._spawn([_DASK, "worker", address, "--host", "127.0.0.1", "--name", name,
-                            "--nthreads", "1", "--no-nanny", "--no-dashboard", *extra],
-                           env=env)
+        return self._spawn(
+            [
+                _DASK,
+                "worker",
+                address,
+                "--host",
+                "127.0.0.1",
+                "--name",
+                name,
+                "--nthreads",
+                "1",
+                "--no-nanny",
+                "--no-dashboard",
+                *extra,
+            ],
+            env=env,
+        )
 
     def log(self, proc: subprocess.Popen[bytes]) -> str:
         k = self._procs.index(proc) + 1
@@ -116,9 +144,11 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
 
 async def _wait_for_names(cluster: Any, names: set[str]) -> None:
     """Until the scheduler lists workers of every name in ``names`` (bounded)."""
+
     async def listed() -> set[str]:
         info = await cluster.client.scheduler.identity(n_workers=-1)
         return {str(w["name"]) for w in info["workers"].values()}
+
     async with asyncio.timeout(_START_TIMEOUT):
         while not names <= await cluster._call(listed()):  # noqa: ASYNC110 - another process
             await asyncio.sleep(0.1)
@@ -128,10 +158,13 @@ async def _joined(address: str, names: set[str]) -> None:
     """Until workers of every name in ``names`` joined the scheduler (bounded)."""
     import distributed
 
-    async with distributed.Client(address, asynchronous=True, set_as_default=False) as c, \
-            asyncio.timeout(_START_TIMEOUT):
-        while not names <= {str(w["name"]) for w in  # noqa: ASYNC110 - another process
-                            (await c.scheduler.identity(n_workers=-1))["workers"].values()}:
+    async with (
+        distributed.Client(address, asynchronous=True, set_as_default=False) as c,
+        asyncio.timeout(_START_TIMEOUT),
+    ):
+        while not names <= {  # noqa: ASYNC110
+            str(w["name"]) for w in (await c.scheduler.identity(n_workers=-1))["workers"].values()
+        }:
             await asyncio.sleep(0.1)
 
 
@@ -147,12 +180,14 @@ def _ps_graph() -> tuple[af.Graph, Any, Any]:
 
 # -- stable task identity ----------------------------------------------------------------
 
+
 async def test_tasks_are_bound_by_worker_name_and_never_move(procs: Procs) -> None:
     _, address = procs.scheduler()
     procs.worker(address, "ps-0")
     procs.worker(address, "w-0")
-    named = await afd.Cluster.connect(address, jobs={"ps": ["ps-0"], "worker": ["w-0"]},
-                                      timeout_s=_START_TIMEOUT)
+    named = await afd.Cluster.connect(
+        address, jobs={"ps": ["ps-0"], "worker": ["w-0"]}, timeout_s=_START_TIMEOUT
+    )
     async with named:
         assert named.names == {PS: "ps-0", W0: "w-0"}
         # A task count: asyncflow chooses a free worker once ("ps-0" and "w-0" are
@@ -180,22 +215,26 @@ async def test_a_worker_back_under_its_name_takes_its_task_back(procs: Procs) ->
     _, address = procs.scheduler()
     ps = procs.worker(address, "ps-0")
     procs.worker(address, "w-0")
-    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ps-0"], "worker": ["w-0"]},
-                                        timeout_s=_START_TIMEOUT)
+    cluster = await afd.Cluster.connect(
+        address, jobs={"ps": ["ps-0"], "worker": ["w-0"]}, timeout_s=_START_TIMEOUT
+    )
     g, v, bump = _ps_graph()
     async with cluster, af.Session(cluster, graph=g) as sess:
         await sess.run(v.initializer)
         assert await sess.run(bump) == 2.0
         old = cluster.assignment[PS]
         procs.kill(ps)
-        with pytest.raises(af.errors.UnavailableError,
-                           match=rf"task {PS} \(Dask worker 'ps-0'.*is unavailable"):
+        with pytest.raises(
+            af.errors.UnavailableError, match=rf"task {PS} \(Dask worker 'ps-0'.*is unavailable"
+        ):
             await asyncio.wait_for(sess.run(bump), 30)
         procs.worker(address, "ps-0")  # a new process under the same name
         await _wait_for_names(cluster, {"ps-0"})
-        with pytest.raises(af.errors.AbortedError,
-                           match=rf"task {PS} \(Dask worker 'ps-0'\) restarted: its state "
-                                 r"is gone"):
+        with pytest.raises(
+            af.errors.AbortedError,
+            match=rf"task {PS} \(Dask worker 'ps-0'\) restarted: its state "
+            r"is gone",
+        ):
             await asyncio.wait_for(sess.run(bump), 30)
         assert cluster.assignment[PS] != old
         # Later steps run: the variable is uninitialized, as TF after a ps restart.
@@ -210,8 +249,10 @@ async def test_a_worker_back_under_its_name_takes_its_task_back(procs: Procs) ->
 
 # -- deployment checks -----------------------------------------------------------------
 
+
 async def test_version_mismatch_missing_asyncflow_and_removed_plugin_name_the_worker(
-        procs: Procs, tmp_path: Path) -> None:
+    procs: Procs, tmp_path: Path
+) -> None:
     old = tmp_path / "old_asyncflow.py"
     old.write_text("import asyncflow\nasyncflow.__version__ = '0.0.1-old'\n")
     bare = tmp_path / "no_asyncflow.py"
@@ -222,22 +263,25 @@ async def test_version_mismatch_missing_asyncflow_and_removed_plugin_name_the_wo
     procs.worker(address, "ok-0")
     await _joined(address, {"old-0", "bare-0", "ok-0"})  # before the service is installed
     # The first connect installs the service: bare-0 cannot load it.
-    with pytest.raises(af.errors.FailedPreconditionError,
-                       match=r"Dask worker 'bare-0' .* has no asyncflow service for task "
-                             r"/job:ps/replica:0/task:0: installing it failed: .*No module "
-                             r"named 'asyncflow.distributed'"):
+    with pytest.raises(
+        af.errors.FailedPreconditionError,
+        match=r"Dask worker 'bare-0' .* has no asyncflow service for task "
+        r"/job:ps/replica:0/task:0: installing it failed: .*No module "
+        r"named 'asyncflow.distributed'",
+    ):
         await afd.Cluster.connect(address, jobs={"ps": ["bare-0"]}, timeout_s=_START_TIMEOUT)
     mine = af.__version__
-    with pytest.raises(af.errors.FailedPreconditionError,
-                       match=rf"Dask worker 'old-0' .* runs asyncflow 0\.0\.1-old \(protocol "
-                             rf"\d+\) but this client runs {mine}"):
+    with pytest.raises(
+        af.errors.FailedPreconditionError,
+        match=rf"Dask worker 'old-0' .* runs asyncflow 0\.0\.1-old \(protocol "
+        rf"\d+\) but this client runs {mine}",
+    ):
         await afd.Cluster.connect(address, jobs={"ps": ["old-0"]}, timeout_s=_START_TIMEOUT)
     # Choosing by count passes over both: the task goes to the one compatible worker.
     chosen = await afd.Cluster.connect(address, jobs={"extra": 1})
     async with chosen:
         assert chosen.names == {"/job:extra/replica:0/task:0": "ok-0"}
-    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ok-0"]},
-                                        timeout_s=_START_TIMEOUT)
+    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ok-0"]}, timeout_s=_START_TIMEOUT)
     g = af.Graph()
     with g.as_default(), af.device(PS):
         y = af.constant(np.float32(2.0)) * 3.0
@@ -249,12 +293,15 @@ async def test_version_mismatch_missing_asyncflow_and_removed_plugin_name_the_wo
 
         async def unregister() -> None:
             await cluster.client.unregister_worker_plugin("asyncflow")
+
         await cluster._call(unregister())
         for _ in range(2):  # the session stays usable: the same clear error each time
-            with pytest.raises(af.errors.FailedPreconditionError,
-                               match=r"Dask worker 'ok-0' .* has no asyncflow service for "
-                                     r"task /job:ps/replica:0/task:0: its worker plugin "
-                                     r"'asyncflow' was unregistered"):
+            with pytest.raises(
+                af.errors.FailedPreconditionError,
+                match=r"Dask worker 'ok-0' .* has no asyncflow service for "
+                r"task /job:ps/replica:0/task:0: its worker plugin "
+                r"'asyncflow' was unregistered",
+            ):
                 await asyncio.wait_for(sess.run(y), 30)
     # Connecting again installs the service again.
     again = await afd.Cluster.connect(address, jobs={"ps": ["ok-0"]})
@@ -263,8 +310,10 @@ async def test_version_mismatch_missing_asyncflow_and_removed_plugin_name_the_wo
     # A worker without asyncflow joining once the service is installed is refused by
     # Dask: a task named after it fails within the connect timeout, naming it.
     procs.worker(address, "late-0", "--preload", str(bare))
-    with pytest.raises(af.errors.UnavailableError,
-                       match=r"no Dask worker named 'late-0' joined the cluster within 3 s"):
+    with pytest.raises(
+        af.errors.UnavailableError,
+        match=r"no Dask worker named 'late-0' joined the cluster within 3 s",
+    ):
         await afd.Cluster.connect(address, jobs={"ps": ["late-0"]}, timeout_s=3)
 
 
@@ -274,12 +323,34 @@ def _tls(tmp: Path) -> Any:
     from distributed.security import Security
 
     cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=asyncflow-test",
-                    "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=60)
-    files = {f"tls_{role}_{kind}": str(path) for role in ("client", "scheduler", "worker")
-             for kind, path in (("cert", cert), ("key", key))}
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-subj",
+            "/CN=asyncflow-test",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    files = {
+        f"tls_{role}_{kind}": str(path)
+        for role in ("client", "scheduler", "worker")
+        for kind, path in (("cert", cert), ("key", key))
+    }
     return Security(tls_ca_file=str(cert), require_encryption=True, **files)
 
 
@@ -297,8 +368,7 @@ async def test_tls_local_cluster_and_connect_with_security(tmp_path: Path) -> No
             assert await sess.run(b) == 5.0
         address = cluster.dask_cluster.scheduler_address
         assert address.startswith("tls://")
-        other = await afd.Cluster.connect(address, jobs={"ps": 1, "worker": 1},
-                                          security=security)
+        other = await afd.Cluster.connect(address, jobs={"ps": 1, "worker": 1}, security=security)
         async with other, af.Session(other, graph=g) as sess:
             assert other.names == cluster.names  # the map recorded on the scheduler
             assert await sess.run(b) == 5.0
@@ -307,12 +377,17 @@ async def test_tls_local_cluster_and_connect_with_security(tmp_path: Path) -> No
 
 # -- health ------------------------------------------------------------------------------
 
+
 async def test_a_stopped_worker_fails_its_steps_after_the_health_timeout(procs: Procs) -> None:
     _, address = procs.scheduler()
     ps = procs.worker(address, "ps-0")
     procs.worker(address, "w-0")
-    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ps-0"], "worker": ["w-0"]},
-                                        timeout_s=_START_TIMEOUT, health_timeout_s=1.0)
+    cluster = await afd.Cluster.connect(
+        address,
+        jobs={"ps": ["ps-0"], "worker": ["w-0"]},
+        timeout_s=_START_TIMEOUT,
+        health_timeout_s=1.0,
+    )
     g, v, bump = _ps_graph()
     with g.as_default(), af.device(W0):
         alone = af.constant(np.float32(3.0)) * 2.0
@@ -321,8 +396,10 @@ async def test_a_stopped_worker_fails_its_steps_after_the_health_timeout(procs: 
         assert await sess.run(bump) == 2.0
         procs.kill(ps, signal.SIGSTOP)  # a hung host: connected, silent
         start = time.perf_counter()
-        with pytest.raises(af.errors.UnavailableError,
-                           match=rf"task {PS} \(Dask worker 'ps-0'.* did not answer for 1 s"):
+        with pytest.raises(
+            af.errors.UnavailableError,
+            match=rf"task {PS} \(Dask worker 'ps-0'.* did not answer for 1 s",
+        ):
             await asyncio.wait_for(sess.run(bump), 30)
         assert time.perf_counter() - start < 5.0  # Dask's own worker-ttl is minutes
         assert await sess.run(alone) == 6.0  # steps not touching it run
@@ -350,8 +427,7 @@ async def test_a_deadline_returns_even_when_a_thread_kernel_ignores_it(procs: Pr
         x = af.placeholder(af.float32, shape=(), name="x")
         stuck = af.py_func(stubborn, [x], af.float32, expensive=True, name="stuck")
         quick = af.py_func(lambda v: v + 1.0, [x], af.float32, expensive=True, name="quick")
-    cluster = await afd.Cluster.connect(address, jobs={"worker": ["w-0"]},
-                                        timeout_s=_START_TIMEOUT)
+    cluster = await afd.Cluster.connect(address, jobs={"worker": ["w-0"]}, timeout_s=_START_TIMEOUT)
     async with cluster, af.Session(cluster, graph=g) as sess:
         assert await sess.run(quick, {x: 1.0}) == 2.0
         start = time.perf_counter()
@@ -373,6 +449,7 @@ async def _stuck_threads(cluster: Any) -> dict[str, int]:
 
     async def run() -> dict[str, int]:
         return await cluster.client.run(stuck)  # type: ignore[no-any-return]
+
     by_address = await cluster._call(run())
     return {cluster.names[t]: by_address[a] for t, a in cluster.assignment.items()}
 
@@ -419,12 +496,16 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize(("how", "lease"), [
-    ("kill", 60.0),   # the client's connection drops: Dask removes it, tasks hear at once
-    ("stop", 1.0),    # a hung master: connected but silent, its lease runs out
-])
+@pytest.mark.parametrize(
+    ("how", "lease"),
+    [
+        ("kill", 60.0),  # the client's connection drops: Dask removes it, tasks hear at once
+        ("stop", 1.0),  # a hung master: connected but silent, its lease runs out
+    ],
+)
 async def test_a_dead_masters_steps_are_cancelled_and_its_writes_never_land(
-        procs: Procs, tmp_path: Path, how: str, lease: float) -> None:
+    procs: Procs, tmp_path: Path, how: str, lease: float
+) -> None:
     _, address = procs.scheduler()
     procs.worker(address, "ps-0")
     procs.worker(address, "w-0")
@@ -463,19 +544,21 @@ async def _sessions(cluster: Any) -> dict[str, int]:
 
     async def run() -> dict[str, int]:
         return await cluster.client.run(count)  # type: ignore[no-any-return]
+
     by_address = await cluster._call(run())
     return {cluster.names[t]: by_address[a] for t, a in cluster.assignment.items()}
 
 
 # -- recovery ----------------------------------------------------------------------------
 
-async def test_monitored_session_recovers_from_a_killed_ps(procs: Procs, tmp_path: Path
-                                                           ) -> None:
+
+async def test_monitored_session_recovers_from_a_killed_ps(procs: Procs, tmp_path: Path) -> None:
     _, address = procs.scheduler()
     ps = procs.worker(address, "ps-0")
     procs.worker(address, "w-0")
-    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ps-0"], "worker": ["w-0"]},
-                                        timeout_s=_START_TIMEOUT)
+    cluster = await afd.Cluster.connect(
+        address, jobs={"ps": ["ps-0"], "worker": ["w-0"]}, timeout_s=_START_TIMEOUT
+    )
     g = af.Graph()
     with g.as_default():
         with af.device(PS):
@@ -484,19 +567,27 @@ async def test_monitored_session_recovers_from_a_killed_ps(procs: Procs, tmp_pat
             delta = af.constant(np.float32(0.5)) * 2.0
         with af.device(PS):
             step = v.assign_add(delta)
-    async with cluster, af.train.MonitoredSession(
-            lambda: af.Session(cluster, graph=g), checkpoint_dir=str(tmp_path / "ckpt"),
-            save_steps=5, recovery_timeout_s=60) as msess:
+    async with (
+        cluster,
+        af.train.MonitoredSession(
+            lambda: af.Session(cluster, graph=g),
+            checkpoint_dir=str(tmp_path / "ckpt"),
+            save_steps=5,
+            recovery_timeout_s=60,
+        ) as msess,
+    ):
         for _ in range(12):
             last = await msess.run(step)
         assert last == 12.0
         assert af.train.latest_checkpoint(tmp_path / "ckpt") == str(
-            tmp_path / "ckpt" / "model.ckpt-10")
+            tmp_path / "ckpt" / "model.ckpt-10"
+        )
         procs.kill(ps)
 
         async def restart() -> None:
             await asyncio.sleep(1.0)
             procs.worker(address, "ps-0")
+
         async with asyncio.TaskGroup() as tg:
             tg.create_task(restart())
             # Fails (ps gone), waits for ps-0 to come back, restores model.ckpt-10 and
@@ -515,13 +606,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_monitored_session_survives_a_scheduler_restart(procs: Procs, tmp_path: Path
-                                                              ) -> None:
+async def test_monitored_session_survives_a_scheduler_restart(procs: Procs, tmp_path: Path) -> None:
     port = _free_port()
     scheduler, address = procs.scheduler(port)
     workers = [procs.worker(address, "ps-0"), procs.worker(address, "w-0")]
-    cluster = await afd.Cluster.connect(address, jobs={"ps": ["ps-0"], "worker": ["w-0"]},
-                                        timeout_s=_START_TIMEOUT, health_timeout_s=2.0)
+    cluster = await afd.Cluster.connect(
+        address,
+        jobs={"ps": ["ps-0"], "worker": ["w-0"]},
+        timeout_s=_START_TIMEOUT,
+        health_timeout_s=2.0,
+    )
     g = af.Graph()
     with g.as_default():
         with af.device(PS):
@@ -530,9 +624,15 @@ async def test_monitored_session_survives_a_scheduler_restart(procs: Procs, tmp_
             delta = af.constant(np.float32(1.0))
         with af.device(PS):
             step = v.assign_add(delta)
-    async with cluster, af.train.MonitoredSession(
-            lambda: af.Session(cluster, graph=g), checkpoint_dir=str(tmp_path / "ckpt"),
-            save_steps=3, recovery_timeout_s=90) as msess:
+    async with (
+        cluster,
+        af.train.MonitoredSession(
+            lambda: af.Session(cluster, graph=g),
+            checkpoint_dir=str(tmp_path / "ckpt"),
+            save_steps=3,
+            recovery_timeout_s=90,
+        ) as msess,
+    ):
         for _ in range(4):
             await msess.run(step)
         # The scheduler dies and every worker with it (all ps state gone); the
@@ -545,6 +645,7 @@ async def test_monitored_session_survives_a_scheduler_restart(procs: Procs, tmp_
             procs.scheduler(port)
             procs.worker(address, "ps-0")
             procs.worker(address, "w-0")
+
         async with asyncio.TaskGroup() as tg:
             tg.create_task(asyncio.to_thread(asyncio.run, restart()))
             assert await asyncio.wait_for(msess.run(step), 90) == 4.0  # from model.ckpt-3
@@ -556,6 +657,7 @@ async def test_monitored_session_survives_a_scheduler_restart(procs: Procs, tmp_
 
 # -- living inside a Dask cluster ----------------------------------------------------------
 
+
 async def test_adaptive_scaling_never_retires_a_task_and_runs_show_as_events() -> None:
     g = af.Graph()
     with g.as_default():
@@ -563,28 +665,35 @@ async def test_adaptive_scaling_never_retires_a_task_and_runs_show_as_events() -
             v = af.Variable(np.float32(1.0), name="v")
         with af.device(W0):
             y = af.multiply(v, 3.0, name="y")
-    async with afd.LocalCluster(jobs={"ps": 1, "worker": 1}) as cluster, \
-            af.Session(cluster, graph=g) as sess:
+    async with (
+        afd.LocalCluster(jobs={"ps": 1, "worker": 1}) as cluster,
+        af.Session(cluster, graph=g) as sess,
+    ):
         await sess.run(v.initializer)
         dask_cluster = cluster.dask_cluster
 
         async def adapt_and_wait() -> set[str]:
-            adaptive = dask_cluster.adapt(minimum=1, maximum=2, interval="50ms",
-                                          wait_count=1)
+            adaptive = dask_cluster.adapt(minimum=1, maximum=2, interval="50ms", wait_count=1)
             await asyncio.sleep(2.0)  # forty rounds: Dask would retire one idle worker
             adaptive.stop()
             info = await cluster.client.scheduler.identity(n_workers=-1)
             return {str(w["name"]) for w in info["workers"].values()}
+
         assert await cluster._call(adapt_and_wait()) == {"ps-0", "worker-0"}
         assert await sess.run(y) == 3.0
 
         async def runs() -> set[tuple[str, str, str]]:
             events = [msg for _, msg in await cluster.client.get_events("asyncflow")]
-            return {(e["task"], e["step"], e["status"]) for e in events
-                    if e["action"] == "run_graph" and e["runs"] == len(e["step_ids"]) >= 1}
+            return {
+                (e["task"], e["step"], e["status"])
+                for e in events
+                if e["action"] == "run_graph" and e["runs"] == len(e["step_ids"]) >= 1
+            }
+
         # Events travel batched with the workers' other messages: wait for them (bounded).
         async with asyncio.timeout(15):
             while not {(PS, "y:0", "ok"), (W0, "y:0", "ok")} <= await cluster._call(  # noqa: ASYNC110
-                    runs()):
+                runs()
+            ):
                 await asyncio.sleep(0.05)
     gc.collect()

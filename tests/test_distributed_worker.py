@@ -37,24 +37,34 @@ class Tasks:
         self.pulls.append((task, key))
         return await self.envs[task].recv_tensor(step_id, key)
 
-    def register(self, g: af.Graph, fetches: list[Any], session: str = "s",
-                 isolate: bool = False) -> tuple[dict[str, str], Any]:
+    def register(
+        self, g: af.Graph, fetches: list[Any], session: str = "s", isolate: bool = False
+    ) -> tuple[dict[str, str], Any]:
         compiled = compile_signature(  # L0: the graphs' constants must cross tasks
-            graph_ir(g), feeds=[], fetches=[ref_of(t) for t in fetches], targets=[],
-            devices=DEVICES, incarnation=7, client_device=False,  # as the master compiles
-            options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0))
+            graph_ir(g),
+            feeds=[],
+            fetches=[ref_of(t) for t in fetches],
+            targets=[],
+            devices=DEVICES,
+            incarnation=7,
+            client_device=False,  # as the master compiles
+            options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0),
+        )
         handles = {}
         for task in (A, B):
             plans = [p for p in compiled.plans if task_of(p.device) == task]
             handles[task] = self.envs[task].register_graph(session, isolate, plans)
         return handles, compiled
 
-    async def run(self, handles: dict[str, str], step_id: int,
-                  session: str = "s") -> dict[str, list[Any]]:
+    async def run(
+        self, handles: dict[str, str], step_id: int, session: str = "s"
+    ) -> dict[str, list[Any]]:
         try:
             async with asyncio.TaskGroup() as tg:
-                runs = {t: tg.create_task(self.envs[t].run_graph(session, h, step_id, []))
-                        for t, h in handles.items()}
+                runs = {
+                    t: tg.create_task(self.envs[t].run_graph(session, h, step_id, []))
+                    for t, h in handles.items()
+                }
         except ExceptionGroup as group:
             raise group.exceptions[0] from None
         return {t: r.result()[0] for t, r in runs.items()}
@@ -154,9 +164,20 @@ async def test_state_shared_per_task_unless_isolated() -> None:
         bump = v.assign_add(np.float32(1.0))
     tasks = Tasks()
     env = tasks.envs[A]
-    init = env.register_graph("s1", False, list(compile_signature(
-        graph_ir(g), feeds=[], fetches=[], targets=[v.initializer.name], devices=DEVICES,
-        incarnation=1).plans))
+    init = env.register_graph(
+        "s1",
+        False,
+        list(
+            compile_signature(
+                graph_ir(g),
+                feeds=[],
+                fetches=[],
+                targets=[v.initializer.name],
+                devices=DEVICES,
+                incarnation=1,
+            ).plans
+        ),
+    )
     await env.run_graph("s1", init, 1, [])
     shared, _ = tasks.register(g, [bump], session="s2")
     assert (await tasks.run(shared, 2, session="s2"))[A] == [2.0]
@@ -247,8 +268,13 @@ def test_small_values_travel_inside_the_message() -> None:
 
     from asyncflow.distributed._dask import unwire_value, wire
 
-    for value in (np.float64(4.0), np.bool_(True), np.array(2.5, np.float32),
-                  np.arange(6, dtype=np.int32).reshape(2, 3), np.array([1 + 2j])):
+    for value in (
+        np.float64(4.0),
+        np.bool_(True),
+        np.array(2.5, np.float32),
+        np.arange(6, dtype=np.int32).reshape(2, 3),
+        np.array([1 + 2j]),
+    ):
         frames = dumps({"value": wire(value)})
         assert len(frames) == 1  # no serialized sub-frames: no pickle, no header
         back = unwire_value(loads(frames)["value"])
@@ -283,7 +309,11 @@ def test_partition_runs_are_logged_as_one_event_per_step_and_interval() -> None:
     events = {(e["task"], e["step"], e["status"]): e for _, e in logged}
     ok = events[(A, "y:0", "ok")]
     assert (ok["action"], ok["runs"], ok["step_ids"], ok["start"]) == (
-        "run_graph", 3, [1, 2, 3], 1.0)
+        "run_graph",
+        3,
+        [1, 2, 3],
+        1.0,
+    )
     assert ok["stop"] >= ok["start"]
     assert events[(A, "y:0", "InvalidArgumentError")]["runs"] == 1
     assert events[(B, "z:0", "ok")]["step_ids"] == [5]

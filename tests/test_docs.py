@@ -36,8 +36,9 @@ _FILE_NAME = re.compile(r"# (\w+)\.py")
 
 def blocks(path: Path, language: str = "python") -> list[str]:
     """The fenced code blocks of ``path`` in ``language``, in order."""
-    return [body for lang, body in _FENCE.findall(path.read_text(encoding="utf-8"))
-            if lang == language]
+    return [
+        body for lang, body in _FENCE.findall(path.read_text(encoding="utf-8")) if lang == language
+    ]
 
 
 def _file_name(body: str) -> str | None:
@@ -70,16 +71,21 @@ def _squash(text: str) -> str:
 
 def test_docs_exist() -> None:
     names = {p.name for p in DOCS}
-    core = {"README.md", "concepts.md", "coming-from-tf1.md", "async-services.md",
-            "testing.md", "performance.md"}
+    core = {
+        "README.md",
+        "concepts.md",
+        "coming-from-tf1.md",
+        "async-services.md",
+        "testing.md",
+        "performance.md",
+    }
     assert core | {"index.md", "architecture.md", "logging.md"} <= names
     for path in DOCS:
         if path.name in core:
             assert blocks(path), f"{path.name} has no python blocks"
 
 
-_RUNS = [(path, name, code, module) for path in DOCS
-         for name, code, module in programs(path)]
+_RUNS = [(path, name, code, module) for path in DOCS for name, code, module in programs(path)]
 
 
 def _check_promises(where: str, code: str, stdout: str) -> None:
@@ -92,10 +98,12 @@ def _check_promises(where: str, code: str, stdout: str) -> None:
         position = found + len(_squash(promise))
 
 
-@pytest.mark.parametrize(("path", "name", "code", "module"), _RUNS,
-                         ids=[f"{p.name}:{n}.py" for p, n, _, _ in _RUNS])
+@pytest.mark.parametrize(
+    ("path", "name", "code", "module"), _RUNS, ids=[f"{p.name}:{n}.py" for p, n, _, _ in _RUNS]
+)
 def test_python_blocks_run_as_scripts_and_print_what_they_promise(
-        path: Path, name: str, code: str, module: bool, tmp_path: Path) -> None:
+    path: Path, name: str, code: str, module: bool, tmp_path: Path
+) -> None:
     env = {**os.environ, "PYTHONWARNINGS": "error", "PYTHONPATH": str(ROOT)}
     # The programs run as a reader runs them from a checkout (files they read, like the
     # TF fixtures, are under tests/), writing only into a scratch directory.
@@ -105,8 +113,9 @@ def test_python_blocks_run_as_scripts_and_print_what_they_promise(
     if module:
         commands.append([sys.executable, "-m", name])
     for command in commands:
-        proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path,
-                              env=env, timeout=180, check=False)
+        proc = subprocess.run(
+            command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=180, check=False
+        )
         where = f"{path.name}: {' '.join(command[1:])}"
         assert proc.returncode == 0, f"{where}\n{proc.stderr}"
         assert proc.stderr == "", where
@@ -134,10 +143,8 @@ def _pytest_blocks() -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("mode", ["auto", "strict"])
-@pytest.mark.parametrize(("where", "body"), _pytest_blocks(),
-                         ids=[w for w, _ in _pytest_blocks()])
-def test_pytest_examples_pass(pytester: pytest.Pytester, mode: str, where: str,
-                              body: str) -> None:
+@pytest.mark.parametrize(("where", "body"), _pytest_blocks(), ids=[w for w, _ in _pytest_blocks()])
+def test_pytest_examples_pass(pytester: pytest.Pytester, mode: str, where: str, body: str) -> None:
     pytester.makeini(f"""
         [pytest]
         asyncio_mode = {mode}
@@ -147,8 +154,11 @@ def test_pytest_examples_pass(pytester: pytest.Pytester, mode: str, where: str,
     name = body.splitlines()[0][2:-3]
     pytester.makepyfile(**{name: body})
     # The plugin loads through its entry point when asyncflow is installed from here.
-    plugin = [] if entry_points(group="pytest11", name="asyncflow") else [
-        "-p", "asyncflow.pytest_plugin"]
+    plugin = (
+        []
+        if entry_points(group="pytest11", name="asyncflow")
+        else ["-p", "asyncflow.pytest_plugin"]
+    )
     result = pytester.runpytest(*plugin, "-p", "no:cacheprovider", "-q")
     tests = len(re.findall(r"^(?:async )?def test_", body, re.M))
     result.assert_outcomes(passed=tests)
@@ -163,34 +173,58 @@ def test_nothing_cites_a_design_file_or_an_issue_number() -> None:
     roots = ["asyncflow", "benchmarks", "docs", "examples", "tests"]
     files = [ROOT / "README.md", ROOT / "pyproject.toml"]
     for root in roots:
-        files += [p for p in (ROOT / root).rglob("*")
-                  if p.suffix in {".py", ".md", ".toml", ".json"} and p.is_file()]
-    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
-             for p in files
-             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-             if _CITATION.search(line) and p.name != "test_docs.py"]
+        files += [
+            p
+            for p in (ROOT / root).rglob("*")
+            if p.suffix in {".py", ".md", ".toml", ".json"} and p.is_file()
+        ]
+    found = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in files
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if _CITATION.search(line) and p.name != "test_docs.py"
+    ]
     assert not found, "\n".join(found)
     assert (ROOT / "docs" / "architecture.md").is_file()
 
 
-def test_testing_md_config_runs_a_user_project_under_warnings_as_errors(
-        tmp_path: Path) -> None:
+def test_testing_md_config_runs_a_user_project_under_warnings_as_errors(tmp_path: Path) -> None:
     """docs/testing.md's pytest configuration, in a user's project outside this
     repository, with its example test file, under ``pytest -W error``."""
     testing = ROOT / "docs" / "testing.md"
     (config,) = blocks(testing, "toml")
     (tmp_path / "pyproject.toml").write_text(config, encoding="utf-8")
-    (name, body), *_ = [(b.splitlines()[0][2:], b) for b in blocks(testing)
-                        if b.startswith("# test_")]
+    (name, body), *_ = [
+        (b.splitlines()[0][2:], b) for b in blocks(testing) if b.startswith("# test_")
+    ]
     (tmp_path / name).write_text(body, encoding="utf-8")
-    plugin = [] if entry_points(group="pytest11", name="asyncflow") else [
-        "-p", "asyncflow.pytest_plugin"]
+    plugin = (
+        []
+        if entry_points(group="pytest11", name="asyncflow")
+        else ["-p", "asyncflow.pytest_plugin"]
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def pytest_in(project: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "pytest", "-W", "error", "-q",
-                               "-p", "no:cacheprovider", *plugin], cwd=project, env=env,
-                              capture_output=True, text=True, timeout=120, check=False)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-W",
+                "error",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                *plugin,
+            ],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
     proc = pytest_in(tmp_path)
     tests = len(re.findall(r"^(?:async )?def test_", body, re.M))
@@ -199,8 +233,8 @@ def test_testing_md_config_runs_a_user_project_under_warnings_as_errors(
     assert "warning" not in proc.stdout.lower()
     # Without the loop-scope line, the same project does not even start.
     (tmp_path / "pyproject.toml").write_text(
-        config.replace('asyncio_default_fixture_loop_scope = "function"\n', ""),
-        encoding="utf-8")
+        config.replace('asyncio_default_fixture_loop_scope = "function"\n', ""), encoding="utf-8"
+    )
     proc = pytest_in(tmp_path)
     assert proc.returncode != 0
     assert "asyncio_default_fixture_loop_scope" in proc.stdout + proc.stderr
@@ -211,12 +245,17 @@ def test_programs_split_standalone_files_from_pasted_blocks(tmp_path: Path) -> N
     as a module too when the text says ``python -m name``), pytest files are left to
     pytest, and the rest is one program in order."""
     doc = tmp_path / "Guide.md"
-    doc.write_text("Run it with `python -m hello`.\n\n"
-                   "```python\n# hello.py\nprint('hi')\n```\n\n"
-                   "```python\nx = 1\n```\n\n"
-                   "```python\n# test_it.py\ndef test_x(): pass\n```\n\n"
-                   "```python\n# other.py\nprint('other')\n```\n\n"
-                   "```python\nprint(x)  # 1\n```\n", encoding="utf-8")
-    assert programs(doc) == [("hello", "# hello.py\nprint('hi')\n", True),
-                             ("other", "# other.py\nprint('other')\n", False),
-                             ("guide_blocks", "x = 1\n\n\nprint(x)  # 1\n", False)]
+    doc.write_text(
+        "Run it with `python -m hello`.\n\n"
+        "```python\n# hello.py\nprint('hi')\n```\n\n"
+        "```python\nx = 1\n```\n\n"
+        "```python\n# test_it.py\ndef test_x(): pass\n```\n\n"
+        "```python\n# other.py\nprint('other')\n```\n\n"
+        "```python\nprint(x)  # 1\n```\n",
+        encoding="utf-8",
+    )
+    assert programs(doc) == [
+        ("hello", "# hello.py\nprint('hi')\n", True),
+        ("other", "# other.py\nprint('other')\n", False),
+        ("guide_blocks", "x = 1\n\n\nprint(x)  # 1\n", False),
+    ]

@@ -19,13 +19,18 @@ from asyncflow.testing import reference_run as run
 
 # A dense grid over every interval of the method, the interval edges, and both tails.
 _EDGES = np.array([0.84375, 1.25, 1 / 0.35, 6.0, 26.0, 27.0, 28.0, 30.0])
-GRID = np.concatenate([
-    np.linspace(-30.0, 30.0, 120_001),
-    np.geomspace(1e-308, 30.0, 20_000),
-    -np.geomspace(1e-308, 30.0, 20_000),
-    np.nextafter(_EDGES, 0.0), _EDGES, np.nextafter(_EDGES, 99.0),
-    -_EDGES, 5e-324 * np.arange(1, 5),
-])
+GRID = np.concatenate(
+    [
+        np.linspace(-30.0, 30.0, 120_001),
+        np.geomspace(1e-308, 30.0, 20_000),
+        -np.geomspace(1e-308, 30.0, 20_000),
+        np.nextafter(_EDGES, 0.0),
+        _EDGES,
+        np.nextafter(_EDGES, 99.0),
+        -_EDGES,
+        5e-324 * np.arange(1, 5),
+    ]
+)
 
 
 def _math(fn: Callable[[float], float], x: np.ndarray) -> np.ndarray:
@@ -46,7 +51,7 @@ def test_erf_float64_within_one_ulp() -> None:
 def test_erfc_float64_relative_accuracy_into_the_tails() -> None:
     want = _math(math.erfc, GRID)
     got = _erf.erfc(GRID)
-    normal = want > np.finfo(np.float64).tiny        # x < ~26.5: erfc not subnormal
+    normal = want > np.finfo(np.float64).tiny  # x < ~26.5: erfc not subnormal
     assert GRID[normal].max() > 26.0
     rel = np.abs(got[normal] - want[normal]) / want[normal]
     assert rel.max() < 1e-15, GRID[normal][np.argmax(rel)]
@@ -63,8 +68,10 @@ def test_erf_erfc_low_precision_dtypes_round_math(dtype: type, tail: float) -> N
         assert got.dtype == dtype
         want = _math(ref, x.astype(np.float64)).astype(dtype)
         finite = want != 0
-        step = np.abs(got[finite].view(_int_of(dtype)).astype(np.int64)
-                      - want[finite].view(_int_of(dtype)).astype(np.int64))
+        step = np.abs(
+            got[finite].view(_int_of(dtype)).astype(np.int64)
+            - want[finite].view(_int_of(dtype)).astype(np.int64)
+        )
         assert step.max() <= 1, (kernel.__name__, x[finite][np.argmax(step)])
 
 
@@ -114,5 +121,6 @@ def test_erf_erfc_ops_run_the_vectorised_kernels() -> None:
     np.testing.assert_allclose(got_e, _math(math.erf, x64), rtol=2e-16, atol=0)
     np.testing.assert_allclose(got_c, _math(math.erfc, x64), rtol=1e-15, atol=0)
     assert got_h.dtype == np.float32
-    np.testing.assert_array_equal(got_h, _math(math.erfc, x64.astype(np.float32)
-                                                .astype(np.float64)).astype(np.float32))
+    np.testing.assert_array_equal(
+        got_h, _math(math.erfc, x64.astype(np.float32).astype(np.float64)).astype(np.float32)
+    )

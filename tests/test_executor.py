@@ -20,8 +20,11 @@ TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
 
 
 def _counter_loop(n: int = 5) -> tuple[af.Tensor, af.Tensor]:
-    i, s = af.while_loop(lambda i, s: i < n, lambda i, s: (i + 1, s + af.cast(i, af.float32)),
-                         [af.constant(0), af.constant(0.0)])
+    i, s = af.while_loop(
+        lambda i, s: i < n,
+        lambda i, s: (i + 1, s + af.cast(i, af.float32)),
+        [af.constant(0), af.constant(0.0)],
+    )
     return i, s
 
 
@@ -30,14 +33,15 @@ def _counter_loop(n: int = 5) -> tuple[af.Tensor, af.Tensor]:
 
 async def test_propagator_is_chosen_at_bind_time(graph: af.Graph) -> None:
     plain = af.add(af.placeholder(af.float32, name="x"), 1.0)
-    with_cond = af.cond(af.placeholder(af.bool, name="p"), lambda: plain * 2.0,
-                        lambda: plain - 1.0)
+    with_cond = af.cond(af.placeholder(af.bool, name="p"), lambda: plain * 2.0, lambda: plain - 1.0)
     _, looped = _counter_loop()
     async with af.Session(graph=graph) as sess:
+
         def step_of(fetch: Any, feeds: Any) -> Any:
             (bound,) = sess._prepare(fetch, feeds).bound
             from asyncflow.runtime.call_frame import CallFrame
             from asyncflow.runtime.step import Step
+
             return Step(bound, CallFrame([1.0, True][: len(feeds)]))._prop
 
         # One general propagator; a plan without loops never makes a frame.
@@ -69,8 +73,11 @@ async def test_full_trace_records_every_node_of_every_iteration(graph: af.Graph)
     merges = [ns for ns in stats if ns.op_type == "Merge"]
     assert {ns.iter_id for ns in merges} == {0, 1, 2, 3, 4}
     trace = af.tracing.Timeline(md.step_stats).trace_events()
-    iterations = {e["args"].get("iteration") for e in trace["traceEvents"]
-                  if e.get("ph") == "X" and e["args"].get("op") == "Cast"}
+    iterations = {
+        e["args"].get("iteration")
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X" and e["args"].get("op") == "Cast"
+    }
     assert iterations == {0, 1, 2, 3}
 
 
@@ -99,8 +106,9 @@ async def test_loop_values_are_freed_after_last_use(graph: af.Graph) -> None:
         arr = af.py_func(big, [i], af.float32)
         return i + 1, s + af.reduce_sum(arr)
 
-    _, total = af.while_loop(lambda i, s: i < 40, body, [af.constant(0), af.constant(0.0)],
-                             parallel_iterations=1)
+    _, total = af.while_loop(
+        lambda i, s: i < 40, body, [af.constant(0), af.constant(0.0)], parallel_iterations=1
+    )
     async with af.Session(graph=graph) as sess:
         tracemalloc.start()
         try:
@@ -167,14 +175,16 @@ async def test_loop_deadline_cancellation_and_first_error(graph: af.Graph) -> No
             raise ValueError("iteration three")
         return i
 
-    slow = af.while_loop(lambda i: i < 1000,
-                         lambda i: af.reshape(af.py_func(nap, [i], af.int32, name="nap"),
-                                              []) + 1,
-                         [af.constant(0)])
-    bad = af.while_loop(lambda i: i < 10,
-                        lambda i: af.reshape(af.py_func(fail_at_3, [i], af.int32, name="bad"),
-                                             []) + 1,
-                        [af.constant(0)])
+    slow = af.while_loop(
+        lambda i: i < 1000,
+        lambda i: af.reshape(af.py_func(nap, [i], af.int32, name="nap"), []) + 1,
+        [af.constant(0)],
+    )
+    bad = af.while_loop(
+        lambda i: i < 10,
+        lambda i: af.reshape(af.py_func(fail_at_3, [i], af.int32, name="bad"), []) + 1,
+        [af.constant(0)],
+    )
     ok = af.constant(1)
     async with af.Session(graph=graph) as sess:
         start = time.perf_counter()
@@ -240,6 +250,7 @@ async def test_cond_with_branches_on_different_devices(graph: af.Graph) -> None:
         def f(v: Any) -> Any:
             calls.append(tag)
             return v
+
         return f
 
     p = af.placeholder(af.bool, shape=(), name="p")
@@ -284,8 +295,13 @@ async def test_nested_loops_across_devices(graph: af.Graph) -> None:
     md = af.RunMetadata()
     async with af.Session(graph=graph, config=TWO) as sess:
         assert await sess.run(total, options=TRACE, run_metadata=md) == expected
-    on_cpu1 = [ns for d in md.step_stats.dev_stats if d.device.endswith("CPU:1")
-               for ns in d.node_stats if ns.op_type == "AddV2" or ns.op_type == "Add"]
+    on_cpu1 = [
+        ns
+        for d in md.step_stats.dev_stats
+        if d.device.endswith("CPU:1")
+        for ns in d.node_stats
+        if ns.op_type == "AddV2" or ns.op_type == "Add"
+    ]
     assert len(on_cpu1) == 12  # 4 outer x 3 inner iterations
 
 
@@ -396,7 +412,8 @@ async def test_long_inline_step_shares_the_loop_and_can_be_cancelled(graph: af.G
 
 @pytest.mark.parametrize("straight_line", [True, False])
 async def test_loops_in_cond_branches_cross_the_root_frame_both_ways(
-        graph: af.Graph, straight_line: bool) -> None:
+    graph: af.Graph, straight_line: bool
+) -> None:
     # The general propagator's root frame is flat lists, its loop frames dicts: a
     # dead value entering a loop (the untaken branch), a loop's Exit readying a root
     # Merge, and root nodes running after an Exit, must all cross that boundary.
@@ -404,15 +421,13 @@ async def test_loops_in_cond_branches_cross_the_root_frame_both_ways(
     x = af.placeholder(af.float32, (), name="x")
 
     def looped() -> af.Tensor:
-        _, s = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + x),
-                             (af.constant(0), x))
+        _, s = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + x), (af.constant(0), x))
         return s * 2.0
 
     out = af.cond(p, looped, lambda: x - 1.0)
     after = out + af.while_loop(lambda i: i < 2.0, lambda i: i + 1.0, x)
     options = af.ExecutorOptions(straight_line=straight_line)
-    async with af.Session(graph=graph,
-                          config=af.SessionConfig(executor_options=options)) as sess:
+    async with af.Session(graph=graph, config=af.SessionConfig(executor_options=options)) as sess:
         assert await sess.run([out, after], {p: True, x: 1.0}) == [8.0, 10.0]
         assert await sess.run([out, after], {p: False, x: 1.0}) == [0.0, 2.0]
         assert await sess.run([out, after], {p: True, x: 5.0}) == [40.0, 45.0]

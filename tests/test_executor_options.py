@@ -12,9 +12,11 @@ import asyncflow as af
 
 def _probe(order: list[int], k: int) -> Any:
     """A kernel passing its input through that records ``k`` in ``order`` when it runs."""
+
     def run(v: Any) -> Any:
         order.append(k)
         return v
+
     return run
 
 
@@ -46,8 +48,10 @@ def _orders(options: af.ExecutorOptions, runs: int = 1) -> list[list[int]]:
 
 def test_shuffle_seed_shuffles_ready_batches_deterministically() -> None:
     plain = _orders(af.ExecutorOptions(straight_line=False))[0]
-    by_seed = {seed: _orders(af.ExecutorOptions(straight_line=False, shuffle_seed=seed))[0]
-               for seed in range(4)}
+    by_seed = {
+        seed: _orders(af.ExecutorOptions(straight_line=False, shuffle_seed=seed))[0]
+        for seed in range(4)
+    }
     again = _orders(af.ExecutorOptions(straight_line=False, shuffle_seed=2))[0]
     assert again == by_seed[2]  # the same seed, the same order
     assert all(sorted(o) == list(range(12)) for o in by_seed.values())
@@ -56,8 +60,13 @@ def test_shuffle_seed_shuffles_ready_batches_deterministically() -> None:
 
 def test_defaults_are_the_fastest_and_sessions_take_the_options() -> None:
     options = af.ExecutorOptions()
-    assert (options.straight_line, options.handoffs, options.own_task_group,
-            options.kernel_parts, options.shuffle_seed) == (True, True, True, True, None)
+    assert (
+        options.straight_line,
+        options.handoffs,
+        options.own_task_group,
+        options.kernel_parts,
+        options.shuffle_seed,
+    ) == (True, True, True, True, None)
     assert af.SessionConfig().executor_options == options
     chosen = af.ExecutorOptions(straight_line=False, shuffle_seed=3)
     graph = af.Graph()
@@ -68,14 +77,18 @@ def test_defaults_are_the_fastest_and_sessions_take_the_options() -> None:
         assert sess.config.executor_options is chosen
 
 
-@pytest.mark.parametrize(("kwargs", "error", "message"), [
-    ({"straight_line": 1}, TypeError, "straight_line must be a bool"),
-    ({"handoffs": None}, TypeError, "handoffs must be a bool"),
-    ({"schedule_after": -1}, ValueError, "schedule_after must be an int >= 0"),
-    ({"shuffle_seed": 1.5}, TypeError, "shuffle_seed must be None or an int"),
-])
-def test_bad_options_are_named(kwargs: dict[str, Any], error: type[Exception],
-                               message: str) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"straight_line": 1}, TypeError, "straight_line must be a bool"),
+        ({"handoffs": None}, TypeError, "handoffs must be a bool"),
+        ({"schedule_after": -1}, ValueError, "schedule_after must be an int >= 0"),
+        ({"shuffle_seed": 1.5}, TypeError, "shuffle_seed must be None or an int"),
+    ],
+)
+def test_bad_options_are_named(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
     with pytest.raises(error, match=message):
         af.ExecutorOptions(**kwargs)
 
@@ -109,8 +122,7 @@ def _call_orders(options: af.ExecutorOptions) -> list[int]:
 
         x = af.placeholder(af.float64, shape=(), name="x")
         total = af.reshape(body(x), [])
-    no_inlining = af.GraphOptions(
-        optimizer_options=af.OptimizerOptions(do_function_inlining=False))
+    no_inlining = af.GraphOptions(optimizer_options=af.OptimizerOptions(do_function_inlining=False))
     config = af.SessionConfig(executor_options=options, graph_options=no_inlining)
     with af.Session(graph=graph, config=config) as sess:
         assert sess.run_sync(total, {x: 1.0}) == 12.0
@@ -120,8 +132,10 @@ def _call_orders(options: af.ExecutorOptions) -> list[int]:
 def test_a_function_body_runs_with_the_callers_options() -> None:
     # The body of a call kernel is a step of its own: it must see the session's
     # shuffle, or a shuffled run would not reach the orders inside calls.
-    by_seed = {seed: _call_orders(af.ExecutorOptions(straight_line=False, shuffle_seed=seed))
-               for seed in range(4)}
+    by_seed = {
+        seed: _call_orders(af.ExecutorOptions(straight_line=False, shuffle_seed=seed))
+        for seed in range(4)
+    }
     assert all(sorted(o) == list(range(12)) for o in by_seed.values())
     assert _call_orders(af.ExecutorOptions(straight_line=False, shuffle_seed=2)) == by_seed[2]
     assert len({tuple(o) for o in by_seed.values()}) > 1

@@ -56,8 +56,9 @@ class _Tracker:
             where.append(x)
 
 
-def _worker_graph(tracker: _Tracker, rng: random.Random, expensive: bool
-                  ) -> tuple[af.Graph, dict[str, Any]]:
+def _worker_graph(
+    tracker: _Tracker, rng: random.Random, expensive: bool
+) -> tuple[af.Graph, dict[str, Any]]:
     g = af.Graph()
     delays = [rng.choice([0.0, 0.0005, 0.002, 0.005]) for _ in range(64)]
 
@@ -86,12 +87,27 @@ def _worker_graph(tracker: _Tracker, rng: random.Random, expensive: bool
         item = af.placeholder(af.int32, shape=(), name="item")
         counter = af.Variable(0, name="counter")
         x = q.dequeue()
-        done = af.reshape(af.py_func(work_sync if expensive else work_async, [x], af.int32,
-                                     expensive=expensive, name="work"), [])
+        done = af.reshape(
+            af.py_func(
+                work_sync if expensive else work_async,
+                [x],
+                af.int32,
+                expensive=expensive,
+                name="work",
+            ),
+            [],
+        )
         with af.control_dependencies([done]):
             bumped = counter.assign_add(1)
-    ops = {"put": q.enqueue(item), "step": [done, bumped], "size": q.size(),
-           "take": q.dequeue(), "counter": counter, "init": counter.initializer, "item": item}
+    ops = {
+        "put": q.enqueue(item),
+        "step": [done, bumped],
+        "size": q.size(),
+        "take": q.dequeue(),
+        "counter": counter,
+        "init": counter.initializer,
+        "item": item,
+    }
     return g, ops
 
 
@@ -162,10 +178,12 @@ async def _round_body(seed: int, expensive: bool, cancel_callers: bool) -> None:
         for t in workers:
             if t in cancelled and t.cancelled():
                 outcomes["cancelled"] += 1
-        assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results), \
-            [r for r in results if r is not None and not isinstance(r, asyncio.CancelledError)]
-        remaining = [int(await sess.run(ops["take"])) for _ in range(int(await sess.run(
-            ops["size"])))]
+        assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results), [
+            r for r in results if r is not None and not isinstance(r, asyncio.CancelledError)
+        ]
+        remaining = [
+            int(await sess.run(ops["take"])) for _ in range(int(await sess.run(ops["size"])))
+        ]
         counter = int(await sess.run(ops["counter"]))
 
     started, finished, failed = tracker.started, tracker.finished, tracker.failed
@@ -187,8 +205,9 @@ async def _round_body(seed: int, expensive: bool, cancel_callers: bool) -> None:
     # A step dequeues one element at most.
     assert len(set(enqueued_ok) - set(remaining)) <= len(workers)
     # Exact counts.
-    assert len(ok_steps) + outcomes["kernel"] + outcomes["deadline"] + outcomes["cancelled"] \
-        == len(workers)
+    assert len(ok_steps) + outcomes["kernel"] + outcomes["deadline"] + outcomes["cancelled"] == len(
+        workers
+    )
     assert all(_is_bad(x) for x in failed)
     assert not any(_is_bad(x) for x in xs)
     assert outcomes["kernel"] <= len(failed) <= outcomes["kernel"] + failed_early
@@ -198,8 +217,9 @@ async def _round_body(seed: int, expensive: bool, cancel_callers: bool) -> None:
     assert len(set(counts)) == len(counts)
     finished_not_ok = len(set(finished) - set(xs))
     if cancel_callers:
-        assert len(ok_steps) <= counter <= len(ok_steps) + min(outcomes["cancelled"],
-                                                               finished_not_ok)
+        assert (
+            len(ok_steps) <= counter <= len(ok_steps) + min(outcomes["cancelled"], finished_not_ok)
+        )
     else:
         assert counter == len(ok_steps)
     assert max(counts, default=0) <= counter
@@ -219,8 +239,9 @@ async def _round_body(seed: int, expensive: bool, cancel_callers: bool) -> None:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("expensive", [False, True], ids=["async", "expensive"])
 @pytest.mark.parametrize("cancel_callers", [False, True], ids=["deadlines", "cancels"])
-async def test_random_faults_conserve_elements_and_counts(seed: int, expensive: bool,
-                                                          cancel_callers: bool) -> None:
+async def test_random_faults_conserve_elements_and_counts(
+    seed: int, expensive: bool, cancel_callers: bool
+) -> None:
     await asyncio.wait_for(_round(seed, expensive, cancel_callers), ROUND_TIMEOUT_S)
 
 
@@ -231,8 +252,9 @@ def test_rounds_from_fresh_loops_and_threads_leave_nothing_behind() -> None:
 
     def one(seed: int) -> None:
         try:
-            asyncio.run(asyncio.wait_for(_round(seed, seed % 2 == 0, seed % 3 == 0),
-                                         ROUND_TIMEOUT_S))
+            asyncio.run(
+                asyncio.wait_for(_round(seed, seed % 2 == 0, seed % 3 == 0), ROUND_TIMEOUT_S)
+            )
         except BaseException as exc:  # reported below, in the test's thread
             errors.append(exc)
 

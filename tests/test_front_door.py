@@ -90,8 +90,11 @@ def _stuck_graph() -> tuple[af.Graph, af.Tensor, af.Tensor]:
     g = af.Graph()
     with g.as_default():
         x = af.constant(1.0, name="x")
-        both = af.add(af.py_func(never, [x], af.float32, name="slow_b"),
-                      af.py_func(never, [x], af.float32, name="slow_a"), name="both")
+        both = af.add(
+            af.py_func(never, [x], af.float32, name="slow_b"),
+            af.py_func(never, [x], af.float32, name="slow_a"),
+            name="both",
+        )
         lone = af.py_func(never, [x], af.float32, name="lone")
     return g, both, lone
 
@@ -106,8 +109,9 @@ async def test_a_deadline_names_the_kernels_still_running() -> None:
         assert "still running: 'slow_a', 'slow_b'" in str(caught.value)
         assert "timeout_in_ms=20" in str(caught.value)
         # A lone async kernel is awaited in the caller's task: named too.
-        with pytest.raises(af.errors.DeadlineExceededError,
-                           match=r"still running: 'lone'$") as caught:
+        with pytest.raises(
+            af.errors.DeadlineExceededError, match=r"still running: 'lone'$"
+        ) as caught:
             await sess.run(lone, options=af.RunOptions(timeout_in_ms=20))
         assert caught.value.node_name == "lone"
 
@@ -155,9 +159,12 @@ def test_async_with_session_under_trio_is_the_clear_error() -> None:
         async with af.Session(graph=g) as sess:
             await sess.run(c)
 
-    with pytest.raises(RuntimeError, match=r"async with af.Session\(...\) needs the asyncio "
-                                           r"event loop, but it was awaited from trio.*"
-                                           r"backend='asyncio'"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"async with af.Session\(...\) needs the asyncio "
+        r"event loop, but it was awaited from trio.*"
+        r"backend='asyncio'",
+    ):
         anyio.run(main, backend="trio")
 
     sess = af.Session(graph=g)
@@ -232,14 +239,15 @@ def test_while_loop_of_one_variable_returns_the_tensor_as_tf1() -> None:
         n = af.while_loop(lambda i: i < 3, lambda i: i + 1, [af.constant(0)])
         assert isinstance(n, af.Tensor)
         doubled = n * 2  # a list would have been [n, n]
-        (same,) = af.while_loop(lambda i: i < 3, lambda i: i + 1, [af.constant(0)],
-                                return_same_structure=True)
+        (same,) = af.while_loop(
+            lambda i: i < 3, lambda i: i + 1, [af.constant(0)], return_same_structure=True
+        )
         tup = af.while_loop(lambda i: i < 2, lambda i: (i + 1,), (af.constant(0),))
         bare = af.while_loop(lambda i: i < 4, lambda i: i + 1, af.constant(0))
-        d = af.while_loop(lambda v: v["i"] < 5, lambda v: {"i": v["i"] + 1},
-                          {"i": af.constant(0)})
-        i, s = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + i),
-                             [af.constant(0), af.constant(0)])
+        d = af.while_loop(lambda v: v["i"] < 5, lambda v: {"i": v["i"] + 1}, {"i": af.constant(0)})
+        i, s = af.while_loop(
+            lambda i, s: i < 3, lambda i, s: (i + 1, s + i), [af.constant(0), af.constant(0)]
+        )
     assert isinstance(tup, af.Tensor)
     assert isinstance(bare, af.Tensor)
     assert isinstance(d, dict)
@@ -273,16 +281,22 @@ def test_a_forgotten_await_fails_loudly() -> None:
         value = y.eval({x: 2.0}, session=sess)
         assert "eval_sync" in repr(value)
         for use in (float, lambda v: v + 1, lambda v: v * 2, np.asarray, bool):
-            with pytest.raises(TypeError, match=r"tensor 'y:0'.eval\(...\) returns a coroutine: "
-                                                r"`await` it .* tensor 'y:0'.eval_sync"):
+            with pytest.raises(
+                TypeError,
+                match=r"tensor 'y:0'.eval\(...\) returns a coroutine: "
+                r"`await` it .* tensor 'y:0'.eval_sync",
+            ):
                 use(value)
         held = [value]
         del value
         with pytest.warns(RuntimeWarning, match=r"tensor 'y:0'.eval\(...\) was never awaited"):
             held.clear()  # collected here, never awaited
         held.append(init.run(session=sess))
-        with pytest.warns(RuntimeWarning, match=r"operation 'init'.run\(...\) was never "
-                                                r"awaited.*operation 'init'.run_sync"):
+        with pytest.warns(
+            RuntimeWarning,
+            match=r"operation 'init'.run\(...\) was never "
+            r"awaited.*operation 'init'.run_sync",
+        ):
             held.clear()
         # A coroutine still: asyncio.run and gather take it.
         assert asyncio.run(y.eval({x: 3.0}, session=sess)) == 6.0
@@ -292,8 +306,9 @@ async def test_eval_and_run_are_awaited_as_before() -> None:
     g, x, y, init = _eval_graph()
     async with af.Session(graph=g) as sess:
         await init.run(session=sess)
-        assert await asyncio.gather(y.eval({x: 1.0}, session=sess),
-                                    y.eval({x: 2.0}, session=sess)) == [2.0, 4.0]
+        assert await asyncio.gather(
+            y.eval({x: 1.0}, session=sess), y.eval({x: 2.0}, session=sess)
+        ) == [2.0, 4.0]
 
 
 _PLACEMENT = """
@@ -311,8 +326,9 @@ with af.Session(graph=g, config=af.SessionConfig(device_count={"CPU": 2},
 def test_log_device_placement_shows_under_default_logging(tmp_path: Path) -> None:
     script = tmp_path / "placement.py"
     script.write_text(_PLACEMENT, encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          check=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=True, timeout=60
+    )
     assert "Device mapping:" in proc.stderr
     assert "placed: (Add): /job:localhost/replica:0/task:0/device:CPU:1" in proc.stderr
     assert proc.stdout == ""
@@ -331,13 +347,17 @@ def test_compiles_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
     (record,) = [r for r in caplog.records if r.getMessage().startswith("compiled ")]
     assert record.name == "asyncflow.session"
     assert record.levelno == logging.DEBUG
-    assert re.fullmatch(r"compiled \[y:0\] <- \[\] in \d+\.\d ms: 1 partition\(s\) of \d+ "
-                        r"node\(s\); optimizer: 3 -> 1 nodes \(folded 2, cse 0, inlined 0, "
-                        r"\d+ round\(s\)\)", record.getMessage()), record.getMessage()
+    assert re.fullmatch(
+        r"compiled \[y:0\] <- \[\] in \d+\.\d ms: 1 partition\(s\) of \d+ "
+        r"node\(s\); optimizer: 3 -> 1 nodes \(folded 2, cse 0, inlined 0, "
+        r"\d+ round\(s\)\)",
+        record.getMessage(),
+    ), record.getMessage()
 
 
 async def test_slow_and_failed_steps_are_logged_at_debug(
-        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from asyncflow import session as session_module
 
     monkeypatch.setattr(session_module, "SLOW_STEP_SECONDS", 0.0)
@@ -360,10 +380,14 @@ async def test_slow_and_failed_steps_are_logged_at_debug(
             with pytest.raises(af.errors.InvalidArgumentError):
                 await sess.run(bad, {x: 1.0})
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
-    assert any(re.fullmatch(r"slow step: \[slow:0\] <- \[x:0\] took \d+\.\d+ s \(over 0 s\)",
-                            m) for m in messages), messages
-    assert any(m.startswith("step failed: [bad:0] <- [x:0]: InvalidArgumentError: ")
-               and "no luck" in m for m in messages), messages
+    assert any(
+        re.fullmatch(r"slow step: \[slow:0\] <- \[x:0\] took \d+\.\d+ s \(over 0 s\)", m)
+        for m in messages
+    ), messages
+    assert any(
+        m.startswith("step failed: [bad:0] <- [x:0]: InvalidArgumentError: ") and "no luck" in m
+        for m in messages
+    ), messages
 
 
 _QUIET = """
@@ -384,8 +408,9 @@ with af.Session(graph=g) as sess:
 def test_nothing_is_printed_by_default(tmp_path: Path) -> None:
     script = tmp_path / "quiet.py"
     script.write_text(_QUIET, encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          check=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=True, timeout=60
+    )
     assert (proc.stdout, proc.stderr) == ("", "")
 
 

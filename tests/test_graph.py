@@ -20,6 +20,7 @@ def g() -> Iterator[af.Graph]:
 
 # -- names -------------------------------------------------------------------------------
 
+
 def test_default_names_are_made_unique(g: af.Graph) -> None:
     a = af.constant(1.0)
     b = af.constant(2.0)
@@ -57,6 +58,7 @@ def test_unique_name(g: af.Graph) -> None:
 
 
 # -- name scopes -----------------------------------------------------------------------------
+
 
 def test_name_scopes(g: af.Graph) -> None:
     with af.name_scope("outer") as outer:
@@ -102,6 +104,7 @@ def test_name_scopes_are_per_thread(g: af.Graph) -> None:
 
 # -- control dependencies ----------------------------------------------------------------
 
+
 def test_control_dependencies(g: af.Graph) -> None:
     a = af.no_op(name="a")
     b = af.constant(1.0, name="b")
@@ -139,6 +142,7 @@ def test_control_dependency_errors(g: af.Graph) -> None:
 
 # -- devices ----------------------------------------------------------------------------------
 
+
 def test_device_recording(g: af.Graph) -> None:
     a = af.constant(1.0)
     with af.device("/cpu:1"):
@@ -149,13 +153,19 @@ def test_device_recording(g: af.Graph) -> None:
             d = b + 2.0
         e = b * 2.0
     assert (a.device, b.device, c.device, d.device, e.device) == (
-        "", "/cpu:1", "/device:CPU:2", "", "/cpu:1")
+        "",
+        "/cpu:1",
+        "/device:CPU:2",
+        "",
+        "/cpu:1",
+    )
     assert c.op.device == "/device:CPU:2"
     with pytest.raises(TypeError, match="device"), af.device(3):  # type: ignore[arg-type]
         pass
 
 
 # -- finalize, graph membership, lookups -------------------------------------------------
+
 
 def test_finalize(g: af.Graph) -> None:
     af.constant(1.0, name="before")
@@ -210,6 +220,7 @@ def test_failed_op_leaves_no_trace(g: af.Graph) -> None:
 
 # -- default graph ------------------------------------------------------------------------
 
+
 def test_default_graph_stack() -> None:
     g1, g2 = af.Graph(), af.Graph()
     with g1.as_default():
@@ -238,6 +249,7 @@ def test_ops_follow_their_inputs_graph() -> None:
 
 
 # -- Tensor and Operation API ----------------------------------------------------------
+
 
 def test_tensor_properties(g: af.Graph) -> None:
     x = af.placeholder(af.float32, shape=(None, 3), name="x")

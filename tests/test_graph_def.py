@@ -53,6 +53,7 @@ def _sample_graph() -> tuple[af.Graph, dict[str, Any]]:
 
 # -- round trips ----------------------------------------------------------------
 
+
 def test_graph_def_is_json_and_round_trips_structure() -> None:
     g, _ = _sample_graph()
     graph_def = g.as_graph_def()
@@ -90,8 +91,7 @@ def test_import_with_prefix_and_return_elements() -> None:
         af.constant(0.0, name="x")  # would clash without a prefix
         with pytest.raises(ValueError, match=r"'x'.*already used"):
             import_graph_def(graph_def)
-        s, y_op = import_graph_def(graph_def, name="imported",
-                                   return_elements=["s:0", "layer/y"])
+        s, y_op = import_graph_def(graph_def, name="imported", return_elements=["s:0", "layer/y"])
     assert s.name == "imported/s:0"
     assert y_op.name == "imported/layer/y"
     assert [t.name for t in y_op.inputs] == ["imported/x:0", "imported/w:0"]
@@ -104,8 +104,9 @@ def test_import_with_input_map() -> None:
     g2 = af.Graph()
     with g2.as_default():
         feed = af.placeholder(af.float32, shape=(4, 3), name="feed")
-        (y,) = import_graph_def(graph_def, name="m", input_map={"x:0": feed},
-                                return_elements=["layer/y:0"])
+        (y,) = import_graph_def(
+            graph_def, name="m", input_map={"x:0": feed}, return_elements=["layer/y:0"]
+        )
     assert y.op.inputs[0] is feed
     assert tuple(y.shape) == (4, 2)
 
@@ -161,12 +162,16 @@ def test_numeric_constants_round_trip_bit_exact(label: str, value: np.ndarray) -
     assert out.tobytes() == value.tobytes()
 
 
-@pytest.mark.parametrize("value", [
-    np.array([b"abc", b"", b"\x00\xff"], dtype=object),
-    np.array([["unicode \u00e9\u4e2d", "x"]], dtype=object),
-    np.array(b"scalar", dtype=object),
-    np.zeros((0,), dtype=object),
-], ids=["bytes", "str-2d", "0d", "empty"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.array([b"abc", b"", b"\x00\xff"], dtype=object),
+        np.array([["unicode \u00e9\u4e2d", "x"]], dtype=object),
+        np.array(b"scalar", dtype=object),
+        np.zeros((0,), dtype=object),
+    ],
+    ids=["bytes", "str-2d", "0d", "empty"],
+)
 def test_string_constants_round_trip(value: np.ndarray) -> None:
     out = _const_round_trip(value, dtype=af.string)
     assert out.dtype == object
@@ -215,13 +220,43 @@ def test_reference_run_matches_after_round_trip() -> None:
 
 # -- attribute encoding ---------------------------------------------------------------
 
-@pytest.mark.parametrize("value", [
-    None, True, False, 0, -5, 2**100, 1.5, -0.0, 1e308, "", "text \u2603", b"\x00bytes",
-    1 + 2j, [1, "a", None], (1, (2.5, [3])), [], (), {"k": [1, 2], 3: (None,)},
-    af.float16, af.string, af.complex128, af.TensorShape(None), af.TensorShape([None, 3]),
-    af.TensorShape([]), np.float32(1.25), np.int8(-3), np.bool_(True), np.complex64(1j),
-    np.float64(2.0), np.dtype("int16"), np.str_("npstr"),
-])
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        False,
+        0,
+        -5,
+        2**100,
+        1.5,
+        -0.0,
+        1e308,
+        "",
+        "text \u2603",
+        b"\x00bytes",
+        1 + 2j,
+        [1, "a", None],
+        (1, (2.5, [3])),
+        [],
+        (),
+        {"k": [1, 2], 3: (None,)},
+        af.float16,
+        af.string,
+        af.complex128,
+        af.TensorShape(None),
+        af.TensorShape([None, 3]),
+        af.TensorShape([]),
+        np.float32(1.25),
+        np.int8(-3),
+        np.bool_(True),
+        np.complex64(1j),
+        np.float64(2.0),
+        np.dtype("int16"),
+        np.str_("npstr"),
+    ],
+)
 def test_attr_values_round_trip_exactly(value: Any) -> None:
     encoded = json.loads(json.dumps(encode_attr(value)))
     out = decode_attr(encoded)
@@ -258,16 +293,19 @@ def test_callable_by_reference() -> None:
     assert decode_attr({"func": "numpy:negative"}) is np.negative
     assert decode_attr({"func": "json:dumps"}) is json.dumps
     assert decode_attr(encode_attr(double)) is double
-    for ref, match in [("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
-                       ("json:no_such_function", "no attribute 'no_such_function'"),
-                       ("json:<locals>.f", "lambda or local function"),
-                       ("json", "malformed callable reference"),
-                       ("json:__doc__", "non-callable")]:
+    for ref, match in [
+        ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+        ("json:no_such_function", "no attribute 'no_such_function'"),
+        ("json:<locals>.f", "lambda or local function"),
+        ("json", "malformed callable reference"),
+        ("json:__doc__", "non-callable"),
+    ]:
         with pytest.raises(ValueError, match=match):
             decode_attr({"func": ref})
 
 
 # -- py_func by reference ---------------------------------------------------------------
+
 
 def test_py_func_round_trips_by_reference() -> None:
     g = af.Graph()
@@ -281,8 +319,7 @@ def test_py_func_round_trips_by_reference() -> None:
     g2 = _import_fresh(graph_def)
     data = np.array([1.0, 2.0, 3.5], np.float32)
     with af.Session(graph=g2) as sess:
-        np.testing.assert_array_equal(sess.run_sync("doubled:0", feed_dict={"x:0": data}),
-                                      data * 2)
+        np.testing.assert_array_equal(sess.run_sync("doubled:0", feed_dict={"x:0": data}), data * 2)
 
 
 def test_py_func_with_unresolvable_reference_fails_clearly() -> None:
@@ -310,6 +347,7 @@ def test_py_func_with_lambda_cannot_be_exported() -> None:
 
 # -- malformed graph defs ---------------------------------------------------------------
 
+
 def _valid_def() -> dict[str, Any]:
     g, _ = _sample_graph()
     return _json_round_trip(g.as_graph_def())
@@ -330,33 +368,62 @@ _MALFORMED: list[tuple[str, Any, str]] = [
     ("no-node", lambda: {"versions": {}}, "no 'node' field"),
     ("node-not-list", lambda: {"node": {"a": 1}}, "'node' must be a list"),
     ("node-entry-not-dict", lambda: {"node": ["x"]}, "node #0 must be a dict"),
-    ("bad-format", lambda: {"versions": {"format": "other/9"}, "node": []},
-     "unsupported graph def format"),
+    (
+        "bad-format",
+        lambda: {"versions": {"format": "other/9"}, "node": []},
+        "unsupported graph def format",
+    ),
     ("missing-name", lambda: _mutate(lambda d: d["node"][0].pop("name")), "node #0"),
     ("missing-op", lambda: _mutate(lambda d: _node(d, "z").pop("op")), "'z'.*'op'"),
-    ("unknown-op", lambda: _mutate(lambda d: _node(d, "z").update(op="NoSuchOp")),
-     "'z'.*NoSuchOp.*not registered"),
-    ("missing-input", lambda: _mutate(lambda d: _node(d, "z")["input"].__setitem__(0, "ghost")),
-     "'z'.*'ghost'"),
-    ("bad-index", lambda: _mutate(lambda d: _node(d, "z")["input"].__setitem__(0, "layer/y:7")),
-     "'z'.*layer/y:7"),
-    ("malformed-input", lambda: _mutate(lambda d: _node(d, "z")["input"].__setitem__(0, "y:a")),
-     "'z'.*malformed input"),
-    ("input-not-str", lambda: _mutate(lambda d: _node(d, "z")["input"].__setitem__(0, 3)),
-     "'z'"),
-    ("duplicate", lambda: _mutate(lambda d: d["node"].append(copy.deepcopy(_node(d, "z")))),
-     "duplicate node name 'z'"),
-    ("attr-bad-tag", lambda: _mutate(lambda d: _node(d, "w")["attr"].update(value={"zz": 1})),
-     "'w'.*attr 'value'.*unknown attribute tag"),
-    ("attr-bad-base64", lambda: _mutate(
-        lambda d: _node(d, "w")["attr"]["value"]["array"].update(data="!!!")),
-     "'w'.*base64"),
-    ("attr-byte-count", lambda: _mutate(
-        lambda d: _node(d, "w")["attr"]["value"]["array"].update(shape=[1000, 1000])),
-     "'w'.*bytes of data do not match"),
+    (
+        "unknown-op",
+        lambda: _mutate(lambda d: _node(d, "z").update(op="NoSuchOp")),
+        "'z'.*NoSuchOp.*not registered",
+    ),
+    (
+        "missing-input",
+        lambda: _mutate(lambda d: _node(d, "z")["input"].__setitem__(0, "ghost")),
+        "'z'.*'ghost'",
+    ),
+    (
+        "bad-index",
+        lambda: _mutate(lambda d: _node(d, "z")["input"].__setitem__(0, "layer/y:7")),
+        "'z'.*layer/y:7",
+    ),
+    (
+        "malformed-input",
+        lambda: _mutate(lambda d: _node(d, "z")["input"].__setitem__(0, "y:a")),
+        "'z'.*malformed input",
+    ),
+    ("input-not-str", lambda: _mutate(lambda d: _node(d, "z")["input"].__setitem__(0, 3)), "'z'"),
+    (
+        "duplicate",
+        lambda: _mutate(lambda d: d["node"].append(copy.deepcopy(_node(d, "z")))),
+        "duplicate node name 'z'",
+    ),
+    (
+        "attr-bad-tag",
+        lambda: _mutate(lambda d: _node(d, "w")["attr"].update(value={"zz": 1})),
+        "'w'.*attr 'value'.*unknown attribute tag",
+    ),
+    (
+        "attr-bad-base64",
+        lambda: _mutate(lambda d: _node(d, "w")["attr"]["value"]["array"].update(data="!!!")),
+        "'w'.*base64",
+    ),
+    (
+        "attr-byte-count",
+        lambda: _mutate(
+            lambda d: _node(d, "w")["attr"]["value"]["array"].update(shape=[1000, 1000])
+        ),
+        "'w'.*bytes of data do not match",
+    ),
     ("attr-missing", lambda: _mutate(lambda d: _node(d, "w")["attr"].pop("value")), "'w'"),
-    ("attr-wrong-type", lambda: _mutate(lambda d: _node(d, "w")["attr"].update(value={"i": 1})),
-     "'w'"),
+    (
+        "attr-wrong-type",
+        lambda: _mutate(lambda d: _node(d, "w")["attr"].update(value={"i": 1})),
+        "'w'",
+    ),
     ("device-not-str", lambda: _mutate(lambda d: _node(d, "z").update(device=1)), "'z'.*device"),
     ("unknown-field", lambda: _mutate(lambda d: _node(d, "z").update(extra=1)), "'z'.*unknown"),
 ]
@@ -369,14 +436,22 @@ def test_malformed_graph_def_is_a_value_error(label: str, make: Any, match: str)
 
 
 def test_cycle_is_a_value_error_naming_it() -> None:
-    d = {"node": [
-        {"name": "c", "op": "Const", "input": [],
-         "attr": {"value": encode_attr(np.float32(1.0) * np.ones(2, np.float32)),
-                  "dtype": {"dtype": "float32"}}},
-        {"name": "a", "op": "Identity", "input": ["b"]},
-        {"name": "b", "op": "Identity", "input": ["a", "^c"]},
-        {"name": "d", "op": "Identity", "input": ["c"]},
-    ]}
+    d = {
+        "node": [
+            {
+                "name": "c",
+                "op": "Const",
+                "input": [],
+                "attr": {
+                    "value": encode_attr(np.float32(1.0) * np.ones(2, np.float32)),
+                    "dtype": {"dtype": "float32"},
+                },
+            },
+            {"name": "a", "op": "Identity", "input": ["b"]},
+            {"name": "b", "op": "Identity", "input": ["a", "^c"]},
+            {"name": "d", "op": "Identity", "input": ["c"]},
+        ]
+    }
     with pytest.raises(ValueError, match=r"cycle.*'a' -> 'b' -> 'a'"):
         _import_fresh(d)
     d["node"][1]["input"] = ["a"]
@@ -401,10 +476,15 @@ def test_import_into_finalized_graph_is_a_runtime_error() -> None:
 
 
 def _chain(n: int) -> list[dict[str, Any]]:
-    nodes = [{"name": "n0", "op": "Placeholder", "input": [],
-              "attr": {"dtype": {"dtype": "float32"}, "shape": {"shape": [2]}}}]
-    nodes.extend({"name": f"n{i}", "op": "Identity", "input": [f"n{i - 1}"]}
-                 for i in range(1, n))
+    nodes = [
+        {
+            "name": "n0",
+            "op": "Placeholder",
+            "input": [],
+            "attr": {"dtype": {"dtype": "float32"}, "shape": {"shape": [2]}},
+        }
+    ]
+    nodes.extend({"name": f"n{i}", "op": "Identity", "input": [f"n{i - 1}"]} for i in range(1, n))
     return nodes
 
 
@@ -429,10 +509,14 @@ def test_large_cycle_is_detected_without_recursion() -> None:
 # -- fuzzing: random mutations must give ValueError/TypeError, or import fine ------------
 
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
     | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
     max_leaves=8,
 )
 
@@ -480,9 +564,16 @@ def _mutated_defs(draw: st.DrawFn) -> Any:
                 parent[last] = copy.deepcopy(src)
             else:
                 names = [n.get("name") for n in d["node"] if isinstance(n, dict)]
-                parent[last] = draw(st.sampled_from(
-                    [*[f"{m}" for m in names if isinstance(m, str)],
-                     *[f"^{m}" for m in names if isinstance(m, str)], "x:1", "w:0"]))
+                parent[last] = draw(
+                    st.sampled_from(
+                        [
+                            *[f"{m}" for m in names if isinstance(m, str)],
+                            *[f"^{m}" for m in names if isinstance(m, str)],
+                            "x:1",
+                            "w:0",
+                        ]
+                    )
+                )
         except (KeyError, IndexError, TypeError):
             continue
     return d

@@ -35,8 +35,13 @@ def _import_fresh(graph_def: dict[str, Any], **kwargs: Any) -> af.Graph:
     return g
 
 
-def _run(graph: af.Graph, fetches: list[str], feeds: dict[str, Any],
-         targets: tuple[str, ...] = (), reads: tuple[str, ...] = ()) -> list[Any]:
+def _run(
+    graph: af.Graph,
+    fetches: list[str],
+    feeds: dict[str, Any],
+    targets: tuple[str, ...] = (),
+    reads: tuple[str, ...] = (),
+) -> list[Any]:
     """Run ``targets`` (variable initializers), then ``fetches``, then ``reads``."""
     with af.Session(graph=graph) as sess:
         if targets:
@@ -47,8 +52,9 @@ def _run(graph: af.Graph, fetches: list[str], feeds: dict[str, Any],
 
 def _sum_loop() -> tuple[list[af.Tensor], dict[str, Any]]:
     x = af.placeholder(af.float32, (), name="x")
-    i, s = af.while_loop(lambda i, s: i < 10, lambda i, s: (i + 1, s + x),
-                         (af.constant(0), af.constant(0.0)))
+    i, s = af.while_loop(
+        lambda i, s: i < 10, lambda i, s: (i + 1, s + x), (af.constant(0), af.constant(0.0))
+    )
     return [i, s], {"x:0": 2.5}
 
 
@@ -56,8 +62,7 @@ def _nested_loops() -> tuple[list[af.Tensor], dict[str, Any]]:
     def inner(v: af.Tensor) -> af.Tensor:
         return af.while_loop(lambda s: s < 20.0, lambda s: s + s, v, parallel_iterations=1)
 
-    r = af.while_loop(lambda x: x < 3000.0, lambda x: inner(x) * inner(x),
-                      af.constant(2.0))
+    r = af.while_loop(lambda x: x < 3000.0, lambda x: inner(x) * inner(x), af.constant(2.0))
     return [r], {}
 
 
@@ -65,17 +70,26 @@ def _loop_with_cond() -> tuple[list[af.Tensor], dict[str, Any]]:
     p = af.placeholder(af.bool, (), name="p")
     i, s = af.while_loop(
         lambda i, s: i < 7,
-        lambda i, s: (i + 1, af.cond(af.logical_and(p, af.equal(i % 2, 0)),
-                                     lambda: s + af.cast(i, af.float32),
-                                     lambda: s - 1.0)),
-        (af.constant(0), af.constant(0.0)))
+        lambda i, s: (
+            i + 1,
+            af.cond(
+                af.logical_and(p, af.equal(i % 2, 0)),
+                lambda: s + af.cast(i, af.float32),
+                lambda: s - 1.0,
+            ),
+        ),
+        (af.constant(0), af.constant(0.0)),
+    )
     return [i, s], {"p:0": True}
 
 
 def _loop_in_a_cond() -> tuple[list[af.Tensor], dict[str, Any]]:
     p = af.placeholder(af.bool, (), name="p")
-    r = af.cond(p, lambda: af.while_loop(lambda i: i < 5, lambda i: i + 2, af.constant(0)),
-                lambda: af.constant(-1))
+    r = af.cond(
+        p,
+        lambda: af.while_loop(lambda i: i < 5, lambda i: i + 2, af.constant(0)),
+        lambda: af.constant(-1),
+    )
     return [r], {"p:0": True}
 
 
@@ -92,32 +106,38 @@ def _loop_with_control_dependencies() -> tuple[list[af.Tensor], dict[str, Any]]:
 
     with af.control_dependencies([af.constant(1.0) * 2.0]):
         r = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
-    return [r], {"targets": ("v/Assign", "w/Assign", "u/Assign"),
-                 "reads": ("v:0", "w:0", "u:0")}
+    return [r], {"targets": ("v/Assign", "w/Assign", "u/Assign"), "reads": ("v:0", "w:0", "u:0")}
 
 
 def _counted_loop() -> tuple[list[af.Tensor], dict[str, Any]]:
     n = af.placeholder(af.int32, (), name="n")
-    i, s = af.while_loop(lambda i, s: i < 100, lambda i, s: (i + 1, s * 2),
-                         (af.constant(0), af.constant(1)), maximum_iterations=n)
+    i, s = af.while_loop(
+        lambda i, s: i < 100,
+        lambda i, s: (i + 1, s * 2),
+        (af.constant(0), af.constant(1)),
+        maximum_iterations=n,
+    )
     return [i, s], {"n:0": 6}
 
 
 def _growing_loop_variable() -> tuple[list[af.Tensor], dict[str, Any]]:
-    i, xs = af.while_loop(lambda i, xs: i < 3,
-                          lambda i, xs: (i + 1, af.concat([xs, xs * 2.0], 0)),
-                          (af.constant(0), af.constant([1.0], shape=(1,))),
-                          shape_invariants=(af.TensorShape([]), af.TensorShape([None])))
+    i, xs = af.while_loop(
+        lambda i, xs: i < 3,
+        lambda i, xs: (i + 1, af.concat([xs, xs * 2.0], 0)),
+        (af.constant(0), af.constant([1.0], shape=(1,))),
+        shape_invariants=(af.TensorShape([]), af.TensorShape([None])),
+    )
     return [i, xs, af.reduce_sum(xs)], {}
 
 
 def _exclusive_case_with_a_loop() -> tuple[list[af.Tensor], dict[str, Any]]:
     p = af.placeholder(af.bool, (), name="p")
     q = af.placeholder(af.bool, (), name="q")
-    r = af.case([(p, lambda: af.constant(10)), (q, lambda: af.constant(20))],
-                default=lambda: af.while_loop(lambda i: i < 3, lambda i: i + 1,
-                                              af.constant(0)),
-                exclusive=True)
+    r = af.case(
+        [(p, lambda: af.constant(10)), (q, lambda: af.constant(20))],
+        default=lambda: af.while_loop(lambda i: i < 3, lambda i: i + 1, af.constant(0)),
+        exclusive=True,
+    )
     return [r], {"p:0": False, "q:0": False}
 
 
@@ -160,8 +180,7 @@ def test_loop_graph_round_trips_and_runs_identically(name: str) -> None:
     assert _by_name(imported.as_graph_def()) == _by_name(graph_def)
     # ... the same static shapes (shape invariants included) ...
     shapes = {t.name: t.shape.dims for op in g.get_operations() for t in op.outputs}
-    assert {t.name: t.shape.dims for op in imported.get_operations()
-            for t in op.outputs} == shapes
+    assert {t.name: t.shape.dims for op in imported.get_operations() for t in op.outputs} == shapes
     # ... and the same results.
     expected = _run(g, fetches, feeds, **runs)
     assert _equal(_run(imported, fetches, feeds, **runs), expected)
@@ -169,9 +188,15 @@ def test_loop_graph_round_trips_and_runs_identically(name: str) -> None:
 
 def test_known_results_after_round_trip() -> None:
     # The values themselves, so that "identical" is not "identically wrong".
-    cases = {"sum": [10, 25.0], "exclusive_case": [3], "nested": [1048576.0], "cond_in_loop": [7, 9.0],
-             "loop_in_cond": [6], "control_dependencies": [4, 1.0, 8.0, 1.0],
-             "maximum_iterations": [6, 64]}
+    cases = {
+        "sum": [10, 25.0],
+        "exclusive_case": [3],
+        "nested": [1048576.0],
+        "cond_in_loop": [7, 9.0],
+        "loop_in_cond": [6],
+        "control_dependencies": [4, 1.0, 8.0, 1.0],
+        "maximum_iterations": [6, 64],
+    }
     for name, expected in cases.items():
         g, fetches, feeds, runs = _build(PROGRAMS[name])
         imported = _import_fresh(_json_round_trip(g.as_graph_def()))
@@ -202,8 +227,7 @@ def test_loop_imported_twice_under_prefixes_runs_both_copies() -> None:
         x = af.placeholder(af.float32, (), name="x")
         import_graph_def(graph_def, name="a", input_map={"x:0": x})
         import_graph_def(graph_def, name="b", input_map={"x:0": x * 2.0})
-    out = _run(target, [f"a/{f}" for f in fetches] + [f"b/{f}" for f in fetches],
-               {"x:0": 1.5})
+    out = _run(target, [f"a/{f}" for f in fetches] + [f"b/{f}" for f in fetches], {"x:0": 1.5})
     assert _equal(out, [10, 15.0, 10, 30.0])
 
 
@@ -240,8 +264,10 @@ def _expect_rejected(graph_def: dict[str, Any], error: type[Exception], match: s
 
 def test_cycle_not_through_a_back_edge_is_a_value_error_naming_it() -> None:
     d = _loop_def()
-    d["node"] += [{"name": "a", "op": "Identity", "input": ["b"]},
-                  {"name": "b", "op": "Identity", "input": ["a", "^while/Merge"]}]
+    d["node"] += [
+        {"name": "a", "op": "Identity", "input": ["b"]},
+        {"name": "b", "op": "Identity", "input": ["a", "^while/Merge"]},
+    ]
     _expect_rejected(d, ValueError, r"cycle through node 'a': 'a' -> 'b' -> 'a'")
 
 
@@ -252,8 +278,12 @@ def test_cycle_through_next_iteration_into_a_non_merge_is_a_value_error() -> Non
     nxt = _first(d, "NextIteration")
     add = _node(d, nxt["input"][0])
     add["input"][0] = nxt["name"]
-    _expect_rejected(d, ValueError, rf"cycle through node .*'{nxt['name']}'.*"
-                                    r"only through a NextIteration -> Merge edge")
+    _expect_rejected(
+        d,
+        ValueError,
+        rf"cycle through node .*'{nxt['name']}'.*"
+        r"only through a NextIteration -> Merge edge",
+    )
 
 
 def test_cycle_closed_by_a_control_edge_from_next_iteration_is_a_value_error() -> None:
@@ -286,8 +316,9 @@ def test_partition_graphs_of_a_loop_import_again(name: str) -> None:
     g, fetches, feeds, _ = _build(PROGRAMS[name])
     md = af.RunMetadata()
     with af.Session(graph=g) as sess:
-        sess.run_sync(fetches, feeds, options=af.RunOptions(output_partition_graphs=True),
-                      run_metadata=md)
+        sess.run_sync(
+            fetches, feeds, options=af.RunOptions(output_partition_graphs=True), run_metadata=md
+        )
     assert len(md.partition_graphs) == 1
     (pg,) = md.partition_graphs
     pg = _json_round_trip(pg)
@@ -313,8 +344,12 @@ def test_partition_graphs_with_send_and_recv_import_again() -> None:
             c = b * 3.0
     md = af.RunMetadata()
     with af.Session(graph=g, config=af.SessionConfig(device_count={"CPU": 2})) as sess:
-        assert sess.run_sync(c, {x: 1.0}, run_metadata=md,
-                             options=af.RunOptions(output_partition_graphs=True)) == 9.0
+        assert (
+            sess.run_sync(
+                c, {x: 1.0}, run_metadata=md, options=af.RunOptions(output_partition_graphs=True)
+            )
+            == 9.0
+        )
     assert len(md.partition_graphs) == 2
     seen: set[str] = set()
     for pg in md.partition_graphs:
@@ -344,8 +379,11 @@ def _mutated_loop_defs(draw: st.DrawFn) -> Any:
         elif action == "drop-input" and node["input"]:
             node["input"].pop(draw(st.integers(0, len(node["input"]) - 1)))
         elif action == "retype":
-            node["op"] = draw(st.sampled_from(["Merge", "NextIteration", "Enter", "Exit",
-                                               "Identity", "Switch", "LoopCond"]))
+            node["op"] = draw(
+                st.sampled_from(
+                    ["Merge", "NextIteration", "Enter", "Exit", "Identity", "Switch", "LoopCond"]
+                )
+            )
         elif action == "delete-node" and len(d["node"]) > 1:
             d["node"].remove(node)
     return d

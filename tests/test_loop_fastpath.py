@@ -48,8 +48,14 @@ def straight(enabled: bool) -> af.SessionConfig:
     return af.SessionConfig(executor_options=af.ExecutorOptions(straight_line=enabled))
 
 
-def run_both(build: Build, monkeypatch: pytest.MonkeyPatch, fast_runs: list[int],
-             *, fast: bool = True, options: af.RunOptions | None = None) -> tuple[Any, Any]:
+def run_both(
+    build: Build,
+    monkeypatch: pytest.MonkeyPatch,
+    fast_runs: list[int],
+    *,
+    fast: bool = True,
+    options: af.RunOptions | None = None,
+) -> tuple[Any, Any]:
     """(fast-path outcome, general outcome): a value, or ``('error', type, node, message)``.
     ``fast``: whether the fast path must have run for this graph."""
 
@@ -94,11 +100,13 @@ def counter_loop(n: Any, body: Callable[..., Any], init: Any) -> Any:
 
 # -- results ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n", [0, 1, 7, 300])
 def test_plain_loop(n: int, monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
     def build() -> tuple[Any, dict[Any, Any]]:
-        out = counter_loop(af.constant(n), lambda i, s: (i + 1, s + 1.0),
-                           [af.constant(np.float32(0.0))])
+        out = counter_loop(
+            af.constant(n), lambda i, s: (i + 1, s + 1.0), [af.constant(np.float32(0.0))]
+        )
         return out, {}
 
     fast, general = run_both(build, monkeypatch, fast_runs)
@@ -116,8 +124,9 @@ def test_single_loop_variable(monkeypatch: pytest.MonkeyPatch, fast_runs: list[i
 
 
 @pytest.mark.parametrize("n", [0, 5, 64])
-def test_exit_fetched_with_and_without_feeds(n: int, monkeypatch: pytest.MonkeyPatch,
-                                             fast_runs: list[int]) -> None:
+def test_exit_fetched_with_and_without_feeds(
+    n: int, monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     def fed() -> tuple[Any, dict[Any, Any]]:
         limit = af.placeholder(af.int32, shape=(), name="limit")
         x = af.placeholder(af.float32, shape=(3,), name="x")
@@ -125,14 +134,17 @@ def test_exit_fetched_with_and_without_feeds(n: int, monkeypatch: pytest.MonkeyP
         return {"i": i, "s": s}, {limit: n, x: np.arange(3, dtype=np.float32)}
 
     def unfed() -> tuple[Any, dict[Any, Any]]:
-        i, s = counter_loop(af.constant(n), lambda i, s: (i + 1, s * 1.5),
-                            [af.constant(np.ones(3, np.float32))])
+        i, s = counter_loop(
+            af.constant(n), lambda i, s: (i + 1, s * 1.5), [af.constant(np.ones(3, np.float32))]
+        )
         return [s, i, s], {}
 
     for build in (fed, unfed):
         fast, general = run_both(build, monkeypatch, fast_runs)
-        same(list(fast.values()) if isinstance(fast, dict) else fast,
-             list(general.values()) if isinstance(general, dict) else general)
+        same(
+            list(fast.values()) if isinstance(fast, dict) else fast,
+            list(general.values()) if isinstance(general, dict) else general,
+        )
 
 
 def test_cond_in_body(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
@@ -140,6 +152,7 @@ def test_cond_in_body(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> 
         def body(i: Any, s: Any) -> Any:
             even = af.equal(i % 2, 0)
             return i + 1, af.cond(even, lambda: s + 1.0, lambda: s - 3.0)
+
         return counter_loop(af.constant(41), body, [af.constant(np.float32(0.5))]), {}
 
     fast, general = run_both(build, monkeypatch, fast_runs)
@@ -147,25 +160,30 @@ def test_cond_in_body(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> 
     assert fast[1] == np.float32(0.5 + 21 - 3 * 20)
 
 
-def test_nested_cond_and_constant_branches(monkeypatch: pytest.MonkeyPatch,
-                                           fast_runs: list[int]) -> None:
+def test_nested_cond_and_constant_branches(
+    monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     def build() -> tuple[Any, dict[Any, Any]]:
         def body(i: Any, s: Any, t: Any) -> Any:
             def outer_true() -> Any:
                 return af.cond(af.equal(i % 3, 0), lambda: s * 2.0, lambda: s + 1.0)
+
             picked = af.cond(i < 10, outer_true, lambda: s - 1.0)
             # branches that are constants only: their deadness comes from control edges
             step = af.cond(af.equal(i % 2, 0), lambda: af.constant(2), lambda: af.constant(-1))
             return i + 1, picked, t + step
-        return counter_loop(af.constant(25), body,
-                            [af.constant(np.float32(1.0)), af.constant(0)]), {}
+
+        return counter_loop(
+            af.constant(25), body, [af.constant(np.float32(1.0)), af.constant(0)]
+        ), {}
 
     fast, general = run_both(build, monkeypatch, fast_runs)
     same(fast, general)
 
 
-def test_many_loop_variables_swap_and_constants(monkeypatch: pytest.MonkeyPatch,
-                                               fast_runs: list[int]) -> None:
+def test_many_loop_variables_swap_and_constants(
+    monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     def build() -> tuple[Any, dict[Any, Any]]:
         scale = af.constant(np.float64(0.5), name="scale")  # entered as a loop constant
         offset = af.placeholder(af.float64, shape=(), name="offset")
@@ -173,8 +191,13 @@ def test_many_loop_variables_swap_and_constants(monkeypatch: pytest.MonkeyPatch,
         def body(i: Any, a: Any, b: Any, c: Any, d: Any) -> Any:
             # a, b swap through each other (the carries are read before any is written)
             return i + 1, b, a + b, c * scale + offset, d
-        init = [af.constant(np.float64(0.0)), af.constant(np.float64(1.0)),
-                af.constant(np.float64(8.0)), af.constant(np.int64(7))]
+
+        init = [
+            af.constant(np.float64(0.0)),
+            af.constant(np.float64(1.0)),
+            af.constant(np.float64(8.0)),
+            af.constant(np.int64(7)),
+        ]
         return counter_loop(af.constant(30), body, init), {offset: 1.0}
 
     fast, general = run_both(build, monkeypatch, fast_runs)
@@ -183,8 +206,9 @@ def test_many_loop_variables_swap_and_constants(monkeypatch: pytest.MonkeyPatch,
     assert fast[4] == 7
 
 
-def test_kernels_of_other_shapes_in_body(monkeypatch: pytest.MonkeyPatch,
-                                         fast_runs: list[int]) -> None:
+def test_kernels_of_other_shapes_in_body(
+    monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     # three inputs (where), several outputs (unstack), an output nobody reads (split)
     def build() -> tuple[Any, dict[Any, Any]]:
         def body(i: Any, v: Any) -> Any:
@@ -192,18 +216,25 @@ def test_kernels_of_other_shapes_in_body(monkeypatch: pytest.MonkeyPatch,
             af.split(v, 2)
             picked = af.where(a > b, v * 2.0, v + 1.0)
             return i + 1, picked
-        return counter_loop(af.constant(9), body,
-                            [af.constant(np.array([3.0, 1.0], np.float32))]), {}
+
+        return counter_loop(
+            af.constant(9), body, [af.constant(np.array([3.0, 1.0], np.float32))]
+        ), {}
 
     fast, general = run_both(build, monkeypatch, fast_runs)
     same(fast, general)
 
 
-def test_maximum_iterations_and_dict_loop_vars(monkeypatch: pytest.MonkeyPatch,
-                                               fast_runs: list[int]) -> None:
+def test_maximum_iterations_and_dict_loop_vars(
+    monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     def build() -> tuple[Any, dict[Any, Any]]:
-        out = af.while_loop(lambda v: v["x"] < 1000.0, lambda v: {"x": v["x"] * 3.0},
-                            {"x": af.constant(np.float32(1.0))}, maximum_iterations=4)
+        out = af.while_loop(
+            lambda v: v["x"] < 1000.0,
+            lambda v: {"x": v["x"] * 3.0},
+            {"x": af.constant(np.float32(1.0))},
+            maximum_iterations=4,
+        )
         return out["x"], {}
 
     fast, general = run_both(build, monkeypatch, fast_runs)
@@ -218,6 +249,7 @@ def test_nested_loops(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> 
         def outer(i: Any, s: Any) -> Any:
             _, inner = counter_loop(i, lambda j, t: (j + 1, t + 2), [s])
             return i + 1, inner
+
         return counter_loop(af.constant(12), outer, [af.constant(0)]), {}
 
     fast, general = run_both(build, monkeypatch, fast_runs)
@@ -232,8 +264,9 @@ def test_nested_loops(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> 
     assert len(fast_runs) == 12  # one inner loop per outer iteration
 
 
-def test_loop_in_untaken_branch_and_dead_exit(monkeypatch: pytest.MonkeyPatch,
-                                             fast_runs: list[int]) -> None:
+def test_loop_in_untaken_branch_and_dead_exit(
+    monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     # The loop's Enters receive dead values: the general form runs that frame.
     def build(fetch_exit: bool) -> Build:
         def b() -> tuple[Any, dict[Any, Any]]:
@@ -243,6 +276,7 @@ def test_loop_in_untaken_branch_and_dead_exit(monkeypatch: pytest.MonkeyPatch,
             _, loop_out = counter_loop(af.constant(5), lambda i, s: (i + 1, s * s), [untaken_x])
             merged = af.raw_ops.merge([loop_out, taken_x])[0]
             return (loop_out if fetch_exit else merged), {p: True}
+
         return b
 
     fast, general = run_both(build(False), monkeypatch, fast_runs, fast=False)
@@ -256,12 +290,14 @@ def test_loop_in_untaken_branch_and_dead_exit(monkeypatch: pytest.MonkeyPatch,
 
 @pytest.mark.parametrize("fetch", ["i", "s"])
 def test_dead_next_iteration_hands_back_to_the_general_form(
-        fetch: str, monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
+    fetch: str, monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     # From iteration 3 on, s's NextIteration is dead while i's is live: the general form
     # goes on with the loop Merges that got a value (s's never fires again).
     def build() -> tuple[Any, dict[Any, Any]]:
         def body(i: Any, s: Any) -> Any:
             return i + 1, af.raw_ops.switch(s + 1.0, i < 3)[1]
+
         i, s = counter_loop(af.constant(8), body, [af.constant(np.float32(0))])
         return {"i": i, "s": s}[fetch], {}
 
@@ -275,7 +311,8 @@ def test_dead_next_iteration_hands_back_to_the_general_form(
 
 
 def test_body_with_an_async_kernel_keeps_the_general_path(
-        monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
+    monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     def build() -> tuple[Any, dict[Any, Any]]:
         async def later(s: np.ndarray) -> np.float32:
             await asyncio.sleep(0)
@@ -285,6 +322,7 @@ def test_body_with_an_async_kernel_keeps_the_general_path(
             t = af.py_func(later, [s], af.float32)
             t.set_shape(())
             return i + 1, t
+
         return counter_loop(af.constant(5), body, [af.constant(np.float32(0))]), {}
 
     fast, general = run_both(build, monkeypatch, fast_runs, fast=False)
@@ -299,10 +337,12 @@ def test_stateful_body(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) ->
         def record(i: np.ndarray) -> np.int32:
             seen.append(int(i))
             return np.int32(len(seen))
+
         def body(i: Any, c: Any) -> Any:
             count = af.py_func(record, [i], af.int32, stateful=True)
             count.set_shape(())
             return i + 1, count
+
         return counter_loop(af.constant(20), body, [af.constant(0)]), {}
 
     fast, general = run_both(build, monkeypatch, fast_runs)
@@ -310,8 +350,7 @@ def test_stateful_body(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) ->
     assert fast == (20, 20)
 
 
-def test_variable_updated_in_body(monkeypatch: pytest.MonkeyPatch,
-                                  fast_runs: list[int]) -> None:
+def test_variable_updated_in_body(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
     results = []
     for enabled in (True, False):
         fast_runs.clear()
@@ -322,6 +361,7 @@ def test_variable_updated_in_body(monkeypatch: pytest.MonkeyPatch,
             def body(i: Any, s: Any, v: af.Variable = v) -> Any:
                 with af.control_dependencies([v.assign_add(s)]):
                     return i + 1, s * 2.0
+
             out = counter_loop(af.constant(6), body, [af.constant(np.float32(1.0))])
         with af.Session(graph=graph, config=straight(enabled)) as sess:
             sess.run_sync(v.initializer)
@@ -333,8 +373,10 @@ def test_variable_updated_in_body(monkeypatch: pytest.MonkeyPatch,
 
 # -- errors, deadlines, memory, tracing ---------------------------------------------------
 
-def test_error_in_body_names_the_node(monkeypatch: pytest.MonkeyPatch,
-                                      fast_runs: list[int]) -> None:
+
+def test_error_in_body_names_the_node(
+    monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     def build() -> tuple[Any, dict[Any, Any]]:
         def check(i: np.ndarray) -> np.int32:
             if i == 17:
@@ -345,6 +387,7 @@ def test_error_in_body_names_the_node(monkeypatch: pytest.MonkeyPatch,
             v = af.py_func(check, [i], af.int32, name="checker")
             v.set_shape(())
             return i + 1, s + v
+
         return counter_loop(af.constant(100), body, [af.constant(0)]), {}
 
     fast, general = run_both(build, monkeypatch, fast_runs)
@@ -357,8 +400,9 @@ def test_error_in_body_names_the_node(monkeypatch: pytest.MonkeyPatch,
     assert "defined at" in message
 
 
-def test_error_in_the_predicate_names_the_node(monkeypatch: pytest.MonkeyPatch,
-                                                fast_runs: list[int]) -> None:
+def test_error_in_the_predicate_names_the_node(
+    monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     def build() -> tuple[Any, dict[Any, Any]]:
         def below(i: np.ndarray) -> np.bool_:
             if i == 3:
@@ -369,6 +413,7 @@ def test_error_in_the_predicate_names_the_node(monkeypatch: pytest.MonkeyPatch,
             p = af.py_func(below, [i], af.bool, name="below")
             p.set_shape(())
             return p
+
         return af.while_loop(cond, lambda i: i + 1, [af.constant(0)]), {}
 
     fast, general = run_both(build, monkeypatch, fast_runs)
@@ -377,13 +422,16 @@ def test_error_in_the_predicate_names_the_node(monkeypatch: pytest.MonkeyPatch,
     assert fast[2] == "while/below"
 
 
-def test_error_inside_cond_in_body(monkeypatch: pytest.MonkeyPatch,
-                                   fast_runs: list[int]) -> None:
+def test_error_inside_cond_in_body(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
     def build() -> tuple[Any, dict[Any, Any]]:
         def body(i: Any, s: Any) -> Any:
-            bad = af.cond(i < 9, lambda: s + 1,
-                          lambda: af.gather(af.constant([1, 2]), af.constant(5), name="oob"))
+            bad = af.cond(
+                i < 9,
+                lambda: s + 1,
+                lambda: af.gather(af.constant([1, 2]), af.constant(5), name="oob"),
+            )
             return i + 1, bad
+
         return counter_loop(af.constant(20), body, [af.constant(0)]), {}
 
     fast, general = run_both(build, monkeypatch, fast_runs)
@@ -410,8 +458,7 @@ async def test_deadline_and_cancellation_mid_loop() -> None:
             tick = asyncio.create_task(ticker())
             start = time.perf_counter()
             with pytest.raises(af.errors.DeadlineExceededError):
-                await sess.run(out, {n: 10**9},
-                               options=af.RunOptions(timeout_in_ms=100))
+                await sess.run(out, {n: 10**9}, options=af.RunOptions(timeout_in_ms=100))
             assert time.perf_counter() - start < 30  # a billion iterations take hours
             assert ticks > 10  # the loop yielded to the event loop while it ran
             run = asyncio.create_task(sess.run(out, {n: 10**9}))
@@ -450,8 +497,9 @@ def test_full_trace_records_every_node(fast_runs: list[int]) -> None:
     with af.Session(graph=graph) as sess:
         meta = af.RunMetadata()
         fast_runs.clear()
-        result = sess.run_sync(out, options=af.RunOptions(trace_level=af.RunOptions.FULL_TRACE),
-                               run_metadata=meta)
+        result = sess.run_sync(
+            out, options=af.RunOptions(trace_level=af.RunOptions.FULL_TRACE), run_metadata=meta
+        )
         assert fast_runs  # traced: the same path as untraced
         assert sess.run_sync(out) == result == (4, 16)
     stats = [n for d in meta.step_stats.dev_stats for n in d.node_stats]
@@ -461,13 +509,19 @@ def test_full_trace_records_every_node(fast_runs: list[int]) -> None:
 
 # -- the compile pass ---------------------------------------------------------------------
 
+
 def _plan(graph: af.Graph, fetches: list[af.Tensor]) -> Any:
     from asyncflow.compiler.ir import graph_ir, ref_of
     from asyncflow.compiler.pipeline import compile_signature
 
-    compiled = compile_signature(graph_ir(graph), feeds=[], fetches=[ref_of(t) for t in fetches],
-                                 targets=[], devices=["/job:localhost/replica:0/task:0/device:CPU:0"],
-                                 incarnation=1)
+    compiled = compile_signature(
+        graph_ir(graph),
+        feeds=[],
+        fetches=[ref_of(t) for t in fetches],
+        targets=[],
+        devices=["/job:localhost/replica:0/task:0/device:CPU:0"],
+        incarnation=1,
+    )
     (plan,) = compiled.plans
     return plan
 
@@ -477,17 +531,22 @@ def test_schedule_of_a_plain_loop_is_its_kernels_only() -> None:
 
     graph = af.Graph()
     with graph.as_default():
-        out = counter_loop(af.constant(5), lambda i, s: (i + 1, s + 1.0),
-                           [af.constant(np.float32(0.0))])
+        out = counter_loop(
+            af.constant(5), lambda i, s: (i + 1, s + 1.0), [af.constant(np.float32(0.0))]
+        )
     plan = _plan(graph, list(out))
     root, schedule = plan.loop_schedules
     assert root is None
-    names = {p: [plan.nodes[x.node].op for x in getattr(schedule, p)]
-             for p in ("head", "true", "final")}
+    names = {
+        p: [plan.nodes[x.node].op for x in getattr(schedule, p)] for p in ("head", "true", "final")
+    }
     # Identity / LoopCond are aliases, the pivot-gated Const is preloaded, the loop
     # Switches pass through: an iteration that goes on runs the three kernels only.
-    assert names == {"head": ["Less"], "true": ["Add", "Add"],
-                     "final": ["Switch", "Switch", "Exit", "Exit"]}
+    assert names == {
+        "head": ["Less"],
+        "true": ["Add", "Add"],
+        "final": ["Switch", "Switch", "Exit", "Exit"],
+    }
     assert all(x.kind == I_KERNEL and not x.checks for x in (*schedule.head, *schedule.true))
     assert len(schedule.carries) == 2
     assert pickle.loads(pickle.dumps(plan)).loop_schedules == plan.loop_schedules
@@ -496,8 +555,11 @@ def test_schedule_of_a_plain_loop_is_its_kernels_only() -> None:
 def test_a_frame_with_a_nested_loop_gets_no_schedule() -> None:
     graph = af.Graph()
     with graph.as_default():
-        out = counter_loop(af.constant(3), lambda i, s: (
-            i + 1, counter_loop(i, lambda j, t: (j + 1, t + 1), [s])[1]), [af.constant(0)])
+        out = counter_loop(
+            af.constant(3),
+            lambda i, s: (i + 1, counter_loop(i, lambda j, t: (j + 1, t + 1), [s])[1]),
+            [af.constant(0)],
+        )
     plan = _plan(graph, list(out))
     schedules = plan.loop_schedules
     assert len(schedules) == 3
@@ -541,10 +603,12 @@ def _apply(step: tuple[Any, ...], i: Any, s: Any, t: Any, m: Any) -> tuple[Any, 
         return m.cond(even, lambda: s + float(step[2]), lambda: s - 1.0), t
     if kind == "nested":
         inner = m.equal(i % step[2], 0)
-        return m.cond(even, lambda: m.cond(inner, lambda: s * 2.0, lambda: s + 1.0),
-                      lambda: m.identity(s)), t
-    return s + m.cond(even, lambda: m.constant(2.0, dtype=m.float64),
-                      lambda: m.constant(-1.0, dtype=m.float64)), t
+        return m.cond(
+            even, lambda: m.cond(inner, lambda: s * 2.0, lambda: s + 1.0), lambda: m.identity(s)
+        ), t
+    return s + m.cond(
+        even, lambda: m.constant(2.0, dtype=m.float64), lambda: m.constant(-1.0, dtype=m.float64)
+    ), t
 
 
 @settings(max_examples=25, deadline=None)
@@ -572,8 +636,11 @@ def test_random_bodies_agree_on_both_paths(steps: list[tuple[Any, ...]], n: int)
         try:
             graph = af.Graph()
             with graph.as_default():
-                out = counter_loop(af.constant(n), body, [af.constant(np.float64(1.0)),
-                                                          af.constant(np.float64(3.0))])
+                out = counter_loop(
+                    af.constant(n),
+                    body,
+                    [af.constant(np.float64(1.0)), af.constant(np.float64(3.0))],
+                )
             with af.Session(graph=graph, config=straight(enabled)) as sess:
                 results.append(sess.run_sync(out))
         finally:
@@ -588,8 +655,9 @@ def test_random_bodies_agree_on_both_paths(steps: list[tuple[Any, ...]], n: int)
 StatefulBuild = Callable[[], tuple[Any, list[Any]]]
 
 
-def run_stateful(build: StatefulBuild, monkeypatch: pytest.MonkeyPatch,
-                 fast_runs: list[int]) -> list[Any]:
+def run_stateful(
+    build: StatefulBuild, monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> list[Any]:
     """Per way of running (fast path, general path, FULL_TRACE): the fetched values and
     then the variables' values, on a fresh session with the variables initialized."""
     outcomes = []
@@ -602,29 +670,35 @@ def run_stateful(build: StatefulBuild, monkeypatch: pytest.MonkeyPatch,
             init = af.global_variables_initializer()
         with af.Session(graph=graph, config=straight(enabled)) as sess:
             sess.run_sync(init)
-            outcomes.append((sess.run_sync(fetches, options=options,
-                                           run_metadata=af.RunMetadata()),
-                             sess.run_sync(variables)))
+            outcomes.append(
+                (
+                    sess.run_sync(fetches, options=options, run_metadata=af.RunMetadata()),
+                    sess.run_sync(variables),
+                )
+            )
         assert bool(fast_runs) == enabled, (enabled, options)  # traced: the same path
     for other in outcomes[1:]:
         same(outcomes[0], other)
     return outcomes[0]  # type: ignore[no-any-return]
 
 
-def test_variable_read_in_body(monkeypatch: pytest.MonkeyPatch,
-                               fast_runs: list[int]) -> None:
+def test_variable_read_in_body(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
     # ``v.read_value()`` is a kernel with no input (a control edge from the frame only)
     def build() -> tuple[Any, list[Any]]:
         v = af.Variable(np.float64(1.5), name="v")
-        out = counter_loop(af.constant(5), lambda i, acc: (i + 1, acc + v.read_value()),
-                           [af.constant(np.float64(0.0))])
+        out = counter_loop(
+            af.constant(5),
+            lambda i, acc: (i + 1, acc + v.read_value()),
+            [af.constant(np.float64(0.0))],
+        )
         return out, [v]
 
     assert run_stateful(build, monkeypatch, fast_runs) == ((5, 7.5), [1.5])
 
 
-def test_ordered_assigns_under_control_dependencies(monkeypatch: pytest.MonkeyPatch,
-                                                    fast_runs: list[int]) -> None:
+def test_ordered_assigns_under_control_dependencies(
+    monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     def build() -> tuple[Any, list[Any]]:
         v = af.Variable(np.float64(0.0), name="v")
         w = af.Variable(np.float64(0.0), name="w")
@@ -637,6 +711,7 @@ def test_ordered_assigns_under_control_dependencies(monkeypatch: pytest.MonkeyPa
                 third = w.assign(v.read_value())
             with af.control_dependencies([third]):
                 return i + 1
+
         return counter_loop(af.constant(3), lambda i: body(i), []), [v, w]
 
     # v: 0 -> 1 -> 2 -> 3 -> 6 -> 7 -> 14; w follows v after each iteration
@@ -644,7 +719,8 @@ def test_ordered_assigns_under_control_dependencies(monkeypatch: pytest.MonkeyPa
 
 
 def test_multi_output_and_zero_input_kernels_in_cond_in_body(
-        monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:
+    monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
+) -> None:
     def build() -> tuple[Any, list[Any]]:
         v = af.Variable(np.array([2.0, 5.0]), name="v")
 
@@ -653,7 +729,9 @@ def test_multi_output_and_zero_input_kernels_in_cond_in_body(
                 a, b = af.unstack(v.read_value())  # no input, then two outputs
                 with af.control_dependencies([v.assign_add(np.array([1.0, 1.0]))]):
                     return acc + a * b
+
             return i + 1, af.cond(af.equal(i % 2, 0), taken, lambda: acc - 1.0)
+
         return counter_loop(af.constant(4), body, [af.constant(np.float64(0.0))]), [v]
 
     # iterations 0, 2 take the branch: 2*5 = 10, then (3*6) = 18; 1 and 3 subtract 1

@@ -80,15 +80,15 @@ def test_loop_whose_result_is_only_an_op_of_loop_constants_ends(graph: af.Graph)
     assert run_then_read(r, v) == (5.0, 5.0)
 
 
-def test_inner_loop_op_of_outer_constants_runs_once_per_inner_iteration(
-        graph: af.Graph) -> None:
+def test_inner_loop_op_of_outer_constants_runs_once_per_inner_iteration(graph: af.Graph) -> None:
     # TF: r == 2.0, v == 6.0 (2 outer iterations x 3 inner ones).
     v = af.Variable(0.0)
     c = af.constant(1.0)
 
     def outer(i: af.Tensor) -> af.Tensor:
-        j = af.while_loop(lambda j: j < 3.0, lambda j: j + v.assign_add(c) * 0.0 + 1.0,
-                             [af.constant(0.0)])
+        j = af.while_loop(
+            lambda j: j < 3.0, lambda j: j + v.assign_add(c) * 0.0 + 1.0, [af.constant(0.0)]
+        )
         return i + 1.0 + j * 0.0
 
     r = af.while_loop(lambda i: i < 2.0, outer, [af.constant(0.0)])
@@ -145,7 +145,8 @@ def test_control_dependency_from_outside_into_an_inner_loop(graph: af.Graph) -> 
 
 @pytest.mark.parametrize(("take", "expected"), [(True, (4, 2.0)), (False, (4, 4.0))])
 def test_control_dependency_on_a_body_op_inside_a_cond_of_the_body(
-        graph: af.Graph, take: bool, expected: tuple[int, float]) -> None:
+    graph: af.Graph, take: bool, expected: tuple[int, float]
+) -> None:
     # TF: (4, 2.0) when the branch is taken (i: 0 -> 2 -> 4), (4, 4.0) when not.
     v = af.Variable(0.0)
     p = af.placeholder(af.bool, ())
@@ -203,7 +204,8 @@ def test_output_less_control_dependency_beside_a_body_op(graph: af.Graph) -> Non
 
 @pytest.mark.parametrize("take", [True, False])
 def test_control_dependency_from_outside_into_a_cond_in_the_body_runs_once(
-        graph: af.Graph, take: bool) -> None:
+    graph: af.Graph, take: bool
+) -> None:
     v = af.Variable(0.0)
     a = v.assign_add(1.0)
     p = af.placeholder(af.bool, ())
@@ -242,8 +244,9 @@ def test_counted_while_loop_under_a_computed_control_dependency(graph: af.Graph)
     # TF: r == 7 (maximum_iterations wins over i < 100).
     x = af.constant(2.0) * 3.0
     with af.control_dependencies([x]):
-        r = af.while_loop(lambda i: i < 100, lambda i: i + 1, [af.constant(0)],
-                             maximum_iterations=7)
+        r = af.while_loop(
+            lambda i: i < 100, lambda i: i + 1, [af.constant(0)], maximum_iterations=7
+        )
     assert run_each(r, [{}]) == [[7]]
 
 
@@ -255,10 +258,16 @@ def test_exclusive_case_with_a_loop_in_its_default(graph: af.Graph) -> None:
     def default() -> af.Tensor:
         return af.while_loop(lambda i: i < 3, lambda i: i + 1, af.constant(0))
 
-    r = af.case([(p, lambda: af.constant(10)), (q, lambda: af.constant(20))],
-                default=default, exclusive=True)
-    assert run_each(r, [{p: False, q: False}, {p: True, q: False},
-                        {p: False, q: True}]) == [3, 10, 20]
+    r = af.case(
+        [(p, lambda: af.constant(10)), (q, lambda: af.constant(20))],
+        default=default,
+        exclusive=True,
+    )
+    assert run_each(r, [{p: False, q: False}, {p: True, q: False}, {p: False, q: True}]) == [
+        3,
+        10,
+        20,
+    ]
     with pytest.raises(af.errors.InvalidArgumentError, match="more than one predicate"):
         run_each(r, [{p: True, q: True}])
 
@@ -266,8 +275,7 @@ def test_exclusive_case_with_a_loop_in_its_default(graph: af.Graph) -> None:
 # -- values entering a branch carry no control input -------------------------------------
 
 
-def test_live_cond_output_with_a_control_dependency_on_a_branch_constant(
-        graph: af.Graph) -> None:
+def test_live_cond_output_with_a_control_dependency_on_a_branch_constant(graph: af.Graph) -> None:
     # TF: 3.0, 3.0, 7.0, 7.0.  The Switch admitting x into the outer branch used to
     # inherit the control dependency on k (a constant of the inner true branch), so
     # the inner false branch, which shares that Switch, was dead with k.
@@ -287,7 +295,8 @@ def test_live_cond_output_with_a_control_dependency_on_a_branch_constant(
 
 @pytest.mark.parametrize("take", [True, False])
 def test_cond_in_a_loop_with_a_control_dependency_on_a_branch_constant(
-        graph: af.Graph, take: bool) -> None:
+    graph: af.Graph, take: bool
+) -> None:
     # TF: 3.0 either way.  The loop constant Enter of x used to inherit the control
     # dependency on k, a node inside the frame ("inputs from different loop frames").
     p = af.placeholder(af.bool, ())
@@ -298,16 +307,19 @@ def test_cond_in_a_loop_with_a_control_dependency_on_a_branch_constant(
         with af.control_dependencies([k]):
             return af.identity(x)
 
-    r = af.while_loop(lambda i: i < 3.0, lambda i: i + af.cond(p, taken, lambda: x),
-                         [af.constant(0.0)])
+    r = af.while_loop(
+        lambda i: i < 3.0, lambda i: i + af.cond(p, taken, lambda: x), [af.constant(0.0)]
+    )
     assert run_each(r, [{p: take}]) == [[3.0]]
 
 
-@pytest.mark.parametrize(("take_outer", "take_inner", "expected_v"),
-                         [(True, True, 1.0), (True, False, 0.0), (False, True, 0.0),
-                          (False, False, 0.0)])
+@pytest.mark.parametrize(
+    ("take_outer", "take_inner", "expected_v"),
+    [(True, True, 1.0), (True, False, 0.0), (False, True, 0.0), (False, False, 0.0)],
+)
 def test_assign_in_a_nested_conds_untaken_branch_leaves_the_merge_live(
-        graph: af.Graph, take_outer: bool, take_inner: bool, expected_v: float) -> None:
+    graph: af.Graph, take_outer: bool, take_inner: bool, expected_v: float
+) -> None:
     # TF: the result is 3.0 in every case; v == 1.0 only when both branches holding
     # the assign are taken.  The fetched Merge used to be dead for (True, False).
     p = af.placeholder(af.bool, ())

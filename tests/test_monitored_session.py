@@ -23,13 +23,15 @@ def _counter() -> tuple[af.Graph, Any]:
 def test_saves_every_n_steps_and_resumes_from_the_latest_checkpoint(tmp_path: Path) -> None:
     g, step = _counter()
     ckpt = str(tmp_path / "ckpt")
-    with af.train.MonitoredSession(lambda: af.Session(graph=g), checkpoint_dir=ckpt,
-                                   save_steps=3) as msess:
+    with af.train.MonitoredSession(
+        lambda: af.Session(graph=g), checkpoint_dir=ckpt, save_steps=3
+    ) as msess:
         values = [msess.run_sync(step) for _ in range(7)]
     assert values == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
     assert af.train.latest_checkpoint(ckpt) == str(tmp_path / "ckpt" / "model.ckpt-7")
-    with af.train.MonitoredSession(lambda: af.Session(graph=g), checkpoint_dir=ckpt,
-                                   save_steps=3) as msess:
+    with af.train.MonitoredSession(
+        lambda: af.Session(graph=g), checkpoint_dir=ckpt, save_steps=3
+    ) as msess:
         assert msess.global_step == 7  # restored, not initialized
         assert msess.run_sync(step) == 8.0
 
@@ -51,13 +53,18 @@ async def test_a_recoverable_error_recreates_the_session_and_restores(tmp_path: 
         made.append(af.Session(graph=g))
         return made[-1]
 
-    async with af.train.MonitoredSession(factory, checkpoint_dir=str(tmp_path),
-                                         save_steps=2, retry_interval_s=0.01) as msess:
+    async with af.train.MonitoredSession(
+        factory, checkpoint_dir=str(tmp_path), save_steps=2, retry_interval_s=0.01
+    ) as msess:
         assert await msess.run(guarded) == 1.0
         assert await msess.run(guarded) == 2.0  # saved: model.ckpt-2
         assert await msess.run(step) == 3.0
-        fail_next.extend([af.errors.UnavailableError(None, None, "task gone"),
-                          af.errors.AbortedError(None, None, "task restarted")])
+        fail_next.extend(
+            [
+                af.errors.UnavailableError(None, None, "task gone"),
+                af.errors.AbortedError(None, None, "task restarted"),
+            ]
+        )
         # Each failure: a new session restored from model.ckpt-2, the step run again.
         assert await msess.run(guarded) == 3.0
         assert msess.recoveries == 2
@@ -81,11 +88,13 @@ def test_bad_arguments_are_clear() -> None:
         af.train.MonitoredSession(af.Session).run_sync(af.constant(1.0))
 
 
-def test_a_relative_checkpoint_dir_is_found_again(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_relative_checkpoint_dir_is_found_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     g, step = _counter()
-    with af.train.MonitoredSession(lambda: af.Session(graph=g), checkpoint_dir="ckpt",
-                                   save_steps=2) as msess:
+    with af.train.MonitoredSession(
+        lambda: af.Session(graph=g), checkpoint_dir="ckpt", save_steps=2
+    ) as msess:
         msess.run_sync(step)
     assert af.train.latest_checkpoint("ckpt") == str(tmp_path / "ckpt" / "model.ckpt-1")

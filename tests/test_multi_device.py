@@ -23,16 +23,23 @@ CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"
 TWO = af.SessionConfig(device_count={"CPU": 2})
 # The same, unoptimized: the constant graphs below would otherwise be folded into one
 # constant per device, and these tests are about the edges between devices.
-TWO_L0 = af.SessionConfig(device_count={"CPU": 2}, graph_options=af.GraphOptions(
-    optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+TWO_L0 = af.SessionConfig(
+    device_count={"CPU": 2},
+    graph_options=af.GraphOptions(
+        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)
+    ),
+)
 
 
 def computing(md: af.RunMetadata) -> list[str]:
     """The devices of the partitions that compute something (the client's device
     receives the fetches in a partition of its own)."""
     plumbing = {"_Send", "_Recv", "_Arg", "_Retval"}
-    return [pg["device"] for pg in md.partition_graphs
-            if any(n["op"] not in plumbing for n in pg["node"])]
+    return [
+        pg["device"]
+        for pg in md.partition_graphs
+        if any(n["op"] not in plumbing for n in pg["node"])
+    ]
 
 
 def minus_ax(graph: af.Graph) -> tuple[af.Tensor, af.Tensor]:
@@ -85,8 +92,12 @@ async def test_single_device_partition_graph_has_no_send_recv(graph: af.Graph) -
     y = af.add(x, 1.0)
     md = af.RunMetadata()
     async with af.Session(graph=graph) as sess:
-        assert await sess.run(y, {x: 1.0}, options=af.RunOptions(
-            output_partition_graphs=True), run_metadata=md) == 2.0
+        assert (
+            await sess.run(
+                y, {x: 1.0}, options=af.RunOptions(output_partition_graphs=True), run_metadata=md
+            )
+            == 2.0
+        )
     (pg,) = md.partition_graphs
     ops = [n["op"] for n in pg["node"]]
     assert "_Send" not in ops
@@ -95,13 +106,27 @@ async def test_single_device_partition_graph_has_no_send_recv(graph: af.Graph) -
     assert ops.count("_Retval") == 1
 
 
-def _parts(graph: af.Graph, fetches: list[af.Tensor], placement_of: dict[str, int],
-           feeds: tuple[af.Tensor, ...] = (), default: int = 0) -> list[Any]:
+def _parts(
+    graph: af.Graph,
+    fetches: list[af.Tensor],
+    placement_of: dict[str, int],
+    feeds: tuple[af.Tensor, ...] = (),
+    default: int = 0,
+) -> list[Any]:
     nodes = prune(graph_ir(graph), [ref_of(t) for t in fetches], [], {ref_of(t) for t in feeds})
     placement = [placement_of.get(n.name, default) for n in nodes]
     devices = [CPU.format(i) for i in range(4)]
-    return list(partition(nodes, placement, devices, [ref_of(t) for t in feeds],
-                          [ref_of(t) for t in fetches], [], incarnation=1))
+    return list(
+        partition(
+            nodes,
+            placement,
+            devices,
+            [ref_of(t) for t in feeds],
+            [ref_of(t) for t in fetches],
+            [],
+            incarnation=1,
+        )
+    )
 
 
 def _count(parts: list[Any], op_type: str) -> int:
@@ -134,8 +159,7 @@ def test_partition_data_and_control_edge_make_two_pairs(graph: af.Graph) -> None
     parts = _parts(graph, [b, c], {"b": 1, "c": 1})
     assert _count(parts, "_Send") == 4  # and the fetched b and c back to the client
     assert _count(parts, "_Recv") == 4
-    keys = sorted(n.get_attr("tensor_name") for p in parts for n in p.nodes
-                  if n.op == "_Recv")
+    keys = sorted(n.get_attr("tensor_name") for p in parts for n in p.nodes if n.op == "_Recv")
     assert keys == ["^a", "a:0", "b:0", "c:0"]
 
 
@@ -192,6 +216,7 @@ async def test_control_edge_across_devices_orders_side_effects(graph: af.Graph) 
         def f(v: Any) -> Any:
             order.append(name)
             return v
+
         return f
 
     with af.device("/cpu:0"):
@@ -299,13 +324,16 @@ async def test_traced_multi_device_step(graph: af.Graph) -> None:
     opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
     async with af.Session(graph=graph, config=TWO_L0) as sess:
         await sess.run(neg, options=opts, run_metadata=md)
-    names = {d.device: [n.node_name for n in d.node_stats if n.kind == "inline"]
-             for d in md.step_stats.dev_stats}
+    names = {
+        d.device: [n.node_name for n in d.node_stats if n.kind == "inline"]
+        for d in md.step_stats.dev_stats
+    }
     assert names[CPU.format(0)] == ["y"]
     assert names[CPU.format(1)] == ["neg_y"]
     # Sends and recvs are recorded too, paired by their rendezvous key.
-    traffic = [n for d in md.step_stats.dev_stats for n in d.node_stats
-               if n.kind in ("send", "recv")]
+    traffic = [
+        n for d in md.step_stats.dev_stats for n in d.node_stats if n.kind in ("send", "recv")
+    ]
     sends = {n.rendezvous_key for n in traffic if n.kind == "send"}
     recvs = {n.rendezvous_key for n in traffic if n.kind == "recv"}
     assert len(sends) == 3  # x, y, and the fetched neg_y to the client's device
@@ -318,9 +346,13 @@ async def test_traced_multi_device_step(graph: af.Graph) -> None:
 def test_device_spec_parsing() -> None:
     full = af.DeviceSpec.from_string("/job:localhost/replica:0/task:0/device:CPU:1")
     assert (full.job, full.replica, full.task, full.device_type, full.device_index) == (
-        "localhost", 0, 0, "CPU", 1)
-    assert af.DeviceSpec.from_string("/cpu:1") == af.DeviceSpec(device_type="CPU",
-                                                                device_index=1)
+        "localhost",
+        0,
+        0,
+        "CPU",
+        1,
+    )
+    assert af.DeviceSpec.from_string("/cpu:1") == af.DeviceSpec(device_type="CPU", device_index=1)
     assert af.DeviceSpec.from_string("/device:CPU:1").to_string() == "/device:CPU:1"
     assert af.DeviceSpec.from_string("/job:localhost").job == "localhost"
     assert af.DeviceSpec.from_string("/cpu:*").device_index is None
@@ -336,8 +368,7 @@ async def test_device_spellings_land_on_the_same_device(graph: af.Graph) -> None
             outs.append(af.add(af.constant(1.0), 1.0))
     md = af.RunMetadata()
     async with af.Session(graph=graph, config=TWO) as sess:
-        await sess.run(outs, options=af.RunOptions(output_partition_graphs=True),
-                       run_metadata=md)
+        await sess.run(outs, options=af.RunOptions(output_partition_graphs=True), run_metadata=md)
     assert computing(md) == [CPU.format(1)]
 
 
@@ -374,8 +405,10 @@ async def test_colocate_with(graph: af.Graph) -> None:
     assert b.op.get_attr("_class") == ["loc:@a"]
     md = af.RunMetadata()
     async with af.Session(graph=graph, config=TWO) as sess:
-        assert await sess.run(b, options=af.RunOptions(output_partition_graphs=True),
-                              run_metadata=md) == 2.0
+        assert (
+            await sess.run(b, options=af.RunOptions(output_partition_graphs=True), run_metadata=md)
+            == 2.0
+        )
     assert computing(md) == [CPU.format(1)]
 
 
@@ -384,8 +417,7 @@ async def test_incompatible_colocation_names_both_nodes(graph: af.Graph) -> None
         a = af.constant(1.0, name="anchor")
     # A conflicting request, as an imported graph def could carry it.
     with af.device("/cpu:1"):
-        member = graph.create_op("Identity", [a], attrs={"_class": ["loc:@anchor"]},
-                                 name="member")
+        member = graph.create_op("Identity", [a], attrs={"_class": ["loc:@anchor"]}, name="member")
     async with af.Session(graph=graph, config=TWO) as sess:
         with pytest.raises(af.errors.InvalidArgumentError) as info:
             await sess.run(member.outputs[0])
@@ -400,8 +432,9 @@ async def test_log_device_placement(graph: af.Graph, caplog: pytest.LogCaptureFi
     with caplog.at_level(logging.INFO, logger="asyncflow"):
         async with af.Session(graph=graph, config=config) as sess:
             await sess.run(y)
-    assert any("logged" in r.getMessage() and CPU.format(1) in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "logged" in r.getMessage() and CPU.format(1) in r.getMessage() for r in caplog.records
+    )
 
 
 async def test_soft_placement(graph: af.Graph) -> None:
@@ -436,8 +469,10 @@ def placed_graphs(draw: st.DrawFn) -> tuple[af.Graph, int, list[Any], dict[Any, 
         for _ in range(draw(st.integers(1, 20))):
             pick = st.sampled_from(tensors)
             deps = draw(st.lists(st.sampled_from(ops), max_size=1)) if ops else []
-            with af.device(f"/cpu:{draw(st.integers(0, n_devices - 1))}"), \
-                    af.control_dependencies(deps):
+            with (
+                af.device(f"/cpu:{draw(st.integers(0, n_devices - 1))}"),
+                af.control_dependencies(deps),
+            ):
                 kind = draw(st.sampled_from(["binary", "neg", "add_n", "async"]))
                 if kind == "binary":
                     t = draw(st.sampled_from(BINARY))(draw(pick), draw(pick))
@@ -446,12 +481,10 @@ def placed_graphs(draw: st.DrawFn) -> tuple[af.Graph, int, list[Any], dict[Any, 
                 elif kind == "add_n":
                     t = af.add_n(draw(st.lists(pick, min_size=1, max_size=3)))
                 else:
-                    t = af.reshape(af.py_func(_async_identity, [draw(pick)], af.float64),
-                                   (2,))
+                    t = af.reshape(af.py_func(_async_identity, [draw(pick)], af.float64), (2,))
             tensors.append(t)
             ops.append(t.op)
-        fetches: list[Any] = draw(st.lists(st.sampled_from(tensors), min_size=1,
-                                           max_size=4))
+        fetches: list[Any] = draw(st.lists(st.sampled_from(tensors), min_size=1, max_size=4))
         for t in draw(st.lists(st.sampled_from(tensors), max_size=1)):
             feeds.setdefault(t, np.array([1.5, -2.5]))
     return g, n_devices, fetches, feeds
@@ -462,17 +495,22 @@ async def _async_identity(v: np.ndarray) -> np.ndarray:
     return v
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(placed_graphs())
 def test_random_placements_match_reference(
-        case: tuple[af.Graph, int, list[Any], dict[Any, Any]]) -> None:
+    case: tuple[af.Graph, int, list[Any], dict[Any, Any]],
+) -> None:
     graph, n_devices, fetches, feeds = case
     expected = af.testing.reference_run(fetches, feeds, graph=graph)
     # Both ways across devices: the direct hand-off and the future-based path.
     for handoffs in (True, False):
-        config = af.SessionConfig(device_count={"CPU": n_devices},
-                                  executor_options=af.ExecutorOptions(handoffs=handoffs))
+        config = af.SessionConfig(
+            device_count={"CPU": n_devices}, executor_options=af.ExecutorOptions(handoffs=handoffs)
+        )
         with af.Session(graph=graph, config=config) as sess:
             got = sess.run_sync(fetches, feeds)
             assert len(got) == len(expected)

@@ -75,10 +75,8 @@ def _graph() -> dict[str, Any]:
         "fails_inline": af.py_func(fails_inline, [x], af.float32),
         "thread": af.py_func(lambda v: v, [x], af.float32, expensive=True),
         "loop": af.while_loop(lambda i, t: i < 3, lambda i, t: (i + 1, t + x), start)[1],
-        "loop_fails": af.while_loop(lambda i, t: i < 3, lambda i, t: body(i, t, fails),
-                                    start)[1],
-        "loop_never": af.while_loop(lambda i, t: i < 3, lambda i, t: body(i, t, never),
-                                    start)[1],
+        "loop_fails": af.while_loop(lambda i, t: i < 3, lambda i, t: body(i, t, fails), start)[1],
+        "loop_never": af.while_loop(lambda i, t: i < 3, lambda i, t: body(i, t, never), start)[1],
         "two_devices": doubled,
         "call": triple(x),
         "enqueue": q.enqueue(x),
@@ -158,8 +156,9 @@ async def kernel_error_held_by_a_task(sess: af.Session, ops: dict[str, Any]) -> 
 @scenario
 async def deadline(sess: af.Session, ops: dict[str, Any]) -> None:
     options = af.RunOptions(timeout_in_ms=1)
-    await _fails_with(af.errors.DeadlineExceededError,
-                      sess.run(ops["never"], _feed(ops), options=options))
+    await _fails_with(
+        af.errors.DeadlineExceededError, sess.run(ops["never"], _feed(ops), options=options)
+    )
     error = await _in_a_task(sess.run(ops["never"], _feed(ops), options=options))
     assert isinstance(error, af.errors.DeadlineExceededError)
 
@@ -181,8 +180,10 @@ async def traced(sess: af.Session, ops: dict[str, Any]) -> None:
 async def loops(sess: af.Session, ops: dict[str, Any]) -> None:
     assert await sess.run(ops["loop"], _feed(ops)) == 3.0
     await _fails_with(af.errors.InvalidArgumentError, sess.run(ops["loop_fails"], _feed(ops)))
-    await _fails_with(af.errors.DeadlineExceededError, sess.run(
-        ops["loop_never"], _feed(ops), options=af.RunOptions(timeout_in_ms=1)))
+    await _fails_with(
+        af.errors.DeadlineExceededError,
+        sess.run(ops["loop_never"], _feed(ops), options=af.RunOptions(timeout_in_ms=1)),
+    )
 
 
 @scenario
@@ -190,8 +191,12 @@ async def two_devices(sess: af.Session, ops: dict[str, Any]) -> None:
     assert await sess.run(ops["two_devices"], _feed(ops)) == 2.0
     error = await _in_a_task(sess.run([ops["two_devices"], ops["fails"]], _feed(ops)))
     assert isinstance(error, af.errors.InvalidArgumentError)
-    await _fails_with(af.errors.DeadlineExceededError, sess.run(
-        [ops["two_devices"], ops["never"]], _feed(ops), options=af.RunOptions(timeout_in_ms=1)))
+    await _fails_with(
+        af.errors.DeadlineExceededError,
+        sess.run(
+            [ops["two_devices"], ops["never"]], _feed(ops), options=af.RunOptions(timeout_in_ms=1)
+        ),
+    )
     tasks = [asyncio.ensure_future(sess.run([ops["two_devices"], ops["never"]], _feed(ops)))]
     await asyncio.sleep(0.001)
     tasks[0].cancel()
@@ -208,8 +213,10 @@ async def queues(sess: af.Session, ops: dict[str, Any]) -> None:
     await sess.run(ops["enqueue"], _feed(ops))
     await asyncio.wait(waiting)
     waiting.clear()
-    await _fails_with(af.errors.DeadlineExceededError,
-                      sess.run(ops["dequeue"], options=af.RunOptions(timeout_in_ms=1)))
+    await _fails_with(
+        af.errors.DeadlineExceededError,
+        sess.run(ops["dequeue"], options=af.RunOptions(timeout_in_ms=1)),
+    )
 
 
 @scenario
@@ -219,8 +226,7 @@ async def function_calls(sess: af.Session, ops: dict[str, Any]) -> None:
 
 @scenario
 async def streams(sess: af.Session, ops: dict[str, Any]) -> None:
-    got = [value async for _, value in sess.run_stream([ops["inline"], ops["async"]],
-                                                       _feed(ops))]
+    got = [value async for _, value in sess.run_stream([ops["inline"], ops["async"]], _feed(ops))]
     assert sorted(got) == [1.0, 2.0]
 
 
@@ -229,8 +235,10 @@ async def _parallel(sess: af.Session, ops: dict[str, Any]) -> None:
     await _fails_with(af.errors.InvalidArgumentError, sess.run(ops["pair_fails"], _feed(ops)))
     error = await _in_a_task(sess.run(ops["pair_fails"], _feed(ops)))
     assert isinstance(error, af.errors.InvalidArgumentError)
-    await _fails_with(af.errors.DeadlineExceededError, sess.run(
-        ops["pair_never"], _feed(ops), options=af.RunOptions(timeout_in_ms=1)))
+    await _fails_with(
+        af.errors.DeadlineExceededError,
+        sess.run(ops["pair_never"], _feed(ops), options=af.RunOptions(timeout_in_ms=1)),
+    )
     await _cancelled_by_the_caller(sess.run(ops["pair_never"], _feed(ops)))
 
 
@@ -240,8 +248,7 @@ async def parallel_async_kernels(sess: af.Session, ops: dict[str, Any]) -> None:
 
 
 @scenario
-async def parallel_async_kernels_in_a_task_group(sess: af.Session,
-                                                 ops: dict[str, Any]) -> None:
+async def parallel_async_kernels_in_a_task_group(sess: af.Session, ops: dict[str, Any]) -> None:
     await _parallel(sess, ops)  # the session's steps use asyncio.TaskGroup: _OPTIONS
 
 
@@ -249,15 +256,17 @@ async def parallel_async_kernels_in_a_task_group(sess: af.Session,
 _OPTIONS = {"parallel_async_kernels_in_a_task_group": af.ExecutorOptions(own_task_group=False)}
 
 
-_NO_INLINING = af.GraphOptions(optimizer_options=af.OptimizerOptions(
-    do_function_inlining=False))
+_NO_INLINING = af.GraphOptions(optimizer_options=af.OptimizerOptions(do_function_inlining=False))
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 async def test_steps_leave_no_cyclic_garbage(graph: af.Graph, name: str) -> None:
     ops = _graph()
-    config = af.SessionConfig(device_count={"CPU": 2}, graph_options=_NO_INLINING,
-                              executor_options=_OPTIONS.get(name, af.ExecutorOptions()))
+    config = af.SessionConfig(
+        device_count={"CPU": 2},
+        graph_options=_NO_INLINING,
+        executor_options=_OPTIONS.get(name, af.ExecutorOptions()),
+    )
     async with af.Session(graph=graph, config=config) as sess:
         run = SCENARIOS[name]
         for _ in range(2):
@@ -274,6 +283,7 @@ def test_run_sync_leaves_no_cyclic_garbage(graph: af.Graph) -> None:
     config = af.SessionConfig(device_count={"CPU": 2})
     feed = _feed(ops)
     with af.Session(graph=graph, config=config) as sess:
+
         def run() -> None:
             assert sess.run_sync(ops["inline"], feed) == 2.0  # no loop at all
             assert sess.run_sync(ops["async"], feed) == 1.0  # the session's loop

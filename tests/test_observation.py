@@ -37,16 +37,23 @@ def test_a_traced_step_replays_the_plans_schedule() -> None:
         md = af.RunMetadata()
         full = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
         assert sess.run_sync(y, {x: 0.0}, options=full, run_metadata=md) == 5.0
-    adds = [n for d in md.step_stats.dev_stats for n in d.node_stats if n.op_type == "AddV2"
-            or n.op_type == "Add"]
+    adds = [
+        n
+        for d in md.step_stats.dev_stats
+        for n in d.node_stats
+        if n.op_type == "AddV2" or n.op_type == "Add"
+    ]
     assert len(adds) == 5
 
 
 def test_a_traced_loop_runs_its_straight_line_program() -> None:
     graph = af.Graph()
     with graph.as_default():
-        out = af.while_loop(lambda i, s: i < 6, lambda i, s: (i + 1, s * 2.0),
-                            [af.constant(0), af.constant(np.float64(1.0))])
+        out = af.while_loop(
+            lambda i, s: i < 6,
+            lambda i, s: (i + 1, s * 2.0),
+            [af.constant(0), af.constant(np.float64(1.0))],
+        )
     with af.Session(graph=graph) as sess:
         bound = sess._prepare(out, {}).bound[0]
         for trace in (False, True):
@@ -74,8 +81,9 @@ def test_a_traced_multi_device_step_hands_off() -> None:
     with af.Session(graph=graph, config=config) as sess:
         call = sess._prepare(z, {x: 1.0})
         for trace in (False, True):
-            barrier = ExecutorBarrier(call.bound, call.compiled.retval_map,
-                                      CallFrame([1.0]), trace=trace)
+            barrier = ExecutorBarrier(
+                call.bound, call.compiled.retval_map, CallFrame([1.0]), trace=trace
+            )
             assert all(step._handoffs is not None for step in barrier._steps), trace
             barrier.release()
 
@@ -87,7 +95,6 @@ async def test_progress_counts_every_run_of_a_plan() -> None:
     async with af.Session(graph=graph) as sess:
         for _ in range(4):
             events: list[Any] = []
-            assert await sess.run(y, {x: 1.0},
-                                  options=af.RunOptions(progress=events.append)) == 6.0
+            assert await sess.run(y, {x: 1.0}, options=af.RunOptions(progress=events.append)) == 6.0
             assert events[-1].finished
             assert events[-1].nodes_done == events[-1].nodes_total == 5

@@ -27,10 +27,15 @@ A = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
 
 # -- constant, placeholder, identity, no_op, group -----------------------------------------
 
+
 def test_constant_dtype_shape_and_value(g: af.Graph) -> None:
     c = af.constant([[1, 2], [3, 4]])
-    assert (c.op.type, c.op.name, c.dtype, c.shape) == ("Const", "Const", af.int32,
-                                                        af.TensorShape([2, 2]))
+    assert (c.op.type, c.op.name, c.dtype, c.shape) == (
+        "Const",
+        "Const",
+        af.int32,
+        af.TensorShape([2, 2]),
+    )
     assert run(c).tolist() == [[1, 2], [3, 4]]
     assert af.constant(1.5).dtype == af.float32
     assert af.constant(7, shape=[2, 2]).shape == (2, 2)
@@ -69,9 +74,17 @@ def test_no_op_and_group(g: af.Graph) -> None:
 
 # -- reshape ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("shape", "expected"), [([4, 6], (4, 6)), ([-1], (24,)),
-                                                 ([2, -1, 3], (2, 4, 3)), ((24,), (24,)),
-                                                 ([1, 2, 3, 4], (1, 2, 3, 4))])
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [
+        ([4, 6], (4, 6)),
+        ([-1], (24,)),
+        ([2, -1, 3], (2, 4, 3)),
+        ((24,), (24,)),
+        ([1, 2, 3, 4], (1, 2, 3, 4)),
+    ],
+)
 def test_reshape_static(g: af.Graph, shape: Any, expected: tuple[int, ...]) -> None:
     t = af.reshape(af.constant(A), shape)
     assert (t.op.type, t.shape) == ("Reshape", af.TensorShape(expected))
@@ -112,10 +125,10 @@ def test_reshape_errors_name_op(g: af.Graph) -> None:
 
 # -- transpose -------------------------------------------------------------------------
 
+
 def test_transpose(g: af.Graph) -> None:
     t = af.transpose(af.constant(A))
-    assert (t.op.type, t.op.name, t.shape) == ("Transpose", "transpose",
-                                               af.TensorShape([4, 3, 2]))
+    assert (t.op.type, t.op.name, t.shape) == ("Transpose", "transpose", af.TensorShape([4, 3, 2]))
     np.testing.assert_array_equal(run(t), A.T)
     t2 = af.transpose(af.constant(A), perm=[1, 0, 2])
     assert t2.shape == (3, 2, 4)
@@ -129,11 +142,11 @@ def test_transpose(g: af.Graph) -> None:
 
 # -- concat, stack ---------------------------------------------------------------------
 
+
 def test_concat(g: af.Graph) -> None:
     a, b = A, A[:, :1]
     t = af.concat([af.constant(a), af.constant(b)], axis=1)
-    assert (t.op.type, t.op.name, t.shape) == ("ConcatV2", "concat",
-                                               af.TensorShape([2, 4, 4]))
+    assert (t.op.type, t.op.name, t.shape) == ("ConcatV2", "concat", af.TensorShape([2, 4, 4]))
     np.testing.assert_array_equal(run(t), np.concatenate([a, b], axis=1))
     t2 = af.concat([af.constant(a), af.constant(a)], axis=-1)
     assert t2.shape == (2, 3, 8)
@@ -174,6 +187,7 @@ def test_stack(g: af.Graph) -> None:
 
 # -- gather ------------------------------------------------------------------------------
 
+
 def test_gather(g: af.Graph) -> None:
     idx = np.array([[2, 0], [1, 1]], np.int32)
     t = af.gather(af.constant(A), af.constant(idx), axis=1)
@@ -186,11 +200,14 @@ def test_gather(g: af.Graph) -> None:
         af.gather(af.constant(A), af.constant([0.0]), name="bad_gather")
     i = af.placeholder(af.int32, shape=[None])
     assert af.gather(af.constant(A), i, axis=-1).shape.as_list() == [2, 3, None]
-    with pytest.raises(af.errors.InvalidArgumentError, match=r"indices\[0\] = 5 is not in \[0, 2\)"):
+    with pytest.raises(
+        af.errors.InvalidArgumentError, match=r"indices\[0\] = 5 is not in \[0, 2\)"
+    ):
         run(af.gather(af.constant(A), i), {i: [5]})
 
 
 # -- expand_dims, squeeze ---------------------------------------------------------------
+
 
 def test_expand_dims(g: af.Graph) -> None:
     for axis in (0, 1, 3, -1, -4):
@@ -222,6 +239,7 @@ def test_squeeze(g: af.Graph) -> None:
 
 # -- shape, size, rank ---------------------------------------------------------------------
 
+
 def test_shape_size_rank(g: af.Graph) -> None:
     p = af.placeholder(af.float32, shape=(None, 3))
     s, n, r = af.shape(p), af.size(p), af.rank(p)
@@ -246,10 +264,15 @@ def test_shape_size_rank(g: af.Graph) -> None:
 
 # -- zeros, ones, fill --------------------------------------------------------------------
 
+
 def test_zeros_ones_small_are_constants(g: af.Graph) -> None:
     z = af.zeros([2, 3])
-    assert (z.op.type, z.op.name, z.dtype, z.shape) == ("Const", "zeros", af.float32,
-                                                        af.TensorShape([2, 3]))
+    assert (z.op.type, z.op.name, z.dtype, z.shape) == (
+        "Const",
+        "zeros",
+        af.float32,
+        af.TensorShape([2, 3]),
+    )
     np.testing.assert_array_equal(run(z), np.zeros((2, 3), np.float32))
     o = af.ones((4,), dtype=af.int64, name="o")
     assert (o.op.name, o.dtype) == ("o", af.int64)
@@ -288,10 +311,22 @@ def test_fill(g: af.Graph) -> None:
 # -- slicing (Tensor.__getitem__) ---------------------------------------------------------
 
 SLICES: list[Any] = [
-    0, -1, (1, 2), (1, 2, 3), slice(None), slice(1, None), slice(None, None, -1),
-    (slice(None), 0), (Ellipsis, 1), (None, 0), (0, None, slice(None, None, 2)),
-    (Ellipsis, None), (slice(0, 5), slice(-2, None), slice(None, None, 3)),
-    (1, Ellipsis, slice(1, 3)), (slice(5, 10),), (slice(None, None, -2), Ellipsis, 0),
+    0,
+    -1,
+    (1, 2),
+    (1, 2, 3),
+    slice(None),
+    slice(1, None),
+    slice(None, None, -1),
+    (slice(None), 0),
+    (Ellipsis, 1),
+    (None, 0),
+    (0, None, slice(None, None, 2)),
+    (Ellipsis, None),
+    (slice(0, 5), slice(-2, None), slice(None, None, 3)),
+    (1, Ellipsis, slice(1, 3)),
+    (slice(5, 10),),
+    (slice(None, None, -2), Ellipsis, 0),
 ]
 
 
@@ -320,7 +355,7 @@ def test_getitem_unknown_dims(g: af.Graph) -> None:
 
 def test_getitem_tensor_indices(g: af.Graph) -> None:
     i = af.placeholder(af.int32, shape=())
-    t = af.constant(A)[i, 1:i + 2]
+    t = af.constant(A)[i, 1 : i + 2]
     assert t.shape.as_list() == [None, 4]
     np.testing.assert_array_equal(run(t, {i: 1}), A[1, 1:3])
     with pytest.raises(TypeError):
@@ -360,8 +395,7 @@ def test_getitem_is_tf_strided_slice(g: af.Graph) -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(data=st.data(), shape=hnp.array_shapes(min_dims=1, max_dims=4, min_side=0,
-                                              max_side=5))
+@given(data=st.data(), shape=hnp.array_shapes(min_dims=1, max_dims=4, min_side=0, max_side=5))
 def test_getitem_property(data: st.DataObject, shape: tuple[int, ...]) -> None:
     key = data.draw(hnp.basic_indices(shape, allow_newaxis=True, allow_ellipsis=True))
     x = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
@@ -373,6 +407,7 @@ def test_getitem_property(data: st.DataObject, shape: tuple[int, ...]) -> None:
 
 
 # -- nn ------------------------------------------------------------------------------------
+
 
 def test_relu(g: af.Graph) -> None:
     x = np.array([[-1.5, 0.0, 2.0]], np.float32)

@@ -27,7 +27,7 @@ def run(fetches: Any, feed_dict: Any = None) -> Any:
 
 
 X = np.array([[1.5, -2.0, 3.0], [4.0, 0.5, -6.25]], np.float32)
-Y = np.array([2.0, -1.5, 4.0], np.float32)          # broadcasts against X, no zeros
+Y = np.array([2.0, -1.5, 4.0], np.float32)  # broadcasts against X, no zeros
 XI = np.array([[7, -8, 9], [-10, 11, 12]], np.int32)
 YI = np.array([2, 3, -4], np.int32)
 
@@ -44,11 +44,18 @@ BINARY = [
 
 # -- elementwise binary ------------------------------------------------------------
 
+
 @pytest.mark.parametrize(("fn", "np_fn", "op_type", "default_name"), BINARY)
 @pytest.mark.parametrize(("x", "y"), [(X, Y), (XI, YI)], ids=["float32", "int32"])
-def test_binary_matches_numpy(g: af.Graph, fn: Callable[..., af.Tensor], np_fn: Any,
-                              op_type: str, default_name: str, x: np.ndarray,
-                              y: np.ndarray) -> None:
+def test_binary_matches_numpy(
+    g: af.Graph,
+    fn: Callable[..., af.Tensor],
+    np_fn: Any,
+    op_type: str,
+    default_name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+) -> None:
     t = fn(af.constant(x), af.constant(y))
     assert t.op.type == op_type
     assert t.op.name == default_name
@@ -116,15 +123,23 @@ def test_add_strings(g: af.Graph) -> None:
 
 # -- division ----------------------------------------------------------------------
 
+
 def test_divide_floats_is_realdiv(g: af.Graph) -> None:
     t = af.divide(af.constant(X), af.constant(Y))
     assert (t.op.type, t.op.name, t.dtype) == ("RealDiv", "truediv", af.float32)
     np.testing.assert_array_equal(run(t), X / Y)
 
 
-@pytest.mark.parametrize(("dt", "out"), [(np.int32, np.float64), (np.int64, np.float64),
-                                         (np.int16, np.float32), (np.int8, np.float32),
-                                         (np.uint8, np.float32)])
+@pytest.mark.parametrize(
+    ("dt", "out"),
+    [
+        (np.int32, np.float64),
+        (np.int64, np.float64),
+        (np.int16, np.float32),
+        (np.int8, np.float32),
+        (np.uint8, np.float32),
+    ],
+)
 def test_divide_ints_gives_floats_like_tf(g: af.Graph, dt: Any, out: Any) -> None:
     x, y = np.array([7, 8, 9], dt), np.array([2, 4, 5], dt)
     t = af.divide(af.constant(x), af.constant(y))
@@ -165,8 +180,12 @@ POSITIVE = np.array([[0.25, 1.0, 2.0], [3.5, 9.0, 0.5]], np.float32)
 def test_unary_matches_numpy(g: af.Graph, fn: Any, np_fn: Any, op_type: str, dt: Any) -> None:
     x = POSITIVE.astype(dt)
     t = fn(af.constant(x))
-    assert (t.op.type, t.op.name, t.dtype, t.shape) == (op_type, op_type, af.as_dtype(dt),
-                                                        af.TensorShape([2, 3]))
+    assert (t.op.type, t.op.name, t.dtype, t.shape) == (
+        op_type,
+        op_type,
+        af.as_dtype(dt),
+        af.TensorShape([2, 3]),
+    )
     out = run(t)
     assert out.dtype == dt
     np.testing.assert_allclose(out, np_fn(x), rtol=1e-6)
@@ -230,8 +249,10 @@ def test_equal_on_strings(g: af.Graph) -> None:
     assert run(t).tolist() == [True, False]
 
 
-LOGICAL = [(af.logical_and, np.logical_and, "LogicalAnd"),
-           (af.logical_or, np.logical_or, "LogicalOr")]
+LOGICAL = [
+    (af.logical_and, np.logical_and, "LogicalAnd"),
+    (af.logical_or, np.logical_or, "LogicalOr"),
+]
 
 
 @pytest.mark.parametrize(("fn", "np_fn", "op_type"), LOGICAL)
@@ -254,6 +275,7 @@ def test_logical_not(g: af.Graph) -> None:
 
 
 # -- add_n ---------------------------------------------------------------------------
+
 
 def test_add_n(g: af.Graph) -> None:
     xs = [np.full((2, 3), i, np.int32) for i in range(1, 5)]
@@ -284,8 +306,8 @@ def test_add_n_errors(g: af.Graph) -> None:
 
 # -- matmul --------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("ta", "tb"), [(False, False), (True, False), (False, True),
-                                        (True, True)])
+
+@pytest.mark.parametrize(("ta", "tb"), [(False, False), (True, False), (False, True), (True, True)])
 def test_matmul_transposes(g: af.Graph, ta: bool, tb: bool) -> None:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((3, 4)).astype(np.float32)
@@ -303,8 +325,7 @@ def test_matmul_batched_broadcasts(g: af.Graph) -> None:
     t = af.matmul(af.constant(a), af.constant(b))
     assert t.shape == (2, 3, 5)
     np.testing.assert_array_equal(run(t), a @ b)
-    tt = af.matmul(af.constant(a), af.constant(np.swapaxes(b, -1, -2).copy()),
-                   transpose_b=True)
+    tt = af.matmul(af.constant(a), af.constant(np.swapaxes(b, -1, -2).copy()), transpose_b=True)
     np.testing.assert_array_equal(run(tt), a @ b)
 
 
@@ -339,11 +360,21 @@ R3 = np.arange(1, 25, dtype=np.float64).reshape(2, 3, 4) / 7
 
 
 @pytest.mark.parametrize(("fn", "np_fn", "op_type"), REDUCE)
-@pytest.mark.parametrize(("axis", "keepdims"), [(None, False), (None, True), (0, False),
-                                                (-1, True), ([0, 2], False),
-                                                ((1, -1), True), ([], False)])
-def test_reductions_match_numpy(g: af.Graph, fn: Any, np_fn: Any, op_type: str, axis: Any,
-                                keepdims: bool) -> None:
+@pytest.mark.parametrize(
+    ("axis", "keepdims"),
+    [
+        (None, False),
+        (None, True),
+        (0, False),
+        (-1, True),
+        ([0, 2], False),
+        ((1, -1), True),
+        ([], False),
+    ],
+)
+def test_reductions_match_numpy(
+    g: af.Graph, fn: Any, np_fn: Any, op_type: str, axis: Any, keepdims: bool
+) -> None:
     t = fn(af.constant(R3), axis=axis, keepdims=keepdims)
     np_axis = tuple(axis) if isinstance(axis, list | tuple) else axis
     expected = np_fn(R3, axis=np_axis, keepdims=keepdims)
@@ -354,10 +385,15 @@ def test_reductions_match_numpy(g: af.Graph, fn: Any, np_fn: Any, op_type: str, 
     np.testing.assert_allclose(out, expected)
 
 
-@pytest.mark.parametrize(("fn", "expected"), [(af.reduce_sum, [8, 13]),
-                                              (af.reduce_mean, [2, 4]),
-                                              (af.reduce_prod, [-504, -1320]),
-                                              (af.reduce_max, [9, 12])])
+@pytest.mark.parametrize(
+    ("fn", "expected"),
+    [
+        (af.reduce_sum, [8, 13]),
+        (af.reduce_mean, [2, 4]),
+        (af.reduce_prod, [-504, -1320]),
+        (af.reduce_max, [9, 12]),
+    ],
+)
 def test_int_reductions_keep_int32(g: af.Graph, fn: Any, expected: list[int]) -> None:
     # Integer mean truncates toward zero, as TensorFlow's.
     out = run(fn(af.constant(XI), axis=1))
@@ -404,8 +440,10 @@ def test_reduce_all_any(g: af.Graph) -> None:
 
 # -- argmax / argmin -------------------------------------------------------------------
 
-@pytest.mark.parametrize(("fn", "np_fn", "op_type"), [(af.argmax, np.argmax, "ArgMax"),
-                                                      (af.argmin, np.argmin, "ArgMin")])
+
+@pytest.mark.parametrize(
+    ("fn", "np_fn", "op_type"), [(af.argmax, np.argmax, "ArgMax"), (af.argmin, np.argmin, "ArgMin")]
+)
 def test_arg_reductions(g: af.Graph, fn: Any, np_fn: Any, op_type: str) -> None:
     t = fn(af.constant(R3), axis=-1)
     assert (t.op.type, t.dtype, t.shape) == (op_type, af.int64, af.TensorShape([2, 3]))
@@ -428,6 +466,7 @@ def test_arg_reductions(g: af.Graph, fn: Any, np_fn: Any, op_type: str) -> None:
 
 # -- cast -----------------------------------------------------------------------------
 
+
 def test_cast(g: af.Graph) -> None:
     t = af.cast(af.constant([1.7, -1.7, 0.0]), af.int32)
     assert (t.op.type, t.dtype, t.shape) == ("Cast", af.int32, af.TensorShape([3]))
@@ -445,17 +484,22 @@ def test_cast(g: af.Graph) -> None:
 
 # -- range ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("args", "kwargs", "expected_dtype"), [
-    ((5,), {}, np.int32),
-    ((2, 10, 3), {}, np.int32),
-    ((10, 2, -2), {}, np.int32),
-    ((0.0, 1.0, 0.25), {}, np.float32),
-    ((1, 4.5), {}, np.float32),
-    ((3,), {"dtype": af.int64}, np.int64),
-    ((0, 2), {"dtype": af.float64}, np.float64),
-])
-def test_range(g: af.Graph, args: tuple[Any, ...], kwargs: dict[str, Any],
-               expected_dtype: Any) -> None:
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "expected_dtype"),
+    [
+        ((5,), {}, np.int32),
+        ((2, 10, 3), {}, np.int32),
+        ((10, 2, -2), {}, np.int32),
+        ((0.0, 1.0, 0.25), {}, np.float32),
+        ((1, 4.5), {}, np.float32),
+        ((3,), {"dtype": af.int64}, np.int64),
+        ((0, 2), {"dtype": af.float64}, np.float64),
+    ],
+)
+def test_range(
+    g: af.Graph, args: tuple[Any, ...], kwargs: dict[str, Any], expected_dtype: Any
+) -> None:
     t = af.range(*args, **kwargs)
     expected = np.arange(*args, dtype=expected_dtype)
     assert t.op.type == "Range"
@@ -473,8 +517,11 @@ def test_range_with_tensor_limit(g: af.Graph) -> None:
     assert t.shape.as_list() == [None]
     assert run(t, {n: 4}).tolist() == [0, 1, 2, 3]
     with pytest.raises(TypeError):
-        af.range(af.placeholder(af.int32, shape=()), af.placeholder(af.float32, shape=()),
-                 dtype=af.string)
+        af.range(
+            af.placeholder(af.int32, shape=()),
+            af.placeholder(af.float32, shape=()),
+            dtype=af.string,
+        )
 
 
 def test_range_bad_delta(g: af.Graph) -> None:
@@ -487,6 +534,7 @@ def test_range_bad_delta(g: af.Graph) -> None:
 
 # -- where ----------------------------------------------------------------------------
 
+
 def test_where_select_broadcasts(g: af.Graph) -> None:
     cond = np.array([True, False, True])
     t = af.where(af.constant(cond), af.constant(X), 0.0)
@@ -495,11 +543,9 @@ def test_where_select_broadcasts(g: af.Graph) -> None:
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out, np.where(cond, X, np.float32(0.0)))
     with pytest.raises(TypeError, match="bad_where"):
-        af.where(af.constant([1, 0]), af.constant([1, 2]), af.constant([3, 4]),
-                 name="bad_where")
+        af.where(af.constant([1, 0]), af.constant([1, 2]), af.constant([3, 4]), name="bad_where")
     with pytest.raises(TypeError, match="bad_where2"):
-        af.where(af.constant([True]), af.constant([1]), af.constant([1.0]),
-                 name="bad_where2")
+        af.where(af.constant([True]), af.constant([1]), af.constant([1.0]), name="bad_where2")
     with pytest.raises(ValueError, match="both"):
         af.where(af.constant([True]), af.constant([1]))
 
@@ -518,15 +564,26 @@ def test_where_indices(g: af.Graph) -> None:
 
 # -- operators on Tensor ---------------------------------------------------------------
 
+
 def test_arithmetic_operators(g: af.Graph) -> None:
     x, y = af.constant(X), af.constant(Y)
     cases = [
-        (x + y, "add", X + Y), (x - y, "sub", X - Y), (x * y, "mul", X * Y),
-        (x / y, "truediv", X / Y), (x // y, "floordiv", X // Y), (x % y, "mod", X % Y),
-        (-x, "Neg", -X), (abs(x), "Abs", np.abs(X)),
-        (1.0 + x, "add", 1 + X), (2.0 - x, "sub", 2 - X), (3.0 * x, "mul", 3 * X),
-        (1.0 / y, "truediv", 1 / Y), (7.0 // y, "floordiv", 7 // Y), (7.0 % y, "mod", 7 % Y),
-        (abs(x) ** 2.0, "pow", np.abs(X) ** 2), (2.0 ** x, "pow", 2.0**X),
+        (x + y, "add", X + Y),
+        (x - y, "sub", X - Y),
+        (x * y, "mul", X * Y),
+        (x / y, "truediv", X / Y),
+        (x // y, "floordiv", X // Y),
+        (x % y, "mod", X % Y),
+        (-x, "Neg", -X),
+        (abs(x), "Abs", np.abs(X)),
+        (1.0 + x, "add", 1 + X),
+        (2.0 - x, "sub", 2 - X),
+        (3.0 * x, "mul", 3 * X),
+        (1.0 / y, "truediv", 1 / Y),
+        (7.0 // y, "floordiv", 7 // Y),
+        (7.0 % y, "mod", 7 % Y),
+        (abs(x) ** 2.0, "pow", np.abs(X) ** 2),
+        (2.0**x, "pow", 2.0**X),
     ]
     for t, name, expected in cases:
         assert t.op.name.split("_")[0] == name
@@ -553,17 +610,23 @@ def test_matmul_operator(g: af.Graph) -> None:
 
 def test_comparison_and_logic_operators(g: af.Graph) -> None:
     x, y = af.constant(XI), af.constant(YI)
-    for t, op_type, expected in [(x < y, "Less", XI < YI), (x <= y, "LessEqual", XI <= YI),
-                                 (x > 0, "Greater", XI > 0), (x >= y, "GreaterEqual", XI >= YI),
-                                 (0 < x, "Greater", XI > 0)]:  # noqa: SIM300
+    for t, op_type, expected in [
+        (x < y, "Less", XI < YI),
+        (x <= y, "LessEqual", XI <= YI),
+        (x > 0, "Greater", XI > 0),
+        (x >= y, "GreaterEqual", XI >= YI),
+        (0 < x, "Greater", XI > 0),  # noqa: SIM300 -- the reflected operator is the point
+    ]:
         assert t.op.type == op_type
         np.testing.assert_array_equal(run(t), expected)
     a, b = x > 0, x < 10
-    for t, op_type, expected in [(a & b, "LogicalAnd", (XI > 0) & (XI < 10)),
-                                 (a | b, "LogicalOr", (XI > 0) | (XI < 10)),
-                                 (a ^ b, "LogicalXor", (XI > 0) ^ (XI < 10)),
-                                 (~a, "LogicalNot", ~(XI > 0)),
-                                 (True & a, "LogicalAnd", XI > 0)]:
+    for t, op_type, expected in [
+        (a & b, "LogicalAnd", (XI > 0) & (XI < 10)),
+        (a | b, "LogicalOr", (XI > 0) | (XI < 10)),
+        (a ^ b, "LogicalXor", (XI > 0) ^ (XI < 10)),
+        (~a, "LogicalNot", ~(XI > 0)),
+        (True & a, "LogicalAnd", XI > 0),
+    ]:
         assert t.op.type == op_type
         np.testing.assert_array_equal(run(t), expected)
     with pytest.raises(TypeError):
@@ -588,22 +651,28 @@ def test_tensors_hash_by_identity(g: af.Graph) -> None:
 
 # -- property tests: broadcasting vs numpy ---------------------------------------------
 
-_SAFE_BINARY = [(af.add, np.add), (af.subtract, np.subtract), (af.multiply, np.multiply),
-                (af.maximum, np.maximum), (af.minimum, np.minimum), (af.less, np.less),
-                (af.equal, np.equal)]
+_SAFE_BINARY = [
+    (af.add, np.add),
+    (af.subtract, np.subtract),
+    (af.multiply, np.multiply),
+    (af.maximum, np.maximum),
+    (af.minimum, np.minimum),
+    (af.less, np.less),
+    (af.equal, np.equal),
+]
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=4,
-                                             max_side=4),
+    shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=4, max_side=4),
     op_index=st.integers(0, len(_SAFE_BINARY) - 1),
     dtype=st.sampled_from([np.float32, np.float64, np.int32, np.int64]),
     seed=st.integers(0, 2**32 - 1),
     static=st.booleans(),
 )
-def test_broadcasting_binary_ops_match_numpy(shapes: Any, op_index: int, dtype: Any,
-                                             seed: int, static: bool) -> None:
+def test_broadcasting_binary_ops_match_numpy(
+    shapes: Any, op_index: int, dtype: Any, seed: int, static: bool
+) -> None:
     fn, np_fn = _SAFE_BINARY[op_index]
     rng = np.random.default_rng(seed)
     a, b = (rng.integers(-50, 50, size=s).astype(dtype) for s in shapes.input_shapes)
@@ -629,10 +698,16 @@ def test_broadcasting_binary_ops_match_numpy(shapes: Any, op_index: int, dtype: 
     data=st.data(),
     keepdims=st.booleans(),
 )
-def test_reduce_sum_matches_numpy(shape: tuple[int, ...], data: st.DataObject,
-                                  keepdims: bool) -> None:
-    axes = data.draw(st.lists(st.integers(-len(shape), len(shape) - 1), unique_by=lambda a: a
-                              % len(shape), max_size=len(shape)))
+def test_reduce_sum_matches_numpy(
+    shape: tuple[int, ...], data: st.DataObject, keepdims: bool
+) -> None:
+    axes = data.draw(
+        st.lists(
+            st.integers(-len(shape), len(shape) - 1),
+            unique_by=lambda a: a % len(shape),
+            max_size=len(shape),
+        )
+    )
     x = np.arange(np.prod(shape), dtype=np.int32).reshape(shape)
     with af.Graph().as_default():
         t = af.reduce_sum(af.constant(x), axis=axes, keepdims=keepdims)
@@ -644,6 +719,7 @@ def test_reduce_sum_matches_numpy(shape: tuple[int, ...], data: st.DataObject,
 
 
 # -- through the session -----------------------------------------------------------------
+
 
 def test_math_ops_through_session(g: af.Graph) -> None:
     x = af.placeholder(af.float32, shape=(None, 3), name="x")

@@ -20,8 +20,10 @@ from asyncflow.compiler.optimize import optimize
 from asyncflow.compiler.placement import place
 from asyncflow.compiler.prune import prune
 
-DEVICES = ("/job:localhost/replica:0/task:0/device:CPU:0",
-           "/job:localhost/replica:0/task:0/device:CPU:1")
+DEVICES = (
+    "/job:localhost/replica:0/task:0/device:CPU:0",
+    "/job:localhost/replica:0/task:0/device:CPU:1",
+)
 L0 = af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)
 NO_INLINE = af.OptimizerOptions(do_function_inlining=False)
 
@@ -30,24 +32,39 @@ L1 = af.OptimizerOptions()
 
 
 def config(options: af.OptimizerOptions = L1, cpus: int = 1) -> af.SessionConfig:
-    return af.SessionConfig(device_count={"CPU": cpus},
-                            graph_options=af.GraphOptions(optimizer_options=options))
+    return af.SessionConfig(
+        device_count={"CPU": cpus}, graph_options=af.GraphOptions(optimizer_options=options)
+    )
 
 
-def placed(graph: af.Graph, fetches: Sequence[af.Tensor], targets: Sequence[str] = (),
-           feeds: Sequence[af.Tensor] = ()) -> tuple[tuple[NodeDef, ...], tuple[int, ...]]:
+def placed(
+    graph: af.Graph,
+    fetches: Sequence[af.Tensor],
+    targets: Sequence[str] = (),
+    feeds: Sequence[af.Tensor] = (),
+) -> tuple[tuple[NodeDef, ...], tuple[int, ...]]:
     ir = graph_ir(graph)
     nodes = prune(ir, [ref_of(t) for t in fetches], targets, [ref_of(t) for t in feeds])
     return nodes, place(nodes, DEVICES, lookup=ir.by_name)
 
 
-def fold(graph: af.Graph, fetches: Sequence[af.Tensor], feeds: Sequence[af.Tensor] = (),
-         targets: Sequence[str] = (), max_bytes: int = 10 * 2**20
-         ) -> tuple[dict[str, NodeDef], bool]:
+def fold(
+    graph: af.Graph,
+    fetches: Sequence[af.Tensor],
+    feeds: Sequence[af.Tensor] = (),
+    targets: Sequence[str] = (),
+    max_bytes: int = 10 * 2**20,
+) -> tuple[dict[str, NodeDef], bool]:
     nodes, where = placed(graph, fetches, targets, feeds)
     out, _, changed = fold_constants(
-        nodes, where, DEVICES, feeds=frozenset(ref_of(t) for t in feeds),
-        fetches=[ref_of(t) for t in fetches], targets=targets, max_bytes=max_bytes)
+        nodes,
+        where,
+        DEVICES,
+        feeds=frozenset(ref_of(t) for t in feeds),
+        fetches=[ref_of(t) for t in fetches],
+        targets=targets,
+        max_bytes=max_bytes,
+    )
     return {n.name: n for n in out}, changed
 
 
@@ -58,8 +75,11 @@ def test_options_have_tf_names_and_defaults() -> None:
     o = af.OptimizerOptions()
     assert o.opt_level == af.OptimizerOptions.L1 == 0
     assert af.OptimizerOptions.L0 == -1
-    assert (o.do_constant_folding, o.do_common_subexpression_elimination,
-            o.do_function_inlining) == (True, True, True)
+    assert (
+        o.do_constant_folding,
+        o.do_common_subexpression_elimination,
+        o.do_function_inlining,
+    ) == (True, True, True)
     assert o.max_folded_constant_in_bytes == 10 * 2**20
     assert (o.folding, o.cse, o.inlining) == (True, True, True)
     assert (L0.folding, L0.cse, L0.inlining) == (False, False, False)
@@ -108,14 +128,15 @@ def test_never_folded() -> None:
             return t
 
         async_pf = af.py_func(coro, [c], af.float32, stateful=False, name="async_pf")
-        thread_pf = af.py_func(np.negative, [c], af.float32, stateful=False, expensive=True,
-                               name="thread_pf")
+        thread_pf = af.py_func(
+            np.negative, [c], af.float32, stateful=False, expensive=True, name="thread_pf"
+        )
         fed = af.negative(c, name="fed")
         after_fed = af.negative(fed, name="after_fed")
         big = af.fill([1000], 1.0, name="big")
     fetches = [from_var, stateful, pure, async_pf, thread_pf, after_fed, big]
     nodes, _ = fold(g, fetches, feeds=[fed], max_bytes=1000)
-    assert nodes["pure"].op == "Const"            # a stateless inline py_func folds
+    assert nodes["pure"].op == "Const"  # a stateless inline py_func folds
     for name in ("from_var", "stateful", "async_pf", "thread_pf", "after_fed", "big"):
         assert nodes[name].op != "Const", name
     assert never_folded(nodes["v"]) == "stateful"
@@ -176,13 +197,17 @@ def test_control_inputs_are_carried_to_the_replacement() -> None:
 # -- CSE ---------------------------------------------------------------------------------
 
 
-def _cse(nodes: Sequence[NodeDef], where: Sequence[int], protected: Sequence[str] = (),
-         feeds: Sequence[Ref] = ()) -> tuple[dict[str, NodeDef], bool]:
+def _cse(
+    nodes: Sequence[NodeDef],
+    where: Sequence[int],
+    protected: Sequence[str] = (),
+    feeds: Sequence[Ref] = (),
+) -> tuple[dict[str, NodeDef], bool]:
     """CSE, checked against its pass without the skipping of lone nodes."""
     out, placement, changed = eliminate_common_subexpressions(
-        nodes, where, feeds=frozenset(feeds), protected=frozenset(protected))
-    assert (out, placement, changed) == _merge(nodes, where, frozenset(feeds),
-                                               frozenset(protected))
+        nodes, where, feeds=frozenset(feeds), protected=frozenset(protected)
+    )
+    assert (out, placement, changed) == _merge(nodes, where, frozenset(feeds), frozenset(protected))
     return {n.name: n for n in out}, changed
 
 
@@ -219,7 +244,7 @@ def test_cse_merges_equal_nodes_and_rewires_consumers() -> None:
     with g.as_default():
         x = af.placeholder(af.float32, name="x")
         a1 = af.multiply(x, 2.0, name="a1")
-        a2 = af.multiply(x, 2.0, name="a2")   # its Const merges first, then the Mul
+        a2 = af.multiply(x, 2.0, name="a2")  # its Const merges first, then the Mul
         out = af.add(a1, a2, name="out")
     nodes, where = placed(g, [out], feeds=[x])
     merged, changed = _cse(nodes, where, protected=["out"], feeds=[ref_of(x)])
@@ -242,8 +267,7 @@ def test_cse_never_merges_into_a_fed_node() -> None:
     with af.Session(graph=g) as sess:
         np.testing.assert_array_equal(sess.run_sync(out, feeds), [-0.0, -0.0, -0.0])
     nodes, where = placed(g, [out], feeds=[x, fed])
-    merged, _ = _cse(nodes, where, protected=["out", "x", "fed"],
-                     feeds=[ref_of(x), ref_of(fed)])
+    merged, _ = _cse(nodes, where, protected=["out", "x", "fed"], feeds=[ref_of(x), ref_of(fed)])
     assert merged["out"].inputs == (("twin", 0),)
 
 
@@ -251,18 +275,18 @@ def test_cse_refusals() -> None:
     g = af.Graph()
     with g.as_default():
         x = af.placeholder(af.float32, name="x")
-        r1 = af.py_func(np.negative, [x], af.float32, name="r1")   # stateful
+        r1 = af.py_func(np.negative, [x], af.float32, name="r1")  # stateful
         r2 = af.py_func(np.negative, [x], af.float32, name="r2")
         d1 = af.multiply(x, 2.0, name="d1")
         with af.device("/cpu:1"):
-            d2 = af.multiply(x, 2.0, name="d2")               # another device
+            d2 = af.multiply(x, 2.0, name="d2")  # another device
         s1 = af.reduce_sum(x, name="s1")
-        s2 = af.reduce_sum(x, keepdims=True, name="s2")       # other attrs
+        s2 = af.reduce_sum(x, keepdims=True, name="s2")  # other attrs
         f1 = af.negative(x, name="f1")
-        f2 = af.negative(x, name="f2")                         # fetched: kept
+        f2 = af.negative(x, name="f2")  # fetched: kept
         n1 = af.abs(x, name="n1")
         with af.control_dependencies([r1.op]):
-            n2 = af.abs(x, name="n2")                          # other control inputs
+            n2 = af.abs(x, name="n2")  # other control inputs
     fetches = [r1, r2, d1, d2, s1, s2, f1, f2, n1, n2]
     nodes, where = placed(g, fetches, feeds=[x])
     merged, _ = _cse(nodes, where, protected=["f2"], feeds=[ref_of(x)])
@@ -300,6 +324,7 @@ def test_stateful_ops_run_as_often_as_written() -> None:
 def test_defun_builds_a_call_op_with_known_outputs() -> None:
     g = af.Graph()
     with g.as_default():
+
         @af.Defun(af.float32, af.float32)
         def scaled_add(x: af.Tensor, y: af.Tensor) -> af.Tensor:
             return x * 2.0 + y
@@ -339,23 +364,26 @@ def test_inlining_on_the_ir_with_nested_calls_and_captures() -> None:
     assert n == 1
     names = {node.name: node for node in once}
     assert names["call"].op == "Identity"
-    assert names["call/inner"].op == "inner"                   # the nested call, next round
+    assert names["call/inner"].op == "inner"  # the nested call, next round
     twice, _, n = inline_functions(once, [0] * len(once), DEVICES)
     names = {node.name: node for node in twice}
     assert n == 1
     assert not any(FUNCTION_ATTR in node.attrs for node in twice)
     # The capture is wired to the outer graph's tensor, the argument to the call's input.
     assert names["call/inner/add"].inputs == (("p", 0), ("w", 0))
-    optimized, _, stats = optimize(nodes, where, devices=DEVICES, feeds=[ref_of(p)],
-                                   fetches=[ref_of(z)])
+    optimized, _, stats = optimize(
+        nodes, where, devices=DEVICES, feeds=[ref_of(p)], fetches=[ref_of(z)]
+    )
     assert stats.inlined == 2
     assert not any(FUNCTION_ATTR in node.attrs for node in optimized)
 
 
-@pytest.mark.parametrize("options", [af.OptimizerOptions(), NO_INLINE, L0],
-                         ids=["inlined", "call_kernel", "L0"])
+@pytest.mark.parametrize(
+    "options", [af.OptimizerOptions(), NO_INLINE, L0], ids=["inlined", "call_kernel", "L0"]
+)
 async def test_function_bodies_with_async_kernels_control_flow_and_variables(
-        options: af.OptimizerOptions) -> None:
+    options: af.OptimizerOptions,
+) -> None:
     g = af.Graph()
     with g.as_default():
         v = af.Variable(np.float32(3.0), name="v")
@@ -371,8 +399,11 @@ async def test_function_bodies_with_async_kernels_control_flow_and_variables(
         @af.Defun(af.float32, af.float32, out_names=["total", "branch"])
         def body(x: af.Tensor, y: af.Tensor) -> tuple[af.Tensor, af.Tensor]:
             doubled = af.reshape(af.py_func(slow_double, [x], af.float32, stateful=False), [])
-            _, total = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + doubled),
-                                     [af.constant(0), af.constant(0.0)])
+            _, total = af.while_loop(
+                lambda i, s: i < 3,
+                lambda i, s: (i + 1, s + doubled),
+                [af.constant(0), af.constant(0.0)],
+            )
             branch = af.cond(y > 0.0, lambda: square(y) + v, lambda: -y)
             return total, branch
 
@@ -391,6 +422,7 @@ async def test_function_bodies_with_async_kernels_control_flow_and_variables(
 async def test_call_kernel_traces_the_body_under_the_call_name() -> None:
     g = af.Graph()
     with g.as_default():
+
         @af.Defun(af.float32, func_name="twice")
         def twice(x: af.Tensor) -> af.Tensor:
             return af.multiply(x, 2.0, name="mul")
@@ -399,8 +431,10 @@ async def test_call_kernel_traces_the_body_under_the_call_name() -> None:
         z = twice(x, name="call")
     md = af.RunMetadata()
     async with af.Session(g, config=config(NO_INLINE)) as sess:
-        assert await sess.run(z, {x: 2.0}, options=af.RunOptions(trace_level=3),
-                              run_metadata=md) == 4.0
+        assert (
+            await sess.run(z, {x: 2.0}, options=af.RunOptions(trace_level=3), run_metadata=md)
+            == 4.0
+        )
     names = [n.node_name for d in md.step_stats.dev_stats for n in d.node_stats]
     assert "call/mul" in names
     assert "call" in names
@@ -412,7 +446,8 @@ async def test_call_kernel_traces_the_body_under_the_call_name() -> None:
 
 @pytest.mark.parametrize("options", [af.OptimizerOptions(), NO_INLINE], ids=["inlined", "called"])
 async def test_deadline_and_cancellation_reach_a_function_body(
-        options: af.OptimizerOptions) -> None:
+    options: af.OptimizerOptions,
+) -> None:
     started = asyncio.Event()
 
     async def forever(t: np.float32) -> np.float32:
@@ -422,6 +457,7 @@ async def test_deadline_and_cancellation_reach_a_function_body(
 
     g = af.Graph()
     with g.as_default():
+
         @af.Defun(af.float32)
         def hang(x: af.Tensor) -> af.Tensor:
             return af.py_func(forever, [x], af.float32)
@@ -442,6 +478,7 @@ async def test_deadline_and_cancellation_reach_a_function_body(
 async def test_error_in_a_body_names_the_body_node(options: af.OptimizerOptions) -> None:
     g = af.Graph()
     with g.as_default():
+
         @af.Defun(af.float32)
         def fails(x: af.Tensor) -> af.Tensor:
             return af.py_func(lambda t: 1 / 0, [x], af.float32, name="boom")
@@ -457,6 +494,7 @@ async def test_error_in_a_body_names_the_body_node(options: af.OptimizerOptions)
 async def test_one_hundred_concurrent_runs_of_a_function_calling_graph() -> None:
     g = af.Graph()
     with g.as_default():
+
         @af.Defun(af.float32, af.float32)
         def mix(a: af.Tensor, b: af.Tensor) -> af.Tensor:
             async def later(t: np.float32) -> np.float32:
@@ -501,8 +539,9 @@ def test_graph_def_library_round_trip() -> None:
         with af.Session(g2, config=config(options)) as sess:
             assert sess.run_sync(["call:0", "call:1"], {"b:0": 3.0}) == [11.0, 2.0]
     with pytest.raises(ValueError, match="library"):
-        af.import_graph_def({**graph_def, "library": {"function": [{"signature": {}}]}},
-                            graph=af.Graph())
+        af.import_graph_def(
+            {**graph_def, "library": {"function": [{"signature": {}}]}}, graph=af.Graph()
+        )
 
 
 # -- end to end -------------------------------------------------------------------------
@@ -514,7 +553,7 @@ def test_optimized_partition_graphs_and_statistics() -> None:
         x = af.placeholder(af.float32, name="x")
         k = af.constant(0.0)
         for _ in range(20):
-            k = k + 1.0          # a constant chain: folded into one Const
+            k = k + 1.0  # a constant chain: folded into one Const
         a = af.multiply(x, 2.0)
         b = af.multiply(x, 2.0)  # a duplicate: merged
         y = af.add_n([a, b, k], name="y")
@@ -552,8 +591,7 @@ def test_concurrent_compiles_from_threads_agree() -> None:
         y = af.reduce_sum(af.fill([4], 2.0) * 3.0)
     out: list[Any] = []
     with af.Session(g) as sess:
-        threads = [threading.Thread(target=lambda: out.append(sess.run_sync(y)))
-                   for _ in range(4)]
+        threads = [threading.Thread(target=lambda: out.append(sess.run_sync(y))) for _ in range(4)]
         for t in threads:
             t.start()
         for t in threads:
@@ -561,21 +599,29 @@ def test_concurrent_compiles_from_threads_agree() -> None:
     assert out == [24.0] * 4
 
 
-@pytest.mark.parametrize("options", [
-    L1, NO_INLINE, L0,
-    af.OptimizerOptions(do_constant_folding=False, do_common_subexpression_elimination=False),
-], ids=["L1", "call_kernel", "L0", "inline_only"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        L1,
+        NO_INLINE,
+        L0,
+        af.OptimizerOptions(do_constant_folding=False, do_common_subexpression_elimination=False),
+    ],
+    ids=["L1", "call_kernel", "L0", "inline_only"],
+)
 def test_calls_inside_a_loop_and_a_cond(options: af.OptimizerOptions) -> None:
     # An inlined body's constants must join the call's frame (a loop body, a branch).
     g = af.Graph()
     with g.as_default():
+
         @af.Defun(af.float32)
         def inc(t: af.Tensor) -> af.Tensor:
             return t + af.constant(1.0) * 2.0
 
         x = af.placeholder(af.float32, shape=(), name="x")
-        _, s = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, af.reshape(inc(s), [])),
-                             [af.constant(0), x])
+        _, s = af.while_loop(
+            lambda i, s: i < 3, lambda i, s: (i + 1, af.reshape(inc(s), [])), [af.constant(0), x]
+        )
         c = af.cond(x > 0.0, lambda: af.reshape(inc(x), []), lambda: x)
     with af.Session(g, config=config(options)) as sess:
         assert sess.run_sync([s, c], {x: 1.0}) == [7.0, 3.0]

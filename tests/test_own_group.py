@@ -114,7 +114,9 @@ async def test_deadline_cancels_both_kernels(group: af.ExecutorOptions, swallow:
 
 
 @pytest.mark.parametrize("swallow", [False, True])
-async def test_caller_cancellation_reaches_both_kernels(group: af.ExecutorOptions, swallow: bool) -> None:
+async def test_caller_cancellation_reaches_both_kernels(
+    group: af.ExecutorOptions, swallow: bool
+) -> None:
     a, b = _Hang(swallow), _Hang(swallow)  # swallowing kernels still end the step
     g, x, y = _pair(a, b)
     before = asyncio.all_tasks()
@@ -214,7 +216,9 @@ async def test_a_failure_cancels_the_other_kernel_once(group: af.ExecutorOptions
 
 
 @pytest.mark.parametrize("swallow", [False, True])
-async def test_close_aborts_the_step_without_cancelling_the_caller(group: af.ExecutorOptions, swallow: bool) -> None:
+async def test_close_aborts_the_step_without_cancelling_the_caller(
+    group: af.ExecutorOptions, swallow: bool
+) -> None:
     a, b = _Hang(swallow), _Hang()
     g, x, y = _pair(a, b)
     sess = af.Session(graph=g, config=_config(group))
@@ -248,7 +252,9 @@ class _Abort(BaseException):
     """Neither an error nor a cancellation."""
 
 
-async def test_base_exception_from_one_kernel_propagates_and_stops_the_other(group: af.ExecutorOptions) -> None:
+async def test_base_exception_from_one_kernel_propagates_and_stops_the_other(
+    group: af.ExecutorOptions,
+) -> None:
     hang = _Hang()
 
     async def abort(v: Any) -> Any:
@@ -264,7 +270,9 @@ async def test_base_exception_from_one_kernel_propagates_and_stops_the_other(gro
     _assert_clean(before)
 
 
-async def test_cancellation_manager_fires_before_a_thread_kernel_is_cancelled(group: af.ExecutorOptions) -> None:
+async def test_cancellation_manager_fires_before_a_thread_kernel_is_cancelled(
+    group: af.ExecutorOptions,
+) -> None:
     """A thread kernel beside an async one: on a deadline the manager is cancelled, so
     the thread stops early, and the step returns only after it did."""
     in_thread = threading.Event()
@@ -286,8 +294,9 @@ async def test_cancellation_manager_fires_before_a_thread_kernel_is_cancelled(gr
     g = af.Graph()
     with g.as_default():
         x = af.placeholder(af.float32, shape=())
-        y = (af.py_func(hang, [x], af.float32, name="hang")
-             + af.py_func(poll, [x], af.float32, expensive=True, name="poll"))
+        y = af.py_func(hang, [x], af.float32, name="hang") + af.py_func(
+            poll, [x], af.float32, expensive=True, name="poll"
+        )
     before = asyncio.all_tasks()
     async with af.Session(graph=g, config=_config(group)) as sess:
         with pytest.raises(af.errors.DeadlineExceededError):
@@ -308,6 +317,7 @@ async def test_current_step_is_the_kernels_own_partition(group: af.ExecutorOptio
             await asyncio.sleep(0)
             seen[name].append(current_step.get())
             return v
+
         return kernel
 
     g = af.Graph()
@@ -333,7 +343,8 @@ async def test_current_step_is_the_kernels_own_partition(group: af.ExecutorOptio
 
 @pytest.mark.parametrize("parts", [True, False])
 async def test_py_func_parts_and_the_kernel_itself_agree(
-        group: af.ExecutorOptions, parts: bool) -> None:
+    group: af.ExecutorOptions, parts: bool
+) -> None:
     """``ExecutorOptions.kernel_parts``: an async py_func runs as its function and conversion, or as its
     kernel coroutine: same values, dtypes and errors naming the node, traced too."""
     group = dataclasses.replace(group, kernel_parts=parts)
@@ -366,8 +377,12 @@ async def test_py_func_parts_and_the_kernel_itself_agree(
         assert out == [np.float32(1.5), np.int64(3), np.float64(4.5)]
         assert [np.asarray(v).dtype for v in out] == [np.float32, np.int64, np.float64]
         meta = af.RunMetadata()
-        traced = await sess.run(y, {x: 2.0}, options=af.RunOptions(
-            trace_level=af.RunOptions.FULL_TRACE), run_metadata=meta)
+        traced = await sess.run(
+            y,
+            {x: 2.0},
+            options=af.RunOptions(trace_level=af.RunOptions.FULL_TRACE),
+            run_metadata=meta,
+        )
         assert traced == np.float64(6.0)
         with pytest.raises(af.errors.InvalidArgumentError, match="count"):
             await sess.run(bad_count, {x: 1.0})

@@ -15,9 +15,12 @@ def _loop_graph() -> af.Graph:
     with g.as_default():
         with af.device("/cpu:1"):
             x = af.placeholder(af.float32, shape=(), name="x")
-        _, total = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + x),
-                                 (af.constant(0, name="i0"), af.constant(0.0, name="s0")),
-                                 name="loop")
+        _, total = af.while_loop(
+            lambda i, s: i < 3,
+            lambda i, s: (i + 1, s + x),
+            (af.constant(0, name="i0"), af.constant(0.0, name="s0")),
+            name="loop",
+        )
         with af.control_dependencies([total]):
             af.identity(x, name="after")
         af.raw_ops.switch(x, af.constant(True, name="p"), name="sw")[1] + 1.0
@@ -79,13 +82,16 @@ def test_dot_of_graph_and_of_its_graph_def_are_the_same() -> None:
 def test_nested_loops_nest_their_clusters() -> None:
     g = af.Graph()
     with g.as_default():
+
         def outer_body(i: af.Tensor, acc: af.Tensor) -> tuple[af.Tensor, af.Tensor]:
-            _, inner = af.while_loop(lambda j, a: j < 2, lambda j, a: (j + 1, a + i),
-                                     (af.constant(0), acc), name="inner")
+            _, inner = af.while_loop(
+                lambda j, a: j < 2, lambda j, a: (j + 1, a + i), (af.constant(0), acc), name="inner"
+            )
             return i + 1, inner
 
-        af.while_loop(lambda i, a: i < 2, outer_body, (af.constant(0), af.constant(0)),
-                      name="outer")
+        af.while_loop(
+            lambda i, a: i < 2, outer_body, (af.constant(0), af.constant(0)), name="outer"
+        )
     text = af.tracing.to_mermaid(g)
     outer = _block(text, '["loop outer/while_frame"]', "end")
     assert '["loop outer/inner/while_frame"]' in outer
@@ -117,11 +123,14 @@ def test_quotes_in_names_are_escaped() -> None:
     assert r'[label="say \"hi\"\nConst"];' in af.tracing.to_dot(graph_def)
 
 
-@pytest.mark.parametrize(("bad", "message"), [
-    (42, "expected an af.Graph or a graph def dict, got int"),
-    ({"nodes": []}, "must have a 'node' list"),
-    ({"node": [{"name": "a", "input": ["ghost"]}]}, "node 'a' has input 'ghost'"),
-])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (42, "expected an af.Graph or a graph def dict, got int"),
+        ({"nodes": []}, "must have a 'node' list"),
+        ({"node": [{"name": "a", "input": ["ghost"]}]}, "node 'a' has input 'ghost'"),
+    ],
+)
 def test_bad_input_is_a_clear_error(bad: object, message: str) -> None:
     with pytest.raises((TypeError, ValueError), match=re.escape(message)):
         af.tracing.to_dot(bad)

@@ -22,6 +22,7 @@ def _chain_of_waits(graph: af.Graph, gates: list[asyncio.Event]) -> tuple[af.Ten
     x = af.placeholder(af.float32, shape=(), name="x")
     y = x
     for k, gate in enumerate(gates):
+
         async def wait(v: Any, gate: asyncio.Event = gate) -> Any:
             await gate.wait()
             return v
@@ -89,8 +90,9 @@ def test_loops_have_no_total(graph: af.Graph) -> None:
     assert events[-1].nodes_done >= 5  # the body's add ran once per iteration
 
 
-def test_a_raising_callback_is_logged_and_dropped(graph: af.Graph,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_a_raising_callback_is_logged_and_dropped(
+    graph: af.Graph, caplog: pytest.LogCaptureFixture
+) -> None:
     calls = []
 
     def broken(event: af.ProgressEvent) -> None:
@@ -107,10 +109,8 @@ def test_a_raising_callback_is_logged_and_dropped(graph: af.Graph,
 def _slow_graph_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     module = "af_test_slow_kernels"
     (tmp_path / f"{module}.py").write_text(
-        "import asyncio\n"
-        "async def slow(x):\n"
-        "    await asyncio.sleep(0.3)\n"
-        "    return x\n")
+        "import asyncio\nasync def slow(x):\n    await asyncio.sleep(0.3)\n    return x\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, module, raising=False)
     kernels = importlib.import_module(module)
@@ -123,8 +123,9 @@ def _slow_graph_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def test_cli_progress_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_progress_bar(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _slow_graph_file(tmp_path, monkeypatch)
     argv = ["run", str(path), "--feed", "x=1", "--fetch", "slow", "--trust", "--progress"]
     assert cli.main(argv) == 0  # 0.3 s: under PROGRESS_AFTER, no bar
@@ -142,7 +143,8 @@ def test_cli_progress_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def test_progress_bar_shows_the_longest_running_node() -> None:
     bar = cli._ProgressBar()
     bar._progress.console.file = open(  # noqa: SIM115  # closed below
-        Path("/dev/null"), "w")
+        Path("/dev/null"), "w"
+    )
     try:
         bar.update(af.ProgressEvent(3, 10, (("fetch_user", 1.5), ("db", 0.2)), 2.0))
         task = bar._progress.tasks[0]

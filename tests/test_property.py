@@ -43,8 +43,9 @@ def _nested(x: af.Tensor) -> af.Tensor:
 
 
 @st.composite
-def random_graphs(draw: st.DrawFn, optimizable: bool = False, inline_only: bool = False
-                  ) -> tuple[af.Graph, list[Any], dict[Any, Any]]:
+def random_graphs(
+    draw: st.DrawFn, optimizable: bool = False, inline_only: bool = False
+) -> tuple[af.Graph, list[Any], dict[Any, Any]]:
     """A random graph; ``optimizable`` adds constant subgraphs, duplicated
     subexpressions and function calls (nested too) for the optimizer to work on;
     ``inline_only`` leaves out the async and expensive py_funcs (plans the static
@@ -127,8 +128,11 @@ def _assert_same(a: Any, b: Any) -> None:
     assert np.asarray(a).dtype == np.asarray(b).dtype
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(random_graphs())
 def test_session_matches_reference(case: tuple[af.Graph, list[Any], dict[Any, Any]]) -> None:
     graph, fetches, feeds = case
@@ -137,27 +141,37 @@ def test_session_matches_reference(case: tuple[af.Graph, list[Any], dict[Any, An
     # TaskGroup and the kernels themselves (the general path).
     for fast in (True, False):
         options = af.ExecutorOptions(own_task_group=fast, kernel_parts=fast)
-        with af.Session(graph=graph, config=af.SessionConfig(
-                inter_op_parallelism_threads=2, executor_options=options)) as sess:
+        with af.Session(
+            graph=graph,
+            config=af.SessionConfig(inter_op_parallelism_threads=2, executor_options=options),
+        ) as sess:
             got = sess.run_sync(fetches, feeds)
             again = sess.run_sync(fetches, feeds)  # the cached plan: the same answer
         _assert_same(got, expected)
         _assert_same(again, expected)
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(random_graphs(optimizable=True))
 def test_optimizer_levels_agree_with_reference(
-        case: tuple[af.Graph, list[Any], dict[Any, Any]]) -> None:
+    case: tuple[af.Graph, list[Any], dict[Any, Any]],
+) -> None:
     graph, fetches, feeds = case
     expected = af.testing.reference_run(fetches, feeds, graph=graph)
-    levels = [af.OptimizerOptions(), af.OptimizerOptions(do_function_inlining=False),
-              af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)]
+    levels = [
+        af.OptimizerOptions(),
+        af.OptimizerOptions(do_function_inlining=False),
+        af.OptimizerOptions(opt_level=af.OptimizerOptions.L0),
+    ]
     sizes = []
     for options in levels:
-        config = af.SessionConfig(inter_op_parallelism_threads=2, graph_options=af.GraphOptions(
-            optimizer_options=options))
+        config = af.SessionConfig(
+            inter_op_parallelism_threads=2, graph_options=af.GraphOptions(optimizer_options=options)
+        )
         with af.Session(graph=graph, config=config) as sess:
             _assert_same(sess.run_sync(fetches, feeds), expected)
             (stats,) = sess.statistics().optimizer

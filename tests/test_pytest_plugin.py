@@ -45,7 +45,7 @@ def test_entry_point_is_declared() -> None:
     assert project["entry-points"]["pytest11"] == {"asyncflow": "asyncflow.pytest_plugin"}
 
 
-USER_SUITE = '''
+USER_SUITE = """
 import asyncio
 import numpy as np
 import pytest
@@ -90,7 +90,7 @@ def test_previous_session_was_closed():
     (sess,) = SESSIONS
     with pytest.raises(RuntimeError, match="closed"):
         sess.run_sync(af.constant(1))
-'''
+"""
 
 
 @pytest.mark.parametrize("suite", ["auto", "strict"], indirect=True)
@@ -100,7 +100,7 @@ def test_fixtures_work(suite: pytest.Pytester, request: pytest.FixtureRequest) -
     result.assert_outcomes(passed=6)
 
 
-LEAKY_SUITE = '''
+LEAKY_SUITE = """
 import asyncio
 import threading
 import pytest
@@ -124,10 +124,10 @@ async def test_leaks_a_worker_thread(af_session):
 def test_clean(af_session):
     STOP.pop().set()
     assert af_session.run_sync(af.constant(2)) == 2
-'''
+"""
 
 
-WIDER_SCOPE_SUITE = '''
+WIDER_SCOPE_SUITE = """
 import asyncio
 import pytest
 import pytest_asyncio
@@ -146,7 +146,7 @@ async def test_one(server, af_session):
 @pytest.mark.asyncio(loop_scope="module")
 async def test_two(server, af_session):
     assert not server.done()
-'''
+"""
 
 
 @pytest.mark.parametrize("mode", ["auto", "strict"])
@@ -170,10 +170,12 @@ def test_leaks_fail_the_test(suite: pytest.Pytester, request: pytest.FixtureRequ
     mode = request.node.callspec.params["suite"]
     result = _run(suite, LEAKY_SUITE, mode)
     result.assert_outcomes(passed=3, errors=2)
-    result.stdout.fnmatch_lines([
-        "*ERROR at teardown of test_leaks_a_task*",
-        "1 task(s) still pending after the test: 'forgotten' (await or cancel every task*",
-        "*ERROR at teardown of test_leaks_a_worker_thread*",
-        "asyncflow worker thread(s) still running after the sessions closed: "
-        "asyncflow-fake-worker",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_leaks_a_task*",
+            "1 task(s) still pending after the test: 'forgotten' (await or cancel every task*",
+            "*ERROR at teardown of test_leaks_a_worker_thread*",
+            "asyncflow worker thread(s) still running after the sessions closed: "
+            "asyncflow-fake-worker",
+        ]
+    )

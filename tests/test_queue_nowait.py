@@ -21,8 +21,9 @@ def _counting_tasks() -> Iterator[list[int]]:
     loop = asyncio.get_running_loop()
     made = [0]
 
-    def factory(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
-                **kwargs: Any) -> asyncio.Task[Any]:
+    def factory(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
+    ) -> asyncio.Task[Any]:
         made[0] += 1
         return asyncio.Task(coro, loop=loop, **kwargs)
 
@@ -127,15 +128,14 @@ async def test_errors_are_the_same_on_both_paths(graph: af.Graph) -> None:
             await sess.run(deq)
 
 
-async def test_a_scalar_fast_conversion_stores_what_the_general_one_does(
-        graph: af.Graph) -> None:
+async def test_a_scalar_fast_conversion_stores_what_the_general_one_does(graph: af.Graph) -> None:
     q = af.FIFOQueue(5, [af.int32, af.float64], shapes=[(), ()])
     a = af.placeholder(af.int32, ())
     b = af.placeholder(af.float64, ())
     enq = q.enqueue((a, b))
     deq = q.dequeue()
     async with af.Session(graph=graph) as sess:
-        await sess.run(enq, {a: 1, b: 2.5})          # numpy scalars of the dtypes
+        await sess.run(enq, {a: 1, b: 2.5})  # numpy scalars of the dtypes
         await sess.run(enq, {a: np.int32(3), b: 4})  # converted by the feed
         first, second = await sess.run(deq), await sess.run(deq)
     assert [type(v) for v in (*first, *second)] == [np.int32, np.float64] * 2

@@ -70,6 +70,7 @@ def test_each_op_runs_once_and_controls_run_first(g: af.Graph) -> None:
         def f(*args: Any) -> Any:
             log.append(tag)
             return np.int32(len(log))
+
         return f
 
     first = af.py_func(note("first"), [], [])
@@ -94,9 +95,11 @@ def test_kernel_errors_propagate(g: af.Graph) -> None:
 
 
 def test_dtype_check_catches_bad_kernels(g: af.Graph) -> None:
-    make = af.register_op("RefTestWidening",
-                          lambda inputs, attrs: [(inputs[0].dtype, inputs[0].shape)],
-                          kernel=lambda x: x.astype(np.float64))
+    make = af.register_op(
+        "RefTestWidening",
+        lambda inputs, attrs: [(inputs[0].dtype, inputs[0].shape)],
+        kernel=lambda x: x.astype(np.float64),
+    )
     t = make(af.constant([1.0]))
     with pytest.raises(AssertionError, match="RefTestWidening"):
         reference_run(t)
@@ -153,8 +156,7 @@ def test_random_dags_match_numpy(data: st.DataObject) -> None:
             picks = [data.draw(st.integers(0, len(tensors) - 1)) for _ in range(arity)]
             tensors.append(build(*(tensors[i] for i in picks)))
             values.append(np_fn(*(values[i] for i in picks)))
-        fetch_ids = data.draw(st.lists(st.integers(0, len(tensors) - 1), min_size=1,
-                                       max_size=4))
+        fetch_ids = data.draw(st.lists(st.integers(0, len(tensors) - 1), min_size=1, max_size=4))
         out = reference_run([tensors[i] for i in fetch_ids], feeds)
         for got, i in zip(out, fetch_ids, strict=True):
             np.testing.assert_array_equal(got, values[i])

@@ -63,8 +63,9 @@ async def test_partial_run_fetch_needing_an_unfed_feed_is_an_error() -> None:
     g, a, b, c, r1, r2 = adder()
     async with af.Session(graph=g) as sess:
         h = await sess.partial_run_setup([r1, r2], feeds=[a, b, c])
-        with pytest.raises(af.errors.InvalidArgumentError,
-                           match=r"Fetch mul:0 can't be computed .* needs c:0"):
+        with pytest.raises(
+            af.errors.InvalidArgumentError, match=r"Fetch mul:0 can't be computed .* needs c:0"
+        ):
             await asyncio.wait_for(sess.partial_run(h, r2, {a: 1.0, b: 2.0}), 10)
         # The handle is still usable: nothing was sent.
         assert await sess.partial_run(h, r1, {a: 1.0, b: 2.0}) == 3.0
@@ -141,11 +142,16 @@ async def test_partial_run_feed_is_received_on_the_client_device() -> None:
         assert await sess.partial_run(h, y, {x: 5.0}) == 10.0
     # The same signature compiled as partial_run_setup does.
     devices = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(2)]
-    compiled = compile_signature(graph_ir(g), feeds=[ref_of(x)], fetches=[ref_of(y)],
-                                 targets=[], devices=devices, incarnation=1,
-                                 client=devices[0])
-    feed_recv = next(n for p in compiled.partitions for n in p.nodes
-                     if n.name == "_recv_feed_x_0")
+    compiled = compile_signature(
+        graph_ir(g),
+        feeds=[ref_of(x)],
+        fetches=[ref_of(y)],
+        targets=[],
+        devices=devices,
+        incarnation=1,
+        client=devices[0],
+    )
+    feed_recv = next(n for p in compiled.partitions for n in p.nodes if n.name == "_recv_feed_x_0")
     assert feed_recv.device == devices[0]
     assert [p.device for p in compiled.partitions] == devices
 
@@ -153,8 +159,7 @@ async def test_partial_run_feed_is_received_on_the_client_device() -> None:
 # -- CSE of fetched duplicates ----------------------------------------------------------
 
 
-async def run_with_graphs(g: af.Graph, fetches: Any, feeds: Any = None
-                          ) -> tuple[Any, list[str]]:
+async def run_with_graphs(g: af.Graph, fetches: Any, feeds: Any = None) -> tuple[Any, list[str]]:
     async with af.Session(graph=g) as sess:
         md = af.RunMetadata()
         out = await sess.run(fetches, feeds, options=GRAPHS, run_metadata=md)
@@ -196,8 +201,11 @@ async def test_cse_merges_fetched_constants_and_returns_each_in_its_place() -> N
     g2 = af.Graph()  # at L0 nothing is merged
     with g2.as_default():
         consts = [af.constant(v) for v in values]
-    l0 = af.SessionConfig(graph_options=af.GraphOptions(
-        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+    l0 = af.SessionConfig(
+        graph_options=af.GraphOptions(
+            optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)
+        )
+    )
     async with af.Session(graph=g2, config=l0) as sess:
         md = af.RunMetadata()
         assert await sess.run(consts, options=GRAPHS, run_metadata=md) == values
@@ -218,6 +226,7 @@ def failing_function_graph() -> tuple[af.Graph, dict[str, Any], Any, Any]:
     called in both branches of conds and in loops that never iterate."""
     g = af.Graph()
     with g.as_default():
+
         @af.Defun(af.float32)
         def checked(x: af.Tensor) -> af.Tensor:
             with af.control_dependencies([af.Assert(af.constant(False), ["body ran"])]):
@@ -235,11 +244,13 @@ def failing_function_graph() -> tuple[af.Graph, dict[str, Any], Any, Any]:
             "cond_no_args": af.cond(p, no_args, lambda: v + 1.0),
             "loop": af.while_loop(lambda i: i < 0.0, lambda i: af.reshape(checked(i), []), v),
             "loop_invariant": af.while_loop(
-                lambda i: i < 0.0, lambda i: i + af.reshape(checked(v), []), v),
+                lambda i: i < 0.0, lambda i: i + af.reshape(checked(v), []), v
+            ),
             "cond_in_loop": af.while_loop(
                 lambda i: i < 3.0,
-                lambda i: af.cond(i > 10.0, lambda: af.reshape(checked(i), []),
-                                  lambda: i + 1.0), v),
+                lambda i: af.cond(i > 10.0, lambda: af.reshape(checked(i), []), lambda: i + 1.0),
+                v,
+            ),
         }
     return g, outs, p, v
 
@@ -250,8 +261,13 @@ async def test_function_body_runs_only_when_called(level: str) -> None:
     config = af.SessionConfig(graph_options=af.GraphOptions(optimizer_options=LEVELS[level]))
     async with af.Session(graph=g, config=config) as sess:
         got = await sess.run(outs, {p: False, v: 1.0})
-        assert got == {"cond": 2.0, "cond_no_args": 2.0, "loop": 1.0, "loop_invariant": 1.0,
-                       "cond_in_loop": 3.0}
+        assert got == {
+            "cond": 2.0,
+            "cond_no_args": 2.0,
+            "loop": 1.0,
+            "loop_invariant": 1.0,
+            "cond_in_loop": 3.0,
+        }
         for name in ("cond", "cond_no_args"):  # called: the assertion fails
             with pytest.raises(af.errors.InvalidArgumentError, match="body ran"):
                 await sess.run(outs[name], {p: True, v: 1.0})
@@ -267,6 +283,7 @@ def test_inlined_input_less_nodes_wait_for_every_input() -> None:
 
     g = af.Graph()
     with g.as_default():
+
         @af.Defun(af.float32, af.float32, func_name="scaled")
         def scaled(x: af.Tensor, y: af.Tensor) -> af.Tensor:
             return x * 2.0 + y
@@ -278,8 +295,7 @@ def test_inlined_input_less_nodes_wait_for_every_input() -> None:
         branch = af.cond(p, lambda: af.reshape(scaled(a, b, name="inner"), []), lambda: a)
     ir = graph_ir(g)
     nodes = prune(ir, [ref_of(both), ref_of(branch)], [], [ref_of(p)])
-    out, _, calls = inline_functions(nodes, [0] * len(nodes), ["/cpu:0"],
-                                     feeds=[ref_of(p)])
+    out, _, calls = inline_functions(nodes, [0] * len(nodes), ["/cpu:0"], feeds=[ref_of(p)])
     assert calls == 2
     by_name = {n.name: n for n in out}
     const = next(n for n in out if n.name.startswith("both/") and n.op == "Const")
@@ -294,6 +310,7 @@ def test_inlined_input_less_nodes_wait_for_every_input() -> None:
 
 # -- a dead fetch names the user's tensor -------------------------------------------------
 
+
 @pytest.mark.parametrize("device", ["/cpu:0", "/cpu:1"])
 def test_dead_fetch_names_the_users_tensor_across_devices(device: str) -> None:
     # Produced on /cpu:1, the fetch reaches the client device through a _Recv: the
@@ -307,8 +324,9 @@ def test_dead_fetch_names_the_users_tensor_across_devices(device: str) -> None:
             _, taken = switch(af.constant(1.0) + 1.0, p, name="branchy")
             y = af.identity(taken, name="taken")
     with af.Session(graph=g, config=af.SessionConfig(device_count={"CPU": 2})) as sess:
-        with pytest.raises(af.errors.InvalidArgumentError,
-                           match=r"the fetched tensor 'taken:0' is dead") as info:
+        with pytest.raises(
+            af.errors.InvalidArgumentError, match=r"the fetched tensor 'taken:0' is dead"
+        ) as info:
             sess.run_sync(y, {p: False})
         assert "_recv" not in str(info.value)
         assert sess.run_sync(y, {p: True}) == 2.0  # the session stays usable

@@ -75,7 +75,11 @@ async def test_many_keys_random_delays() -> None:
     assert [t.result() for t in results] == [k * 10 for k in range(100)]
     stats = r.statistics()
     assert (stats.sent, stats.received, stats.queued_values, stats.waiting_recvs) == (
-        100, 100, 0, 0)
+        100,
+        100,
+        0,
+        0,
+    )
 
 
 async def test_abort_before_waiting() -> None:
@@ -154,8 +158,7 @@ def test_recv_or_wait_returns_a_queued_value_or_keeps_the_waiter() -> None:
     r.send("k", 2, is_dead=True)  # completes the waiter synchronously, in the send
     assert log == [("a", (2, True))]
     stats = r.statistics()
-    assert (stats.sent, stats.received, stats.queued_values, stats.waiting_recvs) == (
-        2, 2, 0, 0)
+    assert (stats.sent, stats.received, stats.queued_values, stats.waiting_recvs) == (2, 2, 0, 0)
 
 
 def test_several_waiters_and_values_on_one_key_keep_their_order() -> None:
@@ -168,13 +171,20 @@ def test_several_waiters_and_values_on_one_key_keep_their_order() -> None:
     assert r.statistics().waiting_recvs == 4
     for v in range(4):
         r.send("k", v)
-    assert log == [("a", (0, False)), ("b", (1, False)), ("c", (2, False)),
-                   ("d", (3, False))]  # the one that gave up was skipped
+    assert log == [
+        ("a", (0, False)),
+        ("b", (1, False)),
+        ("c", (2, False)),
+        ("d", (3, False)),
+    ]  # the one that gave up was skipped
     for v in range(4, 7):
         r.send("k", v)
     assert r.statistics().queued_values == 3
     assert [r.recv_or_wait("k", _Waiter(log, "x")) for _ in range(3)] == [
-        (4, False), (5, False), (6, False)]
+        (4, False),
+        (5, False),
+        (6, False),
+    ]
     assert r.statistics().queued_values == 0
 
 

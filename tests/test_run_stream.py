@@ -12,8 +12,7 @@ import pytest
 import asyncflow as af
 
 
-def _gated(name: str, x: af.Tensor, gates: dict[str, asyncio.Event],
-           log: list[str]) -> af.Tensor:
+def _gated(name: str, x: af.Tensor, gates: dict[str, asyncio.Event], log: list[str]) -> af.Tensor:
     async def kernel(v: Any) -> Any:
         log.append(f"{name} started")
         try:
@@ -120,8 +119,7 @@ async def test_devices_threads_targets_feeds_and_control_flow(graph: af.Graph) -
         expected = await sess.run(fetches, {x: 2.0})
     assert sorted(map(id, (f for f, _ in got))) == sorted(map(id, fetches))
     by_fetch = {id(f): v for f, v in got}
-    assert [by_fetch[id(f)] for f in fetches] == expected == [3.0, 9.0, 20.0, None, 2.0,
-                                                              [3.0, 2.0]]
+    assert [by_fetch[id(f)] for f in fetches] == expected == [3.0, 9.0, 20.0, None, 2.0, [3.0, 2.0]]
     # The fed x is there before anything ran; the target when the step is done.
     order = [id(f) for f, _ in got]
     assert order.index(id(x)) < order.index(id(remote))
@@ -136,8 +134,9 @@ async def test_a_single_fetch_and_the_deadline(graph: af.Graph) -> None:
     async with af.Session(graph=graph) as sess:
         assert [v async for _, v in sess.run_stream(x + 1.0, {x: 1.0})] == [2.0]
         with pytest.raises(af.errors.DeadlineExceededError):
-            async for _ in sess.run_stream([slow], {x: 1.0},
-                                           options=af.RunOptions(timeout_in_ms=20)):
+            async for _ in sess.run_stream(
+                [slow], {x: 1.0}, options=af.RunOptions(timeout_in_ms=20)
+            ):
                 pass
         assert log == ["slow started", "slow cancelled"]
 
@@ -165,8 +164,7 @@ async def test_cond_outputs_stream_when_the_taken_branch_computed_them(graph: af
     def taken() -> af.Tensor:
         return af.py_func(fetched, [x], af.float32, name="fetched")
 
-    inner = af.cond(p, lambda: af.cond(x > 0.0, lambda: x * 2.0, lambda: x * 3.0),
-                    lambda: x - 1.0)
+    inner = af.cond(p, lambda: af.cond(x > 0.0, lambda: x * 2.0, lambda: x * 3.0), lambda: x - 1.0)
     outer = af.cond(p, taken, lambda: x * -1.0)
     passthrough = af.cond(p, lambda: x, lambda: x * 0.0)  # the taken branch returns x itself
     fetches = [slow, outer, inner, passthrough]
@@ -184,19 +182,25 @@ async def test_cond_outputs_stream_when_the_taken_branch_computed_them(graph: af
             feed = {x: 2.0, p: pred}
             got = [(f.name, v) async for f, v in sess.run_stream([*fetches, remote], feed)]
             assert sorted(got) == sorted(
-                (f.name, v) for f, v in zip([*fetches, remote],
-                                            await sess.run([*fetches, remote], feed)))
+                (f.name, v)
+                for f, v in zip([*fetches, remote], await sess.run([*fetches, remote], feed))
+            )
     names = [f.name for f, _ in seen]
     assert set(names[:3]) == {outer.name, inner.name, remote.name}
     assert names[3:] == [slow.name, passthrough.name]  # x unchanged: known at the end
     assert {f.name: v for f, v in seen} == {
-        outer.name: 200.0, inner.name: 4.0, remote.name: 2.5, slow.name: 3.0,
-        passthrough.name: 2.0}
+        outer.name: 200.0,
+        inner.name: 4.0,
+        remote.name: 2.5,
+        slow.name: 3.0,
+        passthrough.name: 2.0,
+    }
 
 
 @pytest.mark.parametrize("straight_line", [True, False])
-async def test_a_while_loop_output_streams_when_its_loop_exits(graph: af.Graph,
-                                                               straight_line: bool) -> None:
+async def test_a_while_loop_output_streams_when_its_loop_exits(
+    graph: af.Graph, straight_line: bool
+) -> None:
     # An Exit runs no kernel: the propagator must tell the stream when it delivers the
     # loop's value, or the value would wait for the slow kernel (whose gate the
     # consumer opens only after it saw the loop's value).
@@ -204,11 +208,11 @@ async def test_a_while_loop_output_streams_when_its_loop_exits(graph: af.Graph,
     log: list[str] = []
     x = af.placeholder(af.float32, shape=(), name="x")
     slow = _gated("slow", x, gates, log)
-    looped = af.while_loop(lambda i, s: i < 5, lambda i, s: (i + 1, s + x),
-                           (af.constant(0), af.constant(0.0)))
+    looped = af.while_loop(
+        lambda i, s: i < 5, lambda i, s: (i + 1, s + x), (af.constant(0), af.constant(0.0))
+    )
     options = af.ExecutorOptions(straight_line=straight_line)
-    async with af.Session(graph=graph,
-                          config=af.SessionConfig(executor_options=options)) as sess:
+    async with af.Session(graph=graph, config=af.SessionConfig(executor_options=options)) as sess:
         seen = []
         async with asyncio.timeout(5):  # without the Exit hook: slow is never released
             async for fetch, value in sess.run_stream([slow, looped[1], looped[0]], {x: 2.0}):

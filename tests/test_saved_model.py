@@ -108,6 +108,7 @@ def test_no_saved_model_is_not_found(tmp_path: pathlib.Path) -> None:
 
 # -- corrupt files ----------------------------------------------------------------------------
 
+
 @pytest.fixture
 def conv_copy(tmp_path: pathlib.Path) -> pathlib.Path:
     return pathlib.Path(shutil.copytree(MODELS / "conv", tmp_path / "conv"))
@@ -127,18 +128,22 @@ INDEX = "variables/variables.index"
 DATA = "variables/variables.data-00000-of-00001"
 
 
-@pytest.mark.parametrize(("file", "damage", "message"), [
-    (INDEX, lambda p: _flip(p, 3), "block checksum mismatch"),
-    (INDEX, lambda p: _flip(p, p.stat().st_size - 2), "bad magic number"),
-    (INDEX, lambda p: _truncate(p, p.stat().st_size - 10), "bad magic number"),
-    (INDEX, lambda p: _truncate(p, 20), "too short to be a table"),
-    (DATA, lambda p: _flip(p, 100), "checksum of tensor .* does not match"),
-    (DATA, lambda p: _truncate(p, p.stat().st_size // 2), "truncated"),
-    (DATA, lambda p: p.unlink(), "missing"),
-    ("saved_model.pb", lambda p: _truncate(p, p.stat().st_size // 3), "cannot parse"),
-])
-def test_corrupt_files_are_data_loss_naming_the_file(conv_copy: pathlib.Path, file: str,
-                                                     damage: Any, message: str) -> None:
+@pytest.mark.parametrize(
+    ("file", "damage", "message"),
+    [
+        (INDEX, lambda p: _flip(p, 3), "block checksum mismatch"),
+        (INDEX, lambda p: _flip(p, p.stat().st_size - 2), "bad magic number"),
+        (INDEX, lambda p: _truncate(p, p.stat().st_size - 10), "bad magic number"),
+        (INDEX, lambda p: _truncate(p, 20), "too short to be a table"),
+        (DATA, lambda p: _flip(p, 100), "checksum of tensor .* does not match"),
+        (DATA, lambda p: _truncate(p, p.stat().st_size // 2), "truncated"),
+        (DATA, lambda p: p.unlink(), "missing"),
+        ("saved_model.pb", lambda p: _truncate(p, p.stat().st_size // 3), "cannot parse"),
+    ],
+)
+def test_corrupt_files_are_data_loss_naming_the_file(
+    conv_copy: pathlib.Path, file: str, damage: Any, message: str
+) -> None:
     damage(conv_copy / file)
     g = af.Graph()
     with af.Session(graph=g) as sess:
@@ -152,8 +157,7 @@ def test_corrupt_files_are_data_loss_naming_the_file(conv_copy: pathlib.Path, fi
         assert not any(op.type == "VariableV2" for op in g.get_operations())
 
 
-def test_a_missing_variable_is_not_found(conv_copy: pathlib.Path, tmp_path: pathlib.Path
-                                         ) -> None:
+def test_a_missing_variable_is_not_found(conv_copy: pathlib.Path, tmp_path: pathlib.Path) -> None:
     # Swap in the transformer's checkpoint: none of the conv variables is there.
     shutil.rmtree(conv_copy / "variables")
     shutil.copytree(MODELS / "transformer" / "variables", conv_copy / "variables")
@@ -162,6 +166,7 @@ def test_a_missing_variable_is_not_found(conv_copy: pathlib.Path, tmp_path: path
 
 
 # -- the table format -------------------------------------------------------------------------
+
 
 def test_crc32c_matches_the_standard_check_value() -> None:
     assert crc32c(b"123456789") == 0xE3069283
@@ -183,7 +188,8 @@ def test_index_keys_are_decoded_from_shared_prefixes() -> None:
 
 
 def test_a_signature_may_return_a_variable_and_take_an_unused_input(
-        conv_copy: pathlib.Path) -> None:
+    conv_copy: pathlib.Path,
+) -> None:
     # A second signature added to TF's saved_model.pb: outputs a variable's value and
     # takes an input its output does not depend on (both must still be served).
     from asyncflow.compat._tf_proto import messages

@@ -17,8 +17,9 @@ def _model(graph: af.Graph) -> tuple[af.Variable, af.Variable, af.Variable, Any,
         w = af.Variable(np.arange(6, dtype=np.float32).reshape(2, 3), name="dense/w")
         b = af.Variable(np.zeros(3, np.float32), name="dense/b")
         step = af.Variable(0, name="global_step")
-        train = af.group(w.assign_add(np.ones((2, 3), np.float32)), b.assign_sub([1, 2, 3]),
-                         step.assign_add(1))
+        train = af.group(
+            w.assign_add(np.ones((2, 3), np.float32)), b.assign_sub([1, 2, 3]), step.assign_add(1)
+        )
         init = af.global_variables_initializer()
     return w, b, step, train, init
 
@@ -60,20 +61,26 @@ def test_format_is_npz_with_a_json_index(tmp_path: pathlib.Path) -> None:
     with np.load(tmp_path / "ckpt-3.npz") as data:
         index = json.loads(bytes(data["__asyncflow_index__"]).decode())
         np.testing.assert_array_equal(data["dense/w"], np.arange(6).reshape(2, 3))
-    assert index == {"format": 1, "variables": {"dense/w": {"dtype": "float32", "shape": [2, 3]},
-                                                "dense/b": {"dtype": "float32", "shape": [3]}}}
+    assert index == {
+        "format": 1,
+        "variables": {
+            "dense/w": {"dtype": "float32", "shape": [2, 3]},
+            "dense/b": {"dtype": "float32", "shape": [3]},
+        },
+    }
     state = json.loads((tmp_path / "checkpoint").read_text())
     assert state["model_checkpoint_path"] == str(tmp_path / "ckpt-3")
-    assert state["all_model_checkpoint_paths"] == [str(tmp_path / "ckpt-2"),
-                                                   str(tmp_path / "ckpt-3")]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "ckpt-2.npz",
-                                                          "ckpt-3.npz"]
+    assert state["all_model_checkpoint_paths"] == [
+        str(tmp_path / "ckpt-2"),
+        str(tmp_path / "ckpt-3"),
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "ckpt-2.npz", "ckpt-3.npz"]
     assert saver.last_checkpoints == state["all_model_checkpoint_paths"]
 
 
-async def test_failed_save_leaves_the_previous_checkpoint(tmp_path: pathlib.Path,
-                                                          monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+async def test_failed_save_leaves_the_previous_checkpoint(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     g = af.Graph()
     w, _b, _step, train, init = _model(g)
     with g.as_default():

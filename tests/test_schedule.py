@@ -25,8 +25,9 @@ PATHS = ("schedule", "general")
 
 def path(name: str) -> af.SessionConfig:
     """Force the schedule (built before the first run) or the general path."""
-    return af.SessionConfig(executor_options=af.ExecutorOptions(
-        schedule_after=0 if name == "schedule" else 10**9))
+    return af.SessionConfig(
+        executor_options=af.ExecutorOptions(schedule_after=0 if name == "schedule" else 10**9)
+    )
 
 
 def scheduled(sess: af.Session) -> list[bool]:
@@ -38,11 +39,15 @@ def scheduled(sess: af.Session) -> list[bool]:
     return out
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(random_graphs(inline_only=True))
 def test_schedule_matches_general_path_and_reference(
-        case: tuple[af.Graph, list[Any], dict[Any, Any]]) -> None:
+    case: tuple[af.Graph, list[Any], dict[Any, Any]],
+) -> None:
     graph, fetches, feeds = case
     expected = af.testing.reference_run(fetches, feeds, graph=graph)
     for name in PATHS:
@@ -98,11 +103,17 @@ def test_traced_schedule_records_what_the_general_path_records() -> None:
                 value = sess.run_sync(z, {x: 2.0}, options=opts, run_metadata=md)
             assert scheduled(sess) == [name == "schedule"]
             stats = [s for d in md.step_stats.dev_stats for s in d.node_stats]
-            seen[name] = (value, sorted((s.node_name, s.timeline_label) for s in stats),
-                          sorted(s.node_name for s in stats
-                                 if s.all_start_micros and s.all_end_rel_micros >= 0))
+            seen[name] = (
+                value,
+                sorted((s.node_name, s.timeline_label) for s in stats),
+                sorted(
+                    s.node_name for s in stats if s.all_start_micros and s.all_end_rel_micros >= 0
+                ),
+            )
     assert seen["schedule"] == seen["general"]
-    assert len(seen["schedule"][1]) == 20 * 2 + 2  # every node ran and was recorded (with AddN, y * 2)
+    assert (
+        len(seen["schedule"][1]) == 20 * 2 + 2
+    )  # every node ran and was recorded (with AddN, y * 2)
 
 
 @pytest.mark.parametrize("name", PATHS)

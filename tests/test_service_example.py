@@ -47,13 +47,18 @@ async def service(modules: tuple[ModuleType, ModuleType]) -> AsyncIterator[Servi
     app_mod, risk_mod = modules
     risk_app = risk_mod.create_risk_app(slow_users={SLOW_USER})
     app = app_mod.create_app(httpx.ASGITransport(app=risk_app))
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://scoring.test") as client:
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://scoring.test"
+        ) as client,
+    ):
         yield Service(client, risk_app.state.stats, app, app_mod)
 
 
-async def test_200_concurrent_requests(service: Service,
-                                       modules: tuple[ModuleType, ModuleType]) -> None:
+async def test_200_concurrent_requests(
+    service: Service, modules: tuple[ModuleType, ModuleType]
+) -> None:
     risk_of = modules[1].risk_of
     bodies = [{"user_id": uid, "amounts": [float(uid % 5), 2.5]} for uid in range(1, 201)]
     responses = await asyncio.gather(*(service.client.post("/score", json=b) for b in bodies))
@@ -69,9 +74,11 @@ async def test_200_concurrent_requests(service: Service,
 
 async def test_deadline_is_504_and_stops_the_call(service: Service) -> None:
     slow, fast = await asyncio.gather(
-        service.client.post("/score", json={"user_id": SLOW_USER, "amounts": [1.0],
-                                            "timeout_ms": 50}),
-        service.client.post("/score", json={"user_id": 3, "amounts": [1.0]}))
+        service.client.post(
+            "/score", json={"user_id": SLOW_USER, "amounts": [1.0], "timeout_ms": 50}
+        ),
+        service.client.post("/score", json={"user_id": 3, "amounts": [1.0]}),
+    )
     assert slow.status_code == 504
     assert slow.json()["error"] == "deadline exceeded"
     assert fast.status_code == 200
@@ -79,15 +86,18 @@ async def test_deadline_is_504_and_stops_the_call(service: Service) -> None:
     assert (stats.started, stats.finished, stats.cancelled) == (2, 1, 1)
 
 
-@pytest.mark.parametrize(("body", "status", "fragment"), [
-    ({"user_id": 5, "amounts": [-1.0, 2.0]}, 400, "amounts must not be negative"),
-    ({"user_id": 5, "amounts": [[1.0, 2.0]]}, 400, "Cannot feed value of shape (1, 2)"),
-    ({"user_id": 5, "amounts": ["x"]}, 400, "amounts"),
-    ({"amounts": [1.0]}, 400, "'user_id' must be an integer"),
-    ({"user_id": 5, "timeout_ms": -3}, 400, "'timeout_ms' must be a positive integer"),
-    ([1, 2], 400, "must be a JSON object"),
-    ({"user_id": 5000, "amounts": []}, 404, "no user 5000"),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        ({"user_id": 5, "amounts": [-1.0, 2.0]}, 400, "amounts must not be negative"),
+        ({"user_id": 5, "amounts": [[1.0, 2.0]]}, 400, "Cannot feed value of shape (1, 2)"),
+        ({"user_id": 5, "amounts": ["x"]}, 400, "amounts"),
+        ({"amounts": [1.0]}, 400, "'user_id' must be an integer"),
+        ({"user_id": 5, "timeout_ms": -3}, 400, "'timeout_ms' must be a positive integer"),
+        ([1, 2], 400, "must be a JSON object"),
+        ({"user_id": 5000, "amounts": []}, 404, "no user 5000"),
+    ],
+)
 async def test_bad_requests(service: Service, body: Any, status: int, fragment: str) -> None:
     response = await service.client.post("/score", json=body)
     assert response.status_code == status, response.text
@@ -97,7 +107,8 @@ async def test_bad_requests(service: Service, body: Any, status: int, fragment: 
 
 
 async def test_invalid_argument_is_logged_with_its_node_and_sent_without(
-        service: Service, caplog: pytest.LogCaptureFixture) -> None:
+    service: Service, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="scoring"):
         response = await service.client.post("/score", json={"user_id": 5, "amounts": [-1.0]})
     assert response.status_code == 400
@@ -112,8 +123,9 @@ async def test_invalid_argument_is_logged_with_its_node_and_sent_without(
     assert str(SERVICE_DIR / "app.py") in record.getMessage()
 
 
-async def test_server_errors_send_no_details(modules: tuple[ModuleType, ModuleType],
-                                             caplog: pytest.LogCaptureFixture) -> None:
+async def test_server_errors_send_no_details(
+    modules: tuple[ModuleType, ModuleType], caplog: pytest.LogCaptureFixture
+) -> None:
     app_mod, _ = modules
 
     def refuse(request: Any) -> Any:
@@ -121,14 +133,20 @@ async def test_server_errors_send_no_details(modules: tuple[ModuleType, ModuleTy
 
     app = app_mod.create_app(httpx.MockTransport(refuse))
     with caplog.at_level(logging.INFO, logger="scoring"):
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app),
-                base_url="http://scoring.test") as client:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://scoring.test"
+            ) as client,
+        ):
             response = await client.post("/score", json={"user_id": 5, "amounts": [1.0]})
     assert response.status_code == 503
     body = response.json()
-    assert body == {"error": "a backend service is unavailable", "status": 503,
-                    "error_id": body["error_id"]}
+    assert body == {
+        "error": "a backend service is unavailable",
+        "status": 503,
+        "error_id": body["error_id"],
+    }
     assert re.fullmatch(r"[0-9a-f]{12}", body["error_id"])
     (record,) = [r for r in caplog.records if body["error_id"] in r.getMessage()]
     assert record.levelno == logging.WARNING
@@ -137,15 +155,19 @@ async def test_server_errors_send_no_details(modules: tuple[ModuleType, ModuleTy
 
 
 async def test_malformed_json_is_400(service: Service) -> None:
-    response = await service.client.post("/score", content=b"{not json",
-                                         headers={"content-type": "application/json"})
+    response = await service.client.post(
+        "/score", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400
     assert response.json()["error"].startswith("bad request")
 
 
 async def test_client_cancelling_its_request_cancels_the_step(service: Service) -> None:
-    request = asyncio.create_task(service.client.post(
-        "/score", json={"user_id": SLOW_USER, "amounts": [1.0], "timeout_ms": 60_000}))
+    request = asyncio.create_task(
+        service.client.post(
+            "/score", json={"user_id": SLOW_USER, "amounts": [1.0], "timeout_ms": 60_000}
+        )
+    )
     await service.risk_stats.in_flight.wait()
     request.cancel()
     await asyncio.wait([request])
@@ -171,13 +193,24 @@ async def test_disconnect_message_cancels_the_step(service: Service) -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/score", "raw_path": b"/score",
-             "query_string": b"", "root_path": "", "headers": [
-                 (b"content-type", b"application/json"),
-                 (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 5000), "server": ("scoring.test", 80),
-             "state": {}}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/score",
+        "raw_path": b"/score",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("scoring.test", 80),
+        "state": {},
+    }
     handler = asyncio.create_task(service.app(scope, receive, send))
     await service.risk_stats.in_flight.wait()
     gone.set()
@@ -194,18 +227,27 @@ async def test_risk_service_down_is_503(modules: tuple[ModuleType, ModuleType]) 
         raise httpx.ConnectError("connection refused", request=request)
 
     app = app_mod.create_app(httpx.MockTransport(refuse))
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://scoring.test") as client:
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://scoring.test"
+        ) as client,
+    ):
         response = await client.post("/score", json={"user_id": 5, "amounts": [1.0]})
     assert response.status_code == 503
     assert response.json()["error"] == "a backend service is unavailable"
 
 
 def test_demo_runs() -> None:
-    env = {**os.environ, "PYTHONWARNINGS": "error",
-           "PYTHONPATH": str(SERVICE_DIR.parent.parent)}
-    proc = subprocess.run([sys.executable, str(SERVICE_DIR / "app.py")], capture_output=True,
-                          text=True, timeout=60, env=env, check=False)
+    env = {**os.environ, "PYTHONWARNINGS": "error", "PYTHONPATH": str(SERVICE_DIR.parent.parent)}
+    proc = subprocess.run(
+        [sys.executable, str(SERVICE_DIR / "app.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("104 concurrent requests in ")
@@ -218,7 +260,8 @@ def test_the_readmes_install_brings_what_it_runs() -> None:
     readme = (SERVICE_DIR / "README.md").read_text(encoding="utf-8")
     assert 'pip install -e ".[service]"' in readme
     assert "uvicorn app:app" in readme
-    pyproject = tomllib.loads((SERVICE_DIR.parent.parent / "pyproject.toml").read_text(
-        encoding="utf-8"))
+    pyproject = tomllib.loads(
+        (SERVICE_DIR.parent.parent / "pyproject.toml").read_text(encoding="utf-8")
+    )
     service = pyproject["project"]["optional-dependencies"]["service"]
     assert {re.split(r"[<>=\[ ]", r)[0] for r in service} >= {"starlette", "httpx", "uvicorn"}

@@ -252,7 +252,8 @@ async def test_error_in_inline_kernel_after_async(graph: af.Graph) -> None:
 
 
 async def test_failed_expensive_kernel_and_late_thread_results(
-        graph: af.Graph, no_leaked_threads: None) -> None:
+    graph: af.Graph, no_leaked_threads: None
+) -> None:
     release = threading.Event()
     finished: list[str] = []
 
@@ -313,7 +314,8 @@ async def test_async_kernels_overlap(graph: af.Graph) -> None:
 
 
 async def test_expensive_kernels_use_threads_in_parallel(
-        graph: af.Graph, no_leaked_threads: None) -> None:
+    graph: af.Graph, no_leaked_threads: None
+) -> None:
     barrier = threading.Barrier(2, timeout=5)
     threads: list[str] = []
 

@@ -27,8 +27,12 @@ import asyncflow as af
 
 def _run_isolated(code: str, timeout: float = 5.0) -> str:
     """Run ``code`` in a fresh interpreter (for bugs that hang a loop forever)."""
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return proc.stdout.strip()
 
 
@@ -105,6 +109,7 @@ def test_keyboard_interrupt_propagates(graph: af.Graph, kind: str) -> None:
 
     Run in a worker thread so that an escaping KeyboardInterrupt cannot stop pytest.
     """
+
     def ki(v: Any) -> Any:
         raise KeyboardInterrupt("from kernel")
 
@@ -180,8 +185,7 @@ async def test_first_error_wins_over_a_later_deadline(graph: af.Graph) -> None:
     assert "root cause" in str(info.value)
 
 
-async def test_deadline_waits_for_thread_kernel(graph: af.Graph,
-                                                no_leaked_threads: None) -> None:
+async def test_deadline_waits_for_thread_kernel(graph: af.Graph, no_leaked_threads: None) -> None:
     loop = asyncio.get_running_loop()
     started = asyncio.Event()
     release = threading.Event()
@@ -207,8 +211,9 @@ async def test_deadline_waits_for_thread_kernel(graph: af.Graph,
     assert len(asyncio.all_tasks()) == 1
 
 
-async def test_cancel_caller_while_thread_kernel_runs(graph: af.Graph,
-                                                      no_leaked_threads: None) -> None:
+async def test_cancel_caller_while_thread_kernel_runs(
+    graph: af.Graph, no_leaked_threads: None
+) -> None:
     loop = asyncio.get_running_loop()
     started = asyncio.Event()
     release = threading.Event()
@@ -225,8 +230,9 @@ async def test_cancel_caller_while_thread_kernel_runs(graph: af.Graph,
         return v
 
     x = af.constant(1.0)
-    y = af.add(af.py_func(blocked, [x], af.float32, expensive=True),
-               af.py_func(other, [x], af.float32))
+    y = af.add(
+        af.py_func(blocked, [x], af.float32, expensive=True), af.py_func(other, [x], af.float32)
+    )
     async with af.Session(graph=graph) as sess:
         task = asyncio.create_task(sess.run(y))
         await started.wait()
@@ -269,8 +275,9 @@ async def test_no_node_starts_after_the_caller_was_cancelled(graph: af.Graph) ->
     assert ran_after_cancel == []
 
 
-def test_close_cancels_steps_on_other_threads_loops(graph: af.Graph,
-                                                    no_leaked_threads: None) -> None:
+def test_close_cancels_steps_on_other_threads_loops(
+    graph: af.Graph, no_leaked_threads: None
+) -> None:
     n = 3
     lock = threading.Lock()
     count = [0]
@@ -292,8 +299,9 @@ def test_close_cancels_steps_on_other_threads_loops(graph: af.Graph,
         return v
 
     x = af.constant(1.0)
-    y = af.add(af.py_func(forever, [x], af.float32),
-               af.py_func(blocked, [x], af.float32, expensive=True))
+    y = af.add(
+        af.py_func(forever, [x], af.float32), af.py_func(blocked, [x], af.float32, expensive=True)
+    )
     sess = af.Session(graph=graph, config=af.SessionConfig(inter_op_parallelism_threads=n))
     errors_seen: list[BaseException] = []
 
@@ -333,8 +341,9 @@ async def test_concurrent_runs_each_get_their_own_error(graph: af.Graph) -> None
     x = af.placeholder(af.float32, name="x")
     y = af.multiply(af.py_func(maybe_fail, [x], af.float32, name="maybe"), 2.0)
     async with af.Session(graph=graph) as sess:
-        results = await asyncio.gather(*(sess.run(y, {x: float(i)}) for i in range(40)),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(sess.run(y, {x: float(i)}) for i in range(40)), return_exceptions=True
+        )
         assert sess.statistics().in_flight == 0
     for i, r in enumerate(results):
         if i % 2:
@@ -454,8 +463,8 @@ async def test_fetch_structures_and_rules(graph: af.Graph) -> None:
     target = af.no_op(name="t")
     async with af.Session(graph=graph) as sess:
         out = await sess.run(
-            collections.OrderedDict(p=Pair(a, [y, "y:0"]), m=MyDict(q=(x, "t", target))),
-            {x: 2.0})
+            collections.OrderedDict(p=Pair(a, [y, "y:0"]), m=MyDict(q=(x, "t", target))), {x: 2.0}
+        )
         assert type(out) is collections.OrderedDict
         assert type(out["p"]) is Pair
         assert out["p"] == Pair(1.0, [3.0, 3.0])

@@ -281,8 +281,11 @@ def test_queue_across_threads(graph: af.Graph) -> None:
             for i in range(25):
                 sess.run_sync(enq, {x: base + i})
 
-        threads = [threading.Thread(target=consume), threading.Thread(target=produce, args=(0,)),
-                   threading.Thread(target=produce, args=(100,))]
+        threads = [
+            threading.Thread(target=consume),
+            threading.Thread(target=produce, args=(0,)),
+            threading.Thread(target=produce, args=(100,)),
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -310,16 +313,26 @@ Action = tuple[str, int]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.sampled_from(["enq", "deq", "deq_many", "close", "size"]),
-                          st.integers(0, 3)), min_size=1, max_size=25),
-       st.integers(1, 4))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["enq", "deq", "deq_many", "close", "size"]), st.integers(0, 3)),
+        min_size=1,
+        max_size=25,
+    ),
+    st.integers(1, 4),
+)
 def test_queue_matches_python_model(actions: list[Action], capacity: int) -> None:
     g = af.Graph()
     with g.as_default():
         q = af.FIFOQueue(capacity, af.int32)
         x = af.placeholder(af.int32, ())
-        ops = {"enq": q.enqueue(x), "deq": q.dequeue(), "size": q.size(), "close": q.close(),
-               **{f"deq_many{n}": q.dequeue_many(n) for n in range(4)}}
+        ops = {
+            "enq": q.enqueue(x),
+            "deq": q.dequeue(),
+            "size": q.size(),
+            "close": q.close(),
+            **{f"deq_many{n}": q.dequeue_many(n) for n in range(4)},
+        }
     model: collections.deque[int] = collections.deque()
     closed = False
 
@@ -387,7 +400,11 @@ async def test_assign_ops_land_with_their_variable(graph: af.Graph) -> None:
     config = af.SessionConfig(device_count={"CPU": 2})
     async with af.Session(graph=graph, config=config) as sess:
         await sess.run(v.initializer)
-        assert await sess.run(bump, options=af.RunOptions(output_partition_graphs=True),
-                              run_metadata=md) == 2.0
+        assert (
+            await sess.run(
+                bump, options=af.RunOptions(output_partition_graphs=True), run_metadata=md
+            )
+            == 2.0
+        )
     where = {n["name"]: pg["device"] for pg in md.partition_graphs for n in pg["node"]}
     assert where["bump"].endswith("CPU:1")

@@ -50,8 +50,8 @@ def test_transpose_perm_from_shape_arithmetic(g: af.Graph) -> None:
 
 @pytest.mark.parametrize("op", ["reduce_sum", "reduce_max", "reduce_mean"])
 def test_reduction_axis_computed(g: af.Graph, op: str) -> None:
-    axis = af.constant(3) - af.constant(2)                     # 1
-    axes = af.stack([af.constant(0), af.constant(4) - 2])      # [0, 2]
+    axis = af.constant(3) - af.constant(2)  # 1
+    axes = af.stack([af.constant(0), af.constant(4) - 2])  # [0, 2]
     y1 = getattr(af, op)(af.constant(A), axis)
     y2 = getattr(af, op)(af.constant(A), axes, keepdims=True)
     expect = getattr(np, op.split("_")[1])
@@ -61,15 +61,15 @@ def test_reduction_axis_computed(g: af.Graph, op: str) -> None:
 
 
 def test_argmax_axis_computed(g: af.Graph) -> None:
-    y = af.argmax(af.constant(A), af.size(af.constant([7, 7])))    # axis 2
+    y = af.argmax(af.constant(A), af.size(af.constant([7, 7])))  # axis 2
     np.testing.assert_array_equal(run(y), np.argmax(A, axis=2))
 
 
 def test_expand_dims_squeeze_axis_computed(g: af.Graph) -> None:
     x = af.placeholder(af.float32, [2, 3, 4], name="x")
-    y = af.expand_dims(x, af.rank(x))                           # axis 3
+    y = af.expand_dims(x, af.rank(x))  # axis 3
     assert y.shape.as_list() == [2, 3, 4, 1]
-    z = af.squeeze(y, af.constant([1]) + 2)                      # axis [3]
+    z = af.squeeze(y, af.constant([1]) + 2)  # axis [3]
     np.testing.assert_array_equal(run(y, {x: A}), np.expand_dims(A, 3))
     np.testing.assert_array_equal(run(z, {x: A}), A)
 
@@ -88,12 +88,15 @@ def test_concat_stack_unstack_gather_axis_computed(g: af.Graph) -> None:
 
 def test_split_count_computed(g: af.Graph) -> None:
     a = af.constant(A)
-    parts = af.split(a, af.size(af.constant([0, 0])), axis=af.constant(1) * 2)   # 2 along 2
+    parts = af.split(a, af.size(af.constant([0, 0])), axis=af.constant(1) * 2)  # 2 along 2
     assert [p.shape.as_list() for p in parts] == [[2, 3, 2], [2, 3, 2]]
     for got, want in zip(run(parts), np.split(A, 2, axis=2)):
         np.testing.assert_array_equal(got, want)
-    with pytest.raises(TypeError, match=r"cannot build Split 'sp': num_or_size_splits .*"
-                                        r"'n' \(Placeholder\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"cannot build Split 'sp': num_or_size_splits .*"
+        r"'n' \(Placeholder\)",
+    ):
         af.split(a, af.placeholder(af.int32, [], name="n"), name="sp")
 
 
@@ -102,7 +105,7 @@ def test_reshape_shape_from_static_shape_slice(g: af.Graph) -> None:
     shape = af.concat([af.constant([-1]), af.shape(x)[2:]], 0)  # [-1, 4]
     assert constant_value(shape).tolist() == [-1, 4]
     y = af.reshape(x, shape)
-    assert y.shape.as_list() == [6, 4]                         # static, as TF infers
+    assert y.shape.as_list() == [6, 4]  # static, as TF infers
     np.testing.assert_array_equal(run(y, {x: A}), A.reshape(-1, 4))
 
 
@@ -124,13 +127,13 @@ def test_slice_pad_one_hot_range_sizes_computed(g: af.Graph) -> None:
     s = af.slice(a, af.constant([0, 1, 0]), af.shape(a) - af.constant([1, 1, 2]))
     assert s.shape.as_list() == [1, 2, 2]
     np.testing.assert_array_equal(run(s), A[0:1, 1:3, 0:2])
-    p = af.pad(a, af.reshape(af.range(6), [3, 2]) % 2)          # [[0, 1]] * 3
+    p = af.pad(a, af.reshape(af.range(6), [3, 2]) % 2)  # [[0, 1]] * 3
     assert p.shape.as_list() == [3, 4, 5]
     np.testing.assert_array_equal(run(p), np.pad(A, [[0, 1]] * 3))
-    h = af.one_hot(af.constant([0, 2]), af.size(a) // 8)        # depth 3
+    h = af.one_hot(af.constant([0, 2]), af.size(a) // 8)  # depth 3
     assert h.shape.as_list() == [2, 3]
     np.testing.assert_array_equal(run(h), np.eye(3, dtype=np.float32)[[0, 2]])
-    r = af.range(af.constant(1), af.size(a) // 4)               # 1 .. 5
+    r = af.range(af.constant(1), af.size(a) // 4)  # 1 .. 5
     assert r.shape.as_list() == [5]
     np.testing.assert_array_equal(run(r), np.arange(1, 6))
 
@@ -144,31 +147,44 @@ def test_random_shape_computed_is_static(g: af.Graph) -> None:
 def test_data_dependent_argument_refused_naming_the_op(g: af.Graph) -> None:
     x = af.placeholder(af.float32, [2, 3, 4], name="x")
     p = af.placeholder(af.int32, [3], name="p")
-    with pytest.raises(TypeError, match=r"cannot build Transpose 'tr': perm must be known "
-                                        r"when the graph is built .*'p:0' \(Placeholder\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"cannot build Transpose 'tr': perm must be known "
+        r"when the graph is built .*'p:0' \(Placeholder\)",
+    ):
         af.transpose(x, p, name="tr")
     k = af.placeholder(af.int32, [], name="k")
-    with pytest.raises(TypeError, match=r"cannot build ExpandDims 'ed': axis .*'add:0' "
-                                        r"\(Add\), which depends on 'k' \(Placeholder\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"cannot build ExpandDims 'ed': axis .*'add:0' "
+        r"\(Add\), which depends on 'k' \(Placeholder\)",
+    ):
         af.expand_dims(x, k + 1, name="ed")
     v = af.Variable(1, name="v")
-    with pytest.raises(TypeError, match=r"cannot build Sum 'total': the reduction axis .*"
-                                        r"'v:0' \(VariableV2\), which depends on 'v' "):
+    with pytest.raises(
+        TypeError,
+        match=r"cannot build Sum 'total': the reduction axis .*"
+        r"'v:0' \(VariableV2\), which depends on 'v' ",
+    ):
         af.reduce_sum(x, v, name="total")
-    with pytest.raises(TypeError, match=r"cannot build ConcatV2 'cat': axis .*'Cast:0' "
-                                        r"\(Cast\), which depends on 'random_uniform.*"):
+    with pytest.raises(
+        TypeError,
+        match=r"cannot build ConcatV2 'cat': axis .*'Cast:0' "
+        r"\(Cast\), which depends on 'random_uniform.*",
+    ):
         af.concat([x, x], af.cast(af.random_uniform([]) * 0, af.int32), name="cat")
 
 
 def test_partly_known_shape_is_not_a_constant(g: af.Graph) -> None:
     x = af.placeholder(af.float32, [None, 3], name="x")
     assert constant_value(af.shape(x)) is None
-    assert constant_value(af.shape(x)[1:]) is None      # TF's constant_value: no slice rule
+    assert constant_value(af.shape(x)[1:]) is None  # TF's constant_value: no slice rule
     assert int(constant_value(af.rank(x))) == 2
     assert constant_value(af.size(x)) is None
     with pytest.raises(TypeError, match=r"cannot build Transpose 'tr2': perm"):
-        af.transpose(af.placeholder(af.float32, [None, 3, 4]),
-                     af.reverse(af.shape(x), [0]) - 1, name="tr2")
+        af.transpose(
+            af.placeholder(af.float32, [None, 3, 4]), af.reverse(af.shape(x), [0]) - 1, name="tr2"
+        )
 
 
 def test_shape_of_unknown_shape_stops_the_walk(g: af.Graph) -> None:

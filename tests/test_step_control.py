@@ -58,8 +58,9 @@ async def test_kernels_see_their_own_steps_manager(graph: af.Graph) -> None:
         return v
 
     x = af.constant(1.0)
-    y = af.add(af.py_func(in_task, [x], af.float32),
-               af.py_func(in_thread, [x], af.float32, expensive=True))
+    y = af.add(
+        af.py_func(in_task, [x], af.float32), af.py_func(in_thread, [x], af.float32, expensive=True)
+    )
     async with af.Session(graph=graph) as sess:
         assert await sess.run(y) == 2.0
         assert await sess.run(y) == 2.0
@@ -151,8 +152,10 @@ async def test_nothing_is_left_running(graph: af.Graph, how: str) -> None:
         return v
 
     x = af.constant(1.0)
-    out = af.add(af.py_func(thread_kernel, [x], af.float32, expensive=True),
-                 af.py_func(async_kernel, [x], af.float32))
+    out = af.add(
+        af.py_func(thread_kernel, [x], af.float32, expensive=True),
+        af.py_func(async_kernel, [x], af.float32),
+    )
     before = set(asyncio.all_tasks())
     sess = af.Session(graph=graph)
     opts = af.RunOptions(timeout_in_ms=50) if how == "timeout" else None
@@ -193,8 +196,12 @@ async def test_make_callable_validates_when_made(graph: af.Graph) -> None:
             await fn(1.0, options=af.RunOptions())
         traced = sess.make_callable(y, feed_list=[x], accept_options=True)
         md = af.RunMetadata()
-        assert await traced(1.0, options=af.RunOptions(trace_level=af.RunOptions.FULL_TRACE),
-                            run_metadata=md) == 2.0
+        assert (
+            await traced(
+                1.0, options=af.RunOptions(trace_level=af.RunOptions.FULL_TRACE), run_metadata=md
+            )
+            == 2.0
+        )
         assert md.step_stats.dev_stats[0].node_stats
 
 
@@ -225,19 +232,24 @@ async def test_partial_run_errors(graph: af.Graph) -> None:
         with pytest.raises(af.errors.InvalidArgumentError, match="invalid"):
             await sess.partial_run("never-set-up", r1)
         h = await sess.partial_run_setup([r1, r2], [a, b])
-        with pytest.raises(af.errors.InvalidArgumentError,
-                           match="The feed r2:0 was not specified in partial_run_setup"):
+        with pytest.raises(
+            af.errors.InvalidArgumentError,
+            match="The feed r2:0 was not specified in partial_run_setup",
+        ):
             await sess.partial_run(h, r1, {r2: 1.0})
         assert await sess.partial_run(h, r1, {a: 1.0, b: 1.0}) == 2.0
-        with pytest.raises(af.errors.InvalidArgumentError,
-                           match="The feed a:0 has already been fed"):
+        with pytest.raises(
+            af.errors.InvalidArgumentError, match="The feed a:0 has already been fed"
+        ):
             await sess.partial_run(h, r2, {a: 5.0})
-        with pytest.raises(af.errors.InvalidArgumentError,
-                           match="The fetch r1:0 has already been fetched"):
+        with pytest.raises(
+            af.errors.InvalidArgumentError, match="The fetch r1:0 has already been fetched"
+        ):
             await sess.partial_run(h, r1)
         other = af.add(a, 10.0, name="other")
-        with pytest.raises(af.errors.InvalidArgumentError,
-                           match="The fetch other:0 was not specified"):
+        with pytest.raises(
+            af.errors.InvalidArgumentError, match="The fetch other:0 was not specified"
+        ):
             await sess.partial_run(h, other)
         assert await sess.partial_run(h, r2) == 4.0
 
@@ -285,8 +297,9 @@ async def test_step_stats_fields(graph: af.Graph) -> None:
     b = af.reduce_sum(af.reshape(a, (2, 3)), name="total")
     md = af.RunMetadata()
     async with af.Session(graph=graph) as sess:
-        await sess.run(b, options=af.RunOptions(trace_level=af.RunOptions.FULL_TRACE),
-                       run_metadata=md)
+        await sess.run(
+            b, options=af.RunOptions(trace_level=af.RunOptions.FULL_TRACE), run_metadata=md
+        )
     stats = {n.node_name: n for n in md.step_stats.dev_stats[0].node_stats}
     io_stats = stats["io"]
     assert io_stats.kind == "async"
@@ -312,15 +325,18 @@ async def test_chrome_trace_structure(graph: af.Graph, tmp_path: Path) -> None:
     md = af.RunMetadata()
     config = af.SessionConfig(device_count={"CPU": 2})
     async with af.Session(graph=graph, config=config) as sess:
-        await sess.run(out, options=af.RunOptions(trace_level=af.RunOptions.FULL_TRACE),
-                       run_metadata=md)
+        await sess.run(
+            out, options=af.RunOptions(trace_level=af.RunOptions.FULL_TRACE), run_metadata=md
+        )
     path = tmp_path / "trace.json"
     path.write_text(af.tracing.Timeline(md.step_stats).generate_chrome_trace_format())
     trace = json.loads(path.read_text())
     events = trace["traceEvents"]
     processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-    assert sorted(processes.values()) == ["/job:localhost/replica:0/task:0/device:CPU:0",
-                                          "/job:localhost/replica:0/task:0/device:CPU:1"]
+    assert sorted(processes.values()) == [
+        "/job:localhost/replica:0/task:0/device:CPU:0",
+        "/job:localhost/replica:0/task:0/device:CPU:1",
+    ]
     threads = [e for e in events if e["name"] == "thread_name"]
     assert threads
     ops = [e for e in events if e["ph"] == "X"]
@@ -358,9 +374,16 @@ def test_cli_trace_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     graph_file = tmp_path / "g.json"
     graph_file.write_text(json.dumps(g.as_graph_def()))
     run_trace = tmp_path / "run.json"
-    assert cli_main(["run", str(graph_file), "--feed", "x=3", "--fetch", "y",
-                     "--trace", str(run_trace)]) == 0
+    assert (
+        cli_main(
+            ["run", str(graph_file), "--feed", "x=3", "--fetch", "y", "--trace", str(run_trace)]
+        )
+        == 0
+    )
     assert "6" in capsys.readouterr().out
-    names = {e["args"]["name"] for e in json.loads(run_trace.read_text())["traceEvents"]
-             if e["ph"] == "X"}
+    names = {
+        e["args"]["name"]
+        for e in json.loads(run_trace.read_text())["traceEvents"]
+        if e["ph"] == "X"
+    }
     assert "y" in names

@@ -16,7 +16,8 @@ import asyncflow as af
 
 
 async def test_finished_step_is_reported_finished_when_close_lands_in_the_same_iteration(
-        graph: af.Graph) -> None:
+    graph: af.Graph,
+) -> None:
     sessions: list[af.Session] = []
 
     async def last(v: Any) -> Any:
@@ -50,8 +51,12 @@ async def test_deadlines_never_hide_work_that_finished(graph: af.Graph) -> None:
     async with af.Session(graph=graph) as sess:
         await sess.run(counter.initializer)
         results = await asyncio.gather(
-            *(sess.run(bump, options=af.RunOptions(timeout_in_ms=random.choice([1, 2, 3, 4])))
-              for _ in range(300)), return_exceptions=True)
+            *(
+                sess.run(bump, options=af.RunOptions(timeout_in_ms=random.choice([1, 2, 3, 4])))
+                for _ in range(300)
+            ),
+            return_exceptions=True,
+        )
         ok = sum(1 for r in results if not isinstance(r, BaseException))
         timed_out = [r for r in results if isinstance(r, af.errors.DeadlineExceededError)]
         assert ok + len(timed_out) == 300
@@ -60,7 +65,8 @@ async def test_deadlines_never_hide_work_that_finished(graph: af.Graph) -> None:
 
 @pytest.mark.parametrize("cancel_callers", [False, True])
 async def test_queue_conserves_elements_under_deadlines_cancels_and_failures(
-        graph: af.Graph, cancel_callers: bool) -> None:
+    graph: af.Graph, cancel_callers: bool
+) -> None:
     q = af.FIFOQueue(50, af.int32, shapes=[()], name="q")
     x = af.placeholder(af.int32, shape=(), name="x")
     put = q.enqueue(x)
@@ -115,8 +121,7 @@ async def test_queue_conserves_elements_under_deadlines_cancels_and_failures(
 
 
 @pytest.mark.parametrize("kind", ["inline", "async", "expensive"])
-async def test_kernel_raising_cancelled_error_is_a_node_failure(graph: af.Graph,
-                                                                kind: str) -> None:
+async def test_kernel_raising_cancelled_error_is_a_node_failure(graph: af.Graph, kind: str) -> None:
     def sync_raise(v: Any) -> Any:
         raise asyncio.CancelledError("kernel gave up")
 
@@ -125,8 +130,9 @@ async def test_kernel_raising_cancelled_error_is_a_node_failure(graph: af.Graph,
 
     func = async_raise if kind == "async" else sync_raise
     with af.device("/cpu:0"):
-        bad = af.py_func(func, [af.constant(1.0)], af.float32, name="quitter",
-                         expensive=kind == "expensive")
+        bad = af.py_func(
+            func, [af.constant(1.0)], af.float32, name="quitter", expensive=kind == "expensive"
+        )
     with af.device("/cpu:1"):
         waiting = af.identity(bad) + 1.0  # another partition waits on it
     async with af.Session(graph=graph, config=af.SessionConfig(device_count={"CPU": 2})) as s:
@@ -193,6 +199,7 @@ async def test_finished_and_failed_steps_leave_no_cyclic_garbage(graph: af.Graph
         far = af.multiply(y, 2.0)
     config = af.SessionConfig(device_count={"CPU": 2})
     async with af.Session(graph=graph, config=config) as sess:
+
         async def every_kind() -> None:
             for fetch in (y, slow, loop, far):
                 await sess.run(fetch, {x: 1.0})
@@ -227,8 +234,9 @@ def test_closing_from_another_thread_never_loses_a_finished_step() -> None:
     outcomes: list[Any] = []
 
     async def many() -> None:
-        outcomes.extend(await asyncio.gather(*(sess.run(bump) for _ in range(200)),
-                                             return_exceptions=True))
+        outcomes.extend(
+            await asyncio.gather(*(sess.run(bump) for _ in range(200)), return_exceptions=True)
+        )
 
     runner = threading.Thread(target=lambda: asyncio.run(many()))
     runner.start()
@@ -237,8 +245,11 @@ def test_closing_from_another_thread_never_loses_a_finished_step() -> None:
     runner.join(10)
     assert not runner.is_alive()
     ok = sum(1 for o in outcomes if not isinstance(o, BaseException))
-    assert all(isinstance(o, af.errors.CancelledError | RuntimeError) for o in outcomes
-               if isinstance(o, BaseException))
+    assert all(
+        isinstance(o, af.errors.CancelledError | RuntimeError)
+        for o in outcomes
+        if isinstance(o, BaseException)
+    )
     # Every step whose assign_add ran returned its result: the variable's final value
     # equals the successful steps (read from the store, the session is closed).
     store = sess._resources.get("", "counter") if len(sess._resources) else None

@@ -163,6 +163,7 @@ def test_concurrent_threads(graph: af.Graph) -> None:
     y = af.py_func(slow_double, [x], af.float32)
     results: dict[int, list[float]] = {}
     with af.Session(graph=graph) as sess:
+
         def work(k: int) -> None:
             results[k] = [float(sess.run_sync(y, {x: float(k + i)})) for i in range(20)]
 

@@ -34,6 +34,7 @@ def _run(fetches: Any, feed_dict: Any = None, graph: af.Graph | None = None) -> 
 
 # -- Erf, Erfc, MatrixBandPart, Select, IdentityN ------------------------------------------
 
+
 @pytest.mark.parametrize("dt", ["float32", "float64"])
 def test_erf_and_erfc_match_tf(dt: str) -> None:
     x = OPS[f"erf/{dt}/x"]
@@ -59,8 +60,11 @@ def test_matrix_band_part_rejects_a_band_wider_than_the_matrix() -> None:
     with af.Graph().as_default():
         x = af.placeholder(af.float32, name="m")
         y = af.matrix_band_part(x, 5, 0, name="band")
-        with pytest.raises(af.errors.InvalidArgumentError, match=r"num_lower .* rows \(4\) "
-                                                                 r"got: 5[\s\S]*band"):
+        with pytest.raises(
+            af.errors.InvalidArgumentError,
+            match=r"num_lower .* rows \(4\) "
+            r"got: 5[\s\S]*band",
+        ):
             _run(y, {x: OPS["band/x"]})
 
 
@@ -88,6 +92,7 @@ def test_identity_n_passes_every_value() -> None:
 
 # -- resize --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("case", range(5))
 @pytest.mark.parametrize("corner", range(3))
 def test_resize_matches_tf(case: int, corner: int) -> None:
@@ -97,17 +102,22 @@ def test_resize_matches_tf(case: int, corner: int) -> None:
     with af.Graph().as_default():
         x = af.placeholder(af.float32)
         u = af.placeholder(af.uint8)
-        outs = _run([af.image.resize_bilinear(x, size, align, half),
-                     af.image.resize_bilinear(u, size, align, half),
-                     af.image.resize_nearest_neighbor(u, size, align, half)],
-                    {x: OPS[f"resize/{case}/x"], u: OPS[f"resize/{case}/x_uint8"]})
+        outs = _run(
+            [
+                af.image.resize_bilinear(x, size, align, half),
+                af.image.resize_bilinear(u, size, align, half),
+                af.image.resize_nearest_neighbor(u, size, align, half),
+            ],
+            {x: OPS[f"resize/{case}/x"], u: OPS[f"resize/{case}/x_uint8"]},
+        )
     bilinear, bilinear_u8, nearest = outs
     assert bilinear.dtype == np.float32
     assert bilinear_u8.dtype == np.float32
     assert nearest.dtype == np.uint8
     np.testing.assert_allclose(bilinear, expected, rtol=1e-6, atol=1e-4)
-    np.testing.assert_allclose(bilinear_u8, OPS[f"resize/{case}/bilinear_uint8_{corner}"],
-                               rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(
+        bilinear_u8, OPS[f"resize/{case}/bilinear_uint8_{corner}"], rtol=1e-6, atol=1e-4
+    )
     np.testing.assert_array_equal(nearest, OPS[f"resize/{case}/nearest_{corner}"])
 
 
@@ -130,25 +140,30 @@ def test_small_resizes_run_inline_and_large_ones_on_the_worker_threads() -> None
         small = af.placeholder(af.float32, (None, 64, 64, 3))
         large = af.placeholder(af.float32, (1, 512, 512, 3))
         unknown = af.placeholder(af.float32, (None, None, None, 3))
-        cases = [(af.image.resize_bilinear(small, [32, 32]), registry.INLINE),
-                 (af.image.resize_nearest_neighbor(small, [32, 32]), registry.INLINE),
-                 (af.image.resize_bilinear(small, [128, 128]), registry.EXPENSIVE),
-                 (af.image.resize_bilinear(large, [256, 256]), registry.EXPENSIVE),
-                 (af.image.resize_nearest_neighbor(unknown, af.shape(unknown)[1:3]),
-                  registry.EXPENSIVE)]
+        cases = [
+            (af.image.resize_bilinear(small, [32, 32]), registry.INLINE),
+            (af.image.resize_nearest_neighbor(small, [32, 32]), registry.INLINE),
+            (af.image.resize_bilinear(small, [128, 128]), registry.EXPENSIVE),
+            (af.image.resize_bilinear(large, [256, 256]), registry.EXPENSIVE),
+            (af.image.resize_nearest_neighbor(unknown, af.shape(unknown)[1:3]), registry.EXPENSIVE),
+        ]
         for out, kind in cases:
             assert registry.get_kernel(out.op.type).instantiate(out.op)[1] == kind, out
         # Inline or not, the values are the same.
         x = np.random.default_rng(0).random((2, 64, 64, 3), np.float32)
         with af.Session() as sess:
             inline, threaded = sess.run_sync(
-                [af.image.resize_bilinear(small, [32, 32]),
-                 af.image.resize_bilinear(af.image.resize_bilinear(small, [128, 128]),
-                                          [32, 32])], {small: x})
+                [
+                    af.image.resize_bilinear(small, [32, 32]),
+                    af.image.resize_bilinear(af.image.resize_bilinear(small, [128, 128]), [32, 32]),
+                ],
+                {small: x},
+            )
         assert inline.shape == threaded.shape == (2, 32, 32, 3)
 
 
 # -- PNG / JPEG ------------------------------------------------------------------------------
+
 
 def _image() -> np.ndarray:
     rnd = np.random.default_rng(0)
@@ -172,8 +187,9 @@ def test_decode_png_converts_channels_as_asked() -> None:
     buf = io.BytesIO()
     Image.fromarray(_image(), "RGB").save(buf, format="PNG")
     with af.Graph().as_default():
-        rgba, rgb = _run([af.image.decode_png(buf.getvalue(), channels=4),
-                          af.image.decode_png(buf.getvalue())])
+        rgba, rgb = _run(
+            [af.image.decode_png(buf.getvalue(), channels=4), af.image.decode_png(buf.getvalue())]
+        )
     np.testing.assert_array_equal(rgb, _image())
     np.testing.assert_array_equal(rgba[:, :, :3], _image())
     assert (rgba[:, :, 3] == 255).all()
@@ -192,8 +208,9 @@ def test_corrupt_image_names_the_node_and_the_session_stays_usable() -> None:
         data = af.placeholder(af.string, (), name="data")
         img = af.image.decode_png(data, name="decode")
         with af.Session() as sess:
-            with pytest.raises(af.errors.InvalidArgumentError,
-                               match=r"Invalid PNG data, size 9[\s\S]*decode"):
+            with pytest.raises(
+                af.errors.InvalidArgumentError, match=r"Invalid PNG data, size 9[\s\S]*decode"
+            ):
                 sess.run_sync(img, {data: b"not a png"})
             png = sess.run_sync(af.image.encode_png(_image()))
             np.testing.assert_array_equal(sess.run_sync(img, {data: png}), _image())
@@ -203,12 +220,15 @@ def test_missing_pillow_names_the_op_and_the_extra(monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(sys.modules, "PIL", None)
     with af.Graph().as_default():
         img = af.image.decode_png(b"\x89PNG", name="dec")
-        with pytest.raises(af.errors.UnimplementedError,
-                           match=r"DecodePng needs Pillow.*asyncflow\[image\][\s\S]*dec"):
+        with pytest.raises(
+            af.errors.UnimplementedError,
+            match=r"DecodePng needs Pillow.*asyncflow\[image\][\s\S]*dec",
+        ):
             _run(img)
 
 
 # -- TensorArray -----------------------------------------------------------------------------
+
 
 def _misuse(name: str) -> af.Tensor:
     ta = af.TensorArray(af.float32, size=2, infer_shape=False, tensor_array_name="ta")
@@ -246,17 +266,19 @@ def test_tensor_array_misuse_fails_as_tf(case: str) -> None:
                 sess.run_sync(fetch)
             assert expected in " ".join(str(info.value).split())
             assert "[[node " in str(info.value)
-            assert sess.run_sync(af.constant(1.0)) == 1.0   # the session stays usable
+            assert sess.run_sync(af.constant(1.0)) == 1.0  # the session stays usable
 
 
 def test_tensor_array_errors_name_the_failing_node() -> None:
     with af.Graph().as_default():
         ta = af.TensorArray(af.float32, size=1, tensor_array_name="arr")
         read = ta.write(0, 1.0).write(0, 2.0, name="second_write").read(0)
-        with pytest.raises(af.errors.InvalidArgumentError,
-                           match=r"TensorArray arr: Could not write to TensorArray index 0 "
-                                 r"because it has already been written to\.[\s\S]*"
-                                 r"second_write"):
+        with pytest.raises(
+            af.errors.InvalidArgumentError,
+            match=r"TensorArray arr: Could not write to TensorArray index 0 "
+            r"because it has already been written to\.[\s\S]*"
+            r"second_write",
+        ):
             _run(read)
 
 
@@ -287,7 +309,8 @@ def test_split_scatter_gather_and_unstack() -> None:
         split = af.TensorArray(af.float32, size=3, infer_shape=False).split(value, [1, 2, 3])
         parts = [split.read(i) for i in range(3)]
         scattered = af.TensorArray(af.float32, size=4, clear_after_read=False).scatter(
-            [3, 0], value[:2])
+            [3, 0], value[:2]
+        )
         un = af.TensorArray(af.float32, size=6).unstack(value)
         outs = _run([*parts, scattered.gather([0, 3]), un.stack()])
     np.testing.assert_array_equal(outs[0], value[:1])
@@ -305,12 +328,14 @@ def test_tensor_array_in_a_while_loop_orders_by_flow_across_iterations() -> None
             cur = af.TensorArray(af.float32, handle=ta.handle, flow=flow)
             # Element i is i squared, read back from the array at the next iteration.
             prev = af.cond(i > 0, lambda: cur.read(i - 1), lambda: af.constant(0.0))
-            return i + 1, cur.write(i, prev + af.cast(2 * i - 1, af.float32) +
-                                    af.cast(af.equal(i, 0), af.float32)).flow
+            return i + 1, cur.write(
+                i, prev + af.cast(2 * i - 1, af.float32) + af.cast(af.equal(i, 0), af.float32)
+            ).flow
 
         _, flow = af.while_loop(lambda i, f: i < n, body, [af.constant(0), ta.flow])
-        out = af.TensorArray(af.float32, handle=ta.handle, flow=flow, element_shape=[]
-                             ).gather(af.range(0, n))
+        out = af.TensorArray(af.float32, handle=ta.handle, flow=flow, element_shape=[]).gather(
+            af.range(0, n)
+        )
         result = _run(out, {n: 6})
     np.testing.assert_array_equal(result, [0, 1, 4, 9, 16, 25])
 
@@ -323,8 +348,12 @@ def test_tensor_array_graph_exports_to_tf_and_back() -> None:
     m = messages()
     gd = m.GraphDef.FromString(data)
     types = {n.op for n in gd.node}
-    assert {"TensorArrayV3", "TensorArrayWriteV3", "TensorArrayGatherV3",
-            "TensorArraySizeV3"} <= types
+    assert {
+        "TensorArrayV3",
+        "TensorArrayWriteV3",
+        "TensorArrayGatherV3",
+        "TensorArraySizeV3",
+    } <= types
     g2 = af.Graph()
     with g2.as_default():
         import_tf_graph_def(data, name="")
@@ -333,6 +362,7 @@ def test_tensor_array_graph_exports_to_tf_and_back() -> None:
 
 
 # -- static arguments folded from constants ---------------------------------------------------
+
 
 def _node(gd: Any, name: str, op: str, inputs: list[str], **attrs: Any) -> None:
     nd = gd.node.add(name=name, op=op)
@@ -350,13 +380,25 @@ def _perm_graph(perm_from_placeholder: bool) -> bytes:
     m = messages()
     gd = m.GraphDef()
     _node(gd, "x", "Placeholder", [], dtype=1)
-    _node(gd, "a", "Const", [], dtype=3, value=m.TensorProto(dtype=3, int_val=[2],
-                                                                tensor_shape={"dim": [{"size": 1}]}))
+    _node(
+        gd,
+        "a",
+        "Const",
+        [],
+        dtype=3,
+        value=m.TensorProto(dtype=3, int_val=[2], tensor_shape={"dim": [{"size": 1}]}),
+    )
     if perm_from_placeholder:
         _node(gd, "b", "Placeholder", [], dtype=3)
     else:
-        _node(gd, "b", "Const", [], dtype=3, value=m.TensorProto(
-            dtype=3, int_val=[0, 1], tensor_shape={"dim": [{"size": 2}]}))
+        _node(
+            gd,
+            "b",
+            "Const",
+            [],
+            dtype=3,
+            value=m.TensorProto(dtype=3, int_val=[0, 1], tensor_shape={"dim": [{"size": 2}]}),
+        )
     _node(gd, "axis", "Const", [], dtype=3, value=m.TensorProto(dtype=3, int_val=[0]))
     _node(gd, "perm", "ConcatV2", ["a", "b", "axis"], T=3, Tidx=3, N=2)
     _node(gd, "t", "Transpose", ["x", "perm"], T=1, Tperm=3)
@@ -375,9 +417,13 @@ def test_transpose_perm_made_by_concat_of_constants_is_folded() -> None:
 
 
 def test_a_perm_that_depends_on_data_is_refused_naming_the_node() -> None:
-    with af.Graph().as_default(), pytest.raises(
+    with (
+        af.Graph().as_default(),
+        pytest.raises(
             af.errors.UnimplementedError,
-            match=r"'t' \(Transpose\): perm must be a constant.*'perm:0' \(ConcatV2\)"):
+            match=r"'t' \(Transpose\): perm must be a constant.*'perm:0' \(ConcatV2\)",
+        ),
+    ):
         import_tf_graph_def(_perm_graph(True), name="")
 
 
@@ -405,16 +451,18 @@ def test_identical_element_shapes_fixes_the_shape_at_the_first_write() -> None:
         b = af.placeholder(af.float32, name="b")
         ta = af.TensorArray(af.float32, size=3, tensor_array_name="same")  # infer_shape
         ta = ta.write(0, a)
-        zeros_after = ta.read(2)           # never written: zeros of the inferred shape
+        zeros_after = ta.read(2)  # never written: zeros of the inferred shape
         mismatch = ta.write(1, b).read(0)
         with af.Session() as sess:
             out = sess.run_sync(zeros_after, {a: [1.0, 2.0]})
             np.testing.assert_array_equal(out, [0.0, 0.0])
-            with pytest.raises(af.errors.InvalidArgumentError,
-                               match=r"TensorArray same: Could not write to TensorArray index "
-                                     r"1 because the value shape is \[3\] which is "
-                                     r"incompatible with the TensorArray's inferred element "
-                                     r"shape: \[2\] \(consider setting infer_shape=False\)"):
+            with pytest.raises(
+                af.errors.InvalidArgumentError,
+                match=r"TensorArray same: Could not write to TensorArray index "
+                r"1 because the value shape is \[3\] which is "
+                r"incompatible with the TensorArray's inferred element "
+                r"shape: \[2\] \(consider setting infer_shape=False\)",
+            ):
                 sess.run_sync(mismatch, {a: [1.0, 2.0], b: [1.0, 2.0, 3.0]})
 
 
@@ -425,9 +473,11 @@ def test_stack_of_an_empty_array_needs_a_full_element_shape() -> None:
         unknown = af.TensorArray(af.float32, size=n, tensor_array_name="e").stack()
         with af.Session() as sess:
             assert sess.run_sync(known, {n: 0}).shape == (0, 2)
-            with pytest.raises(af.errors.InvalidArgumentError,
-                               match=r"TensorArray e: TensorArray has size zero, but element "
-                                     r"shape <unknown> is not fully defined"):
+            with pytest.raises(
+                af.errors.InvalidArgumentError,
+                match=r"TensorArray e: TensorArray has size zero, but element "
+                r"shape <unknown> is not fully defined",
+            ):
                 sess.run_sync(unknown, {n: 0})
 
 
@@ -439,9 +489,9 @@ def test_constant_value_of_evaluates_constant_subgraphs_only() -> None:
         np.testing.assert_array_equal(constant_value_of(af.identity(perm)), [2, 0, 1])
         x = af.placeholder(af.int32, (2,))
         assert constant_value_of(af.concat([af.constant([2]), x], 0)) is None
-        assert constant_value_of(af.random_uniform((2,)) + 1.0) is None   # stateful
+        assert constant_value_of(af.random_uniform((2,)) + 1.0) is None  # stateful
         long = af.constant(0)
-        for _ in range(300):   # more than a static argument's walk: not evaluated
+        for _ in range(300):  # more than a static argument's walk: not evaluated
             long = long + 1
         assert constant_value_of(long) is None
         assert int(constant_value_of(af.constant(3) + 4)) == 7
@@ -452,7 +502,7 @@ def test_a_16_bit_grayscale_png_decodes_to_its_high_byte() -> None:
 
     wide = np.array([[0, 255, 256, 65535], [4660, 512, 1000, 40000]], np.uint16)
     buf = io.BytesIO()
-    Image.fromarray(wide).save(buf, format="PNG")   # mode I;16
+    Image.fromarray(wide).save(buf, format="PNG")  # mode I;16
     with af.Graph().as_default():
         out = _run(af.image.decode_png(buf.getvalue()))
     np.testing.assert_array_equal(out[:, :, 0], wide >> 8)
@@ -471,8 +521,8 @@ def test_decode_matches_tf(case: str) -> None:
     expected = OPS[case]
     assert out.shape == expected.shape
     if source.startswith("png"):
-        np.testing.assert_array_equal(out, expected)   # PNG: exactly TF's pixels
-    else:   # JPEG: decoders differ by a few levels
+        np.testing.assert_array_equal(out, expected)  # PNG: exactly TF's pixels
+    else:  # JPEG: decoders differ by a few levels
         assert np.abs(out.astype(int) - expected).max() <= 10
 
 

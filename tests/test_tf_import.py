@@ -68,15 +68,24 @@ def test_every_fixture_op_type_is_supported() -> None:
 def test_image_classifier_details() -> None:
     g = af.Graph()
     with g.as_default():
-        images, probs = import_tf_graph_def((FIXTURES / "cnn.pb").read_bytes(), name="",
-                                            return_elements=["images:0", "probs:0"])
+        images, probs = import_tf_graph_def(
+            (FIXTURES / "cnn.pb").read_bytes(), name="", return_elements=["images:0", "probs:0"]
+        )
     assert isinstance(images, af.Tensor)
     assert isinstance(probs, af.Tensor)
     assert images.shape.as_list() == [None, 16, 16, 3]
     assert probs.shape.as_list() == [None, 10]
     types = {op.type for op in g.get_operations()}
-    assert {"Conv2D", "DepthwiseConv2dNative", "FusedBatchNormV3", "MaxPool", "AvgPool",
-            "BiasAdd", "Relu6", "Softmax"} <= types
+    assert {
+        "Conv2D",
+        "DepthwiseConv2dNative",
+        "FusedBatchNormV3",
+        "MaxPool",
+        "AvgPool",
+        "BiasAdd",
+        "Relu6",
+        "Softmax",
+    } <= types
     _run_and_compare(g, "cnn")
 
 
@@ -88,8 +97,9 @@ def test_text_format_and_loops() -> None:
     assert {"Enter", "Merge", "Switch", "NextIteration", "Exit", "LoopCond"} <= types
     _run_and_compare(g, "control_flow", prefix="cf/")
     with af.Session(graph=g) as sess:  # a different trip count: the loop really iterates
-        n, acc = sess.run_sync(["cf/iterations:0", "cf/acc:0"],
-                               {"cf/n:0": 2, "cf/x:0": [1.0, 0.0, 0.0]})
+        n, acc = sess.run_sync(
+            ["cf/iterations:0", "cf/acc:0"], {"cf/n:0": 2, "cf/x:0": [1.0, 0.0, 0.0]}
+        )
     assert n == 2
     np.testing.assert_allclose(acc, [2.5, 0, 0])
 
@@ -111,8 +121,11 @@ def test_input_map_and_return_elements() -> None:
     with g.as_default():
         raw = af.placeholder(af.float32, (None, 10), name="raw")
         x = raw * 2.0
-        emb, op = import_tf_graph_def(FIXTURES / "mlp_bn.pb", input_map={"x:0": x},
-                                      return_elements=["embedding:0", "embedding"])
+        emb, op = import_tf_graph_def(
+            FIXTURES / "mlp_bn.pb",
+            input_map={"x:0": x},
+            return_elements=["embedding:0", "embedding"],
+        )
     assert isinstance(op, af.Operation)
     assert op.name == "import/embedding"
     with af.Session(graph=g) as sess:
@@ -141,9 +154,13 @@ def _graph_def(*nodes: tuple[str, str, list[str], dict[str, Any]]) -> bytes:
 
 
 def test_unsupported_op_types_are_listed_with_counts() -> None:
-    data = _graph_def(("a", "Placeholder", [], {"dtype": 1}), ("b", "Conv3D", ["a", "a"], {}),
-                      ("c", "Conv3D", ["b", "a"], {}), ("d", "HashTableV2", [], {}),
-                      ("e", "Relu", ["c"], {}))
+    data = _graph_def(
+        ("a", "Placeholder", [], {"dtype": 1}),
+        ("b", "Conv3D", ["a", "a"], {}),
+        ("c", "Conv3D", ["b", "a"], {}),
+        ("d", "HashTableV2", [], {}),
+        ("e", "Relu", ["c"], {}),
+    )
     g = af.Graph()
     with g.as_default(), pytest.raises(af.errors.UnimplementedError) as info:
         import_tf_graph_def(data)
@@ -151,10 +168,13 @@ def test_unsupported_op_types_are_listed_with_counts() -> None:
     assert g.get_operations() == []
 
 
-@pytest.mark.parametrize(("data", "error", "fragment"), [
-    (b"\xff\xff\xff", af.errors.DataLossError, "cannot parse"),
-    (b"\x0a\x05\x0a\x01", af.errors.DataLossError, "cannot parse"),
-])
+@pytest.mark.parametrize(
+    ("data", "error", "fragment"),
+    [
+        (b"\xff\xff\xff", af.errors.DataLossError, "cannot parse"),
+        (b"\x0a\x05\x0a\x01", af.errors.DataLossError, "cannot parse"),
+    ],
+)
 def test_malformed_bytes(data: bytes, error: type[Exception], fragment: str) -> None:
     with af.Graph().as_default(), pytest.raises(error, match=fragment):
         import_tf_graph_def(data)
@@ -165,21 +185,41 @@ def test_malformed_graphs_name_the_node() -> None:
     short = m.TensorProto(dtype=1, tensor_content=b"\x00\x00\x80\x3f")
     short.tensor_shape.dim.add(size=3)
     cases = [
-        (_graph_def(("k", "Const", [], {"value": short, "dtype": 1})), af.errors.DataLossError,
-         "'k'.*4 bytes"),
-        (_graph_def(("r", "Relu", ["ghost"], {})), af.errors.InvalidArgumentError,
-         "'r'.*'ghost'"),
-        (_graph_def(("a", "Placeholder", [], {"dtype": 1}), ("a", "Relu", ["a"], {})),
-         af.errors.InvalidArgumentError, "two nodes named 'a'"),
-        (_graph_def(("a", "Relu", ["b"], {}), ("b", "Relu", ["a"], {})),
-         af.errors.InvalidArgumentError, "cycle"),
-        (_graph_def(("a", "Placeholder", [], {"dtype": 1}), ("s", "Sum", ["a", "a"], {})),
-         af.errors.UnimplementedError, "'s'.*constant"),
-        (_graph_def(("a", "Placeholder", [], {"dtype": 7}),
-                    ("b", "Placeholder", [], {"dtype": 1}), ("c", "AddV2", ["a", "b"], {})),
-         af.errors.InvalidArgumentError, "'c'.*dtype"),
-        (_graph_def(("a", "Placeholder", [], {"dtype": 20})), af.errors.UnimplementedError,
-         "DT_RESOURCE"),
+        (
+            _graph_def(("k", "Const", [], {"value": short, "dtype": 1})),
+            af.errors.DataLossError,
+            "'k'.*4 bytes",
+        ),
+        (_graph_def(("r", "Relu", ["ghost"], {})), af.errors.InvalidArgumentError, "'r'.*'ghost'"),
+        (
+            _graph_def(("a", "Placeholder", [], {"dtype": 1}), ("a", "Relu", ["a"], {})),
+            af.errors.InvalidArgumentError,
+            "two nodes named 'a'",
+        ),
+        (
+            _graph_def(("a", "Relu", ["b"], {}), ("b", "Relu", ["a"], {})),
+            af.errors.InvalidArgumentError,
+            "cycle",
+        ),
+        (
+            _graph_def(("a", "Placeholder", [], {"dtype": 1}), ("s", "Sum", ["a", "a"], {})),
+            af.errors.UnimplementedError,
+            "'s'.*constant",
+        ),
+        (
+            _graph_def(
+                ("a", "Placeholder", [], {"dtype": 7}),
+                ("b", "Placeholder", [], {"dtype": 1}),
+                ("c", "AddV2", ["a", "b"], {}),
+            ),
+            af.errors.InvalidArgumentError,
+            "'c'.*dtype",
+        ),
+        (
+            _graph_def(("a", "Placeholder", [], {"dtype": 20})),
+            af.errors.UnimplementedError,
+            "DT_RESOURCE",
+        ),
     ]
     for data, error, fragment in cases:
         with af.Graph().as_default(), pytest.raises(error, match=fragment):
@@ -221,10 +261,12 @@ def test_compact_and_typed_tensor_values() -> None:
     strings = m.TensorProto(dtype=7, string_val=[b"a", b"bc"])
     strings.tensor_shape.dim.add(size=2)
     flags = m.TensorProto(dtype=10, bool_val=[True])
-    data = _graph_def(("f", "Const", [], {"value": fill, "dtype": 1}),
-                      ("h", "Const", [], {"value": half, "dtype": 19}),
-                      ("s", "Const", [], {"value": strings, "dtype": 7}),
-                      ("b", "Const", [], {"value": flags, "dtype": 10}))
+    data = _graph_def(
+        ("f", "Const", [], {"value": fill, "dtype": 1}),
+        ("h", "Const", [], {"value": half, "dtype": 19}),
+        ("s", "Const", [], {"value": strings, "dtype": 7}),
+        ("b", "Const", [], {"value": flags, "dtype": 10}),
+    )
     g = af.Graph()
     with g.as_default():
         import_tf_graph_def(data, name="")
@@ -243,9 +285,11 @@ def test_integer_div_truncates_as_tf() -> None:
     a.tensor_shape.dim.add(size=4)
     b = m.TensorProto(dtype=3, int_val=[2, 2, -2, -2])
     b.tensor_shape.dim.add(size=4)
-    data = _graph_def(("a", "Const", [], {"value": a, "dtype": 3}),
-                      ("b", "Const", [], {"value": b, "dtype": 3}),
-                      ("q", "Div", ["a", "b"], {}))
+    data = _graph_def(
+        ("a", "Const", [], {"value": a, "dtype": 3}),
+        ("b", "Const", [], {"value": b, "dtype": 3}),
+        ("q", "Div", ["a", "b"], {}),
+    )
     g = af.Graph()
     with g.as_default():
         import_tf_graph_def(data, name="")
@@ -257,7 +301,9 @@ def test_integer_div_truncates_as_tf() -> None:
 def test_devices_and_colocation() -> None:
     m = messages()
     gd = m.GraphDef()
-    a = gd.node.add(name="a", op="Placeholder", device="/job:localhost/replica:0/task:0/device:CPU:1")
+    a = gd.node.add(
+        name="a", op="Placeholder", device="/job:localhost/replica:0/task:0/device:CPU:1"
+    )
     a.attr["dtype"].type = 1
     gpu = gd.node.add(name="g", op="Relu", device="/device:GPU:0", input=["a"])
     gpu.attr["T"].type = 1
@@ -278,14 +324,23 @@ def test_protobuf_is_not_needed_to_import_asyncflow() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['google.protobuf'] = None; import asyncflow as af; "
-            "import asyncflow.compat; print('ok')")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False, cwd=pathlib.Path(__file__).parent.parent)
+    code = (
+        "import sys; sys.modules['google.protobuf'] = None; import asyncflow as af; "
+        "import asyncflow.compat; print('ok')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=pathlib.Path(__file__).parent.parent,
+    )
     assert proc.stdout.strip() == "ok", proc.stderr
 
 
 # -- export ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", GRAPHS)
 def test_export_round_trip(name: str) -> None:
@@ -305,8 +360,9 @@ def test_export_of_a_built_graph_has_tf_type_attrs() -> None:
         x = af.placeholder(af.float32, (None, 8, 8, 3), name="x")
         y = af.nn.conv2d(x, np.ones((3, 3, 3, 4), np.float32), 1, "SAME", name="conv")
         z = af.reduce_mean(y, axis=[1, 2], name="z")
-        _i, acc = af.while_loop(lambda i, a: i < 3, lambda i, a: (i + 1, a + 1.0),
-                               (af.constant(0), z))
+        _i, acc = af.while_loop(
+            lambda i, a: i < 3, lambda i, a: (i + 1, a + 1.0), (af.constant(0), z)
+        )
         af.identity(acc, name="acc")
         af.identity(x[:, 1:3, ..., 0], name="sl")
     gd = messages().GraphDef()
@@ -315,8 +371,7 @@ def test_export_of_a_built_graph_has_tf_type_attrs() -> None:
     assert nodes["conv"].op == "Conv2D"
     assert nodes["conv"].attr["T"].type == 1
     assert nodes["z"].op == "Mean"
-    assert list(nodes["z"].input) == ["conv",
-                                                                   "z/reduction_indices"]
+    assert list(nodes["z"].input) == ["conv", "z/reduction_indices"]
     assert nodes["x"].attr["shape"].shape.dim[0].size == -1
     merges = [n for n in gd.node if n.op == "Merge"]
     assert merges
@@ -343,8 +398,10 @@ def test_export_refuses_ops_without_tf_twin() -> None:
         af.py_func(lambda v: v, [x], af.float32, name="local_fn")
         af.py_func(remote, [x], af.float32, name="remote_fn")
         af.Variable(1.0, name="v")
-    with pytest.raises(af.errors.UnimplementedError,
-                       match=r"'local_fn' \(PyFunc\).*'remote_fn'.*'v' \(VariableV2\)"):
+    with pytest.raises(
+        af.errors.UnimplementedError,
+        match=r"'local_fn' \(PyFunc\).*'remote_fn'.*'v' \(VariableV2\)",
+    ):
         export_tf_graph_def(g)
 
 

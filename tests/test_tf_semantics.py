@@ -32,6 +32,7 @@ def fresh_graph() -> Any:
 
 # -- item 6: numerics ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [af.int32, af.int64, af.uint8])
 @pytest.mark.parametrize("op", [af.floordiv, af.mod])
 def test_integer_division_by_zero_is_invalid_argument(dtype: af.DType, op: Any) -> None:
@@ -57,7 +58,8 @@ def test_integer_truncating_division_by_zero_fails(op: Any) -> None:
     with pytest.raises(af.errors.InvalidArgumentError, match="Integer division by zero"):
         run(out)
     assert run(op(af.constant([5, -5, 7]), af.constant([2, 3, -2]))).tolist() == (
-        [2, -1, -3] if op is af.truncatediv else [1, -2, 1])
+        [2, -1, -3] if op is af.truncatediv else [1, -2, 1]
+    )
 
 
 def test_integer_floordiv_and_mod_round_toward_negative_infinity() -> None:
@@ -67,30 +69,32 @@ def test_integer_floordiv_and_mod_round_toward_negative_infinity() -> None:
 
 
 def test_float_floordiv_is_floor_of_quotient() -> None:
-    x = af.constant([-10., 10., -10., 1., 0., -1., 5., 1e300, -5., 5.], af.float64)
-    y = af.constant([3., -3., 0., 0., 0., 0., inf, 1e-300, inf, -inf], af.float64)
+    x = af.constant([-10.0, 10.0, -10.0, 1.0, 0.0, -1.0, 5.0, 1e300, -5.0, 5.0], af.float64)
+    y = af.constant([3.0, -3.0, 0.0, 0.0, 0.0, 0.0, inf, 1e-300, inf, -inf], af.float64)
     got = run(af.floordiv(x, y))
     # TF 1.x: floor(x / y); numpy's floor_divide gives -1.0 for -5.0 // inf.
-    expected = np.array([-4., -4., -inf, inf, nan, -inf, 0., inf, -0., -0.])
+    expected = np.array([-4.0, -4.0, -inf, inf, nan, -inf, 0.0, inf, -0.0, -0.0])
     np.testing.assert_array_equal(got, expected)
     assert np.signbit(got[8])
     assert np.signbit(got[9])
-    f32 = run(af.floordiv(af.constant([-10., 0.3, -7.5]), af.constant([0.1, 0.1, inf])))
-    np.testing.assert_array_equal(f32, np.array([-100., 3., -0.], np.float32))
+    f32 = run(af.floordiv(af.constant([-10.0, 0.3, -7.5]), af.constant([0.1, 0.1, inf])))
+    np.testing.assert_array_equal(f32, np.array([-100.0, 3.0, -0.0], np.float32))
 
 
 def test_float_mod_as_tf() -> None:
-    x = af.constant([-10., 10., -10., 1., 5., -5.], af.float64)
-    y = af.constant([3., -3., 0., 0., inf, inf], af.float64)
-    np.testing.assert_array_equal(run(af.mod(x, y)), [2., -2., nan, nan, 5., inf])
+    x = af.constant([-10.0, 10.0, -10.0, 1.0, 5.0, -5.0], af.float64)
+    y = af.constant([3.0, -3.0, 0.0, 0.0, inf, inf], af.float64)
+    np.testing.assert_array_equal(run(af.mod(x, y)), [2.0, -2.0, nan, nan, 5.0, inf])
 
 
-@pytest.mark.parametrize(("indices", "message"), [
-    ([0, 5], r"indices\[1\] = 5 is not in \[0, 3\)"),
-    ([-1], r"indices\[0\] = -1 is not in \[0, 3\)"),
-])
-def test_gather_rejects_out_of_range_and_negative_indices(indices: list[int],
-                                                          message: str) -> None:
+@pytest.mark.parametrize(
+    ("indices", "message"),
+    [
+        ([0, 5], r"indices\[1\] = 5 is not in \[0, 3\)"),
+        ([-1], r"indices\[0\] = -1 is not in \[0, 3\)"),
+    ],
+)
+def test_gather_rejects_out_of_range_and_negative_indices(indices: list[int], message: str) -> None:
     i = af.placeholder(af.int32, shape=[None])
     out = af.gather(af.constant([1, 2, 3]), i, name="g")
     with pytest.raises(af.errors.InvalidArgumentError, match=message) as e:
@@ -102,8 +106,11 @@ def test_gather_rejects_out_of_range_and_negative_indices(indices: list[int],
 def test_gather_error_names_the_multi_dimensional_index() -> None:
     i = af.placeholder(af.int32, shape=[2, 1])
     out = af.gather(af.constant([[1, 2, 3]]), i, axis=1)
-    with pytest.raises(af.errors.InvalidArgumentError, match=r"indices\[1,0\] = 4 is not in "
-                                                             r"\[0, 3\)"):
+    with pytest.raises(
+        af.errors.InvalidArgumentError,
+        match=r"indices\[1,0\] = 4 is not in "
+        r"\[0, 3\)",
+    ):
         run(out, {i: [[0], [4]]})
 
 
@@ -111,9 +118,11 @@ def test_gather_error_names_the_multi_dimensional_index() -> None:
 def test_gather_nd_rejects_bad_indices(indices: list[list[int]], shown: str) -> None:
     i = af.placeholder(af.int32, shape=[None, 2])
     out = af.gather_nd(af.constant([[1, 2], [3, 4]]), i)
-    with pytest.raises(af.errors.InvalidArgumentError,
-                       match=rf"indices\[0\] = {shown} does not index into param shape "
-                             rf"\[2,2\]"):
+    with pytest.raises(
+        af.errors.InvalidArgumentError,
+        match=rf"indices\[0\] = {shown} does not index into param shape "
+        rf"\[2,2\]",
+    ):
         run(out, {i: indices})
 
 
@@ -126,8 +135,8 @@ def test_reduce_max_min_over_empty_axes_give_the_identity() -> None:
     assert run(af.reduce_min(empty_i)) == 2147483647
     assert run(af.reduce_max(af.zeros([0], af.uint8))) == 0
     # Non-empty reductions keep propagating NaN, as TF.
-    assert np.isnan(run(af.reduce_max(af.constant([1., nan, 3.]))))
-    assert np.isnan(run(af.reduce_min(af.constant([nan, 1., -3.]))))
+    assert np.isnan(run(af.reduce_max(af.constant([1.0, nan, 3.0]))))
+    assert np.isnan(run(af.reduce_min(af.constant([nan, 1.0, -3.0]))))
 
 
 def test_integer_reduce_mean_does_not_overflow_and_is_zero_when_empty() -> None:
@@ -151,27 +160,39 @@ def test_integer_reduce_mean_does_not_overflow_and_is_zero_when_empty() -> None:
 
 
 def test_sigmoid_is_exact_for_large_negative_inputs() -> None:
-    x = af.constant([-1000., -700., -100., -20., 0., 20., 100., 1000.], af.float64)
-    expected = [0.0, 9.8596765437597708e-305, 3.7200759760208356e-044,
-                2.0611536181902033e-009, 0.5, 9.9999999793884642e-001, 1.0, 1.0]
+    x = af.constant([-1000.0, -700.0, -100.0, -20.0, 0.0, 20.0, 100.0, 1000.0], af.float64)
+    expected = [
+        0.0,
+        9.8596765437597708e-305,
+        3.7200759760208356e-044,
+        2.0611536181902033e-009,
+        0.5,
+        9.9999999793884642e-001,
+        1.0,
+        1.0,
+    ]
     np.testing.assert_allclose(run(af.nn.sigmoid(x)), expected, rtol=1e-15, atol=0)
-    f32 = run(af.nn.sigmoid(af.constant([-87., -50., -20., 0., 20.])))
-    np.testing.assert_allclose(f32, [1.6458112e-38, 1.9287498e-22, 2.0611541e-09, .5, 1.],
-                               rtol=1e-5)
+    f32 = run(af.nn.sigmoid(af.constant([-87.0, -50.0, -20.0, 0.0, 20.0])))
+    np.testing.assert_allclose(
+        f32, [1.6458112e-38, 1.9287498e-22, 2.0611541e-09, 0.5, 1.0], rtol=1e-5
+    )
 
 
-@pytest.mark.parametrize(("values", "argmax", "argmin"), [
-    ([1., nan, 3., nan], 2, 0),
-    ([1., nan, -3.], 0, 2),
-    ([nan, 5., 1.], 1, 2),
-    ([nan, nan], 0, 0),
-    ([-inf, nan], 0, 0),
-    ([nan, -inf, -inf], 0, 1),
-    ([inf, nan, inf], 0, 0),
-    ([nan, inf], 1, 0),
-    ([1., nan, 1.], 0, 0),
-    ([1., 3., 3.], 1, 0),
-])
+@pytest.mark.parametrize(
+    ("values", "argmax", "argmin"),
+    [
+        ([1.0, nan, 3.0, nan], 2, 0),
+        ([1.0, nan, -3.0], 0, 2),
+        ([nan, 5.0, 1.0], 1, 2),
+        ([nan, nan], 0, 0),
+        ([-inf, nan], 0, 0),
+        ([nan, -inf, -inf], 0, 1),
+        ([inf, nan, inf], 0, 0),
+        ([nan, inf], 1, 0),
+        ([1.0, nan, 1.0], 0, 0),
+        ([1.0, 3.0, 3.0], 1, 0),
+    ],
+)
 def test_argmax_argmin_skip_nan_as_tf(values: list[float], argmax: int, argmin: int) -> None:
     # TF's CPU kernel never picks a NaN; an all-NaN slice gives 0; ties the first index.
     x = af.constant(values)
@@ -180,26 +201,29 @@ def test_argmax_argmin_skip_nan_as_tf(values: list[float], argmax: int, argmin: 
 
 
 def test_argmax_nan_along_an_axis_and_in_float64() -> None:
-    x = af.constant([[nan, 1.], [2., nan], [nan, nan]])
+    x = af.constant([[nan, 1.0], [2.0, nan], [nan, nan]])
     assert run(af.argmax(x, axis=1)).tolist() == [1, 0, 0]
-    assert run(af.argmax(af.constant([nan, 5., 1.], af.float64))) == 1
-    many = np.where(np.arange(100) % 3 == 0, np.nan, np.arange(100.)).astype(np.float32)
+    assert run(af.argmax(af.constant([nan, 5.0, 1.0], af.float64))) == 1
+    many = np.where(np.arange(100) % 3 == 0, np.nan, np.arange(100.0)).astype(np.float32)
     assert run(af.argmax(af.constant(many))) == 98
 
 
 def test_argmax_over_an_empty_axis_is_invalid_argument() -> None:
-    with pytest.raises(af.errors.InvalidArgumentError,
-                       match=r"Reduction axis 0 is empty in shape \[0,2\]"):
+    with pytest.raises(
+        af.errors.InvalidArgumentError, match=r"Reduction axis 0 is empty in shape \[0,2\]"
+    ):
         run(af.argmax(af.zeros([0, 2]), axis=0))
 
 
 # -- item 7: control flow, queues, where ------------------------------------------------
 
+
 def test_case_without_default_and_no_true_predicate_fails() -> None:
     p = af.placeholder(af.bool, shape=[2])
     out = af.case([(p[0], lambda: af.constant(1)), (p[1], lambda: af.constant(2))])
-    with pytest.raises(af.errors.InvalidArgumentError,
-                       match=r"None of conditions evaluated as True:\] \[0 0\]"):
+    with pytest.raises(
+        af.errors.InvalidArgumentError, match=r"None of conditions evaluated as True:\] \[0 0\]"
+    ):
         run(out, {p: [False, False]})
     assert run(out, {p: [True, False]}) == 1
     assert run(out, {p: [False, True]}) == 2
@@ -236,10 +260,14 @@ def test_closing_a_closed_queue_is_cancelled() -> None:
 
 def test_where_with_a_scalar_condition() -> None:
     # With x and y: the scalar picks one whole operand (TF: [1, 2]).
-    assert run(af.where(af.constant(True), af.constant([1, 2]), af.constant([3, 4]))
-               ).tolist() == [1, 2]
-    assert run(af.where(af.constant(False), af.constant([1, 2]), af.constant([3, 4]))
-               ).tolist() == [3, 4]
+    assert run(af.where(af.constant(True), af.constant([1, 2]), af.constant([3, 4]))).tolist() == [
+        1,
+        2,
+    ]
+    assert run(af.where(af.constant(False), af.constant([1, 2]), af.constant([3, 4]))).tolist() == [
+        3,
+        4,
+    ]
     # Coordinates of a scalar: as TF, it builds (statically [n, 0], int64) and the
     # kernel rejects it ("Unhandled input dimensions: 0"), naming the op.
     w0 = af.where(af.constant(True), name="w0")
@@ -253,15 +281,19 @@ def test_where_with_a_scalar_condition() -> None:
 
 # -- item 8: build-time type and shape rules ---------------------------------------------
 
-@pytest.mark.parametrize("build", [
-    lambda x: x + 1.5,
-    lambda x: x * 2.0,
-    lambda x: 2.0 + x,
-    lambda x: x // 2.0,
-    lambda x: x < 2.0,
-    lambda x: af.maximum(x, 2.0, name="mx"),
-    lambda x: af.multiply(x, [1.0, 2.0], name="mx"),
-])
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda x: x + 1.5,
+        lambda x: x * 2.0,
+        lambda x: 2.0 + x,
+        lambda x: x // 2.0,
+        lambda x: x < 2.0,
+        lambda x: af.maximum(x, 2.0, name="mx"),
+        lambda x: af.multiply(x, [1.0, 2.0], name="mx"),
+    ],
+)
 def test_python_float_with_an_int_tensor_is_a_type_error(build: Any) -> None:
     x = af.constant([1, 2])
     with pytest.raises(TypeError, match=r"expected int32 for the other operand, got"):
@@ -272,27 +304,41 @@ def test_float_literal_type_error_names_the_op() -> None:
     with pytest.raises(TypeError, match=r"bad_mul"):
         af.multiply(af.constant([1, 2]), 2.0, name="bad_mul")
     # Integral Python ints and bools still convert, as TF.
-    assert run(af.constant([1., 2.]) + 2).tolist() == [3., 4.]
+    assert run(af.constant([1.0, 2.0]) + 2).tolist() == [3.0, 4.0]
     assert run(af.constant([1, 2]) + True).tolist() == [2, 3]
 
 
-@pytest.mark.parametrize(("build", "op_name"), [
-    (lambda: af.add(af.constant([1, 2, 3]), af.constant([1, 2]), name="bad"), "bad"),
-    (lambda: af.reshape(af.constant([1, 2, 3]), [2], name="bad"), "bad"),
-    (lambda: af.concat([af.constant([[1, 2]]), af.constant([[1, 2, 3]])], 0, name="bad"),
-     "bad"),
-    (lambda: af.matmul(af.constant([[1., 2.]]), af.constant([[1., 2.]]), name="bad"), "bad"),
-    (lambda: af.slice(af.constant([1, 2, 3]), [1], [5], name="bad"), "bad"),
-    (lambda: af.strided_slice(af.constant([1, 2, 3]), [5], [6], [1], shrink_axis_mask=1,
-                              name="bad"), "bad"),
-])
-def test_statically_invalid_shapes_fail_at_build_time_naming_the_op(build: Any,
-                                                                     op_name: str) -> None:
+@pytest.mark.parametrize(
+    ("build", "op_name"),
+    [
+        (lambda: af.add(af.constant([1, 2, 3]), af.constant([1, 2]), name="bad"), "bad"),
+        (lambda: af.reshape(af.constant([1, 2, 3]), [2], name="bad"), "bad"),
+        (
+            lambda: af.concat([af.constant([[1, 2]]), af.constant([[1, 2, 3]])], 0, name="bad"),
+            "bad",
+        ),
+        (
+            lambda: af.matmul(af.constant([[1.0, 2.0]]), af.constant([[1.0, 2.0]]), name="bad"),
+            "bad",
+        ),
+        (lambda: af.slice(af.constant([1, 2, 3]), [1], [5], name="bad"), "bad"),
+        (
+            lambda: af.strided_slice(
+                af.constant([1, 2, 3]), [5], [6], [1], shrink_axis_mask=1, name="bad"
+            ),
+            "bad",
+        ),
+    ],
+)
+def test_statically_invalid_shapes_fail_at_build_time_naming_the_op(
+    build: Any, op_name: str
+) -> None:
     with pytest.raises(ValueError, match=f"'{op_name}'"):
         build()
 
 
 # -- item 9: import_graph_def and af.constant errors -----------------------------------
+
 
 def _graph_def() -> dict[str, Any]:
     g = af.Graph()
@@ -303,15 +349,19 @@ def _graph_def() -> dict[str, Any]:
     return g.as_graph_def()
 
 
-@pytest.mark.parametrize(("node", "attr", "bad"), [
-    ("x", "dtype", {"dtype": "float99"}),
-    ("x", "dtype", {"s": "float32"}),
-    ("x", "dtype", {"i": 1}),
-    ("c", "DstT", {"np_dtype": "<f4"}),
-    ("q", "component_types", {"list": [{"s": "x"}]}),
-])
-def test_import_graph_def_rejects_an_unknown_dtype_attr(node: str, attr: str,
-                                                        bad: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("node", "attr", "bad"),
+    [
+        ("x", "dtype", {"dtype": "float99"}),
+        ("x", "dtype", {"s": "float32"}),
+        ("x", "dtype", {"i": 1}),
+        ("c", "DstT", {"np_dtype": "<f4"}),
+        ("q", "component_types", {"list": [{"s": "x"}]}),
+    ],
+)
+def test_import_graph_def_rejects_an_unknown_dtype_attr(
+    node: str, attr: str, bad: dict[str, Any]
+) -> None:
     gd = copy.deepcopy(_graph_def())
     for n in gd["node"]:
         if n["name"] == node:
@@ -332,8 +382,11 @@ def test_import_tf_graph_def_rejects_an_invalid_dtype_enum() -> None:
 
 
 def test_constant_shape_errors_name_the_op() -> None:
-    with pytest.raises(ValueError, match="af.constant 'cc': value with 3 elements cannot "
-                                         r"fill shape \[2\]"):
+    with pytest.raises(
+        ValueError,
+        match="af.constant 'cc': value with 3 elements cannot "
+        r"fill shape \[2\]",
+    ):
         af.constant([1, 2, 3], shape=[2], name="cc")
     with pytest.raises(ValueError, match=r"af\.constant 'ragged'"):
         af.constant([[1, 2], [3]], name="ragged")

@@ -98,8 +98,9 @@ async def test_zoo_model_20_concurrent_runs_agree(name: str) -> None:
     g = _imported(name)
     spec, feeds = _spec(name), _feeds(name)
     async with af.Session(graph=g) as sess:
-        runs = await asyncio.gather(*(sess.run(spec["outputs"], feed_dict=feeds)
-                                      for _ in range(20)))
+        runs = await asyncio.gather(
+            *(sess.run(spec["outputs"], feed_dict=feeds) for _ in range(20))
+        )
     for values in runs:
         for a, b in zip(values, runs[0]):
             np.testing.assert_array_equal(a, b)
@@ -127,11 +128,27 @@ def test_op_types_of_applications_too_large_to_commit_are_supported() -> None:
 
 
 def test_zoo_covers_what_deployed_models_need() -> None:
-    needed = {"IdentityN", "Erfc", "MatrixBandPart", "TensorArrayV3", "TensorArrayReadV3",
-              "TensorArrayWriteV3", "TensorArrayGatherV3", "TensorArrayScatterV3",
-              "TensorArrayConcatV3", "TensorArraySplitV3", "TensorArraySizeV3",
-              "TensorArrayCloseV3", "ResizeBilinear", "ResizeNearestNeighbor", "DecodePng",
-              "DecodeJpeg", "FusedBatchNormV3", "Conv2DBackpropInput", "Enter"}
+    needed = {
+        "IdentityN",
+        "Erfc",
+        "MatrixBandPart",
+        "TensorArrayV3",
+        "TensorArrayReadV3",
+        "TensorArrayWriteV3",
+        "TensorArrayGatherV3",
+        "TensorArrayScatterV3",
+        "TensorArrayConcatV3",
+        "TensorArraySplitV3",
+        "TensorArraySizeV3",
+        "TensorArrayCloseV3",
+        "ResizeBilinear",
+        "ResizeNearestNeighbor",
+        "DecodePng",
+        "DecodeJpeg",
+        "FusedBatchNormV3",
+        "Conv2DBackpropInput",
+        "Enter",
+    }
     assert needed <= set(MANIFEST["op_types"])
 
 

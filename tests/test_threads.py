@@ -20,18 +20,21 @@ from asyncflow.runtime.devices import BlasGovernor, available_cores, blas_govern
 
 pytestmark = pytest.mark.skipif(
     not any(lib["user_api"] == "blas" for lib in threadpool_info()),
-    reason="numpy is linked to no BLAS library threadpoolctl can see")
+    reason="numpy is linked to no BLAS library threadpoolctl can see",
+)
 
 
 def _blas_threads() -> int:
     return min(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
 
 
-def _seen(kernels: int, barrier: threading.Barrier | None = None, boost: bool = True
-          ) -> tuple[af.Graph, list[af.Tensor]]:
+def _seen(
+    kernels: int, barrier: threading.Barrier | None = None, boost: bool = True
+) -> tuple[af.Graph, list[af.Tensor]]:
     """``kernels`` expensive kernels that each report the BLAS threads seen inside a
     boost (or outside one); with a barrier, every kernel runs before any boosts and
     none leaves before every one looked."""
+
     def look() -> int:
         seen = _blas_threads()
         if barrier is not None:
@@ -49,8 +52,9 @@ def _seen(kernels: int, barrier: threading.Barrier | None = None, boost: bool = 
     g = af.Graph()
     with g.as_default():
         x = af.constant(np.ones((4, 4), np.float32))
-        outs = [af.py_func(kernel, [x], af.int32, expensive=True, name=f"k{i}")
-                for i in range(kernels)]
+        outs = [
+            af.py_func(kernel, [x], af.int32, expensive=True, name=f"k{i}") for i in range(kernels)
+        ]
     return g, outs
 
 
@@ -82,19 +86,19 @@ def test_outside_a_boost_blas_rests_at_one_thread() -> None:
     g, (out,) = _seen(1, boost=False)
     with af.Session(graph=g) as sess:
         assert sess.run_sync(out) == 1
-        assert _blas_threads() == 1   # on the caller's thread too, while sessions exist
+        assert _blas_threads() == 1  # on the caller's thread too, while sessions exist
 
 
 def test_the_governor_grants_every_core_to_a_kernel_alone() -> None:
     gov = BlasGovernor(4)
-    assert gov.grant(8) == 4          # no kernel counted yet: a caller alone
+    assert gov.grant(8) == 4  # no kernel counted yet: a caller alone
     gov.enter(8)
-    assert gov.grant(8) == 4          # alone: every core (capped by the cores)
-    assert gov.grant(2) == 2          # capped by its session's intra-op threads
+    assert gov.grant(8) == 4  # alone: every core (capped by the cores)
+    assert gov.grant(2) == 2  # capped by its session's intra-op threads
     gov.enter(8)
-    assert gov.grant(8) == 1          # two kernels: one thread each
+    assert gov.grant(8) == 1  # two kernels: one thread each
     gov.exit()
-    assert gov.grant(8) == 4          # the one left may have them all again
+    assert gov.grant(8) == 4  # the one left may have them all again
     gov.exit()
 
 
@@ -115,7 +119,7 @@ def test_the_setting_is_not_rewritten_when_unchanged() -> None:
         for _ in range(3):
             gov.enter(2)
             gov.exit()
-        assert calls == [1]           # small kernels: no call at all
+        assert calls == [1]  # small kernels: no call at all
         gov.enter(2)
         with gov.boost():
             assert calls == [1, 2]
@@ -125,26 +129,27 @@ def test_the_setting_is_not_rewritten_when_unchanged() -> None:
     worker.start()
     worker.join()
     assert calls == [1, 2, 1]
-    with gov.boost():                 # the main thread never sets the size
+    with gov.boost():  # the main thread never sets the size
         pass
     assert calls == [1, 2, 1]
 
 
 def test_no_environment_variable_is_set() -> None:
-    code = ("import os; before = dict(os.environ)\n"
-            "import numpy as np, asyncflow as af\n"
-            "g = af.Graph()\n"
-            "with g.as_default():\n"
-            "    y = af.py_func(lambda x: x @ x, [af.constant(np.eye(8))], af.float64,"
-            " expensive=True)\n"
-            "with af.Session(graph=g) as sess:\n"
-            "    sess.run_sync(y)\n"
-            "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n")
+    code = (
+        "import os; before = dict(os.environ)\n"
+        "import numpy as np, asyncflow as af\n"
+        "g = af.Graph()\n"
+        "with g.as_default():\n"
+        "    y = af.py_func(lambda x: x @ x, [af.constant(np.eye(8))], af.float64,"
+        " expensive=True)\n"
+        "with af.Session(graph=g) as sess:\n"
+        "    sess.run_sync(y)\n"
+        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-@pytest.mark.parametrize("field", ["intra_op_parallelism_threads",
-                                   "inter_op_parallelism_threads"])
+@pytest.mark.parametrize("field", ["intra_op_parallelism_threads", "inter_op_parallelism_threads"])
 @pytest.mark.parametrize("value", [-1, 1.5, "2"])
 def test_bad_thread_counts_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):

@@ -24,8 +24,15 @@ TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
 
 def _shape_of(ns: NodeExecStats) -> tuple[Any, ...]:
     """What a node's stats say that does not depend on when it ran."""
-    return (ns.op_type, ns.kind, ns.thread_id, ns.frame_name, ns.iter_id, ns.timeline_label,
-            tuple((o.slot, o.shape, o.dtype, o.requested_bytes) for o in ns.output))
+    return (
+        ns.op_type,
+        ns.kind,
+        ns.thread_id,
+        ns.frame_name,
+        ns.iter_id,
+        ns.timeline_label,
+        tuple((o.slot, o.shape, o.dtype, o.requested_bytes) for o in ns.output),
+    )
 
 
 def _by_name(md: af.RunMetadata) -> dict[str, NodeExecStats]:
@@ -43,12 +50,12 @@ def _graph() -> tuple[af.Tensor, list[af.Tensor], af.Tensor, af.Tensor]:
     """An inline graph with array, scalar (several dtypes) and multi-output nodes; and
     the same graph joined by an async kernel, and by a while loop."""
     x = af.placeholder(af.float32, shape=(2, 3), name="x")
-    y = af.multiply(x, 2.0, name="y")                    # (2, 3) float32
-    total = af.reduce_sum(y, name="total")               # float32 scalar
-    first, second = af.unstack(y, name="rows")           # two outputs
-    as_int = af.cast(total, af.int8, name="as_int")      # int8 scalar
-    as_bool = af.greater(total, 0.0, name="positive")    # bool scalar
-    as_c = af.cast(total, af.complex64, name="as_c")     # complex64 scalar
+    y = af.multiply(x, 2.0, name="y")  # (2, 3) float32
+    total = af.reduce_sum(y, name="total")  # float32 scalar
+    first, second = af.unstack(y, name="rows")  # two outputs
+    as_int = af.cast(total, af.int8, name="as_int")  # int8 scalar
+    as_bool = af.greater(total, 0.0, name="positive")  # bool scalar
+    as_c = af.cast(total, af.complex64, name="as_c")  # complex64 scalar
     fetches = [y, total, first, second, as_int, as_bool, as_c]
 
     async def later(v: Any) -> Any:
@@ -56,8 +63,12 @@ def _graph() -> tuple[af.Tensor, list[af.Tensor], af.Tensor, af.Tensor]:
         return v
 
     awaited = af.py_func(later, [total], af.float32, name="awaited")
-    _, looped = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + total),
-                              [af.constant(0), af.constant(0.0)], name="loop")
+    _, looped = af.while_loop(
+        lambda i, s: i < 3,
+        lambda i, s: (i + 1, s + total),
+        [af.constant(0), af.constant(0.0)],
+        name="loop",
+    )
     return x, fetches, awaited, looped
 
 
@@ -73,8 +84,10 @@ def test_traced_paths_record_the_same_stats(graph: af.Graph) -> None:
 
     async def on_a_loop() -> list[Any]:
         async with af.Session(graph=graph) as sess:
-            return [await sess.run(f, feed, options=TRACE, run_metadata=md)
-                    for f, md in zip((fetches, [*fetches, awaited], [*fetches, looped]), runs)]
+            return [
+                await sess.run(f, feed, options=TRACE, run_metadata=md)
+                for f, md in zip((fetches, [*fetches, awaited], [*fetches, looped]), runs)
+            ]
 
     runs = [af.RunMetadata(), af.RunMetadata(), af.RunMetadata()]
     fast, with_async, with_loop = asyncio.run(on_a_loop())
@@ -91,12 +104,15 @@ def test_traced_paths_record_the_same_stats(graph: af.Graph) -> None:
     for md in runs:
         other = _by_name(md)
         assert {name: _shape_of(other[name]) for name in names} == {
-            name: _shape_of(sync[name]) for name in names}
+            name: _shape_of(sync[name]) for name in names
+        }
     assert _by_name(runs[1])["awaited"].kind == "async"
     assert any(ns.frame_name for d in runs[2].step_stats.dev_stats for ns in d.node_stats)
 
-    outputs = {name: [(o.slot, o.shape, o.dtype, o.requested_bytes) for o in sync[name].output]
-               for name in names}
+    outputs = {
+        name: [(o.slot, o.shape, o.dtype, o.requested_bytes) for o in sync[name].output]
+        for name in names
+    }
     assert outputs["y"] == [(0, (2, 3), "float32", 24)]
     assert outputs["total"] == [(0, (), "float32", 4)]
     assert outputs["rows"] == [(0, (3,), "float32", 12), (1, (3,), "float32", 12)]
@@ -143,7 +159,8 @@ async def test_step_stats_are_made_once_and_pickle(graph: af.Graph) -> None:
     copy = pickle.loads(pickle.dumps(md.step_stats))
     assert copy == md.step_stats
     assert [ns.node_name for ns in copy.dev_stats[0].node_stats] == [
-        ns.node_name for ns in dev.node_stats]
+        ns.node_name for ns in dev.node_stats
+    ]
     assert "y" in repr(dev)
     dev.node_stats = []
     assert dev.node_stats == []
@@ -158,8 +175,7 @@ async def test_step_stats_are_made_once_and_pickle(graph: af.Graph) -> None:
         hash(lazy)
 
 
-def test_a_traced_program_runs_the_same_order_with_traced_kernels(
-        graph: af.Graph) -> None:
+def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Graph) -> None:
     from asyncflow.runtime.interpreter import program_of
     from asyncflow.runtime.observe import traced_plan
 
@@ -197,8 +213,9 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(
         else:
             assert traced_kernel in cells(f)
     assert any(f.__qualname__ == "traced_op.<locals>.traced" for f in flat)
-    assert not any(f.__qualname__.startswith(("traced_op", "_compact_traced"))
-                   for b in plan_blocks for f in b)
+    assert not any(
+        f.__qualname__.startswith(("traced_op", "_compact_traced")) for b in plan_blocks for f in b
+    )
     traced_kernels = {n.kernel for n in traced.nodes} - {n.kernel for n in bound.nodes}
     assert not any(traced_kernels & cells(f) for b in plan_blocks for f in b)
 
@@ -226,8 +243,9 @@ async def test_tracing_is_the_same_on_every_run_of_a_plan(graph: af.Graph) -> No
     assert seen[0]["parts"][-1] == ((0, (), "float32", 4), (1, (), "float32", 4))
 
 
-def _straightforward_stats(bound: Any, records: list[Any], compact: Any,
-                           tid: int) -> list[NodeExecStats]:
+def _straightforward_stats(
+    bound: Any, records: list[Any], compact: Any, tid: int
+) -> list[NodeExecStats]:
     """A traced step's records made into NodeExecStats the plain way (every event in
     one list sorted by (end, seq), each made by the dataclass's constructor): what the
     optimised build in runtime/observe.py must give, field by field."""
@@ -255,23 +273,49 @@ def _straightforward_stats(bound: Any, records: list[Any], compact: Any,
                 outs.append(NodeOutput(slot=k, shape=(), dtype=d.name, requested_bytes=d.itemsize))
             else:
                 shape, dtype, nbytes = o
-                outs.append(NodeOutput(slot=k, shape=tuple(shape), dtype=np.dtype(dtype).name,
-                                       requested_bytes=int(nbytes)))
+                outs.append(
+                    NodeOutput(
+                        slot=k,
+                        shape=tuple(shape),
+                        dtype=np.dtype(dtype).name,
+                        requested_bytes=int(nbytes),
+                    )
+                )
         return outs
 
-    def make(i: int, kind: str, start: float, end: float, thread: int, info: Any, key: str,
-             label: tuple[str, int] | None) -> NodeExecStats:
+    def make(
+        i: int,
+        kind: str,
+        start: float,
+        end: float,
+        thread: int,
+        info: Any,
+        key: str,
+        label: tuple[str, int] | None,
+    ) -> NodeExecStats:
         op = bound.ops[i]
         frame, iteration = label if label is not None else ("", 0)
         timeline = f"{op.name} = {op.type}()" + (
-            f" [frame {frame} iter {iteration}]" if frame else "")
+            f" [frame {frame} iter {iteration}]" if frame else ""
+        )
         start_us = int(start * 1e6)
         dur = int(end * 1e6) - start_us
         return NodeExecStats(
-            node_name=op.name, op_type=op.type, kind=kind, scheduled_micros=start_us,
-            all_start_micros=start_us, op_start_rel_micros=0, op_end_rel_micros=dur,
-            all_end_rel_micros=dur, thread_id=thread, timeline_label=timeline,
-            output=outputs(info), rendezvous_key=key, frame_name=frame, iter_id=iteration)
+            node_name=op.name,
+            op_type=op.type,
+            kind=kind,
+            scheduled_micros=start_us,
+            all_start_micros=start_us,
+            op_start_rel_micros=0,
+            op_end_rel_micros=dur,
+            all_end_rel_micros=dur,
+            thread_id=thread,
+            timeline_label=timeline,
+            output=outputs(info),
+            rendezvous_key=key,
+            frame_name=frame,
+            iter_id=iteration,
+        )
 
     out = []
     last = 0.0
@@ -281,8 +325,18 @@ def _straightforward_stats(bound: Any, records: list[Any], compact: Any,
         elif type(r) is int:
             start, last = last or end, end
             info = infos[r]
-            out.append(make(r, "inline", start, end, tid,
-                            (info,) if bound.nodes[r].num_outputs == 1 else info, "", None))
+            out.append(
+                make(
+                    r,
+                    "inline",
+                    start,
+                    end,
+                    tid,
+                    (info,) if bound.nodes[r].num_outputs == 1 else info,
+                    "",
+                    None,
+                )
+            )
         elif isinstance(r, NodeExecStats):
             out.append(r)
         else:
@@ -307,7 +361,7 @@ def test_stats_made_fast_equal_those_made_plainly(graph: af.Graph) -> None:
         return v
 
     with af.device("/cpu:1"):
-        far = af.multiply(fetches[1], 3.0, name="far")             # total -> /cpu:1: send/recv
+        far = af.multiply(fetches[1], 3.0, name="far")  # total -> /cpu:1: send/recv
         threaded = af.py_func(slow, [far], af.float32, expensive=True, name="threaded")
     out = af.add(threaded, fetches[1], name="out")
     feed = {x: np.arange(6, dtype=np.float32).reshape(2, 3)}

@@ -33,9 +33,13 @@ _HANDOFFS = {"on": True}
 def devices(n: int, handoffs: bool | None = None) -> af.SessionConfig:
     # L0: constant chains would be folded away, and these tests are about the edges.
     on = _HANDOFFS["on"] if handoffs is None else handoffs
-    return af.SessionConfig(device_count={"CPU": n}, graph_options=af.GraphOptions(
-        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)),
-        executor_options=af.ExecutorOptions(handoffs=on))
+    return af.SessionConfig(
+        device_count={"CPU": n},
+        graph_options=af.GraphOptions(
+            optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)
+        ),
+        executor_options=af.ExecutorOptions(handoffs=on),
+    )
 
 
 @pytest.fixture(params=PATHS)
@@ -92,15 +96,21 @@ def chain(n: int, n_devices: int, k: int = 1) -> tuple[af.Graph, af.Tensor, af.T
     return g, x0, x
 
 
-def _run(graph: af.Graph, n_devices: int, fetches: Any, feeds: Any = None,
-         options: af.RunOptions | None = None, run_metadata: af.RunMetadata | None = None
-         ) -> Any:
+def _run(
+    graph: af.Graph,
+    n_devices: int,
+    fetches: Any,
+    feeds: Any = None,
+    options: af.RunOptions | None = None,
+    run_metadata: af.RunMetadata | None = None,
+) -> Any:
     with af.Session(graph=graph, config=devices(n_devices)) as sess:
         return sess.run_sync(fetches, feeds, options=options, run_metadata=run_metadata)
 
 
-@pytest.mark.parametrize(("n", "n_devices", "k"), [(300, 2, 1), (300, 3, 1), (301, 2, 7),
-                                                   (50, 4, 2)])
+@pytest.mark.parametrize(
+    ("n", "n_devices", "k"), [(300, 2, 1), (300, 3, 1), (301, 2, 7), (50, 4, 2)]
+)
 def test_chains_across_devices(path: str, n: int, n_devices: int, k: int) -> None:
     g, x0, y = chain(n, n_devices, k)
     assert _run(g, n_devices, y, {x0: 0.5}) == n + 0.5
@@ -173,8 +183,9 @@ def test_loop_across_devices(path: str, graph: af.Graph) -> None:
 
     with af.device("/cpu:0"):
         n = af.placeholder(af.int32, shape=(), name="n")
-        _, total = af.while_loop(lambda i, s: af.less(i, n), body,
-                                 [af.constant(0), af.constant(0.0, af.float64)])
+        _, total = af.while_loop(
+            lambda i, s: af.less(i, n), body, [af.constant(0), af.constant(0.0, af.float64)]
+        )
     assert _run(graph, 2, total, {n: 200}) == sum(range(200))
 
 
@@ -182,8 +193,7 @@ def test_error_on_one_device_names_the_node(path: str) -> None:
     g, x0, y = chain(40, 2)
     with g.as_default():
         with af.device("/cpu:1"):
-            bad = af.py_func(_fail_on_21, [g.get_tensor_by_name("add20:0")], af.float64,
-                             name="bad")
+            bad = af.py_func(_fail_on_21, [g.get_tensor_by_name("add20:0")], af.float64, name="bad")
         with af.device("/cpu:0"):
             z = af.add(y, bad, name="z")
     with af.Session(graph=g, config=devices(2)) as sess:
@@ -200,7 +210,8 @@ def _fail_on_21(v: Any) -> Any:
 
 
 async def test_deadline_stops_a_long_chain_of_hand_offs(
-        path: str, rendezvous_seen: list[LocalRendezvous]) -> None:
+    path: str, rendezvous_seen: list[LocalRendezvous]
+) -> None:
     # 8,000 device changes run synchronously on the fast path: the step must still
     # yield to the loop so that its deadline fires, and fail only after it stopped;
     # its rendezvous then holds no waiting recv (nor, through them, the steps).
@@ -250,8 +261,9 @@ async def test_cancellation_mid_chain(path: str) -> None:
 
 
 @pytest.mark.parametrize("handoffs", [True, False])
-def test_traces_record_every_transfer_on_its_device(handoffs: bool,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_traces_record_every_transfer_on_its_device(
+    handoffs: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A traced step takes the same path as an untraced one: with hand-offs on, a send
     # drains the receiving partition, whose trace is the current one meanwhile.
     monkeypatch.setitem(_HANDOFFS, "on", handoffs)
@@ -268,12 +280,17 @@ def test_traces_record_every_transfer_on_its_device(handoffs: bool,
     opts = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
     assert _run(g, 3, y, {x0: 0.0}, options=opts, run_metadata=md) == 30.0
     assert bool(drains) == handoffs
-    where = {n.node_name: d.device for d in md.step_stats.dev_stats for n in d.node_stats
-             if n.kind == "inline"}
+    where = {
+        n.node_name: d.device
+        for d in md.step_stats.dev_stats
+        for n in d.node_stats
+        if n.kind == "inline"
+    }
     for i in range(30):  # each add recorded on its own device, not on its sender's
         assert where[f"add{i}"].endswith(f"CPU:{i % 3}"), (i, where[f"add{i}"])
-    traffic = [n for d in md.step_stats.dev_stats for n in d.node_stats
-               if n.kind in ("send", "recv")]
+    traffic = [
+        n for d in md.step_stats.dev_stats for n in d.node_stats if n.kind in ("send", "recv")
+    ]
     sends = sorted(n.rendezvous_key for n in traffic if n.kind == "send")
     recvs = sorted(n.rendezvous_key for n in traffic if n.kind == "recv")
     assert len(sends) == 30  # the device changes, and the fetch to the client's /cpu:0
@@ -281,7 +298,8 @@ def test_traces_record_every_transfer_on_its_device(handoffs: bool,
 
 
 def test_twenty_thousand_device_changes_keep_the_stack_flat(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Stack depth seen by a kernel near the start and near the end of the chain: a
     # hand-off that nested one drain per edge would blow the recursion limit.  Both
     # paths.
@@ -294,6 +312,7 @@ def test_twenty_thousand_device_changes_keep_the_stack_flat(
                 frame, n = frame.f_back, n + 1  # type: ignore[assignment]
             depths[name] = n
             return v
+
         return probe
 
     g, x0, y = chain(20_001, 2)
@@ -301,8 +320,7 @@ def test_twenty_thousand_device_changes_keep_the_stack_flat(
         with af.device("/cpu:1"):
             early = af.py_func(depth("early"), [g.get_tensor_by_name("add3:0")], af.float64)
         with af.device("/cpu:0"):
-            late = af.py_func(depth("late"), [g.get_tensor_by_name("add19996:0")],
-                              af.float64)
+            late = af.py_func(depth("late"), [g.get_tensor_by_name("add19996:0")], af.float64)
     limit = sys.getrecursionlimit()
     for handoffs in (True, False):
         with af.Session(graph=g, config=devices(2, handoffs)) as sess:
@@ -333,15 +351,15 @@ async def test_partial_run_feeds_a_partition_that_waits(path: str, graph: af.Gra
 
 
 async def test_a_failed_step_leaves_nothing_waiting(
-        path: str, rendezvous_seen: list[LocalRendezvous]) -> None:
+    path: str, rendezvous_seen: list[LocalRendezvous]
+) -> None:
     # Device 1 fails early while device 0's recvs wait: the rendezvous is aborted
     # (every waiter failed, nothing queued), no task is left, and nothing of the step
     # is left for the cycle collector.
     g, x0, y = chain(200, 2)
     with g.as_default():
         with af.device("/cpu:1"):
-            bad = af.py_func(_fail_on_21, [g.get_tensor_by_name("add20:0")], af.float64,
-                             name="bad")
+            bad = af.py_func(_fail_on_21, [g.get_tensor_by_name("add20:0")], af.float64, name="bad")
         with af.device("/cpu:0"):
             z = af.add(y, bad, name="z")
     before = asyncio.all_tasks()
@@ -363,8 +381,7 @@ async def test_a_failed_step_leaves_nothing_waiting(
     assert garbage == 0
 
 
-def test_hand_offs_left_to_the_loop_when_the_slice_is_over(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hand_offs_left_to_the_loop_when_the_slice_is_over(monkeypatch: pytest.MonkeyPatch) -> None:
     # Three devices in a ring: the outermost send's queue holds the hand-offs of the
     # two others' chain.  With no time slice left, the rest of the queue goes to the
     # event loop (each hand-off run from there in its step's context).
@@ -388,7 +405,8 @@ def test_hand_offs_left_to_the_loop_when_the_slice_is_over(
 
 
 def test_a_recv_whose_value_is_there_leaves_its_waiter_to_the_next(
-        path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # In a device-switching chain about half the recvs find their value queued: on the
     # hand-off path the waiter such a recv offered, unused, is offered by the next recv
     # (no allocation).  Same results on both paths.

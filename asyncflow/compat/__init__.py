@@ -12,5 +12,11 @@ from asyncflow.compat.saved_model import SavedModel, Signature, load_saved_model
 from asyncflow.compat.tf_export import export_tf_graph_def
 from asyncflow.compat.tf_import import import_tf_graph_def, supported_tf_op_types
 
-__all__ = ["SavedModel", "Signature", "export_tf_graph_def", "import_tf_graph_def",
-           "load_saved_model", "supported_tf_op_types"]
+__all__ = [
+    "SavedModel",
+    "Signature",
+    "export_tf_graph_def",
+    "import_tf_graph_def",
+    "load_saved_model",
+    "supported_tf_op_types",
+]

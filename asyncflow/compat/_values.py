@@ -16,17 +16,34 @@ from asyncflow import dtypes, errors
 from asyncflow.compat._tf_proto import DATA_TYPES
 from asyncflow.framework.shapes import TensorShape
 
-__all__ = ["RESOURCE_TYPE", "ResourceType", "attr_from_proto", "attr_to_proto", "dtype_from_enum", "dtype_to_enum",
-           "ndarray_from_proto", "ndarray_to_proto", "shape_from_proto", "shape_to_proto"]
+__all__ = [
+    "RESOURCE_TYPE",
+    "ResourceType",
+    "attr_from_proto",
+    "attr_to_proto",
+    "dtype_from_enum",
+    "dtype_to_enum",
+    "ndarray_from_proto",
+    "ndarray_to_proto",
+    "shape_from_proto",
+    "shape_to_proto",
+]
 
 #: Larger constants are refused: a corrupt or hostile shape must not exhaust memory.
 _MAX_CONSTANT_BYTES = 1 << 31
 
 _BY_NAME = {
-    "DT_FLOAT": dtypes.float32, "DT_DOUBLE": dtypes.float64, "DT_HALF": dtypes.float16,
-    "DT_INT8": dtypes.int8, "DT_INT16": dtypes.int16, "DT_INT32": dtypes.int32,
-    "DT_INT64": dtypes.int64, "DT_UINT8": dtypes.uint8, "DT_BOOL": dtypes.bool,
-    "DT_STRING": dtypes.string, "DT_COMPLEX64": dtypes.complex64,
+    "DT_FLOAT": dtypes.float32,
+    "DT_DOUBLE": dtypes.float64,
+    "DT_HALF": dtypes.float16,
+    "DT_INT8": dtypes.int8,
+    "DT_INT16": dtypes.int16,
+    "DT_INT32": dtypes.int32,
+    "DT_INT64": dtypes.int64,
+    "DT_UINT8": dtypes.uint8,
+    "DT_BOOL": dtypes.bool,
+    "DT_STRING": dtypes.string,
+    "DT_COMPLEX64": dtypes.complex64,
     "DT_COMPLEX128": dtypes.complex128,
 }
 _FROM_ENUM = {DATA_TYPES[k]: v for k, v in _BY_NAME.items()}
@@ -35,10 +52,17 @@ _ENUM_NAME = {v: k for k, v in DATA_TYPES.items()}
 
 # The typed repeated field holding each dtype's values when tensor_content is empty.
 _VAL_FIELD = {
-    dtypes.float32: "float_val", dtypes.float64: "double_val", dtypes.float16: "half_val",
-    dtypes.int8: "int_val", dtypes.int16: "int_val", dtypes.int32: "int_val",
-    dtypes.uint8: "int_val", dtypes.int64: "int64_val", dtypes.bool: "bool_val",
-    dtypes.string: "string_val", dtypes.complex64: "scomplex_val",
+    dtypes.float32: "float_val",
+    dtypes.float64: "double_val",
+    dtypes.float16: "half_val",
+    dtypes.int8: "int_val",
+    dtypes.int16: "int_val",
+    dtypes.int32: "int_val",
+    dtypes.uint8: "int_val",
+    dtypes.int64: "int64_val",
+    dtypes.bool: "bool_val",
+    dtypes.string: "string_val",
+    dtypes.complex64: "scomplex_val",
     dtypes.complex128: "dcomplex_val",
 }
 
@@ -68,7 +92,8 @@ def dtype_from_enum(value: int, where: str) -> dtypes.DType:
         name = _ENUM_NAME.get(base)
         if name is None:  # not a DataType at all: the graph def is wrong, as TF says
             raise errors.InvalidArgumentError(
-                None, None, f"{where}: {value} is not a valid DataType")
+                None, None, f"{where}: {value} is not a valid DataType"
+            )
         raise errors.UnimplementedError(None, None, f"{where}: TF dtype {name} is not supported")
     return dt
 
@@ -105,26 +130,34 @@ def ndarray_from_proto(proto: Any, where: str) -> tuple[dtypes.DType, np.ndarray
     dt = dtype_from_enum(proto.dtype, where)
     shape = shape_from_proto(proto.tensor_shape)
     if shape.dims is None or None in shape.dims:
-        raise errors.InvalidArgumentError(None, None, f"{where}: tensor shape {shape} is not "
-                                                      f"fully defined")
+        raise errors.InvalidArgumentError(
+            None, None, f"{where}: tensor shape {shape} is not fully defined"
+        )
     dims = tuple(int(d) for d in shape.dims)  # type: ignore[arg-type]
     count = 1
     for d in dims:
         count *= d  # Python ints: no overflow for absurd shapes
     if count * dt.np.itemsize > _MAX_CONSTANT_BYTES:
         raise errors.InvalidArgumentError(
-            None, None, f"{where}: a constant of shape {list(dims)} ({dt.name}) is larger "
-                        f"than {_MAX_CONSTANT_BYTES >> 30} GiB")
+            None,
+            None,
+            f"{where}: a constant of shape {list(dims)} ({dt.name}) is larger "
+            f"than {_MAX_CONSTANT_BYTES >> 30} GiB",
+        )
     if proto.tensor_content:
         if dt.is_string:
-            raise errors.DataLossError(None, None, f"{where}: string tensors cannot use "
-                                                   f"tensor_content")
+            raise errors.DataLossError(
+                None, None, f"{where}: string tensors cannot use tensor_content"
+            )
         raw = proto.tensor_content
         itemsize = dt.np.itemsize
         if len(raw) != count * itemsize:
             raise errors.DataLossError(
-                None, None, f"{where}: tensor_content has {len(raw)} bytes, shape "
-                            f"{list(dims)} of {dt.name} needs {count * itemsize}")
+                None,
+                None,
+                f"{where}: tensor_content has {len(raw)} bytes, shape "
+                f"{list(dims)} of {dt.name} needs {count * itemsize}",
+            )
         array = np.frombuffer(raw, dtype=dt.np.newbyteorder("<")).astype(dt.np).reshape(dims)
     else:
         array = _from_val_field(proto, dt, dims, count, where)
@@ -132,8 +165,9 @@ def ndarray_from_proto(proto: Any, where: str) -> tuple[dtypes.DType, np.ndarray
     return dt, array
 
 
-def _from_val_field(proto: Any, dt: dtypes.DType, dims: tuple[int, ...], count: int,
-                    where: str) -> np.ndarray:
+def _from_val_field(
+    proto: Any, dt: dtypes.DType, dims: tuple[int, ...], count: int, where: str
+) -> np.ndarray:
     values: Any = list(getattr(proto, _VAL_FIELD[dt]))
     if dt is dtypes.float16:
         values = np.asarray(values, np.uint16).view(np.float16)
@@ -148,15 +182,15 @@ def _from_val_field(proto: Any, dt: dtypes.DType, dims: tuple[int, ...], count: 
     if flat.size == count:
         return flat.reshape(dims)
     if flat.size == 0:
-        return np.zeros(dims, dtype=dt.np) if not dt.is_string else \
-            np.full(dims, b"", dtype=object)
+        return np.zeros(dims, dtype=dt.np) if not dt.is_string else np.full(dims, b"", dtype=object)
     if flat.size > count:
-        raise errors.DataLossError(None, None, f"{where}: {flat.size} values do not fit shape "
-                                               f"{list(dims)}")
+        raise errors.DataLossError(
+            None, None, f"{where}: {flat.size} values do not fit shape {list(dims)}"
+        )
     # TF's compact form: the last value repeats to fill the shape.
     out = np.empty(count, dtype=flat.dtype)
-    out[:flat.size] = flat
-    out[flat.size:] = flat[-1]
+    out[: flat.size] = flat
+    out[flat.size :] = flat[-1]
     return out.reshape(dims)
 
 
@@ -165,11 +199,11 @@ def ndarray_to_proto(array: np.ndarray, dt: dtypes.DType, proto: Any, where: str
     proto.dtype = dtype_to_enum(dt, where)
     shape_to_proto(TensorShape(list(array.shape)), proto.tensor_shape)
     if dt.is_string:
-        proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode()
-                                for v in array.reshape(-1).tolist())
+        proto.string_val.extend(
+            v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1).tolist()
+        )
     else:
-        proto.tensor_content = np.ascontiguousarray(
-            array, dtype=dt.np.newbyteorder("<")).tobytes()
+        proto.tensor_content = np.ascontiguousarray(array, dtype=dt.np.newbyteorder("<")).tobytes()
 
 
 def attr_from_proto(value: Any, where: str) -> Any:
@@ -185,12 +219,12 @@ def attr_from_proto(value: Any, where: str) -> Any:
             if len(items):
                 return [_scalar_attr(field, v, where) for v in items]
         if len(lv.func):
-            raise errors.UnimplementedError(None, None, f"{where}: function attributes are "
-                                                        f"not supported")
+            raise errors.UnimplementedError(
+                None, None, f"{where}: function attributes are not supported"
+            )
         return []
     if kind in ("func", "placeholder"):
-        raise errors.UnimplementedError(None, None, f"{where}: {kind} attributes are not "
-                                                    f"supported")
+        raise errors.UnimplementedError(None, None, f"{where}: {kind} attributes are not supported")
     return _scalar_attr(kind, getattr(value, kind), where)
 
 

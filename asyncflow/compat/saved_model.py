@@ -44,10 +44,10 @@ _REF_VARIABLES = frozenset({"VariableV2", "Variable"})
 class _Var:
     """A variable the pruned graph reads: its checkpoint key and where it is read."""
 
-    key: str                 # checkpoint key and asyncflow variable name
+    key: str  # checkpoint key and asyncflow variable name
     dtype: Any
     shape: TensorShape
-    read: str                # the graph-def node whose output 0 is the value
+    read: str  # the graph-def node whose output 0 is the value
 
 
 class Signature:
@@ -59,8 +59,14 @@ class Signature:
 
     __slots__ = ("_callable", "_session", "inputs", "method_name", "name", "outputs")
 
-    def __init__(self, session: Any, name: str, inputs: dict[str, Tensor],
-                 outputs: dict[str, Tensor], method_name: str) -> None:
+    def __init__(
+        self,
+        session: Any,
+        name: str,
+        inputs: dict[str, Tensor],
+        outputs: dict[str, Tensor],
+        method_name: str,
+    ) -> None:
         self._session = session
         self.name = name
         self.inputs = inputs
@@ -73,15 +79,18 @@ class Signature:
         fn = self._callable
         if fn is None:
             fn = self._callable = self._session.make_callable(
-                self.outputs, feed_list=list(self.inputs.values()))
+                self.outputs, feed_list=list(self.inputs.values())
+            )
         return fn
 
     def _values(self, feeds: Mapping[str, Any]) -> list[Any]:
         unknown = sorted(set(feeds) - set(self.inputs))
         missing = sorted(set(self.inputs) - set(feeds))
         if unknown or missing:
-            raise TypeError(f"signature {self.name!r} takes inputs {sorted(self.inputs)}; "
-                            f"got unknown {unknown}, missing {missing}")
+            raise TypeError(
+                f"signature {self.name!r} takes inputs {sorted(self.inputs)}; "
+                f"got unknown {unknown}, missing {missing}"
+            )
         return [feeds[k] for k in self.inputs]
 
     async def __call__(self, **feeds: Any) -> dict[str, np.ndarray]:
@@ -96,8 +105,9 @@ class Signature:
         return out
 
     def __repr__(self) -> str:
-        return (f"<Signature {self.name!r} inputs={sorted(self.inputs)} "
-                f"outputs={sorted(self.outputs)}>")
+        return (
+            f"<Signature {self.name!r} inputs={sorted(self.inputs)} outputs={sorted(self.outputs)}>"
+        )
 
 
 class _Signatures(Mapping[str, Signature]):
@@ -111,8 +121,10 @@ class _Signatures(Mapping[str, Signature]):
         try:
             return self._items[key]
         except KeyError:
-            raise KeyError(f"SavedModel {self._dir!r} has no signature {key!r}; available: "
-                           f"{sorted(self._items)}") from None
+            raise KeyError(
+                f"SavedModel {self._dir!r} has no signature {key!r}; available: "
+                f"{sorted(self._items)}"
+            ) from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
@@ -126,8 +138,14 @@ class SavedModel:
 
     __slots__ = ("export_dir", "session", "signatures", "tags", "variables")
 
-    def __init__(self, export_dir: str, session: Any, tags: tuple[str, ...],
-                 signatures: Mapping[str, Signature], variables: dict[str, Operation]) -> None:
+    def __init__(
+        self,
+        export_dir: str,
+        session: Any,
+        tags: tuple[str, ...],
+        signatures: Mapping[str, Signature],
+        variables: dict[str, Operation],
+    ) -> None:
         self.export_dir = export_dir
         self.session = session
         self.tags = tags
@@ -136,12 +154,15 @@ class SavedModel:
         self.variables = variables
 
     def __repr__(self) -> str:
-        return (f"<SavedModel {self.export_dir!r} tags={list(self.tags)} "
-                f"signatures={sorted(self.signatures)} variables={len(self.variables)}>")
+        return (
+            f"<SavedModel {self.export_dir!r} tags={list(self.tags)} "
+            f"signatures={sorted(self.signatures)} variables={len(self.variables)}>"
+        )
 
 
-def load_saved_model(export_dir: str | os.PathLike[str], tags: Sequence[str] = ("serve",),
-                     session: Any = None) -> SavedModel:
+def load_saved_model(
+    export_dir: str | os.PathLike[str], tags: Sequence[str] = ("serve",), session: Any = None
+) -> SavedModel:
     """Load the TF1 SavedModel in ``export_dir`` into ``session`` (its graph).
 
     The meta graph whose tag set equals ``tags`` is imported (names as TF has them, no
@@ -161,14 +182,19 @@ def load_saved_model(export_dir: str | os.PathLike[str], tags: Sequence[str] = (
         session = Session(graph=Graph())
     elif getattr(session, "_master", None) is not None:
         # Variables live in the cluster's workers; restoring there needs a step.
-        raise errors.UnimplementedError(None, None, "load_saved_model into a distributed "
-                                                    "session is not supported")
+        raise errors.UnimplementedError(
+            None, None, "load_saved_model into a distributed session is not supported"
+        )
     graph: Graph = session.graph
     signature_defs = {key: meta.signature_def[key] for key in sorted(meta.signature_def)}
-    names = sorted({_tensor_name(info, key, kind, path)
-                    for key, sig in signature_defs.items()
-                    for kind, infos in (("input", sig.inputs), ("output", sig.outputs))
-                    for info in infos.values()})
+    names = sorted(
+        {
+            _tensor_name(info, key, kind, path)
+            for key, sig in signature_defs.items()
+            for kind, infos in (("input", sig.inputs), ("output", sig.outputs))
+            for info in infos.values()
+        }
+    )
     graph_def, variables = _prune(meta.graph_def, set(names))
     # Every value is read and checked before the graph changes: all or nothing.
     values = _read_values(os.path.join(path, "variables", "variables"), variables)
@@ -178,20 +204,26 @@ def load_saved_model(export_dir: str | os.PathLike[str], tags: Sequence[str] = (
         # A signature tensor that is a variable's value is the variable's own output.
         reads = {f"{v.read}:0": var_ops[v.key].outputs[0] for v in variables}
         imported = [n for n in names if n not in reads]
-        found = import_tf_graph_def(graph_def.SerializeToString(), input_map=input_map,
-                                    return_elements=imported, name="")
+        found = import_tf_graph_def(
+            graph_def.SerializeToString(), input_map=input_map, return_elements=imported, name=""
+        )
     tensors: dict[str, Tensor | Operation] = {**reads, **dict(zip(imported, found or ()))}
     _restore(session, values, var_ops)
-    signatures = {key: Signature(session, key,
-                                 {k: _as_tensor(tensors[i.name]) for k, i in sig.inputs.items()},
-                                 {k: _as_tensor(tensors[o.name]) for k, o in
-                                  sig.outputs.items()},
-                                 sig.method_name)
-                  for key, sig in signature_defs.items()}
+    signatures = {
+        key: Signature(
+            session,
+            key,
+            {k: _as_tensor(tensors[i.name]) for k, i in sig.inputs.items()},
+            {k: _as_tensor(tensors[o.name]) for k, o in sig.outputs.items()},
+            sig.method_name,
+        )
+        for key, sig in signature_defs.items()
+    }
     return SavedModel(path, session, tuple(tags), _Signatures(path, signatures), var_ops)
 
 
 # -- reading ----------------------------------------------------------------------------------
+
 
 def _meta_graph(path: str, tags: tuple[str, ...]) -> Any:
     m = messages()
@@ -203,32 +235,45 @@ def _meta_graph(path: str, tags: tuple[str, ...]) -> Any:
         try:
             saved.ParseFromString(raw)
         except m.DecodeError as exc:
-            raise errors.DataLossError(None, None, f"cannot parse SavedModel file {pb!r} "
-                                                   f"({len(raw)} bytes): {exc}") from None
+            raise errors.DataLossError(
+                None, None, f"cannot parse SavedModel file {pb!r} ({len(raw)} bytes): {exc}"
+            ) from None
     elif os.path.exists(pbtxt):
         with open(pbtxt, encoding="utf-8") as f:
             try:
                 m.text_format.Parse(f.read(), saved)
             except m.text_format.ParseError as exc:
-                raise errors.DataLossError(None, None, f"cannot parse SavedModel file "
-                                                       f"{pbtxt!r}: {exc}") from None
+                raise errors.DataLossError(
+                    None, None, f"cannot parse SavedModel file {pbtxt!r}: {exc}"
+                ) from None
     else:
-        raise errors.NotFoundError(None, None, f"no SavedModel in {path!r}: neither "
-                                               f"saved_model.pb nor saved_model.pbtxt exists")
+        raise errors.NotFoundError(
+            None,
+            None,
+            f"no SavedModel in {path!r}: neither saved_model.pb nor saved_model.pbtxt exists",
+        )
     for meta in saved.meta_graphs:
         if set(meta.meta_info_def.tags) == set(tags):
             return meta
     available = [sorted(meta.meta_info_def.tags) for meta in saved.meta_graphs]
-    raise errors.NotFoundError(None, None, f"SavedModel {path!r} has no meta graph with "
-                                           f"tags {sorted(tags)}; available tag sets: "
-                                           f"{available}")
+    raise errors.NotFoundError(
+        None,
+        None,
+        f"SavedModel {path!r} has no meta graph with "
+        f"tags {sorted(tags)}; available tag sets: "
+        f"{available}",
+    )
 
 
 def _tensor_name(info: Any, key: str, kind: str, path: str) -> str:
     if not info.name:
-        raise errors.UnimplementedError(None, None, f"SavedModel {path!r}: signature {kind} "
-                                                    f"{key!r} is not a dense tensor (sparse "
-                                                    f"and composite tensors are not supported)")
+        raise errors.UnimplementedError(
+            None,
+            None,
+            f"SavedModel {path!r}: signature {kind} "
+            f"{key!r} is not a dense tensor (sparse "
+            f"and composite tensors are not supported)",
+        )
     name: str = info.name
     return name if ":" in name else f"{name}:0"
 
@@ -240,6 +285,7 @@ def _as_tensor(element: Tensor | Operation) -> Tensor:
 
 
 # -- pruning ----------------------------------------------------------------------------------
+
 
 def _stand_in(var: _Var) -> str:
     """The placeholder that takes a variable read's place in the pruned graph def; it is
@@ -263,8 +309,9 @@ def _prune(graph_def: Any, outputs: set[str]) -> tuple[Any, list[_Var]]:
             continue
         node = by_name.get(name)
         if node is None:
-            raise errors.InvalidArgumentError(None, None, f"SavedModel signature names "
-                                                          f"{name!r}, which is not in the graph")
+            raise errors.InvalidArgumentError(
+                None, None, f"SavedModel signature names {name!r}, which is not in the graph"
+            )
         var = _variable_read(node, by_name)
         if var is not None:
             variables[name] = var
@@ -287,19 +334,25 @@ def _prune(graph_def: Any, outputs: set[str]) -> tuple[Any, list[_Var]]:
 def _variable_read(node: Any, by_name: dict[str, Any]) -> _Var | None:
     """A ``_Var`` when ``node``'s output 0 is a variable's value, else None."""
     if node.op in _REF_VARIABLES:
-        return _Var(node.name, node.attr["dtype"].type, shape_from_proto(node.attr["shape"].shape),
-                    node.name)
+        return _Var(
+            node.name,
+            node.attr["dtype"].type,
+            shape_from_proto(node.attr["shape"].shape),
+            node.name,
+        )
     if node.op == "VarHandleOp":
-        raise errors.UnimplementedError(None, None, f"resource variable {node.name!r} is used "
-                                                    f"other than by ReadVariableOp")
+        raise errors.UnimplementedError(
+            None, None, f"resource variable {node.name!r} is used other than by ReadVariableOp"
+        )
     if node.op != "ReadVariableOp" or not node.input:
         return None
     handle = by_name.get(node.input[0].split(":")[0])
     if handle is None or handle.op != "VarHandleOp":
         return None
     key = handle.attr["shared_name"].s.decode() or handle.name
-    return _Var(key, handle.attr["dtype"].type, shape_from_proto(handle.attr["shape"].shape),
-                node.name)
+    return _Var(
+        key, handle.attr["dtype"].type, shape_from_proto(handle.attr["shape"].shape), node.name
+    )
 
 
 def _rewire(node: Any, variables: dict[str, _Var]) -> None:
@@ -310,17 +363,23 @@ def _rewire(node: Any, variables: dict[str, _Var]) -> None:
         if var is None:
             inputs.append(i)
         elif not i.startswith("^"):
-            inputs.append(_stand_in(var) + i[len(producer):])
+            inputs.append(_stand_in(var) + i[len(producer) :])
     del node.input[:]
     node.input.extend(inputs)
 
 
 # -- variables --------------------------------------------------------------------------------
 
+
 def _variable(graph: Graph, var: _Var) -> Operation:
     dt = dtype_from_enum(var.dtype, f"variable {var.key!r}")
-    attrs = {"dtype": dt, "shape": var.shape, "var_name": var.key, "container": "",
-             "shared_name": var.key}
+    attrs = {
+        "dtype": dt,
+        "shape": var.shape,
+        "var_name": var.key,
+        "container": "",
+        "shared_name": var.key,
+    }
     with graph.name_scope(None), graph.control_dependencies(None):
         return graph.create_op("VariableV2", (), attrs, name=var.key)
 
@@ -336,14 +395,16 @@ def _read_values(prefix: str, variables: list[_Var]) -> dict[str, np.ndarray]:
         dt, shape = reader.dtype_and_shape(var.key)
         if dt is not want or not var.shape.is_compatible_with(shape):
             raise errors.InvalidArgumentError(
-                None, None, f"variable {var.key!r} is {want.name} {var.shape}, checkpoint "
-                            f"{prefix!r} holds {dt.name} {list(shape)}")
+                None,
+                None,
+                f"variable {var.key!r} is {want.name} {var.shape}, checkpoint "
+                f"{prefix!r} holds {dt.name} {list(shape)}",
+            )
         values[var.key] = reader.read(var.key)
     return values
 
 
-def _restore(session: Any, values: dict[str, np.ndarray], var_ops: dict[str, Operation]
-             ) -> None:
+def _restore(session: Any, values: dict[str, np.ndarray], var_ops: dict[str, Operation]) -> None:
     """Assign each variable its value in the session's resource manager (no step needed)."""
     from asyncflow.ops.state_ops import _store
 

@@ -37,8 +37,8 @@ from asyncflow.compat._values import dtype_from_enum
 
 __all__ = ["BundleReader", "crc32c", "read_table"]
 
-_FOOTER_BYTES = 48          # 2 * BlockHandle::kMaxEncodedLength + the 8-byte magic
-_TRAILER_BYTES = 5          # compression type + masked crc32c
+_FOOTER_BYTES = 48  # 2 * BlockHandle::kMaxEncodedLength + the 8-byte magic
+_TRAILER_BYTES = 5  # compression type + masked crc32c
 _MAGIC = 0xDB4775248B80FB57
 _MASK_DELTA = 0xA282EAD8
 _NO_COMPRESSION = 0
@@ -98,15 +98,18 @@ def _block(data: bytes, handle: tuple[int, int]) -> bytes:
     offset, size = handle
     end = offset + size
     if end + _TRAILER_BYTES > len(data) - _FOOTER_BYTES:
-        raise _Corrupt(f"truncated block read (block at {offset} of {size} bytes, file "
-                       f"has {len(data)})")
-    contents = data[offset:end + 1]            # the block and its compression byte
+        raise _Corrupt(
+            f"truncated block read (block at {offset} of {size} bytes, file has {len(data)})"
+        )
+    contents = data[offset : end + 1]  # the block and its compression byte
     (stored,) = struct.unpack_from("<I", data, end + 1)
     if crc32c(contents) != _unmask(stored):
         raise _Corrupt(f"block checksum mismatch (block at {offset})")
     if contents[-1] != _NO_COMPRESSION:
-        raise _Corrupt(f"block at {offset} has compression type {contents[-1]}; "
-                       f"only uncompressed tables are read")
+        raise _Corrupt(
+            f"block at {offset} has compression type {contents[-1]}; "
+            f"only uncompressed tables are read"
+        )
     return contents[:-1]
 
 
@@ -125,9 +128,9 @@ def _entries(block: bytes) -> Iterator[tuple[bytes, bytes]]:
         size, pos = _varint(block, pos, limit)
         if shared > len(key) or pos + unshared + size > limit:
             raise _Corrupt(f"bad entry at byte {pos} of a block")
-        key = key[:shared] + block[pos:pos + unshared]
+        key = key[:shared] + block[pos : pos + unshared]
         pos += unshared
-        yield key, block[pos:pos + size]
+        yield key, block[pos : pos + size]
         pos += size
 
 
@@ -149,8 +152,9 @@ def read_table(path: str | os.PathLike[str]) -> list[tuple[bytes, bytes]]:
     try:
         return _read_table(data)
     except _Corrupt as exc:
-        raise errors.DataLossError(None, None, f"corrupt checkpoint index {path!r}: "
-                                               f"{exc}") from None
+        raise errors.DataLossError(
+            None, None, f"corrupt checkpoint index {path!r}: {exc}"
+        ) from None
 
 
 def _read_table(data: bytes) -> list[tuple[bytes, bytes]]:
@@ -160,8 +164,8 @@ def _read_table(data: bytes) -> list[tuple[bytes, bytes]]:
     (magic,) = struct.unpack_from("<Q", data, len(data) - 8)
     if magic != _MAGIC:
         raise _Corrupt("not an sstable (bad magic number)")
-    _, pos = _varint(data, footer, len(data) - 8)            # the meta-index handle:
-    _, pos = _varint(data, pos, len(data) - 8)               # unused by bundles
+    _, pos = _varint(data, footer, len(data) - 8)  # the meta-index handle:
+    _, pos = _varint(data, pos, len(data) - 8)  # unused by bundles
     index_offset, pos = _varint(data, pos, len(data) - 8)
     index_size, _ = _varint(data, pos, len(data) - 8)
     out: list[tuple[bytes, bytes]] = []
@@ -184,8 +188,7 @@ class BundleReader:
         self.prefix = os.fspath(prefix)
         self._index = self.prefix + ".index"
         if not os.path.exists(self._index):
-            raise errors.NotFoundError(None, None, f"checkpoint index {self._index!r} not "
-                                                   f"found")
+            raise errors.NotFoundError(None, None, f"checkpoint index {self._index!r} not found")
         m = messages()
         self._entries: dict[str, Any] = {}
         header = None
@@ -196,15 +199,17 @@ class BundleReader:
                 else:
                     self._entries[key.decode("utf-8")] = m.BundleEntryProto.FromString(value)
             except (m.DecodeError, UnicodeDecodeError) as exc:
-                raise errors.DataLossError(None, None, f"corrupt checkpoint index "
-                                                       f"{self._index!r}: entry {key!r}: "
-                                                       f"{exc}") from None
+                raise errors.DataLossError(
+                    None, None, f"corrupt checkpoint index {self._index!r}: entry {key!r}: {exc}"
+                ) from None
         if header is None:
-            raise errors.DataLossError(None, None, f"corrupt checkpoint index "
-                                                   f"{self._index!r}: no bundle header")
+            raise errors.DataLossError(
+                None, None, f"corrupt checkpoint index {self._index!r}: no bundle header"
+            )
         if header.endianness != 0:
-            raise errors.UnimplementedError(None, None, f"checkpoint {self.prefix!r} was "
-                                                        f"written on a big-endian machine")
+            raise errors.UnimplementedError(
+                None, None, f"checkpoint {self.prefix!r} was written on a big-endian machine"
+            )
         self.num_shards = int(header.num_shards)
 
     def keys(self) -> list[str]:
@@ -220,16 +225,19 @@ class BundleReader:
         where = f"checkpoint {self.prefix!r} tensor {key!r}"
         shape = tuple(int(d.size) for d in entry.shape.dim)
         if any(d < 0 for d in shape) or entry.shape.unknown_rank:
-            raise errors.DataLossError(None, None, f"corrupt checkpoint index "
-                                                   f"{self._index!r}: {key!r} has shape "
-                                                   f"{list(shape)}")
+            raise errors.DataLossError(
+                None,
+                None,
+                f"corrupt checkpoint index {self._index!r}: {key!r} has shape {list(shape)}",
+            )
         return dtype_from_enum(entry.dtype, where), shape
 
     def _entry(self, key: str) -> Any:
         entry = self._entries.get(key)
         if entry is None:
-            raise errors.NotFoundError(None, None, f"tensor {key!r} not found in checkpoint "
-                                                   f"{self.prefix!r}")
+            raise errors.NotFoundError(
+                None, None, f"tensor {key!r} not found in checkpoint {self.prefix!r}"
+            )
         return entry
 
     def shard_path(self, shard: int) -> str:
@@ -242,22 +250,32 @@ class BundleReader:
         dt, shape = self.dtype_and_shape(key)
         where = f"checkpoint {self.prefix!r} tensor {key!r}"
         if len(entry.slices):
-            raise errors.UnimplementedError(None, None, f"{where} is partitioned into "
-                                                        f"slices, which is not supported")
+            raise errors.UnimplementedError(
+                None, None, f"{where} is partitioned into slices, which is not supported"
+            )
         if dt is dtypes.string:
-            raise errors.UnimplementedError(None, None, f"{where}: string tensors are not "
-                                                        f"supported")
+            raise errors.UnimplementedError(
+                None, None, f"{where}: string tensors are not supported"
+            )
         if not 0 <= entry.shard_id < self.num_shards:
-            raise errors.DataLossError(None, None, f"corrupt checkpoint index "
-                                                   f"{self._index!r}: {key!r} is in shard "
-                                                   f"{entry.shard_id} of {self.num_shards}")
+            raise errors.DataLossError(
+                None,
+                None,
+                f"corrupt checkpoint index "
+                f"{self._index!r}: {key!r} is in shard "
+                f"{entry.shard_id} of {self.num_shards}",
+            )
         raw = self._bytes(entry, key)
         expected = int(np.prod(shape, dtype=np.int64)) * dt.np.itemsize
         if len(raw) != expected:
-            raise errors.DataLossError(None, None, f"corrupt checkpoint index "
-                                                   f"{self._index!r}: {key!r} has {len(raw)} "
-                                                   f"bytes, its shape {list(shape)} needs "
-                                                   f"{expected}")
+            raise errors.DataLossError(
+                None,
+                None,
+                f"corrupt checkpoint index "
+                f"{self._index!r}: {key!r} has {len(raw)} "
+                f"bytes, its shape {list(shape)} needs "
+                f"{expected}",
+            )
         array = np.frombuffer(raw, dtype=dt.np.newbyteorder("<")).reshape(shape)
         array.flags.writeable = False
         return array
@@ -269,17 +287,24 @@ class BundleReader:
                 f.seek(int(entry.offset))
                 raw = f.read(int(entry.size))
         except FileNotFoundError:
-            raise errors.DataLossError(None, None, f"checkpoint data file {path!r} (tensor "
-                                                   f"{key!r}) is missing") from None
+            raise errors.DataLossError(
+                None, None, f"checkpoint data file {path!r} (tensor {key!r}) is missing"
+            ) from None
         if len(raw) != entry.size:
-            raise errors.DataLossError(None, None, f"checkpoint data file {path!r} is "
-                                                   f"truncated: tensor {key!r} needs bytes "
-                                                   f"[{entry.offset}, "
-                                                   f"{entry.offset + entry.size})")
+            raise errors.DataLossError(
+                None,
+                None,
+                f"checkpoint data file {path!r} is "
+                f"truncated: tensor {key!r} needs bytes "
+                f"[{entry.offset}, "
+                f"{entry.offset + entry.size})",
+            )
         if crc32c(raw) != _unmask(entry.crc32c):
-            raise errors.DataLossError(None, None, f"checkpoint data file {path!r}: the "
-                                                   f"checksum of tensor {key!r} does not "
-                                                   f"match")
+            raise errors.DataLossError(
+                None,
+                None,
+                f"checkpoint data file {path!r}: the checksum of tensor {key!r} does not match",
+            )
         return raw
 
     def __repr__(self) -> str:

@@ -37,8 +37,9 @@ class _Writer:
         self.graph_def.versions.producer = _PRODUCER
         self.names = {op.name for op in graph.get_operations()}
 
-    def node(self, name: str, tf_type: str, inputs: list[str],
-             attrs: dict[str, Any], device: str = "") -> None:
+    def node(
+        self, name: str, tf_type: str, inputs: list[str], attrs: dict[str, Any], device: str = ""
+    ) -> None:
         nd = self.graph_def.node.add(name=name, op=tf_type, device=device)
         nd.input.extend(inputs)
         where = f"op {name!r} ({tf_type}), attr"
@@ -97,6 +98,7 @@ def _simple(tf_type: str | None = None, *keep: str, t: bool = True) -> Exporter:
         if t and (op.inputs or op.outputs):
             attrs["T"] = _t(op)
         return tf_type or op.type, [_name(x) for x in op.inputs], attrs
+
     return export
 
 
@@ -113,8 +115,9 @@ def _reduction(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any
     axes = op.get_attr("axis")
     if axes is None:
         axes = list(range(x.shape.rank)) if x.shape.rank is not None else None
-    axis = _every_axis(w, op) if axes is None else \
-        w.const(op, "reduction_indices", axes, dtypes.int32)
+    axis = (
+        _every_axis(w, op) if axes is None else w.const(op, "reduction_indices", axes, dtypes.int32)
+    )
     attrs: dict[str, Any] = {"Tidx": dtypes.int32, "keep_dims": bool(op.get_attr("keep_dims"))}
     if op.type not in ("All", "Any"):  # TF's All / Any are bool-only: no T
         attrs["T"] = x.dtype
@@ -135,8 +138,11 @@ def _every_axis(w: _Writer, op: Operation) -> str:
 
 def _arg(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
     axis = w.const(op, "dimension", op.get_attr("axis"), dtypes.int32)
-    return op.type, [_name(op.inputs[0]), axis], {
-        "T": _t(op), "Tidx": dtypes.int32, "output_type": op.get_attr("output_type")}
+    return (
+        op.type,
+        [_name(op.inputs[0]), axis],
+        {"T": _t(op), "Tidx": dtypes.int32, "output_type": op.get_attr("output_type")},
+    )
 
 
 def _transpose(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
@@ -144,8 +150,9 @@ def _transpose(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any
     perm = op.get_attr("perm")
     if perm is None:
         if x.shape.rank is None:
-            raise errors.UnimplementedError(None, op, f"op {op.name!r}: Transpose of unknown "
-                                                      f"rank without perm")
+            raise errors.UnimplementedError(
+                None, op, f"op {op.name!r}: Transpose of unknown rank without perm"
+            )
         perm = list(range(x.shape.rank))[::-1]
     p = w.const(op, "perm", perm, dtypes.int32)
     return "Transpose", [_name(x), p], {"T": x.dtype, "Tperm": dtypes.int32}
@@ -153,16 +160,26 @@ def _transpose(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any
 
 def _concat(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
     axis = w.const(op, "axis", op.get_attr("axis"), dtypes.int32)
-    return "ConcatV2", [*(_name(x) for x in op.inputs), axis], {
-        "N": len(op.inputs), "T": _t(op), "Tidx": dtypes.int32}
+    return (
+        "ConcatV2",
+        [*(_name(x) for x in op.inputs), axis],
+        {"N": len(op.inputs), "T": _t(op), "Tidx": dtypes.int32},
+    )
 
 
 def _gather(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
     params, indices = op.inputs
     axis = w.const(op, "axis", op.get_attr("axis"), dtypes.int32)
-    return "GatherV2", [_name(params), _name(indices), axis], {
-        "Tparams": params.dtype, "Tindices": indices.dtype, "Taxis": dtypes.int32,
-        "batch_dims": 0}
+    return (
+        "GatherV2",
+        [_name(params), _name(indices), axis],
+        {
+            "Tparams": params.dtype,
+            "Tindices": indices.dtype,
+            "Taxis": dtypes.int32,
+            "batch_dims": 0,
+        },
+    )
 
 
 def _expand_dims(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
@@ -183,8 +200,7 @@ def _matmul(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
     a, b = op.inputs
     ta, tb = bool(op.get_attr("transpose_a")), bool(op.get_attr("transpose_b"))
     if a.shape.rank == 2 and b.shape.rank == 2:
-        return "MatMul", [_name(a), _name(b)], {"T": a.dtype, "transpose_a": ta,
-                                               "transpose_b": tb}
+        return "MatMul", [_name(a), _name(b)], {"T": a.dtype, "transpose_a": ta, "transpose_b": tb}
     return "BatchMatMulV2", [_name(a), _name(b)], {"T": a.dtype, "adj_x": ta, "adj_y": tb}
 
 
@@ -192,23 +208,31 @@ def _softmax(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]
     x = op.inputs[0]
     axis = op.get_attr("axis")
     if axis != -1 and (x.shape.rank is None or axis != x.shape.rank - 1):
-        raise errors.UnimplementedError(None, op, f"op {op.name!r}: TF's Softmax op takes the "
-                                                  f"last axis only, this one uses axis {axis}")
+        raise errors.UnimplementedError(
+            None,
+            op,
+            f"op {op.name!r}: TF's Softmax op takes the last axis only, this one uses axis {axis}",
+        )
     return "Softmax", [_name(x)], {"T": x.dtype}
 
 
 def _cast(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
-    return "Cast", [_name(op.inputs[0])], {"SrcT": _t(op), "DstT": op.get_attr("DstT"),
-                                           "Truncate": False}
+    return (
+        "Cast",
+        [_name(op.inputs[0])],
+        {"SrcT": _t(op), "DstT": op.get_attr("DstT"), "Truncate": False},
+    )
 
 
 def _with_types(tf_type: str, types: dict[str, int | str], *keep: str) -> Exporter:
     """Type attributes from input positions (int) or the first output ("out")."""
+
     def export(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
         attrs: dict[str, Any] = {k: op.get_attr(k) for k in keep}
         for key, where in types.items():
             attrs[key] = op.outputs[0].dtype if where == "out" else op.inputs[int(where)].dtype
         return tf_type, [_name(x) for x in op.inputs], attrs
+
     return export
 
 
@@ -217,12 +241,16 @@ def _n_inputs(tf_type: str, *keep: str) -> Exporter:
         attrs = {k: op.get_attr(k) for k in keep}
         attrs.update({"N": len(op.inputs), "T": _t(op)})
         return tf_type, [_name(x) for x in op.inputs], attrs
+
     return export
 
 
 def _random(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
-    attrs: dict[str, Any] = {"seed": op.get_attr("seed"), "seed2": op.get_attr("seed2"),
-                             "T": op.inputs[0].dtype}
+    attrs: dict[str, Any] = {
+        "seed": op.get_attr("seed"),
+        "seed2": op.get_attr("seed2"),
+        "T": op.inputs[0].dtype,
+    }
     if op.type == "RandomUniformInt":
         attrs["Tout"] = op.outputs[0].dtype
     else:
@@ -237,8 +265,11 @@ def _print(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
 
 
 def _assert(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
-    return "Assert", [_name(x) for x in op.inputs], {
-        "summarize": op.get_attr("summarize"), "T": [x.dtype for x in op.inputs[1:]]}
+    return (
+        "Assert",
+        [_name(x) for x in op.inputs],
+        {"summarize": op.get_attr("summarize"), "T": [x.dtype for x in op.inputs[1:]]},
+    )
 
 
 def _batch_norm(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
@@ -256,53 +287,151 @@ def _identity_n(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, An
 
 
 def _decode_jpeg(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
-    return "DecodeJpeg", [_name(op.inputs[0])], {
-        "channels": op.get_attr("channels"), "ratio": 1, "fancy_upscaling": True,
-        "try_recover_truncated": False, "acceptable_fraction": 1.0, "dct_method": ""}
+    return (
+        "DecodeJpeg",
+        [_name(op.inputs[0])],
+        {
+            "channels": op.get_attr("channels"),
+            "ratio": 1,
+            "fancy_upscaling": True,
+            "try_recover_truncated": False,
+            "acceptable_fraction": 1.0,
+            "dct_method": "",
+        },
+    )
 
 
 def _encode_jpeg(w: _Writer, op: Operation) -> tuple[str, list[str], dict[str, Any]]:
-    return "EncodeJpeg", [_name(op.inputs[0])], {
-        "quality": op.get_attr("quality"), "format": op.get_attr("format"),
-        "progressive": False, "optimize_size": False, "chroma_downsampling": True,
-        "density_unit": "in", "x_density": 300, "y_density": 300, "xmp_metadata": ""}
+    return (
+        "EncodeJpeg",
+        [_name(op.inputs[0])],
+        {
+            "quality": op.get_attr("quality"),
+            "format": op.get_attr("format"),
+            "progressive": False,
+            "optimize_size": False,
+            "chroma_downsampling": True,
+            "density_unit": "in",
+            "x_density": 300,
+            "y_density": 300,
+            "xmp_metadata": "",
+        },
+    )
 
 
-_TA = ("dtype", "element_shape", "dynamic_size", "clear_after_read",
-       "identical_element_shapes", "tensor_array_name")
+_TA = (
+    "dtype",
+    "element_shape",
+    "dynamic_size",
+    "clear_after_read",
+    "identical_element_shapes",
+    "tensor_array_name",
+)
 _RESIZE = ("align_corners", "half_pixel_centers")
 _CONV = ("strides", "padding", "data_format", "dilations", "explicit_paddings")
 _POOL = ("ksize", "strides", "padding", "data_format")
 _MASKS = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
-_UNARY = ("Identity", "Neg", "Abs", "Square", "Sqrt", "Rsqrt", "Exp", "Log", "Tanh",
-          "Sigmoid", "Erf", "Relu", "Relu6", "Elu", "Selu", "LogSoftmax", "LogicalNot",
-          "ZerosLike", "OnesLike", "Exit", "NextIteration", "Sub", "Mul", "RealDiv",
-          "FloorDiv", "FloorMod", "Pow", "Maximum", "Minimum", "SquaredDifference", "Equal",
-          "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "Switch",
-          "Rank", "ClipByValue", "SoftmaxCrossEntropyWithLogits", "Where", "Floor", "Ceil",
-          "Round", "Sign", "Reciprocal", "Log1p", "Expm1", "Sin", "Cos", "Softplus",
-          "Softsign", "IsNan", "IsFinite", "TruncateDiv", "TruncateMod", "Erfc")
+_UNARY = (
+    "Identity",
+    "Neg",
+    "Abs",
+    "Square",
+    "Sqrt",
+    "Rsqrt",
+    "Exp",
+    "Log",
+    "Tanh",
+    "Sigmoid",
+    "Erf",
+    "Relu",
+    "Relu6",
+    "Elu",
+    "Selu",
+    "LogSoftmax",
+    "LogicalNot",
+    "ZerosLike",
+    "OnesLike",
+    "Exit",
+    "NextIteration",
+    "Sub",
+    "Mul",
+    "RealDiv",
+    "FloorDiv",
+    "FloorMod",
+    "Pow",
+    "Maximum",
+    "Minimum",
+    "SquaredDifference",
+    "Equal",
+    "NotEqual",
+    "Less",
+    "LessEqual",
+    "Greater",
+    "GreaterEqual",
+    "Switch",
+    "Rank",
+    "ClipByValue",
+    "SoftmaxCrossEntropyWithLogits",
+    "Where",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Sign",
+    "Reciprocal",
+    "Log1p",
+    "Expm1",
+    "Sin",
+    "Cos",
+    "Softplus",
+    "Softsign",
+    "IsNan",
+    "IsFinite",
+    "TruncateDiv",
+    "TruncateMod",
+    "Erfc",
+)
 
 _EXPORTERS: dict[str, Exporter] = {
-    "Const": _const, "Placeholder": _placeholder,
+    "Const": _const,
+    "Placeholder": _placeholder,
     "PlaceholderWithDefault": _with_types("PlaceholderWithDefault", {"dtype": 0}, "shape"),
-    "NoOp": _simple("NoOp", t=False), "Add": _simple("AddV2"),
-    "LogicalAnd": _simple(t=False), "LogicalOr": _simple(t=False),
-    "LogicalNot": _simple(t=False), "LoopCond": _simple(t=False),
+    "NoOp": _simple("NoOp", t=False),
+    "Add": _simple("AddV2"),
+    "LogicalAnd": _simple(t=False),
+    "LogicalOr": _simple(t=False),
+    "LogicalNot": _simple(t=False),
+    "LoopCond": _simple(t=False),
     "LogicalXor": _simple("NotEqual"),  # TF has no LogicalXor op: x != y on bools
-    "LeakyRelu": _simple(None, "alpha"), "Softmax": _softmax,
-    "BiasAdd": _simple(None, "data_format"), "MatMul": _matmul, "Cast": _cast,
-    "Sum": _reduction, "Mean": _reduction, "Max": _reduction, "Min": _reduction,
-    "Prod": _reduction, "All": _reduction, "Any": _reduction,
-    "ArgMax": _arg, "ArgMin": _arg, "Reshape": _reshape, "Transpose": _transpose,
-    "ConcatV2": _concat, "Pack": _n_inputs("Pack", "axis"), "AddN": _n_inputs("AddN"),
-    "Unpack": _simple(None, "num", "axis"), "GatherV2": _gather, "ExpandDims": _expand_dims,
+    "LeakyRelu": _simple(None, "alpha"),
+    "Softmax": _softmax,
+    "BiasAdd": _simple(None, "data_format"),
+    "MatMul": _matmul,
+    "Cast": _cast,
+    "Sum": _reduction,
+    "Mean": _reduction,
+    "Max": _reduction,
+    "Min": _reduction,
+    "Prod": _reduction,
+    "All": _reduction,
+    "Any": _reduction,
+    "ArgMax": _arg,
+    "ArgMin": _arg,
+    "Reshape": _reshape,
+    "Transpose": _transpose,
+    "ConcatV2": _concat,
+    "Pack": _n_inputs("Pack", "axis"),
+    "AddN": _n_inputs("AddN"),
+    "Unpack": _simple(None, "num", "axis"),
+    "GatherV2": _gather,
+    "ExpandDims": _expand_dims,
     "Squeeze": _simple(None, "squeeze_dims"),
-    "Shape": _simple(None, "out_type"), "Size": _simple(None, "out_type"),
+    "Shape": _simple(None, "out_type"),
+    "Size": _simple(None, "out_type"),
     "Range": _with_types("Range", {"Tidx": 0}),
     "Fill": _with_types("Fill", {"T": 1, "index_type": 0}),
     "BroadcastTo": _with_types("BroadcastTo", {"T": 0, "Tidx": 1}),
-    "SelectV2": _with_types("SelectV2", {"T": 1}), "Where": _simple(),
+    "SelectV2": _with_types("SelectV2", {"T": 1}),
+    "Where": _simple(),
     "StridedSlice": _with_types("StridedSlice", {"T": 0, "Index": 1}, *_MASKS),
     "Slice": _with_types("Slice", {"T": 0, "Index": 1}),
     "Split": _with_types("Split", {"T": 1}, "num_split"),
@@ -315,19 +444,29 @@ _EXPORTERS: dict[str, Exporter] = {
     "GatherNd": _with_types("GatherNd", {"Tparams": 0, "Tindices": 1}),
     "ReverseV2": _with_types("ReverseV2", {"T": 0, "Tidx": 1}),
     "Cumsum": _with_types("Cumsum", {"T": 0, "Tidx": 1}, "exclusive", "reverse"),
-    "TopKV2": _simple(None, "sorted"), "Einsum": _n_inputs("Einsum", "equation"),
-    "Conv2D": _simple(None, *_CONV), "DepthwiseConv2dNative": _simple(None, *_CONV),
+    "TopKV2": _simple(None, "sorted"),
+    "Einsum": _n_inputs("Einsum", "equation"),
+    "Conv2D": _simple(None, *_CONV),
+    "DepthwiseConv2dNative": _simple(None, *_CONV),
     "Conv2DBackpropInput": _with_types("Conv2DBackpropInput", {"T": 2}, *_CONV),
-    "MaxPool": _simple(None, *_POOL), "AvgPool": _simple(None, *_POOL),
-    "FusedBatchNorm": _batch_norm, "FusedBatchNormV2": _batch_norm,
+    "MaxPool": _simple(None, *_POOL),
+    "AvgPool": _simple(None, *_POOL),
+    "FusedBatchNorm": _batch_norm,
+    "FusedBatchNormV2": _batch_norm,
     "FusedBatchNormV3": _batch_norm,
     "SparseSoftmaxCrossEntropyWithLogits": _with_types(
-        "SparseSoftmaxCrossEntropyWithLogits", {"T": 0, "Tlabels": 1}),
-    "RandomUniform": _random, "RandomStandardNormal": _random, "TruncatedNormal": _random,
-    "RandomUniformInt": _random, "Print": _print, "Assert": _assert,
+        "SparseSoftmaxCrossEntropyWithLogits", {"T": 0, "Tlabels": 1}
+    ),
+    "RandomUniform": _random,
+    "RandomStandardNormal": _random,
+    "TruncatedNormal": _random,
+    "RandomUniformInt": _random,
+    "Print": _print,
+    "Assert": _assert,
     "Merge": _n_inputs("Merge"),
     "Enter": _simple(None, "frame_name", "is_constant", "parallel_iterations"),
-    "Select": _with_types("Select", {"T": 1}), "IdentityN": _identity_n,
+    "Select": _with_types("Select", {"T": 1}),
+    "IdentityN": _identity_n,
     "MatrixBandPart": _with_types("MatrixBandPart", {"T": 0, "Tindex": 1}),
     "TensorArrayV3": _simple(None, *_TA, t=False),
     "TensorArrayReadV3": _simple(None, "dtype", t=False),
@@ -336,10 +475,14 @@ _EXPORTERS: dict[str, Exporter] = {
     "TensorArrayScatterV3": _simple(None, "T", t=False),
     "TensorArrayConcatV3": _simple(None, "dtype", "element_shape_except0", t=False),
     "TensorArraySplitV3": _simple(None, "T", t=False),
-    "TensorArraySizeV3": _simple(t=False), "TensorArrayCloseV3": _simple(t=False),
-    "ResizeBilinear": _simple(None, *_RESIZE), "ResizeNearestNeighbor": _simple(None, *_RESIZE),
-    "DecodePng": _simple(None, "channels", "dtype", t=False), "DecodeJpeg": _decode_jpeg,
-    "EncodePng": _simple(None, "compression"), "EncodeJpeg": _encode_jpeg,
+    "TensorArraySizeV3": _simple(t=False),
+    "TensorArrayCloseV3": _simple(t=False),
+    "ResizeBilinear": _simple(None, *_RESIZE),
+    "ResizeNearestNeighbor": _simple(None, *_RESIZE),
+    "DecodePng": _simple(None, "channels", "dtype", t=False),
+    "DecodeJpeg": _decode_jpeg,
+    "EncodePng": _simple(None, "compression"),
+    "EncodeJpeg": _encode_jpeg,
 }
 _EXPORTERS.update({t: _simple() for t in _UNARY if t not in _EXPORTERS})
 
@@ -356,15 +499,19 @@ def export_tf_graph_def(graph: Graph) -> bytes:
     if bad:
         listed = ", ".join(f"{op.name!r} ({op.type})" for op in bad[:20])
         more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
-        raise errors.UnimplementedError(None, bad[0], f"cannot export {len(bad)} op(s) with no "
-                                                      f"TensorFlow equivalent: {listed}{more}")
+        raise errors.UnimplementedError(
+            None,
+            bad[0],
+            f"cannot export {len(bad)} op(s) with no TensorFlow equivalent: {listed}{more}",
+        )
     w = _Writer(graph)
     for op in ops:
         try:
             tf_type, inputs, attrs = _EXPORTERS[op.type](w, op)
         except (KeyError, ValueError) as exc:
-            raise errors.UnimplementedError(None, op, f"cannot export op {op.name!r} "
-                                                      f"({op.type}): {exc}") from exc
+            raise errors.UnimplementedError(
+                None, op, f"cannot export op {op.name!r} ({op.type}): {exc}"
+            ) from exc
         cls = op.attrs.get("_class")
         if cls:
             attrs["_class"] = list(cls)

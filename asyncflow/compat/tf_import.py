@@ -40,6 +40,7 @@ __all__ = ["import_tf_graph_def", "supported_tf_op_types"]
 
 # -- parsing ----------------------------------------------------------------------------------
 
+
 def _parse(data: bytes | str | os.PathLike[str]) -> Any:
     m = messages()
     graph_def = m.GraphDef()
@@ -53,19 +54,22 @@ def _parse(data: bytes | str | os.PathLike[str]) -> Any:
     elif isinstance(data, bytes | bytearray | memoryview):
         raw = bytes(data)
     else:
-        raise TypeError(f"import_tf_graph_def: data must be bytes or a path, got "
-                        f"{type(data).__name__}")
+        raise TypeError(
+            f"import_tf_graph_def: data must be bytes or a path, got {type(data).__name__}"
+        )
     try:
         if text is not None:
             m.text_format.Parse(text, graph_def)
         else:
             graph_def.ParseFromString(raw)
     except m.DecodeError as exc:
-        raise errors.DataLossError(None, None, f"cannot parse a TensorFlow GraphDef from "
-                                               f"{len(raw)} bytes: {exc}") from None
+        raise errors.DataLossError(
+            None, None, f"cannot parse a TensorFlow GraphDef from {len(raw)} bytes: {exc}"
+        ) from None
     except m.text_format.ParseError as exc:
-        raise errors.InvalidArgumentError(None, None, f"cannot parse the GraphDef text format: "
-                                                      f"{exc}") from None
+        raise errors.InvalidArgumentError(
+            None, None, f"cannot parse the GraphDef text format: {exc}"
+        ) from None
     return graph_def
 
 
@@ -88,19 +92,22 @@ def _nodes(graph_def: Any) -> list[_Node]:
     seen: set[str] = set()
     for i, nd in enumerate(graph_def.node):
         if not nd.name or ":" in nd.name or nd.name.startswith("^"):
-            raise errors.InvalidArgumentError(None, None, f"GraphDef node #{i} has an invalid "
-                                                          f"name {nd.name!r}")
+            raise errors.InvalidArgumentError(
+                None, None, f"GraphDef node #{i} has an invalid name {nd.name!r}"
+            )
         if nd.name in seen:
-            raise errors.InvalidArgumentError(None, None, f"GraphDef has two nodes named "
-                                                          f"{nd.name!r}")
+            raise errors.InvalidArgumentError(
+                None, None, f"GraphDef has two nodes named {nd.name!r}"
+            )
         seen.add(nd.name)
         inputs: list[tuple[str, int]] = []
         controls: list[str] = []
         for s in nd.input:
             m = _INPUT.match(s)
             if m is None:
-                raise errors.InvalidArgumentError(None, None, f"node {nd.name!r} has a "
-                                                              f"malformed input {s!r}")
+                raise errors.InvalidArgumentError(
+                    None, None, f"node {nd.name!r} has a malformed input {s!r}"
+                )
             if m.group(1):
                 controls.append(m.group(2))
             else:
@@ -109,29 +116,42 @@ def _nodes(graph_def: Any) -> list[_Node]:
     for node in out:
         for producer in [p for p, _ in node.inputs] + node.controls:
             if producer not in seen:
-                raise errors.InvalidArgumentError(None, None, f"node {node.name!r} has input "
-                                                              f"{producer!r}, which is not in "
-                                                              f"the GraphDef")
+                raise errors.InvalidArgumentError(
+                    None,
+                    None,
+                    f"node {node.name!r} has input {producer!r}, which is not in the GraphDef",
+                )
     return out
 
 
 #: Ops a TensorArray handle passes through (into, around and out of loops): their type
 #: attribute may be ``DT_RESOURCE``, read as asyncflow's handle type ``string``.
-_HANDLE_CARRIERS = frozenset({"Identity", "IdentityN", "Enter", "Exit", "Switch", "Merge",
-                              "NextIteration"})
+_HANDLE_CARRIERS = frozenset(
+    {"Identity", "IdentityN", "Enter", "Exit", "Switch", "Merge", "NextIteration"}
+)
 
 
 def _decode_attrs(node: _Node) -> None:
     where = f"node {node.name!r} ({node.op}), attr"
     carrier = node.op in _HANDLE_CARRIERS
     for key, value in node.proto.attr.items():
-        if carrier and key == "T" and value.WhichOneof("value") == "type" and \
-                value.type == RESOURCE:
+        if (
+            carrier
+            and key == "T"
+            and value.WhichOneof("value") == "type"
+            and value.type == RESOURCE
+        ):
             node.attrs[key] = dtypes.string
-        elif carrier and key == "T" and value.WhichOneof("value") == "list" and \
-                RESOURCE in value.list.type:
-            node.attrs[key] = [dtypes.string if v == RESOURCE else
-                               dtype_from_enum(v, f"{where} {key!r}") for v in value.list.type]
+        elif (
+            carrier
+            and key == "T"
+            and value.WhichOneof("value") == "list"
+            and RESOURCE in value.list.type
+        ):
+            node.attrs[key] = [
+                dtypes.string if v == RESOURCE else dtype_from_enum(v, f"{where} {key!r}")
+                for v in value.list.type
+            ]
         else:
             node.attrs[key] = attr_from_proto(value, f"{where} {key!r}")
 
@@ -164,34 +184,50 @@ def _order(nodes: list[_Node]) -> list[_Node]:
                 heapq.heappush(heap, (position[u], u))
     if len(order) != len(nodes):
         stuck = sorted(n for n, d in deps.items() if d)[:5]
-        raise errors.InvalidArgumentError(None, None, f"GraphDef has a cycle not broken by a "
-                                                      f"NextIteration -> Merge edge (nodes "
-                                                      f"{stuck})")
+        raise errors.InvalidArgumentError(
+            None,
+            None,
+            f"GraphDef has a cycle not broken by a NextIteration -> Merge edge (nodes {stuck})",
+        )
     return order
 
 
 # -- converters -------------------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class _Ctx:
     graph: Graph
     prefix: str
     node: _Node
-    name: str            # the imported op's full name
+    name: str  # the imported op's full name
     controls: list[Operation]
 
-    def op(self, op_type: str, inputs: Sequence[Tensor], attrs: Mapping[str, Any],
-           name: str | None = None) -> Operation:
+    def op(
+        self,
+        op_type: str,
+        inputs: Sequence[Tensor],
+        attrs: Mapping[str, Any],
+        name: str | None = None,
+    ) -> Operation:
         extra = dict(attrs)
         cls = self.node.attrs.get("_class")
         if cls and name is None:
-            extra["_class"] = [f"loc:@{self.prefix}{c[5:]}" if isinstance(c, str) and
-                               c.startswith("loc:@") else c for c in cls]
-        return self.graph.create_op(op_type, inputs, extra, name=name or self.name,
-                                    control_inputs=self.controls if name is None else ())
+            extra["_class"] = [
+                f"loc:@{self.prefix}{c[5:]}" if isinstance(c, str) and c.startswith("loc:@") else c
+                for c in cls
+            ]
+        return self.graph.create_op(
+            op_type,
+            inputs,
+            extra,
+            name=name or self.name,
+            control_inputs=self.controls if name is None else (),
+        )
 
-    def helper(self, op_type: str, inputs: Sequence[Tensor], attrs: Mapping[str, Any],
-               suffix: str) -> Tensor:
+    def helper(
+        self, op_type: str, inputs: Sequence[Tensor], attrs: Mapping[str, Any], suffix: str
+    ) -> Tensor:
         return self.op(op_type, inputs, attrs, name=f"{self.name}/{suffix}").outputs[0]
 
     def attr(self, key: str, default: Any = None) -> Any:
@@ -202,13 +238,13 @@ class _Ctx:
         """An attribute TF's op registry requires; ``InvalidArgumentError`` when absent."""
         value = self.node.attrs.get(key)
         if value is None:
-            raise errors.InvalidArgumentError(None, None, f"node {self.node.name!r} "
-                                                          f"({self.node.op}) has no attr "
-                                                          f"{key!r}")
+            raise errors.InvalidArgumentError(
+                None, None, f"node {self.node.name!r} ({self.node.op}) has no attr {key!r}"
+            )
         if kind is not None and not isinstance(value, kind):
-            raise errors.InvalidArgumentError(None, None, f"node {self.node.name!r} "
-                                                          f"({self.node.op}): attr {key!r} "
-                                                          f"is {value!r}")
+            raise errors.InvalidArgumentError(
+                None, None, f"node {self.node.name!r} ({self.node.op}): attr {key!r} is {value!r}"
+            )
         return value
 
     def const(self, t: Tensor, what: str) -> Any:
@@ -217,9 +253,12 @@ class _Ctx:
         value = constant_value(t)
         if value is None:
             raise errors.UnimplementedError(
-                None, None, f"node {self.node.name!r} ({self.node.op}): {what} must be a "
-                            f"constant for asyncflow (or computed from constants only), "
-                            f"got {t.name!r} ({t.op.type})")
+                None,
+                None,
+                f"node {self.node.name!r} ({self.node.op}): {what} must be a "
+                f"constant for asyncflow (or computed from constants only), "
+                f"got {t.name!r} ({t.op.type})",
+            )
         return value
 
 
@@ -228,10 +267,13 @@ Converter = Callable[[_Ctx, list[Tensor]], Operation]
 
 def _same(op_type: str | None = None, /, **defaults: Any) -> Converter:
     """The same op (or ``op_type``) with the attributes in ``defaults`` (TF default values)."""
+
     def convert(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
-        attrs = {k: ctx.attr(k, d) if d is not None else ctx.required(k)
-                 for k, d in defaults.items()}
+        attrs = {
+            k: ctx.attr(k, d) if d is not None else ctx.required(k) for k, d in defaults.items()
+        }
         return ctx.op(op_type or ctx.node.op, inputs, attrs)
+
     return convert
 
 
@@ -245,8 +287,9 @@ def _placeholder(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
     shape = ctx.attr("shape", TensorShape(None))
     if not isinstance(shape, TensorShape):
         ctx.required("shape", TensorShape)
-    return ctx.op("Placeholder", inputs, {"dtype": ctx.required("dtype", dtypes.DType),
-                                          "shape": shape})
+    return ctx.op(
+        "Placeholder", inputs, {"dtype": ctx.required("dtype", dtypes.DType), "shape": shape}
+    )
 
 
 def _cast(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
@@ -259,8 +302,9 @@ def _reduction(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
     if _every_axis(axes, x):
         return ctx.op(ctx.node.op, [x], {"axis": None, "keep_dims": keep_dims})
     value = ctx.const(axes, "the reduction axes")
-    return ctx.op(ctx.node.op, [x], {"axis": [int(a) for a in value.reshape(-1)],
-                                     "keep_dims": keep_dims})
+    return ctx.op(
+        ctx.node.op, [x], {"axis": [int(a) for a in value.reshape(-1)], "keep_dims": keep_dims}
+    )
 
 
 def _every_axis(axes: Tensor, x: Tensor) -> bool:
@@ -270,8 +314,9 @@ def _every_axis(axes: Tensor, x: Tensor) -> bool:
     if op.type != "Range" or len(op.inputs) != 3:
         return False
     start, limit, delta = op.inputs
-    if limit.op.type != "Rank" or _through_identities(limit.op.inputs[0]) \
-            is not _through_identities(x):
+    if limit.op.type != "Rank" or _through_identities(
+        limit.op.inputs[0]
+    ) is not _through_identities(x):
         return False
     first, step = constant_value(start), constant_value(delta)
     return first is not None and step is not None and int(first) == 0 and int(step) == 1
@@ -285,8 +330,14 @@ def _through_identities(t: Tensor) -> Tensor:
 
 def _arg(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
     x, dim = inputs
-    return ctx.op(ctx.node.op, [x], {"axis": int(ctx.const(dim, "the dimension")),
-                                     "output_type": ctx.attr("output_type", dtypes.int64)})
+    return ctx.op(
+        ctx.node.op,
+        [x],
+        {
+            "axis": int(ctx.const(dim, "the dimension")),
+            "output_type": ctx.attr("output_type", dtypes.int64),
+        },
+    )
 
 
 def _transpose(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
@@ -307,8 +358,9 @@ def _concat_v1(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
 
 def _gather(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
     if int(ctx.attr("batch_dims", 0)) != 0:
-        raise errors.UnimplementedError(None, None, f"node {ctx.node.name!r}: GatherV2 with "
-                                                    f"batch_dims is not supported")
+        raise errors.UnimplementedError(
+            None, None, f"node {ctx.node.name!r}: GatherV2 with batch_dims is not supported"
+        )
     axis = int(ctx.const(inputs[2], "the axis")) if len(inputs) == 3 else 0
     return ctx.op("GatherV2", inputs[:2], {"axis": axis})
 
@@ -319,8 +371,14 @@ def _expand_dims(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
 
 
 def _matmul_batch(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
-    return ctx.op("MatMul", inputs, {"transpose_a": bool(ctx.attr("adj_x", False)),
-                                     "transpose_b": bool(ctx.attr("adj_y", False))})
+    return ctx.op(
+        "MatMul",
+        inputs,
+        {
+            "transpose_a": bool(ctx.attr("adj_x", False)),
+            "transpose_b": bool(ctx.attr("adj_y", False)),
+        },
+    )
 
 
 def _div(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
@@ -334,14 +392,23 @@ def _bias_add_v1(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
     return ctx.op("BiasAdd", inputs, {"data_format": "NHWC"})
 
 
-_CONV = {"strides": None, "padding": None, "data_format": "NHWC",
-         "dilations": [1, 1, 1, 1], "explicit_paddings": []}
+_CONV = {
+    "strides": None,
+    "padding": None,
+    "data_format": "NHWC",
+    "dilations": [1, 1, 1, 1],
+    "explicit_paddings": [],
+}
 _POOL = {"ksize": None, "strides": None, "padding": None, "data_format": "NHWC"}
-_BN = {"epsilon": 1e-4, "data_format": "NHWC", "is_training": True,
-       "exponential_avg_factor": 1.0}
+_BN = {"epsilon": 1e-4, "data_format": "NHWC", "is_training": True, "exponential_avg_factor": 1.0}
 _RANDOM = {"dtype": dtypes.float32, "seed": 0, "seed2": 0}
-_SS = {"begin_mask": 0, "end_mask": 0, "ellipsis_mask": 0, "new_axis_mask": 0,
-       "shrink_axis_mask": 0}
+_SS = {
+    "begin_mask": 0,
+    "end_mask": 0,
+    "ellipsis_mask": 0,
+    "new_axis_mask": 0,
+    "shrink_axis_mask": 0,
+}
 
 _UNKNOWN = TensorShape(None)
 _RESIZE = {"align_corners": False, "half_pixel_centers": False}
@@ -350,78 +417,180 @@ _RESIZE = {"align_corners": False, "half_pixel_centers": False}
 def _decode_jpeg(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
     ratio = int(ctx.attr("ratio", 1))
     if ratio != 1:
-        raise errors.UnimplementedError(None, None, f"node {ctx.node.name!r} (DecodeJpeg): "
-                                                    f"ratio={ratio} (downscaled decoding) "
-                                                    f"is not supported")
-    return ctx.op("DecodeJpeg", inputs, {"channels": int(ctx.attr("channels", 0)),
-                                         "dtype": dtypes.uint8})
+        raise errors.UnimplementedError(
+            None,
+            None,
+            f"node {ctx.node.name!r} (DecodeJpeg): "
+            f"ratio={ratio} (downscaled decoding) "
+            f"is not supported",
+        )
+    return ctx.op(
+        "DecodeJpeg", inputs, {"channels": int(ctx.attr("channels", 0)), "dtype": dtypes.uint8}
+    )
 
 
 _CONVERTERS: dict[str, Converter] = {
     "Const": _const,
     "Placeholder": _placeholder,
     "PlaceholderWithDefault": _same(shape=TensorShape(None)),
-    "Identity": _same(), "StopGradient": _same("Identity"), "Snapshot": _same("Identity"),
-    "PreventGradient": _same("Identity"), "NoOp": _same(),
-    "Add": _same(), "AddV2": _same("Add"), "Sub": _same(), "Mul": _same(),
-    "RealDiv": _same(), "Div": _div, "FloorDiv": _same(), "FloorMod": _same(), "Pow": _same(),
-    "Maximum": _same(), "Minimum": _same(), "SquaredDifference": _same(), "AddN": _same(),
-    "Neg": _same(), "Abs": _same(), "Square": _same(), "Sqrt": _same(), "Rsqrt": _same(),
-    "Exp": _same(), "Log": _same(), "Tanh": _same(), "Sigmoid": _same(), "Erf": _same(),
-    "Floor": _same(), "Ceil": _same(), "Round": _same(), "Sign": _same(),
-    "Reciprocal": _same(), "Inv": _same("Reciprocal"), "Log1p": _same(), "Expm1": _same(),
-    "Sin": _same(), "Cos": _same(), "Softplus": _same(), "Softsign": _same(),
-    "IsNan": _same(), "IsFinite": _same(), "TruncateDiv": _same(), "TruncateMod": _same(),
+    "Identity": _same(),
+    "StopGradient": _same("Identity"),
+    "Snapshot": _same("Identity"),
+    "PreventGradient": _same("Identity"),
+    "NoOp": _same(),
+    "Add": _same(),
+    "AddV2": _same("Add"),
+    "Sub": _same(),
+    "Mul": _same(),
+    "RealDiv": _same(),
+    "Div": _div,
+    "FloorDiv": _same(),
+    "FloorMod": _same(),
+    "Pow": _same(),
+    "Maximum": _same(),
+    "Minimum": _same(),
+    "SquaredDifference": _same(),
+    "AddN": _same(),
+    "Neg": _same(),
+    "Abs": _same(),
+    "Square": _same(),
+    "Sqrt": _same(),
+    "Rsqrt": _same(),
+    "Exp": _same(),
+    "Log": _same(),
+    "Tanh": _same(),
+    "Sigmoid": _same(),
+    "Erf": _same(),
+    "Floor": _same(),
+    "Ceil": _same(),
+    "Round": _same(),
+    "Sign": _same(),
+    "Reciprocal": _same(),
+    "Inv": _same("Reciprocal"),
+    "Log1p": _same(),
+    "Expm1": _same(),
+    "Sin": _same(),
+    "Cos": _same(),
+    "Softplus": _same(),
+    "Softsign": _same(),
+    "IsNan": _same(),
+    "IsFinite": _same(),
+    "TruncateDiv": _same(),
+    "TruncateMod": _same(),
     "BroadcastTo": _same(),
-    "Relu": _same(), "Relu6": _same(), "Elu": _same(), "Selu": _same(),
-    "LeakyRelu": _same(alpha=0.2), "Softmax": _same(axis=-1), "LogSoftmax": _same(),
-    "BiasAdd": _same(data_format="NHWC"), "BiasAddV1": _bias_add_v1,
+    "Relu": _same(),
+    "Relu6": _same(),
+    "Elu": _same(),
+    "Selu": _same(),
+    "LeakyRelu": _same(alpha=0.2),
+    "Softmax": _same(axis=-1),
+    "LogSoftmax": _same(),
+    "BiasAdd": _same(data_format="NHWC"),
+    "BiasAddV1": _bias_add_v1,
     "MatMul": _same(transpose_a=False, transpose_b=False),
-    "BatchMatMul": _matmul_batch, "BatchMatMulV2": _matmul_batch,
+    "BatchMatMul": _matmul_batch,
+    "BatchMatMulV2": _matmul_batch,
     "BatchMatMulV3": _matmul_batch,
-    "Equal": _same(), "NotEqual": _same(), "Less": _same(), "LessEqual": _same(),
-    "Greater": _same(), "GreaterEqual": _same(), "LogicalAnd": _same(),
-    "LogicalOr": _same(), "LogicalNot": _same(),
+    "Equal": _same(),
+    "NotEqual": _same(),
+    "Less": _same(),
+    "LessEqual": _same(),
+    "Greater": _same(),
+    "GreaterEqual": _same(),
+    "LogicalAnd": _same(),
+    "LogicalOr": _same(),
+    "LogicalNot": _same(),
     "Cast": _cast,
-    "Sum": _reduction, "Mean": _reduction, "Max": _reduction, "Min": _reduction,
-    "Prod": _reduction, "All": _reduction, "Any": _reduction,
-    "ArgMax": _arg, "ArgMin": _arg,
-    "Reshape": _same(), "Transpose": _transpose, "ConcatV2": _concat_v2, "Concat": _concat_v1,
-    "Pack": _same(axis=0), "Unpack": _same(num=None, axis=0),
-    "GatherV2": _gather, "Gather": _gather, "ExpandDims": _expand_dims,
-    "Squeeze": _same(squeeze_dims=[]), "Shape": _same(out_type=dtypes.int32),
-    "Size": _same(out_type=dtypes.int32), "Rank": _same(), "Fill": _same(), "Range": _same(),
-    "ZerosLike": _same(), "OnesLike": _same(), "Where": _same(), "SelectV2": _same(),
+    "Sum": _reduction,
+    "Mean": _reduction,
+    "Max": _reduction,
+    "Min": _reduction,
+    "Prod": _reduction,
+    "All": _reduction,
+    "Any": _reduction,
+    "ArgMax": _arg,
+    "ArgMin": _arg,
+    "Reshape": _same(),
+    "Transpose": _transpose,
+    "ConcatV2": _concat_v2,
+    "Concat": _concat_v1,
+    "Pack": _same(axis=0),
+    "Unpack": _same(num=None, axis=0),
+    "GatherV2": _gather,
+    "Gather": _gather,
+    "ExpandDims": _expand_dims,
+    "Squeeze": _same(squeeze_dims=[]),
+    "Shape": _same(out_type=dtypes.int32),
+    "Size": _same(out_type=dtypes.int32),
+    "Rank": _same(),
+    "Fill": _same(),
+    "Range": _same(),
+    "ZerosLike": _same(),
+    "OnesLike": _same(),
+    "Where": _same(),
+    "SelectV2": _same(),
     "Select": _same(),
-    "StridedSlice": _same(**_SS), "Slice": _same(), "Split": _same(num_split=None),
-    "SplitV": _same(num_split=None), "Tile": _same(), "Pad": _same(), "PadV2": _same(),
-    "MirrorPad": _same(mode=None), "OneHot": _same(axis=-1), "GatherNd": _same(),
-    "ReverseV2": _same(), "Cumsum": _same(exclusive=False, reverse=False),
-    "TopKV2": _same(sorted=True), "Einsum": _same(equation=None), "ClipByValue": _same(),
-    "Conv2D": _same(**_CONV), "DepthwiseConv2dNative": _same(**_CONV),
+    "StridedSlice": _same(**_SS),
+    "Slice": _same(),
+    "Split": _same(num_split=None),
+    "SplitV": _same(num_split=None),
+    "Tile": _same(),
+    "Pad": _same(),
+    "PadV2": _same(),
+    "MirrorPad": _same(mode=None),
+    "OneHot": _same(axis=-1),
+    "GatherNd": _same(),
+    "ReverseV2": _same(),
+    "Cumsum": _same(exclusive=False, reverse=False),
+    "TopKV2": _same(sorted=True),
+    "Einsum": _same(equation=None),
+    "ClipByValue": _same(),
+    "Conv2D": _same(**_CONV),
+    "DepthwiseConv2dNative": _same(**_CONV),
     "Conv2DBackpropInput": _same(**_CONV),
-    "MaxPool": _same(**_POOL), "AvgPool": _same(**_POOL),
-    "FusedBatchNorm": _same(**_BN), "FusedBatchNormV2": _same(**_BN),
+    "MaxPool": _same(**_POOL),
+    "AvgPool": _same(**_POOL),
+    "FusedBatchNorm": _same(**_BN),
+    "FusedBatchNormV2": _same(**_BN),
     "FusedBatchNormV3": _same(**_BN),
-    "SoftmaxCrossEntropyWithLogits": _same(), "SparseSoftmaxCrossEntropyWithLogits": _same(),
-    "RandomUniform": _same(**_RANDOM), "RandomStandardNormal": _same(**_RANDOM),
-    "TruncatedNormal": _same(**_RANDOM), "RandomUniformInt": _same(seed=0, seed2=0),
-    "Print": _same(message="", first_n=-1, summarize=3), "Assert": _same(summarize=3),
-    "Switch": _same(), "Exit": _same(), "NextIteration": _same(), "LoopCond": _same(),
+    "SoftmaxCrossEntropyWithLogits": _same(),
+    "SparseSoftmaxCrossEntropyWithLogits": _same(),
+    "RandomUniform": _same(**_RANDOM),
+    "RandomStandardNormal": _same(**_RANDOM),
+    "TruncatedNormal": _same(**_RANDOM),
+    "RandomUniformInt": _same(seed=0, seed2=0),
+    "Print": _same(message="", first_n=-1, summarize=3),
+    "Assert": _same(summarize=3),
+    "Switch": _same(),
+    "Exit": _same(),
+    "NextIteration": _same(),
+    "LoopCond": _same(),
     "Enter": _same(frame_name=None, is_constant=False, parallel_iterations=10),
-    "IdentityN": _same(), "Erfc": _same(), "MatrixBandPart": _same(),
-    "TensorArrayV3": _same(dtype=None, element_shape=_UNKNOWN, dynamic_size=False,
-                           clear_after_read=True, identical_element_shapes=False,
-                           tensor_array_name=""),
-    "TensorArrayReadV3": _same(dtype=None), "TensorArrayWriteV3": _same(T=None),
+    "IdentityN": _same(),
+    "Erfc": _same(),
+    "MatrixBandPart": _same(),
+    "TensorArrayV3": _same(
+        dtype=None,
+        element_shape=_UNKNOWN,
+        dynamic_size=False,
+        clear_after_read=True,
+        identical_element_shapes=False,
+        tensor_array_name="",
+    ),
+    "TensorArrayReadV3": _same(dtype=None),
+    "TensorArrayWriteV3": _same(T=None),
     "TensorArrayGatherV3": _same(dtype=None, element_shape=_UNKNOWN),
     "TensorArrayScatterV3": _same(T=None),
     "TensorArrayConcatV3": _same(dtype=None, element_shape_except0=_UNKNOWN),
-    "TensorArraySplitV3": _same(T=None), "TensorArraySizeV3": _same(),
+    "TensorArraySplitV3": _same(T=None),
+    "TensorArraySizeV3": _same(),
     "TensorArrayCloseV3": _same(),
-    "ResizeBilinear": _same(**_RESIZE), "ResizeNearestNeighbor": _same(**_RESIZE),
-    "DecodePng": _same(channels=0, dtype=dtypes.uint8), "DecodeJpeg": _decode_jpeg,
-    "EncodePng": _same(compression=-1), "EncodeJpeg": _same(quality=95, format=""),
+    "ResizeBilinear": _same(**_RESIZE),
+    "ResizeNearestNeighbor": _same(**_RESIZE),
+    "DecodePng": _same(channels=0, dtype=dtypes.uint8),
+    "DecodeJpeg": _decode_jpeg,
+    "EncodePng": _same(compression=-1),
+    "EncodeJpeg": _same(quality=95, format=""),
 }
 
 
@@ -446,10 +615,12 @@ def _device(spec: str) -> str:
     return spec
 
 
-def import_tf_graph_def(data: bytes | str | os.PathLike[str],
-                        input_map: Mapping[str, Any] | None = None,
-                        return_elements: Sequence[str] | None = None,
-                        name: str | None = "import") -> list[Tensor | Operation] | None:
+def import_tf_graph_def(
+    data: bytes | str | os.PathLike[str],
+    input_map: Mapping[str, Any] | None = None,
+    return_elements: Sequence[str] | None = None,
+    name: str | None = "import",
+) -> list[Tensor | Operation] | None:
     """Import a TensorFlow ``GraphDef`` protobuf into the default graph.
 
     ``data``: serialized bytes, or a path to a binary ``.pb`` or text ``.pbtxt`` file.
@@ -467,15 +638,18 @@ def import_tf_graph_def(data: bytes | str | os.PathLike[str],
     graph_def = _parse(data)
     if len(graph_def.library.function):
         names = sorted(f.signature.name for f in graph_def.library.function)
-        raise errors.UnimplementedError(None, None, f"GraphDef function libraries are not "
-                                                    f"supported (functions {names})")
+        raise errors.UnimplementedError(
+            None, None, f"GraphDef function libraries are not supported (functions {names})"
+        )
     nodes = _nodes(graph_def)
     counts = Counter(n.op for n in nodes if n.op not in _CONVERTERS and n.op != "Merge")
     if counts:
         listed = ", ".join(f"{t} (x{c})" for t, c in sorted(counts.items()))
-        raise errors.UnimplementedError(None, None, f"the GraphDef uses {len(counts)} op "
-                                                    f"type(s) asyncflow does not support: "
-                                                    f"{listed}")
+        raise errors.UnimplementedError(
+            None,
+            None,
+            f"the GraphDef uses {len(counts)} op type(s) asyncflow does not support: {listed}",
+        )
     for n in nodes:
         _decode_attrs(n)
     order = _order(nodes)
@@ -495,8 +669,9 @@ def import_tf_graph_def(data: bytes | str | os.PathLike[str],
     return [_element(e, created) for e in return_elements]
 
 
-def _input_map(input_map: Mapping[str, Any] | None, nodes: dict[str, _Node]
-               ) -> dict[tuple[str, int], Tensor]:
+def _input_map(
+    input_map: Mapping[str, Any] | None, nodes: dict[str, _Node]
+) -> dict[tuple[str, int], Tensor]:
     from asyncflow.framework.graph import convert_to_tensor
 
     out: dict[tuple[str, int], Tensor] = {}
@@ -512,8 +687,9 @@ def _input_map(input_map: Mapping[str, Any] | None, nodes: dict[str, _Node]
             continue
         out[(m.group(2), int(m.group(3) or 0))] = convert_to_tensor(value)
     if missing:
-        raise ValueError(f"Attempted to map inputs that were not found in graph_def: "
-                         f"{sorted(missing)}")
+        raise ValueError(
+            f"Attempted to map inputs that were not found in graph_def: {sorted(missing)}"
+        )
     return out
 
 
@@ -523,14 +699,18 @@ def _dry_run(order: list[_Node], mapped: dict[tuple[str, int], Tensor]) -> None:
     placeholders of the same dtype and shape there."""
     scratch = Graph()
     with scratch.as_default():
-        stand_ins = {key: scratch.create_op("Placeholder", (), {"dtype": t.dtype,
-                                                                 "shape": t.shape}).outputs[0]
-                     for key, t in mapped.items()}
+        stand_ins = {
+            key: scratch.create_op("Placeholder", (), {"dtype": t.dtype, "shape": t.shape}).outputs[
+                0
+            ]
+            for key, t in mapped.items()
+        }
     _create(scratch, "", order, stand_ins)
 
 
-def _create(graph: Graph, prefix: str, order: list[_Node],
-            mapped: dict[tuple[str, int], Tensor]) -> dict[str, Operation]:
+def _create(
+    graph: Graph, prefix: str, order: list[_Node], mapped: dict[tuple[str, int], Tensor]
+) -> dict[str, Operation]:
     created: dict[str, Operation] = {}
     # (merge op, input index, producer, output index) of NextIteration -> Merge edges.
     back_edges: list[tuple[Operation, int, str, int]] = []
@@ -545,8 +725,9 @@ def _create(graph: Graph, prefix: str, order: list[_Node],
             pending = [i for i, t in enumerate(inputs) if t is None]
             stand_in = next((t for t in inputs if t is not None), None)
             if pending and stand_in is None:
-                raise errors.InvalidArgumentError(None, None, f"Merge node {node.name!r} has "
-                                                              f"only back-edge inputs")
+                raise errors.InvalidArgumentError(
+                    None, None, f"Merge node {node.name!r} has only back-edge inputs"
+                )
             ready: list[Tensor] = []
             for t in inputs:
                 chosen = t if t is not None else stand_in
@@ -577,17 +758,19 @@ def _convert(ctx: _Ctx, inputs: list[Tensor]) -> Operation:
         raise
     except Exception as exc:
         # A shape function or converter tripping on malformed attributes or inputs.
-        raise errors.InvalidArgumentError(None, None, f"cannot import node {node.name!r} "
-                                                      f"({node.op}): {type(exc).__name__}: "
-                                                      f"{exc}") from exc
+        raise errors.InvalidArgumentError(
+            None, None, f"cannot import node {node.name!r} ({node.op}): {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _output(op: Operation, index: int, node: _Node | None) -> Tensor:
     if index >= len(op.outputs):
         who = f"node {node.name!r}" if node is not None else "a Merge node"
-        raise errors.InvalidArgumentError(None, None, f"{who} uses output {index} of "
-                                                      f"{op.name!r}, which has "
-                                                      f"{len(op.outputs)} output(s)")
+        raise errors.InvalidArgumentError(
+            None,
+            None,
+            f"{who} uses output {index} of {op.name!r}, which has {len(op.outputs)} output(s)",
+        )
     return op.outputs[index]
 
 
@@ -598,9 +781,13 @@ def _check_output_shapes(op: Operation, node: _Node) -> None:
         return
     for t, shape in zip(op.outputs, declared):
         if not t._shape.is_compatible_with(shape):
-            raise errors.InvalidArgumentError(None, None, f"node {node.name!r}: inferred shape "
-                                                          f"{t._shape} of {t.name!r} does not "
-                                                          f"match _output_shapes {shape}")
+            raise errors.InvalidArgumentError(
+                None,
+                None,
+                f"node {node.name!r}: inferred shape "
+                f"{t._shape} of {t.name!r} does not "
+                f"match _output_shapes {shape}",
+            )
         t._shape = t._shape.merge_with(shape)
 
 

@@ -43,17 +43,27 @@ def never_folded(node: NodeDef) -> str | None:
     """
     if node.op in CONTROL_FLOW_OPS:
         return f"{node.op} is never folded"
-    return never_folded_reason(node.op, stateful=node.stateful,
-                               function_call=FUNCTION_ATTR in node.attrs,
-                               outputs=len(node.outputs))
+    return never_folded_reason(
+        node.op,
+        stateful=node.stateful,
+        function_call=FUNCTION_ATTR in node.attrs,
+        outputs=len(node.outputs),
+    )
 
 
-def fold_constants(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Sequence[str],
-                   *, feeds: Collection[Ref], fetches: Sequence[Ref], targets: Sequence[str],
-                   max_bytes: int) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool]:
+def fold_constants(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    devices: Sequence[str],
+    *,
+    feeds: Collection[Ref],
+    fetches: Sequence[Ref],
+    targets: Sequence[str],
+    max_bytes: int,
+) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool]:
     """Fold the constant subgraphs of placed ``nodes``; returns the new nodes, their
     placement and whether anything changed."""
-    values: dict[str, tuple[Any, ...]] = {}    # constant node -> its output values
+    values: dict[str, tuple[Any, ...]] = {}  # constant node -> its output values
     carried: dict[str, tuple[str, ...]] = {}  # constant node -> non-constant control deps
     out: list[NodeDef] | None = None  # made at the first fold (before it: ``nodes``)
     for k, (node, d) in enumerate(zip(nodes, placement)):
@@ -76,9 +86,13 @@ def fold_constants(nodes: Sequence[NodeDef], placement: Sequence[int], devices: 
     return _live(out, placement, fetches, targets, feeds)
 
 
-def _live(nodes: Sequence[NodeDef], placement: Sequence[int], fetches: Sequence[Ref],
-          targets: Sequence[str], feeds: Collection[Ref]
-          ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool]:
+def _live(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    fetches: Sequence[Ref],
+    targets: Sequence[str],
+    feeds: Collection[Ref],
+) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool]:
     """Drop the nodes nothing needs any more (they only fed folded nodes)."""
     index = {n.name: k for k, n in enumerate(nodes)}
     stack = [r[0] for r in fetches if r not in feeds and r[0] in index]
@@ -96,9 +110,14 @@ def _live(nodes: Sequence[NodeDef], placement: Sequence[int], fetches: Sequence[
     return tuple(nodes[k] for k in keep), tuple(placement[k] for k in keep), True
 
 
-def _evaluate(node: NodeDef, device: str, values: dict[str, tuple[Any, ...]],
-              carried: dict[str, tuple[str, ...]], feeds: Collection[Ref],
-              max_bytes: int) -> tuple[Any, ...] | None:
+def _evaluate(
+    node: NodeDef,
+    device: str,
+    values: dict[str, tuple[Any, ...]],
+    carried: dict[str, tuple[str, ...]],
+    feeds: Collection[Ref],
+    max_bytes: int,
+) -> tuple[Any, ...] | None:
     """Node's output values if it is constant (recording it in ``values``), else None."""
     if node.op == "Const":
         if any((node.name, k) in feeds for k in range(len(node.outputs))):
@@ -115,8 +134,12 @@ def _evaluate(node: NodeDef, device: str, values: dict[str, tuple[Any, ...]],
     kernel = inline_kernel(node, DeviceSpec.from_string(device).device_type or "CPU")
     if kernel is None:
         return None
-    arrays = evaluate(kernel, [values[r[0]][r[1]] for r in node.inputs],
-                      [info.dtype for info in node.outputs], max_bytes)
+    arrays = evaluate(
+        kernel,
+        [values[r[0]][r[1]] for r in node.inputs],
+        [info.dtype for info in node.outputs],
+        max_bytes,
+    )
     if arrays is None:
         return None
     values[node.name] = arrays
@@ -124,8 +147,12 @@ def _evaluate(node: NodeDef, device: str, values: dict[str, tuple[Any, ...]],
     return arrays
 
 
-def _carried(node: NodeDef, inputs: Sequence[Ref], values: Mapping[str, Any],
-             carried: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+def _carried(
+    node: NodeDef,
+    inputs: Sequence[Ref],
+    values: Mapping[str, Any],
+    carried: Mapping[str, tuple[str, ...]],
+) -> tuple[str, ...]:
     """The non-constant control dependencies a replacement of ``node`` must keep: its
     own, and those its constant inputs carry (TF's ``constant_control_deps``)."""
     deps: dict[str, None] = {}
@@ -140,5 +167,11 @@ def _as_const(node: NodeDef, value: np.ndarray, control_inputs: tuple[str, ...])
     attrs: Mapping[str, Any] = {"value": value, "dtype": node.outputs[0].dtype}
     if "_class" in node.attrs:
         attrs = {**attrs, "_class": node.attrs["_class"]}
-    return node._replace(op="Const", inputs=(), control_inputs=control_inputs, attrs=attrs,
-                   input_types=(), stateful=False)
+    return node._replace(
+        op="Const",
+        inputs=(),
+        control_inputs=control_inputs,
+        attrs=attrs,
+        input_types=(),
+        stateful=False,
+    )

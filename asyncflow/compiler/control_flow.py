@@ -29,13 +29,31 @@ from asyncflow import dtypes, errors
 from asyncflow.compiler.ir import NodeDef, ValueInfo
 from asyncflow.framework.shapes import TensorShape
 
-__all__ = ["CF_ENTER", "CF_EXIT", "CF_MERGE", "CF_NEXT", "CF_NONE", "CF_SWITCH",
-           "CONTROL_FLOW_OPS", "FrameInfo", "Frames", "StaticFrame", "add_control_loops",
-           "analyze_frames", "cond_info", "node_frames"]
+__all__ = [
+    "CF_ENTER",
+    "CF_EXIT",
+    "CF_MERGE",
+    "CF_NEXT",
+    "CF_NONE",
+    "CF_SWITCH",
+    "CONTROL_FLOW_OPS",
+    "FrameInfo",
+    "Frames",
+    "StaticFrame",
+    "add_control_loops",
+    "analyze_frames",
+    "cond_info",
+    "node_frames",
+]
 
 CF_NONE, CF_SWITCH, CF_MERGE, CF_ENTER, CF_EXIT, CF_NEXT = range(6)
-_KINDS = {"Switch": CF_SWITCH, "Merge": CF_MERGE, "Enter": CF_ENTER, "Exit": CF_EXIT,
-          "NextIteration": CF_NEXT}
+_KINDS = {
+    "Switch": CF_SWITCH,
+    "Merge": CF_MERGE,
+    "Enter": CF_ENTER,
+    "Exit": CF_EXIT,
+    "NextIteration": CF_NEXT,
+}
 #: The op types routed by the frame propagator itself.
 CONTROL_FLOW_OPS = frozenset(_KINDS)
 
@@ -71,7 +89,8 @@ def node_frames(nodes: Sequence[NodeDef]) -> Frames:
         if k == CF_EXIT:
             if not f:
                 raise errors.InvalidArgumentError(
-                    None, n, f"Exit node {n.name!r} is not inside a loop frame")
+                    None, n, f"Exit node {n.name!r} is not inside a loop frame"
+                )
             return f[:-1]
         return f
 
@@ -99,9 +118,11 @@ def node_frames(nodes: Sequence[NodeDef]) -> Frames:
                 work.append(c)
             elif frame[c] != out and not (kind[c] == CF_MERGE and kind[name] == CF_NEXT):
                 raise errors.InvalidArgumentError(
-                    None, by_name[c],
+                    None,
+                    by_name[c],
                     f"node {c!r} has inputs from different loop frames (one is {name!r}); "
-                    f"values cross frames only through Enter and Exit")
+                    f"values cross frames only through Enter and Exit",
+                )
     for n in nodes:  # unreachable from a source: a cycle not closed by NextIteration
         if n.name not in frame:
             frame[n.name] = ()
@@ -113,22 +134,22 @@ def node_frames(nodes: Sequence[NodeDef]) -> Frames:
 class StaticFrame:
     """One loop frame of a partition.  Frame 0 is the root (no loop)."""
 
-    name: str                   # the frame_name attribute ("" for the root)
+    name: str  # the frame_name attribute ("" for the root)
     parent: int
     parallel_iterations: int
-    exits: tuple[int, ...]      # Exit nodes running in this frame
-    num_enters: int             # Enter nodes whose output lives in this frame
+    exits: tuple[int, ...]  # Exit nodes running in this frame
+    num_enters: int  # Enter nodes whose output lives in this frame
 
 
 @dataclass(frozen=True, slots=True)
 class FrameInfo:
     """Per-node control-flow facts of a plan (indexed by node)."""
 
-    kind: tuple[int, ...]            # CF_* of each node
-    frame: tuple[int, ...]           # the frame each node runs in
-    child: tuple[int, ...]           # Enter: the frame its output lives in (else -1)
-    constant: tuple[bool, ...]       # Enter: is_constant
-    loop_merge: tuple[bool, ...]     # Merge with a NextIteration input
+    kind: tuple[int, ...]  # CF_* of each node
+    frame: tuple[int, ...]  # the frame each node runs in
+    child: tuple[int, ...]  # Enter: the frame its output lives in (else -1)
+    constant: tuple[bool, ...]  # Enter: is_constant
+    loop_merge: tuple[bool, ...]  # Merge with a NextIteration input
     merge_controls: tuple[int, ...]  # Merge: how many control producers it waits for
     frames: tuple[StaticFrame, ...]
 
@@ -149,17 +170,21 @@ def analyze_frames(sched: Sequence[NodeDef], frames: Frames) -> FrameInfo:
     node_of = {n.name: i for i, n in enumerate(sched)}
     kind = tuple(_KINDS.get(n.op, CF_NONE) for n in sched)
     frame = tuple(frame_index(frames.frame[n.name]) for n in sched)
-    child = tuple(frame_index(frames.out_frame[n.name]) if k == CF_ENTER else -1
-                  for n, k in zip(sched, kind))
-    constant = tuple(bool(n.attrs.get("is_constant", False)) if k == CF_ENTER else False
-                     for n, k in zip(sched, kind))
+    child = tuple(
+        frame_index(frames.out_frame[n.name]) if k == CF_ENTER else -1 for n, k in zip(sched, kind)
+    )
+    constant = tuple(
+        bool(n.attrs.get("is_constant", False)) if k == CF_ENTER else False
+        for n, k in zip(sched, kind)
+    )
     loop_merge = tuple(
-        k == CF_MERGE and any(r[0] in node_of and kind[node_of[r[0]]] == CF_NEXT
-                              for r in n.inputs)
-        for n, k in zip(sched, kind))
+        k == CF_MERGE and any(r[0] in node_of and kind[node_of[r[0]]] == CF_NEXT for r in n.inputs)
+        for n, k in zip(sched, kind)
+    )
     merge_controls = tuple(
         len({c for c in n.control_inputs if c in node_of}) if k == CF_MERGE else 0
-        for n, k in zip(sched, kind))
+        for n, k in zip(sched, kind)
+    )
     exits: dict[int, list[int]] = {}
     enters: dict[int, int] = {}
     for i, k in enumerate(kind):
@@ -168,10 +193,15 @@ def analyze_frames(sched: Sequence[NodeDef], frames: Frames) -> FrameInfo:
         elif k == CF_ENTER:
             enters[child[i]] = enters.get(child[i], 0) + 1
     static = tuple(
-        StaticFrame(p[-1] if p else "", index[p[:-1]] if p else -1,
-                    frames.parallel_iterations.get(p, 1), tuple(exits.get(k, ())),
-                    enters.get(k, 0))
-        for k, p in enumerate(paths))
+        StaticFrame(
+            p[-1] if p else "",
+            index[p[:-1]] if p else -1,
+            frames.parallel_iterations.get(p, 1),
+            tuple(exits.get(k, ())),
+            enters.get(k, 0),
+        )
+        for k, p in enumerate(paths)
+    )
     return FrameInfo(kind, frame, child, constant, loop_merge, merge_controls, static)
 
 
@@ -182,7 +212,8 @@ def cond_info(sched: Sequence[NodeDef]) -> FrameInfo:
     kind = tuple(_KINDS.get(n.op, CF_NONE) for n in sched)
     merge_controls = tuple(
         len({c for c in n.control_inputs if c in present}) if k == CF_MERGE else 0
-        for n, k in zip(sched, kind))
+        for n, k in zip(sched, kind)
+    )
     return FrameInfo(kind, (), (), (), (), merge_controls, (StaticFrame("", -1, 1, (), 0),))
 
 
@@ -193,9 +224,9 @@ _INDEX = ValueInfo(dtypes.int32, TensorShape(()))
 _BOOL = ValueInfo(dtypes.bool, TensorShape(()))
 
 
-def add_control_loops(nodes: Sequence[NodeDef], placement: Sequence[int], frames: Frames
-                      ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], Frames,
-                                 dict[tuple[FramePath, int], str]]:
+def add_control_loops(
+    nodes: Sequence[NodeDef], placement: Sequence[int], frames: Frames
+) -> tuple[tuple[NodeDef, ...], tuple[int, ...], Frames, dict[tuple[FramePath, int], str]]:
     """Add a control loop per (frame, device) that receives a value inside that frame
     from another device.  Returns the nodes, placement and frames with the control
     loops added, and ``(frame, device) -> the control loop's Merge``: partitioning
@@ -226,35 +257,90 @@ def add_control_loops(nodes: Sequence[NodeDef], placement: Sequence[int], frames
         cond = loop_cond.get(path)
         if cond is None:
             raise errors.InvalidArgumentError(
-                None, owner, f"A cross-device loop must have a pivot predicate: frame "
-                             f"{path[-1]!r} has no LoopCond among the nodes of this run")
+                None,
+                owner,
+                f"A cross-device loop must have a pivot predicate: frame "
+                f"{path[-1]!r} has no LoopCond among the nodes of this run",
+            )
         prefix = f"_cloop{len(loops)}_{path[-1]}_{device}"
         parent = path[:-1]
         if parent:
             source = ensure(parent, device, owner)
         else:
             source = f"{prefix}/dummy"
-            new(NodeDef(source, "Const", attrs={"value": np.zeros(0, np.float32),
-                                                "dtype": dtypes.float32},
-                        outputs=(_DUMMY,), traceback=owner.traceback), device, (), ())
+            new(
+                NodeDef(
+                    source,
+                    "Const",
+                    attrs={"value": np.zeros(0, np.float32), "dtype": dtypes.float32},
+                    outputs=(_DUMMY,),
+                    traceback=owner.traceback,
+                ),
+                device,
+                (),
+                (),
+            )
         merge = loops[(path, device)] = f"{prefix}/merge"
         tb = owner.traceback
-        new(NodeDef(f"{prefix}/enter", "Enter", ((source, 0),),
-                    attrs={"frame_name": path[-1], "is_constant": False,
-                           "parallel_iterations": frames.parallel_iterations.get(path, 10)},
-                    outputs=(_DUMMY,), input_types=(_DUMMY,), traceback=tb),
-            device, parent, path)
-        new(NodeDef(merge, "Merge", ((f"{prefix}/enter", 0), (f"{prefix}/next", 0)),
-                    outputs=(_DUMMY, _INDEX), input_types=(_DUMMY, _DUMMY), traceback=tb),
-            device, path, path)
+        new(
+            NodeDef(
+                f"{prefix}/enter",
+                "Enter",
+                ((source, 0),),
+                attrs={
+                    "frame_name": path[-1],
+                    "is_constant": False,
+                    "parallel_iterations": frames.parallel_iterations.get(path, 10),
+                },
+                outputs=(_DUMMY,),
+                input_types=(_DUMMY,),
+                traceback=tb,
+            ),
+            device,
+            parent,
+            path,
+        )
+        new(
+            NodeDef(
+                merge,
+                "Merge",
+                ((f"{prefix}/enter", 0), (f"{prefix}/next", 0)),
+                outputs=(_DUMMY, _INDEX),
+                input_types=(_DUMMY, _DUMMY),
+                traceback=tb,
+            ),
+            device,
+            path,
+            path,
+        )
         # The predicate comes from the leader's LoopCond; when that is on another
         # device, partitioning cuts this edge and gates its _Recv with ``merge``.
-        new(NodeDef(f"{prefix}/switch", "Switch", ((merge, 0), (cond, 0)),
-                    outputs=(_DUMMY, _DUMMY), input_types=(_DUMMY, _BOOL), traceback=tb),
-            device, path, path)
-        new(NodeDef(f"{prefix}/next", "NextIteration", ((f"{prefix}/switch", 1),),
-                    outputs=(_DUMMY,), input_types=(_DUMMY,), traceback=tb),
-            device, path, path)
+        new(
+            NodeDef(
+                f"{prefix}/switch",
+                "Switch",
+                ((merge, 0), (cond, 0)),
+                outputs=(_DUMMY, _DUMMY),
+                input_types=(_DUMMY, _BOOL),
+                traceback=tb,
+            ),
+            device,
+            path,
+            path,
+        )
+        new(
+            NodeDef(
+                f"{prefix}/next",
+                "NextIteration",
+                ((f"{prefix}/switch", 1),),
+                outputs=(_DUMMY,),
+                input_types=(_DUMMY,),
+                traceback=tb,
+            ),
+            device,
+            path,
+            path,
+        )
         return merge
 
     for n in nodes:
@@ -267,5 +353,9 @@ def add_control_loops(nodes: Sequence[NodeDef], placement: Sequence[int], frames
                 ensure(path, d, n)
     if not added:
         return tuple(nodes), tuple(placement), frames, loops
-    return ((*nodes, *added), (*placement, *added_device),
-            Frames(frame, out_frame, frames.parallel_iterations), loops)
+    return (
+        (*nodes, *added),
+        (*placement, *added_device),
+        Frames(frame, out_frame, frames.parallel_iterations),
+        loops,
+    )

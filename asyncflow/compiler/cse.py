@@ -25,14 +25,20 @@ from asyncflow.compiler.ir import NodeDef, Ref
 
 __all__ = ["eliminate_common_subexpressions"]
 
-_NEVER = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval", "_Send",
-                    "_Recv"}) | CONTROL_FLOW_OPS
+_NEVER = (
+    frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval", "_Send", "_Recv"})
+    | CONTROL_FLOW_OPS
+)
 
 
 def eliminate_common_subexpressions(
-        nodes: Sequence[NodeDef], placement: Sequence[int], *, feeds: Collection[Ref],
-        protected: Collection[str], renames: dict[str, str] | None = None
-        ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool]:
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    *,
+    feeds: Collection[Ref],
+    protected: Collection[str],
+    renames: dict[str, str] | None = None,
+) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool]:
     """Merge equivalent nodes; returns the nodes, their placement and whether any merged.
 
     ``protected`` nodes are never removed.  With ``renames``, every removed node's
@@ -58,10 +64,15 @@ def eliminate_common_subexpressions(
     return merged
 
 
-def _merge(nodes: Sequence[NodeDef], placement: Sequence[int], feeds: Collection[Ref],
-           protected: Collection[str], firsts: Sequence[str] | None = None,
-           sizes: Mapping[str, int] | None = None, renames: dict[str, str] | None = None
-           ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool] | None:
+def _merge(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    feeds: Collection[Ref],
+    protected: Collection[str],
+    firsts: Sequence[str] | None = None,
+    sizes: Mapping[str, int] | None = None,
+    renames: dict[str, str] | None = None,
+) -> tuple[tuple[NodeDef, ...], tuple[int, ...], bool] | None:
     """The pass; with ``firsts`` / ``sizes``, nodes alone in their group are skipped
     until the first merge, which then returns None (start again without skipping)."""
     # first input's producer -> the group's first node and device, until a second
@@ -122,8 +133,7 @@ def _key(node: NodeDef, device: int) -> Hashable:
 
 
 def _rewired(node: NodeDef, rename: dict[str, str], feeds: Collection[Ref]) -> NodeDef:
-    inputs = tuple((rename.get(r[0], r[0]), r[1]) if r not in feeds else r
-                   for r in node.inputs)
+    inputs = tuple((rename.get(r[0], r[0]), r[1]) if r not in feeds else r for r in node.inputs)
     controls = tuple(dict.fromkeys(rename.get(c, c) for c in node.control_inputs))
     if inputs == node.inputs and controls == node.control_inputs:
         return node

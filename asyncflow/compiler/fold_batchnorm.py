@@ -34,8 +34,13 @@ import numpy as np
 from asyncflow.compiler.ir import NodeDef, Ref, ValueInfo
 from asyncflow.framework.shapes import TensorShape
 
-__all__ = ["FUSED_CONV", "fold_batch_norms", "fold_pads", "fuse_conv_bias_activation",
-           "rewrite_convolutions"]
+__all__ = [
+    "FUSED_CONV",
+    "fold_batch_norms",
+    "fold_pads",
+    "fuse_conv_bias_activation",
+    "rewrite_convolutions",
+]
 
 #: The op type of a convolution fused with its bias and activation.
 FUSED_CONV = "_FusedConv2D"
@@ -47,8 +52,13 @@ _ACTIVATIONS = frozenset({"Relu", "Relu6"})
 Nodes = tuple[tuple[NodeDef, ...], tuple[int, ...], bool]
 
 
-def rewrite_convolutions(nodes: Sequence[NodeDef], placement: Sequence[int], *,
-                         feeds: Collection[Ref], protected: Collection[str]) -> Nodes:
+def rewrite_convolutions(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    *,
+    feeds: Collection[Ref],
+    protected: Collection[str],
+) -> Nodes:
     """The three rewrites: pads into convolutions, then batch norms (a folded chain ends
     in the ``BiasAdd`` the fusion takes), then bias + activation.  Each rewrite
     starts at a convolution: a graph without one is returned as it is, without the
@@ -65,13 +75,14 @@ def rewrite_convolutions(nodes: Sequence[NodeDef], placement: Sequence[int], *,
 class _Graph:
     """The lookups both passes need: nodes by name, data uses per node, constants."""
 
-    def __init__(self, nodes: Sequence[NodeDef], feeds: Collection[Ref],
-                 protected: Collection[str]) -> None:
+    def __init__(
+        self, nodes: Sequence[NodeDef], feeds: Collection[Ref], protected: Collection[str]
+    ) -> None:
         self.by_name = {n.name: n for n in nodes}
         self.uses: Counter[str] = Counter()
-        self.consumer: dict[str, str] = {}          # a node's last data consumer
-        self.controlled: set[str] = set()           # nodes named by a control edge
-        self.side_outputs_used: set[str] = set()    # nodes whose output 1, 2, ... is read
+        self.consumer: dict[str, str] = {}  # a node's last data consumer
+        self.controlled: set[str] = set()  # nodes named by a control edge
+        self.side_outputs_used: set[str] = set()  # nodes whose output 1, 2, ... is read
         for n in nodes:
             for r in n.inputs:
                 self.uses[r[0]] += 1
@@ -84,8 +95,12 @@ class _Graph:
 
     def sole_consumer(self, name: str) -> NodeDef | None:
         """The one node using ``name``'s output 0, when ``name``'s value is private to it."""
-        if (self.uses[name] != 1 or name in self.protected or name in self.fed
-                or name in self.controlled):
+        if (
+            self.uses[name] != 1
+            or name in self.protected
+            or name in self.fed
+            or name in self.controlled
+        ):
             return None
         nxt = self.by_name[self.consumer[name]]
         return None if nxt.control_inputs else nxt
@@ -99,6 +114,7 @@ class _Graph:
 
 # -- folding ------------------------------------------------------------------------------
 
+
 def _channels(value: np.ndarray | None, o: int) -> np.ndarray | None:
     """``value`` as a per-channel vector of ``o`` entries, if it is one (or a scalar)."""
     if value is None or value.dtype.kind != "f":
@@ -110,13 +126,18 @@ def _channels(value: np.ndarray | None, o: int) -> np.ndarray | None:
     return None
 
 
-def _step(g: _Graph, node: NodeDef, cur: str, o: int, a: np.ndarray, b: np.ndarray
-          ) -> tuple[np.ndarray, np.ndarray] | None:
+def _step(
+    g: _Graph, node: NodeDef, cur: str, o: int, a: np.ndarray, b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
     """The affine ``(a, b)`` after ``node`` when it is a per-channel op of ``cur``."""
     ins = node.inputs
     if node.op in _BATCH_NORMS:
-        if (node.attrs.get("is_training", True) or node.attrs.get("data_format") != "NHWC"
-                or ins[0] != (cur, 0) or node.name in g.side_outputs_used):
+        if (
+            node.attrs.get("is_training", True)
+            or node.attrs.get("data_format") != "NHWC"
+            or ins[0] != (cur, 0)
+            or node.name in g.side_outputs_used
+        ):
             return None
         gamma, beta, mean, var = (_channels(g.const(r), o) for r in ins[1:5])
         if gamma is None or beta is None or mean is None or var is None:
@@ -142,8 +163,12 @@ def _step(g: _Graph, node: NodeDef, cur: str, o: int, a: np.ndarray, b: np.ndarr
 
 def _fold_chain(g: _Graph, conv: NodeDef) -> tuple[list[NodeDef], np.ndarray, np.ndarray] | None:
     """The chain after ``conv`` that folds into it, with its affine ``(a, b)``."""
-    if (conv.op not in _CONVS or conv.attrs.get("data_format") != "NHWC"
-            or g.const(conv.inputs[1]) is None or not conv.outputs):
+    if (
+        conv.op not in _CONVS
+        or conv.attrs.get("data_format") != "NHWC"
+        or g.const(conv.inputs[1]) is None
+        or not conv.outputs
+    ):
         return None
     shape = conv.outputs[0].shape
     o = shape[-1] if shape.rank else None
@@ -153,8 +178,11 @@ def _fold_chain(g: _Graph, conv: NodeDef) -> tuple[list[NodeDef], np.ndarray, np
     chain: list[NodeDef] = []
     cur = conv.name
     while (nxt := g.sole_consumer(cur)) is not None:
-        if nxt.device != conv.device or not nxt.outputs or \
-                nxt.outputs[0].dtype != conv.outputs[0].dtype:
+        if (
+            nxt.device != conv.device
+            or not nxt.outputs
+            or nxt.outputs[0].dtype != conv.outputs[0].dtype
+        ):
             break
         stepped = _step(g, nxt, cur, o, a, b)
         if stepped is None:
@@ -172,9 +200,14 @@ def _const_node(name: str, value: np.ndarray, like: NodeDef) -> NodeDef:
 
     value.flags.writeable = False
     dt = dtypes.as_dtype(value.dtype)
-    return NodeDef(name, "Const", device=like.device, attrs={"value": value, "dtype": dt},
-                   outputs=(ValueInfo(dt, TensorShape(value.shape), value),),
-                   traceback=like.traceback)
+    return NodeDef(
+        name,
+        "Const",
+        device=like.device,
+        attrs={"value": value, "dtype": dt},
+        outputs=(ValueInfo(dt, TensorShape(value.shape), value),),
+        traceback=like.traceback,
+    )
 
 
 def _fresh(name: str, taken: set[str]) -> str:
@@ -187,12 +220,17 @@ def _fresh(name: str, taken: set[str]) -> str:
     return out
 
 
-def fold_batch_norms(nodes: Sequence[NodeDef], placement: Sequence[int], *,
-                     feeds: Collection[Ref], protected: Collection[str]) -> Nodes:
+def fold_batch_norms(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    *,
+    feeds: Collection[Ref],
+    protected: Collection[str],
+) -> Nodes:
     """Fold per-channel affine chains (batch norms) into their convolution's filter."""
     g = _Graph(nodes, feeds, protected)
     taken = set(g.by_name)
-    before: dict[str, list[NodeDef]] = {}   # inserted before a node (new constants)
+    before: dict[str, list[NodeDef]] = {}  # inserted before a node (new constants)
     replace: dict[str, NodeDef] = {}
     drop: set[str] = set()
     for conv in nodes:
@@ -207,26 +245,39 @@ def fold_batch_norms(nodes: Sequence[NodeDef], placement: Sequence[int], *,
         assert w is not None
         scale = a if conv.op == "Conv2D" else a.reshape(w.shape[2], w.shape[3])
         dtype = w.dtype
-        fconst = _const_node(_fresh(f"{last.name}/folded_filter", taken),
-                             (w * scale).astype(dtype), conv)
+        fconst = _const_node(
+            _fresh(f"{last.name}/folded_filter", taken), (w * scale).astype(dtype), conv
+        )
         bconst = _const_node(_fresh(f"{last.name}/folded_bias", taken), b.astype(dtype), conv)
         before[conv.name] = [fconst, bconst]
-        replace[conv.name] = conv._replace(inputs=(conv.inputs[0], (fconst.name, 0)),
-                                           input_types=(conv.input_types[0],
-                                                        fconst.outputs[0]))
+        replace[conv.name] = conv._replace(
+            inputs=(conv.inputs[0], (fconst.name, 0)),
+            input_types=(conv.input_types[0], fconst.outputs[0]),
+        )
         replace[last.name] = NodeDef(
-            last.name, "BiasAdd", ((conv.name, 0), (bconst.name, 0)), device=last.device,
-            attrs={"data_format": "NHWC"}, outputs=last.outputs[:1],
-            input_types=(conv.outputs[0], bconst.outputs[0]), traceback=last.traceback)
+            last.name,
+            "BiasAdd",
+            ((conv.name, 0), (bconst.name, 0)),
+            device=last.device,
+            attrs={"data_format": "NHWC"},
+            outputs=last.outputs[:1],
+            input_types=(conv.outputs[0], bconst.outputs[0]),
+            traceback=last.traceback,
+        )
         drop.update(n.name for n in chain[:-1])
     if not replace:
         return tuple(nodes), tuple(placement), False
     return _rebuilt(nodes, placement, before, replace, drop, g)
 
 
-def _rebuilt(nodes: Sequence[NodeDef], placement: Sequence[int],
-             before: dict[str, list[NodeDef]], replace: dict[str, NodeDef], drop: set[str],
-             g: _Graph) -> Nodes:
+def _rebuilt(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    before: dict[str, list[NodeDef]],
+    replace: dict[str, NodeDef],
+    drop: set[str],
+    g: _Graph,
+) -> Nodes:
     """The nodes with the rewrites applied and constants nothing reads any more dropped."""
     out: list[NodeDef] = []
     where: list[int] = []
@@ -239,13 +290,22 @@ def _rebuilt(nodes: Sequence[NodeDef], placement: Sequence[int],
         out.append(replace.get(node.name, node))
         where.append(d)
     used = Counter(r[0] for n in out for r in n.inputs)
-    keep = [k for k, n in enumerate(out)
-            if not (n.op == "Const" and not used[n.name] and n.name in g.uses
-                    and n.name not in g.protected and n.name not in g.controlled)]
+    keep = [
+        k
+        for k, n in enumerate(out)
+        if not (
+            n.op == "Const"
+            and not used[n.name]
+            and n.name in g.uses
+            and n.name not in g.protected
+            and n.name not in g.controlled
+        )
+    ]
     return tuple(out[k] for k in keep), tuple(where[k] for k in keep), True
 
 
 # -- pads ---------------------------------------------------------------------------------
+
 
 def _spatial_pads(value: np.ndarray | None) -> list[int] | None:
     """TF's 8 ``explicit_paddings`` for a constant NHWC ``Pad`` of height and width only."""
@@ -257,8 +317,13 @@ def _spatial_pads(value: np.ndarray | None) -> list[int] | None:
     return pads
 
 
-def fold_pads(nodes: Sequence[NodeDef], placement: Sequence[int], *,
-              feeds: Collection[Ref], protected: Collection[str]) -> Nodes:
+def fold_pads(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    *,
+    feeds: Collection[Ref],
+    protected: Collection[str],
+) -> Nodes:
     """A zero ``Pad`` of height and width feeding a ``VALID`` convolution becomes the
     convolution's ``EXPLICIT`` padding (Keras pads before each strided convolution):
     the kernel pads once, as it would for ``SAME``, instead of a pass of its own."""
@@ -270,15 +335,21 @@ def fold_pads(nodes: Sequence[NodeDef], placement: Sequence[int], *,
             continue
         conv = g.sole_consumer(pad.name)
         pads = _spatial_pads(g.const(pad.inputs[1]))
-        if (conv is None or pads is None or conv.op not in _CONVS
-                or conv.inputs[0] != (pad.name, 0) or conv.device != pad.device
-                or conv.attrs.get("padding") != "VALID"
-                or conv.attrs.get("data_format") != "NHWC"):
+        if (
+            conv is None
+            or pads is None
+            or conv.op not in _CONVS
+            or conv.inputs[0] != (pad.name, 0)
+            or conv.device != pad.device
+            or conv.attrs.get("padding") != "VALID"
+            or conv.attrs.get("data_format") != "NHWC"
+        ):
             continue
         replace[conv.name] = conv._replace(
             inputs=(pad.inputs[0], conv.inputs[1]),
             input_types=(pad.input_types[0], conv.input_types[1]),
-            attrs={**conv.attrs, "padding": "EXPLICIT", "explicit_paddings": pads})
+            attrs={**conv.attrs, "padding": "EXPLICIT", "explicit_paddings": pads},
+        )
         drop.add(pad.name)
     if not replace:
         return tuple(nodes), tuple(placement), False
@@ -287,8 +358,14 @@ def fold_pads(nodes: Sequence[NodeDef], placement: Sequence[int], *,
 
 # -- fusion -------------------------------------------------------------------------------
 
-def fuse_conv_bias_activation(nodes: Sequence[NodeDef], placement: Sequence[int], *,
-                              feeds: Collection[Ref], protected: Collection[str]) -> Nodes:
+
+def fuse_conv_bias_activation(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    *,
+    feeds: Collection[Ref],
+    protected: Collection[str],
+) -> Nodes:
     """Fuse convolution -> ``BiasAdd`` [-> ``Relu`` / ``Relu6``] into one node."""
     g = _Graph(nodes, feeds, protected)
     replace: dict[str, NodeDef] = {}
@@ -297,21 +374,30 @@ def fuse_conv_bias_activation(nodes: Sequence[NodeDef], placement: Sequence[int]
         if conv.op not in _CONVS or conv.attrs.get("data_format") != "NHWC":
             continue
         bias = g.sole_consumer(conv.name)
-        if (bias is None or bias.op != "BiasAdd" or bias.inputs[0] != (conv.name, 0)
-                or bias.attrs.get("data_format") != "NHWC" or bias.device != conv.device):
+        if (
+            bias is None
+            or bias.op != "BiasAdd"
+            or bias.inputs[0] != (conv.name, 0)
+            or bias.attrs.get("data_format") != "NHWC"
+            or bias.device != conv.device
+        ):
             continue
         last, ops = bias, ["BiasAdd"]
         act = g.sole_consumer(bias.name)
         if act is not None and act.op in _ACTIVATIONS and act.device == conv.device:
             last, ops = act, ["BiasAdd", act.op]
         replace[last.name] = NodeDef(
-            last.name, FUSED_CONV, (conv.inputs[0], conv.inputs[1], bias.inputs[1]),
-            conv.control_inputs, last.device,
+            last.name,
+            FUSED_CONV,
+            (conv.inputs[0], conv.inputs[1], bias.inputs[1]),
+            conv.control_inputs,
+            last.device,
             {**conv.attrs, "conv_op": conv.op, "fused_ops": tuple(ops)},
-            last.outputs[:1], (*conv.input_types[:2], bias.input_types[1]),
-            traceback=conv.traceback)
+            last.outputs[:1],
+            (*conv.input_types[:2], bias.input_types[1]),
+            traceback=conv.traceback,
+        )
         drop.update({conv.name, bias.name} - {last.name})
     if not replace:
         return tuple(nodes), tuple(placement), False
     return _rebuilt(nodes, placement, {}, replace, drop, g)
-

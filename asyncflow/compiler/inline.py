@@ -35,9 +35,14 @@ from asyncflow.compiler.placement import place
 __all__ = ["inline_functions"]
 
 
-def inline_functions(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Sequence[str],
-                     *, feeds: Collection[Ref] = (), allow_soft_placement: bool = False
-                     ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], int]:
+def inline_functions(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    devices: Sequence[str],
+    *,
+    feeds: Collection[Ref] = (),
+    allow_soft_placement: bool = False,
+) -> tuple[tuple[NodeDef, ...], tuple[int, ...], int]:
     """Inline every call of ``nodes``; returns the nodes, their placement and the
     number of calls inlined."""
     if not any(FUNCTION_ATTR in n.attrs for n in nodes):
@@ -56,14 +61,18 @@ def inline_functions(nodes: Sequence[NodeDef], placement: Sequence[int], devices
         body = _inlined_body(node, fn, taken, _input_waits(node, ops, feeds))
         for b in body:
             out.append(b)
-            where.append(d if not b.device or b is body[-1] else
-                         place([b], devices, allow_soft_placement=allow_soft_placement)[0])
+            where.append(
+                d
+                if not b.device or b is body[-1]
+                else place([b], devices, allow_soft_placement=allow_soft_placement)[0]
+            )
         calls += 1
     return tuple(out), tuple(where), calls
 
 
-def _input_waits(call: NodeDef, ops: Mapping[str, str], feeds: Collection[Ref]
-                 ) -> tuple[str | int, ...]:
+def _input_waits(
+    call: NodeDef, ops: Mapping[str, str], feeds: Collection[Ref]
+) -> tuple[str | int, ...]:
     """What the input-less body nodes of ``call`` wait for: a producer's name, or
     the index of an input taken from a ``Switch`` (waited for through an Identity)."""
     waits: list[str | int] = list(call.control_inputs)
@@ -79,8 +88,9 @@ def _input_waits(call: NodeDef, ops: Mapping[str, str], feeds: Collection[Ref]
 _SWITCHES = frozenset({"Switch", "RefSwitch", "_SwitchN"})
 
 
-def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str],
-                  waits: tuple[str | int, ...]) -> list[NodeDef]:
+def _inlined_body(
+    call: NodeDef, fn: FunctionIR, taken: set[str], waits: tuple[str | int, ...]
+) -> list[NodeDef]:
     """The body of ``fn`` renamed under ``call``; the last node stands for the call.
     ``waits`` come from :func:`_input_waits`."""
     prefix = call.name + "/"
@@ -95,8 +105,7 @@ def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str],
 
     names = {n.name: unique(n.name) for n in fn.nodes}
     args = dict(zip(fn.args, call.inputs))
-    gated = any(not n.inputs and not n.control_inputs and n.name not in args
-                for n in fn.nodes)
+    gated = any(not n.inputs and not n.control_inputs and n.name not in args for n in fn.nodes)
     switched = {fn.args[k] for k in waits if isinstance(k, int)} if gated else set()
     out: list[NodeDef] = []
     for n in fn.nodes:
@@ -104,9 +113,20 @@ def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str],
             # The argument waits for the call's control inputs; an input from a
             # Switch is dead with its branch, which the Identity passes on.
             if call.control_inputs or n.name in switched:
-                out.append(NodeDef(names[n.name], "Identity", (args[n.name],),
-                                   call.control_inputs, call.device, {}, n.outputs,
-                                   n.outputs, False, call.traceback))
+                out.append(
+                    NodeDef(
+                        names[n.name],
+                        "Identity",
+                        (args[n.name],),
+                        call.control_inputs,
+                        call.device,
+                        {},
+                        n.outputs,
+                        n.outputs,
+                        False,
+                        call.traceback,
+                    )
+                )
                 args[n.name] = (names[n.name], 0)
             continue
     # What the body's input-less nodes wait for: one node, or a NoOp after several.
@@ -115,8 +135,9 @@ def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str],
         start = ()
     elif len(start) > 1:
         control = unique("input_control_node")
-        out.append(NodeDef(control, "NoOp", (), start, call.device, {}, (), (),
-                           False, call.traceback))
+        out.append(
+            NodeDef(control, "NoOp", (), start, call.device, {}, (), (), False, call.traceback)
+        )
         start = (control,)
 
     def ref(r: Ref) -> Ref:
@@ -132,18 +153,40 @@ def _inlined_body(call: NodeDef, fn: FunctionIR, taken: set[str],
             controls = start  # input-less nodes start with the call
         used.update(r[0] for r in n.inputs)
         used.update(n.control_inputs)
-        out.append(n._replace(name=names[n.name], inputs=inputs, control_inputs=controls,
-                           attrs=_renamed_attrs(n.attrs, prefix, names)))
+        out.append(
+            n._replace(
+                name=names[n.name],
+                inputs=inputs,
+                control_inputs=controls,
+                attrs=_renamed_attrs(n.attrs, prefix, names),
+            )
+        )
     rets = tuple(ref(r) for r in fn.rets)
     returned = {r[0] for r in fn.rets}
-    side_effects = tuple(names[n.name] for n in fn.nodes
-                         if (n.stateful or not n.outputs) and n.name not in used
-                         and n.name not in returned and n.name not in fn.args)
+    side_effects = tuple(
+        names[n.name]
+        for n in fn.nodes
+        if (n.stateful or not n.outputs)
+        and n.name not in used
+        and n.name not in returned
+        and n.name not in fn.args
+    )
     op = "Identity" if len(rets) == 1 else ("NoOp" if not rets else "IdentityN")
     attrs = {k: v for k, v in call.attrs.items() if k == "_class"}
-    out.append(NodeDef(call.name, op, rets, side_effects, call.device, attrs, call.outputs,
-                       tuple(ValueInfo(o.dtype, o.shape) for o in call.outputs),
-                       False, call.traceback))
+    out.append(
+        NodeDef(
+            call.name,
+            op,
+            rets,
+            side_effects,
+            call.device,
+            attrs,
+            call.outputs,
+            tuple(ValueInfo(o.dtype, o.shape) for o in call.outputs),
+            False,
+            call.traceback,
+        )
+    )
     return out
 
 
@@ -155,6 +198,8 @@ def _renamed_attrs(attrs: Any, prefix: str, names: dict[str, str]) -> Any:
     if "frame_name" in new:
         new["frame_name"] = prefix + new["frame_name"]
     if "_class" in new:
-        new["_class"] = [f"loc:@{names.get(c[5:], c[5:])}" if isinstance(c, str)
-                         and c.startswith("loc:@") else c for c in new["_class"]]
+        new["_class"] = [
+            f"loc:@{names.get(c[5:], c[5:])}" if isinstance(c, str) and c.startswith("loc:@") else c
+            for c in new["_class"]
+        ]
     return new

@@ -28,8 +28,20 @@ if TYPE_CHECKING:
     from asyncflow.framework.graph import Graph, Operation, Tensor
     from asyncflow.framework.shapes import TensorShape
 
-__all__ = ["FUNCTION_ATTR", "FunctionIR", "GraphIR", "NodeDef", "Ref", "ValueInfo", "format_ref",
-           "function_ir", "graph_ir", "node_def_of", "parse_ref", "ref_of"]
+__all__ = [
+    "FUNCTION_ATTR",
+    "FunctionIR",
+    "GraphIR",
+    "NodeDef",
+    "Ref",
+    "ValueInfo",
+    "format_ref",
+    "function_ir",
+    "graph_ir",
+    "node_def_of",
+    "parse_ref",
+    "ref_of",
+]
 
 #: The attribute of a function call node that holds the function's :class:`FunctionIR`
 #: (so a call node is self-contained: inlining and the call kernel need nothing else).
@@ -114,8 +126,9 @@ class NodeDef(NamedTuple):
         try:
             return self.attrs[name]
         except KeyError:
-            raise ValueError(f"node {self.name!r} (type {self.op}) has no attr "
-                             f"named {name!r}") from None
+            raise ValueError(
+                f"node {self.name!r} (type {self.op}) has no attr named {name!r}"
+            ) from None
 
     def node_attrs(self) -> dict[str, Any]:
         """The attributes a kernel receives (those not starting with ``_``)."""
@@ -155,12 +168,14 @@ class GraphIR:
         return positions
 
     @staticmethod
-    def of(nodes: Iterable[NodeDef], calls: bool = True, requests: bool = True,
-           back_edges: bool = True) -> GraphIR:
+    def of(
+        nodes: Iterable[NodeDef], calls: bool = True, requests: bool = True, back_edges: bool = True
+    ) -> GraphIR:
         """Index ``nodes`` (already in topological order)."""
         nodes = tuple(nodes)
-        return GraphIR(nodes, {n.name: n for n in nodes}, calls=calls, requests=requests,
-                       back_edges=back_edges)
+        return GraphIR(
+            nodes, {n.name: n for n in nodes}, calls=calls, requests=requests, back_edges=back_edges
+        )
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -182,8 +197,11 @@ def function_ir(fdef: Any) -> FunctionIR:
     fir: FunctionIR | None = fdef._ir
     if fir is None:
         fir = fdef._ir = FunctionIR(
-            fdef.name, graph_ir(fdef.body).nodes, tuple(fdef.args),
-            tuple(ref_of(t) for t in fdef.rets))
+            fdef.name,
+            graph_ir(fdef.body).nodes,
+            tuple(fdef.args),
+            tuple(ref_of(t) for t in fdef.rets),
+        )
     return fir
 
 
@@ -257,8 +275,10 @@ def node_def_of(op: Operation, infos: _Infos | None = None) -> NodeDef:
             pa, ka, pb, kb = a._op, a._value_index, b._op, b._value_index
             refs = ((pa._name, ka), (pb._name, kb))
             ca, cb = pa._ir, pb._ir
-            input_types = (ca.outputs[ka] if ca is not None else _info(a, infos),
-                           cb.outputs[kb] if cb is not None else _info(b, infos))
+            input_types = (
+                ca.outputs[ka] if ca is not None else _info(a, infos),
+                cb.outputs[kb] if cb is not None else _info(b, infos),
+            )
         else:
             refs = []
             input_types = []
@@ -267,8 +287,9 @@ def node_def_of(op: Operation, infos: _Infos | None = None) -> NodeDef:
                 k = t._value_index
                 refs.append((producer._name, k))
                 converted = producer._ir
-                input_types.append(converted.outputs[k] if converted is not None
-                                   else _info(t, infos))
+                input_types.append(
+                    converted.outputs[k] if converted is not None else _info(t, infos)
+                )
         attrs = op._attrs
         functions = op._graph._functions
         if functions and op._type in functions:  # a call: the body travels with it
@@ -284,18 +305,31 @@ def node_def_of(op: Operation, infos: _Infos | None = None) -> NodeDef:
             # Elementwise ops pass their first input's dtype and shape object on:
             # share its ValueInfo (unless it carries a constant's value).
             first = input_types[0] if input_types else None
-            if first is not None and first.shape is out._shape and \
-                    first.dtype is out._dtype and first.value is None:
+            if (
+                first is not None
+                and first.shape is out._shape
+                and first.dtype is out._dtype
+                and first.value is None
+            ):
                 outputs = (first,)
             else:
                 outputs = (_info(out, infos),)
         lines = _SITES.get(op._file)
         site = lines.get(op._line) if lines is not None else None
-        node = op._ir = _new_node((
-            op._name, op._type, tuple(refs),
-            tuple([c._name for c in controls]) if controls else (),
-            op._device, attrs.copy() if attrs else _NO_ATTRS, outputs, tuple(input_types),
-            op._op_def.stateful, site if site is not None else _site(op._file, op._line)))
+        node = op._ir = _new_node(
+            (
+                op._name,
+                op._type,
+                tuple(refs),
+                tuple([c._name for c in controls]) if controls else (),
+                op._device,
+                attrs.copy() if attrs else _NO_ATTRS,
+                outputs,
+                tuple(input_types),
+                op._op_def.stateful,
+                site if site is not None else _site(op._file, op._line),
+            )
+        )
     return node
 
 
@@ -325,8 +359,12 @@ def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
         node = op._ir
         if node is None:
             b, out = op._in1, op._out
-            if (b is not None and type(out) is Tensor and not op._control_inputs
-                    and not (functions and op._type in functions)):
+            if (
+                b is not None
+                and type(out) is Tensor
+                and not op._control_inputs
+                and not (functions and op._type in functions)
+            ):
                 a: Tensor = op._in0  # type: ignore[assignment]
                 pa, pb = a._op, b._op
                 ca, cb = pa._ir, pb._ir
@@ -345,10 +383,20 @@ def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
                     attrs = op._attrs
                     if op._device or (attrs and "_class" in attrs):
                         requests = True
-                    node = op._ir = new_node((
-                        op._name, op._type, ((pa._name, ka), (pb._name, kb)), (),
-                        op._device, attrs.copy() if attrs else _NO_ATTRS, outputs, (ia, ib),
-                        op._op_def.stateful, site))
+                    node = op._ir = new_node(
+                        (
+                            op._name,
+                            op._type,
+                            ((pa._name, ka), (pb._name, kb)),
+                            (),
+                            op._device,
+                            attrs.copy() if attrs else _NO_ATTRS,
+                            outputs,
+                            (ia, ib),
+                            op._op_def.stateful,
+                            site,
+                        )
+                    )
                     append(node)
                     continue
             node = node_def_of(op, infos)

@@ -32,17 +32,25 @@ _FRAME_ITER = re.compile(r"^(\d+):(\d+)$")
 _INCARNATION = re.compile(r"^[0-9a-f]{16}$")
 
 
-def create_key(src_device: str, src_incarnation: int, dst_device: str, edge_name: str,
-               frame_iter: tuple[int, int] = (0, 0)) -> str:
+def create_key(
+    src_device: str,
+    src_incarnation: int,
+    dst_device: str,
+    edge_name: str,
+    frame_iter: tuple[int, int] = (0, 0),
+) -> str:
     """``src_device;incarnation(16 hex digits);dst_device;edge_name;frame_id:iter_id``."""
     if not 0 <= src_incarnation < 2**64:
         raise ValueError(f"incarnation must fit in 64 bits, got {src_incarnation}")
-    return (f"{src_device};{src_incarnation:016x};{dst_device};{edge_name};"
-            f"{frame_iter[0]}:{frame_iter[1]}")
+    return (
+        f"{src_device};{src_incarnation:016x};{dst_device};{edge_name};"
+        f"{frame_iter[0]}:{frame_iter[1]}"
+    )
 
 
 def parse_key(key: str) -> ParsedKey:
     """Split a key made by :func:`create_key`; ``InvalidArgumentError`` naming it if malformed."""
+
     def bad(why: str) -> errors.InvalidArgumentError:
         return errors.InvalidArgumentError(None, None, f"Invalid rendezvous key {key!r}: {why}")
 
@@ -71,4 +79,4 @@ def parse_key(key: str) -> ParsedKey:
 
 def frame_key(key: str, frame_id: int, iter_id: int) -> str:
     """``key`` (made by :func:`create_key`) for iteration ``iter_id`` of frame ``frame_id``."""
-    return f"{key[:key.rindex(';') + 1]}{frame_id}:{iter_id}"
+    return f"{key[: key.rindex(';') + 1]}{frame_id}:{iter_id}"

@@ -54,8 +54,18 @@ from asyncflow.framework import registry
 if TYPE_CHECKING:
     from asyncflow.compiler.ir import NodeDef
 
-__all__ = ["I_CONST", "I_EXIT", "I_KERNEL", "I_MERGE", "I_SWITCH", "MAX_NODES", "Instr",
-           "LoopSchedule", "runs_straight_line", "schedule_loops"]
+__all__ = [
+    "I_CONST",
+    "I_EXIT",
+    "I_KERNEL",
+    "I_MERGE",
+    "I_SWITCH",
+    "MAX_NODES",
+    "Instr",
+    "LoopSchedule",
+    "runs_straight_line",
+    "schedule_loops",
+]
 
 #: Instruction kinds.
 I_KERNEL, I_CONST, I_SWITCH, I_MERGE, I_EXIT = range(5)
@@ -94,45 +104,50 @@ class Instr(NamedTuple):
     A named tuple: immutable, picklable, and cheap to make (a large partition's
     program has one per node)."""
 
-    kind: int                 # I_*
-    node: int                 # the plan's node index (what errors name)
-    ins: tuple[int, ...]      # I_KERNEL: input slots; I_SWITCH: (data, pred);
-                              # I_MERGE: live candidates in schedule order; I_EXIT: (data,)
-    out: int                  # first output slot (-1: none stored)
+    kind: int  # I_*
+    node: int  # the plan's node index (what errors name)
+    ins: tuple[int, ...]  # I_KERNEL: input slots; I_SWITCH: (data, pred);
+    # I_MERGE: live candidates in schedule order; I_EXIT: (data,)
+    out: int  # first output slot (-1: none stored)
     num_outputs: int
-    checks: tuple[int, ...]   # slots whose dead value makes the node dead (may be dead)
-    frees: tuple[int, ...]    # slots to clear after the node ran (their last reader)
+    checks: tuple[int, ...]  # slots whose dead value makes the node dead (may be dead)
+    frees: tuple[int, ...]  # slots to clear after the node ran (their last reader)
     positions: tuple[int, ...] = ()  # I_MERGE: the input position of each candidate
-    value: Any = None         # I_CONST: its value
+    value: Any = None  # I_CONST: its value
 
 
 @dataclass(frozen=True, slots=True)
 class LoopSchedule:
     """The straight-line form of one loop frame's iteration (see the module doc)."""
 
-    frame: int                             # the static frame (FrameInfo.frames index)
-    members: tuple[int, ...]               # every node running in the frame
-    template: tuple[Any, ...]              # the local slots' initial values (constants)
+    frame: int  # the static frame (FrameInfo.frames index)
+    members: tuple[int, ...]  # every node running in the frame
+    template: tuple[Any, ...]  # the local slots' initial values (constants)
     #: Enter node -> the local slots its value goes to when the frame starts (a
     #: constant Enter: its own slot; a loop variable's: the slot of its loop Merge).
     enters: tuple[tuple[int, tuple[int, ...]], ...]
-    pred: int                              # the slot of the loop's predicate
+    pred: int  # the slot of the loop's predicate
     head: tuple[Instr, ...]
     true: tuple[Instr, ...]
-    true_frees: tuple[int, ...]            # cleared when a true iteration begins
+    true_frees: tuple[int, ...]  # cleared when a true iteration begins
     final: tuple[Instr, ...]
     #: Per NextIteration: (node, the slot it reads, the slot of the Merge it feeds).
     carries: tuple[tuple[int, int, int], ...]
-    carry_frees: tuple[int, ...]           # cleared once the carries are read
+    carry_frees: tuple[int, ...]  # cleared once the carries are read
     #: Loop Merges whose value_index is read: (slot, Enter's position, NextIteration's).
     index_slots: tuple[tuple[int, int, int], ...]
     #: Per Exit: the loop Switch it reads (its dead origin in a true iteration).
     exits: tuple[tuple[int, int], ...]
 
 
-def schedule_loops(nodes: Sequence[NodeDef], info: FrameInfo, inputs: Sequence[tuple[int, ...]],
-                   out: Sequence[int], consumers: Sequence[tuple[int, ...]],
-                   initial_values: Sequence[Any]) -> tuple[LoopSchedule | None, ...]:
+def schedule_loops(
+    nodes: Sequence[NodeDef],
+    info: FrameInfo,
+    inputs: Sequence[tuple[int, ...]],
+    out: Sequence[int],
+    consumers: Sequence[tuple[int, ...]],
+    initial_values: Sequence[Any],
+) -> tuple[LoopSchedule | None, ...]:
     """Per static frame (index 0, the root, is always None): its schedule, or None
     when the frame keeps the general propagator."""
     node_of = {n.name: i for i, n in enumerate(nodes)}
@@ -144,8 +159,18 @@ def schedule_loops(nodes: Sequence[NodeDef], info: FrameInfo, inputs: Sequence[t
             enters.setdefault(info.child[i], []).append(i)
     out_schedules: list[LoopSchedule | None] = [None]
     for f in range(1, len(info.frames)):
-        builder = _Builder(f, nodes, node_of, info, inputs, out, consumers, initial_values,
-                           members.get(f, []), enters.get(f, []))
+        builder = _Builder(
+            f,
+            nodes,
+            node_of,
+            info,
+            inputs,
+            out,
+            consumers,
+            initial_values,
+            members.get(f, []),
+            enters.get(f, []),
+        )
         out_schedules.append(builder.build())
     return tuple(out_schedules)
 
@@ -157,10 +182,19 @@ class _Ineligible(Exception):
 class _Builder:
     """Lowers one static frame; :meth:`build` returns None for an ineligible one."""
 
-    def __init__(self, f: int, nodes: Sequence[NodeDef], node_of: dict[str, int],
-                 info: FrameInfo, inputs: Sequence[tuple[int, ...]], out: Sequence[int],
-                 consumers: Sequence[tuple[int, ...]], initial_values: Sequence[Any],
-                 members: list[int], enters: list[int]) -> None:
+    def __init__(
+        self,
+        f: int,
+        nodes: Sequence[NodeDef],
+        node_of: dict[str, int],
+        info: FrameInfo,
+        inputs: Sequence[tuple[int, ...]],
+        out: Sequence[int],
+        consumers: Sequence[tuple[int, ...]],
+        initial_values: Sequence[Any],
+        members: list[int],
+        enters: list[int],
+    ) -> None:
         self.f = f
         self.nodes = nodes
         self.node_of = node_of
@@ -227,7 +261,7 @@ class _Builder:
         enter_set = set(self.enters)
         merge_set = set(self.loop_merges)
         self.merge_enter: dict[int, tuple[int, int]] = {}  # merge -> (enter, position)
-        self.merge_next: dict[int, tuple[int, int]] = {}   # merge -> (next, position)
+        self.merge_next: dict[int, tuple[int, int]] = {}  # merge -> (next, position)
         for m in self.loop_merges:
             ins = self.inputs[m]
             srcs = [self.producer.get(s) for s in ins]
@@ -241,14 +275,19 @@ class _Builder:
             if m not in self.merge_enter or m not in self.merge_next:
                 raise _Ineligible("a loop Merge other than Merge(Enter, NextIteration)")
         for e in self.enters:
-            if not info.constant[e] and any(c not in merge_set or self.out[e] not in
-                                            self.inputs[c] for c in self.consumers[e]):
+            if not info.constant[e] and any(
+                c not in merge_set or self.out[e] not in self.inputs[c] for c in self.consumers[e]
+            ):
                 raise _Ineligible("a loop variable's Enter read by a node other than its Merge")
         self.next_merge: dict[int, int] = {}
         for n in self.nexts:
             cons = self.consumers[n]
-            if len(cons) != 1 or cons[0] not in merge_set or \
-                    self.merge_next[cons[0]][0] != n or len(nodes[n].outputs) != 1:
+            if (
+                len(cons) != 1
+                or cons[0] not in merge_set
+                or self.merge_next[cons[0]][0] != n
+                or len(nodes[n].outputs) != 1
+            ):
                 raise _Ineligible("a NextIteration not feeding exactly one loop Merge")
             if self._controls(n):
                 raise _Ineligible("a NextIteration with control inputs")
@@ -289,8 +328,9 @@ class _Builder:
         side and the body from their true side, by data edges only."""
         kinds = self.kinds
         pred_slot = self.out[self.loop_cond]
-        self.loop_switches = [i for i in self.members if kinds[i] == CF_SWITCH
-                              and self.inputs[i][1] == pred_slot]
+        self.loop_switches = [
+            i for i in self.members if kinds[i] == CF_SWITCH and self.inputs[i][1] == pred_slot
+        ]
         if not self.loop_switches:
             raise _Ineligible("no loop Switch")
         exit_set = set(self.exits)
@@ -308,8 +348,9 @@ class _Builder:
                 if c in exit_set and self.out[s] + 1 in self.inputs[c]:
                     raise _Ineligible("an Exit reading a loop Switch's true output")
                 if c not in exit_set and self.out[s] in self.inputs[c]:
-                    raise _Ineligible("a node other than an Exit reading a loop Switch's "
-                                      "false output")
+                    raise _Ineligible(
+                        "a node other than an Exit reading a loop Switch's false output"
+                    )
 
     def _order(self) -> list[int]:
         """The frame's nodes but its loop Merges, in a topological order of one
@@ -391,8 +432,9 @@ class _Builder:
         pred = self._resolve(head_alias, self.out[self.loop_cond])
         if head_status.get(pred, _LIVE) == _DEAD:
             raise _Ineligible("a predicate that is always dead")
-        true, true_status, true_alias = self._program(body_nodes, head_status, head_alias,
-                                                      True, position)
+        true, true_status, true_alias = self._program(
+            body_nodes, head_status, head_alias, True, position
+        )
         final, _, _ = self._program(body_nodes, head_status, head_alias, False, position)
         carries = []
         for n in self.nexts:
@@ -412,9 +454,14 @@ class _Builder:
         that producer is dead (its first output, after aliasing)."""
         return [self._resolve(alias, self.out[p]) for p in self._controls(i)]
 
-    def _program(self, order: list[int], status_in: dict[int, int], alias_in: dict[int, int],
-                 pred: bool | None, position: dict[int, int]
-                 ) -> tuple[list[tuple[Any, ...]], dict[int, int], dict[int, int]]:
+    def _program(
+        self,
+        order: list[int],
+        status_in: dict[int, int],
+        alias_in: dict[int, int],
+        pred: bool | None,
+        position: dict[int, int],
+    ) -> tuple[list[tuple[Any, ...]], dict[int, int], dict[int, int]]:
         """The raw instructions of ``order`` (global slots) when the loop predicate is
         ``pred`` (None: the head, which does not depend on it)."""
         status = dict(status_in)
@@ -427,8 +474,10 @@ class _Builder:
 
         def combine(slots: list[int]) -> tuple[int, list[int]]:
             worst = max((st(s) for s in slots), default=_LIVE)
-            checks = sorted({s for s in slots if st(s) == _MAYBE},
-                            key=lambda s: position.get(self.producer.get(s, -1), -1))
+            checks = sorted(
+                {s for s in slots if st(s) == _MAYBE},
+                key=lambda s: position.get(self.producer.get(s, -1), -1),
+            )
             return worst, checks
 
         def set_outputs(i: int, value: int) -> None:
@@ -453,15 +502,26 @@ class _Builder:
                     prog.append((I_SWITCH, i, ins, self.out[i], 2, checks))
                 continue
             if kind == CF_MERGE:
-                cands = sorted(((pos, s) for pos, s in enumerate(ins) if st(s) != _DEAD),
-                               key=lambda c: position.get(self.producer.get(c[1], -1), -1))
+                cands = sorted(
+                    ((pos, s) for pos, s in enumerate(ins) if st(s) != _DEAD),
+                    key=lambda c: position.get(self.producer.get(c[1], -1), -1),
+                )
                 if not cands:
                     set_outputs(i, _DEAD)
                     continue
                 value = _LIVE if any(st(s) == _LIVE for _, s in cands) else _MAYBE
                 set_outputs(i, value)
-                prog.append((I_MERGE, i, [s for _, s in cands], self.out[i], 2, [],
-                             tuple(pos for pos, _ in cands)))
+                prog.append(
+                    (
+                        I_MERGE,
+                        i,
+                        [s for _, s in cands],
+                        self.out[i],
+                        2,
+                        [],
+                        tuple(pos for pos, _ in cands),
+                    )
+                )
                 continue
             worst, checks = combine(deps)
             if worst == _DEAD:
@@ -488,25 +548,40 @@ class _Builder:
             elif node.op == "Const":
                 value = node.attrs["value"]
                 set_outputs(i, _MAYBE)
-                prog.append((I_CONST, i, [], self.out[i], 1, checks,
-                             value[()] if value.ndim == 0 else value))
+                prog.append(
+                    (
+                        I_CONST,
+                        i,
+                        [],
+                        self.out[i],
+                        1,
+                        checks,
+                        value[()] if value.ndim == 0 else value,
+                    )
+                )
             else:
                 set_outputs(i, worst)
                 nout = len(node.outputs)
                 prog.append((I_KERNEL, i, ins, self.out[i] if nout else -1, nout, checks))
         return prog, status, alias
 
-    def _lower(self, head: list[tuple[Any, ...]], true: list[tuple[Any, ...]],
-               final: list[tuple[Any, ...]], carries: list[tuple[int, int, int]],
-               pred: int) -> LoopSchedule:
+    def _lower(
+        self,
+        head: list[tuple[Any, ...]],
+        true: list[tuple[Any, ...]],
+        final: list[tuple[Any, ...]],
+        carries: list[tuple[int, int, int]],
+        pred: int,
+    ) -> LoopSchedule:
         """Local slots and last-use frees for the three programs."""
         enters: list[tuple[int, tuple[int, ...]]] = []
         for e in self.enters:
             if self.info.constant[e]:
                 enters.append((e, (self._slot(self.out[e]),)))
             else:
-                targets = tuple(self._slot(self.out[m]) for m in self.loop_merges
-                                if self.merge_enter[m][0] == e)
+                targets = tuple(
+                    self._slot(self.out[m]) for m in self.loop_merges if self.merge_enter[m][0] == e
+                )
                 enters.append((e, targets))
         merge_slots = {self._slot(self.out[m]) for m in self.loop_merges}
 
@@ -527,11 +602,16 @@ class _Builder:
         # Never freed: constants and the constant Enters' values.
         keep = {k for k, v in enumerate(self.template) if v is not None}
         keep.update(slots[0] for e, slots in enters if self.info.constant[e])
-        later = ({s for rs in true_reads for s in rs} | {s for rs in final_reads for s in rs}
-                 | set(carry_reads) | {pred_local})
+        later = (
+            {s for rs in true_reads for s in rs}
+            | {s for rs in final_reads for s in rs}
+            | set(carry_reads)
+            | {pred_local}
+        )
 
-        def frees_of(reads_list: list[list[int]], raws: list[tuple[Any, ...]],
-                     tail: set[int]) -> list[list[int]]:
+        def frees_of(
+            reads_list: list[list[int]], raws: list[tuple[Any, ...]], tail: set[int]
+        ) -> list[list[int]]:
             """Per instruction: the slots it reads or writes last (``tail``: read after
             the program)."""
             last: dict[int, int] = {}
@@ -557,26 +637,40 @@ class _Builder:
         for m in self.loop_merges:
             g = self.out[m] + 1
             if any(g in self.inputs[c] for c in self.consumers[m]):
-                index_slots.append((self._slot(g), self.merge_enter[m][1],
-                                    self.merge_next[m][1]))
+                index_slots.append((self._slot(g), self.merge_enter[m][1], self.merge_next[m][1]))
 
         def lower(raws: list[tuple[Any, ...]], frees: list[list[int]] | None) -> tuple[Instr, ...]:
-            return tuple(Instr(raw[0], raw[1], tuple(self._slot(g) for g in raw[2]),
-                               self._slot(raw[3]) if raw[3] >= 0 else -1, raw[4],
-                               tuple(self._slot(g) for g in raw[5]),
-                               tuple(sorted(frees[k])) if frees is not None else (),
-                               tuple(raw[6]) if raw[0] == I_MERGE else (),
-                               raw[6] if raw[0] == I_CONST else None)
-                         for k, raw in enumerate(raws))
+            return tuple(
+                Instr(
+                    raw[0],
+                    raw[1],
+                    tuple(self._slot(g) for g in raw[2]),
+                    self._slot(raw[3]) if raw[3] >= 0 else -1,
+                    raw[4],
+                    tuple(self._slot(g) for g in raw[5]),
+                    tuple(sorted(frees[k])) if frees is not None else (),
+                    tuple(raw[6]) if raw[0] == I_MERGE else (),
+                    raw[6] if raw[0] == I_CONST else None,
+                )
+                for k, raw in enumerate(raws)
+            )
 
         head_i = lower(head, head_frees)
         true_i = lower(true, true_frees)
         final_i = lower(final, None)
         carries_l = tuple((n, self._slot(src), self._slot(m)) for n, src, m in carries)
         return LoopSchedule(
-            frame=self.f, members=tuple(sorted((*self.members, *self.enters))),
-            template=tuple(self.template), enters=tuple(enters), pred=pred_local,
-            head=head_i, true=true_i, true_frees=start_frees, final=final_i,
-            carries=carries_l, carry_frees=carry_frees, index_slots=tuple(index_slots),
-            exits=tuple((e, self.exit_switch[e]) for e in self.exits))
-
+            frame=self.f,
+            members=tuple(sorted((*self.members, *self.enters))),
+            template=tuple(self.template),
+            enters=tuple(enters),
+            pred=pred_local,
+            head=head_i,
+            true=true_i,
+            true_frees=start_frees,
+            final=final_i,
+            carries=carries_l,
+            carry_frees=carry_frees,
+            index_slots=tuple(index_slots),
+            exits=tuple((e, self.exit_switch[e]) for e in self.exits),
+        )

@@ -47,12 +47,19 @@ class OptimizerStats:
 _DEFAULT = OptimizerOptions()
 
 
-def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
-             devices: Sequence[str] = (), options: OptimizerOptions = _DEFAULT,
-             feeds: Sequence[Ref] = (), fetches: Sequence[Ref] = (),
-             targets: Sequence[str] = (), allow_soft_placement: bool = False,
-             calls: bool = True, served: list[Ref] | None = None
-             ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], OptimizerStats]:
+def optimize(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    *,
+    devices: Sequence[str] = (),
+    options: OptimizerOptions = _DEFAULT,
+    feeds: Sequence[Ref] = (),
+    fetches: Sequence[Ref] = (),
+    targets: Sequence[str] = (),
+    allow_soft_placement: bool = False,
+    calls: bool = True,
+    served: list[Ref] | None = None,
+) -> tuple[tuple[NodeDef, ...], tuple[int, ...], OptimizerStats]:
     """The optimized nodes, their placement and what changed.
 
     ``calls=False`` says no node is a function call (``GraphIR.calls``): inlining has
@@ -64,8 +71,10 @@ def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
     before = len(nodes)
     inlining = options.inlining and calls
     if calls and not options.inlining:
-        nodes = tuple(n._replace(attrs={**n.attrs, OPTIONS_ATTR: options})
-                      if FUNCTION_ATTR in n.attrs else n for n in nodes)
+        nodes = tuple(
+            n._replace(attrs={**n.attrs, OPTIONS_ATTR: options}) if FUNCTION_ATTR in n.attrs else n
+            for n in nodes
+        )
     if served is not None:  # until CSE merges one
         served[:] = fetches
     if not (options.folding or options.cse or inlining):
@@ -79,25 +88,34 @@ def optimize(nodes: Sequence[NodeDef], placement: Sequence[int], *,
         changed = False
         if inlining:
             nodes, placement, done = inline_functions(
-                nodes, placement, devices, feeds=fed, allow_soft_placement=allow_soft_placement)
+                nodes, placement, devices, feeds=fed, allow_soft_placement=allow_soft_placement
+            )
             inlined += done
             changed |= done > 0
         if options.folding:
             n = len(nodes)
             nodes, placement, did = fold_constants(
-                nodes, placement, devices, feeds=fed, fetches=fetches, targets=targets,
-                max_bytes=options.max_folded_constant_in_bytes)
+                nodes,
+                placement,
+                devices,
+                feeds=fed,
+                fetches=fetches,
+                targets=targets,
+                max_bytes=options.max_folded_constant_in_bytes,
+            )
             folded += n - len(nodes)
             changed |= did
             # Batch norms folded into convolutions need folding's constants first.  A
             # fetched value is never rewritten away, whatever CSE may merge.
             nodes, placement, did = rewrite_convolutions(
-                nodes, placement, feeds=fed, protected=protected | {r[0] for r in fetches})
+                nodes, placement, feeds=fed, protected=protected | {r[0] for r in fetches}
+            )
             changed |= did
         if options.cse:
             n = len(nodes)
             nodes, placement, did = eliminate_common_subexpressions(
-                nodes, placement, feeds=fed, protected=protected, renames=renames)
+                nodes, placement, feeds=fed, protected=protected, renames=renames
+            )
             merged += n - len(nodes)
             changed |= did
             if renames and served is not None:  # later passes see the fetches as served

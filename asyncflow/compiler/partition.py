@@ -72,16 +72,25 @@ class PartitionDef:
     control_flow: bool = False
 
     def __repr__(self) -> str:
-        return (f"<PartitionDef {self.device} nodes={len(self.nodes)} args={len(self.args)} "
-                f"retvals={len(self.retvals)}>")
+        return (
+            f"<PartitionDef {self.device} nodes={len(self.nodes)} args={len(self.args)} "
+            f"retvals={len(self.retvals)}>"
+        )
 
 
-def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Sequence[str],
-              feeds: Sequence[Ref], fetches: Sequence[Ref], targets: Sequence[str],
-              incarnation: int, frames: Frames | None = None,
-              loops: Mapping[tuple[FramePath, int], str] | None = None,
-              control_flow: bool = False, client_device: bool = True
-              ) -> tuple[PartitionDef, ...]:
+def partition(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    devices: Sequence[str],
+    feeds: Sequence[Ref],
+    fetches: Sequence[Ref],
+    targets: Sequence[str],
+    incarnation: int,
+    frames: Frames | None = None,
+    loops: Mapping[tuple[FramePath, int], str] | None = None,
+    control_flow: bool = False,
+    client_device: bool = True,
+) -> tuple[PartitionDef, ...]:
     """Split placed ``nodes`` into one :class:`PartitionDef` per device used (device order).
 
     ``frames`` and ``loops`` come from :func:`~asyncflow.compiler.control_flow.add_control_loops`
@@ -90,10 +99,17 @@ def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Seque
     master hands them to every task itself).
     """
     fed = {r: k for k, r in enumerate(feeds)}
-    if (placement and placement.count(placement[0]) == len(placement) and not loops
-            and (placement[0] == _CLIENT or not (feeds or fetches) or not client_device)):
-        return (_one_partition(nodes, placement[0], devices, feeds, fed, fetches, targets,
-                               control_flow),)
+    if (
+        placement
+        and placement.count(placement[0]) == len(placement)
+        and not loops
+        and (placement[0] == _CLIENT or not (feeds or fetches) or not client_device)
+    ):
+        return (
+            _one_partition(
+                nodes, placement[0], devices, feeds, fed, fetches, targets, control_flow
+            ),
+        )
     device_of = {n.name: d for n, d in zip(nodes, placement)}
     nodes_of: dict[int, list[NodeDef]] = {}
     args_of: dict[int, set[int]] = {}
@@ -104,7 +120,8 @@ def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Seque
         name = recvs.get((source, dst))
         if name is None:
             name = recvs[(source, dst)] = _make_pair(
-                source, infos, src, dst, devices, incarnation, nodes_of, frames, loops, info)
+                source, infos, src, dst, devices, incarnation, nodes_of, frames, loops, info
+            )
         return name
 
     for d in placement:
@@ -139,8 +156,18 @@ def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Seque
                 controls.append(recv_for(c, src, d))
                 changed = True
         if changed:
-            n = NodeDef(n.name, n.op, tuple(inputs), tuple(controls), n.device, n.attrs,
-                        n.outputs, n.input_types, n.stateful, n.traceback)
+            n = NodeDef(
+                n.name,
+                n.op,
+                tuple(inputs),
+                tuple(controls),
+                n.device,
+                n.attrs,
+                n.outputs,
+                n.input_types,
+                n.stateful,
+                n.traceback,
+            )
         nodes_of[d].append(n)
 
     retvals_of: dict[int, list[tuple[int, Ref]]] = {}
@@ -156,15 +183,28 @@ def partition(nodes: Sequence[NodeDef], placement: Sequence[int], devices: Seque
     for name in targets:
         targets_of.setdefault(device_of[name], []).append(name)
     return tuple(
-        PartitionDef(devices[d], tuple(nodes_of[d]),
-                     tuple((k, feeds[k]) for k in sorted(args_of.get(d, ()))),
-                     tuple(retvals_of.get(d, ())), tuple(targets_of.get(d, ())), control_flow)
-        for d in sorted(nodes_of))
+        PartitionDef(
+            devices[d],
+            tuple(nodes_of[d]),
+            tuple((k, feeds[k]) for k in sorted(args_of.get(d, ()))),
+            tuple(retvals_of.get(d, ())),
+            tuple(targets_of.get(d, ())),
+            control_flow,
+        )
+        for d in sorted(nodes_of)
+    )
 
 
-def _one_partition(nodes: Sequence[NodeDef], d: int, devices: Sequence[str],
-                   feeds: Sequence[Ref], fed: Mapping[Ref, int], fetches: Sequence[Ref],
-                   targets: Sequence[str], control_flow: bool) -> PartitionDef:
+def _one_partition(
+    nodes: Sequence[NodeDef],
+    d: int,
+    devices: Sequence[str],
+    feeds: Sequence[Ref],
+    fed: Mapping[Ref, int],
+    fetches: Sequence[Ref],
+    targets: Sequence[str],
+    control_flow: bool,
+) -> PartitionDef:
     """:func:`partition` when every node is on device ``d``: no edge is cut, so a node
     changes only when a control input is not in the run (a fed Placeholder's: the feed
     carries it).  The partition takes every feed as an argument (a feed nothing reads
@@ -179,18 +219,29 @@ def _one_partition(nodes: Sequence[NodeDef], d: int, devices: Sequence[str],
             if any(c not in names for c in n.control_inputs):
                 if out is None:
                     out = list(nodes)
-                out[k] = n._replace(
-                    control_inputs=tuple(c for c in n.control_inputs if c in names))
-    return PartitionDef(devices[d], tuple(nodes if out is None else out),
-                        tuple(enumerate(feeds)),
-                        tuple((k, r) for k, r in enumerate(fetches) if r not in fed),
-                        tuple(targets), control_flow)
+                out[k] = n._replace(control_inputs=tuple(c for c in n.control_inputs if c in names))
+    return PartitionDef(
+        devices[d],
+        tuple(nodes if out is None else out),
+        tuple(enumerate(feeds)),
+        tuple((k, r) for k, r in enumerate(fetches) if r not in fed),
+        tuple(targets),
+        control_flow,
+    )
 
 
-def _make_pair(source: Ref | str, infos: Mapping[str, NodeDef], src: int, dst: int,
-               devices: Sequence[str], incarnation: int, nodes_of: dict[int, list[NodeDef]],
-               frames: Frames | None, loops: Mapping[tuple[FramePath, int], str] | None,
-               fed_info: ValueInfo | None = None) -> str:
+def _make_pair(
+    source: Ref | str,
+    infos: Mapping[str, NodeDef],
+    src: int,
+    dst: int,
+    devices: Sequence[str],
+    incarnation: int,
+    nodes_of: dict[int, list[NodeDef]],
+    frames: Frames | None,
+    loops: Mapping[tuple[FramePath, int], str] | None,
+    fed_info: ValueInfo | None = None,
+) -> str:
     """Add the ``_Send`` (on ``src``) and ``_Recv`` (on ``dst``) for one cut edge
     (``fed_info``: the edge carries a fed tensor, whose producer may not run)."""
     producer: NodeDef | None
@@ -208,18 +259,44 @@ def _make_pair(source: Ref | str, infos: Mapping[str, NodeDef], src: int, dst: i
         info = _TOKEN
         send_inputs, send_controls = (), (source,)
     key = create_key(devices[src], incarnation, devices[dst], edge)
-    attrs = {"key": key, "tensor_name": edge, "send_device": devices[src],
-             "recv_device": devices[dst], "dtype": info.dtype, "shape": info.shape}
+    attrs = {
+        "key": key,
+        "tensor_name": edge,
+        "send_device": devices[src],
+        "recv_device": devices[dst],
+        "dtype": info.dtype,
+        "shape": info.shape,
+    }
     recv_controls: tuple[str, ...] = ()
     traceback = producer.traceback if producer is not None else ""
     if frames is not None and loops and producer is not None and fed_info is None:
         path = frames.out_frame[producer.name]
         if path:  # inside a loop: received once per iteration of this device's control loop
             recv_controls = (loops[(path, dst)],)
-    send = NodeDef(f"_send_{base}_to_{dst}", "_Send", send_inputs, send_controls,
-                   devices[src], attrs, (), (info,) if send_inputs else (), True, traceback)
-    recv = NodeDef(f"_recv_{base}_on_{dst}", "_Recv", (), recv_controls, devices[dst], attrs,
-                   (info,), (), True, traceback)
+    send = NodeDef(
+        f"_send_{base}_to_{dst}",
+        "_Send",
+        send_inputs,
+        send_controls,
+        devices[src],
+        attrs,
+        (),
+        (info,) if send_inputs else (),
+        True,
+        traceback,
+    )
+    recv = NodeDef(
+        f"_recv_{base}_on_{dst}",
+        "_Recv",
+        (),
+        recv_controls,
+        devices[dst],
+        attrs,
+        (info,),
+        (),
+        True,
+        traceback,
+    )
     nodes_of.setdefault(src, []).append(send)
     nodes_of.setdefault(dst, []).insert(0, recv)
     return recv.name
@@ -242,8 +319,15 @@ def partition_graph_def(part: PartitionDef) -> dict[str, Any]:
     nodes: list[dict[str, Any]] = []
     for k, r in args:
         dtype = _dtype_of(part, r)
-        nodes.append({"name": arg_names[r], "op": "_Arg", "input": [], "device": device,
-                      "attr": {"index": encode_attr(k), "T": encode_attr(dtype)}})
+        nodes.append(
+            {
+                "name": arg_names[r],
+                "op": "_Arg",
+                "input": [],
+                "device": device,
+                "attr": {"index": encode_attr(k), "T": encode_attr(dtype)},
+            }
+        )
     for n in part.nodes:
         attrs = {}
         for name, value in n.attrs.items():
@@ -251,27 +335,47 @@ def partition_graph_def(part: PartitionDef) -> dict[str, Any]:
                 attrs[name] = encode_attr(value)
             except (TypeError, ValueError):
                 attrs[name] = encode_attr(repr(value))
-        nodes.append({"name": n.name, "op": n.op,
-                      "input": [ref(r) for r in n.inputs] + [f"^{c}" for c in n.control_inputs],
-                      "device": device, "attr": attrs})
+        nodes.append(
+            {
+                "name": n.name,
+                "op": n.op,
+                "input": [ref(r) for r in n.inputs] + [f"^{c}" for c in n.control_inputs],
+                "device": device,
+                "attr": attrs,
+            }
+        )
     for k, r in part.retvals:
-        nodes.append({"name": f"_retval_{r[0]}_{r[1]}", "op": "_Retval",
-                      "input": [ref(r)], "device": device,
-                      "attr": {"index": encode_attr(k), "T": encode_attr(_dtype_of(part, r))}})
-    return {"versions": {"producer": 1, "format": "asyncflow.partition_graph/1"},
-            "device": device, "node": nodes}
+        nodes.append(
+            {
+                "name": f"_retval_{r[0]}_{r[1]}",
+                "op": "_Retval",
+                "input": [ref(r)],
+                "device": device,
+                "attr": {"index": encode_attr(k), "T": encode_attr(_dtype_of(part, r))},
+            }
+        )
+    return {
+        "versions": {"producer": 1, "format": "asyncflow.partition_graph/1"},
+        "device": device,
+        "node": nodes,
+    }
 
 
 def _dtype_of(part: PartitionDef, r: Ref) -> dtypes.DType:
     return _info_of(r, part.nodes).dtype
 
 
-def add_client_edges(nodes: Sequence[NodeDef], placement: Sequence[int],
-                     devices: Sequence[str], feeds: Sequence[Ref], fetches: Sequence[Ref],
-                     targets: Sequence[str], incarnation: int, client: str,
-                     feed_infos: Sequence[ValueInfo]
-                     ) -> tuple[tuple[NodeDef, ...], tuple[int, ...], tuple[str, ...],
-                                tuple[str, ...], tuple[str, ...]]:
+def add_client_edges(
+    nodes: Sequence[NodeDef],
+    placement: Sequence[int],
+    devices: Sequence[str],
+    feeds: Sequence[Ref],
+    fetches: Sequence[Ref],
+    targets: Sequence[str],
+    incarnation: int,
+    client: str,
+    feed_infos: Sequence[ValueInfo],
+) -> tuple[tuple[NodeDef, ...], tuple[int, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """Partial runs: the client feeds and fetches through the step's rendezvous.
 
     Each fed tensor becomes a ``_Recv`` from ``client`` on the client's device (the
@@ -297,19 +401,44 @@ def add_client_edges(nodes: Sequence[NodeDef], placement: Sequence[int],
         if r not in read:
             continue
         fed[r] = name
-        added.append(NodeDef(name, "_Recv", (), (), devices[0],
-                             {"key": key, "tensor_name": f"{r[0]}:{r[1]}",
-                              "send_device": client, "recv_device": devices[0],
-                              "dtype": info.dtype, "shape": info.shape},
-                             (info,), (), True, infos[r[0]].traceback if r[0] in infos else ""))
+        added.append(
+            NodeDef(
+                name,
+                "_Recv",
+                (),
+                (),
+                devices[0],
+                {
+                    "key": key,
+                    "tensor_name": f"{r[0]}:{r[1]}",
+                    "send_device": client,
+                    "recv_device": devices[0],
+                    "dtype": info.dtype,
+                    "shape": info.shape,
+                },
+                (info,),
+                (),
+                True,
+                infos[r[0]].traceback if r[0] in infos else "",
+            )
+        )
         added_device.append(0)
         device_of[name] = 0
     rewired = []
     for n in nodes:
         if any(r in fed for r in n.inputs):
-            n = NodeDef(n.name, n.op, tuple((fed[r], 0) if r in fed else r for r in n.inputs),
-                        n.control_inputs, n.device, n.attrs, n.outputs, n.input_types,
-                        n.stateful, n.traceback)
+            n = NodeDef(
+                n.name,
+                n.op,
+                tuple((fed[r], 0) if r in fed else r for r in n.inputs),
+                n.control_inputs,
+                n.device,
+                n.attrs,
+                n.outputs,
+                n.input_types,
+                n.stateful,
+                n.traceback,
+            )
         rewired.append(n)
     fetch_keys: list[str] = []
     for r in fetches:
@@ -318,24 +447,62 @@ def add_client_edges(nodes: Sequence[NodeDef], placement: Sequence[int],
         info = _info_of(r, nodes)
         key = create_key(devices[d], incarnation, client, f"fetch:{r[0]}:{r[1]}")
         fetch_keys.append(key)
-        added.append(NodeDef(f"_send_fetch_{r[0]}_{r[1]}", "_Send", (source,), (), devices[d],
-                             {"key": key, "tensor_name": f"{r[0]}:{r[1]}",
-                              "send_device": devices[d], "recv_device": client,
-                              "dtype": info.dtype, "shape": info.shape},
-                             (), (info,), True, ""))
+        added.append(
+            NodeDef(
+                f"_send_fetch_{r[0]}_{r[1]}",
+                "_Send",
+                (source,),
+                (),
+                devices[d],
+                {
+                    "key": key,
+                    "tensor_name": f"{r[0]}:{r[1]}",
+                    "send_device": devices[d],
+                    "recv_device": client,
+                    "dtype": info.dtype,
+                    "shape": info.shape,
+                },
+                (),
+                (info,),
+                True,
+                "",
+            )
+        )
         added_device.append(d)
     target_keys: list[str] = []
     for name in targets:
         d = device_of[name]
         key = create_key(devices[d], incarnation, client, f"fetch:^{name}")
         target_keys.append(key)
-        added.append(NodeDef(f"_send_fetch_{name}_ctrl", "_Send", (), (name,), devices[d],
-                             {"key": key, "tensor_name": f"^{name}", "send_device": devices[d],
-                              "recv_device": client, "dtype": dtypes.bool,
-                              "shape": TensorShape(())}, (), (), True, ""))
+        added.append(
+            NodeDef(
+                f"_send_fetch_{name}_ctrl",
+                "_Send",
+                (),
+                (name,),
+                devices[d],
+                {
+                    "key": key,
+                    "tensor_name": f"^{name}",
+                    "send_device": devices[d],
+                    "recv_device": client,
+                    "dtype": dtypes.bool,
+                    "shape": TensorShape(()),
+                },
+                (),
+                (),
+                True,
+                "",
+            )
+        )
         added_device.append(d)
-    return ((*rewired, *added), (*placement, *added_device), tuple(feed_keys),
-            tuple(fetch_keys), tuple(target_keys))
+    return (
+        (*rewired, *added),
+        (*placement, *added_device),
+        tuple(feed_keys),
+        tuple(fetch_keys),
+        tuple(target_keys),
+    )
 
 
 def _info_of(r: Ref, nodes: Sequence[NodeDef]) -> ValueInfo:

@@ -75,12 +75,19 @@ class Compiled:
         return f"<Compiled partitions={len(self.plans)} fetches={len(self.retval_map)}>"
 
 
-def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Ref],
-                      targets: Sequence[str], devices: Sequence[str], incarnation: int,
-                      allow_soft_placement: bool = False,
-                      client: str | None = None,
-                      options: OptimizerOptions | None = None,
-                      client_device: bool = True) -> Compiled:
+def compile_signature(
+    ir: GraphIR,
+    *,
+    feeds: Sequence[Ref],
+    fetches: Sequence[Ref],
+    targets: Sequence[str],
+    devices: Sequence[str],
+    incarnation: int,
+    allow_soft_placement: bool = False,
+    client: str | None = None,
+    options: OptimizerOptions | None = None,
+    client_device: bool = True,
+) -> Compiled:
     """Compile the run of ``fetches`` / ``targets`` with ``feeds`` on ``devices``.
 
     ``options`` select the graph optimizations (default: ``OptimizerOptions()``, L1).
@@ -91,15 +98,26 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
     False (see :func:`~asyncflow.compiler.partition.partition`).
     """
     nodes = prune(ir, fetches, targets, feeds)
-    placement = place(nodes, devices, allow_soft_placement=allow_soft_placement,
-                      lookup=ir.by_name) if ir.requests else (0,) * len(nodes)
+    placement = (
+        place(nodes, devices, allow_soft_placement=allow_soft_placement, lookup=ir.by_name)
+        if ir.requests
+        else (0,) * len(nodes)
+    )
     # A fetch whose node CSE merges is served by the survivor (as TF); a partial run's
     # fetches keep their nodes (each has its own rendezvous key).
     served: list[Ref] | None = [] if client is None else None
     nodes, placement, stats = optimize(
-        nodes, placement, devices=devices, options=options or _DEFAULT_OPTIONS, feeds=feeds,
-        fetches=fetches, targets=targets, allow_soft_placement=allow_soft_placement,
-        calls=ir.calls, served=served)
+        nodes,
+        placement,
+        devices=devices,
+        options=options or _DEFAULT_OPTIONS,
+        feeds=feeds,
+        fetches=fetches,
+        targets=targets,
+        allow_soft_placement=allow_soft_placement,
+        calls=ir.calls,
+        served=served,
+    )
     if served is not None:
         fetches = served
     ops = {n.op for n in nodes}
@@ -116,34 +134,55 @@ def compile_signature(ir: GraphIR, *, feeds: Sequence[Ref], fetches: Sequence[Re
     if client is not None:
         feed_infos = [ir.by_name[r[0]].outputs[r[1]] for r in feeds]
         nodes, placement, fk, tk, gk = add_client_edges(
-            nodes, placement, devices, feeds, fetches, targets, incarnation, client,
-            feed_infos)
+            nodes, placement, devices, feeds, fetches, targets, incarnation, client, feed_infos
+        )
         client_keys = ClientKeys(fk, tk, gk)
-        targets = tuple(n.name for n in nodes[len(nodes) - len(fetches) - len(targets):])
+        targets = tuple(n.name for n in nodes[len(nodes) - len(fetches) - len(targets) :])
         feeds, fetches = (), ()
         if has_loops:
             frames = node_frames(nodes)
     if frames is not None and len(set(placement)) > 1:
         nodes, placement, frames, loops = add_control_loops(nodes, placement, frames)
-    parts = partition(nodes, placement, devices, feeds, fetches, targets, incarnation,
-                      frames, loops, control_flow=control_flow, client_device=client_device)
+    parts = partition(
+        nodes,
+        placement,
+        devices,
+        feeds,
+        fetches,
+        targets,
+        incarnation,
+        frames,
+        loops,
+        control_flow=control_flow,
+        client_device=client_device,
+    )
     fed = {r: k for k, r in enumerate(feeds)}
     where: dict[int, tuple[int, int]] = {}
     for p, part in enumerate(parts):
         for local, (k, _) in enumerate(part.retvals):
             where[k] = (p, local)
     retval_map = tuple((-1, fed[r]) if r in fed else where[k] for k, r in enumerate(fetches))
-    return Compiled(tuple([build_plan(part) for part in parts]), retval_map,
-                    tuple(nodes), tuple(placement), tuple(devices),
-                    client_keys, stats)
+    return Compiled(
+        tuple([build_plan(part) for part in parts]),
+        retval_map,
+        tuple(nodes),
+        tuple(placement),
+        tuple(devices),
+        client_keys,
+        stats,
+    )
 
 
-def _check_not_in_loop(frames: Frames, nodes: Sequence[NodeDef], refs: Sequence[Ref],
-                       what: str) -> None:
+def _check_not_in_loop(
+    frames: Frames, nodes: Sequence[NodeDef], refs: Sequence[Ref], what: str
+) -> None:
     """Feeds and fetches cross the call frame, which lives in the root frame."""
     for r in refs:
         if frames.out_frame.get(r[0]):
             node = next(n for n in nodes if n.name == r[0])
             raise errors.InvalidArgumentError(
-                None, node, f"Tensor '{r[0]}:{r[1]}' is inside a while loop and cannot be "
-                            f"{what}; feed or fetch the loop's inputs or outputs instead")
+                None,
+                node,
+                f"Tensor '{r[0]}:{r[1]}' is inside a while loop and cannot be "
+                f"{what}; feed or fetch the loop's inputs or outputs instead",
+            )

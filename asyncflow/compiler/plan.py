@@ -55,9 +55,9 @@ class Plan:
     """The immutable, per-signature executable form of one partition."""
 
     partition: PartitionDef
-    nodes: tuple[NodeDef, ...]            # the scheduled nodes (preloaded constants excluded)
-    inputs: tuple[tuple[int, ...], ...]   # input slots per node
-    out: tuple[int, ...]                  # first output slot per node
+    nodes: tuple[NodeDef, ...]  # the scheduled nodes (preloaded constants excluded)
+    inputs: tuple[tuple[int, ...], ...]  # input slots per node
+    out: tuple[int, ...]  # first output slot per node
     consumers: tuple[tuple[int, ...], ...]
     frees: tuple[tuple[int, ...], ...]
     counted: tuple[tuple[int, ...], ...]
@@ -86,8 +86,10 @@ class Plan:
         return self.frames is not None and len(self.frames.frames) > 1
 
     def __repr__(self) -> str:
-        return (f"<Plan {self.device} nodes={len(self.nodes)} args={len(self.arg_slots)} "
-                f"retvals={len(self.retval_slots)} frames={self.frames is not None}>")
+        return (
+            f"<Plan {self.device} nodes={len(self.nodes)} args={len(self.arg_slots)} "
+            f"retvals={len(self.retval_slots)} frames={self.frames is not None}>"
+        )
 
 
 def build_plan(part: PartitionDef) -> Plan:
@@ -226,7 +228,7 @@ def build_plan(part: PartitionDef) -> Plan:
     retval_slots = tuple(slot(r) for _, r in part.retvals)
     keep = set(arg_slots)
     keep.update(retval_slots)
-    frees: list[Any] = [()] * n    # as consumers: (s,), then a list
+    frees: list[Any] = [()] * n  # as consumers: (s,), then a list
     freeing: list[int] = []  # the nodes whose frees became a list
     counted: list[Any] = [()] * n
     refs: list[int] | None = None
@@ -282,11 +284,15 @@ def build_plan(part: PartitionDef) -> Plan:
     ops = {node.op for node in sched}
     if "Enter" in ops:  # loops: the frame propagator
         frames = analyze_frames(sched, node_frames(sched))
-        edges_out = _edges_out(sched, node_of if node_of is not None else
-                               {node.name: i for i, node in enumerate(sched)}, in_slots,
-                               fed_slot)
-        loop_schedules = schedule_loops(sched, frames, in_slots, out_slots,
-                                        consumers, initial_values)
+        edges_out = _edges_out(
+            sched,
+            node_of if node_of is not None else {node.name: i for i, node in enumerate(sched)},
+            in_slots,
+            fed_slot,
+        )
+        loop_schedules = schedule_loops(
+            sched, frames, in_slots, out_slots, consumers, initial_values
+        )
     elif not ops.isdisjoint(CONTROL_FLOW_OPS) or (part.control_flow and "_Recv" in ops):
         frames = cond_info(sched)  # dead tensors, one frame: the plain propagator
     return Plan(
@@ -310,8 +316,12 @@ def build_plan(part: PartitionDef) -> Plan:
     )
 
 
-def _edges_out(sched: list[NodeDef], node_of: dict[str, int],
-               in_slots: list[tuple[int, ...]], fed_slot: dict[Ref, int]) -> EdgesOut:
+def _edges_out(
+    sched: list[NodeDef],
+    node_of: dict[str, int],
+    in_slots: list[tuple[int, ...]],
+    fed_slot: dict[Ref, int],
+) -> EdgesOut:
     out: list[dict[int, tuple[list[tuple[int, int]], list[bool]]]] = [{} for _ in sched]
     for c, node in enumerate(sched):
         for pos, r in enumerate(node.inputs):
@@ -323,5 +333,4 @@ def _edges_out(sched: list[NodeDef], node_of: dict[str, int],
             p = node_of.get(ctrl)
             if p is not None:
                 out[p].setdefault(c, ([], [False]))[1][0] = True
-    return tuple(tuple((c, tuple(data), flag[0]) for c, (data, flag) in d.items())
-                 for d in out)
+    return tuple(tuple((c, tuple(data), flag[0]) for c, (data, flag) in d.items()) for d in out)

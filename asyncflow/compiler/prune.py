@@ -16,8 +16,9 @@ from asyncflow.compiler.ir import GraphIR, NodeDef, Ref
 __all__ = ["prune"]
 
 
-def prune(ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str],
-          feeds: Collection[Ref] = ()) -> tuple[NodeDef, ...]:
+def prune(
+    ir: GraphIR, fetches: Iterable[Ref], targets: Iterable[str], feeds: Collection[Ref] = ()
+) -> tuple[NodeDef, ...]:
     """The nodes needed to compute ``fetches`` and run ``targets`` when ``feeds`` are given.
 
     A walk from the fetches, which costs what it visits: a small part of a large
@@ -77,8 +78,9 @@ def _scan(ir: GraphIR, roots: list[str], fed: Collection[Ref]) -> tuple[NodeDef,
     return None
 
 
-def _walk(ir: GraphIR, roots: list[str], fed: Collection[Ref],
-          budget: int | None = None) -> tuple[NodeDef, ...] | None:
+def _walk(
+    ir: GraphIR, roots: list[str], fed: Collection[Ref], budget: int | None = None
+) -> tuple[NodeDef, ...] | None:
     """:func:`prune` by a walk from the roots, then the needed nodes in graph order
     (None: more than ``budget`` nodes are needed)."""
     left = len(ir.nodes) + 1 if budget is None else budget

@@ -85,8 +85,12 @@ class StaticProgram:
             more = extra.get(i)
             if more is not None:
                 free = (*free, *more)
-            program.append(make(Instr, (I_KERNEL, i, inputs[i], outs[i] if nout else -1,
-                                        nout, (), free, (), None)))
+            program.append(
+                make(
+                    Instr,
+                    (I_KERNEL, i, inputs[i], outs[i] if nout else -1, nout, (), free, (), None),
+                )
+            )
         return tuple(program)
 
 

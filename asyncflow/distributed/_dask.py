@@ -56,8 +56,18 @@ import asyncflow
 from asyncflow import errors
 from asyncflow.distributed.worker import WorkerEnv
 
-__all__ = ["EVENT_TOPIC", "PLUGIN_NAME", "PROTOCOL", "SERVICE_STOPPED", "AsyncflowWorker",
-           "local_identity", "unavailable", "unwire", "unwire_value", "wire"]
+__all__ = [
+    "EVENT_TOPIC",
+    "PLUGIN_NAME",
+    "PROTOCOL",
+    "SERVICE_STOPPED",
+    "AsyncflowWorker",
+    "local_identity",
+    "unavailable",
+    "unwire",
+    "unwire_value",
+    "wire",
+]
 
 PLUGIN_NAME = "asyncflow"
 #: The topic of the events each remote partition run logs on the scheduler.
@@ -74,14 +84,25 @@ _LEASE_CHECK_S = 0.25
 #: step name and status: a step a millisecond must not cost a message each).
 _EVENTS_EVERY_MS = 200
 #: The ops the task service answers on the task's loop.
-_SERVICE_OPS = ("register_graph", "deregister_graph", "close_session", "run_graph",
-                "recv_tensor", "send_tensor", "abort_step", "cleanup_step", "reset")
+_SERVICE_OPS = (
+    "register_graph",
+    "deregister_graph",
+    "close_session",
+    "run_graph",
+    "recv_tensor",
+    "send_tensor",
+    "abort_step",
+    "cleanup_step",
+    "reset",
+)
 _OK: dict[str, Any] = {"ok": True}
 
 
 def local_identity() -> tuple[str, int]:
     """(asyncflow version, wire protocol) of this process (read at call time)."""
     return str(asyncflow.__version__), PROTOCOL
+
+
 T = TypeVar("T")
 
 #: Dask's ``Server``, untyped: the task service is one.
@@ -93,8 +114,10 @@ COMM_ERRORS = (CommClosedError, OSError)
 
 def unavailable(task: str, address: str, exc: BaseException) -> errors.UnavailableError:
     return errors.UnavailableError(
-        None, None, f"task {task} (Dask worker {address}) is unavailable: "
-                    f"{type(exc).__name__}: {exc}")
+        None,
+        None,
+        f"task {task} (Dask worker {address}) is unavailable: {type(exc).__name__}: {exc}",
+    )
 
 
 #: Numeric arrays and scalars up to this size travel inside the message itself.
@@ -109,10 +132,14 @@ def wire(value: Any) -> Any:
     message (Dask's serializers cost ~25 µs for an 8-byte scalar, more than the rest
     of its trip), larger arrays as buffers (no copy), anything else pickled.
     The receiver calls :func:`unwire_value`."""
-    if (isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in _INLINE_KINDS
-            and value.nbytes <= _INLINE_BYTES):
-        return {_INLINE: (value.dtype.str, value.shape, value.tobytes(),
-                          isinstance(value, np.generic))}
+    if (
+        isinstance(value, (np.ndarray, np.generic))
+        and value.dtype.kind in _INLINE_KINDS
+        and value.nbytes <= _INLINE_BYTES
+    ):
+        return {
+            _INLINE: (value.dtype.str, value.shape, value.tobytes(), isinstance(value, np.generic))
+        }
     return to_serialize(value)  # type: ignore[no-untyped-call]
 
 
@@ -175,8 +202,7 @@ class AsyncflowWorker(WorkerPlugin):
         self.service = ""
         # Partition runs not logged yet: (task, step name, step id, start, stop, status),
         # appended on the task loop, drained on Dask's.
-        self._runs: collections.deque[tuple[str, str, int, float, float, str]] = (
-            collections.deque())
+        self._runs: collections.deque[tuple[str, str, int, float, float, str]] = collections.deque()
         self._flusher: PeriodicCallback | None = None
         self._serving: asyncio.Future[str] | None = None  # the service starting
         #: This worker process's token (made by ``setup``, in the worker: the plugin is
@@ -208,13 +234,18 @@ class AsyncflowWorker(WorkerPlugin):
         worker is reached at.
         """
         handlers = {f"asyncflow_{op}": getattr(self, f"_h_{op}") for op in _SERVICE_OPS}
-        server = _DaskServer(handlers, connection_args=worker.connection_args,
-                        local_directory=worker.local_directory, needs_workdir=False)
+        server = _DaskServer(
+            handlers,
+            connection_args=worker.connection_args,
+            local_directory=worker.local_directory,
+            needs_workdir=False,
+        )
         await server
         scheme, loc = parse_address(worker.listener.listen_address)
         host, _ = parse_host_port(loc)
-        await server.listen(f"{scheme}://{unparse_host_port(host, 0)}",
-                            **worker.security.get_listen_args("worker"))
+        await server.listen(
+            f"{scheme}://{unparse_host_port(host, 0)}", **worker.security.get_listen_args("worker")
+        )
         self._server = server
         return f"{scheme}://{unparse_host_port(get_address_host(worker.address), server.port)}"
 
@@ -233,8 +264,9 @@ class AsyncflowWorker(WorkerPlugin):
             if server is not None:
                 await task_loop.call(server.close())
             # Masters calling the service stop now (the worker may live on without it).
-            worker.log_event(worker.address, {"action": SERVICE_STOPPED,
-                                              "incarnation": self.incarnation})
+            worker.log_event(
+                worker.address, {"action": SERVICE_STOPPED, "incarnation": self.incarnation}
+            )
             # Joining threads would block Dask's loop: done on a thread of its own.
             await asyncio.to_thread(task_loop.stop)
             for env in envs:
@@ -269,8 +301,15 @@ class AsyncflowWorker(WorkerPlugin):
             event = summary.get((task, name, status))
             if event is None:
                 summary[(task, name, status)] = {
-                    "action": "run_graph", "step": name, "task": task, "status": status,
-                    "runs": 1, "step_ids": [step_id], "start": start, "stop": stop}
+                    "action": "run_graph",
+                    "step": name,
+                    "task": task,
+                    "status": status,
+                    "runs": 1,
+                    "step_ids": [step_id],
+                    "start": start,
+                    "stop": stop,
+                }
             else:
                 event["runs"] += 1
                 event["step_ids"].append(step_id)
@@ -294,17 +333,20 @@ class AsyncflowWorker(WorkerPlugin):
             raise errors.UnavailableError(None, None, f"task {task} has no known worker")
         server = self._server
         if server is None:
-            raise errors.UnavailableError(None, None, f"the service of task {task}'s peer "
-                                                      f"stopped")
+            raise errors.UnavailableError(None, None, f"the service of task {task}'s peer stopped")
         try:
             reply = await server.rpc(address).asyncflow_recv_tensor(
-                task=task, step_id=step_id, key=key)
+                task=task, step_id=step_id, key=key
+            )
         except COMM_ERRORS as exc:
             raise unavailable(task, address, exc) from None
         if reply is None:  # Dask's answer to an op without a handler
             raise errors.FailedPreconditionError(
-                None, None, f"task {task} (Dask worker {address}) has no asyncflow service: "
-                            f"its worker plugin {PLUGIN_NAME!r} was unregistered")
+                None,
+                None,
+                f"task {task} (Dask worker {address}) has no asyncflow service: "
+                f"its worker plugin {PLUGIN_NAME!r} was unregistered",
+            )
         if not reply["ok"]:
             raise unwire(reply["error"])
         return unwire_value(reply["value"]), reply["dead"]
@@ -317,16 +359,19 @@ class AsyncflowWorker(WorkerPlugin):
         mine, proto = local_identity()
         if self._serving is not None:
             await asyncio.shield(self._serving)
-        return {"version": mine, "protocol": proto, "incarnation": self.incarnation,
-                "service": self.service}
+        return {
+            "version": mine,
+            "protocol": proto,
+            "incarnation": self.incarnation,
+            "service": self.service,
+        }
 
     async def _h_ping(self, comm: Any, task: str, sessions: list[str], lease: float) -> Any:
         """Health check and lease renewal of a master's sessions on ``task``."""
         env = self._envs.get(task)
         task_loop = self._task_loop
         if env is not None and sessions and task_loop is not None:
-            task_loop.loop.call_soon_threadsafe(env.renew, sessions,
-                                                time.monotonic() + lease)
+            task_loop.loop.call_soon_threadsafe(env.renew, sessions, time.monotonic() + lease)
         return _OK
 
     async def _h_client_gone(self, comm: Any, client: str) -> Any:
@@ -334,15 +379,24 @@ class AsyncflowWorker(WorkerPlugin):
         task_loop = self._task_loop
         if task_loop is not None:
             for env in list(self._envs.values()):
-                task_loop.loop.call_soon_threadsafe(env.forget_master, client,
-                                                    time.monotonic())
+                task_loop.loop.call_soon_threadsafe(env.forget_master, client, time.monotonic())
         return _OK
 
     # -- the task service's handlers (on the task loop) ------------------------------------
 
-    async def _h_register_graph(self, comm: Any, task: str, incarnation: str, session: str,
-                                isolate: bool, cpus: int, lease: float, client: str,
-                                addresses: dict[str, str], plans: Any) -> Any:
+    async def _h_register_graph(
+        self,
+        comm: Any,
+        task: str,
+        incarnation: str,
+        session: str,
+        isolate: bool,
+        cpus: int,
+        lease: float,
+        client: str,
+        addresses: dict[str, str],
+        plans: Any,
+    ) -> Any:
         if self._stale(incarnation):
             return {"restarted": True}
         self._addresses.update(addresses)
@@ -354,8 +408,9 @@ class AsyncflowWorker(WorkerPlugin):
         env.renew([session], time.monotonic() + lease, client)
         return {"ok": True, "handle": handle}
 
-    async def _h_deregister_graph(self, comm: Any, task: str, incarnation: str,
-                                  session: str, handle: str) -> Any:
+    async def _h_deregister_graph(
+        self, comm: Any, task: str, incarnation: str, session: str, handle: str
+    ) -> Any:
         env = self._envs.get(task)
         if env is not None and not self._stale(incarnation):
             try:
@@ -364,32 +419,45 @@ class AsyncflowWorker(WorkerPlugin):
                 pass
         return _OK
 
-    async def _h_close_session(self, comm: Any, task: str, incarnation: str,
-                               session: str) -> Any:
+    async def _h_close_session(self, comm: Any, task: str, incarnation: str, session: str) -> Any:
         env = self._envs.get(task)
         if env is not None and not self._stale(incarnation):
             env.close_session(session)
         return _OK
 
-    async def _h_run_graph(self, comm: Any, task: str, incarnation: str, session: str,
-                           handle: str, step_id: int, args: list[Any], trace: bool,
-                           name: str) -> Any:
+    async def _h_run_graph(
+        self,
+        comm: Any,
+        task: str,
+        incarnation: str,
+        session: str,
+        handle: str,
+        step_id: int,
+        args: list[Any],
+        trace: bool,
+        name: str,
+    ) -> Any:
         env = self._envs.get(task)
         if env is None or self._stale(incarnation):
             return {"restarted": True}
         start = time.time()
         try:
-            values, stats = await env.run_graph(session, handle, step_id,
-                                                [unwire_value(a) for a in args], trace)
+            values, stats = await env.run_graph(
+                session, handle, step_id, [unwire_value(a) for a in args], trace
+            )
         except errors.OpError as exc:
             self._event(task, name, step_id, start, type(exc).__name__)
             return {"ok": False, "error": ToPickle(exc)}
         self._event(task, name, step_id, start, "ok")
-        return {"ok": True, "values": [wire(v) for v in values],
-                "stats": None if stats is None else ToPickle(stats)}
+        return {
+            "ok": True,
+            "values": [wire(v) for v in values],
+            "stats": None if stats is None else ToPickle(stats),
+        }
 
-    async def _h_recv_tensor(self, comm: Any, task: str, step_id: int, key: str,
-                             incarnation: str | None = None) -> Any:
+    async def _h_recv_tensor(
+        self, comm: Any, task: str, step_id: int, key: str, incarnation: str | None = None
+    ) -> Any:
         if incarnation is not None and self._stale(incarnation):
             return {"restarted": True}
         env = self._env(task)
@@ -399,22 +467,23 @@ class AsyncflowWorker(WorkerPlugin):
             return {"ok": False, "error": ToPickle(exc)}
         return {"ok": True, "value": wire(value), "dead": dead}
 
-    async def _h_send_tensor(self, comm: Any, task: str, incarnation: str, step_id: int,
-                             key: str, value: Any, dead: bool) -> Any:
+    async def _h_send_tensor(
+        self, comm: Any, task: str, incarnation: str, step_id: int, key: str, value: Any, dead: bool
+    ) -> Any:
         if self._stale(incarnation):
             return {"restarted": True}
         self._env(task).send_tensor(step_id, key, unwire_value(value), dead)
         return _OK
 
-    async def _h_abort_step(self, comm: Any, task: str, incarnation: str, step_id: int,
-                            error: Any) -> Any:
+    async def _h_abort_step(
+        self, comm: Any, task: str, incarnation: str, step_id: int, error: Any
+    ) -> Any:
         env = self._envs.get(task)
         if env is not None and not self._stale(incarnation):
             env.abort_step(step_id, unwire(error))
         return _OK
 
-    async def _h_cleanup_step(self, comm: Any, task: str, incarnation: str,
-                              step_id: int) -> Any:
+    async def _h_cleanup_step(self, comm: Any, task: str, incarnation: str, step_id: int) -> Any:
         env = self._envs.get(task)
         if env is not None and not self._stale(incarnation):
             await env.cleanup_step(step_id)

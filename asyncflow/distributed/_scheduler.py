@@ -33,8 +33,10 @@ def claimer() -> Callable[..., dict[str, str]]:
     once cannot choose differently: the first choice is recorded in the scheduler's
     metadata and every later client reads it.
     """
-    def claim(key: list[str], pinned: dict[str, str | None], free: list[str],
-              dask_scheduler: Any = None) -> dict[str, str]:
+
+    def claim(
+        key: list[str], pinned: dict[str, str | None], free: list[str], dask_scheduler: Any = None
+    ) -> dict[str, str]:
         recorded = dict(dask_scheduler.get_metadata(key, default=None) or {})
         taken = set(recorded.values()) | {n for n in pinned.values() if n is not None}
         spare = [n for n in free if n not in taken]
@@ -44,12 +46,15 @@ def claimer() -> Callable[..., dict[str, str]]:
                 recorded[task] = name
             elif task not in recorded:
                 if not spare:
-                    raise ValueError(f"no free Dask worker for task {task}: every worker "
-                                     f"of the cluster hosts a task already ({recorded!r})")
+                    raise ValueError(
+                        f"no free Dask worker for task {task}: every worker "
+                        f"of the cluster hosts a task already ({recorded!r})"
+                    )
                 recorded[task] = spare.pop(0)
             names[task] = recorded[task]
         dask_scheduler.set_metadata(key, recorded)
         return names
+
     return claim
 
 
@@ -85,6 +90,7 @@ def keeper() -> type:
                     await getattr(scheduler.rpc(address), CLIENT_GONE)(client=client)
             except Exception:
                 pass  # a worker that is gone or slow: its leases expire anyway
+
     return AsyncflowTaskKeeper
 
 

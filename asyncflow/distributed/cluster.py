@@ -66,8 +66,9 @@ class _Loop:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever,
-                                        name="asyncflow-cluster", daemon=True)
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="asyncflow-cluster", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -79,8 +80,7 @@ class _Loop:
 def _task_names(jobs: Mapping[str, JobSpec]) -> dict[str, str | None]:
     """Task name → the Dask worker name it is pinned to (None: asyncflow chooses)."""
     if not isinstance(jobs, Mapping) or not jobs:
-        raise ValueError(f"jobs must map job names to task counts or worker names, "
-                         f"got {jobs!r}")
+        raise ValueError(f"jobs must map job names to task counts or worker names, got {jobs!r}")
     tasks: dict[str, str | None] = {}
     for job in sorted(jobs):
         spec = jobs[job]
@@ -90,18 +90,22 @@ def _task_names(jobs: Mapping[str, JobSpec]) -> dict[str, str | None]:
             if spec < 1:
                 raise ValueError(f"job {job!r} needs a task count >= 1, got {spec!r}")
             names: list[str | None] = [None] * spec
-        elif (isinstance(spec, Sequence) and not isinstance(spec, str) and spec
-              and all(isinstance(n, str) and n for n in spec)):
+        elif (
+            isinstance(spec, Sequence)
+            and not isinstance(spec, str)
+            and spec
+            and all(isinstance(n, str) and n for n in spec)
+        ):
             names = list(spec)
         else:
-            raise ValueError(f"job {job!r} needs a task count >= 1 or a list of Dask "
-                             f"worker names, got {spec!r}")
+            raise ValueError(
+                f"job {job!r} needs a task count >= 1 or a list of Dask worker names, got {spec!r}"
+            )
         for t, name in enumerate(names):
             tasks[f"/job:{job}/replica:0/task:{t}"] = name
     pinned = [n for n in tasks.values() if n is not None]
     if len(set(pinned)) != len(pinned):
-        raise ValueError(f"jobs {jobs!r} name a Dask worker twice: each worker hosts "
-                         f"one task")
+        raise ValueError(f"jobs {jobs!r} name a Dask worker twice: each worker hosts one task")
     return tasks
 
 
@@ -116,16 +120,27 @@ class Cluster:
     sessions and steps of this client after they last heard from it.
     """
 
-    def __init__(self, jobs: Mapping[str, JobSpec], cpus_per_task: int = 1, *,
-                 health_timeout_s: float = 10.0, master_lease_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        jobs: Mapping[str, JobSpec],
+        cpus_per_task: int = 1,
+        *,
+        health_timeout_s: float = 10.0,
+        master_lease_s: float = 10.0,
+    ) -> None:
         if not isinstance(cpus_per_task, int) or cpus_per_task < 1:
             raise ValueError(f"cpus_per_task must be an int >= 1, got {cpus_per_task!r}")
-        for what, value in (("health_timeout_s", health_timeout_s),
-                            ("master_lease_s", master_lease_s)):
+        for what, value in (
+            ("health_timeout_s", health_timeout_s),
+            ("master_lease_s", master_lease_s),
+        ):
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{what} must be a number > 0, got {value!r}")
-        self.jobs = {job: spec if isinstance(spec, int) else list(spec)
-                     for job, spec in jobs.items()} if isinstance(jobs, Mapping) else jobs
+        self.jobs = (
+            {job: spec if isinstance(spec, int) else list(spec) for job, spec in jobs.items()}
+            if isinstance(jobs, Mapping)
+            else jobs
+        )
         self._pinned = _task_names(jobs)
         self.tasks = tuple(self._pinned)
         self.cpus_per_task = cpus_per_task
@@ -167,17 +182,25 @@ class Cluster:
     # -- making one --------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, address: str, jobs: Mapping[str, JobSpec],
-                      cpus_per_task: int = 1, *, security: Any = None,
-                      timeout_s: float = 30.0, health_timeout_s: float = 10.0,
-                      master_lease_s: float = 10.0) -> Cluster:
+    async def connect(
+        cls,
+        address: str,
+        jobs: Mapping[str, JobSpec],
+        cpus_per_task: int = 1,
+        *,
+        security: Any = None,
+        timeout_s: float = 30.0,
+        health_timeout_s: float = 10.0,
+        master_lease_s: float = 10.0,
+    ) -> Cluster:
         """Connect to a running Dask scheduler at ``address`` (``tcp://host:8786``).
 
         ``security``: Dask's ``distributed.security.Security`` (TLS).  Named workers
         not yet in the cluster are waited for up to ``timeout_s``.
         """
-        cluster = cls(jobs, cpus_per_task, health_timeout_s=health_timeout_s,
-                      master_lease_s=master_lease_s)
+        cluster = cls(
+            jobs, cpus_per_task, health_timeout_s=health_timeout_s, master_lease_s=master_lease_s
+        )
         cluster._own_loop = _Loop()
         cluster._loop = cluster._own_loop.loop
         cluster._owns_client = True
@@ -189,31 +212,43 @@ class Cluster:
         return cluster
 
     @classmethod
-    def from_client(cls, client: Any, jobs: Mapping[str, JobSpec], cpus_per_task: int = 1,
-                    *, timeout_s: float = 30.0, health_timeout_s: float = 10.0,
-                    master_lease_s: float = 10.0) -> Any:
+    def from_client(
+        cls,
+        client: Any,
+        jobs: Mapping[str, JobSpec],
+        cpus_per_task: int = 1,
+        *,
+        timeout_s: float = 30.0,
+        health_timeout_s: float = 10.0,
+        master_lease_s: float = 10.0,
+    ) -> Any:
         """Use an existing Dask ``client``; it stays the caller's.
 
         A synchronous client gives the cluster at once; an asynchronous one (like
         Dask's own API) gives an awaitable: ``cluster = await Cluster.from_client(c,
         ...)``, and sessions then run on that client's loop (``await sess.run``).
         """
-        cluster = cls(jobs, cpus_per_task, health_timeout_s=health_timeout_s,
-                      master_lease_s=master_lease_s)
+        cluster = cls(
+            jobs, cpus_per_task, health_timeout_s=health_timeout_s, master_lease_s=master_lease_s
+        )
         cluster.client = client
         cluster._loop = client.loop.asyncio_loop
         if client.asynchronous:
+
             async def attach() -> Cluster:
                 await cluster._attach(timeout_s)
                 return cluster
+
             return attach()
         cluster._run_sync(cluster._attach(timeout_s))
         return cluster
 
-    async def _open_client(self, address: Any, security: Any = None,
-                           timeout_s: float = 30.0) -> None:
-        self.client = await _dask.Client(address, asynchronous=True, security=security,
-                                         set_as_default=False)
+    async def _open_client(
+        self, address: Any, security: Any = None, timeout_s: float = 30.0
+    ) -> None:
+        self.client = await _dask.Client(
+            address, asynchronous=True, security=security, set_as_default=False
+        )
         await self._attach(timeout_s)
 
     async def _attach(self, timeout_s: float) -> None:
@@ -234,8 +269,10 @@ class Cluster:
                 except BaseExceptionGroup as group:
                     exc = group.exceptions[0]
                     by_name = await self._addresses_by_name()
-                    if not (isinstance(exc, errors.UnavailableError)
-                            and not all(name in by_name for name in names.values())):
+                    if not (
+                        isinstance(exc, errors.UnavailableError)
+                        and not all(name in by_name for name in names.values())
+                    ):
                         raise exc from None
             # A worker seen a moment ago has left (Dask removes one that cannot load
             # asyncflow once the service is installed, also while it is being adopted):
@@ -257,21 +294,26 @@ class Cluster:
         that cannot load asyncflow is named instead of failing everything.
         """
         await self.client.scheduler.register_scheduler_plugin(
-            plugin=_pickle.dumps(keeper()()), name=f"{PLUGIN_NAME}-tasks", idempotent=True)
+            plugin=_pickle.dumps(keeper()()), name=f"{PLUGIN_NAME}-tasks", idempotent=True
+        )
         try:
             replies = await self.client.scheduler.register_worker_plugin(
-                plugin=_pickle.dumps(AsyncflowWorker()), name=PLUGIN_NAME, idempotent=True)
+                plugin=_pickle.dumps(AsyncflowWorker()), name=PLUGIN_NAME, idempotent=True
+            )
         except Exception as exc:
             # A worker could not even load the plugin (no asyncflow there); Dask does not
             # say which: the handshake finds it and names it with this reason.
             self._install_error = f"{type(exc).__name__}: {exc}"
             return {}
-        return {address: str(reply.get("exception", reply.get("text", "setup failed")))
-                for address, reply in (replies or {}).items()
-                if reply.get("status") == "error"}
+        return {
+            address: str(reply.get("exception", reply.get("text", "setup failed")))
+            for address, reply in (replies or {}).items()
+            if reply.get("status") == "error"
+        }
 
-    async def _bind_names(self, timeout_s: float, failed: Mapping[str, str],
-                          deadline: float) -> dict[str, str]:
+    async def _bind_names(
+        self, timeout_s: float, failed: Mapping[str, str], deadline: float
+    ) -> dict[str, str]:
         """Task → worker name: the pinned ones, the rest recorded on the scheduler;
         named workers missing at ``deadline`` fail naming them (and ``timeout_s``)."""
         client = self.client
@@ -282,25 +324,32 @@ class Cluster:
             missing = [n for n in self._pinned.values() if n is not None and n not in present]
             if not missing:
                 if len(workers) < len(self.tasks):
-                    raise ValueError(f"the cluster needs {len(self.tasks)} Dask workers for "
-                                     f"jobs {self.jobs!r} but has {len(workers)}")
+                    raise ValueError(
+                        f"the cluster needs {len(self.tasks)} Dask workers for "
+                        f"jobs {self.jobs!r} but has {len(workers)}"
+                    )
                 break
             if time.monotonic() > deadline:
                 raise errors.UnavailableError(
-                    None, None, f"no Dask worker named {', '.join(map(repr, missing))} "
-                                f"joined the cluster within {timeout_s:g} s (workers: "
-                                f"{', '.join(map(repr, sorted(present)))}); start it with "
-                                f"`dask worker ADDRESS --name NAME` (Dask refuses a worker "
-                                f"that cannot load asyncflow: install it there)")
+                    None,
+                    None,
+                    f"no Dask worker named {', '.join(map(repr, missing))} "
+                    f"joined the cluster within {timeout_s:g} s (workers: "
+                    f"{', '.join(map(repr, sorted(present)))}); start it with "
+                    f"`dask worker ADDRESS --name NAME` (Dask refuses a worker "
+                    f"that cannot load asyncflow: install it there)",
+                )
             await asyncio.sleep(0.1)
         # Recorded even when every task is pinned: the scheduler's plugin reads the map.
         free = sorted((n for n, a in present.items() if a not in failed), key=name_order)
         if any(n is None for n in self._pinned.values()):
             free = await self._compatible(free, present)
         reply = await client.scheduler.run_function(
-            function=_pickle.dumps(claimer()), args=_pickle.dumps(
-                (METADATA_KEY, dict(self._pinned), free)),
-            kwargs=_pickle.dumps({}), wait=True)
+            function=_pickle.dumps(claimer()),
+            args=_pickle.dumps((METADATA_KEY, dict(self._pinned), free)),
+            kwargs=_pickle.dumps({}),
+            wait=True,
+        )
         if reply["status"] == "error":
             _, exc, _ = _dask.core.clean_exception(**reply)
             raise ValueError(str(exc)) from None
@@ -308,31 +357,38 @@ class Cluster:
         missing = sorted({n for n in names.values() if n not in present})
         if missing:
             raise errors.UnavailableError(
-                None, None, f"the scheduler records tasks on Dask workers "
-                            f"{', '.join(map(repr, missing))}, which are not in the cluster; "
-                            f"start them again under the same names")
+                None,
+                None,
+                f"the scheduler records tasks on Dask workers "
+                f"{', '.join(map(repr, missing))}, which are not in the cluster; "
+                f"start them again under the same names",
+            )
         return names
 
     async def _compatible(self, names: list[str], present: Mapping[str, str]) -> list[str]:
         """The workers of ``names`` that pass the handshake (asyncflow chooses among
         them, so a worker with another version or none is never recorded for a task)."""
+
         async def ok(name: str) -> bool:
             try:
                 await self._hello("(unassigned)", name, present[name])
             except errors.OpError:
                 return False
             return True
+
         async with asyncio.TaskGroup() as tg:
             checks = [tg.create_task(ok(name)) for name in names]
         return [name for name, check in zip(names, checks, strict=True) if check.result()]
 
-    async def _adopt(self, task: str, name: str, address: str,
-                     failed: Mapping[str, str]) -> str:
+    async def _adopt(self, task: str, name: str, address: str, failed: Mapping[str, str]) -> str:
         """Handshake with ``task``'s worker and bind the task to it; its token."""
         if address in failed:
             raise errors.FailedPreconditionError(
-                None, None, f"Dask worker {name!r} ({address}) cannot host task {task}: "
-                            f"asyncflow's worker service failed there: {failed[address]}")
+                None,
+                None,
+                f"Dask worker {name!r} ({address}) cannot host task {task}: "
+                f"asyncflow's worker service failed there: {failed[address]}",
+            )
         token, service = await self._hello(task, name, address)
         self.assignment[task] = address
         self.service[task] = service
@@ -350,29 +406,45 @@ class Cluster:
         try:
             async with asyncio.timeout(self.health_timeout_s):
                 reply = await self.client.rpc(address).asyncflow_hello(
-                    task=task, version=version, protocol=protocol)
+                    task=task, version=version, protocol=protocol
+                )
         except TimeoutError:
             raise errors.UnavailableError(
-                None, None, f"task {task}: Dask worker {name!r} ({address}) did not answer "
-                            f"within {self.health_timeout_s:g} s") from None
+                None,
+                None,
+                f"task {task}: Dask worker {name!r} ({address}) did not answer "
+                f"within {self.health_timeout_s:g} s",
+            ) from None
         except (distributed.comm.core.CommClosedError, OSError) as exc:
             raise errors.UnavailableError(
-                None, None, f"task {task}: Dask worker {name!r} ({address}) is "
-                            f"unreachable: {type(exc).__name__}: {exc}") from None
+                None,
+                None,
+                f"task {task}: Dask worker {name!r} ({address}) is "
+                f"unreachable: {type(exc).__name__}: {exc}",
+            ) from None
         if not isinstance(reply, dict):
-            why = (f"installing it failed: {self._install_error}" if self._install_error
-                   else f"its worker plugin {PLUGIN_NAME!r} was unregistered (or asyncflow "
-                        f"is not installed there)")
+            why = (
+                f"installing it failed: {self._install_error}"
+                if self._install_error
+                else f"its worker plugin {PLUGIN_NAME!r} was unregistered (or asyncflow "
+                f"is not installed there)"
+            )
             raise errors.FailedPreconditionError(
-                None, None, f"Dask worker {name!r} ({address}) has no asyncflow service "
-                            f"for task {task}: {why}; install asyncflow on the worker and "
-                            f"connect again")
+                None,
+                None,
+                f"Dask worker {name!r} ({address}) has no asyncflow service "
+                f"for task {task}: {why}; install asyncflow on the worker and "
+                f"connect again",
+            )
         if (reply["version"], reply["protocol"]) != (version, protocol):
             raise errors.FailedPreconditionError(
-                None, None, f"Dask worker {name!r} ({address}) runs asyncflow "
-                            f"{reply['version']} (protocol {reply['protocol']}) but this "
-                            f"client runs {version} (protocol {protocol}); install the same "
-                            f"asyncflow on every machine")
+                None,
+                None,
+                f"Dask worker {name!r} ({address}) runs asyncflow "
+                f"{reply['version']} (protocol {reply['protocol']}) but this "
+                f"client runs {version} (protocol {protocol}); install the same "
+                f"asyncflow on every machine",
+            )
         return str(reply["incarnation"]), str(reply["service"])
 
     def _watch(self, task: str, address: str) -> Callable[[Any], None]:
@@ -382,10 +454,12 @@ class Cluster:
                 return
             if msg.get("action") == "remove-worker":
                 self.mark_unavailable(task, "its Dask worker was removed from the cluster")
-            elif (msg.get("action") == SERVICE_STOPPED
-                  and msg.get("incarnation") == self._incarnation.get(task)):
+            elif msg.get("action") == SERVICE_STOPPED and msg.get(
+                "incarnation"
+            ) == self._incarnation.get(task):
                 self._no_service.add(task)
                 self._sever(task)
+
         return on_event
 
     async def _ask_again(self, task: str) -> None:
@@ -425,8 +499,9 @@ class Cluster:
         try:
             async with asyncio.timeout(self.health_timeout_s):
                 info = await self.client.scheduler.identity(n_workers=-1)
-                address = next((a for a, w in info["workers"].items()
-                                if str(w.get("name")) == name), None)
+                address = next(
+                    (a for a, w in info["workers"].items() if str(w.get("name")) == name), None
+                )
                 if address is None:
                     raise errors.UnavailableError(None, None, f"no Dask worker named {name!r}")
                 # (Again: a restarted scheduler has forgotten the worker service.)
@@ -434,22 +509,24 @@ class Cluster:
                 await self._adopt(task, name, address, failed)
         except (TimeoutError, distributed.comm.core.CommClosedError, OSError) as exc:
             raise errors.UnavailableError(
-                None, None, f"the scheduler is unreachable: {type(exc).__name__}: "
-                            f"{exc}") from None
+                None, None, f"the scheduler is unreachable: {type(exc).__name__}: {exc}"
+            ) from None
         return self._incarnation[task] != old
 
     def restarted(self, task: str) -> errors.AbortedError:
         return errors.AbortedError(
-            None, None, f"task {task} (Dask worker {self.names.get(task)!r}) restarted: "
-                        f"its state is gone (variables are uninitialized); run the step "
-                        f"again, or recover with af.train.MonitoredSession")
+            None,
+            None,
+            f"task {task} (Dask worker {self.names.get(task)!r}) restarted: "
+            f"its state is gone (variables are uninitialized); run the step "
+            f"again, or recover with af.train.MonitoredSession",
+        )
 
     # -- what sessions use ---------------------------------------------------------------
 
     def devices(self) -> list[str]:
         """Full names of every task's devices."""
-        return [f"{task}/device:CPU:{i}" for task in self.tasks
-                for i in range(self.cpus_per_task)]
+        return [f"{task}/device:CPU:{i}" for task in self.tasks for i in range(self.cpus_per_task)]
 
     def unavailable(self, task: str) -> errors.UnavailableError | None:
         """Why ``task`` cannot run steps (its worker died or hangs), or None."""
@@ -457,10 +534,13 @@ class Cluster:
         if why is None:
             return None
         return errors.UnavailableError(
-            None, None, f"task {task} (Dask worker {self.names.get(task)!r} at "
-                        f"{self.assignment.get(task)}) is unavailable: {why}; steps on it "
-                        f"run again once a Dask worker named {self.names.get(task)!r} is "
-                        f"back (af.train.MonitoredSession recovers automatically)")
+            None,
+            None,
+            f"task {task} (Dask worker {self.names.get(task)!r} at "
+            f"{self.assignment.get(task)}) is unavailable: {why}; steps on it "
+            f"run again once a Dask worker named {self.names.get(task)!r} is "
+            f"back (af.train.MonitoredSession recovers automatically)",
+        )
 
     def mark_unavailable(self, task: str, why: str) -> None:
         """``task`` is gone: record it and fail every step running on it (any thread)."""
@@ -520,9 +600,12 @@ class Cluster:
         if pool is None:
             own = self.client.rpc
             pool = _dask.core.ConnectionPool(
-                limit=own.limit, serializers=own.serializers,
-                deserializers=own.deserializers, connection_args=own.connection_args,
-                timeout=own.timeout)
+                limit=own.limit,
+                serializers=own.serializers,
+                deserializers=own.deserializers,
+                connection_args=own.connection_args,
+                timeout=own.timeout,
+            )
             await pool.start()  # never suspends: no second pool is made meanwhile
             with self._lock:
                 self._drop_pools(lambda other: other.is_closed())
@@ -533,8 +616,7 @@ class Cluster:
         """Close the pools of the loops ``which`` selects (under the lock)."""
         for loop in [loop for loop in self._pools if which(loop)]:
             pool = self._pools.pop(loop)
-            comms = [c for d in (pool.available, pool.occupied) for cs in d.values()
-                     for c in cs]
+            comms = [c for d in (pool.available, pool.occupied) for cs in d.values() for c in cs]
             for comm in comms:
                 if loop.is_closed() or not loop.is_running():
                     comm.abort()  # nothing runs there: close the sockets here
@@ -548,10 +630,14 @@ class Cluster:
             raise dead
         client = self.client
         if client is None or self._closed:
-            state = "closed" if self._closed else (
-                "not started (use `async with afd.LocalCluster(...) as cluster`)")
-            raise errors.UnavailableError(None, None, f"cannot reach task {task}: the cluster "
-                                                      f"is {state}")
+            state = (
+                "closed"
+                if self._closed
+                else ("not started (use `async with afd.LocalCluster(...) as cluster`)")
+            )
+            raise errors.UnavailableError(
+                None, None, f"cannot reach task {task}: the cluster is {state}"
+            )
         if task in self._no_service:
             await self._client_side(self._ask_again(task))
         address = self.service[task]
@@ -567,7 +653,8 @@ class Cluster:
             if dead is not None:
                 raise dead
             reply = await getattr(pool(address), f"asyncflow_{op}")(
-                task=task, incarnation=self._incarnation[task], **kwargs)
+                task=task, incarnation=self._incarnation[task], **kwargs
+            )
         except (distributed.comm.core.CommClosedError, OSError) as exc:
             self.mark_unavailable(task, f"{type(exc).__name__}: {exc}")
             dead = self.unavailable(task)
@@ -583,8 +670,11 @@ class Cluster:
             if dead is None:  # the worker stopped its service: say why (it raises)
                 await self._client_side(self._ask_again(task))
                 dead = errors.UnavailableError(
-                    None, None, f"task {task}: the call was interrupted by its worker's "
-                                f"service stopping; run the step again")
+                    None,
+                    None,
+                    f"task {task}: the call was interrupted by its worker's "
+                    f"service stopping; run the step again",
+                )
             raise dead from None
         finally:
             calls.discard(me)
@@ -602,10 +692,13 @@ class Cluster:
             raise self.restarted(task)
         if reply is None:  # Dask's answer to an op without a handler
             raise errors.FailedPreconditionError(
-                None, None, f"Dask worker {self.names.get(task)!r} ({address}) has no "
-                            f"asyncflow service for task {task}: its worker plugin "
-                            f"{PLUGIN_NAME!r} was unregistered (or asyncflow is missing "
-                            f"there); connect again to install it")
+                None,
+                None,
+                f"Dask worker {self.names.get(task)!r} ({address}) has no "
+                f"asyncflow service for task {task}: its worker plugin "
+                f"{PLUGIN_NAME!r} was unregistered (or asyncflow is missing "
+                f"there); connect again to install it",
+            )
         return reply
 
     # -- health and leases -------------------------------------------------------------
@@ -627,11 +720,13 @@ class Cluster:
         try:
             async with asyncio.timeout(self.health_timeout_s):
                 await self.client.rpc(address).asyncflow_ping(
-                    task=task, sessions=self._session_list(), lease=self.master_lease_s)
+                    task=task, sessions=self._session_list(), lease=self.master_lease_s
+                )
         except TimeoutError:
             if busy or self._calls.get(task):
-                self.mark_unavailable(task, f"it did not answer for "
-                                            f"{self.health_timeout_s:g} s (a hung host?)")
+                self.mark_unavailable(
+                    task, f"it did not answer for {self.health_timeout_s:g} s (a hung host?)"
+                )
         except Exception:
             pass  # a dead worker: Dask's events and the calls themselves report it
 
@@ -658,10 +753,14 @@ class Cluster:
         if loop is None or loop.is_closed():
             coro.close()
             failed: Future[T] = Future()
-            state = "closed" if self._closed else (
-                "not started (use `async with afd.LocalCluster(...) as cluster`)")
-            failed.set_exception(errors.UnavailableError(
-                None, None, f"the cluster {self!r} is {state}"))
+            state = (
+                "closed"
+                if self._closed
+                else ("not started (use `async with afd.LocalCluster(...) as cluster`)")
+            )
+            failed.set_exception(
+                errors.UnavailableError(None, None, f"the cluster {self!r} is {state}")
+            )
             return failed
         return asyncio.run_coroutine_threadsafe(coro, loop)
 
@@ -710,20 +809,30 @@ class Cluster:
     async def __aenter__(self) -> Cluster:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()
 
     def __enter__(self) -> Cluster:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close_sync()
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} jobs={self.jobs!r} "
-                f"unavailable={sorted(self._dead)!r} closed={self._closed}>")
+        return (
+            f"<{type(self).__name__} jobs={self.jobs!r} "
+            f"unavailable={sorted(self._dead)!r} closed={self._closed}>"
+        )
 
 
 class LocalCluster(Cluster):
@@ -736,11 +845,18 @@ class LocalCluster(Cluster):
     (``ps-0``, ``worker-1``) unless ``jobs`` names them.
     """
 
-    def __init__(self, jobs: Mapping[str, JobSpec], cpus_per_task: int = 1, *,
-                 security: Any = None, health_timeout_s: float = 10.0,
-                 master_lease_s: float = 10.0) -> None:
-        super().__init__(jobs, cpus_per_task, health_timeout_s=health_timeout_s,
-                         master_lease_s=master_lease_s)
+    def __init__(
+        self,
+        jobs: Mapping[str, JobSpec],
+        cpus_per_task: int = 1,
+        *,
+        security: Any = None,
+        health_timeout_s: float = 10.0,
+        master_lease_s: float = 10.0,
+    ) -> None:
+        super().__init__(
+            jobs, cpus_per_task, health_timeout_s=health_timeout_s, master_lease_s=master_lease_s
+        )
         self.security = security
         self.dask_cluster: Any = None
         self._started = False
@@ -748,13 +864,18 @@ class LocalCluster(Cluster):
     async def _start(self) -> None:
         kwargs: dict[str, Any] = {} if self.security is None else {"security": self.security}
         dask_cluster = self.dask_cluster = await _dask.LocalCluster(
-            n_workers=0, threads_per_worker=self.cpus_per_task, processes=True,
-            asynchronous=True, dashboard_address="127.0.0.1:0", worker_dashboard_address=None,
-            host="127.0.0.1", **kwargs)
+            n_workers=0,
+            threads_per_worker=self.cpus_per_task,
+            processes=True,
+            asynchronous=True,
+            dashboard_address="127.0.0.1:0",
+            worker_dashboard_address=None,
+            host="127.0.0.1",
+            **kwargs,
+        )
         # One Dask worker per task, named after it: the spec's key is the worker's name.
         for task in self.tasks:
-            dask_cluster.worker_spec[self._worker_name(task)] = copy.deepcopy(
-                dask_cluster.new_spec)
+            dask_cluster.worker_spec[self._worker_name(task)] = copy.deepcopy(dask_cluster.new_spec)
         await dask_cluster
         self._pinned = {task: self._worker_name(task) for task in self.tasks}
         await self._open_client(dask_cluster, None)
@@ -763,7 +884,7 @@ class LocalCluster(Cluster):
         pinned = self._pinned[task]
         if pinned is not None:
             return pinned
-        job, index = task.split("/")[1][len("job:"):], task.rsplit(":", 1)[1]
+        job, index = task.split("/")[1][len("job:") :], task.rsplit(":", 1)[1]
         return f"{job}-{index}"
 
     def _begin(self) -> None:
@@ -801,6 +922,7 @@ class LocalCluster(Cluster):
 
 async def reset(cluster: Cluster) -> None:
     """Clear every resource container (variables, queues) on every task of ``cluster``."""
+
     async def reset_all() -> None:
         try:
             async with asyncio.TaskGroup() as tg:
@@ -809,6 +931,7 @@ async def reset(cluster: Cluster) -> None:
                         tg.create_task(cluster.rpc(task, "reset"))
         except BaseExceptionGroup as group:
             raise group.exceptions[0] from None
+
     await cluster._call(reset_all())
 
 
@@ -816,4 +939,3 @@ async def _maybe_await(value: Any) -> Any:
     if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
         return await value
     return value
-

@@ -98,12 +98,28 @@ _ABORT_GRACE = 5.0
 class DistributedCall(_CompiledCall):
     """A compiled signature over local and remote partitions."""
 
-    __slots__ = ("_generations", "_handles", "_lock", "master", "name", "needs", "remote",
-                 "sources")
+    __slots__ = (
+        "_generations",
+        "_handles",
+        "_lock",
+        "master",
+        "name",
+        "needs",
+        "remote",
+        "sources",
+    )
 
-    def __init__(self, master: Master, compiled: Compiled, local: Sequence[int],
-                 bound: Sequence[Any], fetches: Sequence[Tensor], feed_keys: tuple[Any, ...],
-                 converters: tuple[Callable[[Any], Any], ...], rebuild: Rebuild) -> None:
+    def __init__(
+        self,
+        master: Master,
+        compiled: Compiled,
+        local: Sequence[int],
+        bound: Sequence[Any],
+        fetches: Sequence[Tensor],
+        feed_keys: tuple[Any, ...],
+        converters: tuple[Callable[[Any], Any], ...],
+        rebuild: Rebuild,
+    ) -> None:
         super().__init__(compiled, bound, fetches, feed_keys, converters, rebuild)
         #: What the step is called on Dask's dashboard (its events): its fetches.
         self.name = ", ".join(t.name for t in fetches)[:120] or "(targets only)"
@@ -130,11 +146,12 @@ class DistributedCall(_CompiledCall):
                 self.sources.append(("", k, 0))
                 continue
             task, i = where[p]
-            self.sources.append((task, i, k) if task == LOCAL_TASK
-                                else (task, offsets[p] + k, 0))
+            self.sources.append((task, i, k) if task == LOCAL_TASK else (task, offsets[p] + k, 0))
         #: task → the feed indices its partitions read.
-        self.needs = {task: {k for plan in mine for k, _ in plan.partition.args}
-                      for task, mine in self.remote.items()}
+        self.needs = {
+            task: {k for plan in mine for k, _ in plan.partition.args}
+            for task, mine in self.remote.items()
+        }
         self._handles: Future[dict[str, str]] | None = None
         #: Each task's generation when the handles were registered.
         self._generations: dict[str, int] = {}
@@ -148,8 +165,9 @@ class DistributedCall(_CompiledCall):
         """
         with self._lock:
             cf = self._handles
-            if cf is None or (cf.done() and (cf.cancelled() or cf.exception() is not None
-                                             or not self._current())):
+            if cf is None or (
+                cf.done() and (cf.cancelled() or cf.exception() is not None or not self._current())
+            ):
                 cf = self._handles = self.master.cluster._submit(self._register())
         return cf
 
@@ -161,8 +179,13 @@ class DistributedCall(_CompiledCall):
     async def handles(self) -> dict[str, str]:
         """Task → graph handle, once registration finished."""
         cf = self._handles
-        if (cf is not None and cf.done() and not cf.cancelled() and cf.exception() is None
-                and self._current()):
+        if (
+            cf is not None
+            and cf.done()
+            and not cf.cancelled()
+            and cf.exception() is None
+            and self._current()
+        ):
             return cf.result()  # registered: no lock, no loop round trip
         # Shielded: a step cancelled (or past its deadline) while waiting does not
         # cancel the registration other steps of this plan share.
@@ -176,16 +199,24 @@ class DistributedCall(_CompiledCall):
         async def one(task: str, plans: list[Plan]) -> None:
             try:
                 reply = await master.cluster.rpc(
-                    task, "register_graph", session=master.handle, isolate=master.isolate,
-                    cpus=master.cluster.cpus_per_task, lease=master.cluster.master_lease_s,
+                    task,
+                    "register_graph",
+                    session=master.handle,
+                    isolate=master.isolate,
+                    cpus=master.cluster.cpus_per_task,
+                    lease=master.cluster.master_lease_s,
                     client=master.cluster.client.id,
-                    addresses=master.cluster.service, plans=ToPickle(tuple(plans)))
+                    addresses=master.cluster.service,
+                    plans=ToPickle(tuple(plans)),
+                )
             except errors.OpError:
                 raise
             except Exception as exc:  # e.g. a py_func that cannot be pickled
                 raise errors.InvalidArgumentError(
-                    None, None, f"cannot register the partitions of task {task}: "
-                                f"{type(exc).__name__}: {exc}") from exc
+                    None,
+                    None,
+                    f"cannot register the partitions of task {task}: {type(exc).__name__}: {exc}",
+                ) from exc
             if not reply["ok"]:
                 raise unwire(reply["error"])
             handles[task] = reply["handle"]
@@ -205,17 +236,35 @@ def _derived(error: errors.OpError) -> bool:
     if isinstance(error, errors.AbortedError):
         return True
     return isinstance(error, errors.CancelledError) and (
-        "step aborted" in error.message or "stopped by the session" in error.message)
+        "step aborted" in error.message or "stopped by the session" in error.message
+    )
 
 
 class DistributedStep(ExecutorBarrier):
     """One step over the session's own partitions and every task's."""
 
-    __slots__ = ("_call", "_client", "_derived_error", "_give_up", "_master", "_remote_runs",
-                 "_remote_stats", "_remote_values", "_step_id", "_tg", "_trace")
+    __slots__ = (
+        "_call",
+        "_client",
+        "_derived_error",
+        "_give_up",
+        "_master",
+        "_remote_runs",
+        "_remote_stats",
+        "_remote_values",
+        "_step_id",
+        "_tg",
+        "_trace",
+    )
 
-    def __init__(self, master: Master, call: DistributedCall, frame: CallFrame,
-                 trace: bool = False, client: LocalRendezvous | None = None) -> None:
+    def __init__(
+        self,
+        master: Master,
+        call: DistributedCall,
+        frame: CallFrame,
+        trace: bool = False,
+        client: LocalRendezvous | None = None,
+    ) -> None:
         self._master = master
         #: A partial run's rendezvous, where the caller feeds and fetches by key.
         self._client = client
@@ -228,8 +277,9 @@ class DistributedStep(ExecutorBarrier):
         self._remote_stats: list[StepStats] = []
         self._remote_runs: dict[str, asyncio.Task[None]] = {}
         self._give_up: asyncio.TimerHandle | None = None
-        rendezvous = RemoteRendezvous(LOCAL_TASK, self._step_id, master.pull, master.push,
-                                      on_error=self._record)
+        rendezvous = RemoteRendezvous(
+            LOCAL_TASK, self._step_id, master.pull, master.push, on_error=self._record
+        )
         super().__init__(call.bound, (), frame, trace=trace, rendezvous=rendezvous)
 
     @property
@@ -295,8 +345,7 @@ class DistributedStep(ExecutorBarrier):
                 for step in self._steps:
                     tg.create_task(self._run_partition(step))
                 for task in self._call.remote:
-                    self._remote_runs[task] = tg.create_task(
-                        self._run_remote(task, handles[task]))
+                    self._remote_runs[task] = tg.create_task(self._run_remote(task, handles[task]))
                 keys = self._call.compiled.client
                 if self._client is not None and keys is not None:
                     for key in keys.feeds:
@@ -318,9 +367,16 @@ class DistributedStep(ExecutorBarrier):
         needs = self._call.needs[task]
         args = [wire(v) if k in needs else None for k, v in enumerate(self._frame.args)]
         try:
-            reply = await self._master.call(task, "run_graph", session=self._master.handle,
-                                            handle=handle, step_id=self._step_id, args=args,
-                                            trace=self._trace, name=self._call.name)
+            reply = await self._master.call(
+                task,
+                "run_graph",
+                session=self._master.handle,
+                handle=handle,
+                step_id=self._step_id,
+                args=args,
+                trace=self._trace,
+                name=self._call.name,
+            )
         except errors.OpError as exc:
             self._record(exc)
             return
@@ -355,6 +411,7 @@ class DistributedStep(ExecutorBarrier):
             async with asyncio.timeout(_CLEANUP_TIMEOUT), asyncio.TaskGroup() as tg:
                 for task in self._call.remote:
                     tg.create_task(one(task))
+
         try:
             await master.cluster._call(all_tasks())
         except TimeoutError:
@@ -403,8 +460,9 @@ class DistributedStep(ExecutorBarrier):
 
     async def _send_abort(self, task: str, error: errors.OpError) -> None:
         try:
-            await self._master.call(task, "abort_step", step_id=self._step_id,
-                                    error=ToPickle(error))
+            await self._master.call(
+                task, "abort_step", step_id=self._step_id, error=ToPickle(error)
+            )
         except errors.OpError:
             pass  # unreachable: the step fails there anyway
 
@@ -453,24 +511,37 @@ class Master:
             cluster.sessions.add(self.handle)  # the cluster's pings renew its lease
 
     def __repr__(self) -> str:
-        return (f"<Master {self.handle} tasks={len(self.cluster.tasks)} "
-                f"running={len(self._running)}>")
+        return (
+            f"<Master {self.handle} tasks={len(self.cluster.tasks)} running={len(self._running)}>"
+        )
 
     # -- the session's seams ------------------------------------------------------------
 
-    def prepared(self, compiled: Compiled, fetches: Sequence[Tensor],
-                 feed_keys: tuple[Any, ...], converters: tuple[Callable[[Any], Any], ...],
-                 rebuild: Rebuild) -> DistributedCall:
+    def prepared(
+        self,
+        compiled: Compiled,
+        fetches: Sequence[Tensor],
+        feed_keys: tuple[Any, ...],
+        converters: tuple[Callable[[Any], Any], ...],
+        rebuild: Rebuild,
+    ) -> DistributedCall:
         """Bind the session's own partitions; the others are registered by the first step."""
         sess = self.session
         lookup = sess._graph._by_name.get
-        local = [p for p, plan in enumerate(compiled.plans)
-                 if task_of(plan.device) == LOCAL_TASK]
-        bound = [bind(compiled.plans[p], sess._device_of[compiled.plans[p].device],
-                      sess._resources, lookup) for p in local]
+        local = [p for p, plan in enumerate(compiled.plans) if task_of(plan.device) == LOCAL_TASK]
+        bound = [
+            bind(
+                compiled.plans[p],
+                sess._device_of[compiled.plans[p].device],
+                sess._resources,
+                lookup,
+            )
+            for p in local
+        ]
         self._registered = True
-        call = DistributedCall(self, compiled, local, bound, fetches, feed_keys, converters,
-                               rebuild)
+        call = DistributedCall(
+            self, compiled, local, bound, fetches, feed_keys, converters, rebuild
+        )
         if call.remote:
             call.register()  # in the background: a plan is registered by compiling it
         return call
@@ -479,8 +550,13 @@ class Master:
         """A fresh step id (thread-safe: ``next`` on a count is atomic)."""
         return next(self._step_ids)
 
-    def runner(self, call: Any, frame: CallFrame, trace: bool = False,
-               rendezvous: LocalRendezvous | None = None) -> DistributedStep:
+    def runner(
+        self,
+        call: Any,
+        frame: CallFrame,
+        trace: bool = False,
+        rendezvous: LocalRendezvous | None = None,
+    ) -> DistributedStep:
         """The step of a compiled call (``rendezvous``: a partial run's)."""
         assert isinstance(call, DistributedCall)
         return DistributedStep(self, call, frame, trace, rendezvous)
@@ -497,8 +573,9 @@ class Master:
         return unwire_value(reply["value"]), reply["dead"]
 
     async def push(self, task: str, step_id: int, key: str, value: Any, is_dead: bool) -> None:
-        await self.call(task, "send_tensor", step_id=step_id, key=key, value=wire(value),
-                        dead=is_dead)
+        await self.call(
+            task, "send_tensor", step_id=step_id, key=key, value=wire(value), dead=is_dead
+        )
 
     # -- liveness -------------------------------------------------------------------------
 

@@ -44,8 +44,14 @@ class RemoteRendezvous(LocalRendezvous):
 
     __slots__ = ("_on_error", "_pull", "_push", "_step_id", "_task", "_tg", "_transfers")
 
-    def __init__(self, task: str, step_id: int, pull: PullFn, push: PushFn | None = None,
-                 on_error: Callable[[errors.OpError], None] | None = None) -> None:
+    def __init__(
+        self,
+        task: str,
+        step_id: int,
+        pull: PullFn,
+        push: PushFn | None = None,
+        on_error: Callable[[errors.OpError], None] | None = None,
+    ) -> None:
         super().__init__()
         self._task = task
         self._step_id = step_id
@@ -85,7 +91,7 @@ class RemoteRendezvous(LocalRendezvous):
     def _pulled_from(self, key: str) -> str | None:
         """The task a recv of ``key`` pulls from; None when the value arrives here
         (same task, or a worker receiving from the session, which pushes)."""
-        src = self._remote(key[:key.index(";")])
+        src = self._remote(key[: key.index(";")])
         if src is None or (self._push is None and src == LOCAL_TASK):
             return None
         return src
@@ -116,6 +122,7 @@ class RemoteRendezvous(LocalRendezvous):
         def done(f: asyncio.Future[Item]) -> None:
             self._transfers.discard(f)
             task.cancel()  # the recv was cancelled (its step failed): stop pulling
+
         fut.add_done_callback(done)
         return fut
 
@@ -142,7 +149,8 @@ class RemoteRendezvous(LocalRendezvous):
         if tg is None:
             coro.close()
             raise errors.InternalError(
-                None, None, f"step {self._step_id}: a cross-task transfer outside a step")
+                None, None, f"step {self._step_id}: a cross-task transfer outside a step"
+            )
         return tg.create_task(coro)
 
     async def _pulling(self, src: str, key: str, fut: asyncio.Future[Item]) -> None:
@@ -156,8 +164,7 @@ class RemoteRendezvous(LocalRendezvous):
             self._received += 1
             fut.set_result(item)
 
-    async def _pushing(self, push: PushFn, dst: str, key: str, value: Any,
-                       is_dead: bool) -> None:
+    async def _pushing(self, push: PushFn, dst: str, key: str, value: Any, is_dead: bool) -> None:
         try:
             await push(dst, self._step_id, key, value, is_dead)
         except Exception as exc:

@@ -52,8 +52,15 @@ from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.resources import ResourceMgr
 from asyncflow.step_stats import StepStats
 
-__all__ = ["GraphMgr", "RendezvousMgr", "SessionMgr", "TaskDevice", "WorkerEnv",
-           "WorkerSession", "on_task"]
+__all__ = [
+    "GraphMgr",
+    "RendezvousMgr",
+    "SessionMgr",
+    "TaskDevice",
+    "WorkerEnv",
+    "WorkerSession",
+    "on_task",
+]
 
 T = TypeVar("T")
 
@@ -85,8 +92,9 @@ class TaskDevice(LocalDevice):
 
     __slots__ = ("_stuck", "max_stuck")
 
-    def __init__(self, name: str, device_type: str, index: int, max_threads: int,
-                 max_stuck: int = 8) -> None:
+    def __init__(
+        self, name: str, device_type: str, index: int, max_threads: int, max_stuck: int = 8
+    ) -> None:
         super().__init__(name, device_type, index, max_threads)
         self._stuck: set[Future[Any]] = set()
         self.max_stuck = max_stuck
@@ -135,8 +143,9 @@ class RendezvousMgr:
         if rdv is None:
             rdv = RemoteRendezvous(self._task, step_id, self._pull)
             if step_id in self._finished:
-                rdv.abort(errors.AbortedError(
-                    None, None, f"step {step_id} is over on task {self._task}"))
+                rdv.abort(
+                    errors.AbortedError(None, None, f"step {step_id} is over on task {self._task}")
+                )
             else:
                 self._table[step_id] = rdv
         return rdv
@@ -164,8 +173,9 @@ class RendezvousMgr:
         if len(self._finished) > _REMEMBERED_STEPS:
             self._finished.popitem(last=False)
         if rdv is not None:
-            rdv.abort(errors.AbortedError(
-                None, None, f"step {step_id} is over on task {self._task}"))
+            rdv.abort(
+                errors.AbortedError(None, None, f"step {step_id} is over on task {self._task}")
+            )
 
     def __len__(self) -> int:
         return len(self._table)
@@ -196,10 +206,10 @@ class GraphMgr:
         return handle
 
     def _bind(self, plans: tuple[Plan, ...]) -> _Item:
-        bound = tuple(bind(plan, self._env.device(plan.device), self._resources)
-                      for plan in plans)
-        retval_map = tuple((p, k) for p, plan in enumerate(plans)
-                           for k in range(len(plan.partition.retvals)))
+        bound = tuple(bind(plan, self._env.device(plan.device), self._resources) for plan in plans)
+        retval_map = tuple(
+            (p, k) for p, plan in enumerate(plans) for k in range(len(plan.partition.retvals))
+        )
         return _Item(plans, bound, retval_map)
 
     def rebind(self) -> None:
@@ -215,8 +225,8 @@ class GraphMgr:
         item = self._items.get(handle)
         if item is None:
             raise errors.NotFoundError(
-                None, None, f"graph handle {handle!r} is not registered on task "
-                            f"{self._env.task}")
+                None, None, f"graph handle {handle!r} is not registered on task {self._env.task}"
+            )
         return item
 
     def __len__(self) -> int:
@@ -224,8 +234,7 @@ class GraphMgr:
 
 
 #: The ops that declare a variable (their ``dtype``, ``shape`` and ``var_name`` attrs).
-_VARIABLE_OPS = frozenset({"VariableV2", "ReadVariableOp", "Assign", "AssignAdd",
-                           "AssignSub"})
+_VARIABLE_OPS = frozenset({"VariableV2", "ReadVariableOp", "Assign", "AssignAdd", "AssignSub"})
 
 
 class Declared:
@@ -242,17 +251,23 @@ class Declared:
             for node in plan.nodes:
                 if node.op not in _VARIABLE_OPS or "var_name" not in node.attrs:
                     continue
-                name, dtype, shape = (node.attrs["var_name"], node.attrs["dtype"],
-                                      node.attrs["shape"])
+                name, dtype, shape = (
+                    node.attrs["var_name"],
+                    node.attrs["dtype"],
+                    node.attrs["shape"],
+                )
                 seen = self._seen.get(name) or new.get(name)
-                if seen is not None and (seen[0] is not dtype
-                                         or not seen[1].is_compatible_with(shape)):
+                if seen is not None and (
+                    seen[0] is not dtype or not seen[1].is_compatible_with(shape)
+                ):
                     raise errors.InvalidArgumentError(
-                        node.name, None,
+                        node.name,
+                        None,
                         f"variable {name!r} on task {task} is shared with dtype "
                         f"{seen[0].name} and shape {seen[1]}, but this session declares "
                         f"dtype {dtype.name} and shape {shape} (another client's "
-                        f"graph? rename the variable or isolate the session's state)")
+                        f"graph? rename the variable or isolate the session's state)",
+                    )
                 new.setdefault(name, (dtype, shape))
         self._seen.update(new)
 
@@ -294,8 +309,11 @@ class SessionMgr:
         ws = self._sessions.get(handle)
         if ws is None:
             raise errors.NotFoundError(
-                None, None, f"session {handle!r} is unknown on task {self._env.task} "
-                            f"(closed, or the worker restarted)")
+                None,
+                None,
+                f"session {handle!r} is unknown on task {self._env.task} "
+                f"(closed, or the worker restarted)",
+            )
         return ws
 
     def delete(self, handle: str) -> None:
@@ -315,8 +333,9 @@ class WorkerEnv:
 
     def __init__(self, task: str, cpus: int, threads: int, pull: PullFn) -> None:
         self.task = task
-        self.devices = tuple(TaskDevice(f"{task}/device:CPU:{i}", "CPU", i, threads)
-                             for i in range(cpus))
+        self.devices = tuple(
+            TaskDevice(f"{task}/device:CPU:{i}", "CPU", i, threads) for i in range(cpus)
+        )
         self._device_of = {d.name: d for d in self.devices}
         self.resources = ResourceMgr()
         self.declared = Declared()
@@ -329,8 +348,11 @@ class WorkerEnv:
         device = self._device_of.get(name)
         if device is None:
             raise errors.InvalidArgumentError(
-                None, None, f"device {name!r} does not exist on task {self.task} "
-                            f"(it has {', '.join(self._device_of)})")
+                None,
+                None,
+                f"device {name!r} does not exist on task {self.task} "
+                f"(it has {', '.join(self._device_of)})",
+            )
         return device
 
     # -- the worker service -------------------------------------------------------------
@@ -348,8 +370,9 @@ class WorkerEnv:
         """Drop a master session's graphs (and its own resources when isolated)."""
         self.sessions.delete(session)
 
-    async def run_graph(self, session: str, handle: str, step_id: int, args: Sequence[Any],
-                        trace: bool = False) -> tuple[list[Any], StepStats | None]:
+    async def run_graph(
+        self, session: str, handle: str, step_id: int, args: Sequence[Any], trace: bool = False
+    ) -> tuple[list[Any], StepStats | None]:
         """Run the registered partitions once as step ``step_id``: (retvals, stats).
 
         Raises the step's root error as an ``OpError`` that names the task.
@@ -359,15 +382,21 @@ class WorkerEnv:
         except errors.OpError as exc:
             raise on_task(exc, self.task) from None
         rdv = self.rendezvous.find_or_create(step_id)
-        barrier = ExecutorBarrier(item.bound, item.retval_map, CallFrame(list(args)),
-                                  trace=trace, rendezvous=rdv)
+        barrier = ExecutorBarrier(
+            item.bound, item.retval_map, CallFrame(list(args)), trace=trace, rendezvous=rdv
+        )
         finished = asyncio.Event()
         self._running[step_id] = (barrier, finished, session)
         try:
             if rdv.aborted is not None:  # aborted (or cleaned up) before it started
                 cause = rdv.aborted
-                raise cause if isinstance(cause, errors.OpError) else errors.AbortedError(
-                    None, None, f"step {step_id} was aborted before it started")
+                raise (
+                    cause
+                    if isinstance(cause, errors.OpError)
+                    else errors.AbortedError(
+                        None, None, f"step {step_id} was aborted before it started"
+                    )
+                )
             failed: errors.OpError | None = None
             async with asyncio.TaskGroup() as tg:  # the step's transfers
                 rdv.attach(tg)
@@ -415,15 +444,15 @@ class WorkerEnv:
         """The step is over everywhere: stop it here if it still runs, forget its rendezvous."""
         running = self._running.get(step_id)
         if running is not None:
-            running[0].abort(errors.CancelledError(
-                None, None, f"step {step_id} was stopped by the session"))
+            running[0].abort(
+                errors.CancelledError(None, None, f"step {step_id} was stopped by the session")
+            )
             await running[1].wait()
         self.rendezvous.cleanup(step_id)
 
     # -- leases ----------------------------------------------------------------------------
 
-    def renew(self, sessions: Sequence[str], lease_end: float, client: str | None = None
-              ) -> None:
+    def renew(self, sessions: Sequence[str], lease_end: float, client: str | None = None) -> None:
         """The masters of ``sessions`` are alive: their leases run until ``lease_end``
         (``client``: the Dask client they speak through, when known)."""
         for handle in sessions:
@@ -447,8 +476,11 @@ class WorkerEnv:
         gone = [ws.handle for ws in self.sessions.all() if ws.lease_end < now]
         for handle in gone:
             error = errors.AbortedError(
-                None, None, f"the master of session {handle} on task {self.task} went "
-                            f"silent past its lease: its steps are aborted")
+                None,
+                None,
+                f"the master of session {handle} on task {self.task} went "
+                f"silent past its lease: its steps are aborted",
+            )
             for step_id, (barrier, _, owner) in list(self._running.items()):
                 if owner == handle:
                     barrier.abort(error)
@@ -474,5 +506,7 @@ class WorkerEnv:
             d.close()
 
     def __repr__(self) -> str:
-        return (f"<WorkerEnv {self.task} sessions={len(self.sessions.all())} "
-                f"running={len(self._running)}>")
+        return (
+            f"<WorkerEnv {self.task} sessions={len(self.sessions.all())} "
+            f"running={len(self._running)}>"
+        )

@@ -40,8 +40,9 @@ __all__ = ["blocking_op", "constant_value", "evaluate", "inline_kernel", "never_
 #: Op types whose value is not a function of their inputs, or that only exist to
 #: move values (feeds, transfers): never evaluated ahead of a run.  (``Const`` is
 #: its own value.)  Control flow is excluded by its kernel kind.
-_NEVER = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval", "_Send",
-                    "_Recv", "Const"})
+_NEVER = frozenset(
+    {"Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval", "_Send", "_Recv", "Const"}
+)
 
 #: Ops whose value is their input's shape: known from the static shape or not at all.
 _SHAPE_OPS = frozenset({"Shape", "Size", "Rank"})
@@ -54,8 +55,9 @@ MAX_OPS = 256
 MAX_BYTES = 1 << 24
 
 
-def never_folded_reason(op_type: str, *, stateful: bool, function_call: bool,
-                        outputs: int) -> str | None:
+def never_folded_reason(
+    op_type: str, *, stateful: bool, function_call: bool, outputs: int
+) -> str | None:
     """Why an op is never evaluated ahead of a run (None: it may be, if its inputs are
     constant).  The single place the rules live; kernel-level reasons are
     :func:`inline_kernel`'s."""
@@ -88,8 +90,12 @@ def inline_kernel(node: Any, device_type: str = "CPU") -> Callable[..., Any] | N
     return kernel if kind == registry.INLINE else None
 
 
-def evaluate(kernel: Callable[..., Any], inputs: Sequence[np.ndarray],
-             out_dtypes: Sequence[DType], max_bytes: int) -> tuple[np.ndarray, ...] | None:
+def evaluate(
+    kernel: Callable[..., Any],
+    inputs: Sequence[np.ndarray],
+    out_dtypes: Sequence[DType],
+    max_bytes: int,
+) -> tuple[np.ndarray, ...] | None:
     """The read-only output values of ``kernel`` on constant ``inputs``, or None when it
     fails (it fails again at run time, naming its node) or gives what a ``Const`` of
     ``out_dtypes`` would not hold unchanged (too big, another dtype, not a tensor)."""
@@ -110,8 +116,9 @@ def evaluate(kernel: Callable[..., Any], inputs: Sequence[np.ndarray],
     return arrays  # type: ignore[return-value]  # no None left
 
 
-def constant_value(t: Tensor, max_ops: int = MAX_OPS, max_bytes: int = MAX_BYTES
-                   ) -> np.ndarray | None:
+def constant_value(
+    t: Tensor, max_ops: int = MAX_OPS, max_bytes: int = MAX_BYTES
+) -> np.ndarray | None:
     """The value of graph tensor ``t`` if it is a function of constants alone, else None.
 
     The subgraph behind ``t`` is walked back (at most ``max_ops`` ops, stopping at the
@@ -132,8 +139,12 @@ def constant_value(t: Tensor, max_ops: int = MAX_OPS, max_bytes: int = MAX_BYTES
             kernel = inline_kernel(current)
             if kernel is None:
                 return None
-            found = evaluate(kernel, [values[id(i._op)][i._value_index] for i in current._inputs],
-                             [o._dtype for o in current._outputs], max_bytes)
+            found = evaluate(
+                kernel,
+                [values[id(i._op)][i._value_index] for i in current._inputs],
+                [o._dtype for o in current._outputs],
+                max_bytes,
+            )
             if found is None:
                 return None
         values[id(current)] = found
@@ -146,8 +157,9 @@ def blocking_op(t: Tensor, max_ops: int = MAX_OPS) -> Operation | None:
     return _constant_subgraph(t._op, max_ops)[1]
 
 
-def _constant_subgraph(op: Operation, max_ops: int
-                       ) -> tuple[list[Operation] | None, Operation | None]:
+def _constant_subgraph(
+    op: Operation, max_ops: int
+) -> tuple[list[Operation] | None, Operation | None]:
     """The ops ``op``'s value depends on, in topological order (leaves not walked
     through), or None when there are too many or one is never evaluated (then
     returned second)."""
@@ -156,7 +168,7 @@ def _constant_subgraph(op: Operation, max_ops: int
     stack: list[tuple[Operation, bool]] = [(op, False)]
     while stack:
         current, done = stack.pop()
-        if done:   # every input is in ``order`` already: a topological order
+        if done:  # every input is in ``order`` already: a topological order
             order.append(current)
             continue
         if id(current) in seen:
@@ -177,9 +189,15 @@ def _constant_subgraph(op: Operation, max_ops: int
 
 def _never_evaluated(op: Operation) -> bool:
     functions = op._graph._functions
-    return never_folded_reason(op._type, stateful=op._op_def.stateful,
-                               function_call=bool(functions) and op._type in functions,
-                               outputs=len(op._outputs)) is not None
+    return (
+        never_folded_reason(
+            op._type,
+            stateful=op._op_def.stateful,
+            function_call=bool(functions) and op._type in functions,
+            outputs=len(op._outputs),
+        )
+        is not None
+    )
 
 
 def _leaf_value(op: Operation) -> tuple[np.ndarray, ...] | None:

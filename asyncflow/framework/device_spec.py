@@ -71,7 +71,8 @@ class DeviceSpec:
         return self.to_string()
 
 
-def canonical_device(device_type: str, index: int, job: str = "localhost", replica: int = 0,
-                     task: int = 0) -> str:
+def canonical_device(
+    device_type: str, index: int, job: str = "localhost", replica: int = 0, task: int = 0
+) -> str:
     """The full name of a device: ``/job:localhost/replica:0/task:0/device:CPU:0``."""
     return f"/job:{job}/replica:{replica}/task:{task}/device:{device_type}:{index}"

@@ -29,7 +29,7 @@ from asyncflow.framework.graph import Graph, Operation, Tensor, convert_to_tenso
 from asyncflow.framework.registry import OpDef
 from asyncflow.framework.shapes import TensorShape
 
-__all__ = ["Defun", "DefinedFunction", "FuncGraph", "FunctionDef"]
+__all__ = ["DefinedFunction", "Defun", "FuncGraph", "FunctionDef"]
 
 
 class FuncGraph(Graph):
@@ -59,8 +59,10 @@ class FuncGraph(Graph):
             return placeholder
         source = t._op._graph
         if self.outer is None or not self._can_capture(source):
-            raise ValueError(f"function {self.function_name!r} uses tensor {t.name!r} of "
-                             f"a graph it is not defined in")
+            raise ValueError(
+                f"function {self.function_name!r} uses tensor {t.name!r} of "
+                f"a graph it is not defined in"
+            )
         if source is not self.outer:  # defined further out: the enclosing body captures first
             assert isinstance(self.outer, FuncGraph)
             outer_t = self.outer.capture(t)
@@ -68,24 +70,42 @@ class FuncGraph(Graph):
             outer_t = t
         # Outside any cond / loop / control dependency of the body: the value is an
         # argument of the whole call.
-        with self._control_flow_context(None), self.control_dependencies(None), \
-                self.name_scope(None), self.device(None):
+        with (
+            self._control_flow_context(None),
+            self.control_dependencies(None),
+            self.name_scope(None),
+            self.device(None),
+        ):
             placeholder = Graph.create_op(
-                self, "Placeholder", (), {"dtype": t._dtype, "shape": t._shape},
-                name=f"captured_{len(self.captures)}").outputs[0]
+                self,
+                "Placeholder",
+                (),
+                {"dtype": t._dtype, "shape": t._shape},
+                name=f"captured_{len(self.captures)}",
+            ).outputs[0]
         self.captures[t] = placeholder
         self._outer_tensors.append(outer_t)
         return placeholder
 
-    def create_op(self, op_type: str, inputs: Sequence[Tensor], attrs: Any = None,
-                  name: str | None = None, *,
-                  control_inputs: Iterable[Operation] = ()) -> Operation:
-        inputs = [self.capture(t) if isinstance(t, Tensor) and t._op._graph is not self else t
-                  for t in inputs]
+    def create_op(
+        self,
+        op_type: str,
+        inputs: Sequence[Tensor],
+        attrs: Any = None,
+        name: str | None = None,
+        *,
+        control_inputs: Iterable[Operation] = (),
+    ) -> Operation:
+        inputs = [
+            self.capture(t) if isinstance(t, Tensor) and t._op._graph is not self else t
+            for t in inputs
+        ]
         for c in control_inputs:
             if isinstance(c, Operation) and c._graph is not self:
-                raise ValueError(f"function {self.function_name!r}: control input {c.name!r} "
-                                 f"is from another graph (a body may only capture tensors)")
+                raise ValueError(
+                    f"function {self.function_name!r}: control input {c.name!r} "
+                    f"is from another graph (a body may only capture tensors)"
+                )
         return super().create_op(op_type, inputs, attrs, name, control_inputs=control_inputs)
 
 
@@ -99,8 +119,15 @@ class FunctionDef:
 
     __slots__ = ("_ir", "args", "body", "name", "num_declared", "op_def", "out_names", "rets")
 
-    def __init__(self, name: str, body: Graph, args: Sequence[str], num_declared: int,
-                 rets: Sequence[Tensor], out_names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        body: Graph,
+        args: Sequence[str],
+        num_declared: int,
+        rets: Sequence[Tensor],
+        out_names: Sequence[str],
+    ) -> None:
         self.name = name
         self.body = body
         self.args = tuple(args)
@@ -108,8 +135,9 @@ class FunctionDef:
         self.rets = tuple(rets)
         self.out_names = tuple(out_names)
         self._ir: Any = None  # the compiler's value form, made once (compiler/ir.py)
-        stateful = any(op._op_def.stateful for op in body.get_operations()
-                       if op._type != "Placeholder")
+        stateful = any(
+            op._op_def.stateful for op in body.get_operations() if op._type != "Placeholder"
+        )
         self.op_def = OpDef(name, self._shape_fn, stateful=stateful)
 
     @property
@@ -120,12 +148,13 @@ class FunctionDef:
     def _shape_fn(self, inputs: Sequence[Tensor], attrs: Any) -> list[tuple[Any, Any]]:
         types = self.input_types
         if len(inputs) != len(types):
-            raise TypeError(f"function {self.name!r} takes {len(types)} inputs, "
-                            f"got {len(inputs)}")
+            raise TypeError(f"function {self.name!r} takes {len(types)} inputs, got {len(inputs)}")
         for k, (t, dt) in enumerate(zip(inputs, types)):
             if t.dtype is not dt:
-                raise TypeError(f"function {self.name!r}: input {k} must be {dt.name}, "
-                                f"got {t.dtype.name} ({t.name!r})")
+                raise TypeError(
+                    f"function {self.name!r}: input {k} must be {dt.name}, "
+                    f"got {t.dtype.name} ({t.name!r})"
+                )
         return [(t._dtype, t._shape) for t in self.rets]
 
     def functions(self) -> list[FunctionDef]:
@@ -148,15 +177,19 @@ def add_to_library(graph: Graph, fdef: FunctionDef) -> None:
         if other is None:
             graph._functions[f.name] = f
         elif other is not f and _fingerprint(other) != _fingerprint(f):
-            raise ValueError(f"graph {graph!r} already has a different function named "
-                             f"{f.name!r}")
+            raise ValueError(f"graph {graph!r} already has a different function named {f.name!r}")
 
 
 class DefinedFunction:
     """A Python function made a graph function by :class:`Defun`; call it on tensors."""
 
-    def __init__(self, func: Callable[..., Any], input_types: Sequence[Any],
-                 func_name: str | None, out_names: Sequence[str] | None) -> None:
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        input_types: Sequence[Any],
+        func_name: str | None,
+        out_names: Sequence[str] | None,
+    ) -> None:
         self._func = func
         self._input_types = tuple(_dtypes.as_dtype(t) for t in input_types)
         self._func_name = func_name
@@ -193,16 +226,20 @@ class DefinedFunction:
         body = FuncGraph(self._func_name or pyname, outer)
         with body.as_default():
             params = _param_names(self._func, len(self._input_types))
-            args = [Graph.create_op(body, "Placeholder", (),
-                                    {"dtype": dt, "shape": TensorShape(None)}, name=n).outputs[0]
-                    for n, dt in zip(params, self._input_types)]
+            args = [
+                Graph.create_op(
+                    body, "Placeholder", (), {"dtype": dt, "shape": TensorShape(None)}, name=n
+                ).outputs[0]
+                for n, dt in zip(params, self._input_types)
+            ]
             result = self._func(*args)
             outs = _as_outputs(result, body, pyname)
         n_out = len(outs)
         out_names = self._out_names or tuple(f"output_{k}" for k in range(n_out))
         if len(out_names) != n_out:
-            raise ValueError(f"function {pyname!r} returns {n_out} values but out_names "
-                             f"has {len(out_names)}")
+            raise ValueError(
+                f"function {pyname!r} returns {n_out} values but out_names has {len(out_names)}"
+            )
         arg_names = [a._op._name for a in args] + [p._op._name for p in body.captures.values()]
         fdef = FunctionDef("", body, arg_names, len(args), outs, out_names)
         fdef.name = self._func_name or f"{pyname}_{_fingerprint(fdef)[:12]}"
@@ -215,8 +252,9 @@ class DefinedFunction:
         graph = get_default_graph()
         fdef = self.definition
         if len(args) != len(self._input_types):
-            raise TypeError(f"function {fdef.name!r} takes {len(self._input_types)} "
-                            f"arguments, got {len(args)}")
+            raise TypeError(
+                f"function {fdef.name!r} takes {len(self._input_types)} arguments, got {len(args)}"
+            )
         tensors = []
         for k, (a, dt) in enumerate(zip(args, self._input_types)):
             try:
@@ -226,8 +264,10 @@ class DefinedFunction:
         captured = self._captured
         for t in (*tensors, *captured):
             if t._op._graph is not graph and not graph._can_capture(t._op._graph):
-                raise ValueError(f"function {fdef.name!r} is called in graph {graph!r} but "
-                                 f"its input {t.name!r} is from another graph")
+                raise ValueError(
+                    f"function {fdef.name!r} is called in graph {graph!r} but "
+                    f"its input {t.name!r} is from another graph"
+                )
         add_to_library(graph, fdef)
         op = graph.create_op(fdef.name, [*tensors, *captured], name=name or fdef.name)
         if not op.outputs:
@@ -246,8 +286,12 @@ class Defun:
     ``TypeError`` naming the function.
     """
 
-    def __init__(self, *input_types: Any, func_name: str | None = None,
-                 out_names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        *input_types: Any,
+        func_name: str | None = None,
+        out_names: Sequence[str] | None = None,
+    ) -> None:
         self._input_types = input_types
         self._func_name = func_name
         self._out_names = out_names
@@ -262,8 +306,11 @@ def _param_names(func: Callable[..., Any], n: int) -> list[str]:
     import inspect
 
     try:
-        params = [p.name for p in inspect.signature(func).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [
+            p.name
+            for p in inspect.signature(func).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         params = []
     names = params[:n] if len(params) >= n else [f"arg_{k}" for k in range(n)]
@@ -277,8 +324,9 @@ def _as_outputs(result: Any, body: FuncGraph, pyname: str) -> tuple[Tensor, ...]
     outs = []
     for k, r in enumerate(items):
         if isinstance(r, Operation):
-            raise TypeError(f"function {pyname!r} returns operation {r.name!r} (output {k}); "
-                            f"return tensors")
+            raise TypeError(
+                f"function {pyname!r} returns operation {r.name!r} (output {k}); return tensors"
+            )
         t = convert_to_tensor(r)
         if t._op._graph is not body:
             t = body.capture(t)

@@ -89,8 +89,10 @@ else:
 
 def _not_installed(name: str) -> Callable[..., Tensor]:
     def operator(*args: Any) -> Tensor:
-        raise RuntimeError(f"tensor operator {name!r} is not installed: import asyncflow "
-                           f"(asyncflow.ops.math_ops installs the operators)")
+        raise RuntimeError(
+            f"tensor operator {name!r} is not installed: import asyncflow "
+            f"(asyncflow.ops.math_ops installs the operators)"
+        )
 
     return operator
 
@@ -100,11 +102,26 @@ def _not_installed(name: str) -> Callable[..., Tensor]:
 #: Every key is present from the start (a stub raising until the real one is set),
 #: so an operator is one dict lookup and one call.
 _OPERATORS: dict[str, Callable[..., Tensor]] = {
-    name: _not_installed(name) for base in (
-        "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or",
-        "xor") for name in (base, f"r{base}")}
-_OPERATORS.update((name, _not_installed(name)) for name in (
-    "lt", "le", "gt", "ge", "neg", "abs", "invert", "getitem"))
+    name: _not_installed(name)
+    for base in (
+        "add",
+        "sub",
+        "mul",
+        "truediv",
+        "floordiv",
+        "mod",
+        "pow",
+        "matmul",
+        "and",
+        "or",
+        "xor",
+    )
+    for name in (base, f"r{base}")
+}
+_OPERATORS.update(
+    (name, _not_installed(name))
+    for name in ("lt", "le", "gt", "ge", "neg", "abs", "invert", "getitem")
+)
 
 
 class TensorOperators:
@@ -257,8 +274,10 @@ class _MustAwait(collections.abc.Coroutine[Any, Any, Any]):
 
     def _advice(self) -> str:
         sync = self._what.replace(".eval", ".eval_sync").replace(".run", ".run_sync")
-        return (f"{self._what}(...) returns a coroutine: `await` it in async code, or "
-                f"call {sync}(..., session=sess) in plain code")
+        return (
+            f"{self._what}(...) returns a coroutine: `await` it in async code, or "
+            f"call {sync}(..., session=sess) in plain code"
+        )
 
     def _misused(self, *args: Any) -> Any:
         raise TypeError(f"{self._advice()} (it was used as a value without await)")
@@ -273,14 +292,18 @@ class _MustAwait(collections.abc.Coroutine[Any, Any, Any]):
     def __del__(self) -> None:
         if not self._started:
             self._coro.close()  # (instead of Python's warning without the advice)
-            warnings.warn(f"{self._what}(...) was never awaited; {self._advice()}",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{self._what}(...) was never awaited; {self._advice()}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def _require_session(session: _Runner | None, what: str) -> _Runner:
     if session is None:
-        raise ValueError(f"cannot evaluate {what}: asyncflow has no default session; "
-                         f"pass session=sess")
+        raise ValueError(
+            f"cannot evaluate {what}: asyncflow has no default session; pass session=sess"
+        )
     return session
 
 
@@ -293,8 +316,9 @@ class Tensor(TensorOperators):
 
     __slots__ = ("__weakref__", "_dtype", "_op", "_shape", "_value_index")
 
-    def __init__(self, op: Operation, value_index: int, dtype: _dtypes.DType,
-                 shape: TensorShape) -> None:
+    def __init__(
+        self, op: Operation, value_index: int, dtype: _dtypes.DType, shape: TensorShape
+    ) -> None:
         self._op = op
         self._value_index = value_index
         self._dtype = dtype
@@ -341,12 +365,15 @@ class Tensor(TensorOperators):
         try:
             merged = self._shape.merge_with(new)
         except ValueError:
-            raise ValueError(f"cannot set the shape of tensor {self.name!r} to {new}: it "
-                             f"is incompatible with its shape {self._shape}") from None
+            raise ValueError(
+                f"cannot set the shape of tensor {self.name!r} to {new}: it "
+                f"is incompatible with its shape {self._shape}"
+            ) from None
         self._shape = merged
 
-    def eval(self, feed_dict: Mapping[Any, Any] | None = None,
-             session: _Runner | None = None) -> Coroutine[Any, Any, Any]:
+    def eval(
+        self, feed_dict: Mapping[Any, Any] | None = None, session: _Runner | None = None
+    ) -> Coroutine[Any, Any, Any]:
         """The tensor's value in one step: ``await sess.run(tensor, feed_dict)`` (TF's
         shortcut).  In plain code use :meth:`eval_sync`; the coroutine used as a value
         without ``await`` is a ``TypeError`` saying so."""
@@ -356,8 +383,9 @@ class Tensor(TensorOperators):
         require_asyncio(f"tensor {self.name!r}.eval()")
         return await _require_session(session, f"tensor {self.name!r}").run(self, feed_dict)
 
-    def eval_sync(self, feed_dict: Mapping[Any, Any] | None = None,
-                  session: _Runner | None = None) -> Any:
+    def eval_sync(
+        self, feed_dict: Mapping[Any, Any] | None = None, session: _Runner | None = None
+    ) -> Any:
         """The tensor's value from plain code (TF's synchronous ``eval``):
         ``sess.run_sync(tensor, feed_dict)``."""
         return _require_session(session, f"tensor {self.name!r}").run_sync(self, feed_dict)
@@ -382,11 +410,14 @@ class Tensor(TensorOperators):
     def __bool__(self) -> bool:
         raise TypeError(
             f"using af.Tensor {self.name!r} as a Python bool is not allowed: its value "
-            f"is only known when a step runs. Use af.cond for data-dependent control flow.")
+            f"is only known when a step runs. Use af.cond for data-dependent control flow."
+        )
 
     def __iter__(self) -> Iterator[Any]:
-        raise TypeError(f"af.Tensor {self.name!r} is not iterable; index or slice it "
-                        f"(tensor[i]) or use af.unstack-like ops instead")
+        raise TypeError(
+            f"af.Tensor {self.name!r} is not iterable; index or slice it "
+            f"(tensor[i]) or use af.unstack-like ops instead"
+        )
 
     def __index__(self) -> int:
         raise TypeError(f"af.Tensor {self.name!r} cannot be used as a Python index")
@@ -396,8 +427,10 @@ class Tensor(TensorOperators):
         # array-like and type `ndarray * tensor` as an ndarray (it is a Tensor:
         # __array_ufunc__ = None makes numpy defer to __rmul__).
         def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-            raise TypeError(f"cannot convert symbolic af.Tensor {self.name!r} to a numpy "
-                            f"array; fetch it with sess.run")
+            raise TypeError(
+                f"cannot convert symbolic af.Tensor {self.name!r} to a numpy "
+                f"array; fetch it with sess.run"
+            )
 
 
 class Operation:
@@ -433,9 +466,18 @@ class Operation:
     #: The output: the Tensor itself for a single-output op, else the tuple of outputs.
     _out: Tensor | tuple[Tensor, ...]
 
-    def __init__(self, graph: Graph, name: str, op_type: str, inputs: tuple[Tensor, ...],
-                 control_inputs: tuple[Operation, ...], attrs: dict[str, Any], device: str,
-                 traceback: tuple[str, int], op_def: registry.OpDef) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        name: str,
+        op_type: str,
+        inputs: tuple[Tensor, ...],
+        control_inputs: tuple[Operation, ...],
+        attrs: dict[str, Any],
+        device: str,
+        traceback: tuple[str, int],
+        op_def: registry.OpDef,
+    ) -> None:
         self._graph = graph
         self._name = name
         self._type = op_type
@@ -540,8 +582,9 @@ class Operation:
         try:
             return self._attrs[name]
         except KeyError:
-            raise ValueError(f"operation {self._name!r} (type {self._type}) has no attr "
-                             f"named {name!r}") from None
+            raise ValueError(
+                f"operation {self._name!r} (type {self._type}) has no attr named {name!r}"
+            ) from None
 
     def node_attrs(self) -> dict[str, Any]:
         """The attributes a kernel receives (those not starting with ``_``)."""
@@ -551,8 +594,9 @@ class Operation:
         """The outputs (TensorFlow 1.x name)."""
         return self._outputs
 
-    def run(self, feed_dict: Mapping[Any, Any] | None = None,
-            session: _Runner | None = None) -> Coroutine[Any, Any, None]:
+    def run(
+        self, feed_dict: Mapping[Any, Any] | None = None, session: _Runner | None = None
+    ) -> Coroutine[Any, Any, None]:
         """Run this op in one step: ``await sess.run(op, feed_dict)`` (TF's shortcut).
         In plain code use :meth:`run_sync`."""
         return _MustAwait(self._run(feed_dict, session), f"operation {self._name!r}.run")
@@ -561,8 +605,9 @@ class Operation:
         require_asyncio(f"operation {self._name!r}.run()")
         await _require_session(session, f"operation {self._name!r}").run(self, feed_dict)
 
-    def run_sync(self, feed_dict: Mapping[Any, Any] | None = None,
-                 session: _Runner | None = None) -> None:
+    def run_sync(
+        self, feed_dict: Mapping[Any, Any] | None = None, session: _Runner | None = None
+    ) -> None:
         """Run this op from plain code (TF's synchronous ``run``):
         ``sess.run_sync(op, feed_dict)``."""
         _require_session(session, f"operation {self._name!r}").run_sync(self, feed_dict)
@@ -648,10 +693,16 @@ class Graph:
         """
         return self._create_op(op_type, inputs, attrs, name, control_inputs, 2)
 
-    def _create_op(self, op_type: str, inputs: Iterable[Tensor],
-                   attrs: Mapping[str, Any] | None, name: str | None,
-                   control_inputs: Iterable[Operation], depth: int,
-                   trusted: bool = False) -> Operation:
+    def _create_op(
+        self,
+        op_type: str,
+        inputs: Iterable[Tensor],
+        attrs: Mapping[str, Any] | None,
+        name: str | None,
+        control_inputs: Iterable[Operation],
+        depth: int,
+        trusted: bool = False,
+    ) -> Operation:
         """:meth:`create_op`, for the op constructors: ``depth`` frames above this one
         are asyncflow's own (the search for the user's line starts above them);
         ``trusted``: the caller checked that the inputs are tensors of this graph, and
@@ -684,8 +735,10 @@ class Graph:
             explicit = len(controls)  # controls[explicit:] were given as control_inputs
             for c in control_inputs:
                 if not isinstance(c, Operation):
-                    raise TypeError(f"control input of new {op_type} op must be an "
-                                    f"af.Operation, got {type(c).__name__}")
+                    raise TypeError(
+                        f"control input of new {op_type} op must be an "
+                        f"af.Operation, got {type(c).__name__}"
+                    )
                 controls.append(c)
             explicit_ops = controls[explicit:]
             ctx = cf_stack[-1] if cf_stack else None
@@ -702,12 +755,13 @@ class Graph:
                 data_ops = {t._op for t in inputs}
                 if explicit_ops:
                     data_ops.difference_update(explicit_ops)
-                controls = [c for c in controls
-                            if not (c in seen or c in data_ops or seen.add(c))]  # type: ignore[func-returns-value]
+                controls = [c for c in controls if not (c in seen or c in data_ops or seen.add(c))]  # type: ignore[func-returns-value]
                 for c in controls:
                     if c._graph is not self:
-                        raise ValueError(f"control input {c.name!r} of new {op_type} op is "
-                                         f"from a different graph")
+                        raise ValueError(
+                            f"control input {c.name!r} of new {op_type} op is "
+                            f"from a different graph"
+                        )
             device_stack = stacks.device
             if device_stack:
                 device = device_stack[-1]
@@ -729,37 +783,41 @@ class Graph:
             site = "<unknown>", 0
         with self._lock:
             if self._finalized:
-                raise RuntimeError(f"cannot add op of type {op_type!r}: graph {self!r} is "
-                                   f"finalized")
+                raise RuntimeError(
+                    f"cannot add op of type {op_type!r}: graph {self!r} is finalized"
+                )
             if trusted and not scope:
                 full_name = self._reserve_name_locked(name or op_type)
             else:
                 full_name = self._unique_name_locked(
-                    name or op_type, explicit=name is not None and not trusted,
-                    scope=scope)
+                    name or op_type, explicit=name is not None and not trusted, scope=scope
+                )
             try:
                 specs = op_def.shape_fn(inputs, attrs)
             except (TypeError, ValueError) as exc:
                 # Undo the name reservation so a failed op leaves no trace.
                 self._release_name_locked(full_name)
-                raise type(exc)(f"{exc} (while building op {full_name!r} of type "
-                                f"{op_type})") from None
+                raise type(exc)(
+                    f"{exc} (while building op {full_name!r} of type {op_type})"
+                ) from None
             except Exception:
                 self._release_name_locked(full_name)
                 raise
-            op = Operation(self, full_name, op_type, inputs, tuple(controls), attrs, device,
-                           site, op_def)
+            op = Operation(
+                self, full_name, op_type, inputs, tuple(controls), attrs, device, site, op_def
+            )
             if ctx is not None:
                 op._ctx = ctx
             if len(specs) == 1:
                 ((dt, shape),) = specs
-                op._out = Tensor(op, 0, dt, shape if isinstance(shape, TensorShape)
-                                 else as_shape(shape))
+                op._out = Tensor(
+                    op, 0, dt, shape if isinstance(shape, TensorShape) else as_shape(shape)
+                )
             else:
                 op._out = tuple(
-                    Tensor(op, i, dt, shape if isinstance(shape, TensorShape)
-                           else as_shape(shape))
-                    for i, (dt, shape) in enumerate(specs))
+                    Tensor(op, i, dt, shape if isinstance(shape, TensorShape) else as_shape(shape))
+                    for i, (dt, shape) in enumerate(specs)
+                )
             ops = self._ops
             ops.append(op)
             self._by_name[full_name] = op
@@ -767,8 +825,7 @@ class Graph:
             _promote_young()
         return op
 
-    def _create_binary_op(self, op_type: str, x: Tensor, y: Tensor, name: str,
-                          key: str) -> Tensor:
+    def _create_binary_op(self, op_type: str, x: Tensor, y: Tensor, name: str, key: str) -> Tensor:
         """``_create_op(op_type, (x, y), None, name, (), 3, True)``'s output, for the
         operator fast path (``x + y``) when no scope block is open on this graph and
         no function shadows ``op_type``: the caller checked that ``x`` and ``y`` are
@@ -791,8 +848,9 @@ class Graph:
         inputs = (x, y)
         with self._lock:
             if self._finalized:
-                raise RuntimeError(f"cannot add op of type {op_type!r}: graph {self!r} is "
-                                   f"finalized")
+                raise RuntimeError(
+                    f"cannot add op of type {op_type!r}: graph {self!r} is finalized"
+                )
             names = self._names_in_use  # as _reserve_name_locked, inline
             i = names.get(key, 0)
             names[key] = i + 1
@@ -810,8 +868,9 @@ class Graph:
                 specs = op_def.shape_fn(inputs, {})
             except (TypeError, ValueError) as exc:
                 self._release_name_locked(full_name)
-                raise type(exc)(f"{exc} (while building op {full_name!r} of type "
-                                f"{op_type})") from None
+                raise type(exc)(
+                    f"{exc} (while building op {full_name!r} of type {op_type})"
+                ) from None
             except Exception:
                 self._release_name_locked(full_name)
                 raise
@@ -830,8 +889,9 @@ class Graph:
             op._op_def = op_def
             op._ctx = None
             op._ir = None
-            op._out = out = Tensor(op, 0, dt, shape if isinstance(shape, TensorShape)
-                                   else as_shape(shape))
+            op._out = out = Tensor(
+                op, 0, dt, shape if isinstance(shape, TensorShape) else as_shape(shape)
+            )
             ops = self._ops
             ops.append(op)
             self._by_name[full_name] = op
@@ -842,14 +902,13 @@ class Graph:
     def _check_inputs(self, op_type: str, inputs: tuple[Any, ...]) -> None:
         for i, t in enumerate(inputs):
             if not isinstance(t, Tensor):
-                raise TypeError(f"input {i} of new {op_type} op must be an af.Tensor, "
-                                f"got {type(t).__name__}")
+                raise TypeError(
+                    f"input {i} of new {op_type} op must be an af.Tensor, got {type(t).__name__}"
+                )
             if t._op._graph is not self:
-                raise ValueError(f"input {t.name!r} of new {op_type} op is from a "
-                                 f"different graph")
+                raise ValueError(f"input {t.name!r} of new {op_type} op is from a different graph")
 
-    def _unique_name_locked(self, name: str, *, explicit: bool,
-                            scope: str | None = None) -> str:
+    def _unique_name_locked(self, name: str, *, explicit: bool, scope: str | None = None) -> str:
         """Reserve a unique name for ``name`` in the name scope (``scope``: the current
         one, when the caller has read it already)."""
         if explicit:
@@ -1045,8 +1104,9 @@ class Graph:
         if not isinstance(name, str):
             raise TypeError(f"operation name must be a string, got {type(name).__name__}")
         if ":" in name:
-            raise ValueError(f"{name!r} looks like a tensor name, not an operation name; "
-                             f"use get_tensor_by_name")
+            raise ValueError(
+                f"{name!r} looks like a tensor name, not an operation name; use get_tensor_by_name"
+            )
         try:
             return self._by_name[name]
         except KeyError:
@@ -1058,20 +1118,27 @@ class Graph:
             raise TypeError(f"tensor name must be a string, got {type(name).__name__}")
         op_name, sep, index = name.rpartition(":")
         if not sep or not index.isdigit():
-            raise ValueError(f"the name {name!r} looks like an (invalid) operation name, "
-                             f"not a tensor name; tensor names look like 'op:0'")
+            raise ValueError(
+                f"the name {name!r} looks like an (invalid) operation name, "
+                f"not a tensor name; tensor names look like 'op:0'"
+            )
         op = self._by_name.get(op_name)
         if op is None:
-            raise KeyError(f"the name {name!r} refers to a tensor which does not exist: "
-                           f"operation {op_name!r} is not in the graph")
+            raise KeyError(
+                f"the name {name!r} refers to a tensor which does not exist: "
+                f"operation {op_name!r} is not in the graph"
+            )
         i = int(index)
         if i >= len(op._outputs):
-            raise KeyError(f"the name {name!r} refers to a tensor which does not exist: "
-                           f"operation {op_name!r} has {len(op._outputs)} outputs")
+            raise KeyError(
+                f"the name {name!r} refers to a tensor which does not exist: "
+                f"operation {op_name!r} has {len(op._outputs)} outputs"
+            )
         return op._outputs[i]
 
-    def as_graph_element(self, obj: Any, allow_tensor: bool = True,
-                         allow_operation: bool = True) -> Tensor | Operation:
+    def as_graph_element(
+        self, obj: Any, allow_tensor: bool = True, allow_operation: bool = True
+    ) -> Tensor | Operation:
         """Resolve a Tensor, Operation, tensor name or op name in this graph."""
         conv = getattr(obj, "_as_graph_element", None)
         if conv is not None and not isinstance(obj, Tensor | Operation):
@@ -1095,9 +1162,11 @@ class Graph:
                     return self.get_operation_by_name(obj)
                 except KeyError as exc:
                     raise ValueError(exc.args[0]) from None
-        raise TypeError(f"cannot interpret {obj!r} as an element of this graph "
-                        f"(expected a Tensor{', Operation' if allow_operation else ''} "
-                        f"or a name)")
+        raise TypeError(
+            f"cannot interpret {obj!r} as an element of this graph "
+            f"(expected a Tensor{', Operation' if allow_operation else ''} "
+            f"or a name)"
+        )
 
     @property
     def version(self) -> int:
@@ -1158,9 +1227,11 @@ def _check_op_name(name: str) -> None:
     if not isinstance(name, str):
         raise TypeError(f"op name must be a string, got {type(name).__name__}")
     if _VALID_OP_NAME.fullmatch(name) is None:
-        raise ValueError(f"{name!r} is not a valid op name: it must match TensorFlow's "
-                         f"pattern {_VALID_OP_NAME.pattern!r} (letters, digits, '.', '_', and "
-                         f"after the first character also '-', '/', '>')")
+        raise ValueError(
+            f"{name!r} is not a valid op name: it must match TensorFlow's "
+            f"pattern {_VALID_OP_NAME.pattern!r} (letters, digits, '.', '_', and "
+            f"after the first character also '-', '/', '>')"
+        )
 
 
 def _as_operation(obj: Any, graph: Graph) -> Operation:
@@ -1177,8 +1248,9 @@ def _as_operation(obj: Any, graph: Graph) -> Operation:
     raise TypeError(f"control input must be an Operation or a Tensor, got {obj!r}")
 
 
-def _binary_operator(op_type: str, name: str, general: Callable[[Any, Any], Tensor]
-                     ) -> Callable[[Tensor, Any], Tensor]:
+def _binary_operator(
+    op_type: str, name: str, general: Callable[[Any, Any], Tensor]
+) -> Callable[[Tensor, Any], Tensor]:
     """The operator method ``self <op> other`` for an op built as ``general`` builds it.
 
     Two tensors of the default graph (a chain of ``x + y``) go straight to
@@ -1192,8 +1264,11 @@ def _binary_operator(op_type: str, name: str, general: Callable[[Any, Any], Tens
         if type(other) is Tensor and type(self) is Tensor:
             graph = self._op._graph
             stack = _default.stack
-            if other._op._graph is graph and type(graph) is Graph and \
-                    (stack[-1] if stack else _global_graph) is graph:
+            if (
+                other._op._graph is graph
+                and type(graph) is Graph
+                and (stack[-1] if stack else _global_graph) is graph
+            ):
                 if not graph._scopes and not graph._functions:
                     return graph._create_binary_op(op_type, self, other, name, key)
                 out = graph._create_op(op_type, (self, other), None, name, (), 3, True)._out
@@ -1204,6 +1279,7 @@ def _binary_operator(op_type: str, name: str, general: Callable[[Any, Any], Tens
 
 
 # -- default graph --------------------------------------------------------------
+
 
 class _DefaultStack(threading.local):
     def __init__(self) -> None:
@@ -1238,27 +1314,31 @@ def reset_default_graph() -> None:
     ``AssertionError`` (as TensorFlow) when called inside ``with g.as_default()``.
     """
     if _default.stack:
-        raise AssertionError("Do not use reset_default_graph() inside a "
-                             "`with graph.as_default()` block")
+        raise AssertionError(
+            "Do not use reset_default_graph() inside a `with graph.as_default()` block"
+        )
     global _global_graph
     with _global_lock:
         _global_graph = Graph()
 
 
-def name_scope(name: str | None, default_name: str | None = None,
-               values: Any = None) -> contextlib.AbstractContextManager[str]:
+def name_scope(
+    name: str | None, default_name: str | None = None, values: Any = None
+) -> contextlib.AbstractContextManager[str]:
     """Open a name scope on the default graph (see :meth:`Graph.name_scope`)."""
     return get_default_graph().name_scope(name if name is not None else default_name)
 
 
-def control_dependencies(control_inputs: Iterable[Any] | None
-                         ) -> contextlib.AbstractContextManager[None]:
+def control_dependencies(
+    control_inputs: Iterable[Any] | None,
+) -> contextlib.AbstractContextManager[None]:
     """Control dependencies on the default graph (see :meth:`Graph.control_dependencies`)."""
     return get_default_graph().control_dependencies(control_inputs)
 
 
-def colocate_with(op: Any, ignore_existing: bool = False
-                  ) -> contextlib.AbstractContextManager[None]:
+def colocate_with(
+    op: Any, ignore_existing: bool = False
+) -> contextlib.AbstractContextManager[None]:
     """Place ops created inside with ``op`` (see :meth:`Graph.colocate_with`)."""
     graph = op.graph if isinstance(op, Tensor | Operation) else get_default_graph()
     return graph.colocate_with(op, ignore_existing)
@@ -1271,8 +1351,10 @@ def device(device_name: str | None) -> contextlib.AbstractContextManager[None]:
 
 # -- conversion -----------------------------------------------------------------
 
-def convert_to_tensor(value: Any, dtype: Any = None, name: str | None = None,
-                      preferred_dtype: Any = None) -> Tensor:
+
+def convert_to_tensor(
+    value: Any, dtype: Any = None, name: str | None = None, preferred_dtype: Any = None
+) -> Tensor:
     """A Tensor for ``value``: tensors pass through (dtype checked), others become constants.
 
     ``TypeError`` when a tensor's dtype differs from ``dtype`` or the value does not
@@ -1280,15 +1362,18 @@ def convert_to_tensor(value: Any, dtype: Any = None, name: str | None = None,
     """
     if isinstance(value, Tensor):
         if dtype is not None and _dtypes.as_dtype(dtype) is not value._dtype:
-            raise TypeError(f"Tensor conversion requested dtype {_dtypes.as_dtype(dtype).name} "
-                            f"for Tensor {value.name!r} with dtype {value._dtype.name}")
+            raise TypeError(
+                f"Tensor conversion requested dtype {_dtypes.as_dtype(dtype).name} "
+                f"for Tensor {value.name!r} with dtype {value._dtype.name}"
+            )
         return value
     conv = getattr(value, "_as_graph_element", None)
     if conv is not None:
         return convert_to_tensor(conv(), dtype=dtype, name=name)
     if isinstance(value, Operation):
-        raise TypeError(f"cannot convert operation {value.name!r} to a tensor; use one of "
-                        f"its outputs")
+        raise TypeError(
+            f"cannot convert operation {value.name!r} to a tensor; use one of its outputs"
+        )
     target = None
     if dtype is not None:
         target = _dtypes.as_dtype(dtype)
@@ -1300,8 +1385,9 @@ def convert_to_tensor(value: Any, dtype: Any = None, name: str | None = None,
     array = make_constant_value(value, target)
     graph = get_default_graph()
     dt = _dtypes.as_dtype(array.dtype)
-    return graph.create_op("Const", (), {"value": array, "dtype": dt},
-                           name=name or "Const").outputs[0]
+    return graph.create_op(
+        "Const", (), {"value": array, "dtype": dt}, name=name or "Const"
+    ).outputs[0]
 
 
 def make_constant_value(value: Any, dtype: _dtypes.DType | None) -> np.ndarray:
@@ -1320,15 +1406,20 @@ def make_constant_value(value: Any, dtype: _dtypes.DType | None) -> np.ndarray:
         source = np.asarray(value)
         if source.dtype.kind in "SUO" and source.size:
             raise TypeError(f"cannot convert {value!r} to a tensor of type {dtype.name}")
-        if dtype.is_integer and source.dtype.kind in "fc" and source.size and \
-                not np.array_equal(np.asarray(source, dtype=dtype.np), source):
-            raise TypeError(f"cannot convert {value!r} to a tensor of type {dtype.name} "
-                            f"without losing precision")
+        if (
+            dtype.is_integer
+            and source.dtype.kind in "fc"
+            and source.size
+            and not np.array_equal(np.asarray(source, dtype=dtype.np), source)
+        ):
+            raise TypeError(
+                f"cannot convert {value!r} to a tensor of type {dtype.name} "
+                f"without losing precision"
+            )
         if dtype.is_bool and source.dtype.kind not in "b" and source.size:
             raise TypeError(f"cannot convert {value!r} to a tensor of type bool")
         if source.dtype.kind == "c" and not dtype.is_complex and source.size:
-            raise TypeError(f"cannot convert complex {value!r} to a tensor of type "
-                            f"{dtype.name}")
+            raise TypeError(f"cannot convert complex {value!r} to a tensor of type {dtype.name}")
         array = np.array(source, dtype=dtype.np)
     array.flags.writeable = False
     return array

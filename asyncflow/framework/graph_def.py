@@ -92,6 +92,7 @@ _MAX_DEPTH = 64
 # defs; defining them here lets those be imported and inspected again.  They have
 # no kernels: the runtime binds a partition's call frame itself.
 
+
 def _arg_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any]:
     if inputs:
         raise ValueError(f"_Arg takes no inputs, got {len(inputs)}")
@@ -103,8 +104,9 @@ def _retval_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[An
         raise ValueError(f"_Retval takes one input, got {len(inputs)}")
     dtype = _attr_dtype(attrs)
     if inputs[0].dtype is not dtype:
-        raise TypeError(f"_Retval of dtype {dtype.name} gets a {inputs[0].dtype.name} "
-                        f"input {inputs[0].name!r}")
+        raise TypeError(
+            f"_Retval of dtype {dtype.name} gets a {inputs[0].dtype.name} input {inputs[0].name!r}"
+        )
     return []
 
 
@@ -123,6 +125,7 @@ registry.define_op("_Retval", _retval_shape, stateful=True)
 
 
 # -- export ---------------------------------------------------------------------
+
 
 def graph_to_graph_def(graph: Graph) -> dict[str, Any]:
     """A JSON-serializable description of every op of ``graph``, in creation order.
@@ -145,8 +148,7 @@ def _function_def(f: _function.FunctionDef) -> dict[str, Any]:
         "signature": {
             "name": f.name,
             "input_arg": [{"name": a, "type": t.name} for a, t in zip(f.args, f.input_types)],
-            "output_arg": [{"name": n, "type": t.dtype.name}
-                           for n, t in zip(f.out_names, f.rets)],
+            "output_arg": [{"name": n, "type": t.dtype.name} for n, t in zip(f.out_names, f.rets)],
         },
         "num_declared": f.num_declared,
         "ret": [t.name for t in f.rets],
@@ -162,10 +164,10 @@ def _node_def(op: Operation) -> dict[str, Any]:
         try:
             attrs[key] = encode_attr(value)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"cannot serialize attr {key!r} of node {op.name!r} "
-                             f"(op {op.type}): {exc}") from None
-    return {"name": op.name, "op": op.type, "input": inputs, "device": op.device,
-            "attr": attrs}
+            raise ValueError(
+                f"cannot serialize attr {key!r} of node {op.name!r} (op {op.type}): {exc}"
+            ) from None
+    return {"name": op.name, "op": op.type, "input": inputs, "device": op.device, "attr": attrs}
 
 
 def _input_name(t: Tensor) -> str:
@@ -207,25 +209,34 @@ def encode_attr(value: Any, _depth: int = 0) -> dict[str, Any]:
     if isinstance(value, tuple):
         return {"tuple": [encode_attr(v, _depth + 1) for v in value]}
     if isinstance(value, dict):
-        return {"dict": [[encode_attr(k, _depth + 1), encode_attr(v, _depth + 1)]
-                         for k, v in value.items()]}
+        return {
+            "dict": [
+                [encode_attr(k, _depth + 1), encode_attr(v, _depth + 1)] for k, v in value.items()
+            ]
+        }
     if callable(value):
         return {"func": _callable_reference(value)}
-    raise TypeError(f"attribute values of type {type(value).__name__} cannot be "
-                    f"serialized: {value!r}")
+    raise TypeError(
+        f"attribute values of type {type(value).__name__} cannot be serialized: {value!r}"
+    )
 
 
 def _check_plain_dtype(dtype: np.dtype[Any]) -> None:
     if dtype.fields is not None or dtype.subdtype is not None or dtype.hasobject:
-        raise TypeError(f"numpy dtype {dtype!r} cannot be serialized "
-                        f"(structured and object dtypes are not supported)")
+        raise TypeError(
+            f"numpy dtype {dtype!r} cannot be serialized "
+            f"(structured and object dtypes are not supported)"
+        )
 
 
 def _encode_raw(array: np.ndarray) -> dict[str, Any]:
     _check_plain_dtype(array.dtype)
     data = np.ascontiguousarray(array).tobytes()
-    return {"dtype": array.dtype.str, "shape": list(array.shape),
-            "data": base64.b64encode(data).decode("ascii")}
+    return {
+        "dtype": array.dtype.str,
+        "shape": list(array.shape),
+        "data": base64.b64encode(data).decode("ascii"),
+    }
 
 
 def _encode_array(array: np.ndarray, depth: int) -> dict[str, Any]:
@@ -239,25 +250,33 @@ def _callable_reference(func: Callable[..., Any]) -> str:
     module = getattr(func, "__module__", None)
     qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
-        raise ValueError(f"callable {func!r} has no importable reference "
-                         f"(no __module__/__qualname__); use a module-level function")
+        raise ValueError(
+            f"callable {func!r} has no importable reference "
+            f"(no __module__/__qualname__); use a module-level function"
+        )
     ref = f"{module}:{qualname}"
     if "<lambda>" in qualname or "<locals>" in qualname:
-        raise ValueError(f"callable {ref!r} is a lambda or local function and cannot be "
-                         f"serialized by reference; define it at module level")
+        raise ValueError(
+            f"callable {ref!r} is a lambda or local function and cannot be "
+            f"serialized by reference; define it at module level"
+        )
     if module == "__main__":
         # It would resolve here, but "__main__" is another script in any program that
         # loads the graph def: the reference could never load there.
-        raise ValueError(f"callable {ref!r} is defined in __main__ (the script being run), "
-                         f"so no other program can import it; move it to an importable "
-                         f"module")
+        raise ValueError(
+            f"callable {ref!r} is defined in __main__ (the script being run), "
+            f"so no other program can import it; move it to an importable "
+            f"module"
+        )
     try:
         resolved = _resolve_reference(ref)
     except ValueError as exc:
         raise ValueError(f"callable {func!r} cannot be serialized: {exc}") from None
     if resolved is not func:
-        raise ValueError(f"callable {func!r} cannot be serialized: its reference {ref!r} "
-                         f"resolves to a different object {resolved!r}")
+        raise ValueError(
+            f"callable {func!r} cannot be serialized: its reference {ref!r} "
+            f"resolves to a different object {resolved!r}"
+        )
     return ref
 
 
@@ -265,7 +284,8 @@ def _callable_reference(func: Callable[..., Any]) -> str:
 #: a reference to module ``m`` loads only if ``m`` or a parent package of it is listed.
 #: ``None``: any module.
 allowed_reference_modules: ContextVar[frozenset[str] | None] = ContextVar(
-    "allowed_reference_modules", default=None)
+    "allowed_reference_modules", default=None
+)
 
 
 def reference_module_allowed(module_name: str, allowed: frozenset[str] | None) -> bool:
@@ -281,22 +301,26 @@ def _resolve_reference(ref: str) -> Any:
     if not sep or not module_name or not qualname:
         raise ValueError(f"malformed callable reference {ref!r} (expected 'module:qualname')")
     if "<" in qualname:
-        raise ValueError(f"callable reference {ref!r} names a lambda or local function, "
-                         f"which cannot be imported")
+        raise ValueError(
+            f"callable reference {ref!r} names a lambda or local function, which cannot be imported"
+        )
     if not reference_module_allowed(module_name, allowed_reference_modules.get()):
-        raise ValueError(f"callable reference {ref!r}: importing module "
-                         f"{module_name!r} is not allowed")
+        raise ValueError(
+            f"callable reference {ref!r}: importing module {module_name!r} is not allowed"
+        )
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or whatever the module raises on import
-        raise ValueError(f"cannot import module {module_name!r} of callable reference "
-                         f"{ref!r}: {exc}") from None
+        raise ValueError(
+            f"cannot import module {module_name!r} of callable reference {ref!r}: {exc}"
+        ) from None
     for part in qualname.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ValueError(f"callable reference {ref!r} does not resolve: "
-                             f"no attribute {part!r}") from None
+            raise ValueError(
+                f"callable reference {ref!r} does not resolve: no attribute {part!r}"
+            ) from None
     if not callable(obj):
         raise ValueError(f"callable reference {ref!r} resolves to a non-callable {obj!r}")
     return obj
@@ -304,13 +328,15 @@ def _resolve_reference(ref: str) -> Any:
 
 # -- decoding -------------------------------------------------------------------
 
+
 def decode_attr(encoded: Any, _depth: int = 0) -> Any:
     """The attribute value of a tagged JSON form; ``ValueError`` when it is malformed."""
     if _depth > _MAX_DEPTH:
         raise ValueError(f"attribute value nested deeper than {_MAX_DEPTH} levels")
     if not isinstance(encoded, dict) or len(encoded) != 1:
-        raise ValueError(f"an encoded attribute must be a dict with one type tag, "
-                         f"got {_short(encoded)}")
+        raise ValueError(
+            f"an encoded attribute must be a dict with one type tag, got {_short(encoded)}"
+        )
     ((tag, v),) = encoded.items()
     decoder = _DECODERS.get(tag) if isinstance(tag, str) else None
     if decoder is None:
@@ -328,8 +354,7 @@ def _expect(value: Any, kind: type | tuple[type, ...], tag: str) -> Any:
     if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
         raise ValueError(f"attribute tag {tag!r} needs {_kind_name(kind)}, got {value!r}")
     if not isinstance(value, kind):
-        raise ValueError(f"attribute tag {tag!r} needs {_kind_name(kind)}, "
-                         f"got {_short(value)}")
+        raise ValueError(f"attribute tag {tag!r} needs {_kind_name(kind)}, got {_short(value)}")
     return value
 
 
@@ -341,8 +366,7 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 def _decode_float(v: Any, depth: int = 0) -> float:
     if isinstance(v, str):
         if v not in ("nan", "inf", "-inf"):
-            raise ValueError(f"attribute tag 'f' needs a number or 'nan'/'inf'/'-inf', "
-                             f"got {v!r}")
+            raise ValueError(f"attribute tag 'f' needs a number or 'nan'/'inf'/'-inf', got {v!r}")
         return float(v)
     try:
         return float(_expect(v, (int, float), "f"))
@@ -368,8 +392,9 @@ def _decode_shape_dims(v: Any, tag: str) -> tuple[int, ...]:
     _expect(v, list, tag)
     for d in v:
         if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-            raise ValueError(f"attribute tag {tag!r}: dimensions must be ints >= 0, "
-                             f"got {_short(v)}")
+            raise ValueError(
+                f"attribute tag {tag!r}: dimensions must be ints >= 0, got {_short(v)}"
+            )
     return tuple(v)
 
 
@@ -386,16 +411,19 @@ def _decode_np_dtype(v: Any, tag: str) -> np.dtype[Any]:
 
 def _decode_raw(v: Any, tag: str) -> np.ndarray:
     if not isinstance(v, dict) or set(v) != {"dtype", "shape", "data"}:
-        raise ValueError(f"attribute tag {tag!r} needs a dict with keys dtype, shape, "
-                         f"data, got {_short(v)}")
+        raise ValueError(
+            f"attribute tag {tag!r} needs a dict with keys dtype, shape, data, got {_short(v)}"
+        )
     dtype = _decode_np_dtype(v["dtype"], tag)
     dims = _decode_shape_dims(v["shape"], tag)
     raw = _decode_b64(v["data"], tag)
     # Check the byte count with Python ints before numpy allocates anything.
     expected = math.prod(dims) * dtype.itemsize
     if expected != len(raw):
-        raise ValueError(f"attribute tag {tag!r}: {len(raw)} bytes of data do not match "
-                         f"dtype {dtype.str} and shape {list(dims)} ({expected} bytes)")
+        raise ValueError(
+            f"attribute tag {tag!r}: {len(raw)} bytes of data do not match "
+            f"dtype {dtype.str} and shape {list(dims)} ({expected} bytes)"
+        )
     try:
         array = np.frombuffer(raw, dtype=dtype).reshape(dims).copy()
     except Exception as exc:  # e.g. dimensions beyond numpy's limits
@@ -406,13 +434,15 @@ def _decode_raw(v: Any, tag: str) -> np.ndarray:
 
 def _decode_objects(v: Any, depth: int) -> np.ndarray:
     if not isinstance(v, dict) or set(v) != {"shape", "items"}:
-        raise ValueError(f"attribute tag 'objects' needs a dict with keys shape, items, "
-                         f"got {_short(v)}")
+        raise ValueError(
+            f"attribute tag 'objects' needs a dict with keys shape, items, got {_short(v)}"
+        )
     dims = _decode_shape_dims(v["shape"], "objects")
     items = _expect(v["items"], list, "objects")
     if math.prod(dims) != len(items):
-        raise ValueError(f"attribute tag 'objects': {len(items)} items do not fill "
-                         f"shape {list(dims)}")
+        raise ValueError(
+            f"attribute tag 'objects': {len(items)} items do not fill shape {list(dims)}"
+        )
     decoded = [decode_attr(item, depth + 1) for item in items]
     try:
         array = np.empty(len(decoded), dtype=object)
@@ -446,8 +476,9 @@ def _decode_shape(v: Any, depth: int) -> TensorShape:
     _expect(v, list, "shape")
     for d in v:
         if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
-            raise ValueError(f"attribute tag 'shape': dimensions must be ints >= 0 or "
-                             f"null, got {_short(v)}")
+            raise ValueError(
+                f"attribute tag 'shape': dimensions must be ints >= 0 or null, got {_short(v)}"
+            )
     return TensorShape(v)
 
 
@@ -456,8 +487,7 @@ def _decode_dict(v: Any, depth: int) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     for pair in v:
         if not isinstance(pair, list) or len(pair) != 2:
-            raise ValueError(f"attribute tag 'dict' needs [key, value] pairs, "
-                             f"got {_short(pair)}")
+            raise ValueError(f"attribute tag 'dict' needs [key, value] pairs, got {_short(pair)}")
         key = decode_attr(pair[0], depth + 1)
         try:
             out[key] = decode_attr(pair[1], depth + 1)
@@ -498,19 +528,27 @@ _DECODERS: dict[str, Callable[[Any, int], Any]] = {
 
 # -- import ---------------------------------------------------------------------
 
+
 class _Node:
     """One validated node of a graph def, ready to be created."""
 
     __slots__ = ("attrs", "controls", "device", "full_name", "inputs", "name", "op_type")
 
-    def __init__(self, name: str, full_name: str, op_type: str,
-                 inputs: list[tuple[str, int]], controls: list[str], device: str,
-                 attrs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        name: str,
+        full_name: str,
+        op_type: str,
+        inputs: list[tuple[str, int]],
+        controls: list[str],
+        device: str,
+        attrs: dict[str, Any],
+    ) -> None:
         self.name = name
         self.full_name = full_name
         self.op_type = op_type
-        self.inputs = inputs        # (producer name in the graph def, output index)
-        self.controls = controls    # producer names in the graph def
+        self.inputs = inputs  # (producer name in the graph def, output index)
+        self.controls = controls  # producer names in the graph def
         self.device = device
         self.attrs = attrs
 
@@ -582,9 +620,11 @@ def _node_list(graph_def: Any) -> list[Any]:
             raise ValueError(f"graph def 'versions' must be a dict, got {_short(versions)}")
         fmt = versions.get("format", FORMAT)
         if fmt not in _READABLE_FORMATS:
-            raise ValueError(f"unsupported graph def format {_short(fmt)} "
-                             f"(this version of asyncflow reads {FORMAT!r} and "
-                             f"{_PARTITION_FORMAT!r})")
+            raise ValueError(
+                f"unsupported graph def format {_short(fmt)} "
+                f"(this version of asyncflow reads {FORMAT!r} and "
+                f"{_PARTITION_FORMAT!r})"
+            )
     if "node" not in graph_def:
         raise ValueError("graph def has no 'node' field")
     node_list = graph_def["node"]
@@ -599,8 +639,9 @@ def _parse_library(raw: Any, graph: Graph) -> dict[str, _function.FunctionDef]:
     if raw is None:
         return {}
     if not isinstance(raw, Mapping) or not isinstance(raw.get("function", []), list):
-        raise ValueError(f"graph def 'library' must be a dict with a 'function' list, "
-                         f"got {_short(raw)}")
+        raise ValueError(
+            f"graph def 'library' must be a dict with a 'function' list, got {_short(raw)}"
+        )
     out: dict[str, _function.FunctionDef] = {}
     for i, entry in enumerate(raw.get("function", [])):
         try:
@@ -611,8 +652,9 @@ def _parse_library(raw: Any, graph: Graph) -> dict[str, _function.FunctionDef]:
             num_declared = entry["num_declared"]
             rets, body_def = entry["ret"], entry["body"]
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"graph def library function #{i} is malformed: missing or "
-                             f"bad field {exc}") from None
+            raise ValueError(
+                f"graph def library function #{i} is malformed: missing or bad field {exc}"
+            ) from None
         if not isinstance(name, str) or not name:
             raise ValueError(f"graph def library function #{i} has no valid name")
         if name in graph._functions or name in out:
@@ -625,13 +667,13 @@ def _parse_library(raw: Any, graph: Graph) -> dict[str, _function.FunctionDef]:
                 body.get_operation_by_name(a)
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"graph def library function {name!r}: {exc}") from None
-        out[name] = _function.FunctionDef(name, body, args, num_declared, ret_tensors,
-                                          out_names)
+        out[name] = _function.FunctionDef(name, body, args, num_declared, ret_tensors, out_names)
     return out
 
 
-def _parse_nodes(node_list: list[Any], prefix: str,
-                 functions: Mapping[str, Any] | None = None) -> dict[str, _Node]:
+def _parse_nodes(
+    node_list: list[Any], prefix: str, functions: Mapping[str, Any] | None = None
+) -> dict[str, _Node]:
     nodes: dict[str, _Node] = {}
     seen_lower: dict[str, str] = {}
     for i, raw in enumerate(node_list):
@@ -639,8 +681,10 @@ def _parse_nodes(node_list: list[Any], prefix: str,
         # Graph names are unique case-insensitively (the uniquifier folds case).
         other = seen_lower.get(node.name.lower())
         if other is not None:
-            raise ValueError(f"graph def has a duplicate node name {node.name!r} "
-                             f"(node #{i}; clashes with {other!r})")
+            raise ValueError(
+                f"graph def has a duplicate node name {node.name!r} "
+                f"(node #{i}; clashes with {other!r})"
+            )
         seen_lower[node.name.lower()] = node.name
         nodes[node.name] = node
     return nodes
@@ -653,8 +697,9 @@ def _parse_node(i: int, raw: Any, prefix: str, functions: Mapping[str, Any]) -> 
     if not isinstance(name, str) or not name:
         raise ValueError(f"graph def node #{i} has no valid 'name' (got {_short(name)})")
     if ":" in name or name.startswith("^") or name.startswith("/"):
-        raise ValueError(f"graph def node #{i}: {name!r} is not a valid op name "
-                         f"(no ':', no leading '^' or '/')")
+        raise ValueError(
+            f"graph def node #{i}: {name!r} is not a valid op name (no ':', no leading '^' or '/')"
+        )
     where = f"graph def node {name!r}"
     extra = set(raw) - {"name", "op", "input", "device", "attr"}
     if extra:
@@ -686,7 +731,8 @@ def _parse_node(i: int, raw: Any, prefix: str, functions: Mapping[str, Any]) -> 
         except ValueError as exc:
             if key in _DTYPE_ATTRS:
                 raise errors.InvalidArgumentError(
-                    None, None, f"{where}, attr {key!r}: {exc}") from None
+                    None, None, f"{where}, attr {key!r}: {exc}"
+                ) from None
             raise ValueError(f"{where}, attr {key!r}: {exc}") from None
         if key in _DTYPE_ATTRS:
             _check_dtype_attr(where, key, attrs[key])
@@ -694,11 +740,28 @@ def _parse_node(i: int, raw: Any, prefix: str, functions: Mapping[str, Any]) -> 
 
 
 # Attributes that hold a dtype (or a list of dtypes) by TF's naming conventions.
-_DTYPE_ATTRS = frozenset({
-    "dtype", "T", "DstT", "SrcT", "Tout", "Tin", "Tidx", "Tindices", "Tparams", "Tshape",
-    "Tpaddings", "Tmultiples", "Tperm", "Taxis", "Index", "out_type", "output_type",
-    "component_types",
-})
+_DTYPE_ATTRS = frozenset(
+    {
+        "dtype",
+        "T",
+        "DstT",
+        "SrcT",
+        "Tout",
+        "Tin",
+        "Tidx",
+        "Tindices",
+        "Tparams",
+        "Tshape",
+        "Tpaddings",
+        "Tmultiples",
+        "Tperm",
+        "Taxis",
+        "Index",
+        "out_type",
+        "output_type",
+        "component_types",
+    }
+)
 
 
 def _check_dtype_attr(where: str, key: str, value: Any) -> None:
@@ -708,7 +771,8 @@ def _check_dtype_attr(where: str, key: str, value: Any) -> None:
     for item in items:
         if not isinstance(item, _dtypes.DType):
             raise errors.InvalidArgumentError(
-                None, None, f"{where}, attr {key!r}: {_short(item)} is not a valid dtype")
+                None, None, f"{where}, attr {key!r}: {_short(item)} is not a valid dtype"
+            )
 
 
 def _parse_inputs(raw_inputs: list[Any], where: str) -> tuple[list[tuple[str, int]], list[str]]:
@@ -728,13 +792,13 @@ def _parse_inputs(raw_inputs: list[Any], where: str) -> tuple[list[tuple[str, in
         elif index.isdigit() and index.isascii() and producer:
             inputs.append((producer, int(index)))
         else:
-            raise ValueError(f"{where}: malformed input {s!r} (expected 'op', 'op:N' "
-                             f"or '^op')")
+            raise ValueError(f"{where}: malformed input {s!r} (expected 'op', 'op:N' or '^op')")
     return inputs, controls
 
 
-def _parse_input_map(input_map: Mapping[str, Any] | None, graph: Graph
-                     ) -> dict[tuple[str, int], Any]:
+def _parse_input_map(
+    input_map: Mapping[str, Any] | None, graph: Graph
+) -> dict[tuple[str, int], Any]:
 
     mapped: dict[tuple[str, int], Any] = {}
     if not input_map:
@@ -747,8 +811,9 @@ def _parse_input_map(input_map: Mapping[str, Any] | None, graph: Graph
         if key.startswith("^"):
             op = value.op if isinstance(value, Tensor) else value
             if not isinstance(op, Operation) or op.graph is not graph:
-                raise ValueError(f"input_map[{key!r}] must be an Operation of the target "
-                                 f"graph, got {value!r}")
+                raise ValueError(
+                    f"input_map[{key!r}] must be an Operation of the target graph, got {value!r}"
+                )
             mapped[(key[1:], -1)] = op
             continue
         producer, sep, index = key.rpartition(":")
@@ -757,8 +822,9 @@ def _parse_input_map(input_map: Mapping[str, Any] | None, graph: Graph
         if not producer or not index.isdigit():
             raise ValueError(f"input_map key {key!r} is not a tensor name")
         if not isinstance(value, Tensor) or value.graph is not graph:
-            raise ValueError(f"input_map[{key!r}] must be a Tensor of the target graph, "
-                             f"got {value!r}")
+            raise ValueError(
+                f"input_map[{key!r}] must be a Tensor of the target graph, got {value!r}"
+            )
         mapped[(producer, int(index))] = value
     return mapped
 
@@ -769,17 +835,22 @@ def _check_inputs(nodes: dict[str, _Node], mapped: dict[tuple[str, int], Any]) -
             if (producer, index) in mapped:
                 continue
             if producer not in nodes:
-                raise ValueError(f"graph def node {node.name!r} has input "
-                                 f"'{producer}:{index}' from a node {producer!r} that is "
-                                 f"not in the graph def")
+                raise ValueError(
+                    f"graph def node {node.name!r} has input "
+                    f"'{producer}:{index}' from a node {producer!r} that is "
+                    f"not in the graph def"
+                )
         for producer in node.controls:
             if (producer, -1) not in mapped and producer not in nodes:
-                raise ValueError(f"graph def node {node.name!r} has control input "
-                                 f"'^{producer}' from a node that is not in the graph def")
+                raise ValueError(
+                    f"graph def node {node.name!r} has control input "
+                    f"'^{producer}' from a node that is not in the graph def"
+                )
 
 
-def _back_edges(nodes: dict[str, _Node], mapped: dict[tuple[str, int], Any]
-                ) -> dict[str, tuple[int, ...]]:
+def _back_edges(
+    nodes: dict[str, _Node], mapped: dict[tuple[str, int], Any]
+) -> dict[str, tuple[int, ...]]:
     """Merge node → positions of its inputs that are a loop's back edge.
 
     As TensorFlow's importer: an edge ``NextIteration → Merge`` closes a
@@ -791,28 +862,35 @@ def _back_edges(nodes: dict[str, _Node], mapped: dict[tuple[str, int], Any]
     for node in nodes.values():
         if node.op_type != "Merge":
             continue
-        positions = tuple(k for k, (p, i) in enumerate(node.inputs)
-                          if (p, i) not in mapped and nodes[p].op_type == "NextIteration")
+        positions = tuple(
+            k
+            for k, (p, i) in enumerate(node.inputs)
+            if (p, i) not in mapped and nodes[p].op_type == "NextIteration"
+        )
         if not positions:
             continue
         if len(positions) == len(node.inputs):
-            raise ValueError(f"graph def node {node.name!r} (Merge) has only NextIteration "
-                             f"inputs; a loop's Merge also needs the value entering the "
-                             f"loop")
+            raise ValueError(
+                f"graph def node {node.name!r} (Merge) has only NextIteration "
+                f"inputs; a loop's Merge also needs the value entering the "
+                f"loop"
+            )
         back[node.name] = positions
     return back
 
 
-def _dependencies(node: _Node, mapped: dict[tuple[str, int], Any],
-                  back: dict[str, tuple[int, ...]]) -> set[str]:
+def _dependencies(
+    node: _Node, mapped: dict[tuple[str, int], Any], back: dict[str, tuple[int, ...]]
+) -> set[str]:
     skip = back.get(node.name, ())
     deps = {p for k, (p, i) in enumerate(node.inputs) if (p, i) not in mapped and k not in skip}
     deps.update(p for p in node.controls if (p, -1) not in mapped)
     return deps
 
 
-def _topological_order(nodes: dict[str, _Node], mapped: dict[tuple[str, int], Any],
-                       back: dict[str, tuple[int, ...]]) -> list[_Node]:
+def _topological_order(
+    nodes: dict[str, _Node], mapped: dict[tuple[str, int], Any], back: dict[str, tuple[int, ...]]
+) -> list[_Node]:
     """Kahn's algorithm without the back edges, stable in graph-def order (of the
     ready nodes, the earliest in the graph def goes first, so a graph def written in
     creation order imports in that order and exports again unchanged);
@@ -838,14 +916,19 @@ def _topological_order(nodes: dict[str, _Node], mapped: dict[tuple[str, int], An
     if len(order) != len(nodes):
         cycle = _find_cycle({n for n, k in pending.items() if k > 0}, nodes, mapped, back)
         shown = " -> ".join(repr(n) for n in cycle[:10]) + (" -> ..." if len(cycle) > 10 else "")
-        raise ValueError(f"graph def has a cycle through node {cycle[0]!r}: {shown} "
-                         f"(a cycle is allowed only through a NextIteration -> Merge edge)")
+        raise ValueError(
+            f"graph def has a cycle through node {cycle[0]!r}: {shown} "
+            f"(a cycle is allowed only through a NextIteration -> Merge edge)"
+        )
     return order
 
 
-def _find_cycle(stuck: set[str], nodes: dict[str, _Node],
-                mapped: dict[tuple[str, int], Any],
-                back: dict[str, tuple[int, ...]]) -> list[str]:
+def _find_cycle(
+    stuck: set[str],
+    nodes: dict[str, _Node],
+    mapped: dict[tuple[str, int], Any],
+    back: dict[str, tuple[int, ...]],
+) -> list[str]:
     # Every stuck node waits on at least one stuck node, so walking "some stuck
     # dependency" from any stuck node must revisit a node: that loop is a cycle.
     start = min(stuck)
@@ -856,7 +939,7 @@ def _find_cycle(stuck: set[str], nodes: dict[str, _Node],
         position[current] = len(path)
         path.append(current)
         current = min(d for d in _dependencies(nodes[current], mapped, back) if d in stuck)
-    cycle = path[position[current]:]
+    cycle = path[position[current] :]
     cycle.reverse()  # producer -> consumer order
     first = cycle.index(min(cycle))  # a stable start, whatever the walk's entry point
     cycle = cycle[first:] + cycle[:first]
@@ -869,14 +952,20 @@ def _check_names_free(nodes: dict[str, _Node], graph: Graph) -> None:
     in_use = graph._names_in_use
     for node in nodes.values():
         if node.full_name.lower() in in_use:
-            raise ValueError(f"cannot import node {node.full_name!r}: the name is already "
-                             f"used in graph {graph!r} (pass name=... to import under a "
-                             f"prefix)")
+            raise ValueError(
+                f"cannot import node {node.full_name!r}: the name is already "
+                f"used in graph {graph!r} (pass name=... to import under a "
+                f"prefix)"
+            )
 
 
-def _create_ops(graph: Graph, nodes: dict[str, _Node], order: list[_Node],
-                mapped: dict[tuple[str, int], Any], back: dict[str, tuple[int, ...]]
-                ) -> dict[str, Operation]:
+def _create_ops(
+    graph: Graph,
+    nodes: dict[str, _Node],
+    order: list[_Node],
+    mapped: dict[tuple[str, int], Any],
+    back: dict[str, tuple[int, ...]],
+) -> dict[str, Operation]:
     created: dict[str, Operation] = {}
     # NextIteration name -> (Merge op, input position, output index) still to close.
     open_edges: dict[str, list[tuple[Operation, int, int]]] = {}
@@ -888,25 +977,37 @@ def _create_ops(graph: Graph, nodes: dict[str, _Node], order: list[_Node],
             if skip:
                 # The value entering the loop stands in for the back edge until the
                 # NextIteration exists (as while_loop builds Merge([enter, enter])).
-                entry = next(_resolve_input(node, p, i, created, mapped)
-                             for k, (p, i) in enumerate(node.inputs) if k not in skip)
-            inputs = [entry if k in skip else _resolve_input(node, p, i, created, mapped)
-                      for k, (p, i) in enumerate(node.inputs)]
-            controls = [mapped[(p, -1)] if (p, -1) in mapped else created[p]
-                        for p in node.controls]
+                entry = next(
+                    _resolve_input(node, p, i, created, mapped)
+                    for k, (p, i) in enumerate(node.inputs)
+                    if k not in skip
+                )
+            inputs = [
+                entry if k in skip else _resolve_input(node, p, i, created, mapped)
+                for k, (p, i) in enumerate(node.inputs)
+            ]
+            controls = [mapped[(p, -1)] if (p, -1) in mapped else created[p] for p in node.controls]
             with graph.device(node.device):
                 try:
-                    op = graph.create_op(node.op_type, inputs, node.attrs,
-                                         name=node.full_name, control_inputs=controls)
+                    op = graph.create_op(
+                        node.op_type,
+                        inputs,
+                        node.attrs,
+                        name=node.full_name,
+                        control_inputs=controls,
+                    )
                 except (TypeError, ValueError, RuntimeError):
                     raise
                 except Exception as exc:  # a shape function tripping on bad attrs
-                    raise ValueError(f"cannot import graph def node {node.name!r} "
-                                     f"(op {node.op_type}): {type(exc).__name__}: {exc}"
-                                     ) from exc
+                    raise ValueError(
+                        f"cannot import graph def node {node.name!r} "
+                        f"(op {node.op_type}): {type(exc).__name__}: {exc}"
+                    ) from exc
             if op.name != node.full_name:  # another thread took the name meanwhile
-                raise ValueError(f"cannot import node {node.full_name!r}: the name was "
-                                 f"taken during the import (the op became {op.name!r})")
+                raise ValueError(
+                    f"cannot import node {node.full_name!r}: the name was "
+                    f"taken during the import (the op became {op.name!r})"
+                )
             created[node.name] = op
             for k in skip:
                 producer, index = node.inputs[k]
@@ -916,39 +1017,54 @@ def _create_ops(graph: Graph, nodes: dict[str, _Node], order: list[_Node],
     return created
 
 
-def _close_back_edge(graph: Graph, merge: Operation, position: int, producer: Operation,
-                     index: int) -> None:
+def _close_back_edge(
+    graph: Graph, merge: Operation, position: int, producer: Operation, index: int
+) -> None:
     """Rewire input ``position`` of loop Merge ``merge`` to its NextIteration."""
     if index >= len(producer.outputs):
-        raise ValueError(f"graph def node {merge.name!r} has input "
-                         f"'{producer.name}:{index}' but node {producer.name!r} has only "
-                         f"{len(producer.outputs)} output(s)")
+        raise ValueError(
+            f"graph def node {merge.name!r} has input "
+            f"'{producer.name}:{index}' but node {producer.name!r} has only "
+            f"{len(producer.outputs)} output(s)"
+        )
     t = producer.outputs[index]
     out = merge.outputs[0]
     if t.dtype is not out.dtype:
-        raise TypeError(f"graph def node {merge.name!r} (Merge) has inputs of different "
-                        f"dtypes: {out.dtype.name} entering the loop and {t.dtype.name} "
-                        f"from {producer.name!r}")
+        raise TypeError(
+            f"graph def node {merge.name!r} (Merge) has inputs of different "
+            f"dtypes: {out.dtype.name} entering the loop and {t.dtype.name} "
+            f"from {producer.name!r}"
+        )
     if not out.shape.is_compatible_with(t.shape):
-        raise ValueError(f"graph def node {merge.name!r} (Merge) has shape {out.shape} but "
-                         f"its back edge from {producer.name!r} has shape {t.shape}")
+        raise ValueError(
+            f"graph def node {merge.name!r} (Merge) has shape {out.shape} but "
+            f"its back edge from {producer.name!r} has shape {t.shape}"
+        )
     graph._update_input(merge, position, t)
 
 
-def _resolve_input(node: _Node, producer: str, index: int, created: dict[str, Operation],
-                   mapped: dict[tuple[str, int], Any]) -> Tensor:
+def _resolve_input(
+    node: _Node,
+    producer: str,
+    index: int,
+    created: dict[str, Operation],
+    mapped: dict[tuple[str, int], Any],
+) -> Tensor:
     tensor = mapped.get((producer, index))
     if tensor is not None:
         return tensor  # type: ignore[no-any-return]
     outputs = created[producer].outputs
     if index >= len(outputs):
-        raise ValueError(f"graph def node {node.name!r} has input '{producer}:{index}' "
-                         f"but node {producer!r} has only {len(outputs)} output(s)")
+        raise ValueError(
+            f"graph def node {node.name!r} has input '{producer}:{index}' "
+            f"but node {producer!r} has only {len(outputs)} output(s)"
+        )
     return outputs[index]
 
 
-def _return_elements(names: Sequence[str], nodes: dict[str, _Node],
-                     created: dict[str, Operation]) -> list[Tensor | Operation]:
+def _return_elements(
+    names: Sequence[str], nodes: dict[str, _Node], created: dict[str, Operation]
+) -> list[Tensor | Operation]:
     if isinstance(names, str):
         raise TypeError("return_elements must be a list of names, not a string")
     out: list[Tensor | Operation] = []
@@ -964,8 +1080,10 @@ def _return_elements(names: Sequence[str], nodes: dict[str, _Node],
         if not sep:
             out.append(op)
         elif not index.isdigit() or int(index) >= len(op.outputs):
-            raise ValueError(f"return element {element!r} is not an output of node "
-                             f"{op_name!r} ({len(op.outputs)} outputs)")
+            raise ValueError(
+                f"return element {element!r} is not an output of node "
+                f"{op_name!r} ({len(op.outputs)} outputs)"
+            )
         else:
             out.append(op.outputs[int(index)])
     return out

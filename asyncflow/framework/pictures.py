@@ -52,8 +52,11 @@ def to_dot(graph: Any) -> str:
     """The graph (an ``af.Graph`` or a graph def dict) as Graphviz DOT text."""
     nodes = _nodes(graph)
     ids = {n.name: f"n{i}" for i, n in enumerate(nodes)}
-    lines = ["digraph asyncflow {", "  rankdir=TB;",
-             '  node [shape=box, style="rounded", fontname="Helvetica"];']
+    lines = [
+        "digraph asyncflow {",
+        "  rankdir=TB;",
+        '  node [shape=box, style="rounded", fontname="Helvetica"];',
+    ]
     counter = itertools.count()
 
     def emit(cluster: _Cluster, indent: str) -> None:
@@ -107,13 +110,20 @@ def to_mermaid(graph: Any) -> str:
 
 # -- reading a graph or a graph def ----------------------------------------------
 
+
 def _nodes(graph: Any) -> list[_Node]:
     if isinstance(graph, Graph):
-        return [_Node(op.name, op.type,
-                      tuple((t.op.name, t.value_index) for t in op.inputs),
-                      tuple(c.name for c in op.control_inputs), op.device,
-                      _frame_attr(op._attrs.get("frame_name")) if op.type == "Enter" else None)
-                for op in graph.get_operations()]
+        return [
+            _Node(
+                op.name,
+                op.type,
+                tuple((t.op.name, t.value_index) for t in op.inputs),
+                tuple(c.name for c in op.control_inputs),
+                op.device,
+                _frame_attr(op._attrs.get("frame_name")) if op.type == "Enter" else None,
+            )
+            for op in graph.get_operations()
+        ]
     if isinstance(graph, Mapping):
         return _graph_def_nodes(graph)
     raise TypeError(f"expected an af.Graph or a graph def dict, got {type(graph).__name__}")
@@ -147,26 +157,28 @@ def _graph_def_nodes(graph_def: Mapping[str, Any]) -> list[_Node]:
         attrs = entry.get("attr") or {}
         op = str(entry.get("op", "?"))
         frame = _frame_attr(attrs.get("frame_name")) if op == "Enter" else None
-        nodes.append(_Node(name, op, tuple(inputs), tuple(controls),
-                           str(entry.get("device") or ""), frame))
+        nodes.append(
+            _Node(name, op, tuple(inputs), tuple(controls), str(entry.get("device") or ""), frame)
+        )
     known = {n.name for n in nodes}
     for n in nodes:
         for src in (*(s for s, _ in n.inputs), *n.controls):
             if src not in known:
-                raise ValueError(f"node {n.name!r} has input {src!r}, which is not a node "
-                                 f"of the graph def")
+                raise ValueError(
+                    f"node {n.name!r} has input {src!r}, which is not a node of the graph def"
+                )
     return nodes
 
 
 # -- grouping -----------------------------------------------------------------------
+
 
 def _clusters(nodes: list[_Node]) -> _Cluster:
     """Device clusters at the top, loop-frame clusters nested inside them."""
     frames = _frame_paths(nodes)
     root = _Cluster("")
     for node in nodes:
-        box = root.children.setdefault(node.device, _Cluster(node.device)) \
-            if node.device else root
+        box = root.children.setdefault(node.device, _Cluster(node.device)) if node.device else root
         for frame in frames[node.name]:
             box = box.children.setdefault(frame, _Cluster(f"loop {frame}"))
         box.nodes.append(node.name)
@@ -221,4 +233,3 @@ def _dot_str(text: str) -> str:
 
 def _mermaid_str(text: str) -> str:
     return '"' + text.replace('"', "#quot;") + '"'
-

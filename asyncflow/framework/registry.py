@@ -61,8 +61,9 @@ RECV = 4
 CONTROL = 5
 KERNEL_KINDS = ("inline", "async", "thread", "send", "recv", "control")
 
-ShapeFn = Callable[[Sequence["Tensor"], Mapping[str, Any]],
-                   Sequence[tuple["DType", "TensorShape | Any"]]]
+ShapeFn = Callable[
+    [Sequence["Tensor"], Mapping[str, Any]], Sequence[tuple["DType", "TensorShape | Any"]]
+]
 KernelFactory = Callable[["Operation"], tuple[Callable[..., Any], int]]
 
 
@@ -97,13 +98,13 @@ class KernelDef:
     #: specialisation): binding may call it once per op type.
     static: bool = False
 
-    def instantiate(self, op: Operation, resources: Any = None
-                    ) -> tuple[Callable[..., Any], int]:
+    def instantiate(self, op: Operation, resources: Any = None) -> tuple[Callable[..., Any], int]:
         """The kernel callable and its kind for ``op``."""
         if self.needs_resources:
             if resources is None:
                 raise errors.FailedPreconditionError(
-                    None, op, f"op {op.name!r} ({self.op_type}) needs a session's resources")
+                    None, op, f"op {op.name!r} ({self.op_type}) needs a session's resources"
+                )
             return self.factory(op, resources)
         return self.factory(op)
 
@@ -117,7 +118,8 @@ def _add_op_def(op_def: OpDef) -> None:
     with _lock:
         if op_def.type in _OPS:
             raise errors.AlreadyExistsError(
-                None, None, f"op type {op_def.type!r} is already registered")
+                None, None, f"op type {op_def.type!r} is already registered"
+            )
         _OPS[op_def.type] = op_def
 
 
@@ -130,8 +132,9 @@ def get_op_def(op_type: str) -> OpDef:
     try:
         return _OPS[op_type]
     except KeyError:
-        raise ValueError(f"op type {op_type!r} is not registered "
-                         f"(register it with af.register_op)") from None
+        raise ValueError(
+            f"op type {op_type!r} is not registered (register it with af.register_op)"
+        ) from None
 
 
 def registered_ops() -> tuple[str, ...]:
@@ -145,13 +148,17 @@ def get_kernel(op_type: str, device_type: str = "CPU") -> KernelDef:
         return _KERNELS[(op_type, device_type)]
     except KeyError:
         raise errors.NotFoundError(
-            None, None,
+            None,
+            None,
             f"no kernel registered for op type {op_type!r} on device type {device_type!r}",
         ) from None
 
 
 def register_kernel_factory(
-    op_type: str, device_type: str = "CPU", *, needs_resources: bool = False,
+    op_type: str,
+    device_type: str = "CPU",
+    *,
+    needs_resources: bool = False,
     static: bool = False,
 ) -> Callable[[Any], Any]:
     """Decorator: register a kernel *factory* (``op -> (callable, kind)``) for ``op_type``.
@@ -162,8 +169,9 @@ def register_kernel_factory(
 
     def decorate(factory: Any) -> Any:
         with _lock:
-            _KERNELS[(op_type, device_type)] = KernelDef(op_type, device_type, factory,
-                                                         needs_resources, static)
+            _KERNELS[(op_type, device_type)] = KernelDef(
+                op_type, device_type, factory, needs_resources, static
+            )
         return factory
 
     return decorate
@@ -183,12 +191,15 @@ def register_kernel(
     attributes are passed as keyword arguments.  Usable as a decorator.
     """
     if compute is None:
-        return functools.partial(register_kernel, op_type, device_type=device_type,
-                                 expensive=expensive)
+        return functools.partial(
+            register_kernel, op_type, device_type=device_type, expensive=expensive
+        )
     if inspect.iscoroutinefunction(compute):
         if expensive:
-            raise ValueError(f"kernel for {op_type!r}: an async def kernel cannot be "
-                             f"expensive (expensive kernels run on threads)")
+            raise ValueError(
+                f"kernel for {op_type!r}: an async def kernel cannot be "
+                f"expensive (expensive kernels run on threads)"
+            )
         kind = ASYNC
     else:
         kind = EXPENSIVE if expensive else INLINE
@@ -218,8 +229,7 @@ def register_op(
     ``kernel``, when given, is registered with :func:`register_kernel`.
     """
     if not isinstance(op_type, str) or not op_type or op_type.startswith("_"):
-        raise ValueError(f"op type must be a non-empty name not starting with '_', "
-                         f"got {op_type!r}")
+        raise ValueError(f"op type must be a non-empty name not starting with '_', got {op_type!r}")
     _add_op_def(OpDef(op_type, shape_fn, stateful=stateful))
     if kernel is not None:
         register_kernel(op_type, kernel, expensive=expensive)

@@ -207,8 +207,9 @@ def broadcast_shapes(a: TensorShape, b: TensorShape) -> TensorShape:
         elif y is None:
             out.append(x)
         else:
-            raise ValueError(f"Dimensions must be equal or 1, but are {x} and {y} "
-                             f"for shapes {a} and {b}")
+            raise ValueError(
+                f"Dimensions must be equal or 1, but are {x} and {y} for shapes {a} and {b}"
+            )
     return TensorShape._from_tuple(tuple(out))
 
 

@@ -46,8 +46,9 @@ __all__ = [
 define_op = registry.define_op
 
 
-def inline_kernel(op_type: str, fn: Callable[..., Any] | None = None,
-                  *, attrs: Sequence[str] = ()) -> Any:
+def inline_kernel(
+    op_type: str, fn: Callable[..., Any] | None = None, *, attrs: Sequence[str] = ()
+) -> Any:
     """Register ``fn`` as the INLINE CPU kernel of ``op_type``.
 
     ``attrs`` names the op attributes bound into ``fn`` as keyword arguments (once
@@ -66,8 +67,13 @@ def inline_kernel(op_type: str, fn: Callable[..., Any] | None = None,
     return fn
 
 
-def make_op(op_type: str, inputs: Sequence[Tensor], attrs: Mapping[str, Any] | None = None,
-            name: str | None = None, default_name: str | None = None) -> Operation:
+def make_op(
+    op_type: str,
+    inputs: Sequence[Tensor],
+    attrs: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    default_name: str | None = None,
+) -> Operation:
     """Create an op of ``op_type`` in the default graph (named ``name`` or ``default_name``)."""
     graph = get_default_graph()
     for t in inputs:
@@ -128,21 +134,26 @@ def _convert_like(value: Any, dtype: dtypes.DType, op_name: str) -> Tensor:
         return convert_to_tensor(value)
     if (dtype.is_integer or dtype.is_bool) and _has_float(value):
         # As TF: a float literal never silently becomes an integer, even 2.0.
-        raise TypeError(f"{op_name}: expected {dtype.name} for the other operand, got "
-                        f"{value!r} of type {type(value).__name__!r}")
+        raise TypeError(
+            f"{op_name}: expected {dtype.name} for the other operand, got "
+            f"{value!r} of type {type(value).__name__!r}"
+        )
     try:
         return convert_to_tensor(value, dtype=dtype)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{op_name}: cannot convert {value!r} to the other operand's "
-                        f"dtype {dtype.name}: {exc}") from None
+        raise TypeError(
+            f"{op_name}: cannot convert {value!r} to the other operand's dtype {dtype.name}: {exc}"
+        ) from None
 
 
 def binary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[tuple[Any, Any]]:
     """Same-dtype operands, numpy-broadcast shapes; output has the operands' dtype."""
     x, y = inputs
     if x._dtype is not y._dtype:
-        raise TypeError(f"inputs must have the same dtype, got {x._dtype.name} "
-                        f"({x.name}) and {y._dtype.name} ({y.name})")
+        raise TypeError(
+            f"inputs must have the same dtype, got {x._dtype.name} "
+            f"({x.name}) and {y._dtype.name} ({y.name})"
+        )
     return [(x._dtype, broadcast_shapes(x._shape, y._shape))]
 
 
@@ -158,6 +169,7 @@ def same_shape(t: Tensor) -> TensorShape:
 
 
 # -- static arguments ----------------------------------------------------------------
+
 
 def const_value(t: Tensor) -> np.ndarray | None:
     """The value of ``t`` when it is known at build time, else None.
@@ -189,9 +201,14 @@ def static_value(value: Any, what: str, op_type: str, name: str | None) -> Any:
     found = constant_value(t)
     if found is None:
         blocker = blocking_op(t)
-        cause = ("values known only when the graph runs" if blocker is None
-                 else f"{blocker.name!r} ({blocker.type})")
-        raise TypeError(f"cannot build {op_type} {name or op_type!r}: {what} must be known "
-                        f"when the graph is built (a constant, or computed from constants "
-                        f"only), got {t.name!r} ({t.op.type}), which depends on {cause}")
+        cause = (
+            "values known only when the graph runs"
+            if blocker is None
+            else f"{blocker.name!r} ({blocker.type})"
+        )
+        raise TypeError(
+            f"cannot build {op_type} {name or op_type!r}: {what} must be known "
+            f"when the graph is built (a constant, or computed from constants "
+            f"only), got {t.name!r} ({t.op.type}), which depends on {cause}"
+        )
     return found

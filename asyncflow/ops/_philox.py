@@ -36,7 +36,7 @@ _RESERVED_PER_OUTPUT = 256  # TF's multiplier for ReserveRandomOutputs / variabl
 
 def _blocks(key: tuple[int, int], counter: int, offsets: np.ndarray) -> np.ndarray:
     """Philox4x32-10 outputs for counters ``counter + offsets``: shape ``(len, 4)`` uint32."""
-    total = (np.uint64(counter & 0xFFFFFFFFFFFFFFFF) + offsets.astype(np.uint64))
+    total = np.uint64(counter & 0xFFFFFFFFFFFFFFFF) + offsets.astype(np.uint64)
     carry = (total < offsets.astype(np.uint64)).astype(np.uint64)
     high = np.uint64((counter >> 64) & 0xFFFFFFFFFFFFFFFF) + carry
     c0, c1 = total & _MASK32, total >> _SHIFT32
@@ -45,8 +45,12 @@ def _blocks(key: tuple[int, int], counter: int, offsets: np.ndarray) -> np.ndarr
     for r in range(10):
         p0 = _M4A * c0
         p1 = _M4B * c2
-        c0, c1, c2, c3 = ((p1 >> _SHIFT32) ^ c1 ^ k0, p1 & _MASK32,
-                          (p0 >> _SHIFT32) ^ c3 ^ k1, p0 & _MASK32)
+        c0, c1, c2, c3 = (
+            (p1 >> _SHIFT32) ^ c1 ^ k0,
+            p1 & _MASK32,
+            (p0 >> _SHIFT32) ^ c3 ^ k1,
+            p0 & _MASK32,
+        )
         if r < 9:
             k0, k1 = (k0 + _W32A) & _MASK32, (k1 + _W32B) & _MASK32
     return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
@@ -104,8 +108,7 @@ class PhiloxStream:
         counter = self._reserve(n)
         if dtype == np.float64:
             blocks = _blocks(self._key, counter, np.arange(-(-n // 2)))
-            return _uint64_to_double(blocks[:, 0::2].reshape(-1),
-                                     blocks[:, 1::2].reshape(-1))[:n]
+            return _uint64_to_double(blocks[:, 0::2].reshape(-1), blocks[:, 1::2].reshape(-1))[:n]
         blocks = _blocks(self._key, counter, np.arange(-(-n // 4)))
         if dtype == np.float16:
             bits = (blocks.reshape(-1) & np.uint32(0x3FF)).astype(np.uint16) | np.uint16(0x3C00)
@@ -162,8 +165,10 @@ class PhiloxStream:
                 f0, f1 = _box_muller_double(blocks)
                 pairs = [(f0, f1)]
             else:
-                pairs = [_box_muller_float(blocks[:, 0], blocks[:, 1]),
-                         _box_muller_float(blocks[:, 2], blocks[:, 3])]
+                pairs = [
+                    _box_muller_float(blocks[:, 0], blocks[:, 1]),
+                    _box_muller_float(blocks[:, 2], blocks[:, 3]),
+                ]
             for f0, f1 in pairs:
                 for f in (f0, f1):
                     ok = (np.abs(f) < 2.0) & (filled[todo] < group)

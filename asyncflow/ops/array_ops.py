@@ -47,6 +47,7 @@ __all__ = [
 
 # -- Const ----------------------------------------------------------------------
 
+
 def _const_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[tuple[Any, Any]]:
     value = attrs["value"]
     return [(attrs["dtype"], shape_of_value(value.shape))]
@@ -66,8 +67,9 @@ def _const_output(value: np.ndarray) -> Any:
     return value[()] if value.ndim == 0 else value
 
 
-def constant(value: Any, dtype: Any = None, shape: Any = None, name: str | None = "Const"
-             ) -> Tensor:
+def constant(
+    value: Any, dtype: Any = None, shape: Any = None, name: str | None = "Const"
+) -> Tensor:
     """A constant tensor: ``value`` converted to ``dtype``, broadcast or reshaped to ``shape``.
 
     As TensorFlow: a scalar ``value`` fills ``shape``; a value with as many elements
@@ -94,18 +96,20 @@ def constant(value: Any, dtype: Any = None, shape: Any = None, name: str | None 
             array = array.reshape(dims).copy()
         else:
             # ValueError as TF ("Too many elements provided ...").
-            raise ValueError(f"{what}: value with {array.size} elements cannot fill "
-                             f"shape {list(dims)}")
+            raise ValueError(
+                f"{what}: value with {array.size} elements cannot fill shape {list(dims)}"
+            )
         array.flags.writeable = False
     dt = dtypes.as_dtype(array.dtype) if target is None else target
-    return make_op("Const", (), {"value": array, "dtype": dt}, name=name,
-                   default_name="Const").outputs[0]
+    return make_op(
+        "Const", (), {"value": array, "dtype": dt}, name=name, default_name="Const"
+    ).outputs[0]
 
 
 # -- Placeholder ----------------------------------------------------------------
 
-def _placeholder_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]
-                       ) -> list[tuple[Any, Any]]:
+
+def _placeholder_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[tuple[Any, Any]]:
     return [(attrs["dtype"], attrs["shape"])]
 
 
@@ -120,8 +124,10 @@ def _shape_for_message(shape: TensorShape) -> str:
 
 @registry.register_kernel_factory("Placeholder")
 def _placeholder_kernel(op: Operation) -> tuple[Any, int]:
-    message = (f"You must feed a value for placeholder tensor {op.name!r} with dtype "
-               f"{op._attrs['dtype'].name} and shape {_shape_for_message(op._attrs['shape'])}")
+    message = (
+        f"You must feed a value for placeholder tensor {op.name!r} with dtype "
+        f"{op._attrs['dtype'].name} and shape {_shape_for_message(op._attrs['shape'])}"
+    )
 
     def unfed() -> None:
         raise errors.InvalidArgumentError(None, op, message)
@@ -131,18 +137,22 @@ def _placeholder_kernel(op: Operation) -> tuple[Any, int]:
 
 def placeholder(dtype: Any, shape: Any = None, name: str | None = None) -> Tensor:
     """A tensor that must be fed at run time (``InvalidArgumentError`` naming it if not)."""
-    return make_op("Placeholder", (), {"dtype": dtypes.as_dtype(dtype),
-                                       "shape": as_shape(shape)},
-                   name=name, default_name="Placeholder").outputs[0]
+    return make_op(
+        "Placeholder",
+        (),
+        {"dtype": dtypes.as_dtype(dtype), "shape": as_shape(shape)},
+        name=name,
+        default_name="Placeholder",
+    ).outputs[0]
 
 
-def _placeholder_with_default_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]
-                                    ) -> list[tuple[Any, Any]]:
+def _placeholder_with_default_shape(
+    inputs: Sequence[Tensor], attrs: Mapping[str, Any]
+) -> list[tuple[Any, Any]]:
     (x,) = inputs
     shape = attrs["shape"]
     if not shape.is_compatible_with(x.shape):
-        raise ValueError(f"default value of shape {x.shape} is not compatible with "
-                         f"shape {shape}")
+        raise ValueError(f"default value of shape {x.shape} is not compatible with shape {shape}")
     return [(x.dtype, shape)]
 
 
@@ -153,8 +163,13 @@ inline_kernel("PlaceholderWithDefault", lambda x: x)
 def placeholder_with_default(input: Any, shape: Any, name: str | None = None) -> Tensor:
     """A placeholder that yields ``input`` when not fed."""
     x = convert_to_tensor(input)
-    return make_op("PlaceholderWithDefault", (x,), {"shape": as_shape(shape)}, name=name,
-                   default_name="PlaceholderWithDefault").outputs[0]
+    return make_op(
+        "PlaceholderWithDefault",
+        (x,),
+        {"shape": as_shape(shape)},
+        name=name,
+        default_name="PlaceholderWithDefault",
+    ).outputs[0]
 
 
 # -- Identity, NoOp, group --------------------------------------------------------
@@ -182,6 +197,7 @@ def identity_n(input: Sequence[Any], name: str | None = None) -> list[Tensor]:
     if not tensors:
         raise ValueError("identity_n needs at least one tensor")
     return list(make_op("IdentityN", tensors, name=name, default_name="IdentityN").outputs)
+
 
 define_op("NoOp", lambda inputs, attrs: [])
 inline_kernel("NoOp", lambda: None)
@@ -227,8 +243,10 @@ def _axis_value(axis: Any, op_type: str, name: str | None, what: str = "axis") -
     value = _static_value(axis, what, op_type, name)
     if isinstance(value, np.ndarray):
         if value.ndim != 0:
-            raise TypeError(f"cannot build {op_type} {name or op_type!r}: {what} must be a "
-                            f"scalar, got shape {list(value.shape)}")
+            raise TypeError(
+                f"cannot build {op_type} {name or op_type!r}: {what} must be a "
+                f"scalar, got shape {list(value.shape)}"
+            )
         value = value[()]
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{what} must be a single int, got {axis!r}")
@@ -237,8 +255,10 @@ def _axis_value(axis: Any, op_type: str, name: str | None, what: str = "axis") -
 
 def _check_axis(axis: int, rank: int, t: Tensor) -> int:
     if not -rank <= axis < rank:
-        raise ValueError(f"axis {axis} is out of range [{-rank}, {rank}) for "
-                         f"input {t.name!r} of shape {t._shape}")
+        raise ValueError(
+            f"axis {axis} is out of range [{-rank}, {rank}) for "
+            f"input {t.name!r} of shape {t._shape}"
+        )
     return axis % rank
 
 
@@ -254,6 +274,7 @@ def _known_shape_input(t: Tensor) -> TensorShape:
 
 # -- Reshape ---------------------------------------------------------------------------
 
+
 def _reshape_target(x: Tensor, target: list[int] | None) -> TensorShape:
     if target is None:
         return unknown_shape()
@@ -268,14 +289,15 @@ def _reshape_target(x: Tensor, target: list[int] | None) -> TensorShape:
     total = x._shape.num_elements()
     if -1 not in target:
         if total is not None and total != known:
-            raise ValueError(f"Cannot reshape a tensor with {total} elements to shape "
-                             f"{target} ({known} elements)")
+            raise ValueError(
+                f"Cannot reshape a tensor with {total} elements to shape "
+                f"{target} ({known} elements)"
+            )
         return TensorShape(target)
     if total is None:
         return TensorShape([None if d == -1 else d for d in target])
     if known == 0 or total % known:
-        raise ValueError(f"Cannot reshape a tensor with {total} elements to shape "
-                         f"{target}")
+        raise ValueError(f"Cannot reshape a tensor with {total} elements to shape {target}")
     return TensorShape([total // known if d == -1 else d for d in target])
 
 
@@ -321,16 +343,19 @@ def reshape(tensor: Any, shape: Any, name: str | None = None) -> Tensor:
 
 # -- Transpose ---------------------------------------------------------------------------
 
+
 def _transpose_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     (x,) = inputs
     perm = attrs["perm"]
     rank = x._shape.rank
     if perm is None:
-        return [(x._dtype, unknown_shape() if rank is None
-                 else TensorShape(x._shape.as_list()[::-1]))]
+        return [
+            (x._dtype, unknown_shape() if rank is None else TensorShape(x._shape.as_list()[::-1]))
+        ]
     if rank is not None and sorted(perm) != list(range(rank)):
-        raise ValueError(f"perm {perm} is not a permutation of the dimensions of "
-                         f"input {x.name!r} of rank {rank}")
+        raise ValueError(
+            f"perm {perm} is not a permutation of the dimensions of input {x.name!r} of rank {rank}"
+        )
     if rank is None:
         if sorted(perm) != list(range(len(perm))):
             raise ValueError(f"perm {perm} is not a permutation")
@@ -349,25 +374,32 @@ def _transpose_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return functools.partial(np.transpose, axes=axes), registry.INLINE
 
 
-def transpose(a: Any, perm: Any = None, name: str | None = "transpose",
-              conjugate: bool = False) -> Tensor:
+def transpose(
+    a: Any, perm: Any = None, name: str | None = "transpose", conjugate: bool = False
+) -> Tensor:
     """``a`` with dimensions permuted by ``perm`` (default: reversed), op ``Transpose``."""
     if conjugate:
         raise NotImplementedError("transpose(conjugate=True) is not supported")
     x = convert_to_tensor(a)
-    attrs = {"perm": None if perm is None else
-             _int_list(_static_value(perm, "perm", "Transpose", name), "perm")}
+    attrs = {
+        "perm": None
+        if perm is None
+        else _int_list(_static_value(perm, "perm", "Transpose", name), "perm")
+    }
     return make_op("Transpose", (x,), attrs, name=name, default_name="transpose").outputs[0]
 
 
 # -- ConcatV2, Pack (concat, stack) ------------------------------------------------------
 
+
 def _same_dtype(inputs: Sequence[Tensor]) -> dtypes.DType:
     first = inputs[0]
     for t in inputs[1:]:
         if t._dtype is not first._dtype:
-            raise TypeError(f"inputs must have the same dtype, got {first._dtype.name} "
-                            f"({first.name}) and {t._dtype.name} ({t.name})")
+            raise TypeError(
+                f"inputs must have the same dtype, got {first._dtype.name} "
+                f"({first.name}) and {t._dtype.name} ({t.name})"
+            )
     return first._dtype
 
 
@@ -390,12 +422,14 @@ def _concat_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
             total = None
             continue
         dims = t._shape.as_list()
-        others = TensorShape([*dims[:axis], None, *dims[axis + 1:]])
+        others = TensorShape([*dims[:axis], None, *dims[axis + 1 :]])
         try:
             merged = TensorShape(merged).merge_with(others).as_list()
         except ValueError:
-            raise ValueError(f"dimensions of inputs of concat must match except on axis "
-                             f"{axis}, got {t._shape} ({t.name})") from None
+            raise ValueError(
+                f"dimensions of inputs of concat must match except on axis "
+                f"{axis}, got {t._shape} ({t.name})"
+            ) from None
         size = dims[axis]
         total = None if total is None or size is None else total + size
     merged[axis] = total
@@ -428,8 +462,7 @@ def concat(values: Any, axis: Any, name: str | None = "concat") -> Tensor:
         if rank is not None:
             _check_axis(a, rank, tensors[0])
         return identity(tensors[0], name=name)
-    return make_op("ConcatV2", tensors, {"axis": a}, name=name,
-                   default_name="concat").outputs[0]
+    return make_op("ConcatV2", tensors, {"axis": a}, name=name, default_name="concat").outputs[0]
 
 
 def _as_list(values: Any, what: str) -> list[Any]:
@@ -445,15 +478,17 @@ def _pack_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
         try:
             shape = shape.merge_with(t._shape)
         except ValueError:
-            raise ValueError(f"shapes of all inputs of stack must match, got {shape} and "
-                             f"{t._shape} ({t.name})") from None
+            raise ValueError(
+                f"shapes of all inputs of stack must match, got {shape} and {t._shape} ({t.name})"
+            ) from None
     axis = attrs["axis"]
     if shape.rank is None:
         return [(dt, unknown_shape())]
     rank = shape.rank + 1
     if not -rank <= axis < rank:
-        raise ValueError(f"axis {axis} is out of range [{-rank}, {rank}) for stack of "
-                         f"inputs of shape {shape}")
+        raise ValueError(
+            f"axis {axis} is out of range [{-rank}, {rank}) for stack of inputs of shape {shape}"
+        )
     dims = shape.as_list()
     dims.insert(axis % rank, len(inputs))
     return [(dt, TensorShape(dims))]
@@ -475,17 +510,20 @@ def _pack_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 def stack(values: Any, axis: int = 0, name: str | None = "stack") -> Tensor:
     """The tensors of ``values`` (same shape) stacked along a new ``axis`` (op ``Pack``)."""
     tensors = [convert_to_tensor(v) for v in _as_list(values, "stack")]
-    return make_op("Pack", tensors, {"axis": _axis_value(axis, "Pack", name)}, name=name,
-                   default_name="stack").outputs[0]
+    return make_op(
+        "Pack", tensors, {"axis": _axis_value(axis, "Pack", name)}, name=name, default_name="stack"
+    ).outputs[0]
 
 
 # -- GatherV2 ------------------------------------------------------------------------
 
+
 def _gather_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     params, indices = inputs
     if indices._dtype not in (dtypes.int32, dtypes.int64):
-        raise TypeError(f"indices must be int32 or int64, got {indices._dtype.name} "
-                        f"({indices.name})")
+        raise TypeError(
+            f"indices must be int32 or int64, got {indices._dtype.name} ({indices.name})"
+        )
     rank = params._shape.rank
     if rank is None or indices._shape.rank is None:
         return [(params._dtype, unknown_shape())]
@@ -493,8 +531,7 @@ def _gather_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
         raise ValueError(f"params {params.name!r} must be at least rank 1")
     axis = _check_axis(attrs["axis"], rank, params)
     dims = params._shape.as_list()
-    return [(params._dtype, TensorShape(dims[:axis] + indices._shape.as_list()
-                                        + dims[axis + 1:]))]
+    return [(params._dtype, TensorShape(dims[:axis] + indices._shape.as_list() + dims[axis + 1 :]))]
 
 
 define_op("GatherV2", _gather_shape)
@@ -510,15 +547,23 @@ def _gather_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
         if indices.size and (indices.min() < 0 or indices.max() >= limit):
             bad = np.argwhere((indices < 0) | (indices >= limit))[0]
             raise errors.InvalidArgumentError(
-                None, None, f"indices[{','.join(map(str, bad))}] = "
-                f"{indices[tuple(bad)]} is not in [0, {limit})")
+                None,
+                None,
+                f"indices[{','.join(map(str, bad))}] = "
+                f"{indices[tuple(bad)]} is not in [0, {limit})",
+            )
         return np.take(params, indices, axis=axis)
 
     return gather_kernel, registry.INLINE
 
 
-def gather(params: Any, indices: Any, validate_indices: Any = None, name: str | None = None,
-           axis: Any = None) -> Tensor:
+def gather(
+    params: Any,
+    indices: Any,
+    validate_indices: Any = None,
+    name: str | None = None,
+    axis: Any = None,
+) -> Tensor:
     """The slices of ``params`` at ``indices`` along ``axis`` (default 0), op ``GatherV2``."""
     p = convert_to_tensor(params)
     i = convert_to_tensor(indices)
@@ -528,6 +573,7 @@ def gather(params: Any, indices: Any, validate_indices: Any = None, name: str | 
 
 # -- ExpandDims, Squeeze -----------------------------------------------------------------
 
+
 def _expand_dims_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     (x,) = inputs
     rank = x._shape.rank
@@ -535,8 +581,9 @@ def _expand_dims_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Sp
         return [(x._dtype, unknown_shape())]
     axis = attrs["axis"]
     if not -rank - 1 <= axis <= rank:
-        raise ValueError(f"axis {axis} is out of range [{-rank - 1}, {rank}] for "
-                         f"input {x.name!r} of rank {rank}")
+        raise ValueError(
+            f"axis {axis} is out of range [{-rank - 1}, {rank}] for input {x.name!r} of rank {rank}"
+        )
     dims = x._shape.as_list()
     dims.insert(axis % (rank + 1), 1)
     return [(x._dtype, TensorShape(dims))]
@@ -546,8 +593,7 @@ define_op("ExpandDims", _expand_dims_shape)
 inline_kernel("ExpandDims", np.expand_dims, attrs=("axis",))
 
 
-def expand_dims(input: Any, axis: Any = None, name: str | None = None,
-                dim: Any = None) -> Tensor:
+def expand_dims(input: Any, axis: Any = None, name: str | None = None, dim: Any = None) -> Tensor:
     """``input`` with a new dimension of length 1 at ``axis`` (op ``ExpandDims``)."""
     if dim is not None:
         if axis is not None:
@@ -556,8 +602,13 @@ def expand_dims(input: Any, axis: Any = None, name: str | None = None,
     if axis is None:
         raise ValueError("expand_dims requires an axis")
     x = convert_to_tensor(input)
-    return make_op("ExpandDims", (x,), {"axis": _axis_value(axis, "ExpandDims", name)}, name=name,
-                   default_name="ExpandDims").outputs[0]
+    return make_op(
+        "ExpandDims",
+        (x,),
+        {"axis": _axis_value(axis, "ExpandDims", name)},
+        name=name,
+        default_name="ExpandDims",
+    ).outputs[0]
 
 
 def _squeeze_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
@@ -574,8 +625,10 @@ def _squeeze_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     drop = {_check_axis(a, rank, x) for a in axes}
     for a in drop:
         if dims[a] not in (1, None):
-            raise ValueError(f"cannot squeeze dimension {a} of size {dims[a]} of input "
-                             f"{x.name!r} with shape {x._shape}")
+            raise ValueError(
+                f"cannot squeeze dimension {a} of size {dims[a]} of input "
+                f"{x.name!r} with shape {x._shape}"
+            )
     return [(x._dtype, TensorShape([d for i, d in enumerate(dims) if i not in drop]))]
 
 
@@ -588,20 +641,25 @@ def _squeeze_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return functools.partial(np.squeeze, axis=tuple(axes) if axes else None), registry.INLINE
 
 
-def squeeze(input: Any, axis: Any = None, name: str | None = None,
-            squeeze_dims: Any = None) -> Tensor:
+def squeeze(
+    input: Any, axis: Any = None, name: str | None = None, squeeze_dims: Any = None
+) -> Tensor:
     """``input`` without its length-1 dimensions (only those in ``axis`` when given)."""
     if squeeze_dims is not None:
         if axis is not None:
             raise ValueError("cannot specify both 'axis' and 'squeeze_dims'")
         axis = squeeze_dims
     x = convert_to_tensor(input)
-    attrs = {"squeeze_dims": [] if axis is None else
-             _int_list(_static_value(axis, "axis", "Squeeze", name), "axis")}
+    attrs = {
+        "squeeze_dims": []
+        if axis is None
+        else _int_list(_static_value(axis, "axis", "Squeeze", name), "axis")
+    }
     return make_op("Squeeze", (x,), attrs, name=name, default_name="Squeeze").outputs[0]
 
 
 # -- Shape, Size, Rank -------------------------------------------------------------------
+
 
 def _int_out_type(out_type: Any) -> dtypes.DType:
     dt = dtypes.as_dtype(out_type)
@@ -610,8 +668,9 @@ def _int_out_type(out_type: Any) -> dtypes.DType:
     return dt
 
 
-define_op("Shape", lambda inputs, attrs: [(attrs["out_type"],
-                                          TensorShape([inputs[0]._shape.rank]))])
+define_op(
+    "Shape", lambda inputs, attrs: [(attrs["out_type"], TensorShape([inputs[0]._shape.rank]))]
+)
 
 
 @registry.register_kernel_factory("Shape")
@@ -627,8 +686,9 @@ def _shape_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 def shape(input: Any, name: str | None = None, out_type: Any = dtypes.int32) -> Tensor:
     """The shape of ``input`` as a 1-D int tensor (op ``Shape``)."""
     x = convert_to_tensor(input)
-    return make_op("Shape", (x,), {"out_type": _int_out_type(out_type)}, name=name,
-                   default_name="Shape").outputs[0]
+    return make_op(
+        "Shape", (x,), {"out_type": _int_out_type(out_type)}, name=name, default_name="Shape"
+    ).outputs[0]
 
 
 define_op("Size", lambda inputs, attrs: [(attrs["out_type"], TensorShape(()))])
@@ -647,8 +707,9 @@ def _size_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 def size(input: Any, name: str | None = None, out_type: Any = dtypes.int32) -> Tensor:
     """The number of elements of ``input`` as a scalar int tensor (op ``Size``)."""
     x = convert_to_tensor(input)
-    return make_op("Size", (x,), {"out_type": _int_out_type(out_type)}, name=name,
-                   default_name="Size").outputs[0]
+    return make_op(
+        "Size", (x,), {"out_type": _int_out_type(out_type)}, name=name, default_name="Size"
+    ).outputs[0]
 
 
 define_op("Rank", lambda inputs, attrs: [(dtypes.int32, TensorShape(()))])
@@ -668,6 +729,7 @@ def rank(input: Any, name: str | None = None) -> Tensor:
 
 
 # -- Fill, zeros, ones -------------------------------------------------------------------
+
 
 def _fill_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     dims, value = inputs
@@ -716,8 +778,7 @@ def fill(dims: Any, value: Any, name: str | None = None) -> Tensor:
 _SMALL_CONSTANT = 1000
 
 
-def _filled(shape: Any, dtype: Any, scalar: int, name: str | None, default_name: str
-            ) -> Tensor:
+def _filled(shape: Any, dtype: Any, scalar: int, name: str | None, default_name: str) -> Tensor:
     dt = dtypes.as_dtype(dtype)
     value = np.zeros((), dt.np) if scalar == 0 else np.ones((), dt.np)
     if not isinstance(shape, Tensor) and not hasattr(shape, "_as_graph_element"):

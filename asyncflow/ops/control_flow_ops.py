@@ -57,6 +57,7 @@ CONTROL_FLOW_TYPES = frozenset({"Switch", "Merge", "Enter", "Exit", "NextIterati
 
 # -- primitives -------------------------------------------------------------------------
 
+
 def _check_pred(pred: Tensor, what: str) -> None:
     if pred._dtype is not dtypes.bool:
         raise TypeError(f"{what}: the predicate must be a bool tensor, got {pred._dtype.name}")
@@ -77,8 +78,9 @@ def _merge_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any
     shape = inputs[0]._shape
     for t in inputs[1:]:
         if t._dtype is not dtype:
-            raise TypeError(f"Merge inputs must have one dtype, got {dtype.name} and "
-                            f"{t._dtype.name}")
+            raise TypeError(
+                f"Merge inputs must have one dtype, got {dtype.name} and {t._dtype.name}"
+            )
         shape = _loosen(shape, t._shape)
     return [(dtype, shape), (dtypes.int32, TensorShape(()))]
 
@@ -103,6 +105,8 @@ def _loop_cond_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list
 
 define_op("Switch", _switch_shape)
 define_op("Merge", _merge_shape)
+
+
 def _enter_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any]:
     # A while_loop variable's Enter records its shape invariant as an attribute, so
     # the loop's static shapes survive a graph def round trip.
@@ -112,8 +116,9 @@ def _enter_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any
         return [(x._dtype, x._shape)]
     invariant = as_shape(invariant)
     if not invariant.is_compatible_with(x._shape):
-        raise ValueError(f"shape invariant {invariant} is not compatible with the shape "
-                         f"{x._shape} of {x.name!r}")
+        raise ValueError(
+            f"shape invariant {invariant} is not compatible with the shape {x._shape} of {x.name!r}"
+        )
     return [(x._dtype, invariant)]
 
 
@@ -150,48 +155,64 @@ def merge(inputs: Sequence[Any], name: str | None = None) -> tuple[Tensor, Tenso
     return op.outputs[0], op.outputs[1]
 
 
-def enter(data: Any, frame_name: str, is_constant: bool = False,
-          parallel_iterations: int = 10, name: str | None = None) -> Tensor:
+def enter(
+    data: Any,
+    frame_name: str,
+    is_constant: bool = False,
+    parallel_iterations: int = 10,
+    name: str | None = None,
+) -> Tensor:
     """Make ``data`` available in the child frame ``frame_name``."""
     if not isinstance(frame_name, str) or not frame_name:
         raise ValueError(f"frame_name must be a non-empty string, got {frame_name!r}")
     if not isinstance(parallel_iterations, int) or parallel_iterations < 1:
-        raise ValueError(f"parallel_iterations must be a positive int, got "
-                         f"{parallel_iterations!r}")
+        raise ValueError(f"parallel_iterations must be a positive int, got {parallel_iterations!r}")
     data = convert_to_tensor(data)
-    return make_op("Enter", (data,), {"frame_name": frame_name, "is_constant": bool(is_constant),
-                                      "parallel_iterations": parallel_iterations},
-                   name=name, default_name="Enter").outputs[0]
+    return make_op(
+        "Enter",
+        (data,),
+        {
+            "frame_name": frame_name,
+            "is_constant": bool(is_constant),
+            "parallel_iterations": parallel_iterations,
+        },
+        name=name,
+        default_name="Enter",
+    ).outputs[0]
 
 
 def exit(data: Any, name: str | None = None) -> Tensor:
     """Make ``data`` available in the parent frame."""
-    return make_op("Exit", (convert_to_tensor(data),), name=name,
-                   default_name="Exit").outputs[0]
+    return make_op("Exit", (convert_to_tensor(data),), name=name, default_name="Exit").outputs[0]
 
 
 def next_iteration(data: Any, name: str | None = None) -> Tensor:
     """Make ``data`` available to the next iteration of the frame."""
-    return make_op("NextIteration", (convert_to_tensor(data),), name=name,
-                   default_name="NextIteration").outputs[0]
+    return make_op(
+        "NextIteration", (convert_to_tensor(data),), name=name, default_name="NextIteration"
+    ).outputs[0]
 
 
 def loop_cond(pred: Any, name: str | None = None) -> Tensor:
     """Mark ``pred`` as a loop's continuation condition."""
-    return make_op("LoopCond", (_as_pred(pred, "loop_cond"),), name=name,
-                   default_name="LoopCond").outputs[0]
+    return make_op(
+        "LoopCond", (_as_pred(pred, "loop_cond"),), name=name, default_name="LoopCond"
+    ).outputs[0]
 
 
 def _as_pred(pred: Any, what: str) -> Tensor:
     if isinstance(pred, bool):
-        raise TypeError(f"{what}: pred must be a bool Tensor, not a Python bool ({pred!r}); "
-                        f"use Python's `if` for a value known when building the graph")
+        raise TypeError(
+            f"{what}: pred must be a bool Tensor, not a Python bool ({pred!r}); "
+            f"use Python's `if` for a value known when building the graph"
+        )
     t = convert_to_tensor(pred)
     _check_pred(t, what)
     return t
 
 
 # -- nested structures ---------------------------------------------------------------
+
 
 def _flatten(structure: Any) -> list[Any]:
     if isinstance(structure, Mapping):
@@ -208,8 +229,7 @@ def _pack(structure: Any, flat: Sequence[Any]) -> Any:
         if isinstance(s, Mapping):
             built = {k: build(s[k]) for k in sorted(s)}
             kind: Any = type(s)
-            return kind((k, built[k]) for k in s) if kind is not dict else \
-                {k: built[k] for k in s}
+            return kind((k, built[k]) for k in s) if kind is not dict else {k: built[k] for k in s}
         if isinstance(s, list | tuple):
             items = [build(x) for x in s]
             if hasattr(type(s), "_fields"):
@@ -222,14 +242,17 @@ def _pack(structure: Any, flat: Sequence[Any]) -> Any:
 
 def _structure_signature(structure: Any) -> Any:
     if isinstance(structure, Mapping):
-        return (type(structure), tuple((k, _structure_signature(structure[k]))
-                                       for k in sorted(structure)))
+        return (
+            type(structure),
+            tuple((k, _structure_signature(structure[k])) for k in sorted(structure)),
+        )
     if isinstance(structure, list | tuple):
         return (type(structure), tuple(_structure_signature(x) for x in structure))
     return None
 
 
 # -- contexts ---------------------------------------------------------------------------
+
 
 class _Context:
     """Common machinery of cond branches and while loops (TF's ``ControlFlowContext``)."""
@@ -280,8 +303,9 @@ class _Context:
     def pivot(self) -> Operation:
         raise NotImplementedError
 
-    def prepare_op(self, op_type: str, inputs: tuple[Tensor, ...],
-                   controls: list[Operation]) -> tuple[tuple[Tensor, ...], list[Operation]]:
+    def prepare_op(
+        self, op_type: str, inputs: tuple[Tensor, ...], controls: list[Operation]
+    ) -> tuple[tuple[Tensor, ...], list[Operation]]:
         """The inputs and control inputs of a new op built in this context.
 
         As TF's ``_AddOpInternal``: external data inputs enter through
@@ -291,8 +315,7 @@ class _Context:
         context would trigger hangs off the pivot, so it runs once per taken branch
         or loop iteration, not once per value that reached the frame.
         """
-        new_inputs = tuple(t if self.is_inside(t._op._ctx) else self.add_value(t)
-                           for t in inputs)
+        new_inputs = tuple(t if self.is_inside(t._op._ctx) else self.add_value(t) for t in inputs)
         loop = self.while_context()
         internal = [c for c in controls if loop is None or loop.is_inside(c._ctx)]
         external = [c for c in controls if loop is not None and not loop.is_inside(c._ctx)]
@@ -324,12 +347,16 @@ class _Context:
             # constant built after it, in the context the loop was built in.
             loop = self.while_context()
             assert loop is not None
-            with graph._control_flow_context(loop.outer), \
-                    graph.control_dependencies(None), graph.control_dependencies([c]):
+            with (
+                graph._control_flow_context(loop.outer),
+                graph.control_dependencies(None),
+                graph.control_dependencies([c]),
+            ):
                 value = convert_to_tensor(True, name="control_dependency_done")
         with graph.control_dependencies(None):
-            pulled = make_op("Identity", (self.add_value(value),),
-                             name="control_dependency")  # built in this context
+            pulled = make_op(
+                "Identity", (self.add_value(value),), name="control_dependency"
+            )  # built in this context
         self._pulled[c] = pulled
         return pulled
 
@@ -378,8 +405,9 @@ class WhileContext(_Context):
 
     def _admit(self, t: Tensor) -> Tensor:
         # A loop constant: delivered to every iteration.
-        return enter(t, self.frame_name, is_constant=True,
-                     parallel_iterations=self.parallel_iterations)
+        return enter(
+            t, self.frame_name, is_constant=True, parallel_iterations=self.parallel_iterations
+        )
 
 
 _frame_ids = itertools.count()
@@ -387,8 +415,13 @@ _frame_ids = itertools.count()
 
 # -- cond / case ------------------------------------------------------------------------
 
-def cond(pred: Any, true_fn: Callable[[], Any] | None = None,
-         false_fn: Callable[[], Any] | None = None, name: str | None = None) -> Any:
+
+def cond(
+    pred: Any,
+    true_fn: Callable[[], Any] | None = None,
+    false_fn: Callable[[], Any] | None = None,
+    name: str | None = None,
+) -> Any:
     """``true_fn()`` if ``pred`` else ``false_fn()``; only the taken branch's ops run.
 
     Both functions must return the same nested structure (list / tuple / dict of
@@ -412,25 +445,30 @@ def cond(pred: Any, true_fn: Callable[[], Any] | None = None,
                 flat = [_branch_output(ctx, x) for x in _flatten(out)]
             results.append((out, flat))
         (out_t, flat_t), (out_f, flat_f) = results
-        if _structure_signature(out_t) != _structure_signature(out_f) or \
-                len(flat_t) != len(flat_f):
-            raise ValueError(f"cond: true_fn and false_fn must return the same structure, "
-                             f"got {_describe(out_t)} and {_describe(out_f)}")
+        if _structure_signature(out_t) != _structure_signature(out_f) or len(flat_t) != len(flat_f):
+            raise ValueError(
+                f"cond: true_fn and false_fn must return the same structure, "
+                f"got {_describe(out_t)} and {_describe(out_f)}"
+            )
         if not flat_t:
             return out_t
         merged = []
         for t, f in zip(flat_t, flat_f):
             if t._dtype is not f._dtype:
-                raise TypeError(f"cond: branch outputs have different dtypes: "
-                                f"{t._dtype.name} ({t.name}) and {f._dtype.name} ({f.name})")
+                raise TypeError(
+                    f"cond: branch outputs have different dtypes: "
+                    f"{t._dtype.name} ({t.name}) and {f._dtype.name} ({f.name})"
+                )
             merged.append(merge([f, t])[0])
         return _pack(out_t, merged)
 
 
 def _branch_output(ctx: _Context, value: Any) -> Tensor:
     if isinstance(value, Operation):
-        raise TypeError("cond/while_loop functions must return tensors, not operations "
-                        f"(got {value.name!r}); use af.control_dependencies")
+        raise TypeError(
+            "cond/while_loop functions must return tensors, not operations "
+            f"(got {value.name!r}); use af.control_dependencies"
+        )
     t = convert_to_tensor(value)
     if not ctx.is_inside(t._op._ctx):
         t = ctx.add_value(t)
@@ -442,15 +480,20 @@ def _describe(structure: Any) -> str:
     return repr(sig) if sig is not None else "a single value"
 
 
-def case(pred_fn_pairs: Any, default: Callable[[], Any] | None = None, exclusive: bool = False,
-         name: str = "case") -> Any:
+def case(
+    pred_fn_pairs: Any,
+    default: Callable[[], Any] | None = None,
+    exclusive: bool = False,
+    name: str = "case",
+) -> Any:
     """The function of the first pair whose predicate is true, else ``default()``.
 
     With ``exclusive=True``, more than one true predicate is an error at run time
     (``InvalidArgumentError``), as in TensorFlow.
     """
-    pairs = list(pred_fn_pairs.items()) if isinstance(pred_fn_pairs, Mapping) else \
-        list(pred_fn_pairs)
+    pairs = (
+        list(pred_fn_pairs.items()) if isinstance(pred_fn_pairs, Mapping) else list(pred_fn_pairs)
+    )
     if not pairs:
         if default is None:
             raise ValueError("case: needs at least one (pred, fn) pair or a default")
@@ -486,13 +529,21 @@ def _asserted_default(pairs: list[tuple[Any, Callable[[], Any]]]) -> Callable[[]
     preds = [convert_to_tensor(p) for p, _ in pairs]
 
     def default() -> Any:
-        check = Assert(last_pred, ["Input error: None of conditions evaluated as True:",
-                                   stack(preds, name="preds_c")], name="none_true")
+        check = Assert(
+            last_pred,
+            ["Input error: None of conditions evaluated as True:", stack(preds, name="preds_c")],
+            name="none_true",
+        )
         with control_dependencies([check]):
             # identity() inside the block: the assert gates tensors made outside too.
             result = last_fn()
-            return _pack(result, [t if t is None or isinstance(t, Operation) else identity(t)
-                                  for t in _flatten(result)])
+            return _pack(
+                result,
+                [
+                    t if t is None or isinstance(t, Operation) else identity(t)
+                    for t in _flatten(result)
+                ],
+            )
 
     return default
 
@@ -513,8 +564,7 @@ def _exclusive_guard(preds: list[Tensor], default: Callable[[], Any]) -> Callabl
     from asyncflow.framework.graph import control_dependencies
     from asyncflow.ops.py_func import py_func
 
-    guard = py_func(_check_exclusive, preds, dtypes.bool, stateful=False,
-                    name="exclusive_check")
+    guard = py_func(_check_exclusive, preds, dtypes.bool, stateful=False, name="exclusive_check")
 
     def guarded() -> Any:
         with control_dependencies([guard]):
@@ -525,11 +575,19 @@ def _exclusive_guard(preds: list[Tensor], default: Callable[[], Any]) -> Callabl
 
 # -- while_loop ---------------------------------------------------------------------------
 
-def while_loop(cond: Callable[..., Any], body: Callable[..., Any], loop_vars: Any,
-               shape_invariants: Any = None, parallel_iterations: int = 10,
-               back_prop: bool = True, swap_memory: bool = False,
-               maximum_iterations: Any = None, name: str | None = None,
-               return_same_structure: bool = False) -> Any:
+
+def while_loop(
+    cond: Callable[..., Any],
+    body: Callable[..., Any],
+    loop_vars: Any,
+    shape_invariants: Any = None,
+    parallel_iterations: int = 10,
+    back_prop: bool = True,
+    swap_memory: bool = False,
+    maximum_iterations: Any = None,
+    name: str | None = None,
+    return_same_structure: bool = False,
+) -> Any:
     """Repeat ``body`` while ``cond`` is true; returns the final loop variables.
 
     ``cond`` and ``body`` are called with the loop variables unpacked
@@ -545,10 +603,14 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], loop_vars: An
     """
     if not callable(cond) or not callable(body):
         raise TypeError("while_loop: cond and body must be callables")
-    if isinstance(parallel_iterations, bool) or not isinstance(parallel_iterations, int) \
-            or parallel_iterations < 1:
-        raise ValueError(f"while_loop: parallel_iterations must be a positive int, got "
-                         f"{parallel_iterations!r}")
+    if (
+        isinstance(parallel_iterations, bool)
+        or not isinstance(parallel_iterations, int)
+        or parallel_iterations < 1
+    ):
+        raise ValueError(
+            f"while_loop: parallel_iterations must be a positive int, got {parallel_iterations!r}"
+        )
     # As TF: list/tuple loop_vars are passed unpacked (body(i, s)); anything else whole.
     unpack = isinstance(loop_vars, list | tuple)
     flat_vars = [convert_to_tensor(v) for v in _flatten(loop_vars)]
@@ -573,13 +635,18 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], loop_vars: An
         ctx = WhileContext(frame_name, parallel_iterations, outer)
         enters = []
         for k, v in enumerate(flat_vars):
-            attrs: dict[str, Any] = {"frame_name": frame_name, "is_constant": False,
-                                     "parallel_iterations": parallel_iterations}
+            attrs: dict[str, Any] = {
+                "frame_name": frame_name,
+                "is_constant": False,
+                "parallel_iterations": parallel_iterations,
+            }
             inv = invariants[k]
             if inv is not None:
                 if not inv.is_compatible_with(v._shape):
-                    raise ValueError(f"while_loop: shape invariant {inv} is not compatible "
-                                     f"with loop variable {v.name} of shape {v._shape}")
+                    raise ValueError(
+                        f"while_loop: shape invariant {inv} is not compatible "
+                        f"with loop variable {v.name} of shape {v._shape}"
+                    )
                 attrs["_shape_invariant"] = inv
             e = make_op("Enter", (v,), attrs, default_name="Enter").outputs[0]
             e._op._ctx = ctx
@@ -596,6 +663,7 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], loop_vars: An
             c = _branch_output(ctx, call(cond, merges[user]))
             if counted:
                 from asyncflow.ops.math_ops import less, logical_and
+
                 c = logical_and(less(merges[0], limit), c)
             pred = loop_cond(c)
             switches = [switch(m, pred) for m in merges]
@@ -607,31 +675,42 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], loop_vars: An
             body_in = [make_op("Identity", (sw[1],)).outputs[0] for sw in switches]
             ctx._pivot = body_in[0]
             result = call(body, body_in[user])
-            if not unpack and not isinstance(loop_vars, Mapping) and \
-                    isinstance(result, list | tuple) and len(result) == 1:
+            if (
+                not unpack
+                and not isinstance(loop_vars, Mapping)
+                and isinstance(result, list | tuple)
+                and len(result) == 1
+            ):
                 result = result[0]  # TF allows body(x) -> [x] for a single loop variable
             flat_result = _flatten(result)
             if len(flat_result) != len(flat_vars) - counted:
-                raise ValueError(f"while_loop: body must return the same structure as "
-                                 f"loop_vars: {len(flat_result)} values for "
-                                 f"{len(flat_vars) - counted} loop variables")
+                raise ValueError(
+                    f"while_loop: body must return the same structure as "
+                    f"loop_vars: {len(flat_result)} values for "
+                    f"{len(flat_vars) - counted} loop variables"
+                )
             flat_out = [_branch_output(ctx, x) for x in flat_result]
             if counted:
                 from asyncflow.ops.math_ops import add
+
                 one = convert_to_tensor(1, dtype=body_in[0]._dtype)
                 flat_out = [add(body_in[0], one), *flat_out]
             nexts = []
             for k, (e, out) in enumerate(zip(enters, flat_out)):
                 if out._dtype is not e._dtype:
-                    raise TypeError(f"while_loop: loop variable {k} changes dtype from "
-                                    f"{e._dtype.name} to {out._dtype.name}")
+                    raise TypeError(
+                        f"while_loop: loop variable {k} changes dtype from "
+                        f"{e._dtype.name} to {out._dtype.name}"
+                    )
                 fixed = invariants[k] is None and e._shape.is_fully_defined()
                 if not e._shape.is_compatible_with(out._shape) or (
-                        fixed and out._shape != e._shape):
+                    fixed and out._shape != e._shape
+                ):
                     raise ValueError(
                         f"while_loop: loop variable {flat_vars[k].name} has shape "
                         f"{e._shape} before the loop and {out._shape} after one iteration; "
-                        f"pass shape_invariants to allow the change")
+                        f"pass shape_invariants to allow the change"
+                    )
                 nexts.append(next_iteration(out))
         for m, n in zip(merges, nexts):
             graph._update_input(m._op, 1, n)

@@ -70,9 +70,15 @@ _FLOATS = (dtypes.float16, dtypes.float32, dtypes.float64)
 
 # -- geometry ---------------------------------------------------------------------------
 
-def _out_and_pads(size: int | None, k: int | None, stride: int, dilation: int,
-                  padding: str, explicit: tuple[int, int]) -> tuple[int | None,
-                                                                   tuple[int, int] | None]:
+
+def _out_and_pads(
+    size: int | None,
+    k: int | None,
+    stride: int,
+    dilation: int,
+    padding: str,
+    explicit: tuple[int, int],
+) -> tuple[int | None, tuple[int, int] | None]:
     """Output length and ``(before, after)`` padding of one spatial dimension."""
     if size is None or k is None:
         return None, None
@@ -100,8 +106,7 @@ def _spatial(values: Sequence[int], nchw: bool, what: str) -> tuple[int, int]:
         raise ValueError(f"{what} must have 4 elements, got {list(values)}")
     n, a, b, c = (values[0], values[2], values[3], values[1]) if nchw else values
     if n != 1 or c != 1:
-        raise ValueError(f"{what} on the batch and depth dimensions must be 1, got "
-                         f"{list(values)}")
+        raise ValueError(f"{what} on the batch and depth dimensions must be 1, got {list(values)}")
     if a < 1 or b < 1:
         raise ValueError(f"{what} must be >= 1, got {list(values)}")
     return a, b
@@ -116,16 +121,16 @@ def _explicit(attrs: Mapping[str, Any], nchw: bool) -> tuple[tuple[int, int], tu
     if nchw:
         return (pads[4], pads[5]), (pads[6], pads[7])
     if pads[0] or pads[1] or pads[6] or pads[7]:
-        raise ValueError(f"explicit_paddings on the batch and depth dimensions must be 0, "
-                         f"got {pads}")
+        raise ValueError(
+            f"explicit_paddings on the batch and depth dimensions must be 0, got {pads}"
+        )
     return (pads[2], pads[3]), (pads[4], pads[5])
 
 
 def _check_padding(attrs: Mapping[str, Any], allow_explicit: bool) -> None:
     allowed = ("SAME", "VALID", "EXPLICIT") if allow_explicit else ("SAME", "VALID")
     if attrs["padding"] not in allowed:
-        raise ValueError(f"padding must be one of {', '.join(allowed)}, "
-                         f"got {attrs['padding']!r}")
+        raise ValueError(f"padding must be one of {', '.join(allowed)}, got {attrs['padding']!r}")
 
 
 def _nhwc_dims(x: Tensor, nchw: bool, what: str) -> list[int | None]:
@@ -144,18 +149,21 @@ def _from_nhwc(dims: list[int | None], nchw: bool) -> TensorShape:
 
 def _float_input(t: Tensor) -> None:
     if t._dtype not in _FLOATS:
-        raise TypeError(f"input {t.name!r} has dtype {t._dtype.name}, expected float16, "
-                        f"float32 or float64")
+        raise TypeError(
+            f"input {t.name!r} has dtype {t._dtype.name}, expected float16, float32 or float64"
+        )
 
 
 # -- shape functions ----------------------------------------------------------------------
+
 
 def _conv_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any], depthwise: bool) -> Specs:
     x, f = inputs
     _float_input(x)
     if f._dtype is not x._dtype:
-        raise TypeError(f"filter {f.name!r} has dtype {f._dtype.name}, input {x.name!r} "
-                        f"has {x._dtype.name}")
+        raise TypeError(
+            f"filter {f.name!r} has dtype {f._dtype.name}, input {x.name!r} has {x._dtype.name}"
+        )
     nchw = _check_format(attrs)
     _check_padding(attrs, allow_explicit=True)
     sh, sw = _spatial(attrs["strides"], nchw, "strides")
@@ -166,9 +174,11 @@ def _conv_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any], depthwise: b
         raise ValueError(f"filter must be rank 4, got shape {f._shape} ({f.name})")
     kh, kw, fc, fo = f._shape.as_list() if f._shape.rank == 4 else [None] * 4
     if c is not None and fc is not None and c != fc:
-        raise ValueError(f"input depth {c} does not match the filter's in_channels {fc} "
-                         f"(input {x.name!r} shape {x._shape}, filter {f.name!r} shape "
-                         f"{f._shape})")
+        raise ValueError(
+            f"input depth {c} does not match the filter's in_channels {fc} "
+            f"(input {x.name!r} shape {x._shape}, filter {f.name!r} shape "
+            f"{f._shape})"
+        )
     oh, _ = _out_and_pads(h, kh, sh, dh, attrs["padding"], ph)
     ow, _ = _out_and_pads(w, kw, sw, dw, attrs["padding"], pw)
     if depthwise:
@@ -194,14 +204,17 @@ def _pool_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
 
 
 define_op("Conv2D", lambda inputs, attrs: _conv_shape(inputs, attrs, depthwise=False))
-define_op("DepthwiseConv2dNative",
-          lambda inputs, attrs: _conv_shape(inputs, attrs, depthwise=True))
+define_op("DepthwiseConv2dNative", lambda inputs, attrs: _conv_shape(inputs, attrs, depthwise=True))
+
+
 def _conv_backprop_input_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     sizes, f, dy = inputs
     _float_input(dy)
     if f._dtype is not dy._dtype:
-        raise TypeError(f"filter {f.name!r} has dtype {f._dtype.name}, out_backprop "
-                        f"{dy.name!r} has {dy._dtype.name}")
+        raise TypeError(
+            f"filter {f.name!r} has dtype {f._dtype.name}, out_backprop "
+            f"{dy.name!r} has {dy._dtype.name}"
+        )
     if sizes._dtype not in (dtypes.int32, dtypes.int64):
         raise TypeError(f"input_sizes {sizes.name!r} must be int32 or int64")
     nchw = _check_format(attrs)
@@ -213,8 +226,10 @@ def _conv_backprop_input_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any
         raise ValueError(f"filter must be rank 4, got shape {f._shape} ({f.name})")
     o = _nhwc_dims(dy, nchw, "out_backprop")[3]
     if f._shape.rank == 4 and o is not None and f._shape[3] not in (None, o):
-        raise ValueError(f"out_backprop depth {o} does not match the filter's out_channels "
-                         f"{f._shape[3]} (filter {f.name!r} shape {f._shape})")
+        raise ValueError(
+            f"out_backprop depth {o} does not match the filter's out_channels "
+            f"{f._shape[3]} (filter {f.name!r} shape {f._shape})"
+        )
     value = sizes._op._attrs.get("value") if sizes._op._type == "Const" else None
     if value is None:
         return [(dy._dtype, TensorShape([None] * 4))]
@@ -223,8 +238,9 @@ def _conv_backprop_input_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any
         raise ValueError(f"input_sizes must have 4 elements, got {dims}")
     c = dims[1] if nchw else dims[3]
     if f._shape.rank == 4 and f._shape[2] not in (None, c):
-        raise ValueError(f"input_sizes depth {c} does not match the filter's in_channels "
-                         f"{f._shape[2]}")
+        raise ValueError(
+            f"input_sizes depth {c} does not match the filter's in_channels {f._shape[2]}"
+        )
     return [(dy._dtype, TensorShape(dims))]
 
 
@@ -234,6 +250,7 @@ define_op("AvgPool", _pool_shape)
 
 
 # -- kernels ---------------------------------------------------------------------------
+
 
 def _pad(x: np.ndarray, ph: tuple[int, int], pw: tuple[int, int], value: Any) -> np.ndarray:
     """``x`` (NHWC) padded spatially with ``value``: the border filled, the inside copied
@@ -254,9 +271,15 @@ def _pad(x: np.ndarray, ph: tuple[int, int], pw: tuple[int, int], value: Any) ->
     return out
 
 
-def _padded(x: np.ndarray, k: tuple[int, int], s: tuple[int, int], d: tuple[int, int],
-            padding: str, explicit: tuple[tuple[int, int], tuple[int, int]], pad_value: Any
-            ) -> tuple[np.ndarray, int, int]:
+def _padded(
+    x: np.ndarray,
+    k: tuple[int, int],
+    s: tuple[int, int],
+    d: tuple[int, int],
+    padding: str,
+    explicit: tuple[tuple[int, int], tuple[int, int]],
+    pad_value: Any,
+) -> tuple[np.ndarray, int, int]:
     """``x`` (NHWC) padded as the geometry says, and the output height and width."""
     oh, ph = _out_and_pads(x.shape[1], k[0], s[0], d[0], padding, explicit[0])
     ow, pw = _out_and_pads(x.shape[2], k[1], s[1], d[1], padding, explicit[1])
@@ -269,7 +292,7 @@ def _padded(x: np.ndarray, k: tuple[int, int], s: tuple[int, int], d: tuple[int,
 
 def _tap(x: np.ndarray, i: int, j: int, oh: int, ow: int, s: tuple[int, int]) -> np.ndarray:
     """The strided view of padded ``x`` that window offset ``(i, j)`` reads (no copy)."""
-    return x[:, i:i + (oh - 1) * s[0] + 1:s[0], j:j + (ow - 1) * s[1] + 1:s[1], :]
+    return x[:, i : i + (oh - 1) * s[0] + 1 : s[0], j : j + (ow - 1) * s[1] + 1 : s[1], :]
 
 
 def _gemm(a: np.ndarray, b: np.ndarray) -> Any:
@@ -281,16 +304,22 @@ def _gemm(a: np.ndarray, b: np.ndarray) -> Any:
         return a @ b
 
 
-def _windows(x: np.ndarray, k: tuple[int, int], s: tuple[int, int], d: tuple[int, int],
-             padding: str, explicit: tuple[tuple[int, int], tuple[int, int]],
-             pad_value: Any) -> np.ndarray:
+def _windows(
+    x: np.ndarray,
+    k: tuple[int, int],
+    s: tuple[int, int],
+    d: tuple[int, int],
+    padding: str,
+    explicit: tuple[tuple[int, int], tuple[int, int]],
+    pad_value: Any,
+) -> np.ndarray:
     """``x`` (NHWC) as a ``(N, OH, OW, C, KH, KW)`` view of its (padded) windows."""
     x, oh, ow = _padded(x, k, s, d, padding, explicit, pad_value)
     ek = ((k[0] - 1) * d[0] + 1, (k[1] - 1) * d[1] + 1)
     if oh == 0 or ow == 0:  # (the other spatial dimension keeps its size, as TF's)
         return np.zeros((x.shape[0], oh, ow, x.shape[3], k[0], k[1]), x.dtype)
     view = sliding_window_view(x, ek, axis=(1, 2))
-    return view[:, ::s[0], ::s[1], :, ::d[0], ::d[1]]
+    return view[:, :: s[0], :: s[1], :, :: d[0], :: d[1]]
 
 
 def _geometry(op: Operation, ksize_attr: str | None) -> tuple[bool, Any]:
@@ -328,8 +357,9 @@ def _static_macs(op: Operation) -> tuple[int, bool] | None:
     return macs, known
 
 
-def _sized(op: Operation, kernel: Callable[..., Any], macs: Callable[..., int],
-           split: bool = True) -> tuple[Callable[..., Any], int]:
+def _sized(
+    op: Operation, kernel: Callable[..., Any], macs: Callable[..., int], split: bool = True
+) -> tuple[Callable[..., Any], int]:
     """``kernel`` and its kind: decided now when the static shapes settle it (small: inline;
     large with a batch of 1: a worker thread), else by the inputs' actual size at run
     time (:class:`_RunTimeSized`, which may also ``split`` a batch across threads).
@@ -352,8 +382,11 @@ def _sized(op: Operation, kernel: Callable[..., Any], macs: Callable[..., int],
 def _only_batch_free(op: Operation) -> bool:
     """Every dimension of the output and the filter is known but the batch."""
     out = op._outputs[0]._shape
-    return (out.rank == 4 and all(d is not None for d in out.as_list()[1:])
-            and op._inputs[1]._shape.is_fully_defined())
+    return (
+        out.rank == 4
+        and all(d is not None for d in out.as_list()[1:])
+        and op._inputs[1]._shape.is_fully_defined()
+    )
 
 
 class _RunTimeSized:
@@ -374,8 +407,7 @@ class _RunTimeSized:
 
     __slots__ = ("_kernel", "_macs", "_split")
 
-    def __init__(self, kernel: Callable[..., Any], macs: Callable[..., int],
-                 split: bool) -> None:
+    def __init__(self, kernel: Callable[..., Any], macs: Callable[..., int], split: bool) -> None:
         self._kernel = kernel
         self._macs = macs
         self._split = split
@@ -396,8 +428,10 @@ class _RunTimeSized:
         cuts = [len(x) * i // parts for i in range(parts + 1)]
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(device.run_in_thread(
-                    _unboosted, self._kernel, x[a:b], *rest)) for a, b in itertools.pairwise(cuts)]
+                tasks = [
+                    group.create_task(device.run_in_thread(_unboosted, self._kernel, x[a:b], *rest))
+                    for a, b in itertools.pairwise(cuts)
+                ]
         except BaseExceptionGroup as eg:  # the first failure, as one kernel call raises it
             raise eg.exceptions[0] from None
         return np.concatenate([t.result() for t in tasks])
@@ -412,7 +446,7 @@ def _parts(batch: int, device: LocalDevice) -> int:
     return 1 if width < 2 else min(batch, width)
 
 
-_part = threading.local()   # .active: this thread computes one part of a split batch
+_part = threading.local()  # .active: this thread computes one part of a split batch
 
 
 def _unboosted(kernel: Callable[..., Any], *args: Any) -> Any:
@@ -457,18 +491,23 @@ def _conv2d_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return _sized(op, _in_nhwc(conv2d_kernel, nchw), _conv_macs(s))
 
 
-def _conv2d(x: np.ndarray, f: np.ndarray, s: tuple[int, int], d: tuple[int, int],
-            padding: str, explicit: tuple[tuple[int, int], tuple[int, int]]) -> Any:
+def _conv2d(
+    x: np.ndarray,
+    f: np.ndarray,
+    s: tuple[int, int],
+    d: tuple[int, int],
+    padding: str,
+    explicit: tuple[tuple[int, int], tuple[int, int]],
+) -> Any:
     """NHWC ``Conv2D``: im2col + one GEMM; a 1x1 filter is a plain GEMM of the pixels."""
     kh, kw, c, o = f.shape
     if x.shape[3] != c:
-        raise ValueError(f"input depth {x.shape[3]} does not match the filter's "
-                         f"in_channels {c}")
+        raise ValueError(f"input depth {x.shape[3]} does not match the filter's in_channels {c}")
     if kh == kw == 1 and padding != "EXPLICIT":
         # No padding with a 1x1 filter (VALID and SAME alike): each output pixel is
         # one input pixel times the filter; strides pick pixels.
         if s != (1, 1):
-            x = x[:, ::s[0], ::s[1], :]
+            x = x[:, :: s[0], :: s[1], :]
         n, oh, ow = x.shape[:3]
         y = _gemm(x.reshape(n * oh * ow, c), f.reshape(c, o))
         return y.reshape(n, oh, ow, o)
@@ -490,16 +529,21 @@ def _depthwise_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return _sized(op, _in_nhwc(depthwise_kernel, nchw), _conv_macs(s))
 
 
-def _depthwise(x: np.ndarray, f: np.ndarray, s: tuple[int, int], d: tuple[int, int],
-               padding: str, explicit: tuple[tuple[int, int], tuple[int, int]]) -> Any:
+def _depthwise(
+    x: np.ndarray,
+    f: np.ndarray,
+    s: tuple[int, int],
+    d: tuple[int, int],
+    padding: str,
+    explicit: tuple[tuple[int, int], tuple[int, int]],
+) -> Any:
     """NHWC depthwise convolution: one ``einsum`` pass over the strided window view (no
     window copy).  Measured against ``kh * kw`` multiply-accumulate passes over tap
     views and against ``einsum(optimize=True)`` (which copies through ``tensordot``):
     as fast or faster on MobileNet's shapes, and no temporaries."""
     kh, kw, c, m = f.shape
     if x.shape[3] != c:
-        raise ValueError(f"input depth {x.shape[3]} does not match the filter's "
-                         f"in_channels {c}")
+        raise ValueError(f"input depth {x.shape[3]} does not match the filter's in_channels {c}")
     win = _windows(x, (kh, kw), s, d, padding, explicit, 0)
     if m == 1:
         return np.einsum("nhwcij,ijc->nhwc", win, f[..., 0])
@@ -523,7 +567,7 @@ def _fused_conv_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     activation = dict(enumerate(op._attrs["fused_ops"])).get(1)
 
     def fused_conv_kernel(x: np.ndarray, f: np.ndarray, b: np.ndarray) -> Any:
-        y = conv(x, f, s, d, padding, explicit)   # a fresh array: updated in place
+        y = conv(x, f, s, d, padding, explicit)  # a fresh array: updated in place
         y += b
         if activation == "Relu":
             np.maximum(y, 0, out=y)
@@ -534,8 +578,9 @@ def _fused_conv_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return _sized(op, fused_conv_kernel, _conv_macs(s))
 
 
-def _pool_reduce(x: np.ndarray, k: tuple[int, int], s: tuple[int, int], padding: str,
-                 pad_value: Any, ufunc: Any) -> Any:
+def _pool_reduce(
+    x: np.ndarray, k: tuple[int, int], s: tuple[int, int], padding: str, pad_value: Any, ufunc: Any
+) -> Any:
     """``ufunc``-reduce each pooling window: one ufunc call per window offset on a strided
     view (``kh * kw`` calls), cheaper than reducing a 6-D window view."""
     x, oh, ow = _padded(x, k, s, (1, 1), padding, ((0, 0), (0, 0)), pad_value)
@@ -563,8 +608,10 @@ def _conv_backprop_input_kernel(op: Operation) -> tuple[Callable[..., Any], int]
         assert ph is not None
         assert pw is not None
         if dy.shape != (n, oh, ow, f.shape[3]) or f.shape[2] != c:
-            raise ValueError(f"out_backprop of shape {list(dy.shape)} and filter of shape "
-                             f"{list(f.shape)} do not fit input_sizes {[n, h, w, c]}")
+            raise ValueError(
+                f"out_backprop of shape {list(dy.shape)} and filter of shape "
+                f"{list(f.shape)} do not fit input_sizes {[n, h, w, c]}"
+            )
         # The transpose of the convolution: each filter tap scatters dy @ tap^T back to
         # the input positions it read (one matmul per tap, strided adds).
         rows = max((oh - 1) * s[0] + (kh - 1) * d[0] + 1, ph[0] + h)
@@ -573,9 +620,13 @@ def _conv_backprop_input_kernel(op: Operation) -> tuple[Callable[..., Any], int]
         for i in range(kh):
             for j in range(kw):
                 tap = dy @ f[i, j].T
-                buf[:, i * d[0]:i * d[0] + (oh - 1) * s[0] + 1:s[0],
-                    j * d[1]:j * d[1] + (ow - 1) * s[1] + 1:s[1], :] += tap
-        return buf[:, ph[0]:ph[0] + h, pw[0]:pw[0] + w, :].astype(dy.dtype, copy=False)
+                buf[
+                    :,
+                    i * d[0] : i * d[0] + (oh - 1) * s[0] + 1 : s[0],
+                    j * d[1] : j * d[1] + (ow - 1) * s[1] + 1 : s[1],
+                    :,
+                ] += tap
+        return buf[:, ph[0] : ph[0] + h, pw[0] : pw[0] + w, :].astype(dy.dtype, copy=False)
 
     if not nchw:
         return _sized(op, backprop_input_kernel, _backprop_macs, split=False)
@@ -621,6 +672,7 @@ def _avg_pool_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 
 # -- constructors ----------------------------------------------------------------------
 
+
 def _like(value: Any, x: Tensor) -> Tensor:
     """A Tensor as is; a Python or numpy value converted to ``x``'s dtype (as TF's ``T``)."""
     if isinstance(value, Tensor) or hasattr(value, "_as_graph_element"):
@@ -641,8 +693,7 @@ def _four(value: Any, nchw: bool, what: str) -> list[int]:
         elif len(items) == 2:
             a, b = items
         else:
-            raise ValueError(f"{what} must be an int or a list of 1, 2 or 4 ints, "
-                             f"got {value!r}")
+            raise ValueError(f"{what} must be an int or a list of 1, 2 or 4 ints, got {value!r}")
     return [1, 1, a, b] if nchw else [1, a, b, 1]
 
 
@@ -655,9 +706,17 @@ def _padding_attrs(padding: Any, nchw: bool) -> dict[str, Any]:
     return {"padding": "EXPLICIT", "explicit_paddings": [p for pair in pairs for p in pair]}
 
 
-def conv2d(input: Any, filter: Any = None, strides: Any = None, padding: Any = "VALID",
-           use_cudnn_on_gpu: bool = True, data_format: str = "NHWC", dilations: Any = 1,
-           name: str | None = None, filters: Any = None) -> Tensor:
+def conv2d(
+    input: Any,
+    filter: Any = None,
+    strides: Any = None,
+    padding: Any = "VALID",
+    use_cudnn_on_gpu: bool = True,
+    data_format: str = "NHWC",
+    dilations: Any = 1,
+    name: str | None = None,
+    filters: Any = None,
+) -> Tensor:
     """2-D convolution of a rank-4 ``input`` with a ``[KH, KW, in, out]`` filter (``Conv2D``).
 
     ``strides``/``dilations``: an int, 2 ints or TF's 4; ``padding``: ``"SAME"``,
@@ -669,16 +728,27 @@ def conv2d(input: Any, filter: Any = None, strides: Any = None, padding: Any = "
     if filter is None or strides is None:
         raise TypeError("conv2d needs a filter and strides")
     nchw = data_format == "NCHW"
-    attrs = {"strides": _four(strides, nchw, "strides"), "data_format": data_format,
-             "dilations": _four(dilations, nchw, "dilations"), **_padding_attrs(padding, nchw)}
+    attrs = {
+        "strides": _four(strides, nchw, "strides"),
+        "data_format": data_format,
+        "dilations": _four(dilations, nchw, "dilations"),
+        **_padding_attrs(padding, nchw),
+    }
     x = convert_to_tensor(input)
     f = _like(filter, x)
     return make_op("Conv2D", (x, f), attrs, name=name, default_name="Conv2D").outputs[0]
 
 
-def depthwise_conv2d(input: Any, filter: Any, strides: Any, padding: Any,
-                     rate: Any = None, name: str | None = None, data_format: str = "NHWC",
-                     dilations: Any = None) -> Tensor:
+def depthwise_conv2d(
+    input: Any,
+    filter: Any,
+    strides: Any,
+    padding: Any,
+    rate: Any = None,
+    name: str | None = None,
+    data_format: str = "NHWC",
+    dilations: Any = None,
+) -> Tensor:
     """Depthwise 2-D convolution with a ``[KH, KW, in, multiplier]`` filter.
 
     Output depth is ``in * multiplier`` (op ``DepthwiseConv2dNative``); ``rate`` (TF 1.x)
@@ -686,18 +756,31 @@ def depthwise_conv2d(input: Any, filter: Any, strides: Any, padding: Any,
     """
     nchw = data_format == "NCHW"
     dil = dilations if dilations is not None else (rate if rate is not None else 1)
-    attrs = {"strides": _four(strides, nchw, "strides"), "data_format": data_format,
-             "dilations": _four(dil, nchw, "dilations"), **_padding_attrs(padding, nchw)}
+    attrs = {
+        "strides": _four(strides, nchw, "strides"),
+        "data_format": data_format,
+        "dilations": _four(dil, nchw, "dilations"),
+        **_padding_attrs(padding, nchw),
+    }
     x = convert_to_tensor(input)
     f = _like(filter, x)
-    return make_op("DepthwiseConv2dNative", (x, f), attrs, name=name,
-                   default_name="depthwise").outputs[0]
+    return make_op(
+        "DepthwiseConv2dNative", (x, f), attrs, name=name, default_name="depthwise"
+    ).outputs[0]
 
 
-def conv2d_transpose(value: Any = None, filter: Any = None, output_shape: Any = None,
-                     strides: Any = None, padding: Any = "SAME", data_format: str = "NHWC",
-                     name: str | None = None, input: Any = None, filters: Any = None,
-                     dilations: Any = None) -> Tensor:
+def conv2d_transpose(
+    value: Any = None,
+    filter: Any = None,
+    output_shape: Any = None,
+    strides: Any = None,
+    padding: Any = "SAME",
+    data_format: str = "NHWC",
+    name: str | None = None,
+    input: Any = None,
+    filters: Any = None,
+    dilations: Any = None,
+) -> Tensor:
     """The transpose (gradient) of :func:`conv2d`: ``value`` of the convolution's output
     shape back to ``output_shape`` (op ``Conv2DBackpropInput``); the filter is
     ``[KH, KW, out_channels, in_channels]`` as TF's."""
@@ -706,9 +789,12 @@ def conv2d_transpose(value: Any = None, filter: Any = None, output_shape: Any = 
     if value is None or filter is None or output_shape is None or strides is None:
         raise TypeError("conv2d_transpose needs value, filter, output_shape and strides")
     nchw = data_format == "NCHW"
-    attrs = {"strides": _four(strides, nchw, "strides"), "data_format": data_format,
-             "dilations": _four(1 if dilations is None else dilations, nchw, "dilations"),
-             **_padding_attrs(padding, nchw)}
+    attrs = {
+        "strides": _four(strides, nchw, "strides"),
+        "data_format": data_format,
+        "dilations": _four(1 if dilations is None else dilations, nchw, "dilations"),
+        **_padding_attrs(padding, nchw),
+    }
     dy = convert_to_tensor(value)
     f = _like(filter, dy)
     if isinstance(output_shape, Tensor) or hasattr(output_shape, "_as_graph_element"):
@@ -717,28 +803,57 @@ def conv2d_transpose(value: Any = None, filter: Any = None, output_shape: Any = 
         from asyncflow.ops.array_ops import constant
 
         sizes = constant(np.asarray(output_shape, np.int32).reshape(-1), dtype=dtypes.int32)
-    return make_op("Conv2DBackpropInput", (sizes, f, dy), attrs, name=name,
-                   default_name="conv2d_transpose").outputs[0]
+    return make_op(
+        "Conv2DBackpropInput", (sizes, f, dy), attrs, name=name, default_name="conv2d_transpose"
+    ).outputs[0]
 
 
-def _pool(op_type: str, value: Any, ksize: Any, strides: Any, padding: str,
-          data_format: str, name: str | None) -> Tensor:
+def _pool(
+    op_type: str,
+    value: Any,
+    ksize: Any,
+    strides: Any,
+    padding: str,
+    data_format: str,
+    name: str | None,
+) -> Tensor:
     nchw = data_format == "NCHW"
-    attrs = {"ksize": _four(ksize, nchw, "ksize"), "strides": _four(strides, nchw, "strides"),
-             "padding": padding.upper(), "data_format": data_format}
-    return make_op(op_type, (convert_to_tensor(value),), attrs, name=name,
-                   default_name=op_type).outputs[0]
+    attrs = {
+        "ksize": _four(ksize, nchw, "ksize"),
+        "strides": _four(strides, nchw, "strides"),
+        "padding": padding.upper(),
+        "data_format": data_format,
+    }
+    return make_op(
+        op_type, (convert_to_tensor(value),), attrs, name=name, default_name=op_type
+    ).outputs[0]
 
 
-def max_pool(value: Any, ksize: Any, strides: Any, padding: str, data_format: str = "NHWC",
-             name: str | None = None, input: Any = None) -> Tensor:
+def max_pool(
+    value: Any,
+    ksize: Any,
+    strides: Any,
+    padding: str,
+    data_format: str = "NHWC",
+    name: str | None = None,
+    input: Any = None,
+) -> Tensor:
     """Max pooling over ``ksize`` windows (op ``MaxPool``); SAME pads with -inf."""
-    return _pool("MaxPool", input if input is not None else value, ksize, strides, padding,
-                 data_format, name)
+    return _pool(
+        "MaxPool", input if input is not None else value, ksize, strides, padding, data_format, name
+    )
 
 
-def avg_pool(value: Any, ksize: Any, strides: Any, padding: str, data_format: str = "NHWC",
-             name: str | None = None, input: Any = None) -> Tensor:
+def avg_pool(
+    value: Any,
+    ksize: Any,
+    strides: Any,
+    padding: str,
+    data_format: str = "NHWC",
+    name: str | None = None,
+    input: Any = None,
+) -> Tensor:
     """Average pooling (op ``AvgPool``); SAME averages the valid elements only, as TF."""
-    return _pool("AvgPool", input if input is not None else value, ksize, strides, padding,
-                 data_format, name)
+    return _pool(
+        "AvgPool", input if input is not None else value, ksize, strides, padding, data_format, name
+    )

@@ -65,7 +65,8 @@ def _spec(attrs: Mapping[str, Any]) -> QueueSpec:
     return QueueSpec(
         capacity=attrs["capacity"],
         dtypes=tuple(dt.name for dt in attrs["component_types"]),
-        shapes=tuple(None if s.dims is None else tuple(s.dims) for s in attrs["shapes"]))
+        shapes=tuple(None if s.dims is None else tuple(s.dims) for s in attrs["shapes"]),
+    )
 
 
 def _queue(op: Operation, resources: ResourceMgr) -> Callable[[], FIFOQueueResource]:
@@ -82,8 +83,12 @@ def _queue(op: Operation, resources: ResourceMgr) -> Callable[[], FIFOQueueResou
         if found is not None and resources.get(container, name) is found:
             return found
         found = checked[0] = resources.lookup_or_create(
-            container, name, FIFOQueueResource,
-            lambda: FIFOQueueResource(name, spec), lambda q: q.check(spec))
+            container,
+            name,
+            FIFOQueueResource,
+            lambda: FIFOQueueResource(name, spec),
+            lambda q: q.check(spec),
+        )
         return found
 
     return get
@@ -108,33 +113,44 @@ def _converter(op: Operation) -> Callable[[Sequence[Any], bool], list[tuple[Any,
     queue = attrs["shared_name"]
     # The common enqueue: each component a numpy scalar of its dtype (what a fed or
     # computed 0-d value is) into a scalar (or unknown) shape: stored as it is.
-    scalars = tuple(np.dtype(dt).type if dims is None or not dims else None
-                    for dt, dims in zip(types, shapes))
+    scalars = tuple(
+        np.dtype(dt).type if dims is None or not dims else None for dt, dims in zip(types, shapes)
+    )
 
     def convert(values: Sequence[Any], many: bool) -> list[tuple[Any, ...]]:
-        if not many and len(values) == len(scalars) and all(
-                type(v) is t for v, t in zip(values, scalars)):
+        if (
+            not many
+            and len(values) == len(scalars)
+            and all(type(v) is t for v, t in zip(values, scalars))
+        ):
             return [tuple(values)]
         arrays = []
         for k, (v, dt, dims) in enumerate(zip(values, types, shapes)):
             a = np.asarray(v, dtype=dt)
             item_shape = a.shape[1:] if many else a.shape
-            if dims is not None and (len(item_shape) != len(dims) or any(
-                    d is not None and d != s for d, s in zip(dims, item_shape))):
+            if dims is not None and (
+                len(item_shape) != len(dims)
+                or any(d is not None and d != s for d, s in zip(dims, item_shape))
+            ):
                 raise errors.InvalidArgumentError(
-                    None, None, f"Shape mismatch in tuple component {k} of queue {queue!r}: "
-                                f"expected {list(dims)}, got {list(item_shape)}")
+                    None,
+                    None,
+                    f"Shape mismatch in tuple component {k} of queue {queue!r}: "
+                    f"expected {list(dims)}, got {list(item_shape)}",
+                )
             arrays.append(a)
         if not many:
             return [tuple(a[()] if a.ndim == 0 else a for a in arrays)]
         n = arrays[0].shape[0] if arrays and arrays[0].ndim else None
         if n is None or any(a.ndim == 0 or a.shape[0] != n for a in arrays):
             raise errors.InvalidArgumentError(
-                None, None, f"enqueue_many on queue {queue!r} needs components with one "
-                            f"leading batch dimension, got shapes "
-                            f"{[list(a.shape) for a in arrays]}")
-        return [tuple(a[i][()] if a[i].ndim == 0 else a[i] for a in arrays)
-                for i in range(n)]
+                None,
+                None,
+                f"enqueue_many on queue {queue!r} needs components with one "
+                f"leading batch dimension, got shapes "
+                f"{[list(a.shape) for a in arrays]}",
+            )
+        return [tuple(a[i][()] if a[i].ndim == 0 else a[i] for a in arrays) for i in range(n)]
 
     return convert
 
@@ -164,16 +180,20 @@ def _dequeue_kernel(op: Operation, resources: ResourceMgr) -> tuple[Callable[...
     types = [dt.np for dt in op._attrs["component_types"]]
     single = len(types) == 1
     # dequeue_many(0) gives [0, *component shape] (TF), [0] when the shape is unknown.
-    empty_shapes = [(0,) if s.dims is None or None in s.dims else (0, *s.dims)
-                    for s in op._attrs["shapes"]] or [(0,)] * len(types)
+    empty_shapes = [
+        (0,) if s.dims is None or None in s.dims else (0, *s.dims) for s in op._attrs["shapes"]
+    ] or [(0,)] * len(types)
 
     def values_of(elements: list[tuple[Any, ...]]) -> Any:
         if n is None:
             values = list(elements[0])
         else:
-            values = [np.stack([np.asarray(e[k]) for e in elements]).astype(dt, copy=False)
-                      if elements else np.empty(empty_shapes[k], dt)
-                      for k, dt in enumerate(types)]
+            values = [
+                np.stack([np.asarray(e[k]) for e in elements]).astype(dt, copy=False)
+                if elements
+                else np.empty(empty_shapes[k], dt)
+                for k, dt in enumerate(types)
+            ]
         return values[0] if single else values
 
     async def dequeue(handle: Any) -> Any:
@@ -223,35 +243,56 @@ class FIFOQueue:
       put yet nowhere (``enqueue_many`` may have put a prefix).
     """
 
-    def __init__(self, capacity: int, dtypes: Any, shapes: Any = None, names: Any = None,
-                 shared_name: str | None = None, name: str = "fifo_queue") -> None:
+    def __init__(
+        self,
+        capacity: int,
+        dtypes: Any,
+        shapes: Any = None,
+        names: Any = None,
+        shared_name: str | None = None,
+        name: str = "fifo_queue",
+    ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise ValueError(f"FIFOQueue capacity must be a positive int, got {capacity!r}")
         from asyncflow.dtypes import as_dtype
 
-        types = [as_dtype(d) for d in (dtypes if isinstance(dtypes, list | tuple)
-                                       else [dtypes])]
+        types = [as_dtype(d) for d in (dtypes if isinstance(dtypes, list | tuple) else [dtypes])]
         if shapes is None:
             shape_list = [unknown_shape() for _ in types]
         else:
-            raw = shapes if isinstance(shapes, list | tuple) and shapes and \
-                isinstance(shapes[0], list | tuple | TensorShape) else [shapes]
+            raw = (
+                shapes
+                if isinstance(shapes, list | tuple)
+                and shapes
+                and isinstance(shapes[0], list | tuple | TensorShape)
+                else [shapes]
+            )
             shape_list = [as_shape(s) for s in raw]
             if len(shape_list) != len(types):
-                raise ValueError(f"FIFOQueue: {len(types)} dtypes but {len(shape_list)} "
-                                 f"shapes")
+                raise ValueError(f"FIFOQueue: {len(types)} dtypes but {len(shape_list)} shapes")
         graph = get_default_graph()
         self._graph = graph
         self._dtypes = types
         self._shapes = shape_list
-        op = graph.create_op("FIFOQueueV2", (), {
-            "capacity": capacity, "component_types": types, "shapes": shape_list,
-            "container": "", "shared_name": shared_name or ""}, name=name)
+        op = graph.create_op(
+            "FIFOQueueV2",
+            (),
+            {
+                "capacity": capacity,
+                "component_types": types,
+                "shapes": shape_list,
+                "container": "",
+                "shared_name": shared_name or "",
+            },
+            name=name,
+        )
         if not shared_name:
             op._attrs["shared_name"] = op.name  # the queue is private to this op
         self._op = op
-        self._attrs = {k: op._attrs[k] for k in ("capacity", "component_types", "shapes",
-                                                  "container", "shared_name")}
+        self._attrs = {
+            k: op._attrs[k]
+            for k in ("capacity", "component_types", "shapes", "container", "shared_name")
+        }
 
     @property
     def queue_ref(self) -> Tensor:
@@ -278,23 +319,27 @@ class FIFOQueue:
         if len(self._dtypes) == 1 and len(values) != 1:
             values = [vals]
         if len(values) != len(self._dtypes):
-            raise ValueError(f"queue {self.name!r} has {len(self._dtypes)} components, got "
-                             f"{len(values)} values")
+            raise ValueError(
+                f"queue {self.name!r} has {len(self._dtypes)} components, got {len(values)} values"
+            )
         out = []
         for k, (v, dt, shape) in enumerate(zip(values, self._dtypes, self._shapes)):
             t = convert_to_tensor(v, dtype=dt)
             item = t.shape[1:] if many and t.shape.rank else t.shape
             if not shape.is_compatible_with(item):
-                raise ValueError(f"queue {self.name!r}: component {k} has shape {item}, "
-                                 f"expected {shape}")
+                raise ValueError(
+                    f"queue {self.name!r}: component {k} has shape {item}, expected {shape}"
+                )
             out.append(t)
         return out
 
-    def _op_with(self, op_type: str, inputs: Sequence[Tensor], extra: Mapping[str, Any],
-                 name: str | None) -> Operation:
+    def _op_with(
+        self, op_type: str, inputs: Sequence[Tensor], extra: Mapping[str, Any], name: str | None
+    ) -> Operation:
         with self._graph.colocate_with(self._op):
-            return self._graph.create_op(op_type, (self.queue_ref, *inputs),
-                                         {**self._attrs, **extra}, name=name or op_type)
+            return self._graph.create_op(
+                op_type, (self.queue_ref, *inputs), {**self._attrs, **extra}, name=name or op_type
+            )
 
     def enqueue(self, vals: Any, name: str | None = None) -> Operation:
         """Enqueue one element (a value, or a tuple with one value per component)."""
@@ -316,11 +361,11 @@ class FIFOQueue:
         op = self._op_with("QueueDequeueManyV2", (), {"n": n}, name)
         return op.outputs[0] if len(op.outputs) == 1 else list(op.outputs)
 
-    def close(self, cancel_pending_enqueues: bool = False, name: str | None = None
-              ) -> Operation:
+    def close(self, cancel_pending_enqueues: bool = False, name: str | None = None) -> Operation:
         """Close the queue (optionally cancelling enqueues that are waiting)."""
-        return self._op_with("QueueCloseV2", (),
-                             {"cancel_pending_enqueues": cancel_pending_enqueues}, name)
+        return self._op_with(
+            "QueueCloseV2", (), {"cancel_pending_enqueues": cancel_pending_enqueues}, name
+        )
 
     def size(self, name: str | None = None) -> Tensor:
         """The number of queued elements."""

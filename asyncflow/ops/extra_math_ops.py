@@ -24,11 +24,33 @@ from asyncflow.ops._base import (
 )
 from asyncflow.ops.array_ops import _check_axis, constant
 
-__all__ = ["broadcast_to", "ceil", "clip_by_value", "cos", "cumsum", "einsum", "erf",
-           "erfc", "matrix_band_part",
-           "expm1", "floor", "is_finite", "is_nan", "log1p", "reciprocal", "round", "rsqrt",
-           "sign", "sin", "softplus", "softsign", "squared_difference", "top_k", "truncatediv",
-           "truncatemod"]
+__all__ = [
+    "broadcast_to",
+    "ceil",
+    "clip_by_value",
+    "cos",
+    "cumsum",
+    "einsum",
+    "erf",
+    "erfc",
+    "expm1",
+    "floor",
+    "is_finite",
+    "is_nan",
+    "log1p",
+    "matrix_band_part",
+    "reciprocal",
+    "round",
+    "rsqrt",
+    "sign",
+    "sin",
+    "softplus",
+    "softsign",
+    "squared_difference",
+    "top_k",
+    "truncatediv",
+    "truncatemod",
+]
 
 Specs = list[tuple[dtypes.DType, Any]]
 
@@ -36,8 +58,9 @@ Specs = list[tuple[dtypes.DType, Any]]
 def _float_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     (x,) = inputs
     if not (x._dtype.is_floating or x._dtype.is_complex):
-        raise TypeError(f"input {x.name!r} has dtype {x._dtype.name}, expected a floating "
-                        f"or complex dtype")
+        raise TypeError(
+            f"input {x.name!r} has dtype {x._dtype.name}, expected a floating or complex dtype"
+        )
     return [(x._dtype, x._shape)]
 
 
@@ -62,8 +85,7 @@ def rsqrt(x: Any, name: str | None = None) -> Tensor:
 def _erf_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     (x,) = inputs
     if not x._dtype.is_floating:
-        raise TypeError(f"input {x.name!r} has dtype {x._dtype.name}, expected a floating "
-                        f"dtype")
+        raise TypeError(f"input {x.name!r} has dtype {x._dtype.name}, expected a floating dtype")
     return [(x._dtype, x._shape)]
 
 
@@ -93,16 +115,21 @@ def erfc(x: Any, name: str | None = None) -> Tensor:
 
 # -- Select (v1) ------------------------------------------------------------------------------
 
+
 def _select_v1_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     cond, x, y = inputs
     if not cond._dtype.is_bool:
         raise TypeError(f"condition {cond.name!r} must be bool, got {cond._dtype.name}")
     if x._dtype is not y._dtype:
-        raise TypeError(f"inputs must have the same dtype, got {x._dtype.name} ({x.name}) "
-                        f"and {y._dtype.name} ({y.name})")
+        raise TypeError(
+            f"inputs must have the same dtype, got {x._dtype.name} ({x.name}) "
+            f"and {y._dtype.name} ({y.name})"
+        )
     if not x._shape.is_compatible_with(y._shape):
-        raise ValueError(f"'then' {x.name!r} and 'else' {y.name!r} must have the same "
-                         f"shape, got {x._shape} and {y._shape}")
+        raise ValueError(
+            f"'then' {x.name!r} and 'else' {y.name!r} must have the same "
+            f"shape, got {x._shape} and {y._shape}"
+        )
     return [(x._dtype, x._shape.merge_with(y._shape))]
 
 
@@ -114,19 +141,31 @@ def _select_v1_kernel(cond: Any, x: Any, y: Any) -> Any:
     # case applies is known only from the values' ranks (often unknown in a loop).
     c, a, b = np.asarray(cond), np.asarray(x), np.asarray(y)
     if a.shape != b.shape:
-        raise errors.InvalidArgumentError(None, None, f"'then' and 'else' must have the same "
-                                                      f"size.  but received: {list(a.shape)} "
-                                                      f"vs. {list(b.shape)}")
+        raise errors.InvalidArgumentError(
+            None,
+            None,
+            f"'then' and 'else' must have the same "
+            f"size.  but received: {list(a.shape)} "
+            f"vs. {list(b.shape)}",
+        )
     if c.ndim == 1 and a.ndim > 1:
         if c.shape[0] != a.shape[0]:
-            raise errors.InvalidArgumentError(None, None, f"Number of batches of 'then' must "
-                                                          f"match size of 'cond', but saw: "
-                                                          f"{a.shape[0]} vs. {c.shape[0]}")
+            raise errors.InvalidArgumentError(
+                None,
+                None,
+                f"Number of batches of 'then' must "
+                f"match size of 'cond', but saw: "
+                f"{a.shape[0]} vs. {c.shape[0]}",
+            )
         c = c.reshape((-1,) + (1,) * (a.ndim - 1))
     elif c.ndim and c.shape != a.shape:
-        raise errors.InvalidArgumentError(None, None, f"'cond' and 'then' must have the same "
-                                                      f"size.  but received: {list(c.shape)} "
-                                                      f"vs. {list(a.shape)}")
+        raise errors.InvalidArgumentError(
+            None,
+            None,
+            f"'cond' and 'then' must have the same "
+            f"size.  but received: {list(c.shape)} "
+            f"vs. {list(a.shape)}",
+        )
     return np.where(c, a, b)
 
 
@@ -135,14 +174,14 @@ inline_kernel("Select", _select_v1_kernel)
 
 # -- MatrixBandPart ---------------------------------------------------------------------------
 
+
 def _band_part_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     x, lower, upper = inputs
     if x._shape.rank is not None and x._shape.rank < 2:
         raise ValueError(f"input {x.name!r} must be at least 2-D, got shape {x._shape}")
     for b in (lower, upper):
         if b._dtype not in (dtypes.int32, dtypes.int64):
-            raise TypeError(f"band bound {b.name!r} must be int32 or int64, got "
-                            f"{b._dtype.name}")
+            raise TypeError(f"band bound {b.name!r} must be int32 or int64, got {b._dtype.name}")
         if not b._shape.is_compatible_with(TensorShape(())):
             raise ValueError(f"band bound {b.name!r} must be a scalar, got shape {b._shape}")
     return [(x._dtype, x._shape)]
@@ -154,19 +193,24 @@ define_op("MatrixBandPart", _band_part_shape)
 def _band_part_kernel(x: Any, num_lower: Any, num_upper: Any) -> Any:
     a = np.asarray(x)
     if a.ndim < 2:
-        raise errors.InvalidArgumentError(None, None, f"input must be at least 2-dim, "
-                                                      f"received shape: {list(a.shape)}")
+        raise errors.InvalidArgumentError(
+            None, None, f"input must be at least 2-dim, received shape: {list(a.shape)}"
+        )
     m, n = a.shape[-2:]
     lo, up = int(num_lower), int(num_upper)
     if lo > m:
-        raise errors.InvalidArgumentError(None, None, f"num_lower must be negative or less "
-                                                      f"or equal to number of rows ({m}) got: "
-                                                      f"{lo}")
+        raise errors.InvalidArgumentError(
+            None,
+            None,
+            f"num_lower must be negative or less or equal to number of rows ({m}) got: {lo}",
+        )
     if up > n:
-        raise errors.InvalidArgumentError(None, None, f"num_upper must be negative or less "
-                                                      f"or equal to number of columns ({n}) "
-                                                      f"got: {up}")
-    diff = np.arange(m)[:, None] - np.arange(n)[None, :]   # row - column
+        raise errors.InvalidArgumentError(
+            None,
+            None,
+            f"num_upper must be negative or less or equal to number of columns ({n}) got: {up}",
+        )
+    diff = np.arange(m)[:, None] - np.arange(n)[None, :]  # row - column
     keep = ((lo < 0) | (diff <= lo)) & ((up < 0) | (-diff <= up))
     return np.where(keep, a, np.zeros((), a.dtype))
 
@@ -174,19 +218,22 @@ def _band_part_kernel(x: Any, num_lower: Any, num_upper: Any) -> Any:
 inline_kernel("MatrixBandPart", _band_part_kernel)
 
 
-def matrix_band_part(input: Any, num_lower: Any, num_upper: Any,
-                     name: str | None = None) -> Tensor:
+def matrix_band_part(input: Any, num_lower: Any, num_upper: Any, name: str | None = None) -> Tensor:
     """``input``'s innermost matrices with everything outside the band set to zero: at
     most ``num_lower`` diagonals below and ``num_upper`` above the main one (negative:
     all).  ``matrix_band_part(ones, -1, 0)`` is the causal mask (op ``MatrixBandPart``)."""
     x = convert_to_tensor(input)
-    lo, up = (b if isinstance(b, Tensor) else convert_to_tensor(b, dtype=dtypes.int64)
-              for b in (num_lower, num_upper))
-    return make_op("MatrixBandPart", (x, lo, up), name=name,
-                   default_name="MatrixBandPart").outputs[0]
+    lo, up = (
+        b if isinstance(b, Tensor) else convert_to_tensor(b, dtype=dtypes.int64)
+        for b in (num_lower, num_upper)
+    )
+    return make_op("MatrixBandPart", (x, lo, up), name=name, default_name="MatrixBandPart").outputs[
+        0
+    ]
 
 
 # -- SquaredDifference, ClipByValue ---------------------------------------------------------
+
 
 def _squared_difference_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     specs = binary_shape(inputs, attrs)
@@ -209,19 +256,24 @@ inline_kernel("SquaredDifference", _squared_difference_kernel)
 def squared_difference(x: Any, y: Any, name: str | None = None) -> Tensor:
     """``(x - y) ** 2`` elementwise with broadcasting (op ``SquaredDifference``)."""
     a, b = binary_inputs(x, y, name or "SquaredDifference")
-    return make_op("SquaredDifference", (a, b), name=name,
-                   default_name="SquaredDifference").outputs[0]
+    return make_op(
+        "SquaredDifference", (a, b), name=name, default_name="SquaredDifference"
+    ).outputs[0]
 
 
 def _clip_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     t, lo, hi = inputs
     for b in (lo, hi):
         if b._dtype is not t._dtype:
-            raise TypeError(f"clip bound {b.name!r} has dtype {b._dtype.name}, tensor "
-                            f"{t.name!r} has {t._dtype.name}")
+            raise TypeError(
+                f"clip bound {b.name!r} has dtype {b._dtype.name}, tensor "
+                f"{t.name!r} has {t._dtype.name}"
+            )
         if b._shape.rank not in (0, None) and not b._shape.is_compatible_with(t._shape):
-            raise ValueError(f"clip bound {b.name!r} of shape {b._shape} must be a scalar or "
-                             f"have the shape {t._shape} of {t.name!r}")
+            raise ValueError(
+                f"clip bound {b.name!r} of shape {b._shape} must be a scalar or "
+                f"have the shape {t._shape} of {t.name!r}"
+            )
     return [(t._dtype, t._shape)]
 
 
@@ -235,8 +287,9 @@ def _clip_kernel(t: Any, lo: Any, hi: Any) -> Any:
 inline_kernel("ClipByValue", _clip_kernel)
 
 
-def clip_by_value(t: Any, clip_value_min: Any, clip_value_max: Any,
-                  name: str | None = None) -> Tensor:
+def clip_by_value(
+    t: Any, clip_value_min: Any, clip_value_max: Any, name: str | None = None
+) -> Tensor:
     """``t`` with values below/above the bounds replaced by them.
 
     As ``tf.compat.v1.clip_by_value``: ``Maximum(Minimum(t, max), min)``; ``ValueError``
@@ -247,18 +300,23 @@ def clip_by_value(t: Any, clip_value_min: Any, clip_value_max: Any,
 
     x = convert_to_tensor(t)
     with name_scope(name or "clip_by_value"):
-        lo = convert_to_tensor(clip_value_min, dtype=None if isinstance(
-            clip_value_min, Tensor) else x.dtype)
-        hi = convert_to_tensor(clip_value_max, dtype=None if isinstance(
-            clip_value_max, Tensor) else x.dtype)
+        lo = convert_to_tensor(
+            clip_value_min, dtype=None if isinstance(clip_value_min, Tensor) else x.dtype
+        )
+        hi = convert_to_tensor(
+            clip_value_max, dtype=None if isinstance(clip_value_max, Tensor) else x.dtype
+        )
         _clip_shape((x, lo, hi), {})
-        if broadcast_shapes(broadcast_shapes(x.shape, lo.shape), hi.shape) != x.shape \
-                and x.shape.is_fully_defined():
+        if (
+            broadcast_shapes(broadcast_shapes(x.shape, lo.shape), hi.shape) != x.shape
+            and x.shape.is_fully_defined()
+        ):
             raise ValueError(f"clip bounds must not broadcast {x.name!r} to a larger shape")
         return maximum(minimum(x, hi), lo)
 
 
 # -- Cumsum ------------------------------------------------------------------------------
+
 
 def _cumsum_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     x, axis = inputs
@@ -286,16 +344,21 @@ def _cumsum_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
         y = np.flip(x, a) if reverse else x
         out = np.cumsum(y, axis=a, dtype=x.dtype)
         if exclusive:
-            out = np.concatenate([np.zeros_like(np.take(out, [0], axis=a)),
-                                  np.delete(out, -1, axis=a)], axis=a) if x.shape[a] \
+            out = (
+                np.concatenate(
+                    [np.zeros_like(np.take(out, [0], axis=a)), np.delete(out, -1, axis=a)], axis=a
+                )
+                if x.shape[a]
                 else out
+            )
         return np.flip(out, a) if reverse else out
 
     return cumsum_kernel, registry.INLINE
 
 
-def cumsum(x: Any, axis: Any = 0, exclusive: bool = False, reverse: bool = False,
-           name: str | None = None) -> Tensor:
+def cumsum(
+    x: Any, axis: Any = 0, exclusive: bool = False, reverse: bool = False, name: str | None = None
+) -> Tensor:
     """Running sum along ``axis`` (op ``Cumsum``); ``exclusive`` starts at 0, ``reverse``
     sums from the end."""
     t = convert_to_tensor(x)
@@ -305,6 +368,7 @@ def cumsum(x: Any, axis: Any = 0, exclusive: bool = False, reverse: bool = False
 
 
 # -- TopKV2 ---------------------------------------------------------------------------------
+
 
 def _top_k_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     x, k = inputs
@@ -321,8 +385,9 @@ def _top_k_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
             raise ValueError(f"input {x.name!r} must be at least rank 1")
         last = x._shape[-1]
         if n is not None and (n < 0 or (last is not None and n > last)):
-            raise ValueError(f"k = {n} must be in [0, {last}] for input {x.name!r} of "
-                             f"shape {x._shape}")
+            raise ValueError(
+                f"k = {n} must be in [0, {last}] for input {x.name!r} of shape {x._shape}"
+            )
         shape = TensorShape([*x._shape.as_list()[:-1], n])
     return [(x._dtype, shape), (dtypes.int32, shape)]
 
@@ -343,8 +408,9 @@ def _top_k_kernel(x: Any, k: Any) -> list[Any]:
 inline_kernel("TopKV2", _top_k_kernel)
 
 
-def top_k(input: Any, k: Any = 1, sorted: bool = True, name: str | None = None
-          ) -> tuple[Tensor, Tensor]:
+def top_k(
+    input: Any, k: Any = 1, sorted: bool = True, name: str | None = None
+) -> tuple[Tensor, Tensor]:
     """The ``k`` largest entries of the last dimension and their int32 indices (``TopKV2``).
 
     Results are always sorted (largest first); ties list the lower index first.
@@ -366,20 +432,24 @@ def _einsum_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
         raise ValueError(f"invalid einsum equation {attrs['equation']!r}")
     lhs = equation.split("->")[0].split(",")
     if len(lhs) != len(inputs):
-        raise ValueError(f"einsum equation {equation!r} has {len(lhs)} operands, got "
-                         f"{len(inputs)} inputs")
+        raise ValueError(
+            f"einsum equation {equation!r} has {len(lhs)} operands, got {len(inputs)} inputs"
+        )
     dt = inputs[0]._dtype
     for t in inputs:
         if t._dtype is not dt:
-            raise TypeError(f"einsum inputs must have one dtype, got {dt.name} and "
-                            f"{t._dtype.name} ({t.name})")
+            raise TypeError(
+                f"einsum inputs must have one dtype, got {dt.name} and {t._dtype.name} ({t.name})"
+            )
     if any(t._shape.rank is None for t in inputs) or "." in equation:
         return [(dt, unknown_shape())]
     sizes: dict[str, int | None] = {}
     for labels, t in zip(lhs, inputs):
         if len(labels) != t._shape.rank:
-            raise ValueError(f"einsum operand {labels!r} has {len(labels)} labels, input "
-                             f"{t.name!r} has rank {t._shape.rank}")
+            raise ValueError(
+                f"einsum operand {labels!r} has {len(labels)} labels, input "
+                f"{t.name!r} has rank {t._shape.rank}"
+            )
         for c, d in zip(labels, t._shape.as_list()):
             old = sizes.get(c)
             if old is not None and d is not None and old != d and 1 not in (old, d):
@@ -414,17 +484,22 @@ def einsum(equation: str, *inputs: Any, name: str | None = None, **kwargs: Any) 
     if kwargs:
         raise TypeError(f"einsum got unexpected keyword arguments {sorted(kwargs)}")
     tensors = [convert_to_tensor(x) for x in inputs]
-    return make_op("Einsum", tensors, {"equation": str(equation), "N": len(tensors)},
-                   name=name, default_name="einsum").outputs[0]
+    return make_op(
+        "Einsum",
+        tensors,
+        {"equation": str(equation), "N": len(tensors)},
+        name=name,
+        default_name="einsum",
+    ).outputs[0]
 
 
 # -- simple elementwise ops frozen graphs often hold ------------------------------------------
 
+
 def _real_float_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     (x,) = inputs
     if not x._dtype.is_floating:
-        raise TypeError(f"input {x.name!r} has dtype {x._dtype.name}, expected a floating "
-                        f"dtype")
+        raise TypeError(f"input {x.name!r} has dtype {x._dtype.name}, expected a floating dtype")
     return [(x._dtype, x._shape)]
 
 
@@ -462,20 +537,32 @@ def _reciprocal(x: Any) -> Any:
 _UNARY: dict[str, tuple[Any, Callable[..., Any], str, str]] = {
     "Floor": (_real_float_shape, np.floor, "floor", "The largest integer <= x, elementwise"),
     "Ceil": (_real_float_shape, np.ceil, "ceil", "The smallest integer >= x, elementwise"),
-    "Round": (_numeric_shape, _round, "round",
-              "x rounded to the nearest integer, halves to even (as TF), elementwise"),
+    "Round": (
+        _numeric_shape,
+        _round,
+        "round",
+        "x rounded to the nearest integer, halves to even (as TF), elementwise",
+    ),
     "Sign": (_numeric_shape, np.sign, "sign", "-1, 0 or 1 by the sign of x, elementwise"),
     "Reciprocal": (_numeric_shape, _reciprocal, "reciprocal", "1 / x, elementwise"),
     "Log1p": (_float_shape, np.log1p, "log1p", "log(1 + x), accurate near 0, elementwise"),
     "Expm1": (_float_shape, np.expm1, "expm1", "exp(x) - 1, accurate near 0, elementwise"),
     "Sin": (_float_shape, np.sin, "sin", "The sine of x, elementwise"),
     "Cos": (_float_shape, np.cos, "cos", "The cosine of x, elementwise"),
-    "Softplus": (_real_float_shape, _softplus, "softplus",
-                 "log(1 + exp(x)) without overflow, elementwise"),
+    "Softplus": (
+        _real_float_shape,
+        _softplus,
+        "softplus",
+        "log(1 + exp(x)) without overflow, elementwise",
+    ),
     "Softsign": (_real_float_shape, _softsign, "softsign", "x / (1 + |x|), elementwise"),
     "IsNan": (_float_to_bool_shape, np.isnan, "is_nan", "Whether x is NaN, elementwise"),
-    "IsFinite": (_float_to_bool_shape, np.isfinite, "is_finite",
-                 "Whether x is finite, elementwise"),
+    "IsFinite": (
+        _float_to_bool_shape,
+        np.isfinite,
+        "is_finite",
+        "Whether x is finite, elementwise",
+    ),
 }
 
 
@@ -515,11 +602,13 @@ def softsign(features: Any, name: str | None = None) -> Tensor:
     """``features / (1 + |features|)``, elementwise (op ``Softsign``)."""
     return _softsign_op(features, name=name)
 
+
 is_nan = _unary_constructor("IsNan", *_UNARY["IsNan"][2:])
 is_finite = _unary_constructor("IsFinite", *_UNARY["IsFinite"][2:])
 
 
 # -- TruncateDiv, TruncateMod (C-style integer division, TF's Div on ints) -------------------
+
 
 def _int_binary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     specs = binary_shape(inputs, attrs)
@@ -565,11 +654,11 @@ def truncatemod(x: Any, y: Any, name: str | None = None) -> Tensor:
 
 # -- BroadcastTo ---------------------------------------------------------------------------
 
+
 def _broadcast_to_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     x, shape = inputs
     if shape._dtype not in (dtypes.int32, dtypes.int64):
-        raise TypeError(f"shape {shape.name!r} must be int32 or int64, got "
-                        f"{shape._dtype.name}")
+        raise TypeError(f"shape {shape.name!r} must be int32 or int64, got {shape._dtype.name}")
     value = const_value(shape)
     if value is None:
         n = shape._shape[0] if shape._shape.rank == 1 else None
@@ -578,8 +667,7 @@ def _broadcast_to_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> S
     try:
         merged = broadcast_shapes(x._shape, target)
     except ValueError:
-        raise ValueError(f"cannot broadcast {x.name!r} of shape {x._shape} to "
-                         f"{target}") from None
+        raise ValueError(f"cannot broadcast {x.name!r} of shape {x._shape} to {target}") from None
     if merged.rank != target.rank or not merged.is_compatible_with(target):
         raise ValueError(f"cannot broadcast {x.name!r} of shape {x._shape} to {target}")
     return [(x._dtype, target)]
@@ -599,6 +687,9 @@ inline_kernel("BroadcastTo", _broadcast_to_kernel)
 def broadcast_to(input: Any, shape: Any, name: str | None = None) -> Tensor:
     """``input`` broadcast to ``shape`` with numpy's rules (op ``BroadcastTo``)."""
     x = convert_to_tensor(input)
-    s = shape if isinstance(shape, Tensor) else constant(
-        np.asarray(shape, np.int32).reshape(-1), dtype=dtypes.int32)
+    s = (
+        shape
+        if isinstance(shape, Tensor)
+        else constant(np.asarray(shape, np.int32).reshape(-1), dtype=dtypes.int32)
+    )
     return make_op("BroadcastTo", (x, s), name=name, default_name="BroadcastTo").outputs[0]

@@ -33,6 +33,7 @@ def _check_int(t: Tensor, what: str) -> None:
 
 # -- Tile ----------------------------------------------------------------------------------
 
+
 def _tile_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     x, multiples = inputs
     _check_int(multiples, "multiples")
@@ -41,14 +42,21 @@ def _tile_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     if m is not None:
         mults = np.asarray(m).reshape(-1).tolist()
         if rank is not None and len(mults) != rank:
-            raise ValueError(f"multiples has {len(mults)} elements, input {x.name!r} has "
-                             f"rank {rank}")
+            raise ValueError(
+                f"multiples has {len(mults)} elements, input {x.name!r} has rank {rank}"
+            )
         if any(v < 0 for v in mults):
             raise ValueError(f"multiples must be non-negative, got {mults}")
         if rank is None:
             return [(x._dtype, unknown_shape(len(mults)))]
-        return [(x._dtype, TensorShape([None if d is None else d * k
-                                        for d, k in zip(x._shape.as_list(), mults)]))]
+        return [
+            (
+                x._dtype,
+                TensorShape(
+                    [None if d is None else d * k for d, k in zip(x._shape.as_list(), mults)]
+                ),
+            )
+        ]
     return [(x._dtype, unknown_shape(rank))]
 
 
@@ -68,11 +76,11 @@ registry.register_kernel_factory("Tile")(lambda op: (_tile_kernel, registry.INLI
 def tile(input: Any, multiples: Any, name: str | None = None) -> Tensor:
     """``input`` repeated ``multiples[i]`` times along dimension ``i`` (op ``Tile``)."""
     x = convert_to_tensor(input)
-    return make_op("Tile", (x, _int_tensor(multiples)), name=name,
-                   default_name="Tile").outputs[0]
+    return make_op("Tile", (x, _int_tensor(multiples)), name=name, default_name="Tile").outputs[0]
 
 
 # -- Pad, PadV2, MirrorPad ----------------------------------------------------------------
+
 
 def _pad_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     x, paddings = inputs[0], inputs[1]
@@ -80,8 +88,10 @@ def _pad_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     if len(inputs) == 3:
         c = inputs[2]
         if c._dtype is not x._dtype:
-            raise TypeError(f"constant_values {c.name!r} has dtype {c._dtype.name}, input "
-                            f"{x.name!r} has {x._dtype.name}")
+            raise TypeError(
+                f"constant_values {c.name!r} has dtype {c._dtype.name}, input "
+                f"{x.name!r} has {x._dtype.name}"
+            )
         if c._shape.rank not in (0, None):
             raise ValueError(f"constant_values must be a scalar, got shape {c._shape}")
     mode = attrs.get("mode")
@@ -89,7 +99,8 @@ def _pad_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
         raise ValueError(f"mode must be 'REFLECT' or 'SYMMETRIC', got {mode!r}")
     rank = x._shape.rank
     if paddings._shape.rank not in (2, None) or (
-            paddings._shape.rank == 2 and paddings._shape[1] not in (2, None)):
+        paddings._shape.rank == 2 and paddings._shape[1] not in (2, None)
+    ):
         raise ValueError(f"paddings must be a [rank, 2] matrix, got shape {paddings._shape}")
     value = const_value(paddings)
     if value is None:
@@ -104,10 +115,13 @@ def _pad_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     limit = 1 if mode == "REFLECT" else 0
     for d, (a, b) in zip(dims, pads):
         if mode is not None and d is not None and max(a, b) > d - limit:
-            raise ValueError(f"paddings {pads} must be at most the dimension size "
-                             f"{d}{' - 1' if limit else ''} in {mode} mode ({x.name!r})")
-    return [(x._dtype, TensorShape([None if d is None else d + a + b
-                                    for d, (a, b) in zip(dims, pads)]))]
+            raise ValueError(
+                f"paddings {pads} must be at most the dimension size "
+                f"{d}{' - 1' if limit else ''} in {mode} mode ({x.name!r})"
+            )
+    return [
+        (x._dtype, TensorShape([None if d is None else d + a + b for d, (a, b) in zip(dims, pads)]))
+    ]
 
 
 define_op("Pad", _pad_shape)
@@ -135,15 +149,22 @@ def _mirror_pad_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
         pads = np.asarray(paddings).reshape(-1, 2)
         for d, (a, b) in zip(np.shape(x), pads.tolist()):
             if a < 0 or b < 0 or max(a, b) > d - limit:
-                raise ValueError(f"paddings {pads.tolist()} do not fit input shape "
-                                 f"{list(np.shape(x))} in {op._attrs['mode']} mode")
+                raise ValueError(
+                    f"paddings {pads.tolist()} do not fit input shape "
+                    f"{list(np.shape(x))} in {op._attrs['mode']} mode"
+                )
         return np.pad(x, pads.tolist(), mode=np_mode)
 
     return mirror_pad_kernel, registry.INLINE
 
 
-def pad(tensor: Any, paddings: Any, mode: str = "CONSTANT", name: str | None = None,
-        constant_values: Any = 0) -> Tensor:
+def pad(
+    tensor: Any,
+    paddings: Any,
+    mode: str = "CONSTANT",
+    name: str | None = None,
+    constant_values: Any = 0,
+) -> Tensor:
     """``tensor`` padded by ``paddings`` (``[rank, 2]``: before/after per dimension).
 
     ``mode``: ``"CONSTANT"`` (op ``Pad``, or ``PadV2`` with a non-zero
@@ -155,27 +176,32 @@ def pad(tensor: Any, paddings: Any, mode: str = "CONSTANT", name: str | None = N
     if m == "CONSTANT":
         if isinstance(constant_values, int | float) and constant_values == 0:
             return make_op("Pad", (x, p), name=name, default_name="Pad").outputs[0]
-        c = convert_to_tensor(constant_values, dtype=None if isinstance(
-            constant_values, Tensor) else x.dtype)
+        c = convert_to_tensor(
+            constant_values, dtype=None if isinstance(constant_values, Tensor) else x.dtype
+        )
         return make_op("PadV2", (x, p, c), name=name, default_name="PadV2").outputs[0]
     if m not in ("REFLECT", "SYMMETRIC"):
         raise ValueError(f"pad mode must be CONSTANT, REFLECT or SYMMETRIC, got {mode!r}")
-    return make_op("MirrorPad", (x, p), {"mode": m}, name=name,
-                   default_name="MirrorPad").outputs[0]
+    return make_op("MirrorPad", (x, p), {"mode": m}, name=name, default_name="MirrorPad").outputs[0]
 
 
 # -- OneHot ------------------------------------------------------------------------------
 
+
 def _one_hot_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     indices, depth, on, off = inputs
     if indices._dtype not in (dtypes.uint8, dtypes.int32, dtypes.int64):
-        raise TypeError(f"indices {indices.name!r} has dtype {indices._dtype.name}, expected "
-                        f"uint8, int32 or int64")
+        raise TypeError(
+            f"indices {indices.name!r} has dtype {indices._dtype.name}, expected "
+            f"uint8, int32 or int64"
+        )
     if depth._dtype is not dtypes.int32 or depth._shape.rank not in (0, None):
         raise TypeError(f"depth {depth.name!r} must be a scalar int32")
     if on._dtype is not off._dtype:
-        raise TypeError(f"on_value and off_value must have one dtype, got {on._dtype.name} "
-                        f"and {off._dtype.name}")
+        raise TypeError(
+            f"on_value and off_value must have one dtype, got {on._dtype.name} "
+            f"and {off._dtype.name}"
+        )
     d = const_value(depth)
     n = None if d is None else int(d)
     if n is not None and n < 0:
@@ -185,8 +211,7 @@ def _one_hot_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
         return [(on._dtype, unknown_shape())]
     axis = attrs["axis"]
     if not -1 <= axis <= rank:
-        raise ValueError(f"axis {axis} is out of range [-1, {rank}] for indices "
-                         f"{indices.name!r}")
+        raise ValueError(f"axis {axis} is out of range [-1, {rank}] for indices {indices.name!r}")
     dims = indices._shape.as_list()
     dims.insert(rank if axis == -1 else axis, n)
     return [(on._dtype, TensorShape(dims))]
@@ -208,8 +233,15 @@ def _one_hot_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return one_hot_kernel, registry.INLINE
 
 
-def one_hot(indices: Any, depth: Any, on_value: Any = None, off_value: Any = None,
-            axis: int | None = None, dtype: Any = None, name: str | None = None) -> Tensor:
+def one_hot(
+    indices: Any,
+    depth: Any,
+    on_value: Any = None,
+    off_value: Any = None,
+    axis: int | None = None,
+    dtype: Any = None,
+    name: str | None = None,
+) -> Tensor:
     """``on_value`` at ``indices`` along a new ``depth``-long axis, ``off_value`` elsewhere.
 
     Op ``OneHot``; out-of-range indices give all ``off_value``, as TF.  ``dtype`` defaults
@@ -217,13 +249,26 @@ def one_hot(indices: Any, depth: Any, on_value: Any = None, off_value: Any = Non
     """
     i = convert_to_tensor(indices)
     d = convert_to_tensor(depth, dtype=None if isinstance(depth, Tensor) else dtypes.int32)
-    dt = dtypes.as_dtype(dtype) if dtype is not None else (
-        on_value.dtype if isinstance(on_value, Tensor) else
-        off_value.dtype if isinstance(off_value, Tensor) else dtypes.float32)
+    dt = (
+        dtypes.as_dtype(dtype)
+        if dtype is not None
+        else (
+            on_value.dtype
+            if isinstance(on_value, Tensor)
+            else off_value.dtype
+            if isinstance(off_value, Tensor)
+            else dtypes.float32
+        )
+    )
     on = convert_to_tensor(1 if on_value is None else on_value, dtype=dt)
     off = convert_to_tensor(0 if off_value is None else off_value, dtype=dt)
-    return make_op("OneHot", (i, d, on, off), {"axis": -1 if axis is None else int(axis)},
-                   name=name, default_name="one_hot").outputs[0]
+    return make_op(
+        "OneHot",
+        (i, d, on, off),
+        {"axis": -1 if axis is None else int(axis)},
+        name=name,
+        default_name="one_hot",
+    ).outputs[0]
 
 
 # -- ZerosLike, OnesLike -------------------------------------------------------------------
@@ -234,8 +279,9 @@ registry.register_kernel_factory("ZerosLike")(lambda op: (np.zeros_like, registr
 registry.register_kernel_factory("OnesLike")(lambda op: (np.ones_like, registry.INLINE))
 
 
-def zeros_like(tensor: Any, dtype: Any = None, name: str | None = None,
-               optimize: bool = True) -> Tensor:
+def zeros_like(
+    tensor: Any, dtype: Any = None, name: str | None = None, optimize: bool = True
+) -> Tensor:
     """Zeros with the shape (and dtype, unless given) of ``tensor`` (op ``ZerosLike``)."""
     from asyncflow.ops.math_ops import cast
 
@@ -245,8 +291,9 @@ def zeros_like(tensor: Any, dtype: Any = None, name: str | None = None,
     return make_op("ZerosLike", (t,), name=name, default_name="zeros_like").outputs[0]
 
 
-def ones_like(tensor: Any, dtype: Any = None, name: str | None = None,
-              optimize: bool = True) -> Tensor:
+def ones_like(
+    tensor: Any, dtype: Any = None, name: str | None = None, optimize: bool = True
+) -> Tensor:
     """Ones with the shape (and dtype, unless given) of ``tensor`` (op ``OnesLike``)."""
     from asyncflow.ops.math_ops import cast
 

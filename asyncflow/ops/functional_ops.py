@@ -24,10 +24,16 @@ def _as_list(value: Any) -> tuple[list[Any], bool]:
     return [value], False
 
 
-def map_fn(fn: Callable[..., Any], elems: Any, dtype: Any = None,
-           parallel_iterations: int | None = None, back_prop: bool = True,
-           swap_memory: bool = False, infer_shape: bool = True,
-           name: str | None = None) -> Any:
+def map_fn(
+    fn: Callable[..., Any],
+    elems: Any,
+    dtype: Any = None,
+    parallel_iterations: int | None = None,
+    back_prop: bool = True,
+    swap_memory: bool = False,
+    infer_shape: bool = True,
+    name: str | None = None,
+) -> Any:
     """``stack([fn(x) for x in unstack(elems)])`` as a graph loop (TF's ``map_fn``).
 
     ``elems`` is a tensor or a list/tuple of tensors with one leading dimension; ``fn``
@@ -46,43 +52,51 @@ def map_fn(fn: Callable[..., Any], elems: Any, dtype: Any = None,
         tensors = [convert_to_tensor(e) for e in items]
         for t in tensors:
             if t.shape.rank == 0:
-                raise ValueError(f"map_fn: elems must have a leading dimension, {t.name!r} "
-                                 f"is a scalar")
+                raise ValueError(
+                    f"map_fn: elems must have a leading dimension, {t.name!r} is a scalar"
+                )
         n = array_ops.shape(tensors[0], out_type=dtypes.int32)[0]
 
         returned_sequence = [False]
 
         def call(i: Tensor) -> list[Tensor]:
             slices = [array_ops.gather(t, i) for t in tensors]
-            outs, returned_sequence[0] = _as_list(
-                fn(tuple(slices) if packed_in else slices[0]))
+            outs, returned_sequence[0] = _as_list(fn(tuple(slices) if packed_in else slices[0]))
             return [convert_to_tensor(o) for o in outs]
 
         probe = call(convert_to_tensor(0))
         if dtype is not None:
             wanted = [dtypes.as_dtype(d) for d in _as_list(dtype)[0]]
             if wanted != [p.dtype for p in probe]:
-                raise TypeError(f"map_fn: fn returned dtypes {[p.dtype.name for p in probe]}, "
-                                f"dtype says {[d.name for d in wanted]}")
+                raise TypeError(
+                    f"map_fn: fn returned dtypes {[p.dtype.name for p in probe]}, "
+                    f"dtype says {[d.name for d in wanted]}"
+                )
         for p in probe:
             if not p.shape.is_fully_defined():
-                raise ValueError(f"map_fn: fn must return tensors of fully known shape, "
-                                 f"got {p.shape} ({p.name})")
-        inits = [array_ops.zeros([0, *[d or 0 for d in p.shape.as_list()]], dtype=p.dtype)
-                 for p in probe]
-        invariants = [TensorShape(()), *[TensorShape([None, *p.shape.as_list()])
-                                         for p in probe]]
+                raise ValueError(
+                    f"map_fn: fn must return tensors of fully known shape, got {p.shape} ({p.name})"
+                )
+        inits = [
+            array_ops.zeros([0, *[d or 0 for d in p.shape.as_list()]], dtype=p.dtype) for p in probe
+        ]
+        invariants = [TensorShape(()), *[TensorShape([None, *p.shape.as_list()]) for p in probe]]
 
         def body(i: Tensor, *accs: Tensor) -> list[Tensor]:
             outs = call(i)
-            grown = [array_ops.concat([a, array_ops.expand_dims(o, 0)], axis=0)
-                     for a, o in zip(accs, outs)]
+            grown = [
+                array_ops.concat([a, array_ops.expand_dims(o, 0)], axis=0)
+                for a, o in zip(accs, outs)
+            ]
             return [math_ops.add(i, 1), *grown]
 
-        result = while_loop(lambda i, *accs: math_ops.less(i, n), body,
-                            [convert_to_tensor(0), *inits],
-                            shape_invariants=invariants,
-                            parallel_iterations=parallel_iterations or 10)
+        result = while_loop(
+            lambda i, *accs: math_ops.less(i, n),
+            body,
+            [convert_to_tensor(0), *inits],
+            shape_invariants=invariants,
+            parallel_iterations=parallel_iterations or 10,
+        )
         outs = list(result[1:])
         lead = tensors[0].shape[0] if tensors[0].shape.rank else None
         if lead is not None:  # a known leading dimension carries over, as TF

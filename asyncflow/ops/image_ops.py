@@ -29,25 +29,36 @@ from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape
 from asyncflow.ops._base import const_value, define_op, make_op
 
-__all__ = ["decode_jpeg", "decode_png", "encode_jpeg", "encode_png", "resize",
-           "resize_bilinear", "resize_nearest_neighbor"]
+__all__ = [
+    "decode_jpeg",
+    "decode_png",
+    "encode_jpeg",
+    "encode_png",
+    "resize",
+    "resize_bilinear",
+    "resize_nearest_neighbor",
+]
 
 Specs = list[tuple[dtypes.DType, Any]]
 
 
 # -- resize -----------------------------------------------------------------------------------
 
+
 def _resize_shape(out_dtype: dtypes.DType | None) -> Callable[..., Specs]:
     def shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
         images, size = inputs
         if images._shape.rank not in (None, 4):
-            raise ValueError(f"images {images.name!r} must be 4-D [batch, height, width, "
-                             f"channels], got shape {images._shape}")
+            raise ValueError(
+                f"images {images.name!r} must be 4-D [batch, height, width, "
+                f"channels], got shape {images._shape}"
+            )
         if size._dtype is not dtypes.int32:
             raise TypeError(f"size {size.name!r} must be int32, got {size._dtype.name}")
         if not size._shape.is_compatible_with(TensorShape([2])):
-            raise ValueError(f"size {size.name!r} must be a 1-D tensor of 2 elements, got "
-                             f"shape {size._shape}")
+            raise ValueError(
+                f"size {size.name!r} must be a 1-D tensor of 2 elements, got shape {size._shape}"
+            )
         value = const_value(size)
         hw = [int(v) for v in value.tolist()] if value is not None else [None, None]
         if any(d is not None and d <= 0 for d in hw):
@@ -55,6 +66,7 @@ def _resize_shape(out_dtype: dtypes.DType | None) -> Callable[..., Specs]:
         dims = images._shape.dims
         batch, channels = (dims[0], dims[3]) if dims is not None else (None, None)
         return [(out_dtype or images._dtype, TensorShape([batch, *hw, channels]))]
+
     return shape
 
 
@@ -64,15 +76,18 @@ define_op("ResizeNearestNeighbor", _resize_shape(None))
 
 def _check_resize(images: np.ndarray, size: Any) -> tuple[int, int]:
     if images.ndim != 4:
-        raise errors.InvalidArgumentError(None, None, f"input must be 4-dimensional, got "
-                                                      f"shape {list(images.shape)}")
+        raise errors.InvalidArgumentError(
+            None, None, f"input must be 4-dimensional, got shape {list(images.shape)}"
+        )
     out_h, out_w = (int(s) for s in np.asarray(size).reshape(-1))
     if out_h <= 0 or out_w <= 0:
-        raise errors.InvalidArgumentError(None, None, f"output dimensions must be positive, "
-                                                      f"got [{out_h}, {out_w}]")
+        raise errors.InvalidArgumentError(
+            None, None, f"output dimensions must be positive, got [{out_h}, {out_w}]"
+        )
     if images.shape[1] == 0 or images.shape[2] == 0:
-        raise errors.InvalidArgumentError(None, None, f"input image must be of non-zero "
-                                                      f"size, got {list(images.shape)}")
+        raise errors.InvalidArgumentError(
+            None, None, f"input image must be of non-zero size, got {list(images.shape)}"
+        )
     return out_h, out_w
 
 
@@ -82,8 +97,9 @@ def _scale(in_size: int, out_size: int, align_corners: bool) -> np.float32:
     return np.float32(in_size) / np.float32(out_size)
 
 
-def _bilinear_weights(in_size: int, out_size: int, align_corners: bool, half_pixel: bool
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bilinear_weights(
+    in_size: int, out_size: int, align_corners: bool, half_pixel: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(lower, upper, lerp) per output index, as TF's ``compute_interpolation_weights``."""
     scale = _scale(in_size, out_size, align_corners)
     x = np.arange(out_size, dtype=np.float32)
@@ -114,8 +130,9 @@ def _bilinear_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return resize, _resize_kind(op)
 
 
-def _nearest_index(in_size: int, out_size: int, align_corners: bool, half_pixel: bool
-                   ) -> np.ndarray:
+def _nearest_index(
+    in_size: int, out_size: int, align_corners: bool, half_pixel: bool
+) -> np.ndarray:
     scale = _scale(in_size, out_size, align_corners)
     x = np.arange(out_size, dtype=np.float32)
     src = (x + np.float32(0.5)) * scale if half_pixel else x * scale
@@ -164,36 +181,52 @@ def _resize_kind(op: Operation) -> int:
     return registry.INLINE if elements < _INLINE_RESIZE_ELEMENTS else registry.EXPENSIVE
 
 
-def _resize(op_type: str, images: Any, size: Any, align_corners: bool,
-            half_pixel_centers: bool, name: str | None) -> Tensor:
+def _resize(
+    op_type: str,
+    images: Any,
+    size: Any,
+    align_corners: bool,
+    half_pixel_centers: bool,
+    name: str | None,
+) -> Tensor:
     if align_corners and half_pixel_centers:
-        raise ValueError(f"{op_type}: align_corners and half_pixel_centers cannot both "
-                         f"be true")
+        raise ValueError(f"{op_type}: align_corners and half_pixel_centers cannot both be true")
     x = convert_to_tensor(images)
     s = convert_to_tensor(size, dtype=dtypes.int32)
-    return make_op(op_type, (x, s), {"align_corners": bool(align_corners),
-                                     "half_pixel_centers": bool(half_pixel_centers)},
-                   name=name, default_name=op_type).outputs[0]
+    return make_op(
+        op_type,
+        (x, s),
+        {"align_corners": bool(align_corners), "half_pixel_centers": bool(half_pixel_centers)},
+        name=name,
+        default_name=op_type,
+    ).outputs[0]
 
 
-def resize_bilinear(images: Any, size: Any, align_corners: bool = False,
-                    half_pixel_centers: bool = False, name: str | None = None) -> Tensor:
+def resize_bilinear(
+    images: Any,
+    size: Any,
+    align_corners: bool = False,
+    half_pixel_centers: bool = False,
+    name: str | None = None,
+) -> Tensor:
     """``images`` [batch, height, width, channels] resized to ``size`` = [new_height,
     new_width] by bilinear interpolation; float32 (op ``ResizeBilinear``, TF's rules)."""
     return _resize("ResizeBilinear", images, size, align_corners, half_pixel_centers, name)
 
 
-def resize_nearest_neighbor(images: Any, size: Any, align_corners: bool = False,
-                            half_pixel_centers: bool = False, name: str | None = None
-                            ) -> Tensor:
+def resize_nearest_neighbor(
+    images: Any,
+    size: Any,
+    align_corners: bool = False,
+    half_pixel_centers: bool = False,
+    name: str | None = None,
+) -> Tensor:
     """``images`` resized to ``size`` taking the nearest pixel; the input dtype (op
     ``ResizeNearestNeighbor``, TF's rules)."""
-    return _resize("ResizeNearestNeighbor", images, size, align_corners, half_pixel_centers,
-                   name)
+    return _resize("ResizeNearestNeighbor", images, size, align_corners, half_pixel_centers, name)
 
 
-def resize(images: Any, size: Any, method: str = "bilinear", name: str | None = None
-           ) -> Tensor:
+def resize(images: Any, size: Any, method: str = "bilinear", name: str | None = None) -> Tensor:
     """TF 2's ``tf.image.resize``: half-pixel centers, ``method`` ``"bilinear"`` (float32
     result) or ``"nearest"`` (the input dtype)."""
     ops = {"bilinear": resize_bilinear, "nearest": resize_nearest_neighbor}
@@ -204,14 +237,17 @@ def resize(images: Any, size: Any, method: str = "bilinear", name: str | None = 
 
 # -- decode / encode (Pillow) -----------------------------------------------------------------
 
+
 def _pillow(op_type: str) -> Any:
     """The ``PIL.Image`` module, or an ``UnimplementedError`` naming the op and the extra."""
     try:
         from PIL import Image
     except ImportError:
         raise errors.UnimplementedError(
-            None, None, f"{op_type} needs Pillow, which is not installed: "
-                        f"pip install 'asyncflow[image]'") from None
+            None,
+            None,
+            f"{op_type} needs Pillow, which is not installed: pip install 'asyncflow[image]'",
+        ) from None
     return Image
 
 
@@ -219,19 +255,24 @@ def _decode_shape(allowed: tuple[int, ...]) -> Callable[..., Specs]:
     def shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
         (contents,) = inputs
         if not contents._dtype.is_string:
-            raise TypeError(f"contents {contents.name!r} must be a string, got "
-                            f"{contents._dtype.name}")
+            raise TypeError(
+                f"contents {contents.name!r} must be a string, got {contents._dtype.name}"
+            )
         if not contents._shape.is_compatible_with(TensorShape(())):
-            raise ValueError(f"contents {contents.name!r} must be a scalar, got shape "
-                             f"{contents._shape}")
+            raise ValueError(
+                f"contents {contents.name!r} must be a scalar, got shape {contents._shape}"
+            )
         dtype = attrs.get("dtype", dtypes.uint8)
         if dtype is not dtypes.uint8:
             raise TypeError(f"only uint8 images are supported, got dtype {dtype.name}")
         channels = int(attrs.get("channels", 0))
         if channels not in allowed:
-            raise ValueError(f"`channels` must be {', '.join(map(str, allowed[:-1]))} or "
-                             f"{allowed[-1]} but got {channels}")
+            raise ValueError(
+                f"`channels` must be {', '.join(map(str, allowed[:-1]))} or "
+                f"{allowed[-1]} but got {channels}"
+            )
         return [(dtypes.uint8, TensorShape([None, None, channels or None]))]
+
     return shape
 
 
@@ -240,8 +281,9 @@ def _encode_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     if image._dtype is not dtypes.uint8:
         raise TypeError(f"image {image.name!r} must be uint8, got {image._dtype.name}")
     if image._shape.rank not in (None, 3):
-        raise ValueError(f"image {image.name!r} must be 3-D [height, width, channels], "
-                         f"got shape {image._shape}")
+        raise ValueError(
+            f"image {image.name!r} must be 3-D [height, width, channels], got shape {image._shape}"
+        )
     return [(dtypes.string, TensorShape(()))]
 
 
@@ -253,8 +295,15 @@ define_op("EncodeJpeg", _encode_shape)
 # The Pillow mode for each requested channel count, and for each Pillow mode the one
 # holding its natural channels (channels=0).
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
-_NATURAL = {"1": "L", "L": "L", "LA": "LA", "RGB": "RGB", "RGBA": "RGBA", "CMYK": "RGB",
-            "YCbCr": "RGB"}
+_NATURAL = {
+    "1": "L",
+    "L": "L",
+    "LA": "LA",
+    "RGB": "RGB",
+    "RGBA": "RGBA",
+    "CMYK": "RGB",
+    "YCbCr": "RGB",
+}
 #: libpng's integer RGB -> gray weights (0.299, 0.587 in 15 bits) that TF asks for; the
 #: sum is truncated, where Pillow's "L" conversion rounds.
 _PNG_GRAY = np.array([9798, 19235, 3735], np.int64)
@@ -264,11 +313,12 @@ def _open(image_module: Any, data: bytes, fmt: str, gray: bool) -> Any:
     try:
         img = image_module.open(io.BytesIO(data), formats=[fmt])
         if gray and fmt == "JPEG":
-            img.draft("L", img.size)   # libjpeg's own grayscale output (the Y channel)
+            img.draft("L", img.size)  # libjpeg's own grayscale output (the Y channel)
         img.load()
     except Exception as exc:
         raise errors.InvalidArgumentError(
-            None, None, f"Invalid {fmt} data, size {len(data)}: {exc}") from None
+            None, None, f"Invalid {fmt} data, size {len(data)}: {exc}"
+        ) from None
     if img.mode.startswith("I"):
         # 16-bit grayscale: keep the high byte, as libpng's strip_16 does for TF.
         high = (np.asarray(img).astype(np.uint32) >> 8).astype(np.uint8)
@@ -285,11 +335,12 @@ def _decoder(op_type: str, fmt: str, channels: int) -> Callable[[Any], np.ndarra
         else:
             natural = _NATURAL.get(img.mode, "RGB")
         if channels == 1 and fmt == "PNG" and natural in ("RGB", "RGBA"):
-            rgb = np.asarray(img.convert("RGB"), dtype=np.int64)   # alpha dropped, as TF
+            rgb = np.asarray(img.convert("RGB"), dtype=np.int64)  # alpha dropped, as TF
             return ((rgb @ _PNG_GRAY) >> 15).astype(np.uint8)[:, :, None]
         mode = _MODES[channels] if channels else natural
         array = np.asarray(img.convert(mode) if img.mode != mode else img, dtype=np.uint8)
         return array if array.ndim == 3 else array[:, :, None]
+
     return decode
 
 
@@ -317,8 +368,11 @@ def _encode_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
         array = np.asarray(image)
         if array.ndim != 3 or array.shape[2] not in ((1, 2, 3, 4) if png else (1, 3)):
             raise errors.InvalidArgumentError(
-                None, None, f"image must be 3-D with {'1-4' if png else '1 or 3'} channels, "
-                            f"got shape {list(array.shape)}")
+                None,
+                None,
+                f"image must be 3-D with {'1-4' if png else '1 or 3'} channels, "
+                f"got shape {list(array.shape)}",
+            )
         mode = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}[array.shape[2]]
         img = image_module.fromarray(array[:, :, 0] if mode == "L" else array, mode)
         out = io.BytesIO()
@@ -330,8 +384,13 @@ def _encode_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 
 def _decode(op_type: str, contents: Any, channels: int, name: str | None) -> Tensor:
     t = convert_to_tensor(contents, dtype=dtypes.string)
-    return make_op(op_type, (t,), {"channels": int(channels), "dtype": dtypes.uint8},
-                   name=name, default_name=op_type).outputs[0]
+    return make_op(
+        op_type,
+        (t,),
+        {"channels": int(channels), "dtype": dtypes.uint8},
+        name=name,
+        default_name=op_type,
+    ).outputs[0]
 
 
 def decode_png(contents: Any, channels: int = 0, name: str | None = None) -> Tensor:
@@ -351,13 +410,18 @@ def encode_png(image: Any, compression: int = -1, name: str | None = None) -> Te
     """uint8 [height, width, channels] as PNG bytes (op ``EncodePng``); decoding gives
     the image back exactly (the compressed bytes differ from TF's libpng)."""
     x = convert_to_tensor(image)
-    return make_op("EncodePng", (x,), {"compression": int(compression)}, name=name,
-                   default_name="EncodePng").outputs[0]
+    return make_op(
+        "EncodePng", (x,), {"compression": int(compression)}, name=name, default_name="EncodePng"
+    ).outputs[0]
 
 
 def encode_jpeg(image: Any, quality: int = 95, name: str | None = None) -> Tensor:
     """uint8 [height, width, 1 or 3] as JPEG bytes (op ``EncodeJpeg``, lossy)."""
     x = convert_to_tensor(image)
-    return make_op("EncodeJpeg", (x,), {"quality": int(quality), "format": ""}, name=name,
-                   default_name="EncodeJpeg").outputs[0]
-
+    return make_op(
+        "EncodeJpeg",
+        (x,),
+        {"quality": int(quality), "format": ""},
+        name=name,
+        default_name="EncodeJpeg",
+    ).outputs[0]

@@ -92,21 +92,30 @@ def _print_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
             count[0] += 1
             show = first_n < 0 or count[0] <= first_n
         if show:
-            sys.stderr.write(message + "".join(f"[{_summarize(d, summarize)}]" for d in data)
-                             + "\n")
+            sys.stderr.write(
+                message + "".join(f"[{_summarize(d, summarize)}]" for d in data) + "\n"
+            )
         return x
 
     return print_kernel, registry.INLINE
 
 
-def Print(input_: Any, data: Sequence[Any], message: str | None = None,
-          first_n: int | None = None, summarize: int | None = None,
-          name: str | None = None) -> Tensor:
+def Print(
+    input_: Any,
+    data: Sequence[Any],
+    message: str | None = None,
+    first_n: int | None = None,
+    summarize: int | None = None,
+    name: str | None = None,
+) -> Tensor:
     """``input_`` unchanged; running it writes ``message`` and ``data`` to stderr (op ``Print``)."""
     x = convert_to_tensor(input_)
     tensors = [convert_to_tensor(d) for d in data]
-    attrs = {"message": message or "", "first_n": -1 if first_n is None else int(first_n),
-             "summarize": 3 if summarize is None else int(summarize)}
+    attrs = {
+        "message": message or "",
+        "first_n": -1 if first_n is None else int(first_n),
+        "summarize": 3 if summarize is None else int(summarize),
+    }
     return make_op("Print", (x, *tensors), attrs, name=name, default_name="Print").outputs[0]
 
 
@@ -134,8 +143,9 @@ def _assert_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return assert_kernel, registry.INLINE
 
 
-def Assert(condition: Any, data: Sequence[Any], summarize: int | None = None,
-           name: str | None = None) -> Operation:
+def Assert(
+    condition: Any, data: Sequence[Any], summarize: int | None = None, name: str | None = None
+) -> Operation:
     """An op that fails the step with ``InvalidArgumentError`` when ``condition`` is false.
 
     The error names the assert op and shows ``data`` (the first ``summarize`` elements

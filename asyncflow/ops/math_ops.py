@@ -83,12 +83,16 @@ Specs = list[tuple[dtypes.DType, Any]]
 
 # TensorFlow's truediv result type for integer operands.
 _TRUEDIV_RESULT = {
-    dtypes.int8: dtypes.float32, dtypes.uint8: dtypes.float32, dtypes.int16: dtypes.float32,
-    dtypes.int32: dtypes.float64, dtypes.int64: dtypes.float64,
+    dtypes.int8: dtypes.float32,
+    dtypes.uint8: dtypes.float32,
+    dtypes.int16: dtypes.float32,
+    dtypes.int32: dtypes.float64,
+    dtypes.int64: dtypes.float64,
 }
 
 
 # -- shape-function helpers --------------------------------------------------------
+
 
 def _check_dtype(t: Tensor, allowed: Callable[[dtypes.DType], bool], what: str) -> None:
     if not allowed(t._dtype):
@@ -107,8 +111,9 @@ def _is_real(d: dtypes.DType) -> bool:
     return d.is_integer or d.is_floating
 
 
-def _binary_checked(allowed: Callable[[dtypes.DType], bool], what: str
-                    ) -> Callable[[Sequence[Tensor], Mapping[str, Any]], Specs]:
+def _binary_checked(
+    allowed: Callable[[dtypes.DType], bool], what: str
+) -> Callable[[Sequence[Tensor], Mapping[str, Any]], Specs]:
     """The shape function of a binary op on ``allowed`` dtypes: :func:`binary_shape`,
     then ``_check_dtype`` of the first operand, in one call (a shape function runs
     once per op built; ``allowed`` once per dtype)."""
@@ -118,8 +123,10 @@ def _binary_checked(allowed: Callable[[dtypes.DType], bool], what: str
         x, y = inputs
         dt = x._dtype
         if dt is not y._dtype:
-            raise TypeError(f"inputs must have the same dtype, got {dt.name} "
-                            f"({x.name}) and {y._dtype.name} ({y.name})")
+            raise TypeError(
+                f"inputs must have the same dtype, got {dt.name} "
+                f"({x.name}) and {y._dtype.name} ({y.name})"
+            )
         shape = broadcast_shapes(x._shape, y._shape)
         ok = verdicts.get(dt)
         if ok is None:
@@ -152,8 +159,9 @@ def _logical_binary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) ->
     return binary_shape(inputs, attrs)
 
 
-def _unary_checked(allowed: Callable[[dtypes.DType], bool], what: str
-                   ) -> Callable[[Sequence[Tensor], Mapping[str, Any]], Specs]:
+def _unary_checked(
+    allowed: Callable[[dtypes.DType], bool], what: str
+) -> Callable[[Sequence[Tensor], Mapping[str, Any]], Specs]:
     def shape_fn(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
         _check_dtype(inputs[0], allowed, what)
         return unary_shape(inputs, attrs)
@@ -388,6 +396,7 @@ def greater_equal(x: Any, y: Any, name: str | None = None) -> Tensor:
 
 # -- logic ----------------------------------------------------------------------------
 
+
 def _logical_inputs(x: Any, y: Any) -> tuple[Tensor, Tensor]:
     return convert_to_tensor(x), convert_to_tensor(y)
 
@@ -398,8 +407,9 @@ inline_kernel("LogicalAnd", np.logical_and)
 
 def logical_and(x: Any, y: Any, name: str | None = None) -> Tensor:
     """Elementwise ``x and y`` of bool tensors (op ``LogicalAnd``)."""
-    return make_op("LogicalAnd", _logical_inputs(x, y), name=name,
-                   default_name="LogicalAnd").outputs[0]
+    return make_op(
+        "LogicalAnd", _logical_inputs(x, y), name=name, default_name="LogicalAnd"
+    ).outputs[0]
 
 
 define_op("LogicalOr", _logical_binary_shape)
@@ -408,8 +418,9 @@ inline_kernel("LogicalOr", np.logical_or)
 
 def logical_or(x: Any, y: Any, name: str | None = None) -> Tensor:
     """Elementwise ``x or y`` of bool tensors (op ``LogicalOr``)."""
-    return make_op("LogicalOr", _logical_inputs(x, y), name=name,
-                   default_name="LogicalOr").outputs[0]
+    return make_op("LogicalOr", _logical_inputs(x, y), name=name, default_name="LogicalOr").outputs[
+        0
+    ]
 
 
 define_op("LogicalXor", _logical_binary_shape)
@@ -418,8 +429,9 @@ inline_kernel("LogicalXor", np.logical_xor)
 
 def logical_xor(x: Any, y: Any, name: str | None = None) -> Tensor:
     """Elementwise exclusive or of bool tensors (op ``LogicalXor``)."""
-    return make_op("LogicalXor", _logical_inputs(x, y), name=name,
-                   default_name="LogicalXor").outputs[0]
+    return make_op(
+        "LogicalXor", _logical_inputs(x, y), name=name, default_name="LogicalXor"
+    ).outputs[0]
 
 
 define_op("LogicalNot", _unary_checked(lambda d: d.is_bool, "bool"))
@@ -508,6 +520,7 @@ def tanh(x: Any, name: str | None = None) -> Tensor:
 
 # -- Cast --------------------------------------------------------------------------
 
+
 def _cast_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     (x,) = inputs
     dst = attrs["DstT"]
@@ -543,6 +556,7 @@ def cast(x: Any, dtype: Any, name: str | None = None) -> Tensor:
 
 # -- AddN -------------------------------------------------------------------------
 
+
 def _add_n_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     if not inputs:
         raise ValueError("AddN needs at least one input")
@@ -550,8 +564,10 @@ def _add_n_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     shape = first._shape
     for t in inputs[1:]:
         if t._dtype is not first._dtype:
-            raise TypeError(f"inputs must have the same dtype, got {first._dtype.name} "
-                            f"({first.name}) and {t._dtype.name} ({t.name})")
+            raise TypeError(
+                f"inputs must have the same dtype, got {first._dtype.name} "
+                f"({first.name}) and {t._dtype.name} ({t.name})"
+            )
         shape = shape.merge_with(t._shape)
     _check_dtype(first, _is_numeric, "a numeric dtype")
     return [(first._dtype, shape)]
@@ -589,32 +605,38 @@ def _add_n_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 def add_n(inputs: Sequence[Any], name: str | None = None) -> Tensor:
     """The elementwise sum of a list of tensors of one dtype and shape (op ``AddN``)."""
     if isinstance(inputs, Tensor) or not isinstance(inputs, Sequence) or not inputs:
-        raise ValueError("inputs must be a non-empty list of tensors of the same "
-                         "shape and dtype")
+        raise ValueError("inputs must be a non-empty list of tensors of the same shape and dtype")
     tensors = [convert_to_tensor(x) for x in inputs]
     return make_op("AddN", tensors, name=name, default_name="AddN").outputs[0]
 
 
 # -- MatMul ------------------------------------------------------------------------
 
+
 def _matmul_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     a, b = inputs
     if a._dtype is not b._dtype:
-        raise TypeError(f"inputs must have the same dtype, got {a._dtype.name} "
-                        f"({a.name}) and {b._dtype.name} ({b.name})")
+        raise TypeError(
+            f"inputs must have the same dtype, got {a._dtype.name} "
+            f"({a.name}) and {b._dtype.name} ({b.name})"
+        )
     _check_dtype(a, _is_numeric, "a numeric dtype")
     for t in (a, b):
         if t._shape.rank is not None and t._shape.rank < 2:
-            raise ValueError(f"Shape must be at least rank 2 but is rank {t._shape.rank} "
-                             f"for input {t.name!r} with shape {t._shape}")
+            raise ValueError(
+                f"Shape must be at least rank 2 but is rank {t._shape.rank} "
+                f"for input {t.name!r} with shape {t._shape}"
+            )
     if a._shape.rank is None or b._shape.rank is None:
         return [(a._dtype, unknown_shape())]
     da, db = a._shape.as_list(), b._shape.as_list()
     rows, inner_a = (da[-1], da[-2]) if attrs["transpose_a"] else (da[-2], da[-1])
     inner_b, cols = (db[-1], db[-2]) if attrs["transpose_b"] else (db[-2], db[-1])
     if inner_a is not None and inner_b is not None and inner_a != inner_b:
-        raise ValueError(f"Dimensions must be equal, but are {inner_a} and {inner_b} "
-                         f"for matmul with input shapes {a._shape} and {b._shape}")
+        raise ValueError(
+            f"Dimensions must be equal, but are {inner_a} and {inner_b} "
+            f"for matmul with input shapes {a._shape} and {b._shape}"
+        )
     batch = broadcast_shapes(TensorShape(da[:-2]), TensorShape(db[:-2]))
     return [(a._dtype, TensorShape([*batch.as_list(), rows, cols]))]
 
@@ -638,8 +660,9 @@ def _matmul_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return (lambda a, b: np.matmul(a, _swap(b))), registry.INLINE
 
 
-def matmul(a: Any, b: Any, transpose_a: bool = False, transpose_b: bool = False,
-           name: str | None = None) -> Tensor:
+def matmul(
+    a: Any, b: Any, transpose_a: bool = False, transpose_b: bool = False, name: str | None = None
+) -> Tensor:
     """The matrix product ``a @ b`` of rank >= 2 tensors (op ``MatMul``).
 
     Leading (batch) dimensions broadcast; ``transpose_a``/``transpose_b`` transpose the
@@ -651,6 +674,7 @@ def matmul(a: Any, b: Any, transpose_a: bool = False, transpose_b: bool = False,
 
 
 # -- reductions ---------------------------------------------------------------------
+
 
 def _normalize_axes(axis: Any, op_type: str, name: str | None) -> list[int] | None:
     if axis is None:
@@ -686,8 +710,9 @@ def _reduced_shape(x: Tensor, axes: list[int] | None, keepdims: bool) -> TensorS
     return TensorShape([d for i, d in enumerate(dims) if i not in drop])
 
 
-def _reduce_shape_fn(allowed: Callable[[dtypes.DType], bool], what: str
-                     ) -> Callable[[Sequence[Tensor], Mapping[str, Any]], Specs]:
+def _reduce_shape_fn(
+    allowed: Callable[[dtypes.DType], bool], what: str
+) -> Callable[[Sequence[Tensor], Mapping[str, Any]], Specs]:
     def shape_fn(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
         (x,) = inputs
         _check_dtype(x, allowed, what)
@@ -703,8 +728,10 @@ def _np_axis(axes: list[int] | None) -> tuple[int, ...] | None:
 def _reduction_factory(fn: Callable[..., Any], pass_dtype: bool) -> registry.KernelFactory:
     def factory(op: Operation) -> tuple[Callable[..., Any], int]:
         x = op._inputs[0]
-        kwargs: dict[str, Any] = {"axis": _np_axis(op._attrs["axis"]),
-                                  "keepdims": op._attrs["keep_dims"]}
+        kwargs: dict[str, Any] = {
+            "axis": _np_axis(op._attrs["axis"]),
+            "keepdims": op._attrs["keep_dims"],
+        }
         if pass_dtype:
             # Keep the input dtype (np.sum would widen int32 to int64, np.mean ints to float).
             kwargs["dtype"] = x._dtype.np
@@ -713,8 +740,15 @@ def _reduction_factory(fn: Callable[..., Any], pass_dtype: bool) -> registry.Ker
     return factory
 
 
-def _reduce(op_type: str, input_tensor: Any, axis: Any, keepdims: Any, name: str | None,
-            reduction_indices: Any, keep_dims: Any) -> Tensor:
+def _reduce(
+    op_type: str,
+    input_tensor: Any,
+    axis: Any,
+    keepdims: Any,
+    name: str | None,
+    reduction_indices: Any,
+    keep_dims: Any,
+) -> Tensor:
     if reduction_indices is not None:
         if axis is not None:
             raise ValueError("cannot specify both 'axis' and 'reduction_indices'")
@@ -746,6 +780,7 @@ def _extreme_factory(fn: Callable[..., Any], lowest: bool) -> registry.KernelFac
     The identity of max is -inf for floats and the dtype's minimum for integers
     (min: +inf / the maximum); numpy raises for an empty reduction without it.
     """
+
     def factory(op: Operation) -> tuple[Callable[..., Any], int]:
         dt = op._inputs[0]._dtype.np
         if dt.kind == "f":
@@ -753,9 +788,9 @@ def _extreme_factory(fn: Callable[..., Any], lowest: bool) -> registry.KernelFac
         else:
             info = np.iinfo(dt)
             initial = info.min if lowest else info.max
-        return functools.partial(fn, axis=_np_axis(op._attrs["axis"]),
-                                 keepdims=op._attrs["keep_dims"],
-                                 initial=initial), registry.INLINE
+        return functools.partial(
+            fn, axis=_np_axis(op._attrs["axis"]), keepdims=op._attrs["keep_dims"], initial=initial
+        ), registry.INLINE
 
     return factory
 
@@ -789,13 +824,19 @@ def _float_mean(x: Any, axis: tuple[int, ...] | None, keepdims: bool) -> Any:
 def _mean_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     dt = op._inputs[0]._dtype
     fn = _integer_mean if dt.is_integer else _float_mean
-    return functools.partial(fn, axis=_np_axis(op._attrs["axis"]),
-                             keepdims=op._attrs["keep_dims"]), registry.INLINE
+    return functools.partial(
+        fn, axis=_np_axis(op._attrs["axis"]), keepdims=op._attrs["keep_dims"]
+    ), registry.INLINE
 
 
-def reduce_sum(input_tensor: Any, axis: Any = None, keepdims: Any = None,
-               name: str | None = None, reduction_indices: Any = None,
-               keep_dims: Any = None) -> Tensor:
+def reduce_sum(
+    input_tensor: Any,
+    axis: Any = None,
+    keepdims: Any = None,
+    name: str | None = None,
+    reduction_indices: Any = None,
+    keep_dims: Any = None,
+) -> Tensor:
     """The sum over ``axis`` (an int, a list of ints, or None for all), op ``Sum``.
 
     Keeps the input dtype; negative axes count from the end; ``keepdims`` keeps the
@@ -804,54 +845,88 @@ def reduce_sum(input_tensor: Any, axis: Any = None, keepdims: Any = None,
     return _reduce("Sum", input_tensor, axis, keepdims, name, reduction_indices, keep_dims)
 
 
-def reduce_mean(input_tensor: Any, axis: Any = None, keepdims: Any = None,
-                name: str | None = None, reduction_indices: Any = None,
-                keep_dims: Any = None) -> Tensor:
+def reduce_mean(
+    input_tensor: Any,
+    axis: Any = None,
+    keepdims: Any = None,
+    name: str | None = None,
+    reduction_indices: Any = None,
+    keep_dims: Any = None,
+) -> Tensor:
     """The mean over ``axis`` (op ``Mean``); integer inputs give a truncated integer mean."""
     return _reduce("Mean", input_tensor, axis, keepdims, name, reduction_indices, keep_dims)
 
 
-def reduce_max(input_tensor: Any, axis: Any = None, keepdims: Any = None,
-               name: str | None = None, reduction_indices: Any = None,
-               keep_dims: Any = None) -> Tensor:
+def reduce_max(
+    input_tensor: Any,
+    axis: Any = None,
+    keepdims: Any = None,
+    name: str | None = None,
+    reduction_indices: Any = None,
+    keep_dims: Any = None,
+) -> Tensor:
     """The maximum over ``axis`` (op ``Max``)."""
     return _reduce("Max", input_tensor, axis, keepdims, name, reduction_indices, keep_dims)
 
 
-def reduce_min(input_tensor: Any, axis: Any = None, keepdims: Any = None,
-               name: str | None = None, reduction_indices: Any = None,
-               keep_dims: Any = None) -> Tensor:
+def reduce_min(
+    input_tensor: Any,
+    axis: Any = None,
+    keepdims: Any = None,
+    name: str | None = None,
+    reduction_indices: Any = None,
+    keep_dims: Any = None,
+) -> Tensor:
     """The minimum over ``axis`` (op ``Min``)."""
     return _reduce("Min", input_tensor, axis, keepdims, name, reduction_indices, keep_dims)
 
 
-def reduce_prod(input_tensor: Any, axis: Any = None, keepdims: Any = None,
-                name: str | None = None, reduction_indices: Any = None,
-                keep_dims: Any = None) -> Tensor:
+def reduce_prod(
+    input_tensor: Any,
+    axis: Any = None,
+    keepdims: Any = None,
+    name: str | None = None,
+    reduction_indices: Any = None,
+    keep_dims: Any = None,
+) -> Tensor:
     """The product over ``axis`` (op ``Prod``), in the input dtype."""
     return _reduce("Prod", input_tensor, axis, keepdims, name, reduction_indices, keep_dims)
 
 
-def reduce_all(input_tensor: Any, axis: Any = None, keepdims: Any = None,
-               name: str | None = None, reduction_indices: Any = None,
-               keep_dims: Any = None) -> Tensor:
+def reduce_all(
+    input_tensor: Any,
+    axis: Any = None,
+    keepdims: Any = None,
+    name: str | None = None,
+    reduction_indices: Any = None,
+    keep_dims: Any = None,
+) -> Tensor:
     """Logical and over ``axis`` of a bool tensor (op ``All``)."""
     return _reduce("All", input_tensor, axis, keepdims, name, reduction_indices, keep_dims)
 
 
-def reduce_any(input_tensor: Any, axis: Any = None, keepdims: Any = None,
-               name: str | None = None, reduction_indices: Any = None,
-               keep_dims: Any = None) -> Tensor:
+def reduce_any(
+    input_tensor: Any,
+    axis: Any = None,
+    keepdims: Any = None,
+    name: str | None = None,
+    reduction_indices: Any = None,
+    keep_dims: Any = None,
+) -> Tensor:
     """Logical or over ``axis`` of a bool tensor (op ``Any``)."""
     return _reduce("Any", input_tensor, axis, keepdims, name, reduction_indices, keep_dims)
 
 
 # -- ArgMax / ArgMin -------------------------------------------------------------
 
+
 def _arg_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     (x,) = inputs
-    _check_dtype(x, lambda d: d.is_integer or d.is_floating or d.is_bool,
-                 "an integer, floating or bool dtype")
+    _check_dtype(
+        x,
+        lambda d: d.is_integer or d.is_floating or d.is_bool,
+        "an integer, floating or bool dtype",
+    )
     out = attrs["output_type"]
     if out not in (dtypes.int32, dtypes.int64):
         raise TypeError(f"output_type must be int32 or int64, got {out.name}")
@@ -869,6 +944,7 @@ def _arg_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
 def _arg_factory(fn: Callable[..., Any], nan_as: float) -> registry.KernelFactory:
     """ArgMax / ArgMin as TF's CPU kernel: NaNs are skipped (an all-NaN slice gives 0),
     ties give the first index, an empty axis is ``InvalidArgumentError``."""
+
     def factory(op: Operation) -> tuple[Callable[..., Any], int]:
         axis = op._attrs["axis"]
         out = op._attrs["output_type"].np
@@ -877,8 +953,10 @@ def _arg_factory(fn: Callable[..., Any], nan_as: float) -> registry.KernelFactor
         def arg_kernel(x: Any) -> Any:
             if x.shape[axis] == 0:
                 raise errors.InvalidArgumentError(
-                    None, None, f"Reduction axis {axis} is empty in shape "
-                    f"[{','.join(map(str, x.shape))}]")
+                    None,
+                    None,
+                    f"Reduction axis {axis} is empty in shape [{','.join(map(str, x.shape))}]",
+                )
             if floating:
                 nans = np.isnan(x)
                 if nans.any():
@@ -895,8 +973,9 @@ for _type, _arg_fn, _nan_as in (("ArgMax", np.argmax, -np.inf), ("ArgMin", np.ar
     registry.register_kernel_factory(_type)(_arg_factory(_arg_fn, _nan_as))
 
 
-def _arg(op_type: str, input: Any, axis: Any, name: str | None, output_type: Any,
-         dimension: Any) -> Tensor:
+def _arg(
+    op_type: str, input: Any, axis: Any, name: str | None, output_type: Any, dimension: Any
+) -> Tensor:
     if dimension is not None:
         if axis is not None:
             raise ValueError("cannot specify both 'axis' and 'dimension'")
@@ -905,18 +984,29 @@ def _arg(op_type: str, input: Any, axis: Any, name: str | None, output_type: Any
     if axes is None or len(axes) != 1:
         raise TypeError(f"{op_type} axis must be a single int, got {axis!r}")
     attrs = {"axis": axes[0], "output_type": dtypes.as_dtype(output_type)}
-    return make_op(op_type, (convert_to_tensor(input),), attrs, name=name,
-                   default_name=op_type).outputs[0]
+    return make_op(
+        op_type, (convert_to_tensor(input),), attrs, name=name, default_name=op_type
+    ).outputs[0]
 
 
-def argmax(input: Any, axis: Any = None, name: str | None = None, dimension: Any = None,
-           output_type: Any = dtypes.int64) -> Tensor:
+def argmax(
+    input: Any,
+    axis: Any = None,
+    name: str | None = None,
+    dimension: Any = None,
+    output_type: Any = dtypes.int64,
+) -> Tensor:
     """The index of the largest value along ``axis`` (default 0), op ``ArgMax``."""
     return _arg("ArgMax", input, axis, name, output_type, dimension)
 
 
-def argmin(input: Any, axis: Any = None, name: str | None = None, dimension: Any = None,
-           output_type: Any = dtypes.int64) -> Tensor:
+def argmin(
+    input: Any,
+    axis: Any = None,
+    name: str | None = None,
+    dimension: Any = None,
+    output_type: Any = dtypes.int64,
+) -> Tensor:
     """The index of the smallest value along ``axis`` (default 0), op ``ArgMin``."""
     return _arg("ArgMin", input, axis, name, output_type, dimension)
 
@@ -935,11 +1025,14 @@ def _range_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     dt = inputs[0]._dtype
     for t in inputs:
         if t._dtype is not dt:
-            raise TypeError(f"start, limit and delta must have the same dtype, got "
-                            f"{dt.name} and {t._dtype.name} ({t.name})")
+            raise TypeError(
+                f"start, limit and delta must have the same dtype, got "
+                f"{dt.name} and {t._dtype.name} ({t.name})"
+            )
         if t._shape.rank not in (0, None):
-            raise ValueError(f"start, limit and delta must be scalars, got shape "
-                             f"{t._shape} ({t.name})")
+            raise ValueError(
+                f"start, limit and delta must be scalars, got shape {t._shape} ({t.name})"
+            )
     if dt not in _RANGE_ORDER:
         raise TypeError(f"range takes int32, int64, float32 or float64, got {dt.name}")
     values = [_const_scalar(t) for t in inputs]
@@ -974,8 +1067,9 @@ def _range_arg(value: Any, dtype: dtypes.DType) -> Tensor:
         return cast(convert_to_tensor(value), dtype)
 
 
-def range(start: Any, limit: Any = None, delta: Any = 1, dtype: Any = None,
-          name: str | None = "range") -> Tensor:
+def range(
+    start: Any, limit: Any = None, delta: Any = 1, dtype: Any = None, name: str | None = "range"
+) -> Tensor:
     """``[start, start + delta, ...]`` up to but excluding ``limit`` (TF ``tf.range``).
 
     ``range(n)`` counts from 0.  Without ``dtype`` the widest of the arguments' dtypes
@@ -987,15 +1081,16 @@ def range(start: Any, limit: Any = None, delta: Any = 1, dtype: Any = None,
     if dtype is not None:
         dt = dtypes.as_dtype(dtype)
     else:
-        inferred = [a.dtype if isinstance(a, Tensor) else dtypes.dtype_of_value(a)
-                    for a in args]
-        dt = builtins.max(inferred, key=lambda d: _RANGE_ORDER.index(d)
-                          if d in _RANGE_ORDER else -1)
+        inferred = [a.dtype if isinstance(a, Tensor) else dtypes.dtype_of_value(a) for a in args]
+        dt = builtins.max(
+            inferred, key=lambda d: _RANGE_ORDER.index(d) if d in _RANGE_ORDER else -1
+        )
     tensors = tuple(_range_arg(a, dt) for a in args)
     return make_op("Range", tensors, name=name, default_name="range").outputs[0]
 
 
 # -- Select / Where -----------------------------------------------------------------
+
 
 def _select_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     cond, x, y = inputs
@@ -1020,8 +1115,7 @@ define_op("Where", _where_shape)
 
 def _where_kernel(cond: Any) -> np.ndarray:
     if cond.ndim == 0:  # as TF's kernel: it handles ranks 1 to 8 only
-        raise errors.InvalidArgumentError(None, None, "WhereOp : Unhandled input "
-                                          "dimensions: 0")
+        raise errors.InvalidArgumentError(None, None, "WhereOp : Unhandled input dimensions: 0")
     return np.argwhere(cond).astype(np.int64, copy=False)
 
 
@@ -1045,11 +1139,14 @@ def where(condition: Any, x: Any = None, y: Any = None, name: str | None = None)
 
 # -- Tensor operators ---------------------------------------------------------------
 
-def _binary_operator(fn: Callable[..., Tensor], name: str, op_type: str | None = None
-                     ) -> tuple[Callable[[Tensor, Any], Tensor], Callable[[Tensor, Any], Tensor]]:
+
+def _binary_operator(
+    fn: Callable[..., Tensor], name: str, op_type: str | None = None
+) -> tuple[Callable[[Tensor, Any], Tensor], Callable[[Tensor, Any], Tensor]]:
     """The forward and reflected operator of ``fn``.  With ``op_type`` (``fn`` is
     ``_binary(op_type, ...)``), two tensors go straight to the op (see
     ``graph._binary_operator``): a long chain of ``x + y`` is built op by op."""
+
     def forward(self: Tensor, other: Any) -> Tensor:
         return fn(self, other, name=name)
 
@@ -1085,8 +1182,12 @@ def _install_operators() -> None:
     operators: dict[str, Callable[..., Tensor]] = {}
     for key, (fn, name, op_type) in table.items():
         operators[key], operators[f"r{key}"] = _binary_operator(fn, name, op_type)
-    for key, fn, name in (("lt", less, "Less"), ("le", less_equal, "LessEqual"),
-                          ("gt", greater, "Greater"), ("ge", greater_equal, "GreaterEqual")):
+    for key, fn, name in (
+        ("lt", less, "Less"),
+        ("le", less_equal, "LessEqual"),
+        ("gt", greater, "Greater"),
+        ("ge", greater_equal, "GreaterEqual"),
+    ):
         operators[key] = _binary_operator(fn, name, name)[0]
     operators.update(neg=negative, abs=abs, invert=logical_not)
     graph_module._OPERATORS.update(operators)

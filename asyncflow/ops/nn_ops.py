@@ -40,16 +40,16 @@ Specs = list[tuple[dtypes.DType, Any]]
 def _real_unary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     (x,) = inputs
     if not (x._dtype.is_integer or x._dtype.is_floating):
-        raise TypeError(f"input {x.name!r} has dtype {x._dtype.name}, expected an "
-                        f"integer or floating dtype")
+        raise TypeError(
+            f"input {x.name!r} has dtype {x._dtype.name}, expected an integer or floating dtype"
+        )
     return [(x._dtype, x._shape)]
 
 
 def _float_unary_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     (x,) = inputs
     if not x._dtype.is_floating:
-        raise TypeError(f"input {x.name!r} has dtype {x._dtype.name}, expected a "
-                        f"floating dtype")
+        raise TypeError(f"input {x.name!r} has dtype {x._dtype.name}, expected a floating dtype")
     return [(x._dtype, x._shape)]
 
 
@@ -102,6 +102,7 @@ def sigmoid(x: Any, name: str | None = None) -> Tensor:
 
 # -- Softmax -----------------------------------------------------------------------
 
+
 def _softmax_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     specs = _float_unary_shape(inputs, attrs)
     (x,) = inputs
@@ -111,8 +112,10 @@ def _softmax_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
         if rank == 0:
             raise ValueError(f"softmax needs logits of rank >= 1, got a scalar ({x.name})")
         if not -rank <= axis < rank:
-            raise ValueError(f"axis {axis} is out of range [{-rank}, {rank}) for logits "
-                             f"{x.name!r} of rank {rank}")
+            raise ValueError(
+                f"axis {axis} is out of range [{-rank}, {rank}) for logits "
+                f"{x.name!r} of rank {rank}"
+            )
     return specs
 
 
@@ -128,8 +131,9 @@ def _softmax(x: Any, axis: int) -> Any:
 inline_kernel("Softmax", _softmax, attrs=("axis",))
 
 
-def softmax(logits: Any, axis: int | None = None, name: str | None = None,
-            dim: int | None = None) -> Tensor:
+def softmax(
+    logits: Any, axis: int | None = None, name: str | None = None, dim: int | None = None
+) -> Tensor:
     """``exp(logits) / sum(exp(logits), axis)``, numerically stable (op ``Softmax``).
 
     ``axis`` defaults to the last dimension; ``dim`` is its TF 1.x alias.
@@ -174,8 +178,9 @@ inline_kernel("LeakyRelu", _leaky_relu_kernel, attrs=("alpha",))
 def leaky_relu(features: Any, alpha: float = 0.2, name: str | None = None) -> Tensor:
     """``features`` where positive, else ``alpha * features`` (op ``LeakyRelu``)."""
     x = convert_to_tensor(features)
-    return make_op("LeakyRelu", (x,), {"alpha": float(alpha)}, name=name,
-                   default_name="LeakyRelu").outputs[0]
+    return make_op(
+        "LeakyRelu", (x,), {"alpha": float(alpha)}, name=name, default_name="LeakyRelu"
+    ).outputs[0]
 
 
 define_op("Elu", _float_unary_shape)
@@ -217,6 +222,7 @@ def selu(features: Any, name: str | None = None) -> Tensor:
 
 # -- LogSoftmax ----------------------------------------------------------------------
 
+
 def _last_axis_float_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     specs = _float_unary_shape(inputs, attrs)
     (x,) = inputs
@@ -236,8 +242,9 @@ def _log_softmax(x: Any, axis: int = -1) -> Any:
 inline_kernel("LogSoftmax", _log_softmax)
 
 
-def log_softmax(logits: Any, axis: int | None = None, name: str | None = None,
-                dim: int | None = None) -> Tensor:
+def log_softmax(
+    logits: Any, axis: int | None = None, name: str | None = None, dim: int | None = None
+) -> Tensor:
     """``logits - log(sum(exp(logits), axis))`` (op ``LogSoftmax``, last axis).
 
     For another ``axis`` the op runs on a transposed view, as TensorFlow does.
@@ -261,13 +268,15 @@ def log_softmax(logits: Any, axis: int | None = None, name: str | None = None,
 
 # -- BiasAdd ----------------------------------------------------------------------------
 
+
 def _bias_add_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     x, b = inputs
     if not x._dtype.is_numeric:
         raise TypeError(f"value {x.name!r} has dtype {x._dtype.name}, expected numeric")
     if b._dtype is not x._dtype:
-        raise TypeError(f"bias {b.name!r} has dtype {b._dtype.name}, value {x.name!r} has "
-                        f"{x._dtype.name}")
+        raise TypeError(
+            f"bias {b.name!r} has dtype {b._dtype.name}, value {x.name!r} has {x._dtype.name}"
+        )
     fmt = attrs["data_format"]
     if fmt not in ("NHWC", "NCHW"):
         raise ValueError(f"data_format must be 'NHWC' or 'NCHW', got {fmt!r}")
@@ -279,8 +288,10 @@ def _bias_add_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs
     if rank is not None and b._shape.rank == 1:
         c = x._shape[1 if fmt == "NCHW" else -1]
         if c is not None and b._shape[0] is not None and c != b._shape[0]:
-            raise ValueError(f"bias of size {b._shape[0]} does not match the channel "
-                             f"dimension {c} of value {x.name!r} with shape {x._shape}")
+            raise ValueError(
+                f"bias of size {b._shape[0]} does not match the channel "
+                f"dimension {c} of value {x.name!r} with shape {x._shape}"
+            )
     return [(x._dtype, x._shape)]
 
 
@@ -298,19 +309,21 @@ def _bias_add_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return bias_add_nchw, registry.INLINE
 
 
-def bias_add(value: Any, bias: Any, data_format: str | None = None,
-             name: str | None = None) -> Tensor:
+def bias_add(
+    value: Any, bias: Any, data_format: str | None = None, name: str | None = None
+) -> Tensor:
     """``value + bias`` with a 1-D ``bias`` over the channel dimension (op ``BiasAdd``)."""
     x = convert_to_tensor(value)
     b = _like(bias, x.dtype)
-    return make_op("BiasAdd", (x, b), {"data_format": data_format or "NHWC"}, name=name,
-                   default_name="BiasAdd").outputs[0]
+    return make_op(
+        "BiasAdd", (x, b), {"data_format": data_format or "NHWC"}, name=name, default_name="BiasAdd"
+    ).outputs[0]
 
 
 # -- FusedBatchNorm ----------------------------------------------------------------------
 
-def _batch_norm_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any], outputs: int
-                      ) -> Specs:
+
+def _batch_norm_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any], outputs: int) -> Specs:
     x, scale, offset, mean, var = inputs
     if x._dtype not in (dtypes.float16, dtypes.float32):
         raise TypeError(f"x {x.name!r} has dtype {x._dtype.name}, expected float16 or float32")
@@ -375,10 +388,17 @@ for _bn in ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"):
     registry.register_kernel_factory(_bn)(_batch_norm_factory)
 
 
-def fused_batch_norm(x: Any, scale: Any, offset: Any, mean: Any = None, variance: Any = None,
-                     epsilon: float = 0.001, data_format: str = "NHWC",
-                     is_training: bool = True, name: str | None = None
-                     ) -> tuple[Tensor, Tensor, Tensor]:
+def fused_batch_norm(
+    x: Any,
+    scale: Any,
+    offset: Any,
+    mean: Any = None,
+    variance: Any = None,
+    epsilon: float = 0.001,
+    data_format: str = "NHWC",
+    is_training: bool = True,
+    name: str | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Batch normalization of a rank-4 ``x`` (op ``FusedBatchNormV3``).
 
     Returns ``(y, batch_mean, batch_variance)`` as ``tf.compat.v1.nn.fused_batch_norm``.
@@ -388,32 +408,43 @@ def fused_batch_norm(x: Any, scale: Any, offset: Any, mean: Any = None, variance
     xt = convert_to_tensor(x)
     if mean is None or variance is None:
         if not is_training:
-            raise ValueError("fused_batch_norm: mean and variance are required when "
-                             "is_training=False")
+            raise ValueError(
+                "fused_batch_norm: mean and variance are required when is_training=False"
+            )
         mean = variance = np.zeros((0,), np.float32)
     tensors = tuple(_like(v, dtypes.float32) for v in (scale, offset, mean, variance))
     min_eps = 1.001e-5
-    attrs = {"epsilon": float(max(epsilon, min_eps)), "data_format": data_format,
-             "is_training": bool(is_training), "exponential_avg_factor": 1.0}
-    op = make_op("FusedBatchNormV3", (xt, *tensors), attrs, name=name,
-                 default_name="FusedBatchNormV3")
+    attrs = {
+        "epsilon": float(max(epsilon, min_eps)),
+        "data_format": data_format,
+        "is_training": bool(is_training),
+        "exponential_avg_factor": 1.0,
+    }
+    op = make_op(
+        "FusedBatchNormV3", (xt, *tensors), attrs, name=name, default_name="FusedBatchNormV3"
+    )
     return op.outputs[0], op.outputs[1], op.outputs[2]
 
 
 # -- softmax cross entropy ----------------------------------------------------------------
 
+
 def _xent_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     logits, labels = inputs
     _float_unary_shape((logits,), attrs)
     if labels._dtype is not logits._dtype:
-        raise TypeError(f"labels {labels.name!r} have dtype {labels._dtype.name}, logits "
-                        f"{logits.name!r} have {logits._dtype.name}")
+        raise TypeError(
+            f"labels {labels.name!r} have dtype {labels._dtype.name}, logits "
+            f"{logits.name!r} have {logits._dtype.name}"
+        )
     if logits._shape.rank not in (2, None):
-        raise ValueError(f"logits must be 2-D [batch, classes], got shape {logits._shape} "
-                         f"({logits.name})")
+        raise ValueError(
+            f"logits must be 2-D [batch, classes], got shape {logits._shape} ({logits.name})"
+        )
     if not logits._shape.is_compatible_with(labels._shape):
-        raise ValueError(f"logits and labels must have the same shape, got "
-                         f"{logits._shape} and {labels._shape}")
+        raise ValueError(
+            f"logits and labels must have the same shape, got {logits._shape} and {labels._shape}"
+        )
     shape = logits._shape.merge_with(labels._shape)
     batch = TensorShape([shape[0]]) if shape.rank == 2 else unknown_shape(1)
     return [(logits._dtype, batch), (logits._dtype, shape)]
@@ -435,16 +466,16 @@ def _sparse_xent_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Sp
     logits, labels = inputs
     _float_unary_shape((logits,), attrs)
     if labels._dtype not in (dtypes.int32, dtypes.int64):
-        raise TypeError(f"labels {labels.name!r} have dtype {labels._dtype.name}, expected "
-                        f"int32 or int64")
+        raise TypeError(
+            f"labels {labels.name!r} have dtype {labels._dtype.name}, expected int32 or int64"
+        )
     if logits._shape.rank not in (2, None):
-        raise ValueError(f"logits must be 2-D [batch, classes], got shape {logits._shape} "
-                         f"({logits.name})")
+        raise ValueError(
+            f"logits must be 2-D [batch, classes], got shape {logits._shape} ({logits.name})"
+        )
     if labels._shape.rank not in (1, None):
-        raise ValueError(f"labels must be 1-D [batch], got shape {labels._shape} "
-                         f"({labels.name})")
-    batch = TensorShape([None]) if logits._shape.rank is None else TensorShape(
-        [logits._shape[0]])
+        raise ValueError(f"labels must be 1-D [batch], got shape {labels._shape} ({labels.name})")
+    batch = TensorShape([None]) if logits._shape.rank is None else TensorShape([logits._shape[0]])
     batch = batch.merge_with(labels._shape) if labels._shape.rank == 1 else batch
     return [(logits._dtype, batch), (logits._dtype, logits._shape)]
 
@@ -458,8 +489,11 @@ def _sparse_xent_kernel(logits: Any, labels: Any) -> list[Any]:
     if np.any(bad):
         value = labels[np.argmax(bad)]
         raise errors.InvalidArgumentError(
-            None, None, f"Received a label value of {value} which is outside the valid "
-                        f"range of [0, {classes}).  Label values: {labels.tolist()}")
+            None,
+            None,
+            f"Received a label value of {value} which is outside the valid "
+            f"range of [0, {classes}).  Label values: {labels.tolist()}",
+        )
     log_p = _log_softmax(logits)
     rows = np.arange(labels.shape[0])
     loss = -log_p[rows, labels]
@@ -471,9 +505,13 @@ def _sparse_xent_kernel(logits: Any, labels: Any) -> list[Any]:
 inline_kernel("SparseSoftmaxCrossEntropyWithLogits", _sparse_xent_kernel)
 
 
-def softmax_cross_entropy_with_logits(labels: Any = None, logits: Any = None,
-                                      axis: int = -1, name: str | None = None,
-                                      dim: int | None = None) -> Tensor:
+def softmax_cross_entropy_with_logits(
+    labels: Any = None,
+    logits: Any = None,
+    axis: int = -1,
+    name: str | None = None,
+    dim: int | None = None,
+) -> Tensor:
     """Per-example ``-sum(labels * log_softmax(logits))`` over the last axis.
 
     Op ``SoftmaxCrossEntropyWithLogits`` (rank-2 ``[batch, classes]`` inputs, as TF's op).
@@ -484,13 +522,18 @@ def softmax_cross_entropy_with_logits(labels: Any = None, logits: Any = None,
         raise ValueError("softmax_cross_entropy_with_logits supports axis=-1 only")
     lg = convert_to_tensor(logits)
     lb = _like(labels, lg.dtype)
-    op = make_op("SoftmaxCrossEntropyWithLogits", (lg, lb), name=name,
-                 default_name="SoftmaxCrossEntropyWithLogits")
+    op = make_op(
+        "SoftmaxCrossEntropyWithLogits",
+        (lg, lb),
+        name=name,
+        default_name="SoftmaxCrossEntropyWithLogits",
+    )
     return op.outputs[0]
 
 
-def sparse_softmax_cross_entropy_with_logits(labels: Any = None, logits: Any = None,
-                                             name: str | None = None) -> Tensor:
+def sparse_softmax_cross_entropy_with_logits(
+    labels: Any = None, logits: Any = None, name: str | None = None
+) -> Tensor:
     """Per-example ``-log_softmax(logits)[label]`` for int class ``labels``.
 
     Op ``SparseSoftmaxCrossEntropyWithLogits``; a label outside ``[0, classes)`` fails
@@ -499,15 +542,21 @@ def sparse_softmax_cross_entropy_with_logits(labels: Any = None, logits: Any = N
     if labels is None or logits is None:
         raise ValueError("sparse_softmax_cross_entropy_with_logits needs labels= and logits=")
     lg, lb = convert_to_tensor(logits), convert_to_tensor(labels)
-    op = make_op("SparseSoftmaxCrossEntropyWithLogits", (lg, lb), name=name,
-                 default_name="SparseSoftmaxCrossEntropyWithLogits")
+    op = make_op(
+        "SparseSoftmaxCrossEntropyWithLogits",
+        (lg, lb),
+        name=name,
+        default_name="SparseSoftmaxCrossEntropyWithLogits",
+    )
     return op.outputs[0]
 
 
 # -- l2_normalize (composite, as TF) ------------------------------------------------------
 
-def l2_normalize(x: Any, axis: Any = None, epsilon: float = 1e-12, name: str | None = None,
-                 dim: Any = None) -> Tensor:
+
+def l2_normalize(
+    x: Any, axis: Any = None, epsilon: float = 1e-12, name: str | None = None, dim: Any = None
+) -> Tensor:
     """``x / sqrt(max(sum(x ** 2, axis), epsilon))`` built from TF's ops.
 
     ``Square``, ``Sum``, ``Maximum``, ``Rsqrt`` and ``Mul``, exactly as ``tf.nn.l2_normalize``.

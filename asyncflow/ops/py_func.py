@@ -26,8 +26,9 @@ from asyncflow.ops._base import define_op, make_op
 __all__ = ["py_func"]
 
 
-def _py_func_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]
-                   ) -> list[tuple[dtypes.DType, Any]]:
+def _py_func_shape(
+    inputs: Sequence[Tensor], attrs: Mapping[str, Any]
+) -> list[tuple[dtypes.DType, Any]]:
     return [(dt, unknown_shape()) for dt in attrs["Tout"]]
 
 
@@ -57,8 +58,9 @@ def _converter(op: Operation) -> Callable[[Any], Any]:
             return None  # Tout=[]: a side-effect function; whatever it returns is dropped
         values = result if isinstance(result, list | tuple) else [result]
         if len(values) != n:
-            raise ValueError(f"{label} returned {len(values)} values, but expects to see "
-                             f"{n} values")
+            raise ValueError(
+                f"{label} returned {len(values)} values, but expects to see {n} values"
+            )
         if n == 1:
             return as_output(values[0], targets[0])
         return [as_output(v, t) for v, t in zip(values, targets, strict=True)]
@@ -70,6 +72,7 @@ def _py_func_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     func = op._attrs["func"]
     convert = _converter(op)
     if op._attrs["is_async"]:
+
         async def async_kernel(*args: Any) -> Any:
             return convert(await func(*args))
 
@@ -94,19 +97,38 @@ def _is_async(func: Any) -> bool:
 
 
 @overload
-def py_func(func: Callable[..., Any], inp: Any,
-            Tout: dtypes.DType | str | type | np.dtype[Any], *, stateful: bool = True,
-            expensive: bool = False, name: str | None = None) -> Tensor: ...
+def py_func(
+    func: Callable[..., Any],
+    inp: Any,
+    Tout: dtypes.DType | str | type | np.dtype[Any],
+    *,
+    stateful: bool = True,
+    expensive: bool = False,
+    name: str | None = None,
+) -> Tensor: ...
 
 
 @overload
-def py_func(func: Callable[..., Any], inp: Any, Tout: list[Any] | tuple[Any, ...], *,
-            stateful: bool = True, expensive: bool = False,
-            name: str | None = None) -> Any: ...
+def py_func(
+    func: Callable[..., Any],
+    inp: Any,
+    Tout: list[Any] | tuple[Any, ...],
+    *,
+    stateful: bool = True,
+    expensive: bool = False,
+    name: str | None = None,
+) -> Any: ...
 
 
-def py_func(func: Callable[..., Any], inp: Any, Tout: Any, *, stateful: bool = True,
-            expensive: bool = False, name: str | None = None) -> Any:
+def py_func(
+    func: Callable[..., Any],
+    inp: Any,
+    Tout: Any,
+    *,
+    stateful: bool = True,
+    expensive: bool = False,
+    name: str | None = None,
+) -> Any:
     """An op that calls ``func(*input_values)`` with numpy values when it runs.
 
     ``Tout`` is a DType (returns a Tensor) or a list/tuple of DTypes (returns a list of
@@ -122,8 +144,10 @@ def py_func(func: Callable[..., Any], inp: Any, Tout: Any, *, stateful: bool = T
         raise TypeError(f"py_func: func must be callable, got {func!r}")
     is_async = _is_async(func)
     if is_async and expensive:
-        raise ValueError(f"py_func: async def function {func!r} cannot be expensive "
-                         f"(expensive functions run on worker threads)")
+        raise ValueError(
+            f"py_func: async def function {func!r} cannot be expensive "
+            f"(expensive functions run on worker threads)"
+        )
     single = not isinstance(Tout, list | tuple)
     tout = [dtypes.as_dtype(Tout)] if single else [dtypes.as_dtype(t) for t in Tout]
     if isinstance(inp, list | tuple):
@@ -131,8 +155,13 @@ def py_func(func: Callable[..., Any], inp: Any, Tout: Any, *, stateful: bool = T
     else:
         inputs = [convert_to_tensor(inp)]
     op_type = "PyFunc" if stateful else "PyFuncStateless"
-    attrs = {"func": func, "Tout": tout, "single": single, "expensive": bool(expensive),
-             "is_async": is_async}
+    attrs = {
+        "func": func,
+        "Tout": tout,
+        "single": single,
+        "expensive": bool(expensive),
+        "is_async": is_async,
+    }
     op = make_op(op_type, inputs, attrs, name=name, default_name=op_type)
     if single:
         return op.outputs[0]

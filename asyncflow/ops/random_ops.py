@@ -29,8 +29,7 @@ from asyncflow.ops._base import const_value, define_op, make_op
 from asyncflow.ops._philox import PhiloxStream
 from asyncflow.ops.array_ops import constant
 
-__all__ = ["get_seed", "random_normal", "random_uniform", "set_random_seed",
-           "truncated_normal"]
+__all__ = ["get_seed", "random_normal", "random_uniform", "set_random_seed", "truncated_normal"]
 
 Specs = list[tuple[dtypes.DType, Any]]
 
@@ -44,14 +43,15 @@ def set_random_seed(seed: int | None) -> None:
     get_default_graph()._seed = None if seed is None else int(seed)
 
 
-def get_seed(op_seed: int | None, graph: Graph | None = None
-             ) -> tuple[int | None, int | None]:
+def get_seed(op_seed: int | None, graph: Graph | None = None) -> tuple[int | None, int | None]:
     """The ``(graph seed, op seed)`` an op uses, by TensorFlow 1.x's rules."""
     g = graph if graph is not None else get_default_graph()
     graph_seed: int | None = getattr(g, "_seed", None)
     if graph_seed is not None:
         seeds: tuple[int | None, int | None] = (
-            graph_seed, len(g._ops) if op_seed is None else int(op_seed))
+            graph_seed,
+            len(g._ops) if op_seed is None else int(op_seed),
+        )
     elif op_seed is not None:
         seeds = (DEFAULT_GRAPH_SEED, int(op_seed))
     else:
@@ -65,8 +65,7 @@ def get_seed(op_seed: int | None, graph: Graph | None = None
 def _random_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     shape = inputs[0]
     if shape._dtype not in (dtypes.int32, dtypes.int64):
-        raise TypeError(f"shape {shape.name!r} must be int32 or int64, got "
-                        f"{shape._dtype.name}")
+        raise TypeError(f"shape {shape.name!r} must be int32 or int64, got {shape._dtype.name}")
     if shape._shape.rank not in (1, None):
         raise ValueError(f"shape {shape.name!r} must be a vector, got shape {shape._shape}")
     dt = attrs["dtype"] if "dtype" in attrs else inputs[1]._dtype
@@ -82,16 +81,17 @@ def _random_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
 
 def _float_random_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     if attrs["dtype"] not in _FLOATS:
-        raise TypeError(f"dtype must be float16, float32 or float64, got "
-                        f"{attrs['dtype'].name}")
+        raise TypeError(f"dtype must be float16, float32 or float64, got {attrs['dtype'].name}")
     return _random_shape(inputs, attrs)
 
 
 def _int_random_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     _, lo, hi = inputs
     if lo._dtype not in (dtypes.int32, dtypes.int64) or hi._dtype is not lo._dtype:
-        raise TypeError(f"minval and maxval must both be int32 or int64, got "
-                        f"{lo._dtype.name} and {hi._dtype.name}")
+        raise TypeError(
+            f"minval and maxval must both be int32 or int64, got "
+            f"{lo._dtype.name} and {hi._dtype.name}"
+        )
     return _random_shape(inputs, attrs)
 
 
@@ -102,8 +102,12 @@ define_op("RandomUniformInt", _int_random_shape, stateful=True)
 
 def _stream(op: Operation, resources: Any) -> PhiloxStream:
     seed, seed2 = int(op._attrs.get("seed", 0)), int(op._attrs.get("seed2", 0))
-    return resources.lookup_or_create("random", op._name, PhiloxStream,  # type: ignore[no-any-return]
-                                      lambda: PhiloxStream(seed, seed2))
+    return resources.lookup_or_create(
+        "random",
+        op._name,
+        PhiloxStream,  # type: ignore[no-any-return]
+        lambda: PhiloxStream(seed, seed2),
+    )
 
 
 def _dims(shape: Any) -> tuple[int, ...]:
@@ -127,12 +131,13 @@ def _float_factory(method: str) -> Callable[[Operation, Any], tuple[Callable[...
     return factory
 
 
-registry.register_kernel_factory("RandomUniform", needs_resources=True)(
-    _float_factory("uniform"))
+registry.register_kernel_factory("RandomUniform", needs_resources=True)(_float_factory("uniform"))
 registry.register_kernel_factory("RandomStandardNormal", needs_resources=True)(
-    _float_factory("normal"))
+    _float_factory("normal")
+)
 registry.register_kernel_factory("TruncatedNormal", needs_resources=True)(
-    _float_factory("truncated_normal"))
+    _float_factory("truncated_normal")
+)
 
 
 @registry.register_kernel_factory("RandomUniformInt", needs_resources=True)
@@ -157,18 +162,31 @@ def _shape_tensor(shape: Any) -> Tensor:
     return constant(np.asarray(shape, np.int32).reshape(-1), dtype=dtypes.int32, name="shape")
 
 
-def _random_op(op_type: str, shape: Any, dtype: Any, seed: int | None,
-               name: str | None, extra: Sequence[Tensor] = ()) -> Tensor:
+def _random_op(
+    op_type: str,
+    shape: Any,
+    dtype: Any,
+    seed: int | None,
+    name: str | None,
+    extra: Sequence[Tensor] = (),
+) -> Tensor:
     s1, s2 = get_seed(seed)
     attrs: dict[str, Any] = {"seed": s1 or 0, "seed2": s2 or 0}
     if op_type != "RandomUniformInt":
         attrs["dtype"] = dtypes.as_dtype(dtype)
-    return make_op(op_type, (_shape_tensor(shape), *extra), attrs, name=name,
-                   default_name=op_type).outputs[0]
+    return make_op(
+        op_type, (_shape_tensor(shape), *extra), attrs, name=name, default_name=op_type
+    ).outputs[0]
 
 
-def random_uniform(shape: Any, minval: Any = 0, maxval: Any = None, dtype: Any = dtypes.float32,
-                   seed: int | None = None, name: str | None = None) -> Tensor:
+def random_uniform(
+    shape: Any,
+    minval: Any = 0,
+    maxval: Any = None,
+    dtype: Any = dtypes.float32,
+    seed: int | None = None,
+    name: str | None = None,
+) -> Tensor:
     """Uniform values in ``[minval, maxval)`` (``maxval`` defaults to 1 for floats).
 
     Floats: ``RandomUniform * (maxval - minval) + minval``, as TF; ints: ``RandomUniformInt``
@@ -190,8 +208,14 @@ def random_uniform(shape: Any, minval: Any = 0, maxval: Any = None, dtype: Any =
         return add(multiply(rnd, subtract(hi, lo)), lo)
 
 
-def random_normal(shape: Any, mean: Any = 0.0, stddev: Any = 1.0, dtype: Any = dtypes.float32,
-                  seed: int | None = None, name: str | None = None) -> Tensor:
+def random_normal(
+    shape: Any,
+    mean: Any = 0.0,
+    stddev: Any = 1.0,
+    dtype: Any = dtypes.float32,
+    seed: int | None = None,
+    name: str | None = None,
+) -> Tensor:
     """Normal values: ``RandomStandardNormal * stddev + mean``, as TF."""
     from asyncflow.framework.graph import name_scope
     from asyncflow.ops.math_ops import add, multiply
@@ -202,9 +226,14 @@ def random_normal(shape: Any, mean: Any = 0.0, stddev: Any = 1.0, dtype: Any = d
         return add(multiply(_random_op("RandomStandardNormal", shape, dt, seed, None), s), m)
 
 
-def truncated_normal(shape: Any, mean: Any = 0.0, stddev: Any = 1.0,
-                     dtype: Any = dtypes.float32, seed: int | None = None,
-                     name: str | None = None) -> Tensor:
+def truncated_normal(
+    shape: Any,
+    mean: Any = 0.0,
+    stddev: Any = 1.0,
+    dtype: Any = dtypes.float32,
+    seed: int | None = None,
+    name: str | None = None,
+) -> Tensor:
     """Normal values redrawn beyond two standard deviations: ``TruncatedNormal * stddev + mean``."""
     from asyncflow.framework.graph import name_scope
     from asyncflow.ops.math_ops import add, multiply

@@ -31,8 +31,7 @@ from asyncflow.ops.array_ops import (
     stack,
 )
 
-__all__ = ["boolean_mask", "gather_nd", "reverse", "slice", "split", "strided_slice",
-           "unstack"]
+__all__ = ["boolean_mask", "gather_nd", "reverse", "slice", "split", "strided_slice", "unstack"]
 
 Specs = list[tuple[dtypes.DType, Any]]
 _INDEX = (dtypes.int32, dtypes.int64)
@@ -50,6 +49,7 @@ def _vector_value(t: Tensor) -> list[int] | None:
 
 # -- Slice ---------------------------------------------------------------------------------
 
+
 def _slice_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     x, begin, size = inputs
     _check_index(begin, "begin")
@@ -58,8 +58,9 @@ def _slice_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     rank = x._shape.rank
     n = len(b) if b is not None else (begin._shape[0] if begin._shape.rank == 1 else None)
     if rank is not None and n is not None and n != rank:
-        raise ValueError(f"begin and size must have {rank} elements for input {x.name!r} of "
-                         f"rank {rank}, got {n}")
+        raise ValueError(
+            f"begin and size must have {rank} elements for input {x.name!r} of rank {rank}, got {n}"
+        )
     if s is None:
         return [(x._dtype, unknown_shape(rank if rank is not None else n))]
     dims = x._shape.as_list() if rank is not None else [None] * len(s)
@@ -70,8 +71,10 @@ def _slice_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
             out.append(None if d is None or start is None else d - start)
         else:
             if d is not None and start is not None and not 0 <= start <= start + sz <= d:
-                raise ValueError(f"slice [{start}, {start + sz}) is out of range for "
-                                 f"dimension {i} of size {d} of input {x.name!r}")
+                raise ValueError(
+                    f"slice [{start}, {start + sz}) is out of range for "
+                    f"dimension {i} of size {d} of input {x.name!r}"
+                )
             out.append(sz)
     return [(x._dtype, TensorShape(out))]
 
@@ -84,8 +87,9 @@ def _slice_kernel(x: Any, begin: Any, size: Any) -> Any:
     for i, (b, s) in enumerate(zip(np.asarray(begin).tolist(), np.asarray(size).tolist())):
         end = x.shape[i] if s == -1 else b + s
         if not 0 <= b <= end <= x.shape[i]:
-            raise ValueError(f"Expected begin {b} and size {s} to fit dimension {i} of "
-                             f"size {x.shape[i]}")
+            raise ValueError(
+                f"Expected begin {b} and size {s} to fit dimension {i} of size {x.shape[i]}"
+            )
         key.append(builtins.slice(b, end))
     return x[tuple(key)]
 
@@ -155,8 +159,9 @@ def _strided_slice_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> 
         elif kind == "index":
             d = next(dims)
             if b is not None and d is not None and not -d <= b[i] < d:
-                raise ValueError(f"index {b[i]} is out of bounds for dimension of size {d} "
-                                 f"of tensor {x.name!r}")
+                raise ValueError(
+                    f"index {b[i]} is out of bounds for dimension of size {d} of tensor {x.name!r}"
+                )
         else:
             d = next(dims)
             if d is None or b is None or e is None or s is None:
@@ -166,8 +171,9 @@ def _strided_slice_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> 
     return [(x._dtype, TensorShape(out))]
 
 
-def _slice_of(i: int, b: Sequence[int], e: Sequence[int], s: Sequence[int],
-              attrs: Mapping[str, Any]) -> builtins.slice:
+def _slice_of(
+    i: int, b: Sequence[int], e: Sequence[int], s: Sequence[int], attrs: Mapping[str, Any]
+) -> builtins.slice:
     bit = 1 << i
     start = None if attrs["begin_mask"] & bit else b[i]
     stop = None if attrs["end_mask"] & bit else e[i]
@@ -177,8 +183,9 @@ def _slice_of(i: int, b: Sequence[int], e: Sequence[int], s: Sequence[int],
 define_op("StridedSlice", _strided_slice_shape)
 
 
-def _strided_key(attrs: Mapping[str, Any], b: Sequence[int], e: Sequence[int],
-                 s: Sequence[int]) -> tuple[Any, ...]:
+def _strided_key(
+    attrs: Mapping[str, Any], b: Sequence[int], e: Sequence[int], s: Sequence[int]
+) -> tuple[Any, ...]:
     key: list[Any] = []
     for i, kind in enumerate(_kinds(len(b), attrs)):
         if kind == "ellipsis":
@@ -214,17 +221,29 @@ def _strided_slice_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
         return (lambda x, *_: _apply_key(x, key)), registry.INLINE
 
     def strided_slice_kernel(x: Any, begin: Any, end: Any, strides: Any) -> Any:
-        key = _strided_key(attrs, np.asarray(begin).tolist(), np.asarray(end).tolist(),
-                           np.asarray(strides).tolist())
+        key = _strided_key(
+            attrs,
+            np.asarray(begin).tolist(),
+            np.asarray(end).tolist(),
+            np.asarray(strides).tolist(),
+        )
         return _apply_key(x, key)
 
     return strided_slice_kernel, registry.INLINE
 
 
-def strided_slice(input_: Any, begin: Any, end: Any, strides: Any = None,
-                  begin_mask: int = 0, end_mask: int = 0, ellipsis_mask: int = 0,
-                  new_axis_mask: int = 0, shrink_axis_mask: int = 0,
-                  name: str | None = None) -> Tensor:
+def strided_slice(
+    input_: Any,
+    begin: Any,
+    end: Any,
+    strides: Any = None,
+    begin_mask: int = 0,
+    end_mask: int = 0,
+    ellipsis_mask: int = 0,
+    new_axis_mask: int = 0,
+    shrink_axis_mask: int = 0,
+    name: str | None = None,
+) -> Tensor:
     """TF's ``strided_slice``: ``input_[begin:end:strides]`` per dimension, with the masks.
 
     Bit ``i`` of ``begin_mask``/``end_mask`` ignores ``begin[i]``/``end[i]``; of
@@ -235,11 +254,16 @@ def strided_slice(input_: Any, begin: Any, end: Any, strides: Any = None,
     b = _index_vector(begin)
     e = _index_vector(end)
     s = _index_vector(strides if strides is not None else [1] * (b.shape[0] or 0))
-    attrs = {"begin_mask": int(begin_mask), "end_mask": int(end_mask),
-             "ellipsis_mask": int(ellipsis_mask), "new_axis_mask": int(new_axis_mask),
-             "shrink_axis_mask": int(shrink_axis_mask)}
-    return make_op("StridedSlice", (x, b, e, s), attrs, name=name,
-                   default_name="strided_slice").outputs[0]
+    attrs = {
+        "begin_mask": int(begin_mask),
+        "end_mask": int(end_mask),
+        "ellipsis_mask": int(ellipsis_mask),
+        "new_axis_mask": int(new_axis_mask),
+        "shrink_axis_mask": int(shrink_axis_mask),
+    }
+    return make_op(
+        "StridedSlice", (x, b, e, s), attrs, name=name, default_name="strided_slice"
+    ).outputs[0]
 
 
 def _index_vector(value: Any) -> Tensor:
@@ -256,8 +280,10 @@ def _bound(v: Any) -> Any:
             raise TypeError(f"a tensor index must be a scalar integer tensor, got {t!r}")
         return t
     if isinstance(v, bool) or not isinstance(v, int | np.integer):
-        raise TypeError(f"only integers, slices (`:`), ellipsis (`...`), af.newaxis "
-                        f"(`None`) and scalar int tensors are valid indices, got {v!r}")
+        raise TypeError(
+            f"only integers, slices (`:`), ellipsis (`...`), af.newaxis "
+            f"(`None`) and scalar int tensors are valid indices, got {v!r}"
+        )
     return int(v)
 
 
@@ -294,8 +320,9 @@ def _getitem(tensor: Tensor, key: Any) -> Tensor:
         raise ValueError("an index can only have a single ellipsis ('...')")
     with tensor.graph.as_default():
         vectors = [_packed(v) for v in (begin, end, strides)]
-        return make_op("StridedSlice", (tensor, *vectors), masks,
-                       default_name="strided_slice").outputs[0]
+        return make_op(
+            "StridedSlice", (tensor, *vectors), masks, default_name="strided_slice"
+        ).outputs[0]
 
 
 def _packed(values: list[Any]) -> Tensor:
@@ -303,11 +330,16 @@ def _packed(values: list[Any]) -> Tensor:
         return constant(np.asarray(values, dtype=np.int32).reshape(-1), dtype=dtypes.int32)
     from asyncflow.ops.math_ops import cast
 
-    return stack([cast(v, dtypes.int32) if isinstance(v, Tensor)
-                  else constant(v, dtype=dtypes.int32) for v in values])
+    return stack(
+        [
+            cast(v, dtypes.int32) if isinstance(v, Tensor) else constant(v, dtype=dtypes.int32)
+            for v in values
+        ]
+    )
 
 
 # -- Split, SplitV, Unpack -----------------------------------------------------------------
+
 
 def _split_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     axis_t, x = inputs
@@ -323,8 +355,10 @@ def _split_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     size = dims[a]
     if size is not None:
         if size % num:
-            raise ValueError(f"dimension {a} of size {size} of {x.name!r} is not evenly "
-                             f"divisible by num_split {num}")
+            raise ValueError(
+                f"dimension {a} of size {size} of {x.name!r} is not evenly "
+                f"divisible by num_split {num}"
+            )
         dims[a] = size // num
     return [(x._dtype, TensorShape(dims))] * num
 
@@ -339,8 +373,9 @@ def _split_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     def split_kernel(axis: Any, x: Any) -> list[Any]:
         a = int(axis)
         if x.shape[a] % num:
-            raise ValueError(f"dimension {a} of size {x.shape[a]} is not evenly divisible "
-                             f"by num_split {num}")
+            raise ValueError(
+                f"dimension {a} of size {x.shape[a]} is not evenly divisible by num_split {num}"
+            )
         return np.split(x, num, axis=a)
 
     return split_kernel, registry.INLINE
@@ -358,17 +393,19 @@ def _split_v_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     a = _check_axis(axis[0], rank, x)
     dims = x._shape.as_list()
     if sizes is None:
-        return [(x._dtype, TensorShape([*dims[:a], None, *dims[a + 1:]]))] * num
+        return [(x._dtype, TensorShape([*dims[:a], None, *dims[a + 1 :]]))] * num
     if sizes.count(-1) > 1:
         raise ValueError(f"size_splits may hold at most one -1, got {sizes}")
     size = dims[a]
     if -1 in sizes and size is not None:
         sizes[sizes.index(-1)] = size - (builtins.sum(sizes) + 1)
     if -1 not in sizes and size is not None and builtins.sum(sizes) != size:
-        raise ValueError(f"size_splits {sizes} do not add up to dimension {a} of size "
-                         f"{dims[a]} of {x.name!r}")
-    return [(x._dtype, TensorShape([*dims[:a], None if n == -1 else n, *dims[a + 1:]]))
-            for n in sizes]
+        raise ValueError(
+            f"size_splits {sizes} do not add up to dimension {a} of size {dims[a]} of {x.name!r}"
+        )
+    return [
+        (x._dtype, TensorShape([*dims[:a], None if n == -1 else n, *dims[a + 1 :]])) for n in sizes
+    ]
 
 
 define_op("SplitV", _split_v_shape)
@@ -380,16 +417,20 @@ def _split_v_kernel(x: Any, sizes: Any, axis: Any) -> list[Any]:
     if -1 in sz:
         sz[sz.index(-1)] = x.shape[a] - (builtins.sum(sz) + 1)
     if builtins.sum(sz) != x.shape[a] or builtins.min(sz, default=0) < 0:
-        raise ValueError(f"size_splits {sz} do not add up to dimension {a} of size "
-                         f"{x.shape[a]}")
+        raise ValueError(f"size_splits {sz} do not add up to dimension {a} of size {x.shape[a]}")
     return np.split(x, np.cumsum(sz)[:-1], axis=a)
 
 
 registry.register_kernel_factory("SplitV")(lambda op: (_split_v_kernel, registry.INLINE))
 
 
-def split(value: Any, num_or_size_splits: Any, axis: Any = 0, num: int | None = None,
-          name: str | None = "split") -> list[Tensor]:
+def split(
+    value: Any,
+    num_or_size_splits: Any,
+    axis: Any = 0,
+    num: int | None = None,
+    name: str | None = "split",
+) -> list[Tensor]:
     """``value`` cut along ``axis`` into equal parts (an int, op ``Split``) or parts of the
     given sizes (a list, one may be ``-1``; op ``SplitV``)."""
     x = convert_to_tensor(value)
@@ -399,18 +440,19 @@ def split(value: Any, num_or_size_splits: Any, axis: Any = 0, num: int | None = 
         count = static_value(num_or_size_splits, "num_or_size_splits", "Split", name)
         num_or_size_splits = int(count)
     if isinstance(num_or_size_splits, int | np.integer):
-        op = make_op("Split", (a, x), {"num_split": int(num_or_size_splits)}, name=name,
-                     default_name="split")
+        op = make_op(
+            "Split", (a, x), {"num_split": int(num_or_size_splits)}, name=name, default_name="split"
+        )
         return list(op.outputs)
-    sizes = convert_to_tensor(num_or_size_splits, dtype=None if isinstance(
-        num_or_size_splits, Tensor) else dtypes.int32)
+    sizes = convert_to_tensor(
+        num_or_size_splits, dtype=None if isinstance(num_or_size_splits, Tensor) else dtypes.int32
+    )
     if num is None:
         n = sizes.shape[0] if sizes.shape.rank == 1 else None
         if n is None:
             raise ValueError(f"cannot infer the number of splits from {sizes!r}; pass num")
         num = n
-    op = make_op("SplitV", (x, sizes, a), {"num_split": int(num)}, name=name,
-                 default_name="split")
+    op = make_op("SplitV", (x, sizes, a), {"num_split": int(num)}, name=name, default_name="split")
     return list(op.outputs)
 
 
@@ -423,8 +465,9 @@ def _unpack_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     a = _check_axis(axis, rank, x)
     dims = x._shape.as_list()
     if dims[a] is not None and dims[a] != num:
-        raise ValueError(f"cannot unstack {num} tensors from dimension {a} of size "
-                         f"{dims[a]} of {x.name!r}")
+        raise ValueError(
+            f"cannot unstack {num} tensors from dimension {a} of size {dims[a]} of {x.name!r}"
+        )
     del dims[a]
     return [(x._dtype, TensorShape(dims))] * num
 
@@ -438,15 +481,15 @@ def _unpack_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 
     def unpack_kernel(x: Any) -> list[Any]:
         if x.shape[axis] != num:
-            raise ValueError(f"cannot unstack {num} tensors from dimension of size "
-                             f"{x.shape[axis]}")
+            raise ValueError(f"cannot unstack {num} tensors from dimension of size {x.shape[axis]}")
         return [np.take(x, i, axis=axis) for i in builtins.range(num)]
 
     return unpack_kernel, registry.INLINE
 
 
-def unstack(value: Any, num: int | None = None, axis: Any = 0,
-            name: str | None = "unstack") -> list[Tensor]:
+def unstack(
+    value: Any, num: int | None = None, axis: Any = 0, name: str | None = "unstack"
+) -> list[Tensor]:
     """The slices of ``value`` along ``axis`` as a list of tensors (op ``Unpack``)."""
     x = convert_to_tensor(value)
     axis = _axis_value(axis, "Unpack", name)
@@ -456,12 +499,12 @@ def unstack(value: Any, num: int | None = None, axis: Any = 0,
         if n is None:
             raise ValueError(f"cannot infer num from shape {x.shape} of {x.name!r}")
         num = n
-    op = make_op("Unpack", (x,), {"num": int(num), "axis": axis}, name=name,
-                 default_name="unstack")
+    op = make_op("Unpack", (x,), {"num": int(num), "axis": axis}, name=name, default_name="unstack")
     return list(op.outputs)
 
 
 # -- ReverseV2 ---------------------------------------------------------------------------
+
 
 def _reverse_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     x, axis = inputs
@@ -486,12 +529,16 @@ registry.register_kernel_factory("ReverseV2")(lambda op: (_reverse_kernel, regis
 def reverse(tensor: Any, axis: Any, name: str | None = None) -> Tensor:
     """``tensor`` with the dimensions in ``axis`` reversed (op ``ReverseV2``)."""
     x = convert_to_tensor(tensor)
-    a = axis if isinstance(axis, Tensor) else constant(
-        np.asarray(axis, np.int32).reshape(-1), dtype=dtypes.int32)
+    a = (
+        axis
+        if isinstance(axis, Tensor)
+        else constant(np.asarray(axis, np.int32).reshape(-1), dtype=dtypes.int32)
+    )
     return make_op("ReverseV2", (x, a), name=name, default_name="ReverseV2").outputs[0]
 
 
 # -- GatherNd -----------------------------------------------------------------------------
+
 
 def _gather_nd_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     params, indices = inputs
@@ -504,8 +551,10 @@ def _gather_nd_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Spec
     if depth is None:
         return [(params._dtype, unknown_shape())]
     if depth > params._shape.rank:
-        raise ValueError(f"indices.shape[-1] = {depth} exceeds the rank "
-                         f"{params._shape.rank} of params {params.name!r}")
+        raise ValueError(
+            f"indices.shape[-1] = {depth} exceeds the rank "
+            f"{params._shape.rank} of params {params.name!r}"
+        )
     dims = indices._shape.as_list()[:-1] + params._shape.as_list()[depth:]
     return [(params._dtype, TensorShape(dims))]
 
@@ -520,9 +569,12 @@ def _gather_nd_kernel(params: Any, indices: Any) -> Any:
     if np.any(bad):
         where = np.argwhere(bad.any(axis=-1))[0]
         raise errors.InvalidArgumentError(
-            None, None, f"indices[{','.join(map(str, where))}] = "
+            None,
+            None,
+            f"indices[{','.join(map(str, where))}] = "
             f"{indices[tuple(where)].tolist()} does not index into param shape "
-            f"[{','.join(map(str, params.shape))}]")
+            f"[{','.join(map(str, params.shape))}]",
+        )
     return params[tuple(np.moveaxis(indices, -1, 0))]
 
 
@@ -537,8 +589,10 @@ def gather_nd(params: Any, indices: Any, name: str | None = None) -> Tensor:
 
 # -- boolean_mask (composite, as TF) ---------------------------------------------------------
 
-def boolean_mask(tensor: Any, mask: Any, name: str = "boolean_mask",
-                 axis: int | None = None) -> Tensor:
+
+def boolean_mask(
+    tensor: Any, mask: Any, name: str = "boolean_mask", axis: int | None = None
+) -> Tensor:
     """The elements (or slices) of ``tensor`` where the bool ``mask`` is true.
 
     Built from ``Reshape``, ``Where``, ``Squeeze`` and ``GatherV2`` as TF's; ``mask``'s
@@ -557,15 +611,21 @@ def boolean_mask(tensor: Any, mask: Any, name: str = "boolean_mask",
     a = axis or 0
     dims = t.shape.as_list() if t.shape.rank is not None else None
     if dims is None or len(dims) < a + k:
-        raise ValueError(f"tensor {t.name!r} of shape {t.shape} has too few dimensions for "
-                         f"a mask of rank {k} at axis {a}")
-    if not TensorShape(dims[a:a + k]).is_compatible_with(m.shape):
-        raise ValueError(f"mask shape {m.shape} does not match the dimensions "
-                         f"{dims[a:a + k]} of tensor {t.name!r}")
-    lead, rest = dims[:a], dims[a + k:]
+        raise ValueError(
+            f"tensor {t.name!r} of shape {t.shape} has too few dimensions for "
+            f"a mask of rank {k} at axis {a}"
+        )
+    if not TensorShape(dims[a : a + k]).is_compatible_with(m.shape):
+        raise ValueError(
+            f"mask shape {m.shape} does not match the dimensions "
+            f"{dims[a : a + k]} of tensor {t.name!r}"
+        )
+    lead, rest = dims[:a], dims[a + k :]
     if None in lead or None in rest:
-        raise ValueError(f"boolean_mask needs the dimensions of {t.name!r} outside the mask "
-                         f"to be known, got {t.shape}")
+        raise ValueError(
+            f"boolean_mask needs the dimensions of {t.name!r} outside the mask "
+            f"to be known, got {t.shape}"
+        )
     with name_scope(name):
         flat = reshape(t, [*lead, -1, *rest])
         idx = squeeze(where(reshape(m, [-1])), axis=[1])

@@ -29,8 +29,7 @@ from asyncflow.framework.shapes import TensorShape, as_shape
 from asyncflow.ops._base import define_op
 from asyncflow.runtime.resources import ResourceMgr, VariableStore
 
-__all__ = ["Variable", "global_variables", "global_variables_initializer",
-           "variables_initializer"]
+__all__ = ["Variable", "global_variables", "global_variables_initializer", "variables_initializer"]
 
 
 def _variable_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any]:
@@ -40,11 +39,15 @@ def _variable_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[
 def _assign_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> list[Any]:
     (value,) = inputs
     if value._dtype is not attrs["dtype"]:
-        raise TypeError(f"cannot assign a {value._dtype.name} value to variable "
-                        f"{attrs['var_name']!r} of dtype {attrs['dtype'].name}")
+        raise TypeError(
+            f"cannot assign a {value._dtype.name} value to variable "
+            f"{attrs['var_name']!r} of dtype {attrs['dtype'].name}"
+        )
     if not attrs["shape"].is_compatible_with(value._shape):
-        raise ValueError(f"cannot assign a value of shape {value._shape} to variable "
-                         f"{attrs['var_name']!r} of shape {attrs['shape']}")
+        raise ValueError(
+            f"cannot assign a value of shape {value._shape} to variable "
+            f"{attrs['var_name']!r} of shape {attrs['shape']}"
+        )
     return [(attrs["dtype"], attrs["shape"])]
 
 
@@ -57,8 +60,9 @@ for _t in ("Assign", "AssignAdd", "AssignSub"):
 def _store(op: Operation, resources: ResourceMgr) -> VariableStore:
     name = op._attrs["var_name"]
     np_dtype = op._attrs["dtype"].np
-    return resources.lookup_or_create("", name, VariableStore,
-                                      lambda: VariableStore(name, np_dtype))
+    return resources.lookup_or_create(
+        "", name, VariableStore, lambda: VariableStore(name, np_dtype)
+    )
 
 
 @registry.register_kernel_factory("VariableV2", needs_resources=True)
@@ -73,15 +77,13 @@ def _assign_kernel(op: Operation, resources: ResourceMgr) -> tuple[Callable[...,
 
 
 @registry.register_kernel_factory("AssignAdd", needs_resources=True)
-def _assign_add_kernel(op: Operation, resources: ResourceMgr
-                       ) -> tuple[Callable[..., Any], int]:
+def _assign_add_kernel(op: Operation, resources: ResourceMgr) -> tuple[Callable[..., Any], int]:
     store = _store(op, resources)
     return (lambda delta: store.update(lambda v: v + delta)), registry.INLINE
 
 
 @registry.register_kernel_factory("AssignSub", needs_resources=True)
-def _assign_sub_kernel(op: Operation, resources: ResourceMgr
-                       ) -> tuple[Callable[..., Any], int]:
+def _assign_sub_kernel(op: Operation, resources: ResourceMgr) -> tuple[Callable[..., Any], int]:
     store = _store(op, resources)
     return (lambda delta: store.update(lambda v: v - delta)), registry.INLINE
 
@@ -94,13 +96,18 @@ class Variable(TensorOperators):
     and ``assign_sub`` return the new value and can be control dependencies.
     """
 
-    def __init__(self, initial_value: Any = None, trainable: bool = True,
-                 name: str | None = None, dtype: Any = None, shape: Any = None) -> None:
+    def __init__(
+        self,
+        initial_value: Any = None,
+        trainable: bool = True,
+        name: str | None = None,
+        dtype: Any = None,
+        shape: Any = None,
+    ) -> None:
         if initial_value is None:
             raise ValueError("af.Variable needs an initial_value")
         graph = get_default_graph()
-        with graph.name_scope(name or "Variable") as scope, \
-                graph.control_dependencies(None):
+        with graph.name_scope(name or "Variable") as scope, graph.control_dependencies(None):
             if callable(initial_value):
                 initial_value = initial_value()
             init = convert_to_tensor(initial_value, dtype=dtype, name="initial_value")
@@ -109,8 +116,13 @@ class Variable(TensorOperators):
             self._dtype = init.dtype
             self._shape = var_shape
             self._name = scope[:-1]
-            attrs = {"dtype": init.dtype, "shape": var_shape, "var_name": self._name,
-                     "container": "", "shared_name": self._name}
+            attrs = {
+                "dtype": init.dtype,
+                "shape": var_shape,
+                "var_name": self._name,
+                "container": "",
+                "shared_name": self._name,
+            }
             self._variable = graph.create_op("VariableV2", (), attrs, name=scope)
             self._attrs = attrs
             with graph.colocate_with(self._variable):
@@ -174,33 +186,47 @@ class Variable(TensorOperators):
     def read_value(self) -> Tensor:
         """A new read of the variable: runs after the current control dependencies."""
         with self._graph.colocate_with(self._variable):
-            return self._graph.create_op("ReadVariableOp", (), self._attrs,
-                                         name="read").outputs[0]
+            return self._graph.create_op("ReadVariableOp", (), self._attrs, name="read").outputs[0]
 
     def _update(self, op_type: str, value: Any, name: str | None) -> Tensor:
         v = convert_to_tensor(value, dtype=self._dtype)
         with self._graph.colocate_with(self._variable):
-            return self._graph.create_op(op_type, (v,), self._attrs,
-                                         name=name or op_type).outputs[0]
+            return self._graph.create_op(op_type, (v,), self._attrs, name=name or op_type).outputs[
+                0
+            ]
 
-    def assign(self, value: Any, use_locking: bool = False, name: str | None = None,
-               read_value: bool = True) -> Tensor:
+    def assign(
+        self,
+        value: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Tensor:
         """Set the value; returns the new value (a tensor usable as a dependency)."""
         return self._update("Assign", value, name)
 
-    def assign_add(self, delta: Any, use_locking: bool = False, name: str | None = None,
-                   read_value: bool = True) -> Tensor:
+    def assign_add(
+        self,
+        delta: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Tensor:
         """Add ``delta`` atomically; returns the new value."""
         return self._update("AssignAdd", delta, name)
 
-    def assign_sub(self, delta: Any, use_locking: bool = False, name: str | None = None,
-                   read_value: bool = True) -> Tensor:
+    def assign_sub(
+        self,
+        delta: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Tensor:
         """Subtract ``delta`` atomically; returns the new value."""
         return self._update("AssignSub", delta, name)
 
     def __repr__(self) -> str:
-        return (f"<af.Variable '{self.name}' shape={self._shape} "
-                f"dtype={self._dtype.name}>")
+        return f"<af.Variable '{self.name}' shape={self._shape} dtype={self._dtype.name}>"
 
     def __bool__(self) -> bool:
         raise TypeError(f"using af.Variable {self.name!r} as a Python bool is not allowed")
@@ -226,4 +252,3 @@ def variables_initializer(var_list: Sequence[Variable], name: str = "init") -> O
 def global_variables_initializer() -> Operation:
     """Initialize every variable of the default graph (``sess.run(init)``)."""
     return variables_initializer(global_variables(), name="init")
-

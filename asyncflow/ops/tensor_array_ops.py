@@ -38,6 +38,7 @@ _FLOW = (dtypes.float32, TensorShape(()))
 
 # -- the array --------------------------------------------------------------------------------
 
+
 class _Element:
     __slots__ = ("cleared", "read", "value")
 
@@ -50,11 +51,27 @@ class _Element:
 class _Array:
     """One TensorArray of one step (TF's ``TensorArray`` resource)."""
 
-    __slots__ = ("clear_after_read", "closed", "dtype", "dynamic_size", "element_shape",
-                 "elements", "identical", "name")
+    __slots__ = (
+        "clear_after_read",
+        "closed",
+        "dtype",
+        "dynamic_size",
+        "element_shape",
+        "elements",
+        "identical",
+        "name",
+    )
 
-    def __init__(self, name: str, dtype: np.dtype[Any], size: int, dynamic_size: bool,
-                 clear_after_read: bool, element_shape: TensorShape, identical: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        dtype: np.dtype[Any],
+        size: int,
+        dynamic_size: bool,
+        clear_after_read: bool,
+        element_shape: TensorShape,
+        identical: bool,
+    ) -> None:
         self.name = name
         self.dtype = dtype
         self.elements = [_Element() for _ in range(size)]
@@ -71,43 +88,56 @@ class _Array:
     def write(self, index: int, value: Any) -> None:
         self._open()
         if index < 0 or (not self.dynamic_size and index >= len(self.elements)):
-            raise _invalid(f"TensorArray {self.name}: Tried to write to index {index} but "
-                           f"array is not resizeable and size is: {len(self.elements)}")
+            raise _invalid(
+                f"TensorArray {self.name}: Tried to write to index {index} but "
+                f"array is not resizeable and size is: {len(self.elements)}"
+            )
         array = np.asarray(value)
         if array.dtype != self.dtype:
-            raise _invalid(f"TensorArray {self.name}: Could not write to TensorArray index "
-                           f"{index} because the value dtype is {array.dtype} but "
-                           f"TensorArray dtype is {self.dtype}.")
+            raise _invalid(
+                f"TensorArray {self.name}: Could not write to TensorArray index "
+                f"{index} because the value dtype is {array.dtype} but "
+                f"TensorArray dtype is {self.dtype}."
+            )
         shape = TensorShape(array.shape)
         if not self.element_shape.is_compatible_with(shape):
-            raise _invalid(f"TensorArray {self.name}: Could not write to TensorArray index "
-                           f"{index} because the value shape is {_debug_shape(shape)} "
-                           f"which is incompatible with the TensorArray's inferred element "
-                           f"shape: {_debug_shape(self.element_shape)} (consider setting "
-                           f"infer_shape=False).")
+            raise _invalid(
+                f"TensorArray {self.name}: Could not write to TensorArray index "
+                f"{index} because the value shape is {_debug_shape(shape)} "
+                f"which is incompatible with the TensorArray's inferred element "
+                f"shape: {_debug_shape(self.element_shape)} (consider setting "
+                f"infer_shape=False)."
+            )
         if self.identical and not self.element_shape.is_fully_defined():
-            self.element_shape = shape   # every element has the first one's shape
+            self.element_shape = shape  # every element has the first one's shape
         if index >= len(self.elements):
             self.elements.extend(_Element() for _ in range(index + 1 - len(self.elements)))
         e = self.elements[index]
         if e.read:
-            raise _invalid(f"TensorArray {self.name}: Could not write to TensorArray index "
-                           f"{index} because it has already been read.")
+            raise _invalid(
+                f"TensorArray {self.name}: Could not write to TensorArray index "
+                f"{index} because it has already been read."
+            )
         if e.value is not None or e.cleared:
-            raise _invalid(f"TensorArray {self.name}: Could not write to TensorArray index "
-                           f"{index} because it has already been written to.")
+            raise _invalid(
+                f"TensorArray {self.name}: Could not write to TensorArray index "
+                f"{index} because it has already been written to."
+            )
         e.value = array
 
     def read(self, index: int) -> np.ndarray:
         self._open()
         if index < 0 or index >= len(self.elements):
-            raise _invalid(f"Tried to read from index {index} but array size is: "
-                           f"{len(self.elements)}")
+            raise _invalid(
+                f"Tried to read from index {index} but array size is: {len(self.elements)}"
+            )
         e = self.elements[index]
         if e.cleared:
-            raise _invalid(f"TensorArray {self.name}: Could not read index {index} twice "
-                           f"because it was cleared after a previous read (perhaps try "
-                           f"setting clear_after_read = false?).")
+            raise _invalid(
+                f"TensorArray {self.name}: Could not read index {index} twice "
+                f"because it was cleared after a previous read (perhaps try "
+                f"setting clear_after_read = false?)."
+            )
         value = e.value
         if value is None:
             value = self._zeros(index)
@@ -129,7 +159,8 @@ class _Array:
                 f"TensorArray and stop_gradients is not allowing the gradients to be "
                 f"written.  If you set the full element_shape property on the forward "
                 f"TensorArray, the proper all-zeros tensor will be returned instead of "
-                f"incurring this error.")
+                f"incurring this error."
+            )
         return np.zeros([int(d or 0) for d in shape], self.dtype)
 
     def size(self) -> int:
@@ -143,8 +174,10 @@ class _Array:
 
     def __reduce__(self) -> Any:
         # A copy in another process would silently miss this step's writes.
-        raise TypeError(f"TensorArray {self.name!r} cannot leave its step's process: place "
-                        f"every op on it with the TensorArrayV3 op")
+        raise TypeError(
+            f"TensorArray {self.name!r} cannot leave its step's process: place "
+            f"every op on it with the TensorArrayV3 op"
+        )
 
     def __repr__(self) -> str:
         return f"<TensorArray {self.name!r} size={len(self.elements)} closed={self.closed}>"
@@ -166,38 +199,45 @@ def _array(handle: Any) -> _Array:
     return handle
 
 
-def _stack(arrays: Sequence[np.ndarray], name: str, dtype: np.dtype[Any],
-           element_shape: TensorShape) -> np.ndarray:
+def _stack(
+    arrays: Sequence[np.ndarray], name: str, dtype: np.dtype[Any], element_shape: TensorShape
+) -> np.ndarray:
     """Read elements stacked: every one of the same shape (TF's gather / stack)."""
     if not arrays:
         if not element_shape.is_fully_defined():
-            raise _invalid(f"TensorArray {name}: TensorArray has size zero, but element "
-                           f"shape {_debug_shape(element_shape)} is not fully defined. "
-                           f"Currently only "
-                           f"static shapes are supported when packing zero-size "
-                           f"TensorArrays.")
+            raise _invalid(
+                f"TensorArray {name}: TensorArray has size zero, but element "
+                f"shape {_debug_shape(element_shape)} is not fully defined. "
+                f"Currently only "
+                f"static shapes are supported when packing zero-size "
+                f"TensorArrays."
+            )
         return np.zeros((0, *[int(d or 0) for d in element_shape]), dtype)
     first = arrays[0].shape
     if not element_shape.is_compatible_with(TensorShape(first)):
-        raise _invalid(f"TensorArray {name} was passed element_shape "
-                       f"{_debug_shape(element_shape)} which "
-                       f"does not match the Tensor at index 0: {list(first)}")
+        raise _invalid(
+            f"TensorArray {name} was passed element_shape "
+            f"{_debug_shape(element_shape)} which "
+            f"does not match the Tensor at index 0: {list(first)}"
+        )
     for k, a in enumerate(arrays[1:], 1):
         if a.shape != first:
-            raise _invalid(f"TensorArray {name}: TensorArray has inconsistent shapes.  "
-                           f"Index 0 has shape: {list(first)} but index {k} has shape: "
-                           f"{list(a.shape)}")
+            raise _invalid(
+                f"TensorArray {name}: TensorArray has inconsistent shapes.  "
+                f"Index 0 has shape: {list(first)} but index {k} has shape: "
+                f"{list(a.shape)}"
+            )
     return np.stack(arrays)
 
 
 # -- shape functions --------------------------------------------------------------------------
 
+
 def _source(handle: Tensor) -> Operation | None:
     """The op behind ``handle`` past the Enter / Identity / Switch / Merge a loop puts
     in between (the ``TensorArrayV3``, for a handle that came from one)."""
     op = getattr(handle, "_op", None)
-    while op is not None and op._type in ("Enter", "Identity", "Switch", "Merge") \
-            and op._inputs:
+    while op is not None and op._type in ("Enter", "Identity", "Switch", "Merge") and op._inputs:
         op = op._inputs[0]._op
     return op
 
@@ -234,8 +274,10 @@ def _write_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     _handle, index, value, _ = inputs
     _check_scalar_int(index, "index")
     if "T" in attrs and value._dtype is not attrs["T"]:
-        raise TypeError(f"value {value.name!r} has dtype {value._dtype.name}, the "
-                        f"TensorArray holds {attrs['T'].name}")
+        raise TypeError(
+            f"value {value.name!r} has dtype {value._dtype.name}, the "
+            f"TensorArray holds {attrs['T'].name}"
+        )
     return [_FLOW]
 
 
@@ -253,16 +295,20 @@ def _gather_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
 def _scatter_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     _handle, _indices, value, _ = inputs
     if "T" in attrs and value._dtype is not attrs["T"]:
-        raise TypeError(f"value {value.name!r} has dtype {value._dtype.name}, the "
-                        f"TensorArray holds {attrs['T'].name}")
+        raise TypeError(
+            f"value {value.name!r} has dtype {value._dtype.name}, the "
+            f"TensorArray holds {attrs['T'].name}"
+        )
     return [_FLOW]
 
 
 def _split_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> Specs:
     _, value, lengths, _ = inputs
     if "T" in attrs and value._dtype is not attrs["T"]:
-        raise TypeError(f"value {value.name!r} has dtype {value._dtype.name}, the "
-                        f"TensorArray holds {attrs['T'].name}")
+        raise TypeError(
+            f"value {value.name!r} has dtype {value._dtype.name}, the "
+            f"TensorArray holds {attrs['T'].name}"
+        )
     if lengths._dtype is not dtypes.int64:
         raise TypeError(f"lengths {lengths.name!r} must be int64, got {lengths._dtype.name}")
     return [_FLOW]
@@ -291,11 +337,14 @@ define_op("TensorArrayCloseV3", lambda inputs, attrs: [], stateful=True)
 
 # -- kernels ----------------------------------------------------------------------------------
 
+
 def _kernel(op_type: str) -> Callable[[Callable[[Operation], Callable[..., Any]]], Any]:
     """Register ``make(op) -> kernel`` as the INLINE kernel factory of ``op_type``."""
+
     def decorate(make: Callable[[Operation], Callable[..., Any]]) -> Any:
         registry.register_kernel_factory(op_type)(lambda op: (make(op), registry.INLINE))
         return make
+
     return decorate
 
 
@@ -373,9 +422,11 @@ def _scatter(op: Operation) -> Callable[..., Any]:
         if idx.ndim != 1:
             raise _invalid(f"indices must be a vector, got shape {list(idx.shape)}")
         if v.ndim == 0 or v.shape[0] != idx.shape[0]:
-            raise _invalid(f"TensorArray {ta.name}: Could not scatter to TensorArray: "
-                           f"Expected len(indices) == values.shape[0], but saw: "
-                           f"{idx.shape[0]} vs. {v.shape[0] if v.ndim else 'a scalar'}")
+            raise _invalid(
+                f"TensorArray {ta.name}: Could not scatter to TensorArray: "
+                f"Expected len(indices) == values.shape[0], but saw: "
+                f"{idx.shape[0]} vs. {v.shape[0] if v.ndim else 'a scalar'}"
+            )
         for k, i in enumerate(idx):
             ta.write(int(i), v[k])
         return flow
@@ -390,21 +441,27 @@ def _concat(op: Operation) -> Callable[..., Any]:
         values = [ta.read(i) for i in range(ta.size())]
         for k, v in enumerate(values):
             if v.ndim == 0:
-                raise _invalid(f"TensorArray {ta.name}: Concat saw a scalar shape at index "
-                               f"{k} but requires at least vectors.  Did you mean to call "
-                               f"TensorArray::Stack instead?")
+                raise _invalid(
+                    f"TensorArray {ta.name}: Concat saw a scalar shape at index "
+                    f"{k} but requires at least vectors.  Did you mean to call "
+                    f"TensorArray::Stack instead?"
+                )
             if v.shape[1:] != values[0].shape[1:]:
-                raise _invalid(f"TensorArray {ta.name}: TensorArray has inconsistent shapes."
-                               f"  Index 0 has (excepting dimension 0) shape: "
-                               f"{list(values[0].shape[1:])} but index {k} has (excepting "
-                               f"dimension 0) shape: {list(v.shape[1:])}")
+                raise _invalid(
+                    f"TensorArray {ta.name}: TensorArray has inconsistent shapes."
+                    f"  Index 0 has (excepting dimension 0) shape: "
+                    f"{list(values[0].shape[1:])} but index {k} has (excepting "
+                    f"dimension 0) shape: {list(v.shape[1:])}"
+                )
         lengths = np.array([v.shape[0] for v in values], np.int64)
         if not values:
             rest = op._attrs.get("element_shape_except0", unknown_shape())
             if not rest.is_fully_defined():
-                raise _invalid(f"TensorArray {ta.name}: TensorArray has size zero, but "
-                               f"element_shape_except0 {_debug_shape(rest)} is not fully "
-                               f"defined.")
+                raise _invalid(
+                    f"TensorArray {ta.name}: TensorArray has size zero, but "
+                    f"element_shape_except0 {_debug_shape(rest)} is not fully "
+                    f"defined."
+                )
             return np.zeros((0, *[int(d or 0) for d in rest]), ta.dtype), lengths
         return np.concatenate(values), lengths
 
@@ -418,22 +475,27 @@ def _split(op: Operation) -> Callable[..., Any]:
         v = np.asarray(value)
         sizes = np.asarray(lengths).astype(np.int64)
         if v.ndim == 0:
-            raise _invalid(f"TensorArray {ta.name}: Expected value to be at least a vector, "
-                           f"but received shape: []")
+            raise _invalid(
+                f"TensorArray {ta.name}: Expected value to be at least a vector, "
+                f"but received shape: []"
+            )
         if sizes.ndim != 1:
-            raise _invalid(f"Expected lengths to be a vector, received shape: "
-                           f"{list(sizes.shape)}")
+            raise _invalid(f"Expected lengths to be a vector, received shape: {list(sizes.shape)}")
         if int(sizes.sum()) != v.shape[0]:
-            raise _invalid(f"Expected sum of lengths to be equal to values.shape[0], but sum "
-                           f"of lengths is {int(sizes.sum())} and value's shape is: "
-                           f"{list(v.shape)}")
+            raise _invalid(
+                f"Expected sum of lengths to be equal to values.shape[0], but sum "
+                f"of lengths is {int(sizes.sum())} and value's shape is: "
+                f"{list(v.shape)}"
+            )
         if not ta.dynamic_size and ta.size() != len(sizes):
-            raise _invalid(f"TensorArray's size is not equal to the size of lengths "
-                           f"({ta.size()} vs. {len(sizes)}), and the TensorArray is not "
-                           f"marked as dynamically resizeable")
+            raise _invalid(
+                f"TensorArray's size is not equal to the size of lengths "
+                f"({ta.size()} vs. {len(sizes)}), and the TensorArray is not "
+                f"marked as dynamically resizeable"
+            )
         start = 0
         for i, n in enumerate(sizes.tolist()):
-            ta.write(i, v[start:start + n])
+            ta.write(i, v[start : start + n])
             start += n
         return flow
 
@@ -441,6 +503,7 @@ def _split(op: Operation) -> Callable[..., Any]:
 
 
 # -- the Python API ---------------------------------------------------------------------------
+
 
 class TensorArray:
     """A list of tensors of one dtype that a graph writes and reads by index (TF 1.x's
@@ -453,32 +516,48 @@ class TensorArray:
     ``size`` may be a tensor; ``dynamic_size=True`` lets writes grow the array.
     """
 
-    def __init__(self, dtype: Any, size: Any = None, dynamic_size: bool | None = None,
-                 clear_after_read: bool | None = None, tensor_array_name: str | None = None,
-                 handle: Tensor | None = None, flow: Tensor | None = None,
-                 infer_shape: bool = True, element_shape: Any = None,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        dtype: Any,
+        size: Any = None,
+        dynamic_size: bool | None = None,
+        clear_after_read: bool | None = None,
+        tensor_array_name: str | None = None,
+        handle: Tensor | None = None,
+        flow: Tensor | None = None,
+        infer_shape: bool = True,
+        element_shape: Any = None,
+        name: str | None = None,
+    ) -> None:
         self._dtype = dtypes.as_dtype(dtype)
-        self._element_shape = as_shape(element_shape) if element_shape is not None \
-            else unknown_shape()
+        self._element_shape = (
+            as_shape(element_shape) if element_shape is not None else unknown_shape()
+        )
         self._infer_shape = infer_shape
         if handle is not None:
             if flow is None:
                 raise ValueError("TensorArray: a handle needs its flow too")
             self._handle, self._flow = handle, flow
-            self._element_shape = self._element_shape.merge_with(
-                _handle_element_shape(handle))
+            self._element_shape = self._element_shape.merge_with(_handle_element_shape(handle))
             return
         if size is None:
-            raise ValueError("TensorArray: size must be given (0 with dynamic_size=True "
-                             "for an array that grows)")
-        op = make_op("TensorArrayV3", (convert_to_tensor(size, dtype=dtypes.int32),), {
-            "dtype": self._dtype, "element_shape": self._element_shape,
-            "dynamic_size": bool(dynamic_size), "clear_after_read":
-                True if clear_after_read is None else bool(clear_after_read),
-            "identical_element_shapes": bool(infer_shape),
-            "tensor_array_name": tensor_array_name or ""}, name=name,
-            default_name="TensorArray")
+            raise ValueError(
+                "TensorArray: size must be given (0 with dynamic_size=True for an array that grows)"
+            )
+        op = make_op(
+            "TensorArrayV3",
+            (convert_to_tensor(size, dtype=dtypes.int32),),
+            {
+                "dtype": self._dtype,
+                "element_shape": self._element_shape,
+                "dynamic_size": bool(dynamic_size),
+                "clear_after_read": True if clear_after_read is None else bool(clear_after_read),
+                "identical_element_shapes": bool(infer_shape),
+                "tensor_array_name": tensor_array_name or "",
+            },
+            name=name,
+            default_name="TensorArray",
+        )
         self._handle, self._flow = op.outputs
 
     @property
@@ -501,20 +580,32 @@ class TensorArray:
         """The static element shape known so far."""
         return self._element_shape
 
-    def _with_flow(self, flow: Tensor, element_shape: TensorShape | None = None
-                   ) -> TensorArray:
-        out = TensorArray(self._dtype, handle=self._handle, flow=flow,
-                          infer_shape=self._infer_shape, element_shape=self._element_shape)
+    def _with_flow(self, flow: Tensor, element_shape: TensorShape | None = None) -> TensorArray:
+        out = TensorArray(
+            self._dtype,
+            handle=self._handle,
+            flow=flow,
+            infer_shape=self._infer_shape,
+            element_shape=self._element_shape,
+        )
         if element_shape is not None and self._infer_shape:
             if not out._element_shape.is_compatible_with(element_shape):
-                raise ValueError(f"TensorArray {self._handle.op.name!r}: element shape "
-                                 f"{element_shape} is incompatible with "
-                                 f"{out._element_shape} (consider infer_shape=False)")
+                raise ValueError(
+                    f"TensorArray {self._handle.op.name!r}: element shape "
+                    f"{element_shape} is incompatible with "
+                    f"{out._element_shape} (consider infer_shape=False)"
+                )
             out._element_shape = out._element_shape.merge_with(element_shape)
         return out
 
-    def _make(self, op_type: str, inputs: Sequence[Tensor], attrs: Mapping[str, Any],
-              name: str | None, default_name: str) -> Operation:
+    def _make(
+        self,
+        op_type: str,
+        inputs: Sequence[Tensor],
+        attrs: Mapping[str, Any],
+        name: str | None,
+        default_name: str,
+    ) -> Operation:
         # Every op on the array is placed with it (TF colocates them too): the handle's
         # value is the array object itself, which cannot cross to another process.
         source = _source(self._handle) or self._handle.op
@@ -527,14 +618,24 @@ class TensorArray:
     def write(self, index: Any, value: Any, name: str | None = None) -> TensorArray:
         """Write ``value`` at ``index``; returns the array with the new flow."""
         v = convert_to_tensor(value, dtype=self._dtype)
-        op = self._make("TensorArrayWriteV3", (self._handle, self._index(index), v, self._flow),
-                     {"T": self._dtype}, name=name, default_name="TensorArrayWrite")
+        op = self._make(
+            "TensorArrayWriteV3",
+            (self._handle, self._index(index), v, self._flow),
+            {"T": self._dtype},
+            name=name,
+            default_name="TensorArrayWrite",
+        )
         return self._with_flow(op.outputs[0], v.shape)
 
     def read(self, index: Any, name: str | None = None) -> Tensor:
         """The element at ``index``."""
-        op = self._make("TensorArrayReadV3", (self._handle, self._index(index), self._flow),
-                     {"dtype": self._dtype}, name=name, default_name="TensorArrayRead")
+        op = self._make(
+            "TensorArrayReadV3",
+            (self._handle, self._index(index), self._flow),
+            {"dtype": self._dtype},
+            name=name,
+            default_name="TensorArrayRead",
+        )
         out = op.outputs[0]
         out._shape = out._shape.merge_with(self._element_shape)
         return out
@@ -542,9 +643,13 @@ class TensorArray:
     def gather(self, indices: Any, name: str | None = None) -> Tensor:
         """The elements at ``indices``, stacked along a new first dimension."""
         idx = convert_to_tensor(indices, dtype=dtypes.int32)
-        return self._make("TensorArrayGatherV3", (self._handle, idx, self._flow),
-                       {"dtype": self._dtype, "element_shape": self._element_shape},
-                       name=name, default_name="TensorArrayGather").outputs[0]
+        return self._make(
+            "TensorArrayGatherV3",
+            (self._handle, idx, self._flow),
+            {"dtype": self._dtype, "element_shape": self._element_shape},
+            name=name,
+            default_name="TensorArrayGather",
+        ).outputs[0]
 
     def stack(self, name: str | None = None) -> Tensor:
         """Every element, stacked (``gather(range(size()))``)."""
@@ -556,8 +661,13 @@ class TensorArray:
         """Write ``value[k]`` at ``indices[k]``."""
         v = convert_to_tensor(value, dtype=self._dtype)
         idx = convert_to_tensor(indices, dtype=dtypes.int32)
-        op = self._make("TensorArrayScatterV3", (self._handle, idx, v, self._flow),
-                     {"T": self._dtype}, name=name, default_name="TensorArrayScatter")
+        op = self._make(
+            "TensorArrayScatterV3",
+            (self._handle, idx, v, self._flow),
+            {"T": self._dtype},
+            name=name,
+            default_name="TensorArrayScatter",
+        )
         return self._with_flow(op.outputs[0], v.shape[1:] if v.shape.rank else None)
 
     def unstack(self, value: Any, name: str | None = None) -> TensorArray:
@@ -570,29 +680,47 @@ class TensorArray:
 
     def concat(self, name: str | None = None) -> Tensor:
         """Every element concatenated along its first dimension."""
-        rest = TensorShape(self._element_shape.dims[1:]) \
-            if self._element_shape.dims else unknown_shape()
-        return self._make("TensorArrayConcatV3", (self._handle, self._flow),
-                       {"dtype": self._dtype, "element_shape_except0": rest}, name=name,
-                       default_name="TensorArrayConcat").outputs[0]
+        rest = (
+            TensorShape(self._element_shape.dims[1:])
+            if self._element_shape.dims
+            else unknown_shape()
+        )
+        return self._make(
+            "TensorArrayConcatV3",
+            (self._handle, self._flow),
+            {"dtype": self._dtype, "element_shape_except0": rest},
+            name=name,
+            default_name="TensorArrayConcat",
+        ).outputs[0]
 
     def split(self, value: Any, lengths: Any, name: str | None = None) -> TensorArray:
         """Split ``value`` along its first dimension into pieces of ``lengths``."""
         v = convert_to_tensor(value, dtype=self._dtype)
         n = convert_to_tensor(lengths, dtype=dtypes.int64)
-        op = self._make("TensorArraySplitV3", (self._handle, v, n, self._flow),
-                     {"T": self._dtype}, name=name, default_name="TensorArraySplit")
+        op = self._make(
+            "TensorArraySplitV3",
+            (self._handle, v, n, self._flow),
+            {"T": self._dtype},
+            name=name,
+            default_name="TensorArraySplit",
+        )
         return self._with_flow(op.outputs[0])
 
     def size(self, name: str | None = None) -> Tensor:
         """The number of elements."""
-        return self._make("TensorArraySizeV3", (self._handle, self._flow), {}, name=name,
-                       default_name="TensorArraySize").outputs[0]
+        return self._make(
+            "TensorArraySizeV3",
+            (self._handle, self._flow),
+            {},
+            name=name,
+            default_name="TensorArraySize",
+        ).outputs[0]
 
     def close(self, name: str | None = None) -> Operation:
         """Release the elements; any later op on the array fails."""
-        return self._make("TensorArrayCloseV3", (self._handle,), {}, name=name,
-                       default_name="TensorArrayClose")
+        return self._make(
+            "TensorArrayCloseV3", (self._handle,), {}, name=name, default_name="TensorArrayClose"
+        )
 
     def __repr__(self) -> str:
         return f"<af.TensorArray {self._handle.op.name!r} dtype={self._dtype.name}>"

@@ -100,8 +100,11 @@ class Admission:
             if not deadline.expired():
                 raise
             raise errors.DeadlineExceededError(
-                None, None, f"Timed out waiting for a step slot: {self.limit} steps in "
-                            f"flight (max_concurrent_steps), timeout_in_ms={timeout_ms}") from None
+                None,
+                None,
+                f"Timed out waiting for a step slot: {self.limit} steps in "
+                f"flight (max_concurrent_steps), timeout_in_ms={timeout_ms}",
+            ) from None
         return max(1, timeout_ms - int((time.monotonic() - start) * 1000))
 
     def release(self) -> None:

@@ -35,13 +35,16 @@ __all__ = ["ExecutorBarrier", "StepRunner"]
 class ExecutorBarrier:
     """Runs the partitions of one step; same interface as a single :class:`Step`."""
 
-    __slots__ = ("_error", "_finished", "_frame", "_loop", "_rendezvous", "_retval_map",
-                 "_steps")
+    __slots__ = ("_error", "_finished", "_frame", "_loop", "_rendezvous", "_retval_map", "_steps")
 
-    def __init__(self, partitions: Sequence[BoundPlan],
-                 retval_map: Sequence[tuple[int, int]],
-                 frame: CallFrame, trace: bool = False,
-                 rendezvous: LocalRendezvous | None = None) -> None:
+    def __init__(
+        self,
+        partitions: Sequence[BoundPlan],
+        retval_map: Sequence[tuple[int, int]],
+        frame: CallFrame,
+        trace: bool = False,
+        rendezvous: LocalRendezvous | None = None,
+    ) -> None:
         self._rendezvous = rendezvous if rendezvous is not None else LocalRendezvous()
         self._frame = frame
         self._retval_map = retval_map
@@ -50,11 +53,16 @@ class ExecutorBarrier:
         # One for the whole step, traced or not (a hand-off makes the receiving
         # partition's trace the current one while it drains it).  With
         # ``ExecutorOptions.handoffs`` off every cross-partition wait is a future.
-        handoffs = (HandoffQueue() if partitions and partitions[0].options.handoffs
-                    else None)
+        handoffs = HandoffQueue() if partitions and partitions[0].options.handoffs else None
         self._steps = [
-            Step(plan, CallFrame(args), trace=trace, rendezvous=self._rendezvous,
-                 cancellation=cancellation, handoffs=handoffs)
+            Step(
+                plan,
+                CallFrame(args),
+                trace=trace,
+                rendezvous=self._rendezvous,
+                cancellation=cancellation,
+                handoffs=handoffs,
+            )
             for plan in partitions
         ]
         self._error: errors.OpError | None = None

@@ -36,8 +36,16 @@ if TYPE_CHECKING:
     from asyncflow.runtime.devices import LocalDevice
     from asyncflow.runtime.rendezvous import Rendezvous, Waiter
 
-__all__ = ["SEND_TOKEN", "SPECIAL", "BoundNode", "BoundPlan", "RecvKernel", "SendKernel",
-           "bind", "tap_recv"]
+__all__ = [
+    "SEND_TOKEN",
+    "SPECIAL",
+    "BoundNode",
+    "BoundPlan",
+    "RecvKernel",
+    "SendKernel",
+    "bind",
+    "tap_recv",
+]
 
 #: The hot loop's "not on the fast path" kind: control-flow routing (Switch, Merge,
 #: and the producers of a Merge's inputs, whose deadness the Merge counts).  Such a
@@ -56,16 +64,16 @@ class BoundNode(NamedTuple):
     """One scheduled node, ready to run.  Field order is the hot loop's unpack order."""
 
     kernel: Callable[..., Any]
-    kind: int               # registry.INLINE (fast path) / ASYNC / EXPENSIVE / SEND / RECV / CONTROL / SPECIAL
-    arity: int              # len(inputs), stored so the hot loop need not call len()
+    kind: int  # registry.INLINE (fast path) / ASYNC / EXPENSIVE / SEND / RECV / CONTROL / SPECIAL
+    arity: int  # len(inputs), stored so the hot loop need not call len()
     inputs: tuple[int, ...]  # input slots
-    out: int                # first output slot
+    out: int  # first output slot
     num_outputs: int
     consumers: tuple[int, ...]  # nodes whose pending count this node decrements
-    frees: tuple[int, ...]      # slots to clear after running (sole reader / unread output)
-    counted: tuple[int, ...]    # slots to release by reference count after running
+    frees: tuple[int, ...]  # slots to clear after running (sole reader / unread output)
+    counted: tuple[int, ...]  # slots to release by reference count after running
     getter: Callable[[list[Any]], tuple[Any, ...]] | None  # itemgetter for >2 inputs
-    flow: int               # the kernel's own kind (differs from ``kind`` for SPECIAL)
+    flow: int  # the kernel's own kind (differs from ``kind`` for SPECIAL)
 
 
 @dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
@@ -109,14 +117,17 @@ class BoundPlan:
             if lookup is None:
                 ops = self.plan.nodes
             else:
-                ops = tuple([op if (op := lookup(n.name)) is not None else n
-                             for n in self.plan.nodes])
+                ops = tuple(
+                    [op if (op := lookup(n.name)) is not None else n for n in self.plan.nodes]
+                )
             self.derived["ops"] = ops
         return ops
 
     def __repr__(self) -> str:
-        return (f"<BoundPlan {self.plan.device} nodes={len(self.nodes)} "
-                f"all_inline={self.all_inline} frames={self.frames}>")
+        return (
+            f"<BoundPlan {self.plan.device} nodes={len(self.nodes)} "
+            f"all_inline={self.all_inline} frames={self.frames}>"
+        )
 
 
 _DEFAULT_OPTIONS = ExecutorOptions()
@@ -125,19 +136,29 @@ _DEFAULT_OPTIONS = ExecutorOptions()
 _new_bound: Any = functools.partial(tuple.__new__, BoundNode)
 
 
-def bind(plan: Plan, device: LocalDevice, resources: Any = None,
-         op_lookup: Callable[[str], Any] | None = None,
-         options: ExecutorOptions | None = None) -> BoundPlan:
+def bind(
+    plan: Plan,
+    device: LocalDevice,
+    resources: Any = None,
+    op_lookup: Callable[[str], Any] | None = None,
+    options: ExecutorOptions | None = None,
+) -> BoundPlan:
     """Instantiate the kernels of ``plan`` for ``device`` (and ``resources``); its steps
     run as ``options`` say (default: the fastest way)."""
     options = options if options is not None else _DEFAULT_OPTIONS
     kernel_cache: dict[str, registry.KernelDef] = {}
     static: dict[str, tuple[Callable[..., Any], int]] = {}  # kernels of static factories
     # A Merge is control flow: a plan without frame information has none.
-    merges = {i for i, node in enumerate(plan.nodes) if node.op == "Merge"} \
-        if plan.frames is not None else set()
-    merge_inputs = {p for p, cons in enumerate(plan.consumers)
-                    if any(c in merges for c in cons)} if merges else set()
+    merges = (
+        {i for i, node in enumerate(plan.nodes) if node.op == "Merge"}
+        if plan.frames is not None
+        else set()
+    )
+    merge_inputs = (
+        {p for p, cons in enumerate(plan.consumers) if any(c in merges for c in cons)}
+        if merges
+        else set()
+    )
     nodes: list[BoundNode] = []
     all_inline = True
     receives = False
@@ -146,14 +167,30 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
     # at most two inputs, no attributes and no Merge to feed is bound in one step.
     plain: dict[str, Callable[..., Any]] = {}
     inline = registry.INLINE
-    for i, (node, ins, out, consumers, frees, counted) in enumerate(zip(
-            plan.nodes, plan.inputs, plan.out, plan.consumers, plan.frees, plan.counted)):
+    for i, (node, ins, out, consumers, frees, counted) in enumerate(
+        zip(plan.nodes, plan.inputs, plan.out, plan.consumers, plan.frees, plan.counted)
+    ):
         op_type = node.op
         if not node.attrs and len(ins) <= 2:
             kernel = plain.get(op_type)
             if kernel is not None:
-                nodes.append(_new_bound((kernel, inline, len(ins), ins, out, len(node.outputs),
-                                         consumers, frees, counted, None, inline)))
+                nodes.append(
+                    _new_bound(
+                        (
+                            kernel,
+                            inline,
+                            len(ins),
+                            ins,
+                            out,
+                            len(node.outputs),
+                            consumers,
+                            frees,
+                            counted,
+                            None,
+                            inline,
+                        )
+                    )
+                )
                 continue
         known = static.get(op_type)
         if FUNCTION_ATTR in node.attrs:  # a call the optimizer did not inline
@@ -176,19 +213,50 @@ def bind(plan: Plan, device: LocalDevice, resources: Any = None,
             if flow == registry.RECV:
                 receives = True
         arity = len(ins)
-        nodes.append(_new_bound((
-            kernel, kind, arity, ins, out, len(node.outputs), consumers, frees, counted,
-            operator.itemgetter(*ins) if arity > 2 else None, flow)))
+        nodes.append(
+            _new_bound(
+                (
+                    kernel,
+                    kind,
+                    arity,
+                    ins,
+                    out,
+                    len(node.outputs),
+                    consumers,
+                    frees,
+                    counted,
+                    operator.itemgetter(*ins) if arity > 2 else None,
+                    flow,
+                )
+            )
+        )
     # Without control-flow info there is no Switch / Merge (no CONTROL or SPECIAL kind):
     # all_inline then means every node is an inline kernel.
-    schedulable = (options.straight_line and plan.frames is None and all_inline
-                   and runs_straight_line(n.flow for n in nodes))
-    return BoundPlan(plan, tuple(nodes), op_lookup, device, all_inline, plan.loops, schedulable,
-                     receives, options)
+    schedulable = (
+        options.straight_line
+        and plan.frames is None
+        and all_inline
+        and runs_straight_line(n.flow for n in nodes)
+    )
+    return BoundPlan(
+        plan,
+        tuple(nodes),
+        op_lookup,
+        device,
+        all_inline,
+        plan.loops,
+        schedulable,
+        receives,
+        options,
+    )
 
 
-def _kernel_def(node: NodeDef, device: LocalDevice, cache: dict[str, registry.KernelDef],
-                op_lookup: Callable[[str], Any] | None) -> registry.KernelDef:
+def _kernel_def(
+    node: NodeDef,
+    device: LocalDevice,
+    cache: dict[str, registry.KernelDef],
+    op_lookup: Callable[[str], Any] | None,
+) -> registry.KernelDef:
     """The registered kernel of ``node``'s op for ``device`` (looked up once per op
     type and plan); a missing one is a ``NotFoundError`` naming the node."""
     kdef = cache.get(node.op)
@@ -197,20 +265,28 @@ def _kernel_def(node: NodeDef, device: LocalDevice, cache: dict[str, registry.Ke
             kdef = cache[node.op] = registry.get_kernel(node.op, device.device_type)
         except errors.NotFoundError as exc:
             raise errors.NotFoundError(
-                None, _op_for(node, op_lookup),
-                f"{exc.message} (needed by node {node.name!r})") from None
+                None, _op_for(node, op_lookup), f"{exc.message} (needed by node {node.name!r})"
+            ) from None
     return kdef
 
 
-def _call_kernel(node: NodeDef, device: LocalDevice, resources: Any, bodies: dict[Any, Any],
-                 op_lookup: Callable[[str], Any] | None,
-                 options: ExecutorOptions) -> tuple[Callable[..., Any], int]:
+def _call_kernel(
+    node: NodeDef,
+    device: LocalDevice,
+    resources: Any,
+    bodies: dict[Any, Any],
+    op_lookup: Callable[[str], Any] | None,
+    options: ExecutorOptions,
+) -> tuple[Callable[..., Any], int]:
     """The kernel of a call node; its body runs with the caller's ``options``."""
     factory = call_kernel_factory[0]
     if factory is None:
-        raise errors.NotFoundError(None, _op_for(node, op_lookup),
-                                   f"no kernel for function call {node.name!r} (op "
-                                   f"{node.op}): asyncflow.runtime.function_call is not loaded")
+        raise errors.NotFoundError(
+            None,
+            _op_for(node, op_lookup),
+            f"no kernel for function call {node.name!r} (op "
+            f"{node.op}): asyncflow.runtime.function_call is not loaded",
+        )
     return factory(node, device, resources, bodies, options)
 
 
@@ -246,8 +322,9 @@ class SendKernel:
     def __init__(self, key: str) -> None:
         self.key = key
 
-    def __call__(self, rendezvous: Rendezvous, frame_id: int, iter_id: int,
-                 *value_and_dead: Any) -> None:
+    def __call__(
+        self, rendezvous: Rendezvous, frame_id: int, iter_id: int, *value_and_dead: Any
+    ) -> None:
         # (value, is_dead), or (is_dead,) for a control edge (it carries a token).
         *value, is_dead = value_and_dead
         key = self.key if not (frame_id or iter_id) else frame_key(self.key, frame_id, iter_id)
@@ -267,8 +344,9 @@ class RecvKernel:
     def __init__(self, key: str) -> None:
         self.key = key
 
-    def __call__(self, rendezvous: Rendezvous, frame_id: int, iter_id: int,
-                 waiter: Waiter) -> tuple[Any, bool] | None:
+    def __call__(
+        self, rendezvous: Rendezvous, frame_id: int, iter_id: int, waiter: Waiter
+    ) -> tuple[Any, bool] | None:
         key = self.key if not (frame_id or iter_id) else frame_key(self.key, frame_id, iter_id)
         return rendezvous.recv_or_wait(key, waiter)
 
@@ -286,14 +364,16 @@ def _recv_kernel(node: NodeDef) -> tuple[Callable[..., Any], int]:
     return RecvKernel(node.attrs["key"]), registry.RECV
 
 
-def tap_recv(kernel: Callable[..., Any],
-             on_item: Callable[[tuple[Any, bool]], None]) -> Callable[..., Any]:
+def tap_recv(
+    kernel: Callable[..., Any], on_item: Callable[[tuple[Any, bool]], None]
+) -> Callable[..., Any]:
     """A ``_Recv`` kernel that also calls ``on_item((value, is_dead))`` when its value
     arrives, at once or later (for observers: streaming, progress)."""
-    def recv(rendezvous: Rendezvous, frame_id: int, iter_id: int,
-             waiter: Waiter) -> tuple[Any, bool] | None:
-        item: tuple[Any, bool] | None = kernel(rendezvous, frame_id, iter_id,
-                                                _Tap(waiter, on_item))
+
+    def recv(
+        rendezvous: Rendezvous, frame_id: int, iter_id: int, waiter: Waiter
+    ) -> tuple[Any, bool] | None:
+        item: tuple[Any, bool] | None = kernel(rendezvous, frame_id, iter_id, _Tap(waiter, on_item))
         if item is not None:
             on_item(item)
         return item

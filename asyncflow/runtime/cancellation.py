@@ -25,7 +25,8 @@ logger = logging.getLogger("asyncflow.cancellation")
 #: ``Step.run`` and inherited by its tasks and threads): a kernel's manager is its
 #: step's, so one context variable is set per step for both.
 running_step: contextvars.ContextVar[Any] = contextvars.ContextVar(
-    "asyncflow_current_step", default=None)
+    "asyncflow_current_step", default=None
+)
 
 
 #: Guards every manager's callbacks: registering and cancelling are rare and short,
@@ -85,8 +86,10 @@ class CancellationManager:
                 logger.exception("cancellation callback %r raised", callback)
 
     def __repr__(self) -> str:
-        return (f"<CancellationManager cancelled={self._cancelled} "
-                f"callbacks={len(self._callbacks or ())}>")
+        return (
+            f"<CancellationManager cancelled={self._cancelled} "
+            f"callbacks={len(self._callbacks or ())}>"
+        )
 
 
 def get_cancellation_manager() -> CancellationManager | None:

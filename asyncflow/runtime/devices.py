@@ -143,8 +143,10 @@ class BlasGovernor:
         self._current = threads
 
     def __repr__(self) -> str:
-        return (f"<BlasGovernor cores={self._cores} running={self._running} "
-                f"boosted={self._boosted} threads={self._current}>")
+        return (
+            f"<BlasGovernor cores={self._cores} running={self._running} "
+            f"boosted={self._boosted} threads={self._current}>"
+        )
 
 
 def _blas_controllers() -> list[Any]:
@@ -153,7 +155,7 @@ def _blas_controllers() -> list[Any]:
     return [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
 
 
-_local = threading.local()   # .cap: the BLAS threads this worker's kernel may use
+_local = threading.local()  # .cap: the BLAS threads this worker's kernel may use
 _GOVERNOR = BlasGovernor(available_cores())
 
 
@@ -170,11 +172,20 @@ class LocalDevice:
     :class:`BlasGovernor` says.
     """
 
-    __slots__ = ("_closed", "_lock", "_pool", "blas_threads", "device_type", "index",
-                 "max_threads", "name")
+    __slots__ = (
+        "_closed",
+        "_lock",
+        "_pool",
+        "blas_threads",
+        "device_type",
+        "index",
+        "max_threads",
+        "name",
+    )
 
-    def __init__(self, name: str, device_type: str, index: int, max_threads: int,
-                 intra_op_threads: int = 0) -> None:
+    def __init__(
+        self, name: str, device_type: str, index: int, max_threads: int, intra_op_threads: int = 0
+    ) -> None:
         self.name = name
         self.device_type = device_type
         self.index = index
@@ -194,7 +205,8 @@ class LocalDevice:
                 pool = self._pool
                 if pool is None:
                     pool = self._pool = ThreadPoolExecutor(
-                        self.max_threads, thread_name_prefix=f"asyncflow-CPU:{self.index}")
+                        self.max_threads, thread_name_prefix=f"asyncflow-CPU:{self.index}"
+                    )
         return pool
 
     async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -221,8 +233,10 @@ class LocalDevice:
             pool.shutdown(wait=True)
 
     def __repr__(self) -> str:
-        return (f"<LocalDevice {self.name} threads<={self.max_threads} "
-                f"blas_threads<={self.blas_threads}>")
+        return (
+            f"<LocalDevice {self.name} threads<={self.max_threads} "
+            f"blas_threads<={self.blas_threads}>"
+        )
 
 
 def _governed(cap: int, fn: Callable[..., T], args: tuple[Any, ...]) -> T:

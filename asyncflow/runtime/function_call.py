@@ -45,9 +45,15 @@ def compile_body(fn: FunctionIR, device: str, options: OptimizerOptions) -> Comp
     args = set(fn.args)
     targets = [n.name for n in fn.nodes if n.stateful and n.name not in args]
     return compile_signature(
-        GraphIR.of(fn.nodes), feeds=[(a, 0) for a in fn.args], fetches=fn.rets,
-        targets=targets, devices=(device,), incarnation=0, allow_soft_placement=True,
-        options=options)
+        GraphIR.of(fn.nodes),
+        feeds=[(a, 0) for a in fn.args],
+        fetches=fn.rets,
+        targets=targets,
+        devices=(device,),
+        incarnation=0,
+        allow_soft_placement=True,
+        options=options,
+    )
 
 
 class _Body:
@@ -55,8 +61,14 @@ class _Body:
 
     __slots__ = ("bound", "name", "retval_map")
 
-    def __init__(self, fn: FunctionIR, device: LocalDevice, resources: Any,
-                 options: OptimizerOptions, executor_options: ExecutorOptions) -> None:
+    def __init__(
+        self,
+        fn: FunctionIR,
+        device: LocalDevice,
+        resources: Any,
+        options: OptimizerOptions,
+        executor_options: ExecutorOptions,
+    ) -> None:
         compiled = compile_body(fn, device.name, options)
         (plan,) = compiled.plans
         self.name = fn.name
@@ -65,9 +77,13 @@ class _Body:
         self.retval_map = compiled.retval_map
 
 
-def make_call_kernel(node: NodeDef, device: LocalDevice, resources: Any,
-                     bodies: dict[Any, Any],
-                     executor_options: ExecutorOptions) -> tuple[Callable[..., Any], int]:
+def make_call_kernel(
+    node: NodeDef,
+    device: LocalDevice,
+    resources: Any,
+    bodies: dict[Any, Any],
+    executor_options: ExecutorOptions,
+) -> tuple[Callable[..., Any], int]:
     """The ASYNC kernel of call node ``node`` (bodies are shared through ``bodies``),
     its body bound with the caller's ``executor_options``."""
     fn: FunctionIR = node.attrs[FUNCTION_ATTR]

@@ -19,6 +19,7 @@ from asyncflow.runtime.propagators import slice_over
 
 __all__ = ["HandoffQueue", "RecvWaiter", "TracedRecvWaiter", "later", "run_handoffs"]
 
+
 class Step(Protocol):
     """What a hand-off asks of a receiving step (:class:`asyncflow.runtime.step.Step`)."""
 

@@ -50,8 +50,18 @@ if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundNode, BoundPlan
     from asyncflow.runtime.propagators import Step
 
-__all__ = ["BInstr", "BoundProgram", "Op", "ProgramPropagator", "bind_instr", "closure",
-           "execute", "merge_pick", "program_of", "run_program"]
+__all__ = [
+    "BInstr",
+    "BoundProgram",
+    "Op",
+    "ProgramPropagator",
+    "bind_instr",
+    "closure",
+    "execute",
+    "merge_pick",
+    "program_of",
+    "run_program",
+]
 
 
 def merge_pick(vals: list[Any], candidates: Sequence[tuple[int, Any]]) -> tuple[Any, Any]:
@@ -69,8 +79,7 @@ def merge_pick(vals: list[Any], candidates: Sequence[tuple[int, Any]]) -> tuple[
     return first_dead, first_dead
 
 
-def _kernel_closure(kernel: Any, ins: tuple[int, ...], out: int,
-                    frees: tuple[int, ...]) -> Op:
+def _kernel_closure(kernel: Any, ins: tuple[int, ...], out: int, frees: tuple[int, ...]) -> Op:
     """The shortest closures: one output, one or two inputs, at most one slot to free
     (a traced kernel's with its recording fused in: ``observe.traced_op``)."""
     traced = traced_op(kernel, ins, out, frees[0] if frees else -1)
@@ -78,8 +87,10 @@ def _kernel_closure(kernel: Any, ins: tuple[int, ...], out: int,
         return traced
     a, b = ins[0], ins[-1]
     if len(ins) == 2 and not frees:
+
         def k2(vals: list[Any]) -> None:
             vals[out] = kernel(vals[a], vals[b])
+
         return k2
     if len(ins) == 2:
         (r,) = frees
@@ -87,16 +98,20 @@ def _kernel_closure(kernel: Any, ins: tuple[int, ...], out: int,
         def k2f(vals: list[Any]) -> None:
             vals[out] = kernel(vals[a], vals[b])
             vals[r] = None
+
         return k2f
     if not frees:
+
         def k1(vals: list[Any]) -> None:
             vals[out] = kernel(vals[a])
+
         return k1
     (r,) = frees
 
     def k1f(vals: list[Any]) -> None:
         vals[out] = kernel(vals[a])
         vals[r] = None
+
     return k1f
 
 
@@ -124,12 +139,14 @@ def bind_instr(x: Instr, nodes: Sequence[Any], ops: Sequence[Any]) -> BInstr:
 
 def _recorded(run: Op, node: int) -> Op:
     """A routing instruction (Switch, Merge) of a traced plan: recorded as control."""
+
     def recorded(vals: list[Any]) -> None:
         run(vals)
         trace = current_trace()
         if trace is not None:
             now = time.time()
             trace.record(node, "control", now, now, ())
+
     return recorded
 
 
@@ -154,6 +171,7 @@ def closure(x: BInstr, traced: bool = False) -> Op:
                     vals[r] = None
             else:
                 run(vals)
+
         return checked_one
 
     def checked(vals: list[Any]) -> None:
@@ -165,11 +183,19 @@ def closure(x: BInstr, traced: bool = False) -> Op:
             vals[o] = dead
         for r in frees:
             vals[r] = None
+
     return checked
 
 
-def _live_closure(kind: int, kernel: Any, ins: tuple[int, ...], out: int, nout: int,
-                  frees: tuple[int, ...], extra: Any) -> Op:
+def _live_closure(
+    kind: int,
+    kernel: Any,
+    ins: tuple[int, ...],
+    out: int,
+    nout: int,
+    frees: tuple[int, ...],
+    extra: Any,
+) -> Op:
     """The closure of a live node; the commonest shapes (one output, one or two
     inputs, at most one slot to free) get their own, shortest bodies, every other
     shape (no input, several outputs or none) the general one: any kernel shape runs
@@ -183,12 +209,15 @@ def _live_closure(kind: int, kernel: Any, ins: tuple[int, ...], out: int, nout: 
             vals[out], vals[out + 1] = switch_outputs(vals[data_slot], vals[pred_slot], extra)
             for r in frees:
                 vals[r] = None
+
         return switch
     if kind == I_CONST:
+
         def const(vals: list[Any]) -> None:
             vals[out] = extra
             for r in frees:
                 vals[r] = None
+
         return const
     if kind == I_MERGE:
         candidates = tuple(zip(ins, extra, strict=True))
@@ -197,16 +226,19 @@ def _live_closure(kind: int, kernel: Any, ins: tuple[int, ...], out: int, nout: 
             vals[out], vals[out + 1] = merge_pick(vals, candidates)
             for r in frees:
                 vals[r] = None
+
         return merge
     program = ((kind, kernel, ins, out, nout, (), frees, -1, extra),)
 
     def other(vals: list[Any]) -> None:  # a kernel of another shape
         execute(program, vals)
+
     return other
 
 
-def run_program(program: Sequence[BInstr], vals: list[Any], step: Step,
-         exits: list[tuple[int, Any]] | None) -> bool:
+def run_program(
+    program: Sequence[BInstr], vals: list[Any], step: Step, exits: list[tuple[int, Any]] | None
+) -> bool:
     """Run one straight-line program over ``vals``; False when a node failed (the
     step has its error)."""
     failed: list[int] = [-1]
@@ -218,9 +250,12 @@ def run_program(program: Sequence[BInstr], vals: list[Any], step: Step,
     return True
 
 
-def execute(program: Sequence[BInstr], vals: list[Any],
-             exits: list[tuple[int, Any]] | None = None, failed: list[int] | None = None
-             ) -> None:
+def execute(
+    program: Sequence[BInstr],
+    vals: list[Any],
+    exits: list[tuple[int, Any]] | None = None,
+    failed: list[int] | None = None,
+) -> None:
     """Run instructions (any kind); a kernel's exception propagates, and ``failed[0]``
     (when given) says whose it was."""
     for kind, kernel, ins, out, nout, checks, frees, node, extra in program:
@@ -234,7 +269,7 @@ def execute(program: Sequence[BInstr], vals: list[Any],
                 elif nout == 1:
                     vals[out] = dead
                 elif nout:
-                    vals[out:out + nout] = (dead,) * nout
+                    vals[out : out + nout] = (dead,) * nout
                 for s in frees:
                     vals[s] = None
                 continue
@@ -249,7 +284,7 @@ def execute(program: Sequence[BInstr], vals: list[Any],
             if nout == 1:
                 vals[out] = v
             elif nout:
-                vals[out:out + nout] = check_outputs(v, nout)
+                vals[out : out + nout] = check_outputs(v, nout)
         elif kind == I_SWITCH:
             vals[out], vals[out + 1] = switch_outputs(vals[ins[0]], vals[ins[1]], extra)
         elif kind == I_MERGE:
@@ -274,8 +309,9 @@ class BoundProgram:
 
     __slots__ = ("_nodes", "args", "blocks", "node_of", "program")
 
-    def __init__(self, program: StaticProgram, nodes: Sequence[BoundNode],
-                 args: tuple[tuple[int, int], ...]) -> None:
+    def __init__(
+        self, program: StaticProgram, nodes: Sequence[BoundNode], args: tuple[tuple[int, int], ...]
+    ) -> None:
         self.program = program
         self._nodes = nodes
         #: Per block: its closures, or None until a step first runs it.
@@ -349,8 +385,9 @@ class ProgramPropagator:
 
     __slots__ = ("_bound", "_end", "_next", "_program", "_step", "_vals")
 
-    def __init__(self, step: Step, bound: BoundPlan, program: BoundProgram,
-                 args: Sequence[Any]) -> None:
+    def __init__(
+        self, step: Step, bound: BoundPlan, program: BoundProgram, args: Sequence[Any]
+    ) -> None:
         self._step = step
         self._bound = bound
         self._program = program

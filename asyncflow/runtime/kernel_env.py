@@ -30,6 +30,7 @@ try:
     def restore_numpy(token: Any) -> None:
         _extobj_contextvar.reset(token)
 except ImportError:  # pragma: no cover - older numpy
+
     def quiet_numpy() -> Any:
         state = np.errstate(all="ignore")
         state.__enter__()
@@ -39,8 +40,7 @@ except ImportError:  # pragma: no cover - older numpy
         token.__exit__(None, None, None)
 
 
-def call_in_thread(ctx: contextvars.Context, kernel: Callable[..., Any],
-                   args: list[Any]) -> Any:
+def call_in_thread(ctx: contextvars.Context, kernel: Callable[..., Any], args: list[Any]) -> Any:
     """Run a kernel on a worker thread, in the step's context.
 
     ``StopIteration`` cannot cross into an asyncio future (it would never complete),
@@ -50,4 +50,3 @@ def call_in_thread(ctx: contextvars.Context, kernel: Callable[..., Any],
         return ctx.run(kernel, *args)
     except StopIteration as exc:
         raise errors.OutOfRangeError(None, None, f"StopIteration: {exc}") from exc
-

@@ -60,15 +60,40 @@ if TYPE_CHECKING:
 
 __all__ = ["BoundLoop", "LoopRun", "fast_loops"]
 
+
 class BoundLoop:
     """A loop frame's schedule with its kernels (made once per bound plan)."""
 
-    __slots__ = ("carries", "carry_frees", "enters", "exit_markers", "final", "head",
-                 "index_slots", "merge_slots", "merges", "name", "node_of", "pred",
-                 "pred_node", "schedule", "sources", "template", "true", "true_frees", "work")
+    __slots__ = (
+        "carries",
+        "carry_frees",
+        "enters",
+        "exit_markers",
+        "final",
+        "head",
+        "index_slots",
+        "merge_slots",
+        "merges",
+        "name",
+        "node_of",
+        "pred",
+        "pred_node",
+        "schedule",
+        "sources",
+        "template",
+        "true",
+        "true_frees",
+        "work",
+    )
 
-    def __init__(self, schedule: LoopSchedule, nodes: Sequence[Any],
-                 ops: Sequence[Any], name: str = "", merges: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        schedule: LoopSchedule,
+        nodes: Sequence[Any],
+        ops: Sequence[Any],
+        name: str = "",
+        merges: tuple[int, ...] = (),
+    ) -> None:
         self.schedule = schedule
         #: The frame's name (what a traced kernel records with its iteration).
         self.name = name
@@ -91,11 +116,11 @@ class BoundLoop:
         sources = [src for _, src, _ in schedule.carries]
         #: The NextIterations' values, as a tuple, read from the value list at once.
         self.sources: Callable[[list[Any]], tuple[Any, ...]] = (
-            operator.itemgetter(*sources) if len(sources) > 1 else _one_getter(sources[0]))
+            operator.itemgetter(*sources) if len(sources) > 1 else _one_getter(sources[0])
+        )
         self.merge_slots = tuple(m for _, _, m in schedule.carries)
         self.carry_frees = schedule.carry_frees
-        self.index_slots = tuple((s, np.int32(e), np.int32(n))
-                                 for s, e, n in schedule.index_slots)
+        self.index_slots = tuple((s, np.int32(e), np.int32(n)) for s, e, n in schedule.index_slots)
         #: Per Exit: the dead value it holds in an iteration whose predicate is true.
         self.exit_markers = tuple((e, Dead(ops[sw].name)) for e, sw in schedule.exits)
         # A predicate that is no truth value fails the first loop Switch, which tests it.
@@ -110,7 +135,8 @@ class BoundLoop:
 
 #: The bound fast paths of each bound plan, made on its first step.
 _BOUND: weakref.WeakKeyDictionary[BoundPlan, tuple[BoundLoop | None, ...]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 def fast_loops(bound: BoundPlan) -> tuple[BoundLoop | None, ...]:
@@ -127,16 +153,17 @@ def _bind_loops(bound: BoundPlan) -> tuple[BoundLoop | None, ...]:
     nodes, ops = bound.nodes, bound.ops
     out: list[BoundLoop | None] = []
     for schedule in bound.plan.loop_schedules:
-        if schedule is None or not runs_straight_line(nodes[i].flow
-                                                      for i in schedule.members):
+        if schedule is None or not runs_straight_line(nodes[i].flow for i in schedule.members):
             out.append(None)  # a kernel that does not run inline: the general path
         else:
             frames = bound.plan.frames
             assert frames is not None
-            merges = tuple(i for i in schedule.members if frames.loop_merge[i]) \
-                if bound.derived.get("traced") else ()
-            out.append(BoundLoop(schedule, nodes, ops, frames.frames[schedule.frame].name,
-                                 merges))
+            merges = (
+                tuple(i for i in schedule.members if frames.loop_merge[i])
+                if bound.derived.get("traced")
+                else ()
+            )
+            out.append(BoundLoop(schedule, nodes, ops, frames.frames[schedule.frame].name, merges))
     return tuple(out) if any(b is not None for b in out) else ()
 
 
@@ -230,7 +257,6 @@ class LoopRun:
                     self.iteration = k
                     return RUNNING
 
-
     def _fail(self, step: Step, f: Op | None, exc: BaseException) -> int:
         """Closure ``f`` raised ``exc``: its node fails the step."""
         step.fail(self.loop.node_of[f] if f is not None else -1, exc)
@@ -239,8 +265,10 @@ class LoopRun:
 
 def _one_getter(slot: int) -> Callable[[list[Any]], tuple[Any, ...]]:
     """``operator.itemgetter(slot)``, but giving a 1-tuple."""
+
     def get(vals: list[Any]) -> tuple[Any, ...]:
         return (vals[slot],)
+
     return get
 
 
@@ -251,5 +279,3 @@ def _record_iteration(trace: StepTrace, loop: BoundLoop, k: int) -> None:
     now = time.time()
     for m in loop.merges:
         trace.record(m, "control", now, now, ())
-
-

@@ -64,8 +64,9 @@ def observed(bound: BoundPlan, nodes: Sequence[BoundNode]) -> BoundPlan:
     to the plan (the plan may keep its traced copy: no cycle, no leak)."""
     # (No op_lookup of its own: its ops are the plan's; a copy kept by a cache of the
     # plan's must not hold the user's graph.)
-    return replace(bound, nodes=tuple(nodes), op_lookup=None,
-                   derived={"base": weakref.ref(base_of(bound))})
+    return replace(
+        bound, nodes=tuple(nodes), op_lookup=None, derived={"base": weakref.ref(base_of(bound))}
+    )
 
 
 def base_of(bound: BoundPlan) -> BoundPlan:
@@ -120,11 +121,22 @@ class StepTrace:
         """The step takes up work after the event loop ran something else."""
         self.records.append(time.time())
 
-    def record(self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any],
-               key: str = "") -> None:
+    def record(
+        self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any], key: str = ""
+    ) -> None:
         """Node ``i`` ran from ``start`` to ``end`` with ``outputs``."""
-        self.records.append((i, kind, start, end, threading.get_ident(),
-                             tuple(_output_info(o) for o in outputs), key, self.label))
+        self.records.append(
+            (
+                i,
+                kind,
+                start,
+                end,
+                threading.get_ident(),
+                tuple(_output_info(o) for o in outputs),
+                key,
+                self.label,
+            )
+        )
 
     def transfer(self, i: int, start: float, frame_id: int, iter_id: int) -> None:
         """Node ``i``, a send or recv (of iteration ``iter_id`` of frame ``frame_id``), ran."""
@@ -132,8 +144,7 @@ class StepTrace:
         key = node.attrs["key"]
         if frame_id or iter_id:
             key = frame_key(key, frame_id, iter_id)
-        self.record(i, "send" if node.op == "_Send" else "recv", start, time.time(), (),
-                    key=key)
+        self.record(i, "send" if node.op == "_Send" else "recv", start, time.time(), (), key=key)
 
     def merge(self, stats: StepStats, prefix: str) -> None:
         """Add a nested step's node stats (a function call's body), names prefixed."""
@@ -147,17 +158,24 @@ class StepTrace:
         """The step's stats (one device: the partition's); its NodeExecStats are made
         from the raw records when first read."""
         base = self._base
-        return StepStats([DeviceStepStats.deferred(
-            base.plan.device,
-            functools.partial(_node_stats, base, self.records, self.compact, self.tid))])
+        return StepStats(
+            [
+                DeviceStepStats.deferred(
+                    base.plan.device,
+                    functools.partial(_node_stats, base, self.records, self.compact, self.tid),
+                )
+            ]
+        )
 
 
 #: The trace a traced kernel records into (set while a traced step drains) and its
 #: ``compact`` records (what the inline kernels of frame-free plans write).
 _TRACING: contextvars.ContextVar[StepTrace | None] = contextvars.ContextVar(
-    "asyncflow_tracing_step", default=None)
-_RECORD: contextvars.ContextVar[tuple[list[float], list[Any]] | None] = (
-    contextvars.ContextVar("asyncflow_trace_record", default=None))
+    "asyncflow_tracing_step", default=None
+)
+_RECORD: contextvars.ContextVar[tuple[list[float], list[Any]] | None] = contextvars.ContextVar(
+    "asyncflow_trace_record", default=None
+)
 
 
 class _Traced:
@@ -180,8 +198,9 @@ class _Traced:
         """(node name, op type, timeline label) per node, made on first use."""
         names = self._names
         if names is None:
-            names = self._names = [(op.name, op.type, f"{op.name} = {op.type}()")
-                                   for op in bound.ops]
+            names = self._names = [
+                (op.name, op.type, f"{op.name} = {op.type}()") for op in bound.ops
+            ]
         return names
 
     def inline(self, bound: BoundPlan) -> list[tuple[str, str, str, bool]]:
@@ -189,8 +208,10 @@ class _Traced:
         bare), what the stats of a compact inline node need; made on first use."""
         inline = self._inline
         if inline is None:
-            inline = self._inline = [(*names, n.num_outputs == 1) for names, n
-                                     in zip(self.names(bound), bound.nodes, strict=True)]
+            inline = self._inline = [
+                (*names, n.num_outputs == 1)
+                for names, n in zip(self.names(bound), bound.nodes, strict=True)
+            ]
         return inline
 
 
@@ -224,18 +245,22 @@ def _traced_node(i: int, node: BoundNode, frames: bool) -> BoundNode:
         return (_output_info(v),) if single else tuple(_output_info(o) for o in (v or ()))
 
     if flow == _ASYNC:
-        async def timed(coro: Coroutine[Any, Any, Any], trace: StepTrace | None,
-                        label: tuple[str, int] | None) -> Any:
+
+        async def timed(
+            coro: Coroutine[Any, Any, Any], trace: StepTrace | None, label: tuple[str, int] | None
+        ) -> Any:
             start = now()
             v = await coro
             if trace is not None:
-                trace.records.append((i, kind, start, now(), threading.get_ident(), info(v),
-                                      "", label))
+                trace.records.append(
+                    (i, kind, start, now(), threading.get_ident(), info(v), "", label)
+                )
             return v
 
         def traced_async(*args: Any) -> Any:
             trace = current()
             return timed(kernel(*args), trace, trace.label if trace is not None else None)
+
         wrapped: Callable[..., Any] = traced_async
     else:
         ident = threading.get_ident
@@ -248,12 +273,14 @@ def _traced_node(i: int, node: BoundNode, frames: bool) -> BoundNode:
             if trace is not None:
                 trace.records.append((i, kind, start, end, ident(), info(v), "", trace.label))
             return v
+
         wrapped = traced
     return BoundNode(wrapped, *node[1:])
 
 
-def _compact_traced(i: int, kernel: Callable[..., Any], arity: int,
-                    single: bool) -> Callable[..., Any]:
+def _compact_traced(
+    i: int, kernel: Callable[..., Any], arity: int, single: bool
+) -> Callable[..., Any]:
     """The traced kernel of an inline node of a frame-free plan: one clock read, one
     context variable read and two stores at the node's index (a numpy scalar output is
     recorded as its type: no attribute reads, no object kept)."""
@@ -262,6 +289,7 @@ def _compact_traced(i: int, kernel: Callable[..., Any], arity: int,
     scalars = _SCALAR_TYPES
     info = _output_info
     if single and arity == 2:
+
         def traced2(a: Any, b: Any) -> Any:
             v = kernel(a, b)
             record = current()
@@ -271,8 +299,10 @@ def _compact_traced(i: int, kernel: Callable[..., Any], arity: int,
                 t = type(v)
                 infos[i] = t if t in scalars else info(v)
             return v
+
         return traced2
     if single and arity == 1:
+
         def traced1(a: Any) -> Any:
             v = kernel(a)
             record = current()
@@ -282,6 +312,7 @@ def _compact_traced(i: int, kernel: Callable[..., Any], arity: int,
                 t = type(v)
                 infos[i] = t if t in scalars else info(v)
             return v
+
         return traced1
 
     def traced(*args: Any) -> Any:
@@ -296,11 +327,13 @@ def _compact_traced(i: int, kernel: Callable[..., Any], arity: int,
             else:
                 infos[i] = tuple(info(o) for o in (v or ()))
         return v
+
     return traced
 
 
-def traced_op(kernel: Callable[..., Any], ins: tuple[int, ...], out: int,
-              free: int) -> Callable[[list[Any]], None] | None:
+def traced_op(
+    kernel: Callable[..., Any], ins: tuple[int, ...], out: int, free: int
+) -> Callable[[list[Any]], None] | None:
     """The straight-line closure of a compact traced kernel (one output, one or two
     inputs; ``free``: the slot to clear after it, or -1) with the recording of
     :func:`_compact_traced` fused in, or None when ``kernel`` is no such kernel.  A
@@ -327,12 +360,13 @@ def traced_op(kernel: Callable[..., Any], ins: tuple[int, ...], out: int,
             ends[i] = now()
             t = type(v)
             infos[i] = t if t in scalars else info(v)
+
     return traced
 
 
-def _node_stats(bound: BoundPlan, records: list[Any],
-                compact: tuple[list[float], list[Any]] | None,
-                tid: int) -> list[NodeExecStats]:
+def _node_stats(
+    bound: BoundPlan, records: list[Any], compact: tuple[list[float], list[Any]] | None, tid: int
+) -> list[NodeExecStats]:
     """A traced step's raw records as TF's ``NodeExecStats``, in the order the nodes
     ended (see the module docstring).
 
@@ -349,9 +383,9 @@ def _node_stats(bound: BoundPlan, records: list[Any],
         return _make_node_stats(bound, records, compact, tid)
 
 
-def _make_node_stats(bound: BoundPlan, records: list[Any],
-                     compact: tuple[list[float], list[Any]] | None,
-                     tid: int) -> list[NodeExecStats]:
+def _make_node_stats(
+    bound: BoundPlan, records: list[Any], compact: tuple[list[float], list[Any]] | None, tid: int
+) -> list[NodeExecStats]:
     # (end, seq, record): seq is unique, so the sort never compares records.
     events: list[tuple[float, int, Any]] = []
     for seq, r in enumerate(records):
@@ -387,8 +421,7 @@ def _make_node_stats(bound: BoundPlan, records: list[Any],
     last = 0  # when the step's previous event on its own thread ended (us; 0: none yet)
     for (end, _, r), cut in zip(events, cuts, strict=True):
         if cut > pos:
-            last = _inline_stats(out, inline, infos, index[pos:cut], micros[pos:cut], last,
-                                 tid)
+            last = _inline_stats(out, inline, infos, index[pos:cut], micros[pos:cut], last, tid)
             pos = cut
         if r is None:
             last = int(end * 1e6)  # a boundary
@@ -404,9 +437,15 @@ def _make_node_stats(bound: BoundPlan, records: list[Any],
     return out
 
 
-def _inline_stats(out: list[NodeExecStats], inline: list[tuple[str, str, str, bool]],
-                  infos: list[Any], index: list[int], micros: list[int], last: int,
-                  tid: int) -> int:
+def _inline_stats(
+    out: list[NodeExecStats],
+    inline: list[tuple[str, str, str, bool]],
+    infos: list[Any],
+    index: list[int],
+    micros: list[int],
+    last: int,
+    tid: int,
+) -> int:
     """Append the stats of compact inline nodes ``index`` (in the order they ended,
     at ``micros``) to ``out``: each started where the step's previous event ended
     (``last``, in us; 0: when it ended).  Returns when the last one ended.
@@ -448,17 +487,38 @@ def _inline_stats(out: list[NodeExecStats], inline: list[tuple[str, str, str, bo
     return last
 
 
-def _exec_stats(names: tuple[str, str, str], kind: str, start: float, end: float, tid: int,
-                outputs: tuple[Any, ...], key: str,
-                label: tuple[str, int] | None) -> NodeExecStats:
+def _exec_stats(
+    names: tuple[str, str, str],
+    kind: str,
+    start: float,
+    end: float,
+    tid: int,
+    outputs: tuple[Any, ...],
+    key: str,
+    label: tuple[str, int] | None,
+) -> NodeExecStats:
     name, op_type, timeline = names
     start_us = int(start * 1e6)
     dur = int(end * 1e6) - start_us
     frame, iteration = label if label is not None else ("", 0)
     if frame:
         timeline = f"{name} = {op_type}() [frame {frame} iter {iteration}]"
-    return NodeExecStats(name, op_type, kind, start_us, start_us, 0, dur, dur, tid, timeline,
-                         _node_outputs(outputs), key, frame, iteration)
+    return NodeExecStats(
+        name,
+        op_type,
+        kind,
+        start_us,
+        start_us,
+        0,
+        dur,
+        dur,
+        tid,
+        timeline,
+        _node_outputs(outputs),
+        key,
+        frame,
+        iteration,
+    )
 
 
 #: The NodeOutput of a numpy scalar output, by (output index, scalar type); and of
@@ -495,8 +555,7 @@ _DTYPE_INFO: dict[Any, tuple[str, int]] = {}
 
 #: numpy scalar types of a fixed size: a traced node's scalar output is recorded as
 #: its type alone (``np.str_`` / ``np.bytes_`` / ``np.void`` vary in size: not here).
-_SCALAR_TYPES = frozenset(
-    np.dtype(c).type for c in "?bBhHiIlLqQefdgFDG")
+_SCALAR_TYPES = frozenset(np.dtype(c).type for c in "?bBhHiIlLqQefdgFDG")
 
 
 def _dtype_info(dtype: Any) -> tuple[str, int]:
@@ -516,5 +575,3 @@ def _output_info(o: Any) -> tuple[tuple[int, ...], Any, int] | None:
     if not isinstance(o, np.ndarray | np.generic):
         o = np.asarray(o)
     return o.shape, o.dtype.type, o.nbytes  # the scalar type: hashed fast, named later
-
-

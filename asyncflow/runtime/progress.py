@@ -47,8 +47,16 @@ INTERVAL = 0.1
 class ProgressTracker:
     """Counts the kernels of one step and reports to a callback."""
 
-    __slots__ = ("_callback", "_done", "_ids", "_lock", "_running", "_start", "_thread_done",
-                 "_total")
+    __slots__ = (
+        "_callback",
+        "_done",
+        "_ids",
+        "_lock",
+        "_running",
+        "_start",
+        "_thread_done",
+        "_total",
+    )
 
     def __init__(self, callback: Callable[[ProgressEvent], Any]) -> None:
         self._callback: Callable[[ProgressEvent], Any] | None = callback
@@ -80,10 +88,12 @@ class ProgressTracker:
         tick = self._tick
         wrapped: Callable[..., Any]
         if flow in (registry.INLINE, registry.SEND):
+
             def inline(*args: Any) -> Any:
                 v = kernel(*args)
                 tick()
                 return v
+
             wrapped = inline
         elif flow in (registry.ASYNC, registry.EXPENSIVE):
             running = self._running
@@ -112,8 +122,10 @@ class ProgressTracker:
 
             def start(*args: Any) -> Any:
                 return awaited(kernel(*args))
+
             wrapped = start if flow == registry.ASYNC else on_thread
         elif flow == registry.RECV:
+
             def counted(_: tuple[Any, bool]) -> None:
                 tick()
 
@@ -128,8 +140,10 @@ class ProgressTracker:
     def event(self, finished: bool = False) -> ProgressEvent:
         """A snapshot now."""
         now = time.monotonic()
-        running = sorted(((name, now - t0) for name, t0 in list(self._running.values())),
-                         key=lambda item: -item[1])
+        running = sorted(
+            ((name, now - t0) for name, t0 in list(self._running.values())),
+            key=lambda item: -item[1],
+        )
         done = self._done + self._thread_done
         return ProgressEvent(done, self._total, tuple(running), now - self._start, finished)
 
@@ -141,8 +155,7 @@ class ProgressTracker:
         try:
             callback(self.event(finished))
         except Exception:
-            logger.exception("progress callback %r raised; it will not be called again",
-                             callback)
+            logger.exception("progress callback %r raised; it will not be called again", callback)
             self._callback = None
 
     async def run_beside(self, work: Coroutine[Any, Any, T]) -> T:

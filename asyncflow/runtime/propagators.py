@@ -57,10 +57,25 @@ if TYPE_CHECKING:
     from asyncflow.compiler.control_flow import FrameInfo
     from asyncflow.runtime.bind import BoundNode, BoundPlan
 
-__all__ = ["CHECK_EVERY", "DONE", "FAILED", "HANDOFF", "RUNNING", "Dead",
-           "FastLoop", "FastRun", "Propagator", "PropagatorState",
-           "Step", "check_outputs", "first_dead", "merge_arrive", "merge_outputs", "slice_over",
-           "switch_outputs"]
+__all__ = [
+    "CHECK_EVERY",
+    "DONE",
+    "FAILED",
+    "HANDOFF",
+    "RUNNING",
+    "Dead",
+    "FastLoop",
+    "FastRun",
+    "Propagator",
+    "PropagatorState",
+    "Step",
+    "check_outputs",
+    "first_dead",
+    "merge_arrive",
+    "merge_outputs",
+    "slice_over",
+    "switch_outputs",
+]
 
 #: Nodes run between two looks at the clock while draining.
 CHECK_EVERY = 256
@@ -91,8 +106,9 @@ def switch_outputs(data: Any, pred: Any, marker: Dead) -> tuple[Any, Any]:
     return (marker, data) if pred else (data, marker)
 
 
-def merge_arrive(m: list[Any], arrived: Iterable[tuple[int, Any]], control: bool,
-                 expected: int) -> bool:
+def merge_arrive(
+    m: list[Any], arrived: Iterable[tuple[int, Any]], control: bool, expected: int
+) -> bool:
     """THE Merge rule of the general engine (root frame and loop frames alike), for
     inputs arriving at Merge state ``m`` = [control inputs left, dead inputs, first
     live input's position (-1: none yet), fired, first dead value]: ``arrived`` are
@@ -119,8 +135,9 @@ def merge_arrive(m: list[Any], arrived: Iterable[tuple[int, Any]], control: bool
     return fires
 
 
-def merge_outputs(m: list[Any], inputs: Sequence[int], read: Callable[[int], Any],
-                  bound: BoundPlan, i: int) -> tuple[Any, Any]:
+def merge_outputs(
+    m: list[Any], inputs: Sequence[int], read: Callable[[int], Any], bound: BoundPlan, i: int
+) -> tuple[Any, Any]:
     """The two outputs of Merge ``i`` that fired with state ``m`` (see
     :func:`merge_arrive`): its first live input's value (``read`` of its slot) and
     position, or its first dead input twice (a fresh marker naming the Merge when
@@ -129,6 +146,7 @@ def merge_outputs(m: list[Any], inputs: Sequence[int], read: Callable[[int], Any
         dead = m[4] or Dead(bound.ops[i].name)
         return dead, dead
     return read(inputs[m[2]]), np.int32(m[2])
+
 
 _INLINE = registry.INLINE
 _SEND = registry.SEND
@@ -154,13 +172,22 @@ class Step(Protocol):
     _bound: BoundPlan
     _trace: Any  # its StepTrace (runtime.observe) when traced, else None
 
-    def dispatch(self, token: Any, i: int, node: BoundNode, args: list[Any],
-                 frame_id: int = 0, iter_id: int = 0, is_dead: bool = False) -> None: ...
+    def dispatch(
+        self,
+        token: Any,
+        i: int,
+        node: BoundNode,
+        args: list[Any],
+        frame_id: int = 0,
+        iter_id: int = 0,
+        is_dead: bool = False,
+    ) -> None: ...
 
     def fail(self, i: int, exc: BaseException) -> None: ...
 
-    def record(self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any],
-               key: str = "") -> None: ...
+    def record(
+        self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any], key: str = ""
+    ) -> None: ...
 
 
 class Propagator(Protocol):
@@ -200,12 +227,17 @@ def _dead_fetch(bound: BoundPlan, k: int, v: Dead) -> errors.InvalidArgumentErro
     tensor, cause = f"{name}:{index}", f"the untaken output of Switch {v.origin!r}"
     if node is not None and node.op == "_Recv":
         tensor = str(node.attrs["tensor_name"])
-        cause = (f"the untaken output of a Switch on {node.attrs['send_device']}, "
-                 f"from which it was sent dead")
+        cause = (
+            f"the untaken output of a Switch on {node.attrs['send_device']}, "
+            f"from which it was sent dead"
+        )
     op = bound.ops[at] if at is not None else None
     return errors.InvalidArgumentError(
-        None, op, f"Retval[{k}] does not have value: the fetched tensor '{tensor}' "
-                  f"is dead: it depends on {cause}")
+        None,
+        op,
+        f"Retval[{k}] does not have value: the fetched tensor '{tensor}' "
+        f"is dead: it depends on {cause}",
+    )
 
 
 # -- loops ------------------------------------------------------------------------------
@@ -229,10 +261,10 @@ class FastLoop(Protocol):
 class FastRun(Protocol):
     """One frame instance on the fast path (:class:`~asyncflow.runtime.loop_fastpath.LoopRun`)."""
 
-    entered: list[tuple[int, Any]]   # the Enters' (node, value), in arrival order
-    exits: list[tuple[int, Any]]     # DONE: the Exits' (node, value) of the last iteration
-    carried: list[tuple[int, Any]]   # HANDOFF: the NextIterations' (node, value)
-    iteration: int                   # DONE / HANDOFF: the last iteration run
+    entered: list[tuple[int, Any]]  # the Enters' (node, value), in arrival order
+    exits: list[tuple[int, Any]]  # DONE: the Exits' (node, value) of the last iteration
+    carried: list[tuple[int, Any]]  # HANDOFF: the NextIterations' (node, value)
+    iteration: int  # DONE / HANDOFF: the last iteration run
 
     @property
     def loop(self) -> FastLoop:
@@ -276,14 +308,18 @@ class _Frame:
         "waiting",
     )
 
-    def __init__(self, static: int, name: str, parent: _Frame | None, parent_iter: int,
-                 pending_enters: int) -> None:
+    def __init__(
+        self, static: int, name: str, parent: _Frame | None, parent_iter: int, pending_enters: int
+    ) -> None:
         self.static = static
         #: The instance name ("parent;iteration;frame"), the same in every partition
         #: holding part of the loop; ``id`` (its hash) goes into rendezvous keys.
         self.name = name
-        self.id = 0 if parent is None else int.from_bytes(
-            hashlib.blake2b(name.encode(), digest_size=7).digest(), "big")
+        self.id = (
+            0
+            if parent is None
+            else int.from_bytes(hashlib.blake2b(name.encode(), digest_size=7).digest(), "big")
+        )
         self.parent = parent
         self.parent_iter = parent_iter
         self.iters: dict[int, _Iteration] = {0: _Iteration()}
@@ -311,6 +347,7 @@ def _shuffler(bound: BoundPlan) -> Any:
         return None
     return bound.options.shuffler().shuffle  # type: ignore[union-attr]
 
+
 class PropagatorState:
     """THE general engine: readiness by pending counts, dead tensors, and the frames
     and iterations of loops (TensorFlow's ``PropagatorState``).
@@ -328,15 +365,39 @@ class PropagatorState:
     of a loop frame.
     """
 
-    __slots__ = ("_bound", "_dead", "_fready", "_info", "_initial", "_initial_pending",
-                 "_initial_refs", "_kinds", "_loops", "_merges", "_nodes", "_on_exit",
-                 "_pending", "_pick", "_ready", "_refs", "_root", "_shuffle", "_step",
-                 "_vals")
+    __slots__ = (
+        "_bound",
+        "_dead",
+        "_fready",
+        "_info",
+        "_initial",
+        "_initial_pending",
+        "_initial_refs",
+        "_kinds",
+        "_loops",
+        "_merges",
+        "_nodes",
+        "_on_exit",
+        "_pending",
+        "_pick",
+        "_ready",
+        "_refs",
+        "_root",
+        "_shuffle",
+        "_step",
+        "_vals",
+    )
     _loops: Sequence[FastLoop | None]
     _info: FrameInfo  # (read by the loop side only: set whenever there are loops)
 
-    def __init__(self, step: Step, bound: BoundPlan, nodes: Sequence[BoundNode],
-                 args: Sequence[Any], loops: Sequence[FastLoop | None] = ()) -> None:
+    def __init__(
+        self,
+        step: Step,
+        bound: BoundPlan,
+        nodes: Sequence[BoundNode],
+        args: Sequence[Any],
+        loops: Sequence[FastLoop | None] = (),
+    ) -> None:
         plan = bound.plan
         self._step = step
         self._bound = bound
@@ -436,8 +497,12 @@ class PropagatorState:
                     kernel, kind, n, ins, out, nout, cons, frees, counted, getter, _ = nodes[i]
                     if kind or (dead is not None and dead[i] is not None):
                         if not self._kinds:  # no control flow: dispatch it right here
-                            step.dispatch(i, i, nodes[i], [vals[ins[0]]] if n == 1 else
-                                          [vals[s] for s in ins] if n else [])
+                            step.dispatch(
+                                i,
+                                i,
+                                nodes[i],
+                                [vals[ins[0]]] if n == 1 else [vals[s] for s in ins] if n else [],
+                            )
                         else:
                             self._special(i)  # control flow, a dead node
                         break
@@ -452,7 +517,7 @@ class PropagatorState:
                     if nout == 1:
                         vals[out] = v
                     elif nout:
-                        vals[out:out + nout] = check_outputs(v, nout)
+                        vals[out : out + nout] = check_outputs(v, nout)
                     for s in frees:
                         vals[s] = None
                     if counted:
@@ -508,7 +573,7 @@ class PropagatorState:
         if nout == 1:
             vals[node.out] = v
         elif nout:
-            vals[node.out:node.out + nout] = check_outputs(v, nout)
+            vals[node.out : node.out + nout] = check_outputs(v, nout)
         if self._dead is not None:
             if nout > 1:  # a live node's outputs may still be dead: look at each
                 self._propagate(i, node, None)
@@ -546,12 +611,12 @@ class PropagatorState:
         kinds = self._kinds
         # No control flow, nothing dead: a node to dispatch (with cross-device edges,
         # mostly a live send or recv).
-        if not kinds or (kinds[i] == CF_NONE and node.flow != _INLINE
-                         and self._dead[i] is None):  # type: ignore[index]
+        if not kinds or (kinds[i] == CF_NONE and node.flow != _INLINE and self._dead[i] is None):  # type: ignore[index]
             ins = node.inputs
             n = node.arity
-            step.dispatch(i, i, node, [vals[ins[0]]] if n == 1 else
-                          [vals[s] for s in ins] if n else [])
+            step.dispatch(
+                i, i, node, [vals[ins[0]]] if n == 1 else [vals[s] for s in ins] if n else []
+            )
             return
         cf = self._kinds[i]
         if cf == CF_MERGE:
@@ -584,8 +649,9 @@ class PropagatorState:
             return
         if cf == CF_SWITCH:
             data = vals[node.inputs[0]]
-            self._store(node, switch_outputs(data, vals[node.inputs[1]],
-                                             Dead(step._bound.ops[i].name)))
+            self._store(
+                node, switch_outputs(data, vals[node.inputs[1]], Dead(step._bound.ops[i].name))
+            )
             self._propagate(i, node, None)
             if self._step._trace is not None:
                 self._trace_control(i)
@@ -598,12 +664,14 @@ class PropagatorState:
 
     def _store(self, node: BoundNode, outs: Sequence[Any]) -> None:
         if len(outs) != node.num_outputs:
-            raise errors.InternalError(None, None, f"kernel returned {len(outs)} values, "
-                                                   f"expected {node.num_outputs}")
-        self._vals[node.out:node.out + node.num_outputs] = outs
+            raise errors.InternalError(
+                None, None, f"kernel returned {len(outs)} values, expected {node.num_outputs}"
+            )
+        self._vals[node.out : node.out + node.num_outputs] = outs
 
-    def _propagate(self, i: int, node: BoundNode, node_dead: Dead | None,
-                   release: bool = True) -> None:
+    def _propagate(
+        self, i: int, node: BoundNode, node_dead: Dead | None, release: bool = True
+    ) -> None:
         """Ready node ``i``'s consumers, marking those its dead outputs reach; then free
         (``release``: its inputs are root slots, not an Exit's in a frame).
 
@@ -625,7 +693,8 @@ class PropagatorState:
                 continue
             if dead[c] is None:
                 dead[c] = node_dead or first_dead(
-                    vals[s] for s in nodes[c].inputs if first <= s < end)
+                    vals[s] for s in nodes[c].inputs if first <= s < end
+                )
             p = pending[c] - 1
             pending[c] = p
             if not p:
@@ -738,9 +807,11 @@ class PropagatorState:
         elif kind == CF_SWITCH:
             dead = st.dead.get(i)
             if dead is None:
-                outs = switch_outputs(self._read(st, node.inputs[0]),
-                                      self._read(st, node.inputs[1]),
-                                      Dead(self._bound.ops[i].name))
+                outs = switch_outputs(
+                    self._read(st, node.inputs[0]),
+                    self._read(st, node.inputs[1]),
+                    Dead(self._bound.ops[i].name),
+                )
             else:
                 outs = (dead, dead)
             self._complete(i, frame, it, outs, dead)
@@ -749,8 +820,7 @@ class PropagatorState:
         else:
             self._route(i, frame, it, st, node, kind)
 
-    def _run_other(self, i: int, frame: _Frame, it: int, st: _Iteration,
-                   node: BoundNode) -> None:
+    def _run_other(self, i: int, frame: _Frame, it: int, st: _Iteration, node: BoundNode) -> None:
         """A node that is dead, or whose kernel is not inline (dispatched)."""
         dead = st.dead.get(i)
         flow = node.flow
@@ -764,20 +834,28 @@ class PropagatorState:
             outs = (v,) if nout == 1 else tuple(check_outputs(v, nout) if nout else ())
             self._complete(i, frame, it, outs, None)
         else:  # (transfers run dead too: the peer learns the deadness)
-            self._step.dispatch((i, frame, it), i, node, args if dead is None else
-                                [None] * len(args), frame.id, it, dead is not None)
+            self._step.dispatch(
+                (i, frame, it),
+                i,
+                node,
+                args if dead is None else [None] * len(args),
+                frame.id,
+                it,
+                dead is not None,
+            )
 
-    def _run_merge(self, i: int, frame: _Frame, it: int, st: _Iteration,
-                   node: BoundNode) -> None:
+    def _run_merge(self, i: int, frame: _Frame, it: int, st: _Iteration, node: BoundNode) -> None:
         """A Merge that fired (``merge_arrive``): its first live input, or dead."""
-        outs = merge_outputs(st.merges.pop(i), node.inputs, lambda s: self._read(st, s),
-                             self._bound, i)
+        outs = merge_outputs(
+            st.merges.pop(i), node.inputs, lambda s: self._read(st, s), self._bound, i
+        )
         self._complete(i, frame, it, outs, outs[1] if outs[1].__class__ is Dead else None)
         if self._step._trace is not None:
             self._trace_control(i)
 
-    def _route(self, i: int, frame: _Frame, it: int, st: _Iteration, node: BoundNode,
-               kind: int) -> None:
+    def _route(
+        self, i: int, frame: _Frame, it: int, st: _Iteration, node: BoundNode, kind: int
+    ) -> None:
         """Enter, Exit, NextIteration: move the value between frames and iterations."""
         dead = st.dead.get(i)
         value = dead if dead is not None else self._read(st, node.inputs[0])
@@ -794,8 +872,9 @@ class PropagatorState:
                 self._next_iteration(i, frame, it + 1, value)
             self._done_token(frame, it)
         else:
-            raise errors.InternalError(None, self._bound.ops[i],
-                                       f"unknown control-flow kind {kind}")
+            raise errors.InternalError(
+                None, self._bound.ops[i], f"unknown control-flow kind {kind}"
+            )
 
     def _exit(self, i: int, value: Any, frame: _Frame) -> None:
         """Exit ``i`` of ``frame`` got ``value``: its first live value goes to the parent
@@ -834,15 +913,16 @@ class PropagatorState:
         ``parallel_iterations`` in flight: later ones queue)."""
         if nxt in frame.iters:
             self._deliver(i, value, frame, nxt)
-        elif len(frame.iters) < self._info.frames[frame.static].parallel_iterations \
-                and not frame.waiting:
+        elif (
+            len(frame.iters) < self._info.frames[frame.static].parallel_iterations
+            and not frame.waiting
+        ):
             self._new_iteration(frame, nxt)
             self._deliver(i, value, frame, nxt)
         else:
             frame.waiting.append((nxt, i, value))
 
-    def _run_inline(self, i: int, frame: _Frame, it: int, st: _Iteration,
-                    node: BoundNode) -> None:
+    def _run_inline(self, i: int, frame: _Frame, it: int, st: _Iteration, node: BoundNode) -> None:
         """A live inline node: the common case of a loop body, in one piece (what
         ``_complete`` / ``_activate`` / ``_release`` / ``_done_token`` do, without the
         dead-tensor checks a live node's own outputs never need)."""
@@ -887,16 +967,18 @@ class PropagatorState:
 
     # -- propagation -------------------------------------------------------------------
 
-    def _complete(self, i: int, frame: _Frame, it: int, outs: Sequence[Any],
-                  dead: Dead | None) -> None:
+    def _complete(
+        self, i: int, frame: _Frame, it: int, outs: Sequence[Any], dead: Dead | None
+    ) -> None:
         """Store node ``i``'s outputs in (frame, it) and activate its consumers there."""
         st = frame.iters[it]
         if dead is not None:
             st.dead[i] = dead
         node = self._nodes[i]
         if len(outs) != node.num_outputs:
-            raise errors.InternalError(None, None, f"kernel returned {len(outs)} values, "
-                                                   f"expected {node.num_outputs}")
+            raise errors.InternalError(
+                None, None, f"kernel returned {len(outs)} values, expected {node.num_outputs}"
+            )
         vals = st.vals
         for k, v in enumerate(outs):
             vals[node.out + k] = v
@@ -934,8 +1016,9 @@ class PropagatorState:
         dead = value if isinstance(value, Dead) else None
         self._activate(i, frame, it, st, dead)
 
-    def _activate(self, i: int, frame: _Frame, it: int, st: _Iteration,
-                  src_dead: Dead | None) -> None:
+    def _activate(
+        self, i: int, frame: _Frame, it: int, st: _Iteration, src_dead: Dead | None
+    ) -> None:
         info = self._info
         initial_pending = self._initial_pending
         for c, data, control in self._bound.plan.edges_out[i]:
@@ -943,7 +1026,8 @@ class PropagatorState:
                 self._activate_merge(c, frame, it, st, data, control)
                 continue
             edge_dead = first_dead(st.vals.get(slot) for _, slot in data) or (
-                src_dead if control else None)
+                src_dead if control else None
+            )
             if edge_dead is not None and c not in st.dead:
                 st.dead[c] = edge_dead
             p = st.pending.get(c, initial_pending[c]) - 1
@@ -953,8 +1037,15 @@ class PropagatorState:
             else:
                 st.pending[c] = p
 
-    def _activate_merge(self, c: int, frame: _Frame, it: int, st: _Iteration,
-                        data: Sequence[tuple[int, int]], control: bool) -> None:
+    def _activate_merge(
+        self,
+        c: int,
+        frame: _Frame,
+        it: int,
+        st: _Iteration,
+        data: Sequence[tuple[int, int]],
+        control: bool,
+    ) -> None:
         m = st.merges.get(c)
         if m is None:
             m = st.merges[c] = [self._info.merge_controls[c], 0, -1, False, None]
@@ -1053,8 +1144,10 @@ class PropagatorState:
             if it > 0 and (it - 1) in frame.iters:
                 return
             del frame.iters[it]  # the iteration's values go with it
-            if frame.waiting and len(frame.iters) < \
-                    self._info.frames[frame.static].parallel_iterations:
+            if (
+                frame.waiting
+                and len(frame.iters) < self._info.frames[frame.static].parallel_iterations
+            ):
                 nxt = frame.waiting[0][0]
                 self._new_iteration(frame, nxt)
                 while frame.waiting and frame.waiting[0][0] == nxt:

@@ -87,8 +87,15 @@ class Rendezvous(Protocol):
 class LocalRendezvous:
     """A per-step rendezvous for partitions of one process (one event loop)."""
 
-    __slots__ = ("_aborted", "_more_values", "_more_waiters", "_received", "_sent",
-                 "_values", "_waiters")
+    __slots__ = (
+        "_aborted",
+        "_more_values",
+        "_more_waiters",
+        "_received",
+        "_sent",
+        "_values",
+        "_waiters",
+    )
 
     def __init__(self) -> None:
         # Per key, a FIFO of queued items or of waiting recvs, never both (a send first
@@ -199,8 +206,13 @@ class LocalRendezvous:
             sent=self._sent,
             received=self._received,
             queued_values=len(self._values) + sum(map(len, self._more_values.values())),
-            waiting_recvs=sum(not w.done() for w in (*self._waiters.values(), *(
-                w for q in self._more_waiters.values() for w in q))),
+            waiting_recvs=sum(
+                not w.done()
+                for w in (
+                    *self._waiters.values(),
+                    *(w for q in self._more_waiters.values() for w in q),
+                )
+            ),
             aborted=self._aborted is not None,
         )
 
@@ -213,8 +225,10 @@ class LocalRendezvous:
 
     def __repr__(self) -> str:
         s = self.statistics()
-        return (f"<LocalRendezvous sent={s.sent} received={s.received} "
-                f"waiting={s.waiting_recvs} aborted={s.aborted}>")
+        return (
+            f"<LocalRendezvous sent={s.sent} received={s.received} "
+            f"waiting={s.waiting_recvs} aborted={s.aborted}>"
+        )
 
 
 def _promote(first: dict[str, Any], more: dict[str, deque[Any]], key: str) -> None:

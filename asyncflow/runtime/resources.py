@@ -32,7 +32,6 @@ __all__ = ["WOULD_BLOCK", "FIFOQueueResource", "QueueSpec", "ResourceMgr", "Vari
 T = TypeVar("T")
 
 
-
 class _WouldBlock:
     __slots__ = ()
 
@@ -52,9 +51,14 @@ class ResourceMgr:
         self._lock = threading.Lock()
         self._resources: dict[tuple[str, str], Any] = {}
 
-    def lookup_or_create(self, container: str, name: str, kind: type[T],
-                         create: Callable[[], T], check: Callable[[T], None] | None = None
-                         ) -> T:
+    def lookup_or_create(
+        self,
+        container: str,
+        name: str,
+        kind: type[T],
+        create: Callable[[], T],
+        check: Callable[[T], None] | None = None,
+    ) -> T:
         """The resource ``(container, name)``, created by ``create()`` if absent.
 
         ``check(existing)`` raises when an existing resource is incompatible.
@@ -69,8 +73,8 @@ class ResourceMgr:
                     return found
         if not isinstance(found, kind):
             raise errors.InvalidArgumentError(
-                None, None, f"resource {name!r} is a {type(found).__name__}, not a "
-                            f"{kind.__name__}")
+                None, None, f"resource {name!r} is a {type(found).__name__}, not a {kind.__name__}"
+            )
         if check is not None:
             check(found)
         return found
@@ -97,6 +101,7 @@ class ResourceMgr:
 
 # -- variables ---------------------------------------------------------------------------
 
+
 class VariableStore:
     """The value of one variable in one session."""
 
@@ -113,7 +118,8 @@ class VariableStore:
         value = self._value
         if value is None:
             raise errors.FailedPreconditionError(
-                None, None, f"Attempting to use uninitialized value {self.name}")
+                None, None, f"Attempting to use uninitialized value {self.name}"
+            )
         return value
 
     def assign(self, value: Any) -> Any:
@@ -146,6 +152,7 @@ def _frozen(value: Any, dtype: np.dtype[Any]) -> Any:
 
 # -- queues -----------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
     """What a FIFO queue holds: capacity, component dtypes (numpy) and shapes (or None)."""
@@ -171,11 +178,10 @@ Element = tuple[Any, ...]
 class _Waiter:
     __slots__ = ("future", "items", "n")
 
-    def __init__(self, future: asyncio.Future[Any], n: int, items: deque[Element] | None
-                 ) -> None:
+    def __init__(self, future: asyncio.Future[Any], n: int, items: deque[Element] | None) -> None:
         self.future = future
-        self.n = n              # dequeue: how many elements it takes
-        self.items = items      # enqueue: the elements still to put
+        self.n = n  # dequeue: how many elements it takes
+        self.items = items  # enqueue: the elements still to put
 
 
 class FIFOQueueResource:
@@ -197,8 +203,11 @@ class FIFOQueueResource:
         diffs = self.spec.differences(spec)
         if diffs:
             raise errors.InvalidArgumentError(
-                None, None, f"Shared queue {self.name!r} already exists with a different "
-                            f"definition: {'; '.join(diffs)}")
+                None,
+                None,
+                f"Shared queue {self.name!r} already exists with a different "
+                f"definition: {'; '.join(diffs)}",
+            )
 
     def size(self) -> int:
         """How many elements are queued."""
@@ -285,9 +294,13 @@ class FIFOQueueResource:
             if cancel_pending_enqueues:
                 while self._putters:
                     w = self._putters.popleft()
-                    _resolve(w.future, errors.CancelledError(
-                        None, None, f"Queue {self.name!r} is closed: pending enqueue "
-                                    f"cancelled."), None)
+                    _resolve(
+                        w.future,
+                        errors.CancelledError(
+                            None, None, f"Queue {self.name!r} is closed: pending enqueue cancelled."
+                        ),
+                        None,
+                    )
             self._serve_locked()
         if was_closed:
             raise errors.CancelledError(None, None, f"Queue {self.name!r} is already closed.")
@@ -297,8 +310,13 @@ class FIFOQueueResource:
         with self._lock:
             self._closed = True
             for w in (*self._putters, *self._getters):
-                _resolve(w.future, errors.CancelledError(
-                    None, None, f"Queue {self.name!r} was released (session closed)."), None)
+                _resolve(
+                    w.future,
+                    errors.CancelledError(
+                        None, None, f"Queue {self.name!r} was released (session closed)."
+                    ),
+                    None,
+                )
             self._putters.clear()
             self._getters.clear()
 
@@ -323,13 +341,24 @@ class FIFOQueueResource:
                 if not w.items:
                     self._putters.popleft()
                     _resolve(w.future, None, None)
-            if self._closed and self._getters and not self._putters and \
-                    self._getters[0].n > len(self._items):
+            if (
+                self._closed
+                and self._getters
+                and not self._putters
+                and self._getters[0].n > len(self._items)
+            ):
                 w = self._getters.popleft()
-                _resolve(w.future, errors.OutOfRangeError(
-                    None, None, f"FIFOQueue {self.name!r} is closed and has insufficient "
-                                f"elements (requested {w.n}, current size "
-                                f"{len(self._items)})"), None)
+                _resolve(
+                    w.future,
+                    errors.OutOfRangeError(
+                        None,
+                        None,
+                        f"FIFOQueue {self.name!r} is closed and has insufficient "
+                        f"elements (requested {w.n}, current size "
+                        f"{len(self._items)})",
+                    ),
+                    None,
+                )
                 progress = True
 
     def _give_back(self, taken: list[Element]) -> None:
@@ -340,12 +369,18 @@ class FIFOQueueResource:
             self._serve_locked()
 
     def __repr__(self) -> str:
-        return (f"<FIFOQueue {self.name!r} size={len(self._items)} "
-                f"capacity={self.spec.capacity} closed={self._closed}>")
+        return (
+            f"<FIFOQueue {self.name!r} size={len(self._items)} "
+            f"capacity={self.spec.capacity} closed={self._closed}>"
+        )
 
 
-def _resolve(fut: asyncio.Future[Any], error: BaseException | None, result: Any,
-             give_back: Callable[[Any], None] | None = None) -> None:
+def _resolve(
+    fut: asyncio.Future[Any],
+    error: BaseException | None,
+    result: Any,
+    give_back: Callable[[Any], None] | None = None,
+) -> None:
     """Resolve a waiter's future on its own loop (any thread may call this)."""
 
     def settle() -> None:

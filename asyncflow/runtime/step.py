@@ -86,8 +86,15 @@ if TYPE_CHECKING:
     from asyncflow.runtime.devices import LocalDevice
     from asyncflow.runtime.rendezvous import Rendezvous
 
-__all__ = ["SLICE", "HandoffQueue", "Step", "abort_on_loop",
-           "clear_frames", "current_step", "format_node_error"]
+__all__ = [
+    "SLICE",
+    "HandoffQueue",
+    "Step",
+    "abort_on_loop",
+    "clear_frames",
+    "current_step",
+    "format_node_error",
+]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
@@ -108,8 +115,11 @@ _RECV = registry.RECV
 def format_node_error(exc: BaseException, op: Any) -> errors.OpError:
     """The OpError for a kernel's exception: names the node, its type and creation site."""
     base = errors.from_exception(exc, op)
-    return type(base)(base.node_def, op, f"{base.message}\n\t [[node {op.name} "
-                      f"(op {op.type}, defined at {op.traceback})]]")
+    return type(base)(
+        base.node_def,
+        op,
+        f"{base.message}\n\t [[node {op.name} (op {op.type}, defined at {op.traceback})]]",
+    )
 
 
 class Step:
@@ -140,10 +150,15 @@ class Step:
         "_trace",
     )
 
-    def __init__(self, bound: BoundPlan, frame: CallFrame, trace: bool = False,
-                 rendezvous: Rendezvous | None = None,
-                 cancellation: CancellationManager | None = None,
-                 handoffs: HandoffQueue | None = None) -> None:
+    def __init__(
+        self,
+        bound: BoundPlan,
+        frame: CallFrame,
+        trace: bool = False,
+        rendezvous: Rendezvous | None = None,
+        cancellation: CancellationManager | None = None,
+        handoffs: HandoffQueue | None = None,
+    ) -> None:
         self._bound = bound
         self._frame = frame
         self._rendezvous = rendezvous
@@ -188,8 +203,9 @@ class Step:
         if program is not None:
             prop = ProgramPropagator(self, bound, program, frame.args)
         else:  # the general propagator; simple loop frames as straight-line programs
-            prop = PropagatorState(self, bound, nodes, frame.args,
-                                   fast_loops(bound) if bound.frames else ())
+            prop = PropagatorState(
+                self, bound, nodes, frame.args, fast_loops(bound) if bound.frames else ()
+            )
         self._prop = prop
 
     # -- public -------------------------------------------------------------------------
@@ -205,7 +221,8 @@ class Step:
         tracing = self._trace.on() if self._trace is not None else None
         try:
             finished = self._prop.drain(
-                math.inf if slice_s is None else time.perf_counter() + slice_s)
+                math.inf if slice_s is None else time.perf_counter() + slice_s
+            )
         finally:
             if tracing is not None:
                 StepTrace.off(tracing)
@@ -328,11 +345,17 @@ class Step:
         prop = self._prop
         try:
             deferred = self._deferred
-            if (len(deferred) == 1 and self._outstanding == 1
-                    and self._nodes[deferred[0][1]].flow == _ASYNC):
+            if (
+                len(deferred) == 1
+                and self._outstanding == 1
+                and self._nodes[deferred[0][1]].flow == _ASYNC
+            ):
                 await self._await_alone()
-                if self._error is not None or self._stopped or (
-                        not self._outstanding and not prop.has_ready()):
+                if (
+                    self._error is not None
+                    or self._stopped
+                    or (not self._outstanding and not prop.has_ready())
+                ):
                     return
             if self._bound.options.own_task_group:
                 self._start_deferred(loop.create_task)
@@ -354,8 +377,9 @@ class Step:
             self._spawn = None
             self._loop = None
 
-    def _start_deferred(self, spawn: Callable[[Coroutine[Any, Any, None]],
-                                              asyncio.Task[None]]) -> None:
+    def _start_deferred(
+        self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]
+    ) -> None:
         """Start the nodes dispatched before the step had a group; from now on
         ``dispatch`` starts tasks with ``spawn`` (the group's ``create_task``)."""
         self._spawn = spawn
@@ -445,8 +469,13 @@ class Step:
         task = asyncio.current_task()
         assert task is not None
         nodes = self._nodes
-        while (self._error is None and self._outstanding == 1 and len(self._deferred) == 1
-               and nodes[self._deferred[0][1]].flow == _ASYNC and not prop.has_ready()):
+        while (
+            self._error is None
+            and self._outstanding == 1
+            and len(self._deferred) == 1
+            and nodes[self._deferred[0][1]].flow == _ASYNC
+            and not prop.has_ready()
+        ):
             token, i, args = self._deferred.pop()
             # [this task, cancelled by the step's abort, its cancel requests before]
             alone = self._alone = [task, False, task.cancelling(), i]
@@ -474,8 +503,16 @@ class Step:
 
     # -- dispatching (called by the propagator) ---------------------------------------------
 
-    def dispatch(self, token: Any, i: int, node: BoundNode, args: list[Any],
-                 frame_id: int = 0, iter_id: int = 0, is_dead: bool = False) -> None:
+    def dispatch(
+        self,
+        token: Any,
+        i: int,
+        node: BoundNode,
+        args: list[Any],
+        frame_id: int = 0,
+        iter_id: int = 0,
+        is_dead: bool = False,
+    ) -> None:
         """Start node ``i`` (``token`` to the propagator), which does not run inline."""
         kind = node.flow
         if kind == _SEND:
@@ -501,8 +538,16 @@ class Step:
         else:
             self._start_task(spawn, token, i, args)
 
-    def _send(self, token: Any, i: int, node: BoundNode, args: list[Any], frame_id: int,
-              iter_id: int, is_dead: bool) -> None:
+    def _send(
+        self,
+        token: Any,
+        i: int,
+        node: BoundNode,
+        args: list[Any],
+        frame_id: int,
+        iter_id: int,
+        is_dead: bool,
+    ) -> None:
         """Sends never block: done at once, like an inline node.  A dead value is sent
         too, flagged, so the receiving device sees the branch was not taken."""
         handoffs = self._handoffs
@@ -526,14 +571,23 @@ class Step:
                 # (Only if this send raised after handing off: the loop runs them.)
                 later(queue)
 
-    def _send_value(self, token: Any, i: int, node: BoundNode, args: list[Any],
-                    frame_id: int, iter_id: int, is_dead: bool) -> None:
+    def _send_value(
+        self,
+        token: Any,
+        i: int,
+        node: BoundNode,
+        args: list[Any],
+        frame_id: int,
+        iter_id: int,
+        is_dead: bool,
+    ) -> None:
         trace = self._trace
         start = time.time() if trace is not None else 0.0
         kernel = node.kernel
         if type(kernel) is SendKernel and not (frame_id or iter_id):
             self._rendezvous.send(  # type: ignore[union-attr]
-                kernel.key, args[0] if args else SEND_TOKEN, is_dead)
+                kernel.key, args[0] if args else SEND_TOKEN, is_dead
+            )
         else:
             kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
         if trace is not None:
@@ -555,8 +609,9 @@ class Step:
                 if self._recvs is None:
                     self._recvs = set()
                 self._recvs.add(fut)
-                fut.add_done_callback(functools.partial(self._recv_done, token, i, start,
-                                                        frame_id, iter_id))
+                fut.add_done_callback(
+                    functools.partial(self._recv_done, token, i, start, frame_id, iter_id)
+                )
         if item is None:
             return
         # The value was there already (an abort raised: the drain fails node i).
@@ -565,8 +620,9 @@ class Step:
             self._trace.transfer(i, start, frame_id, iter_id)
         self._prop.complete(token, Dead(self._bound.ops[i].name) if dead else value)
 
-    def _recv_or_wait(self, token: Any, i: int, node: BoundNode, frame_id: int,
-                      iter_id: int, start: float) -> tuple[Any, bool] | None:
+    def _recv_or_wait(
+        self, token: Any, i: int, node: BoundNode, frame_id: int, iter_id: int, start: float
+    ) -> tuple[Any, bool] | None:
         """A recv with hand-offs: its (value, is_dead), or None when it waits (a
         :class:`RecvWaiter` in the rendezvous, which the matching send completes)."""
         if self._trace is not None:
@@ -590,8 +646,13 @@ class Step:
                 self._ctx = contextvars.copy_context()
         return item
 
-    def _start_task(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
-                    token: Any, i: int, args: list[Any]) -> None:
+    def _start_task(
+        self,
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+        token: Any,
+        i: int,
+        args: list[Any],
+    ) -> None:
         if self._stopped:
             self._outstanding -= 1
             return
@@ -599,8 +660,14 @@ class Step:
         # one cancelled before it started stays until the step, which is failing, ends.
         self._tasks.add(spawn(self._run_node(token, i, args, self._label())))
 
-    async def _run_node(self, token: Any, i: int, args: list[Any],
-                        label: tuple[str, int] | None, alone: bool = False) -> None:
+    async def _run_node(
+        self,
+        token: Any,
+        i: int,
+        args: list[Any],
+        label: tuple[str, int] | None,
+        alone: bool = False,
+    ) -> None:
         """Run one async or thread node and finish it (a task body, or awaited by the
         step's own task when it is the step's only work: ``alone``).
 
@@ -644,13 +711,19 @@ class Step:
             if not keep:
                 self._tasks.discard(asyncio.current_task())
 
-    def _start_kernel(self, node: BoundNode, args: list[Any], label: tuple[str, int] | None
-                      ) -> tuple[Any, Callable[[Any], Any] | None, Any]:
+    def _start_kernel(
+        self, node: BoundNode, args: list[Any], label: tuple[str, int] | None
+    ) -> tuple[Any, Callable[[Any], Any] | None, Any]:
         """(what to await, the conversion of its result or None, the ``current_step``
         token to reset after or None) for an async or thread node."""
         if node.flow != _ASYNC:
-            return (self._bound.device.run_in_thread(
-                call_in_thread, contextvars.copy_context(), node.kernel, args), None, None)
+            return (
+                self._bound.device.run_in_thread(
+                    call_in_thread, contextvars.copy_context(), node.kernel, args
+                ),
+                None,
+                None,
+            )
         if label is not None:  # what a traced kernel records (frame, iteration)
             self._trace.label = label  # type: ignore[union-attr]
         reset = None
@@ -678,8 +751,15 @@ class Step:
         self._wake()
         return True
 
-    def _recv_done(self, token: Any, i: int, start: float, frame_id: int, iter_id: int,
-                   fut: asyncio.Future[Any]) -> None:
+    def _recv_done(
+        self,
+        token: Any,
+        i: int,
+        start: float,
+        frame_id: int,
+        iter_id: int,
+        fut: asyncio.Future[Any],
+    ) -> None:
         self._outstanding -= 1
         self._recvs.discard(fut)  # type: ignore[union-attr]
         if fut.cancelled():
@@ -831,8 +911,9 @@ class Step:
         """The (frame, iteration) a traced async kernel started now records (loops)."""
         return self._trace.label if self._trace is not None else None
 
-    def record(self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any],
-               key: str = "") -> None:
+    def record(
+        self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any], key: str = ""
+    ) -> None:
         """Append node ``i``'s stats (traced steps only)."""
         self._trace.record(i, kind, start, end, outputs, key)  # type: ignore[union-attr]
 
@@ -854,8 +935,9 @@ class _Abortable(Protocol):
     def _fail_with(self, error: errors.OpError) -> None: ...
 
 
-def abort_on_loop(step: _Abortable, loop: asyncio.AbstractEventLoop | None,
-                  error: errors.OpError) -> None:
+def abort_on_loop(
+    step: _Abortable, loop: asyncio.AbstractEventLoop | None, error: errors.OpError
+) -> None:
     """Fail ``step`` from any thread: on its loop if it is waiting on one."""
     if loop is None:
         # Not waiting on a loop: finished, not started, or running synchronously; the

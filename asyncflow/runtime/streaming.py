@@ -40,14 +40,14 @@ Notify = Callable[[int, Any], None]
 _WATCHED = (registry.INLINE, registry.EXPENSIVE, registry.ASYNC, registry.RECV)
 
 
-def watch_retvals(bound: BoundPlan, notify: Notify,
-                  loop: asyncio.AbstractEventLoop) -> BoundPlan:
+def watch_retvals(bound: BoundPlan, notify: Notify, loop: asyncio.AbstractEventLoop) -> BoundPlan:
     """A copy of ``bound`` whose retval-producing nodes report their outputs."""
     plan = bound.plan
     if not plan.retval_slots:
         return bound
-    producer = {node.out + j: (i, j) for i, node in enumerate(bound.nodes)
-                for j in range(node.num_outputs)}
+    producer = {
+        node.out + j: (i, j) for i, node in enumerate(bound.nodes) for j in range(node.num_outputs)
+    }
     watch: dict[int, dict[int, list[int]]] = {}  # node -> output -> retvals it gives
     exits: dict[int, list[int]] = {}  # Exit node -> retvals it gives
 
@@ -81,14 +81,20 @@ def watch_retvals(bound: BoundPlan, notify: Notify,
 
 def _exit_watch(exits: dict[int, list[int]], notify: Notify) -> Callable[[int, Any], None]:
     """``on_exit(i, value)``: Exit ``i`` delivered ``value`` into the root frame."""
+
     def on_exit(i: int, value: Any) -> None:
         for k in exits.get(i, ()):
             notify(k, value)
+
     return on_exit
 
 
-def _watched(node: BoundNode, outs: list[tuple[int, list[int]]], notify: Notify,
-             loop: asyncio.AbstractEventLoop) -> BoundNode:
+def _watched(
+    node: BoundNode,
+    outs: list[tuple[int, list[int]]],
+    notify: Notify,
+    loop: asyncio.AbstractEventLoop,
+) -> BoundNode:
     kernel = node.kernel
     single = node.num_outputs == 1
 
@@ -105,18 +111,23 @@ def _watched(node: BoundNode, outs: list[tuple[int, list[int]]], notify: Notify,
     flow = node.flow
     wrapped: Callable[..., Any]  # one of these four kinds (_WATCHED)
     if flow == registry.INLINE:
+
         def inline(*args: Any) -> Any:
             v = kernel(*args)
             tell(v)
             return v
+
         wrapped = inline
     elif flow == registry.EXPENSIVE:
+
         def on_thread(*args: Any) -> Any:  # runs on a worker thread: tell on the loop
             v = kernel(*args)
             loop.call_soon_threadsafe(tell, v)
             return v
+
         wrapped = on_thread
     elif flow == registry.ASYNC:
+
         async def awaited(coro: Coroutine[Any, Any, Any]) -> Any:
             v = await coro
             tell(v)
@@ -124,8 +135,10 @@ def _watched(node: BoundNode, outs: list[tuple[int, list[int]]], notify: Notify,
 
         def start(*args: Any) -> Any:
             return awaited(kernel(*args))
+
         wrapped = start
     else:  # registry.RECV
+
         def received(item: tuple[Any, bool]) -> None:
             value, dead = item
             if not dead:

@@ -52,12 +52,21 @@ class MonitoredSession:
     ``await msess.run(...)``, or ``with`` and ``msess.run_sync(...)``.
     """
 
-    def __init__(self, session_factory: SessionFactory, *, checkpoint_dir: str | None = None,
-                 save_steps: int | None = None, init_op: Any = None, saver: Saver | None = None,
-                 recovery_timeout_s: float = 60.0, retry_interval_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        session_factory: SessionFactory,
+        *,
+        checkpoint_dir: str | None = None,
+        save_steps: int | None = None,
+        init_op: Any = None,
+        saver: Saver | None = None,
+        recovery_timeout_s: float = 60.0,
+        retry_interval_s: float = 0.25,
+    ) -> None:
         if not callable(session_factory):
-            raise TypeError(f"MonitoredSession needs a callable session_factory, got "
-                            f"{session_factory!r}")
+            raise TypeError(
+                f"MonitoredSession needs a callable session_factory, got {session_factory!r}"
+            )
         if save_steps is not None and (not isinstance(save_steps, int) or save_steps < 1):
             raise ValueError(f"save_steps must be an int >= 1 or None, got {save_steps!r}")
         if save_steps is not None and checkpoint_dir is None:
@@ -134,8 +143,9 @@ class MonitoredSession:
             raise RuntimeError("MonitoredSession is not open: use `async with` or `with`")
         return self._sess
 
-    async def run(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
-                  **kwargs: Any) -> Any:
+    async def run(
+        self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None, **kwargs: Any
+    ) -> Any:
         """``Session.run``, recovering from a task failure and running the step again."""
         while True:
             sess = self.session
@@ -155,7 +165,8 @@ class MonitoredSession:
             raise ValueError("MonitoredSession has no checkpoint_dir to save into")
         sess = self.session
         return await self._the_saver(sess).save(
-            sess, os.path.join(self.checkpoint_dir, "model.ckpt"), global_step=self.global_step)
+            sess, os.path.join(self.checkpoint_dir, "model.ckpt"), global_step=self.global_step
+        )
 
     async def close(self) -> None:
         """Save a last checkpoint (when saving) and close the session; idempotent."""
@@ -178,14 +189,19 @@ class MonitoredSession:
         await self._create()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()
 
     # -- plain code --------------------------------------------------------------------
 
-    def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
-                 **kwargs: Any) -> Any:
+    def run_sync(
+        self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None, **kwargs: Any
+    ) -> Any:
         """``run`` for code without an event loop."""
         return _sync(self.run(fetches, feed_dict, **kwargs))
 
@@ -193,18 +209,25 @@ class MonitoredSession:
         _sync(self._create())
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         _sync(self.close())
 
     def __repr__(self) -> str:
-        return (f"<MonitoredSession step={self.global_step} recoveries={self.recoveries} "
-                f"closed={self._closed}>")
+        return (
+            f"<MonitoredSession step={self.global_step} recoveries={self.recoveries} "
+            f"closed={self._closed}>"
+        )
 
 
 def _sync(coro: Awaitable[Any]) -> Any:
     async def run() -> Any:
         return await coro
+
     return asyncio.run(run())
 
 

@@ -57,9 +57,13 @@ class Saver:
     each task's variables are saved and restored on that task (see the module doc).
     """
 
-    def __init__(self, var_list: Sequence[Variable] | Mapping[str, Variable] | None = None,
-                 max_to_keep: int | None = 5, name: str = "save", sharded: bool = False
-                 ) -> None:
+    def __init__(
+        self,
+        var_list: Sequence[Variable] | Mapping[str, Variable] | None = None,
+        max_to_keep: int | None = 5,
+        name: str = "save",
+        sharded: bool = False,
+    ) -> None:
         if var_list is None:
             var_list = global_variables()
         if isinstance(var_list, Mapping):
@@ -84,8 +88,7 @@ class Saver:
             if sharded:
                 self._shards = _by_task(named)
                 self._path = placeholder(dtypes.string, (), name="shard_path")
-                saves = [self._shard_ops(k, shard, assigns) for k, shard in
-                         enumerate(self._shards)]
+                saves = [self._shard_ops(k, shard, assigns) for k, shard in enumerate(self._shards)]
                 self._save_op: Operation | None = group(*saves, name="save_shards")
             else:
                 self._save_op = None
@@ -101,15 +104,29 @@ class Saver:
         n = len(self._shards)
         names = tuple(shard)
         with _device(next(iter(shard.values())).op.device):
-            save = py_func(_ShardWriter(names, k, n), [self._path, *shard.values()], [],
-                           expensive=True, name=f"save_shard_{k}")
-            values = py_func(_ShardReader(names, tuple(v.dtype.np for v in shard.values()),
-                                          tuple(_static_shape(v) for v in shard.values()),
-                                          k, n),
-                             [self._path], [v.dtype for v in shard.values()],
-                             expensive=True, name=f"restore_shard_{k}")
-            assigns.extend(var.assign(value) for var, value in zip(shard.values(), values,
-                                                                   strict=True))
+            save = py_func(
+                _ShardWriter(names, k, n),
+                [self._path, *shard.values()],
+                [],
+                expensive=True,
+                name=f"save_shard_{k}",
+            )
+            values = py_func(
+                _ShardReader(
+                    names,
+                    tuple(v.dtype.np for v in shard.values()),
+                    tuple(_static_shape(v) for v in shard.values()),
+                    k,
+                    n,
+                ),
+                [self._path],
+                [v.dtype for v in shard.values()],
+                expensive=True,
+                name=f"restore_shard_{k}",
+            )
+            assigns.extend(
+                var.assign(value) for var, value in zip(shard.values(), values, strict=True)
+            )
         return save
 
     @property
@@ -117,16 +134,20 @@ class Saver:
         """The checkpoints this saver wrote and still keeps, oldest first."""
         return list(self._kept)
 
-    async def save(self, sess: Any, save_path: str | os.PathLike[str],
-                   global_step: Any = None, write_state: bool = True) -> str:
+    async def save(
+        self,
+        sess: Any,
+        save_path: str | os.PathLike[str],
+        global_step: Any = None,
+        write_state: bool = True,
+    ) -> str:
         """Write the variables' values; returns the checkpoint path (``save_path[-step]``).
 
         Atomic: a failed save leaves earlier checkpoints untouched.
         """
         path = os.fspath(save_path)
         if global_step is not None:
-            step = global_step if isinstance(global_step, int) else int(
-                await sess.run(global_step))
+            step = global_step if isinstance(global_step, int) else int(await sess.run(global_step))
             path = f"{path}-{step}"
         if self._save_op is not None:
             await sess.run(self._save_op, feed_dict={self._path: path})
@@ -139,7 +160,7 @@ class Saver:
         self._kept.append(path)
         stale: list[str] = []
         if self._max_to_keep and len(self._kept) > self._max_to_keep:
-            stale, self._kept = self._kept[:-self._max_to_keep], self._kept[-self._max_to_keep:]
+            stale, self._kept = self._kept[: -self._max_to_keep], self._kept[-self._max_to_keep :]
         if write_state:
             await asyncio.to_thread(_write_state, path, list(self._kept))
         for old in stale:
@@ -161,23 +182,32 @@ class Saver:
         feeds: dict[Tensor, Any] = {}
         for key, var in self._vars.items():
             if key not in stored:
-                raise errors.NotFoundError(None, None, f"variable {key!r} not found in "
-                                                       f"checkpoint {path!r}")
+                raise errors.NotFoundError(
+                    None, None, f"variable {key!r} not found in checkpoint {path!r}"
+                )
             value = stored[key]
             if value.dtype != var.dtype.np:
                 raise errors.InvalidArgumentError(
-                    None, None, f"variable {key!r} has dtype {var.dtype.name}, checkpoint "
-                                f"{path!r} holds {dtypes.as_dtype(value.dtype).name}")
+                    None,
+                    None,
+                    f"variable {key!r} has dtype {var.dtype.name}, checkpoint "
+                    f"{path!r} holds {dtypes.as_dtype(value.dtype).name}",
+                )
             if not var.shape.is_compatible_with(value.shape):
                 raise errors.InvalidArgumentError(
-                    None, None, f"variable {key!r} has shape {var.shape}, checkpoint "
-                                f"{path!r} holds shape {list(value.shape)}")
+                    None,
+                    None,
+                    f"variable {key!r} has shape {var.shape}, checkpoint "
+                    f"{path!r} holds shape {list(value.shape)}",
+                )
             feeds[self._feeds[key]] = value
         await sess.run(self._restore_op, feed_dict=feeds)
 
     def __repr__(self) -> str:
-        return (f"<Saver variables={len(self._vars)} shards={len(self._shards) or 1} "
-                f"kept={len(self._kept)}>")
+        return (
+            f"<Saver variables={len(self._vars)} shards={len(self._shards) or 1} "
+            f"kept={len(self._kept)}>"
+        )
 
 
 def _by_task(named: Mapping[str, Variable]) -> list[dict[str, Variable]]:
@@ -219,16 +249,24 @@ class _ShardWriter:
         self.names, self.k, self.n = names, k, n
 
     def __call__(self, path: Any, *values: Any) -> None:
-        _write_checkpoint(_shard_file(_path_of(path), self.k, self.n),
-                          dict(zip(self.names, values, strict=True)),
-                          {"writer_pid": os.getpid()})
+        _write_checkpoint(
+            _shard_file(_path_of(path), self.k, self.n),
+            dict(zip(self.names, values, strict=True)),
+            {"writer_pid": os.getpid()},
+        )
 
 
 class _ShardReader:
     """Reads one shard where its op runs, checking each variable's dtype and shape."""
 
-    def __init__(self, names: tuple[str, ...], dtypes_: tuple[Any, ...],
-                 shapes: tuple[tuple[int, ...] | None, ...], k: int, n: int) -> None:
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        dtypes_: tuple[Any, ...],
+        shapes: tuple[tuple[int, ...] | None, ...],
+        k: int,
+        n: int,
+    ) -> None:
         self.names, self.dtypes, self.shapes, self.k, self.n = names, dtypes_, shapes, k, n
 
     def __call__(self, path: Any) -> list[np.ndarray]:
@@ -237,22 +275,32 @@ class _ShardReader:
         out = []
         for key, dtype, shape in zip(self.names, self.dtypes, self.shapes, strict=True):
             if key not in stored:
-                raise errors.NotFoundError(None, None, f"variable {key!r} not found in "
-                                                       f"checkpoint shard {file!r}")
+                raise errors.NotFoundError(
+                    None, None, f"variable {key!r} not found in checkpoint shard {file!r}"
+                )
             value = stored[key]
             if value.dtype != dtype or (shape is not None and value.shape != shape):
                 raise errors.InvalidArgumentError(
-                    None, None, f"variable {key!r} is {np.dtype(dtype).name} {shape}, "
-                                f"checkpoint shard {file!r} holds {value.dtype.name} "
-                                f"{value.shape}")
+                    None,
+                    None,
+                    f"variable {key!r} is {np.dtype(dtype).name} {shape}, "
+                    f"checkpoint shard {file!r} holds {value.dtype.name} "
+                    f"{value.shape}",
+                )
             out.append(value)
         return out
 
 
 def _write_manifest(path: str, shards: Sequence[Mapping[str, Variable]]) -> None:
-    index = {"format": FORMAT, "shards": len(shards),
-             "variables": {key: {"dtype": var.dtype.name, "shard": k}
-                           for k, shard in enumerate(shards) for key, var in shard.items()}}
+    index = {
+        "format": FORMAT,
+        "shards": len(shards),
+        "variables": {
+            key: {"dtype": var.dtype.name, "shard": k}
+            for k, shard in enumerate(shards)
+            for key, var in shard.items()
+        },
+    }
     buffer = io.BytesIO()
     savez: Any = np.savez  # its typed signature cannot take names as keywords
     savez(buffer, **{_INDEX: np.frombuffer(json.dumps(index).encode(), np.uint8)})
@@ -263,8 +311,11 @@ def _check_manifest(path: str, shards: Sequence[Mapping[str, Variable]]) -> None
     index, _ = _load(path, values=False)
     if index.get("shards") != len(shards):
         raise errors.InvalidArgumentError(
-            None, None, f"checkpoint {path!r} has {index.get('shards') or 1} shard(s), this "
-                        f"Saver(sharded=True) saves {len(shards)}")
+            None,
+            None,
+            f"checkpoint {path!r} has {index.get('shards') or 1} shard(s), this "
+            f"Saver(sharded=True) saves {len(shards)}",
+        )
 
 
 def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> str | None:
@@ -284,11 +335,11 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> str | None:
 
 # -- files ------------------------------------------------------------------------------------
 
+
 def _atomic_write(target: str, data: bytes) -> None:
     directory = os.path.dirname(os.path.abspath(target))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".", suffix=".tmp",
-                               dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -300,17 +351,21 @@ def _atomic_write(target: str, data: bytes) -> None:
         raise
 
 
-def _write_checkpoint(path: str, values: Mapping[str, Any],
-                      extra: Mapping[str, Any] | None = None) -> None:
+def _write_checkpoint(
+    path: str, values: Mapping[str, Any], extra: Mapping[str, Any] | None = None
+) -> None:
     arrays = {k: np.asarray(v) for k, v in values.items()}
     for k, a in arrays.items():
         if a.dtype == object:
-            raise errors.UnimplementedError(None, None, f"cannot checkpoint string variable "
-                                                        f"{k!r}")
-    index = {"format": FORMAT, "variables": {k: {"dtype": dtypes.as_dtype(a.dtype).name,
-                                                 "shape": list(a.shape)}
-                                             for k, a in arrays.items()},
-             **(extra or {})}
+            raise errors.UnimplementedError(None, None, f"cannot checkpoint string variable {k!r}")
+    index = {
+        "format": FORMAT,
+        "variables": {
+            k: {"dtype": dtypes.as_dtype(a.dtype).name, "shape": list(a.shape)}
+            for k, a in arrays.items()
+        },
+        **(extra or {}),
+    }
     buffer = io.BytesIO()
     arrays[_INDEX] = np.frombuffer(json.dumps(index).encode(), np.uint8)
     savez: Any = np.savez  # its typed signature cannot take names as keywords
@@ -321,8 +376,9 @@ def _write_checkpoint(path: str, values: Mapping[str, Any],
 def _read_checkpoint(path: str) -> dict[str, np.ndarray]:
     index, values = _load(path, values=True)
     if index.get("format") != FORMAT:
-        raise errors.DataLossError(None, None, f"checkpoint {path!r} has format "
-                                               f"{index.get('format')!r}, expected {FORMAT}")
+        raise errors.DataLossError(
+            None, None, f"checkpoint {path!r} has format {index.get('format')!r}, expected {FORMAT}"
+        )
     return values
 
 
@@ -335,19 +391,25 @@ def _load(path: str, *, values: bool) -> tuple[dict[str, Any], dict[str, np.ndar
     try:
         with np.load(file, allow_pickle=False) as data:
             index = json.loads(bytes(data[_INDEX]).decode())
-            read = ({k: data[k] for k in index["variables"]}
-                    if values and index.get("format") == FORMAT else {})
+            read = (
+                {k: data[k] for k in index["variables"]}
+                if values and index.get("format") == FORMAT
+                else {}
+            )
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
-        raise errors.DataLossError(None, None, f"checkpoint {path!r} is unreadable: "
-                                               f"{type(exc).__name__}: {exc}") from exc
+        raise errors.DataLossError(
+            None, None, f"checkpoint {path!r} is unreadable: {type(exc).__name__}: {exc}"
+        ) from exc
     return index, read
 
 
 def _write_state(latest: str, kept: list[str]) -> None:
     directory = os.path.dirname(os.path.abspath(latest))
     # Absolute: a relative save path would otherwise be read relative to the directory.
-    state = {"model_checkpoint_path": os.path.abspath(latest),
-             "all_model_checkpoint_paths": [os.path.abspath(p) for p in kept]}
+    state = {
+        "model_checkpoint_path": os.path.abspath(latest),
+        "all_model_checkpoint_paths": [os.path.abspath(p) for p in kept],
+    }
     _atomic_write(os.path.join(directory, _STATE), json.dumps(state, indent=1).encode())
 
 

@@ -56,8 +56,9 @@ BIAS = np.float32(-1.0)
 CLIENT_CLOSED_REQUEST = 499  # the nginx convention: the client went away first
 
 #: The simulated database: each user's past purchase amounts.
-USERS: dict[int, list[float]] = {uid: [float(uid % 7), float(uid % 11), 5.0]
-                                 for uid in range(1, 1001)}
+USERS: dict[int, list[float]] = {
+    uid: [float(uid % 7), float(uid % 11), 5.0] for uid in range(1, 1001)
+}
 
 
 def expected_score(user_id: int, amounts: list[float], risk: float) -> float:
@@ -118,8 +119,9 @@ def build_graph(backends: Backends) -> ScoringGraph:
         history = af.py_func(backends.history, [user_id], af.float32, name="history")
         history.set_shape((None,))
         checked = af.py_func(check_amounts, [amounts], af.float32, name="check_amounts")
-        features = af.stack([af.reduce_sum(checked), af.reduce_mean(history), risk],
-                            name="features")
+        features = af.stack(
+            [af.reduce_sum(checked), af.reduce_mean(history), risk], name="features"
+        )
         logit = af.reduce_sum(features * af.constant(WEIGHTS)) + BIAS
         score = af.nn.sigmoid(logit, name="score")
     graph.finalize()
@@ -145,8 +147,11 @@ def parse_body(body: Any) -> tuple[int, Any, int]:
 
 
 #: What a client is told for a server-side failure (its details stay in the log).
-PUBLIC_REASONS = {500: "internal error", 503: "a backend service is unavailable",
-                  504: "deadline exceeded"}
+PUBLIC_REASONS = {
+    500: "internal error",
+    503: "a backend service is unavailable",
+    504: "deadline exceeded",
+}
 _NODE_TRACE = re.compile(r"\s*\[\[.*$", re.S)  # asyncflow's "[[node ... defined at ...]]"
 
 
@@ -156,10 +161,19 @@ def error_response(exc: Exception, status: int) -> JSONResponse:
     that id, never sent."""
     error_id = uuid.uuid4().hex[:12]
     level = logging.WARNING if status >= 500 else logging.INFO
-    logger.log(level, "request failed [%s] status %d: %s: %s", error_id, status,
-               type(exc).__name__, exc, exc_info=exc if status >= 500 else None)
-    return JSONResponse({"error": public_message(exc, status), "status": status,
-                         "error_id": error_id}, status_code=status)
+    logger.log(
+        level,
+        "request failed [%s] status %d: %s: %s",
+        error_id,
+        status,
+        type(exc).__name__,
+        exc,
+        exc_info=exc if status >= 500 else None,
+    )
+    return JSONResponse(
+        {"error": public_message(exc, status), "status": status, "error_id": error_id},
+        status_code=status,
+    )
 
 
 def public_message(exc: Exception, status: int) -> str:
@@ -196,6 +210,7 @@ async def _cancel_on_disconnect(request: Request, step: asyncio.Task[Any]) -> No
 
 async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> tuple[bool, Any]:
     """``(True, result or exception)``, or ``(False, None)`` if the client left first."""
+
     async def attempt() -> Any:
         try:
             return await work
@@ -219,8 +234,7 @@ async def score(request: Request) -> Response:
     except ValueError as exc:  # also JSONDecodeError
         return error_response(BadRequest(f"bad request: {exc}"), 400)
     options = af.RunOptions(timeout_in_ms=timeout_ms)
-    run = sess.run(state.score, {state.user_id: user_id, state.amounts: amounts},
-                   options=options)
+    run = sess.run(state.score, {state.user_id: user_id, state.amounts: amounts}, options=options)
     finished, outcome = await _unless_disconnected(request, run)
     if not finished:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -229,8 +243,9 @@ async def score(request: Request) -> Response:
     return JSONResponse({"user_id": user_id, "score": float(outcome)})
 
 
-def create_app(risk_transport: httpx.AsyncBaseTransport | None = None,
-               risk_url: str = "http://risk.local") -> Starlette:
+def create_app(
+    risk_transport: httpx.AsyncBaseTransport | None = None, risk_url: str = "http://risk.local"
+) -> Starlette:
     """The scoring app; its lifespan opens the risk client and the session, then closes both."""
 
     @contextlib.asynccontextmanager
@@ -258,23 +273,35 @@ app = _app_from_environment()
 async def demo() -> None:
     service = create_app(httpx.ASGITransport(app=create_risk_app(slow_users={999})))
     transport = httpx.ASGITransport(app=service)
-    async with service.router.lifespan_context(service), \
-            httpx.AsyncClient(transport=transport, base_url="http://scoring.local") as client:
+    async with (
+        service.router.lifespan_context(service),
+        httpx.AsyncClient(transport=transport, base_url="http://scoring.local") as client,
+    ):
         start = time.perf_counter()
-        bodies: list[dict[str, Any]] = [{"user_id": uid, "amounts": [10.0, 2.5]}
-                                        for uid in range(1, 101)]
-        bodies += [{"user_id": 999, "amounts": [1.0], "timeout_ms": 50},
-                   {"user_id": 5, "amounts": [-1.0]}, {"user_id": 5000}, {"amounts": []}]
+        bodies: list[dict[str, Any]] = [
+            {"user_id": uid, "amounts": [10.0, 2.5]} for uid in range(1, 101)
+        ]
+        bodies += [
+            {"user_id": 999, "amounts": [1.0], "timeout_ms": 50},
+            {"user_id": 5, "amounts": [-1.0]},
+            {"user_id": 5000},
+            {"amounts": []},
+        ]
         responses = await asyncio.gather(*(client.post("/score", json=b) for b in bodies))
         elapsed = time.perf_counter() - start
     statuses: dict[int, int] = {}
     for r in responses:
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-    print(f"{len(bodies)} concurrent requests in {elapsed * 1000:.0f} ms; "
-          f"statuses {dict(sorted(statuses.items()))}")
+    print(
+        f"{len(bodies)} concurrent requests in {elapsed * 1000:.0f} ms; "
+        f"statuses {dict(sorted(statuses.items()))}"
+    )
     print("user 1 ->", responses[0].json())
-    print("slow user 999 with a 50 ms deadline ->", responses[100].status_code,
-          responses[100].json()["error"])
+    print(
+        "slow user 999 with a 50 ms deadline ->",
+        responses[100].status_code,
+        responses[100].json()["error"],
+    )
 
 
 if __name__ == "__main__":

@@ -38,16 +38,18 @@ def risk_of(user_id: int) -> float:
     return (user_id * 37 % 100) / 100.0
 
 
-def create_risk_app(latency_s: float = 0.005, slow_users: Collection[int] = (),
-                    slow_latency_s: float = 5.0) -> Starlette:
+def create_risk_app(
+    latency_s: float = 0.005, slow_users: Collection[int] = (), slow_latency_s: float = 5.0
+) -> Starlette:
     """The risk service; its :class:`RiskStats` is ``app.state.stats``."""
     stats = RiskStats()
 
     async def risk(request: Request) -> JSONResponse:
         user_id = int(request.path_params["user_id"])
         stats.started += 1
-        stats.max_concurrent = max(stats.max_concurrent,
-                                   stats.started - stats.finished - stats.cancelled)
+        stats.max_concurrent = max(
+            stats.max_concurrent, stats.started - stats.finished - stats.cancelled
+        )
         stats.in_flight.set()
         try:
             await asyncio.sleep(slow_latency_s if user_id in slow_users else latency_s)

@@ -24,21 +24,28 @@ from .programs import CATEGORIES, Program, generate
 # Deliberate differences (README, "Differences from TF 1.x"): a predicate on the
 # disagreement and the program, and the README entry it falls under.
 def _truncate_by_zero(why: str, program: Program) -> bool:
-    truncating = any(value in ("truncatediv", "truncatemod")  # as an op, a branch, a body
-                     for n in program.nodes for value in n.attrs.values()
-                     if isinstance(value, str))
+    truncating = any(
+        value in ("truncatediv", "truncatemod")  # as an op, a branch, a body
+        for n in program.nodes
+        for value in n.attrs.values()
+        if isinstance(value, str)
+    )
     return truncating and "'InvalidArgumentError') vs ('run', 'InternalError')" in why
 
 
 def _where_rows(why: str, program: Program) -> bool:
-    rows = any(n.kind == "where" and len(program.nodes[n.args[0]].shape) == 1
-               and len(n.shape) == 2 for n in program.nodes)
+    rows = any(
+        n.kind == "where" and len(program.nodes[n.args[0]].shape) == 1 and len(n.shape) == 2
+        for n in program.nodes
+    )
     return rows and "values differ" in why
 
 
 DOCUMENTED: list[tuple[str, Callable[[str, Program], bool]]] = [
-    ("integer truncatediv/truncatemod by zero: InvalidArgumentError (TF: InternalError)",
-     _truncate_by_zero),
+    (
+        "integer truncatediv/truncatemod by zero: InvalidArgumentError (TF: InternalError)",
+        _truncate_by_zero,
+    ),
     ("where(vector cond, matrices) broadcasts (TF 1.x's tf.where picks rows)", _where_rows),
 ]
 
@@ -61,21 +68,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.differential")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--tf", type=int, metavar="N", help="compare N programs with TF 1.x")
-    group.add_argument("--ref", type=int, metavar="N",
-                       help="compare N programs with the numpy reference (default 300)")
+    group.add_argument(
+        "--ref",
+        type=int,
+        metavar="N",
+        help="compare N programs with the numpy reference (default 300)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="first program seed")
-    parser.add_argument("--show", type=int, default=5,
-                        help="print the first K undocumented disagreements in full")
-    parser.add_argument("--category", choices=CATEGORIES,
-                        help="only programs of this category")
+    parser.add_argument(
+        "--show", type=int, default=5, help="print the first K undocumented disagreements in full"
+    )
+    parser.add_argument("--category", choices=CATEGORIES, help="only programs of this category")
     args = parser.parse_args(argv)
     n = args.tf if args.tf is not None else (args.ref or 300)
     oracle: Callable[[Program], Outcome] = run_numpy
     tolerance = "exact"
     if args.tf is not None:
         if not tensorflow_available():
-            print("python -m tests.differential --tf needs TensorFlow: "
-                  "pip install tensorflow-cpu", file=sys.stderr)
+            print(
+                "python -m tests.differential --tf needs TensorFlow: pip install tensorflow-cpu",
+                file=sys.stderr,
+            )
             return 2
         with quiet_tensorflow():
             from .oracles import run_tensorflow
@@ -104,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     name = "TF 1.x" if args.tf is not None else "numpy reference"
     print(f"{n} programs vs {name} in {elapsed:.1f} s (seeds {args.seed}..{args.seed + n - 1})")
-    print(f"{'category':<14}{'programs':>10}{'agree':>8}{'documented':>12}{'differ':>8}"
-          f"{'agree %':>9}{'+doc %':>8}")
+    print(
+        f"{'category':<14}{'programs':>10}{'agree':>8}{'documented':>12}{'differ':>8}"
+        f"{'agree %':>9}{'+doc %':>8}"
+    )
     rows = [*CATEGORIES, "total"]
     for cat in rows:
         if cat == "total":
@@ -114,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             t, a, d = totals[cat], agreed[cat], documented[cat]
         if not t:
             continue
-        print(f"{cat:<14}{t:>10}{a:>8}{d:>12}{t - a - d:>8}{100 * a / t:>8.1f}%"
-              f"{100 * (a + d) / t:>7.1f}%")
+        print(
+            f"{cat:<14}{t:>10}{a:>8}{d:>12}{t - a - d:>8}{100 * a / t:>8.1f}%"
+            f"{100 * (a + d) / t:>7.1f}%"
+        )
     for reason, count in reasons.most_common():
         print(f"  documented: {count:>4} x {reason}")
     for seed, cat, why in failures[:20]:

@@ -44,8 +44,16 @@ Outcome = list[tuple[Any, ...]]
 class _Api:
     """The handful of names that differ between ``asyncflow`` and ``tf.compat.v1``."""
 
-    def __init__(self, module: Any, *, sigmoid: Any, mod: Any, where: Any, defun: Any,
-                 sleep: Callable[[Any, float, str], Any]) -> None:
+    def __init__(
+        self,
+        module: Any,
+        *,
+        sigmoid: Any,
+        mod: Any,
+        where: Any,
+        defun: Any,
+        sleep: Callable[[Any, float, str], Any],
+    ) -> None:
         self.m = module
         self.sigmoid = sigmoid
         self.mod = mod
@@ -109,8 +117,7 @@ def _build_node(n: Node, a: list[Any], api: _Api) -> Any:
     if k == "matmul":
         return m.matmul(a[0], a[1])
     if k == "cumsum":
-        return m.cumsum(a[0], axis=at["axis"], exclusive=at["exclusive"],
-                        reverse=at["reverse"])
+        return m.cumsum(a[0], axis=at["axis"], exclusive=at["exclusive"], reverse=at["reverse"])
     if k == "reverse":
         return m.reverse(a[0], [at["axis"]])
     if k == "tile":
@@ -118,7 +125,7 @@ def _build_node(n: Node, a: list[Any], api: _Api) -> Any:
     if k == "pad":
         return m.pad(a[0], at["paddings"])
     if k == "slice":
-        return a[0][at["begin"]::at["step"]]
+        return a[0][at["begin"] :: at["step"]]
     if k == "expand_squeeze":
         return m.squeeze(m.expand_dims(a[0], at["axis"]), [at["axis"]])
     if k == "cond":
@@ -130,9 +137,11 @@ def _build_node(n: Node, a: list[Any], api: _Api) -> Any:
     if k == "while":
         n_iter, x, y = a
         op = api.fn(at["op"])
-        _, acc = m.while_loop(lambda i, acc: m.less(i, n_iter),
-                              lambda i, acc: (m.add(i, 1), op(acc, y)),
-                              [m.constant(0, dtype="int32"), x])
+        _, acc = m.while_loop(
+            lambda i, acc: m.less(i, n_iter),
+            lambda i, acc: (m.add(i, 1), op(acc, y)),
+            [m.constant(0, dtype="int32"), x],
+        )
         return acc
     if k == "case":
         *preds, x = a
@@ -169,6 +178,7 @@ def _build_step_node(n: Node, a: list[Any], api: _Api) -> Any:
     m, at, k = api.m, n.attrs, n.kind
     shape = list(n.shape)
     if k == "defun":
+
         def body(x: Any) -> Any:
             y = api.fn(at["op"])(x, m.constant(at["const"], dtype=at["dtype"]))  # no input
             if not at["assert"]:
@@ -186,9 +196,11 @@ def _build_step_node(n: Node, a: list[Any], api: _Api) -> Any:
         return m.cond(pred, other, called) if at["swap"] else m.cond(pred, called, other)
     if k == "while_call":
         fn, n_iter, x = a
-        _, acc = m.while_loop(lambda i, acc: m.less(i, n_iter),
-                              lambda i, acc: (m.add(i, 1), m.reshape(fn(acc), shape)),
-                              [m.constant(0, dtype="int32"), x])
+        _, acc = m.while_loop(
+            lambda i, acc: m.less(i, n_iter),
+            lambda i, acc: (m.add(i, 1), m.reshape(fn(acc), shape)),
+            [m.constant(0, dtype="int32"), x],
+        )
         return acc
     if k == "while_var":
         return _while_var(m, n, a)
@@ -221,9 +233,11 @@ def _while_var(m: Any, n: Node, a: list[Any]) -> Any:
 
             return acc + m.cond(m.equal(m.mod(i, 2), 0), bump, keep)
 
-    _, acc = m.while_loop(lambda i, acc: m.less(i, n_iter),
-                          lambda i, acc: (m.add(i, 1), step(i, acc)),
-                          [m.constant(0, dtype="int32"), m.zeros(list(n.shape), n.dtype)])
+    _, acc = m.while_loop(
+        lambda i, acc: m.less(i, n_iter),
+        lambda i, acc: (m.add(i, 1), step(i, acc)),
+        [m.constant(0, dtype="int32"), m.zeros(list(n.shape), n.dtype)],
+    )
     return acc
 
 
@@ -258,20 +272,19 @@ class _Runner:
     async def run(self, run: Run, fetches: list[Any], feeds: dict[Any, Any]) -> Any:
         raise NotImplementedError
 
-    async def callable(self, run: Run, fetches: list[Any], feed_list: list[Any],
-                       values: list[Any]) -> Any:
+    async def callable(
+        self, run: Run, fetches: list[Any], feed_list: list[Any], values: list[Any]
+    ) -> Any:
         raise NotImplementedError
 
     async def partial_setup(self, fetches: list[Any], feeds: list[Any]) -> Any:
         raise NotImplementedError
 
-    async def partial_run(self, handle: Any, fetches: list[Any],
-                          feeds: dict[Any, Any]) -> Any:
+    async def partial_run(self, handle: Any, fetches: list[Any], feeds: dict[Any, Any]) -> Any:
         raise NotImplementedError
 
 
-async def _drive(program: Program, build: Callable[[], dict[int, Any]],
-                 runner: _Runner) -> Outcome:
+async def _drive(program: Program, build: Callable[[], dict[int, Any]], runner: _Runner) -> Outcome:
     try:
         built = build()
     except (TypeError, ValueError) as exc:
@@ -295,8 +308,9 @@ async def _drive_run(r: Run, built: dict[int, Any], runner: _Runner) -> Outcome:
     outcome: Outcome = []
     for _, values in r.calls:
         args = [values[i] for i in r.feed_list]
-        outcome.append(await _entry(
-            r, lambda args=args: runner.callable(r, fetches, feed_list, args)))
+        outcome.append(
+            await _entry(r, lambda args=args: runner.callable(r, fetches, feed_list, args))
+        )
     return outcome
 
 
@@ -306,8 +320,9 @@ async def _drive_partial(r: Run, built: dict[int, Any], runner: _Runner) -> Outc
 
     async def setup() -> list[Any]:
         nonlocal handle
-        handle = await runner.partial_setup([built[i] for i in r.fetches],
-                                            [built[i] for i in r.feed_list])
+        handle = await runner.partial_setup(
+            [built[i] for i in r.fetches], [built[i] for i in r.feed_list]
+        )
         return []
 
     first = await _entry(r, setup)
@@ -317,8 +332,12 @@ async def _drive_partial(r: Run, built: dict[int, Any], runner: _Runner) -> Outc
             outcome.append(first)
             first = ("error", "skipped", "NotRun")
             continue
-        entry = await _entry(r, lambda f=fetches, d=feeds: runner.partial_run(
-            handle, [built[i] for i in f], {built[i]: v for i, v in d.items()}))
+        entry = await _entry(
+            r,
+            lambda f=fetches, d=feeds: runner.partial_run(
+                handle, [built[i] for i in f], {built[i]: v for i, v in d.items()}
+            ),
+        )
         outcome.append(entry)
         if entry[0] == "error":
             first = ("error", "skipped", "NotRun")
@@ -355,23 +374,23 @@ class _AsyncflowRunner(_Runner):
 
     async def run(self, run: Run, fetches: list[Any], feeds: dict[Any, Any]) -> Any:
         options = _run_options(self.af, run, self.base)
-        return await self._caller(run, self.sess.run(fetches, feed_dict=feeds,
-                                                     options=options))
+        return await self._caller(run, self.sess.run(fetches, feed_dict=feeds, options=options))
 
-    async def callable(self, run: Run, fetches: list[Any], feed_list: list[Any],
-                       values: list[Any]) -> Any:
+    async def callable(
+        self, run: Run, fetches: list[Any], feed_list: list[Any], values: list[Any]
+    ) -> Any:
         fn = self.callables.get(id(run))
         if fn is None:
             fn = self.callables[id(run)] = self.sess.make_callable(
-                fetches, feed_list=feed_list, accept_options=True)
+                fetches, feed_list=feed_list, accept_options=True
+            )
         options = _run_options(self.af, run, self.base)
         return await self._caller(run, fn(*values, options=options))
 
     async def partial_setup(self, fetches: list[Any], feeds: list[Any]) -> Any:
         return await self.sess.partial_run_setup(fetches, feeds=feeds)
 
-    async def partial_run(self, handle: Any, fetches: list[Any],
-                          feeds: dict[Any, Any]) -> Any:
+    async def partial_run(self, handle: Any, fetches: list[Any], feeds: dict[Any, Any]) -> Any:
         return await asyncio.wait_for(self.sess.partial_run(handle, fetches, feeds), 20)
 
 
@@ -385,12 +404,15 @@ def asyncflow_api() -> _Api:
 
         return af.py_func(slow, [x], af.as_dtype(dtype))
 
-    return _Api(af, sigmoid=af.nn.sigmoid, mod=af.mod, where=af.where, defun=af.Defun,
-                sleep=sleep)
+    return _Api(af, sigmoid=af.nn.sigmoid, mod=af.mod, where=af.where, defun=af.Defun, sleep=sleep)
 
 
-def run_asyncflow(program: Program, *, config: af.SessionConfig | None = None,
-                  run_options: af.RunOptions | None = None) -> Outcome:
+def run_asyncflow(
+    program: Program,
+    *,
+    config: af.SessionConfig | None = None,
+    run_options: af.RunOptions | None = None,
+) -> Outcome:
     """``program`` in an asyncflow session: ``config`` (default: two CPUs; programs
     place ops on ``/cpu:1``, so a given config needs two CPU devices too) and
     ``run_options`` (default: none) for every run and callable call (partial runs take
@@ -425,19 +447,20 @@ class _TensorflowRunner(_Runner):
     async def run(self, run: Run, fetches: list[Any], feeds: dict[Any, Any]) -> Any:
         return self.sess.run(fetches, feed_dict=feeds, options=self._options(run))
 
-    async def callable(self, run: Run, fetches: list[Any], feed_list: list[Any],
-                       values: list[Any]) -> Any:
+    async def callable(
+        self, run: Run, fetches: list[Any], feed_list: list[Any], values: list[Any]
+    ) -> Any:
         fn = self.callables.get(id(run))
         if fn is None:
             fn = self.callables[id(run)] = self.sess.make_callable(
-                fetches, feed_list=feed_list, accept_options=True)
+                fetches, feed_list=feed_list, accept_options=True
+            )
         return fn(*values, options=self._options(run))
 
     async def partial_setup(self, fetches: list[Any], feeds: list[Any]) -> Any:
         return self.sess.partial_run_setup(fetches, feeds)
 
-    async def partial_run(self, handle: Any, fetches: list[Any],
-                          feeds: dict[Any, Any]) -> Any:
+    async def partial_run(self, handle: Any, fetches: list[Any], feeds: dict[Any, Any]) -> Any:
         return self.sess.partial_run(handle, fetches, feed_dict=feeds)
 
 
@@ -455,11 +478,18 @@ def run_tensorflow(program: Program) -> Outcome:
 
         return tf1.py_func(slow, [x], tf1.as_dtype(dtype))
 
-    api = _Api(tf1, sigmoid=tf1.sigmoid, mod=tf1.math.floormod, where=_tf_where(tf1),
-               defun=tf_function.Defun, sleep=sleep)
+    api = _Api(
+        tf1,
+        sigmoid=tf1.sigmoid,
+        mod=tf1.math.floormod,
+        where=_tf_where(tf1),
+        defun=tf_function.Defun,
+        sleep=sleep,
+    )
     graph = tf1.Graph()
-    config = tf1.ConfigProto(device_count={"CPU": 2}, inter_op_parallelism_threads=2,
-                             intra_op_parallelism_threads=1)
+    config = tf1.ConfigProto(
+        device_count={"CPU": 2}, inter_op_parallelism_threads=2, intra_op_parallelism_threads=1
+    )
 
     def build() -> dict[int, Any]:
         with graph.as_default():
@@ -472,6 +502,7 @@ def run_tensorflow(program: Program) -> Outcome:
 def _tf_where(tf1: Any) -> Callable[[Any, Any, Any], Any]:
     """TF 1.x's ``tf.where`` (Select) where it accepts the operands (same shapes; a
     scalar or vector condition), else ``tf.where_v2`` (broadcasting, TF >= 1.14)."""
+
     def where(cond: Any, x: Any, y: Any) -> Any:
         if x.shape == y.shape and (cond.shape == x.shape or cond.shape.rank in (0, 1)):
             return tf1.where(cond, x, y)
@@ -487,7 +518,8 @@ def run_reference(program: Program) -> Outcome | None:
     from asyncflow.testing import reference_run
 
     if any(n.kind in _NOT_REFERENCE for n in program.nodes) or any(
-            r.mode != "run" or r.racy for r in program.runs):
+        r.mode != "run" or r.racy for r in program.runs
+    ):
         return None
     api = asyncflow_api()
     graph = af.Graph()
@@ -505,8 +537,20 @@ def run_reference(program: Program) -> Outcome | None:
 
 
 #: What ``reference_run`` does not take: control flow, functions, async kernels.
-_NOT_REFERENCE = frozenset({"cond", "cond_unary", "while", "case", "defun", "call",
-                            "cond_call", "while_call", "while_var", "sleep"})
+_NOT_REFERENCE = frozenset(
+    {
+        "cond",
+        "cond_unary",
+        "while",
+        "case",
+        "defun",
+        "call",
+        "cond_call",
+        "while_call",
+        "while_var",
+        "sleep",
+    }
+)
 
 
 # -- the numpy reference interpreter ---------------------------------------------------------
@@ -577,30 +621,60 @@ def _selu(x: np.ndarray) -> np.ndarray:
 
 
 NP_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
-    "minimum": np.minimum, "floordiv": _floordiv, "mod": _mod, "divide": _divide,
-    "pow": np.power, "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
-    "greater_equal": np.greater_equal, "equal": np.equal, "not_equal": np.not_equal,
-    "logical_and": np.logical_and, "logical_or": np.logical_or,
-    "squared_difference": lambda x, y: np.square(x - y), "truncatediv": _truncatediv,
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "floordiv": _floordiv,
+    "mod": _mod,
+    "divide": _divide,
+    "pow": np.power,
+    "less": np.less,
+    "less_equal": np.less_equal,
+    "greater": np.greater,
+    "greater_equal": np.greater_equal,
+    "equal": np.equal,
+    "not_equal": np.not_equal,
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+    "squared_difference": lambda x, y: np.square(x - y),
+    "truncatediv": _truncatediv,
     "truncatemod": _truncatemod,
 }
 NP_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "negative": np.negative, "abs": np.abs, "square": np.square, "sqrt": np.sqrt,
-    "exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": _sigmoid,
-    "logical_not": np.logical_not, "identity": lambda x: x,
-    "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "round": np.round,
-    "reciprocal": lambda x: 1 / x, "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin,
-    "cos": np.cos, "log1p": np.log1p, "expm1": np.expm1, "is_nan": np.isnan,
-    "is_finite": np.isfinite, "nn.relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
-    "nn.relu6": lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)),
-                                     np.asarray(6, x.dtype)),
+    "negative": np.negative,
+    "abs": np.abs,
+    "square": np.square,
+    "sqrt": np.sqrt,
+    "exp": np.exp,
+    "log": np.log,
+    "tanh": np.tanh,
+    "sigmoid": _sigmoid,
+    "logical_not": np.logical_not,
+    "identity": lambda x: x,
+    "sign": np.sign,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": np.round,
+    "reciprocal": lambda x: 1 / x,
+    "rsqrt": lambda x: 1 / np.sqrt(x),
+    "sin": np.sin,
+    "cos": np.cos,
+    "log1p": np.log1p,
+    "expm1": np.expm1,
+    "is_nan": np.isnan,
+    "is_finite": np.isfinite,
+    "nn.relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
+    "nn.relu6": lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)), np.asarray(6, x.dtype)),
     "nn.elu": lambda x: np.where(x > 0, x, np.expm1(x)),
     "nn.selu": _selu,
     "nn.softplus": lambda x: (np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0)).astype(x.dtype),
     "nn.leaky_relu": lambda x: np.where(x > 0, x, x * np.asarray(0.2, x.dtype)),
-    "zeros_like": np.zeros_like, "ones_like": np.ones_like,
-    "nn.softmax": _softmax, "nn.log_softmax": _log_softmax,
+    "zeros_like": np.zeros_like,
+    "ones_like": np.ones_like,
+    "nn.softmax": _softmax,
+    "nn.log_softmax": _log_softmax,
 }
 
 
@@ -610,8 +684,7 @@ def _reduce(op: str, x: np.ndarray, axis: int | None, keep: bool) -> np.ndarray:
     if op == "reduce_prod":
         return np.prod(x, axis=axis, keepdims=keep, dtype=x.dtype)
     if op in ("reduce_any", "reduce_all"):
-        return np.asarray((np.any if op == "reduce_any" else np.all)(x, axis=axis,
-                                                                      keepdims=keep))
+        return np.asarray((np.any if op == "reduce_any" else np.all)(x, axis=axis, keepdims=keep))
     if op in ("reduce_max", "reduce_min"):
         lowest = op == "reduce_max"
         if x.dtype.kind == "f":
@@ -621,8 +694,9 @@ def _reduce(op: str, x: np.ndarray, axis: int | None, keep: bool) -> np.ndarray:
         fn = np.max if lowest else np.min
         return np.asarray(fn(x, axis=axis, keepdims=keep, initial=identity))
     # reduce_mean: integers accumulate wide and truncate toward zero; empty -> 0 / nan.
-    total = np.sum(x, axis=axis, keepdims=keep,
-                   dtype=np.float64 if x.dtype.kind == "f" else np.int64)
+    total = np.sum(
+        x, axis=axis, keepdims=keep, dtype=np.float64 if x.dtype.kind == "f" else np.int64
+    )
     count = x.size // max(total.size, 1) if x.size else 0
     if x.dtype.kind == "f":
         if count == 0:
@@ -664,8 +738,9 @@ class _NumpyInterpreter:
         self.variables: dict[int, np.ndarray] = {}
         self.queues: dict[int, _Queue] = {}
 
-    def run(self, fetches: list[int], feeds: dict[int, np.ndarray],
-            memo: dict[int, Any] | None = None) -> list[Any]:
+    def run(
+        self, fetches: list[int], feeds: dict[int, np.ndarray], memo: dict[int, Any] | None = None
+    ) -> list[Any]:
         """The values of ``fetches``; ``memo`` is shared by the calls of one step."""
         memo = {} if memo is None else memo
 
@@ -676,8 +751,7 @@ class _NumpyInterpreter:
 
         return [value(i) for i in fetches]
 
-    def eval(self, n: Node, v: Callable[[int], Any],
-             feeds: dict[int, np.ndarray]) -> Any:
+    def eval(self, n: Node, v: Callable[[int], Any], feeds: dict[int, np.ndarray]) -> Any:
         k, at = n.kind, n.attrs
         if k == "const":
             return np.asarray(at["value"], n.dtype)
@@ -708,8 +782,19 @@ class _NumpyInterpreter:
             return np.reshape(v(n.args[0]), at["shape"])
         if k == "concat":
             return np.concatenate([v(n.args[0]), v(n.args[1])], axis=at["axis"])
-        if k in ("clip", "add_n", "stack", "one_hot", "matmul", "cumsum", "reverse", "tile",
-                 "pad", "slice", "expand_squeeze"):
+        if k in (
+            "clip",
+            "add_n",
+            "stack",
+            "one_hot",
+            "matmul",
+            "cumsum",
+            "reverse",
+            "tile",
+            "pad",
+            "slice",
+            "expand_squeeze",
+        ):
             return self.structural(n, [v(i) for i in n.args])
         if k in ("cond", "cond_unary", "while"):
             # The operands are made outside the branch / loop, so they are computed
@@ -780,8 +865,9 @@ class _NumpyInterpreter:
         k, at = n.kind, n.attrs
         x = a[0]
         if k == "clip":
-            return np.minimum(np.maximum(x, np.asarray(at["lo"], x.dtype)),
-                              np.asarray(at["hi"], x.dtype))
+            return np.minimum(
+                np.maximum(x, np.asarray(at["lo"], x.dtype)), np.asarray(at["hi"], x.dtype)
+            )
         if k == "add_n":
             total = a[0]
             for y in a[1:]:
@@ -799,9 +885,14 @@ class _NumpyInterpreter:
             y = np.flip(x, axis) if at["reverse"] else x
             c = np.cumsum(y, axis=axis, dtype=x.dtype)
             if at["exclusive"]:
-                c = np.concatenate([np.zeros_like(np.take(c, [0], axis=axis)),
-                                    np.delete(c, -1, axis=axis)], axis=axis) \
-                    if c.shape[axis] else c
+                c = (
+                    np.concatenate(
+                        [np.zeros_like(np.take(c, [0], axis=axis)), np.delete(c, -1, axis=axis)],
+                        axis=axis,
+                    )
+                    if c.shape[axis]
+                    else c
+                )
             return np.flip(c, axis) if at["reverse"] else c
         if k == "reverse":
             return np.flip(x, at["axis"])
@@ -810,7 +901,7 @@ class _NumpyInterpreter:
         if k == "pad":
             return np.pad(x, at["paddings"])
         if k == "slice":
-            return x[at["begin"]::at["step"]]
+            return x[at["begin"] :: at["step"]]
         return x  # expand_squeeze
 
     def case(self, n: Node, v: Callable[[int], Any]) -> Any:
@@ -841,15 +932,22 @@ class _NumpyInterpreter:
             if k != "read":
                 delta = v(n.args[1])
                 old = self.variables[var]
-                new = old + delta if k == "assign_add" else old - delta if \
-                    k == "assign_sub" else delta
+                new = (
+                    old + delta
+                    if k == "assign_add"
+                    else old - delta
+                    if k == "assign_sub"
+                    else delta
+                )
                 self.variables[var] = np.asarray(new, old.dtype)
             return self.variables[var].copy()
         if k == "queue":
             self.queues.setdefault(n.id, _Queue(at["dtype"], at["shape"]))
             return n.id
-        q = self.queues.setdefault(n.args[0], _Queue(self.nodes[n.args[0]].attrs["dtype"],
-                                                     self.nodes[n.args[0]].attrs["shape"]))
+        q = self.queues.setdefault(
+            n.args[0],
+            _Queue(self.nodes[n.args[0]].attrs["dtype"], self.nodes[n.args[0]].attrs["shape"]),
+        )
         if k == "enqueue_many":
             if q.closed:
                 raise NpError("CancelledError", "queue is closed")
@@ -878,8 +976,9 @@ def run_numpy(program: Program) -> Outcome:
             if r.mode == "partial":
                 outcome.extend(_numpy_partial(interp, r))
                 continue
-            calls = [(r.fetches, r.feeds)] if r.mode == "run" else [(r.fetches, f)
-                                                                    for _, f in r.calls]
+            calls = (
+                [(r.fetches, r.feeds)] if r.mode == "run" else [(r.fetches, f) for _, f in r.calls]
+            )
             mark = ("racy",) if r.racy else ()
             for fetches, feeds in calls:
                 try:
@@ -930,8 +1029,10 @@ def _reads(nodes: list[Node], fetches: list[int]) -> set[int]:
 # (float rtol, float atol) per dtype for each oracle: the numpy interpreter computes
 # with the same numpy routines; TF's Eigen kernels (exp, tanh, sums in another order)
 # round differently in the last bits.
-TOLERANCE = {"exact": {"float32": (1e-5, 1e-6), "float64": (1e-9, 1e-12)},
-             "tf": {"float32": (2e-4, 1e-5), "float64": (1e-7, 1e-12)}}
+TOLERANCE = {
+    "exact": {"float32": (1e-5, 1e-6), "float64": (1e-9, 1e-12)},
+    "tf": {"float32": (2e-4, 1e-5), "float64": (1e-7, 1e-12)},
+}
 
 
 def _same_value(a: Any, b: Any, tol: dict[str, tuple[float, float]]) -> str | None:
@@ -962,13 +1063,16 @@ def compare(ours: Outcome, theirs: Outcome, tolerance: str = "exact") -> str | N
     """
     tol = TOLERANCE[tolerance]
     for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-        if a[-1] == "racy" and ((a[0] == "error" and a[2] in RACY_ERRORS)
-                                or (b[0] == "error" and b[2] in RACY_ERRORS)):
+        if a[-1] == "racy" and (
+            (a[0] == "error" and a[2] in RACY_ERRORS) or (b[0] == "error" and b[2] in RACY_ERRORS)
+        ):
             continue  # the deadline or the caller came first
         if a[0] == "error" or b[0] == "error":
             if a[0] != b[0]:
-                return f"run {i}: {a[:3] if a[0] == 'error' else 'ok'} vs " \
-                       f"{b[:3] if b[0] == 'error' else 'ok'}"
+                return (
+                    f"run {i}: {a[:3] if a[0] == 'error' else 'ok'} vs "
+                    f"{b[:3] if b[0] == 'error' else 'ok'}"
+                )
             if a[1] == "build" and b[1] == "build":
                 continue
             if a[1:] != b[1:]:

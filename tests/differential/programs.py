@@ -29,9 +29,20 @@ from typing import Any
 
 import numpy as np
 
-CATEGORIES = ("numerics", "control_flow", "variables", "queues", "feeds", "devices",
-              "functions", "loop_state", "partial_runs", "callables", "deadlines",
-              "duplicates")
+CATEGORIES = (
+    "numerics",
+    "control_flow",
+    "variables",
+    "queues",
+    "feeds",
+    "devices",
+    "functions",
+    "loop_state",
+    "partial_runs",
+    "callables",
+    "deadlines",
+    "duplicates",
+)
 
 FLOATS = ("float32", "float64")
 INTS = ("int32", "int64")
@@ -39,19 +50,48 @@ NUMERIC = FLOATS + INTS
 
 # Elementwise binary ops: name -> dtypes accepted.
 BINARY: dict[str, tuple[str, ...]] = {
-    "add": NUMERIC, "subtract": NUMERIC, "multiply": NUMERIC, "maximum": NUMERIC,
-    "minimum": NUMERIC, "floordiv": NUMERIC, "mod": NUMERIC, "divide": NUMERIC,
-    "pow": FLOATS, "squared_difference": NUMERIC, "truncatediv": INTS, "truncatemod": NUMERIC,
+    "add": NUMERIC,
+    "subtract": NUMERIC,
+    "multiply": NUMERIC,
+    "maximum": NUMERIC,
+    "minimum": NUMERIC,
+    "floordiv": NUMERIC,
+    "mod": NUMERIC,
+    "divide": NUMERIC,
+    "pow": FLOATS,
+    "squared_difference": NUMERIC,
+    "truncatediv": INTS,
+    "truncatemod": NUMERIC,
 }
 COMPARE = ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
 LOGICAL = ("logical_and", "logical_or")
 UNARY: dict[str, tuple[str, ...]] = {
-    "negative": NUMERIC, "abs": NUMERIC, "square": NUMERIC, "sqrt": FLOATS, "exp": FLOATS,
-    "log": FLOATS, "tanh": FLOATS, "sigmoid": FLOATS, "sign": NUMERIC, "floor": FLOATS,
-    "ceil": FLOATS, "round": FLOATS, "reciprocal": FLOATS, "rsqrt": FLOATS, "sin": FLOATS,
-    "cos": FLOATS, "log1p": FLOATS, "expm1": FLOATS, "nn.relu": NUMERIC,
-    "nn.relu6": NUMERIC, "nn.elu": FLOATS, "nn.selu": FLOATS, "nn.softplus": FLOATS,
-    "nn.leaky_relu": FLOATS, "zeros_like": NUMERIC, "ones_like": NUMERIC,
+    "negative": NUMERIC,
+    "abs": NUMERIC,
+    "square": NUMERIC,
+    "sqrt": FLOATS,
+    "exp": FLOATS,
+    "log": FLOATS,
+    "tanh": FLOATS,
+    "sigmoid": FLOATS,
+    "sign": NUMERIC,
+    "floor": FLOATS,
+    "ceil": FLOATS,
+    "round": FLOATS,
+    "reciprocal": FLOATS,
+    "rsqrt": FLOATS,
+    "sin": FLOATS,
+    "cos": FLOATS,
+    "log1p": FLOATS,
+    "expm1": FLOATS,
+    "nn.relu": NUMERIC,
+    "nn.relu6": NUMERIC,
+    "nn.elu": FLOATS,
+    "nn.selu": FLOATS,
+    "nn.softplus": FLOATS,
+    "nn.leaky_relu": FLOATS,
+    "zeros_like": NUMERIC,
+    "ones_like": NUMERIC,
 }
 # Unary ops giving bool, and ops over the last axis (rank >= 1).
 PREDICATE = ("is_nan", "is_finite")
@@ -126,17 +166,25 @@ class Program:
     def describe(self) -> str:
         lines = [f"program seed={self.seed} category={self.category}"]
         for n in self.nodes:
-            attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v)
-                     for k, v in n.attrs.items()}
-            lines.append(f"  n{n.id} = {n.kind}{list(n.args)} {attrs} -> {n.dtype}"
-                         f"{list(n.shape)}{' @' + n.device if n.device else ''}")
+            attrs = {
+                k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in n.attrs.items()
+            }
+            lines.append(
+                f"  n{n.id} = {n.kind}{list(n.args)} {attrs} -> {n.dtype}"
+                f"{list(n.shape)}{' @' + n.device if n.device else ''}"
+            )
         for r in self.runs:
             feeds = {f"n{k}": v.tolist() for k, v in r.feeds.items()}
-            extra = "".join(f" {k}={v}" for k, v in (("timeout_ms", r.timeout_ms),
-                                                    ("cancel_ms", r.cancel_ms)) if v)
-            lines.append(f"  {r.mode} fetch={[f'n{i}' for i in r.fetches]} feeds={feeds}"
-                         f"{' feed_list=' + str([f'n{i}' for i in r.feed_list]) if r.mode != 'run' else ''}"
-                         f"{extra}")
+            extra = "".join(
+                f" {k}={v}"
+                for k, v in (("timeout_ms", r.timeout_ms), ("cancel_ms", r.cancel_ms))
+                if v
+            )
+            lines.append(
+                f"  {r.mode} fetch={[f'n{i}' for i in r.fetches]} feeds={feeds}"
+                f"{' feed_list=' + str([f'n{i}' for i in r.feed_list]) if r.mode != 'run' else ''}"
+                f"{extra}"
+            )
             for fetches, values in r.calls:
                 shown = {f"n{k}": v.tolist() for k, v in values.items()}
                 lines.append(f"    call fetch={[f'n{i}' for i in fetches]} feeds={shown}")
@@ -149,12 +197,17 @@ def random_value(rng: random.Random, dtype: str, shape: tuple[int, ...]) -> np.n
     if dtype == "bool":
         flat: list[Any] = [rng.random() < 0.5 for _ in range(size)]
     elif dtype in INTS:
-        flat = [rng.choice((0, 1, -1)) if rng.random() < 0.15 else rng.randint(-6, 6)
-                for _ in range(size)]
+        flat = [
+            rng.choice((0, 1, -1)) if rng.random() < 0.15 else rng.randint(-6, 6)
+            for _ in range(size)
+        ]
     else:
-        flat = [rng.choice((0.0, np.nan, np.inf, -np.inf, -0.5, 2.0))
-                if rng.random() < 0.08 else round(rng.gauss(0.0, 3.0), 3)
-                for _ in range(size)]
+        flat = [
+            rng.choice((0.0, np.nan, np.inf, -np.inf, -0.5, 2.0))
+            if rng.random() < 0.08
+            else round(rng.gauss(0.0, 3.0), 3)
+            for _ in range(size)
+        ]
     return np.array(flat, dtype=dtype).reshape(shape)
 
 
@@ -169,8 +222,14 @@ class _Gen:
         self.devices = category == "devices"
 
     # -- plumbing -------------------------------------------------------------------
-    def add(self, kind: str, args: tuple[int, ...], attrs: dict[str, Any], dtype: str | None,
-            shape: tuple[int, ...]) -> int:
+    def add(
+        self,
+        kind: str,
+        args: tuple[int, ...],
+        attrs: dict[str, Any],
+        dtype: str | None,
+        shape: tuple[int, ...],
+    ) -> int:
         device = None
         if self.devices and self.rng.random() < 0.7:
             device = self.rng.choice(("/cpu:0", "/cpu:1"))
@@ -181,15 +240,22 @@ class _Gen:
     def pure(self) -> list[Node]:
         return [n for n in self.nodes if n.attrs.get("pure", True) and n.dtype is not None]
 
-    def pick(self, dtypes: tuple[str, ...] | None = None,
-             shape: tuple[int, ...] | None = None) -> Node | None:
-        pool = [n for n in self.pure() if (dtypes is None or n.dtype in dtypes)
-                and (shape is None or n.shape == shape)]
+    def pick(
+        self, dtypes: tuple[str, ...] | None = None, shape: tuple[int, ...] | None = None
+    ) -> Node | None:
+        pool = [
+            n
+            for n in self.pure()
+            if (dtypes is None or n.dtype in dtypes) and (shape is None or n.shape == shape)
+        ]
         return self.rng.choice(pool) if pool else None
 
     def shape(self) -> tuple[int, ...]:
-        return self.rng.choice(((), (3,), (2, 3), (3,), (2, 2), (0, 3)) if self.rng.random()
-                               < 0.1 else ((), (3,), (2, 3), (3,), (2, 2)))
+        return self.rng.choice(
+            ((), (3,), (2, 3), (3,), (2, 2), (0, 3))
+            if self.rng.random() < 0.1
+            else ((), (3,), (2, 3), (3,), (2, 2))
+        )
 
     def leaf(self, dtype: str, shape: tuple[int, ...], feed: bool = False) -> int:
         value = random_value(self.rng, dtype, shape)
@@ -224,18 +290,25 @@ class _Gen:
             if choice < 0.3 and base.shape:
                 axis = rng.randrange(len(base.shape))
                 shape = tuple(d for i, d in enumerate(base.shape) if i != axis)
-                return self.add("reduce", (base.id,), {"op": rng.choice(("reduce_any",
-                                                                          "reduce_all")),
-                                                       "axis": axis, "keepdims": False},
-                                "bool", shape)
+                return self.add(
+                    "reduce",
+                    (base.id,),
+                    {
+                        "op": rng.choice(("reduce_any", "reduce_all")),
+                        "axis": axis,
+                        "keepdims": False,
+                    },
+                    "bool",
+                    shape,
+                )
             if choice < 0.5:
                 other = self.operand("bool", base.shape)
-                return self.add("logical", (base.id, other), {"op": rng.choice(LOGICAL)},
-                                "bool", base.shape)
+                return self.add(
+                    "logical", (base.id, other), {"op": rng.choice(LOGICAL)}, "bool", base.shape
+                )
             x = self.operand(rng.choice(NUMERIC), base.shape)
             y = self.operand(self.nodes[x].dtype or "float32", base.shape)
-            return self.add("where", (base.id, x, y), {}, self.nodes[x].dtype,
-                            base.shape)
+            return self.add("where", (base.id, x, y), {}, self.nodes[x].dtype, base.shape)
         dt = base.dtype
         assert dt is not None
         if choice < 0.35:
@@ -248,8 +321,9 @@ class _Gen:
         if choice < 0.5:
             op = rng.choice([k for k, v in UNARY.items() if dt in v])
             if dt in FLOATS and rng.random() < 0.15:
-                return self.add("unary", (base.id,), {"op": rng.choice(PREDICATE)}, "bool",
-                                base.shape)
+                return self.add(
+                    "unary", (base.id,), {"op": rng.choice(PREDICATE)}, "bool", base.shape
+                )
             if dt in FLOATS and base.shape and base.shape[-1] and rng.random() < 0.15:
                 op = rng.choice(LAST_AXIS)
             return self.add("unary", (base.id,), {"op": op}, dt, base.shape)
@@ -257,8 +331,9 @@ class _Gen:
             return self.structural(base)
         if choice < 0.6:
             other = self.operand(dt, base.shape)
-            cmp = self.add("compare", (base.id, other), {"op": rng.choice(COMPARE)}, "bool",
-                           base.shape)
+            cmp = self.add(
+                "compare", (base.id, other), {"op": rng.choice(COMPARE)}, "bool", base.shape
+            )
             if len(base.shape) == 1 and base.shape[0] and rng.random() < 0.3:
                 # A vector condition with square matrices: asyncflow broadcasts (picks
                 # columns), TF 1.x's tf.where picks rows -- a documented difference.
@@ -277,8 +352,9 @@ class _Gen:
         if choice < 0.95 and base.shape:
             if rng.random() < 0.5:
                 return self.add("transpose", (base.id,), {}, dt, tuple(reversed(base.shape)))
-            return self.add("reshape", (base.id,), {"shape": (-1,)}, dt,
-                            (int(np.prod(base.shape)),))
+            return self.add(
+                "reshape", (base.id,), {"shape": (-1,)}, dt, (int(np.prod(base.shape)),)
+            )
         if base.shape:
             other = self.operand(dt, base.shape, exact=True)
             axis = rng.randrange(len(base.shape))
@@ -294,8 +370,21 @@ class _Gen:
         dt = base.dtype
         assert dt is not None
         rank = len(base.shape)
-        kind = rng.choice(("cumsum", "reverse", "tile", "expand_squeeze", "stack", "pad",
-                           "clip", "one_hot", "matmul", "add_n", "slice"))
+        kind = rng.choice(
+            (
+                "cumsum",
+                "reverse",
+                "tile",
+                "expand_squeeze",
+                "stack",
+                "pad",
+                "clip",
+                "one_hot",
+                "matmul",
+                "add_n",
+                "slice",
+            )
+        )
         if kind == "clip":
             lo, hi = sorted(random_value(rng, dt, (2,)).tolist())
             return self.add("clip", (base.id,), {"lo": lo, "hi": hi}, dt, base.shape)
@@ -309,37 +398,55 @@ class _Gen:
             return self.add("stack", (base.id, other), {"axis": axis}, dt, shape)
         if kind == "one_hot" and dt in INTS:
             depth = rng.randint(1, 4)
-            return self.add("one_hot", (base.id,), {"depth": depth}, "float32",
-                            (*base.shape, depth))
+            return self.add(
+                "one_hot", (base.id,), {"depth": depth}, "float32", (*base.shape, depth)
+            )
         if kind == "matmul" and dt in FLOATS and rank == 2:
             inner = base.shape[1]
             other = self.leaf(dt, (inner, rng.randint(1, 3)))
-            return self.add("matmul", (base.id, other), {}, dt,
-                            (base.shape[0], self.nodes[other].shape[1]))
+            return self.add(
+                "matmul", (base.id, other), {}, dt, (base.shape[0], self.nodes[other].shape[1])
+            )
         if not rank:
             if kind == "expand_squeeze":
                 return self.add("expand_squeeze", (base.id,), {"axis": 0}, dt, ())
             return self.add("tile", (base.id,), {"multiples": []}, dt, ())
         axis = rng.randrange(rank)
         if kind == "cumsum":
-            return self.add("cumsum", (base.id,), {"axis": axis, "exclusive": rng.random() < .5,
-                                                   "reverse": rng.random() < .5}, dt, base.shape)
+            return self.add(
+                "cumsum",
+                (base.id,),
+                {"axis": axis, "exclusive": rng.random() < 0.5, "reverse": rng.random() < 0.5},
+                dt,
+                base.shape,
+            )
         if kind == "reverse":
             return self.add("reverse", (base.id,), {"axis": axis}, dt, base.shape)
         if kind == "tile":
             mult = [rng.randint(1, 2) for _ in base.shape]
-            return self.add("tile", (base.id,), {"multiples": mult}, dt,
-                            tuple(d * m for d, m in zip(base.shape, mult, strict=True)))
+            return self.add(
+                "tile",
+                (base.id,),
+                {"multiples": mult},
+                dt,
+                tuple(d * m for d, m in zip(base.shape, mult, strict=True)),
+            )
         if kind == "pad":
             pads = [[rng.randint(0, 1), rng.randint(0, 1)] for _ in base.shape]
-            return self.add("pad", (base.id,), {"paddings": pads}, dt,
-                            tuple(d + a + b for d, (a, b) in zip(base.shape, pads, strict=True)))
+            return self.add(
+                "pad",
+                (base.id,),
+                {"paddings": pads},
+                dt,
+                tuple(d + a + b for d, (a, b) in zip(base.shape, pads, strict=True)),
+            )
         if kind == "slice":
             step = rng.choice((1, 2, -1))
             begin = rng.randint(0, max(base.shape[0] - 1, 0))
             length = len(range(base.shape[0])[begin::step])
-            return self.add("slice", (base.id,), {"begin": begin, "step": step}, dt,
-                            (length, *base.shape[1:]))
+            return self.add(
+                "slice", (base.id,), {"begin": begin, "step": step}, dt, (length, *base.shape[1:])
+            )
         return self.add("expand_squeeze", (base.id,), {"axis": axis}, dt, base.shape)
 
     def reduction(self, base: Node) -> int:
@@ -356,20 +463,26 @@ class _Gen:
         if axis is None:
             shape = tuple(1 for _ in base.shape) if keep else ()
         else:
-            shape = tuple((1 if keep else None) if i == axis else d
-                          for i, d in enumerate(base.shape))
+            shape = tuple(
+                (1 if keep else None) if i == axis else d for i, d in enumerate(base.shape)
+            )
             shape = tuple(d for d in shape if d is not None)
-        return self.add("reduce", (base.id,), {"op": kind, "axis": axis, "keepdims": keep},
-                        base.dtype, shape)
+        return self.add(
+            "reduce", (base.id,), {"op": kind, "axis": axis, "keepdims": keep}, base.dtype, shape
+        )
 
     def gather(self, base: Node) -> int:
         axis = self.rng.randrange(len(base.shape))
         limit = base.shape[axis]
         n = self.rng.randint(1, 3)
         # Mostly valid indices; sometimes out of range or negative (an error as TF).
-        idx = [self.rng.randrange(limit) if limit and self.rng.random() < 0.9
-               else self.rng.choice((limit, -1)) for _ in range(n)]
-        shape = (*base.shape[:axis], n, *base.shape[axis + 1:])
+        idx = [
+            self.rng.randrange(limit)
+            if limit and self.rng.random() < 0.9
+            else self.rng.choice((limit, -1))
+            for _ in range(n)
+        ]
+        shape = (*base.shape[:axis], n, *base.shape[axis + 1 :])
         assert base.dtype is not None
         return self.add("gather", (base.id,), {"axis": axis, "indices": idx}, base.dtype, shape)
 
@@ -409,20 +522,34 @@ class _Gen:
             node = self.nodes[x]
             fns = [rng.choice(BODY_UNARY) for _ in preds]
             default = rng.choice((None, *BODY_UNARY))
-            return self.add("case", (*preds, x), {"fns": fns, "default": default,
-                                                  "exclusive": rng.random() < 0.2},
-                            node.dtype, node.shape)
+            return self.add(
+                "case",
+                (*preds, x),
+                {"fns": fns, "default": default, "exclusive": rng.random() < 0.2},
+                node.dtype,
+                node.shape,
+            )
         pred = self.scalar_pred()
         x = self.expr()
         node = self.nodes[x]
         if node.dtype == "bool":
-            return self.add("cond_unary", (pred, x), {"true": "logical_not",
-                                                      "false": "identity"}, "bool", node.shape)
+            return self.add(
+                "cond_unary",
+                (pred, x),
+                {"true": "logical_not", "false": "identity"},
+                "bool",
+                node.shape,
+            )
         assert node.dtype is not None
         y = self.operand(node.dtype, node.shape)
         op = rng.choice([k for k, v in BINARY.items() if node.dtype in v and k != "divide"])
-        return self.add("cond", (pred, x, y), {"true": op, "false": rng.choice(BODY_UNARY)},
-                        node.dtype, node.shape)
+        return self.add(
+            "cond",
+            (pred, x, y),
+            {"true": op, "false": rng.choice(BODY_UNARY)},
+            node.dtype,
+            node.shape,
+        )
 
     # -- programs -----------------------------------------------------------------------
     def program(self) -> Program:
@@ -465,8 +592,9 @@ class _Gen:
         rng = self.rng
         dt = rng.choice(NUMERIC)
         shape = rng.choice(((), (3,), (2, 2)))
-        var = self.add("variable", (), {"init": random_value(rng, dt, shape), "pure": False},
-                       dt, shape)
+        var = self.add(
+            "variable", (), {"init": random_value(rng, dt, shape), "pure": False}, dt, shape
+        )
         self.runs.append(Run([self.add("var_init", (var,), {"pure": False}, None, ())]))
         return dt, shape, var
 
@@ -487,8 +615,9 @@ class _Gen:
         rng = self.rng
         dt = rng.choice(NUMERIC)
         shape = rng.choice(((), (2,)))
-        q = self.add("queue", (), {"capacity": 20, "dtype": dt, "shape": shape, "pure": False},
-                     None, ())
+        q = self.add(
+            "queue", (), {"capacity": 20, "dtype": dt, "shape": shape, "pure": False}, None, ()
+        )
         size = 0
         closed = False
         for _ in range(rng.randint(2, 6)):
@@ -516,7 +645,6 @@ class _Gen:
                 op = self.add("qsize", (q,), {"pure": False}, "int32", ())
                 self.runs.append(Run([op]))
         self.runs.append(Run([self.add("qsize", (q,), {"pure": False}, "int32", ())]))
-
 
     # -- the step around the kernels -----------------------------------------------------
     def on(self, nid: int, device: str | None) -> int:
@@ -557,10 +685,20 @@ class _Gen:
             self.expr()
         dt = rng.choice(NUMERIC)
         shape = rng.choice(((), (3,), (2, 2)))
-        fn = self.add("defun", (), {"op": rng.choice(SAFE_BINARY), "dtype": dt,
-                                    "const": random_value(rng, dt, ()),
-                                    "assert": rng.random() < 0.7, "flag": rng.random() < 0.4,
-                                    "pure": False}, None, ())
+        fn = self.add(
+            "defun",
+            (),
+            {
+                "op": rng.choice(SAFE_BINARY),
+                "dtype": dt,
+                "const": random_value(rng, dt, ()),
+                "assert": rng.random() < 0.7,
+                "flag": rng.random() < 0.4,
+                "pure": False,
+            },
+            None,
+            (),
+        )
         calls = []
         for _ in range(rng.randint(1, 3)):
             x = self.operand(dt, shape, exact=True)
@@ -568,9 +706,15 @@ class _Gen:
             if kind == "call":
                 calls.append(self.add("call", (fn, x), {}, dt, shape))
             elif kind == "cond_call":
-                calls.append(self.add("cond_call", (fn, self.scalar_pred(), x),
-                                      {"other": rng.choice(BODY_UNARY), "swap": rng.random() < .5},
-                                      dt, shape))
+                calls.append(
+                    self.add(
+                        "cond_call",
+                        (fn, self.scalar_pred(), x),
+                        {"other": rng.choice(BODY_UNARY), "swap": rng.random() < 0.5},
+                        dt,
+                        shape,
+                    )
+                )
             else:
                 n = self.leaf("int32", (), feed=rng.random() < 0.5)
                 iters = np.array(rng.choice((0, 0, 1, 2)), np.int32)
@@ -597,8 +741,7 @@ class _Gen:
             else:
                 self.nodes[n].attrs["value"] = iters
             mode = rng.choice(("read", "assign", "cond"))
-            loop = self.add("while_var", (n, var, delta), {"mode": mode, "pure": False},
-                            dt, shape)
+            loop = self.add("while_var", (n, var, delta), {"mode": mode, "pure": False}, dt, shape)
             self.runs.append(Run([loop], self.feeds_for([loop])))
             self.runs.append(Run([read]))
 
@@ -635,8 +778,10 @@ class _Gen:
         rng = self.rng
         dt = rng.choice(NUMERIC)
         shape = rng.choice(((), (3,), (2, 2)))
-        phs = [self.placeholder(dt, shape, rng.choice(("/cpu:1", "/cpu:0", None)))
-               for _ in range(rng.randint(1, 3))]
+        phs = [
+            self.placeholder(dt, shape, rng.choice(("/cpu:1", "/cpu:0", None)))
+            for _ in range(rng.randint(1, 3))
+        ]
         pool = [*phs, self.add("const", (), {"value": random_value(rng, dt, shape)}, dt, shape)]
         exprs = self.safe_exprs(pool, rng.randint(1, 3))
         fetches = rng.sample(exprs, rng.randint(1, len(exprs)))
@@ -646,8 +791,10 @@ class _Gen:
         if rng.random() < 0.3:
             feed_list.append(self.placeholder(dt, shape, "/cpu:1"))  # fed, never read
         rng.shuffle(feed_list)
-        calls = [([], {p: random_value(rng, dt, shape) for p in feed_list})
-                 for _ in range(rng.randint(1, 3))]
+        calls = [
+            ([], {p: random_value(rng, dt, shape) for p in feed_list})
+            for _ in range(rng.randint(1, 3))
+        ]
         self.runs.append(Run(fetches, mode="callable", feed_list=feed_list, calls=calls))
 
     def make_deadlines(self) -> None:
@@ -659,15 +806,22 @@ class _Gen:
         shape = rng.choice(((), (3,)))
         x = self.leaf(dt, shape)
         for _ in range(rng.randint(2, 5)):
-            x = self.on(self.add("sleep", (x,), {"ms": rng.choice((0, 1, 2, 4))}, dt, shape),
-                        rng.choice(devices))
+            x = self.on(
+                self.add("sleep", (x,), {"ms": rng.choice((0, 1, 2, 4))}, dt, shape),
+                rng.choice(devices),
+            )
             if rng.random() < 0.5:
                 x = self.safe_exprs([x, self.leaf(dt, shape)], 1, devices=False)[-1]
                 self.on(x, rng.choice(devices))
         self.runs.append(Run([x]))
         for _ in range(rng.randint(2, 4)):
-            self.runs.append(Run([x], timeout_ms=rng.choice((0, 1, 2, 5, 20)),
-                                 cancel_ms=rng.choice((0.0, 0.0, 1.0, 3.0, 10.0))))
+            self.runs.append(
+                Run(
+                    [x],
+                    timeout_ms=rng.choice((0, 1, 2, 5, 20)),
+                    cancel_ms=rng.choice((0.0, 0.0, 1.0, 3.0, 10.0)),
+                )
+            )
 
     def make_duplicates(self) -> None:
         """The same computation built several times and fetched at several places."""

@@ -35,6 +35,7 @@ def daily_seeds(today: datetime.date | None = None) -> range:
     first = 100_000 + (day % 10_000) * DAILY
     return range(first, first + DAILY)
 
+
 #: The variant run is split into this many tests (a failure names its chunk).
 CHUNKS = 10
 
@@ -49,16 +50,28 @@ SEEDS = (0, 1, 2)
 def _variants() -> list[tuple[str, af.SessionConfig, bool]]:
     out = []
     for straight, traced, level, handoffs, seed in itertools.product(
-            (True, False), (False, True), (af.OptimizerOptions.L1, af.OptimizerOptions.L0),
-            (True, False), SEEDS):
-        options = af.ExecutorOptions(straight_line=straight, handoffs=handoffs,
-                                     shuffle_seed=seed)
+        (True, False),
+        (False, True),
+        (af.OptimizerOptions.L1, af.OptimizerOptions.L0),
+        (True, False),
+        SEEDS,
+    ):
+        options = af.ExecutorOptions(straight_line=straight, handoffs=handoffs, shuffle_seed=seed)
         graph = af.GraphOptions(optimizer_options=af.OptimizerOptions(opt_level=level))
-        name = (f"{'straight' if straight else 'general'}/{'traced' if traced else 'plain'}/"
-                f"{'L1' if level == af.OptimizerOptions.L1 else 'L0'}/"
-                f"{'handoff' if handoffs else 'future'}/shuffle{seed}")
-        out.append((name, af.SessionConfig(device_count={"CPU": 2}, graph_options=graph,
-                                           executor_options=options), traced))
+        name = (
+            f"{'straight' if straight else 'general'}/{'traced' if traced else 'plain'}/"
+            f"{'L1' if level == af.OptimizerOptions.L1 else 'L0'}/"
+            f"{'handoff' if handoffs else 'future'}/shuffle{seed}"
+        )
+        out.append(
+            (
+                name,
+                af.SessionConfig(
+                    device_count={"CPU": 2}, graph_options=graph, executor_options=options
+                ),
+                traced,
+            )
+        )
     return out
 
 
@@ -96,8 +109,7 @@ def traced_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     counted: list[int] = []
 
     def wants(options: af.RunOptions | None, run_metadata: Any) -> bool:
-        traced = (options is not None
-                  and options.trace_level >= af.RunOptions.FULL_TRACE)
+        traced = options is not None and options.trace_level >= af.RunOptions.FULL_TRACE
         if traced:
             counted.append(1)
         return traced
@@ -107,8 +119,7 @@ def traced_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
-def test_every_variant_agrees_with_the_numpy_reference(
-        chunk: int, traced_steps: list[int]) -> None:
+def test_every_variant_agrees_with_the_numpy_reference(chunk: int, traced_steps: list[int]) -> None:
     failures = []
     for seed in [*range(chunk, PROGRAMS, CHUNKS), *daily_seeds()[chunk::CHUNKS]]:
         program = generate(seed)
@@ -143,12 +154,14 @@ def test_asyncflow_agrees_with_the_numpy_reference_on_every_program() -> None:
 
 
 def test_the_loop_fast_path_runs_in_the_straight_line_variants(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Agreement means nothing if the straight-line variants never took the fast path.
     from asyncflow.runtime import loop_fastpath
 
-    programs = [p for p in map(generate, range(PROGRAMS))
-                if any(n.kind == "while" for n in p.nodes)]
+    programs = [
+        p for p in map(generate, range(PROGRAMS)) if any(n.kind == "while" for n in p.nodes)
+    ]
     assert len(programs) >= 10
     begun: list[bool] = []
     begin = loop_fastpath.LoopRun.begin
@@ -160,8 +173,9 @@ def test_the_loop_fast_path_runs_in_the_straight_line_variants(
 
     monkeypatch.setattr(loop_fastpath.LoopRun, "begin", counted)
     straight = af.SessionConfig(device_count={"CPU": 2})
-    general = af.SessionConfig(device_count={"CPU": 2},
-                               executor_options=af.ExecutorOptions(straight_line=False))
+    general = af.SessionConfig(
+        device_count={"CPU": 2}, executor_options=af.ExecutorOptions(straight_line=False)
+    )
     for p in programs:
         run_asyncflow(p, config=straight)
     assert sum(begun) >= 3  # the rest are folded, pruned or error out before the loop
@@ -183,8 +197,10 @@ def test_compare_detects_a_wrong_value_and_a_wrong_error() -> None:
     assert compare(ok, [("ok", [np.array([1.0, 2.5], np.float32)])]) is not None
     assert compare(ok, [("ok", [np.array([1.0, 2.0], np.float64)])]) is not None
     assert compare(ok, [("error", "run", "InvalidArgumentError")]) is not None
-    assert compare([("error", "run", "OutOfRangeError")],
-                   [("error", "run", "CancelledError")]) is not None
+    assert (
+        compare([("error", "run", "OutOfRangeError")], [("error", "run", "CancelledError")])
+        is not None
+    )
 
 
 @pytest.mark.parametrize("category", CATEGORIES)

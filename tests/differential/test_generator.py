@@ -46,8 +46,7 @@ def _kinds() -> collections.Counter[str]:
                 declared = set(r.feed_list)
                 needed = {k for f in r.fetches for k in _placeholders(p, f)}
                 seen["unused partial feed"] += bool(declared - needed)
-                seen["partial feed on /cpu:1"] += any(
-                    nodes[k].device == "/cpu:1" for k in declared)
+                seen["partial feed on /cpu:1"] += any(nodes[k].device == "/cpu:1" for k in declared)
                 fed: set[int] = set()
                 for fetches, feeds in r.calls:
                     fed |= set(feeds)
@@ -55,12 +54,16 @@ def _kinds() -> collections.Counter[str]:
                     seen["fetch before its feeds"] += bool(wanted - fed)
             if r.mode == "callable":
                 seen["callable feed on another device"] += any(
-                    nodes[k].device == "/cpu:1" and any(
-                        k in c.args and c.device != "/cpu:1" for c in nodes)
-                    for k in r.feed_list)
+                    nodes[k].device == "/cpu:1"
+                    and any(k in c.args and c.device != "/cpu:1" for c in nodes)
+                    for k in r.feed_list
+                )
             if len(r.fetches) != len(set(r.fetches)) or any(
-                    _same_computation(nodes[a], nodes[b])
-                    for i, a in enumerate(r.fetches) for b in r.fetches[i + 1:] if a != b):
+                _same_computation(nodes[a], nodes[b])
+                for i, a in enumerate(r.fetches)
+                for b in r.fetches[i + 1 :]
+                if a != b
+            ):
                 seen["fetched duplicates"] += 1
     return seen
 
@@ -77,19 +80,33 @@ def _placeholders(p: programs.Program, nid: int) -> set[int]:
 
 def _same_computation(a: programs.Node, b: programs.Node) -> bool:
     return (a.kind, a.args, a.dtype, a.shape) == (b.kind, b.args, b.dtype, b.shape) and all(
-        np.array_equal(a.attrs[k], b.attrs.get(k)) for k in a.attrs)
+        np.array_equal(a.attrs[k], b.attrs.get(k)) for k in a.attrs
+    )
 
 
 def test_the_seeds_reach_every_step_kind_often() -> None:
     seen = _kinds()
     for category in ("functions", "partial_runs", "callables", "deadlines", "duplicates"):
         assert seen[category] >= 20, (category, seen)
-    for kind in ("kind:call", "kind:cond_call", "kind:while_call", "mode:partial",
-                 "mode:callable", "deadline", "caller cancels"):
+    for kind in (
+        "kind:call",
+        "kind:cond_call",
+        "kind:while_call",
+        "mode:partial",
+        "mode:callable",
+        "deadline",
+        "caller cancels",
+    ):
         assert seen[kind] >= 10, (kind, seen)
-    for feature in ("function that fails when called", "loop that never iterates",
-                    "unused partial feed", "partial feed on /cpu:1", "fetch before its feeds",
-                    "callable feed on another device", "fetched duplicates"):
+    for feature in (
+        "function that fails when called",
+        "loop that never iterates",
+        "unused partial feed",
+        "partial feed on /cpu:1",
+        "fetch before its feeds",
+        "callable feed on another device",
+        "fetched duplicates",
+    ):
         assert seen[feature] >= 5, (feature, seen)
 
 
@@ -98,8 +115,7 @@ def test_loop_state_and_multi_device_deadlines_are_generated() -> None:
     # (the two kinds the runtime once crashed on) are drawn by the default seeds.
     seen = _kinds()
     assert seen["loop_state"] >= 20, seen
-    devices = {n.device for p in map(generate, SEEDS) if p.category == "deadlines"
-               for n in p.nodes}
+    devices = {n.device for p in map(generate, SEEDS) if p.category == "deadlines" for n in p.nodes}
     assert "/cpu:1" in devices
     program = generate(3, "loop_state")
     assert any(n.kind == "while_var" for n in program.nodes)
@@ -110,13 +126,11 @@ def test_loop_state_reference_values() -> None:
     # A hand-checked program: v = 1, three iterations of the "cond" mode add delta
     # (2) to v in iterations 0 and 2 and add v to the accumulator each time.
     nodes = [
-        programs.Node(0, "variable", (), {"init": np.float32(1.0), "pure": False},
-                      "float32", ()),
+        programs.Node(0, "variable", (), {"init": np.float32(1.0), "pure": False}, "float32", ()),
         programs.Node(1, "var_init", (0,), {"pure": False}, None, ()),
         programs.Node(2, "const", (), {"value": np.int32(3)}, "int32", ()),
         programs.Node(3, "const", (), {"value": np.float32(2.0)}, "float32", ()),
-        programs.Node(4, "while_var", (2, 0, 3), {"mode": "cond", "pure": False},
-                      "float32", ()),
+        programs.Node(4, "while_var", (2, 0, 3), {"mode": "cond", "pure": False}, "float32", ()),
         programs.Node(5, "read", (0,), {"pure": False}, "float32", ()),
     ]
     runs = [programs.Run([1]), programs.Run([4]), programs.Run([5])]
@@ -132,17 +146,24 @@ def test_racy_runs_accept_values_a_deadline_or_a_cancellation_only() -> None:
     assert compare([("error", "run", "TypeError", "racy")], [value]) is not None
     assert compare([("ok", [np.array(2.0, np.float32)], "racy")], [value]) is not None
     # Not racy: a deadline is a disagreement like any other error.
-    assert compare([("error", "run", "DeadlineExceededError")],
-                   [("ok", [np.array(1.0, np.float32)])]) is not None
+    assert (
+        compare([("error", "run", "DeadlineExceededError")], [("ok", [np.array(1.0, np.float32)])])
+        is not None
+    )
 
 
-@pytest.mark.parametrize("category", ["functions", "partial_runs", "callables", "deadlines",
-                                      "duplicates"])
+@pytest.mark.parametrize(
+    "category", ["functions", "partial_runs", "callables", "deadlines", "duplicates"]
+)
 def test_run_asyncflow_takes_a_config_and_run_options(category: str) -> None:
     # The executor matrix drives run_asyncflow through exactly these keywords: an
     # unoptimized traced session must give the outcomes of the default one.
-    l0 = af.SessionConfig(device_count={"CPU": 2}, graph_options=af.GraphOptions(
-        optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)))
+    l0 = af.SessionConfig(
+        device_count={"CPU": 2},
+        graph_options=af.GraphOptions(
+            optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)
+        ),
+    )
     traced = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
     for seed in range(4):
         program = generate(seed, category)
@@ -152,12 +173,12 @@ def test_run_asyncflow_takes_a_config_and_run_options(category: str) -> None:
 
 
 def test_tf_without_tensorflow_says_what_to_install(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(cli, "tensorflow_available", lambda: False)
     assert cli.main(["--tf", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["python -m tests.differential --tf needs TensorFlow: "
-                   "pip install tensorflow-cpu"]
+    assert err == ["python -m tests.differential --tf needs TensorFlow: pip install tensorflow-cpu"]
 
 
 def test_daily_seeds_lie_past_the_fixed_range_and_move_with_the_date() -> None:
