@@ -102,12 +102,10 @@ define_op("RandomUniformInt", _int_random_shape, stateful=True)
 
 def _stream(op: Operation, resources: Any) -> PhiloxStream:
     seed, seed2 = int(op._attrs.get("seed", 0)), int(op._attrs.get("seed2", 0))
-    return resources.lookup_or_create(
-        "random",
-        op._name,
-        PhiloxStream,  # type: ignore[no-any-return]
-        lambda: PhiloxStream(seed, seed2),
+    stream: PhiloxStream = resources.lookup_or_create(
+        "random", op._name, PhiloxStream, lambda: PhiloxStream(seed, seed2)
     )
+    return stream
 
 
 def _dims(shape: Any) -> tuple[int, ...]:
