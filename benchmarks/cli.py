@@ -13,6 +13,7 @@ import platform
 import sys
 import time
 import traceback
+from types import ModuleType
 from typing import Any
 
 import benchmarks
@@ -108,6 +109,7 @@ def run_ours(
     """Measure asyncflow and the in-process anchors; False if a workload crashed.
     With ``with_tf`` the scale workload alternates TF's subprocesses with its own."""
     ok = True
+    af: ModuleType | None
     try:
         import asyncflow as af
     except Exception as exc:  # every row reports it; the table is still printed

@@ -248,7 +248,8 @@ async def _dask_pull(cluster: Any, w0: str, w1: str, n: int) -> float:
         out = await client.run(timed_pulls, key=fut.key, workers=[w1])
         return float(out[w1])
 
-    return await cluster._call(measure())
+    seconds: float = await cluster._call(measure())
+    return seconds
 
 
 async def _kill(af: Any, cluster: Any, sess: Any, w0: str) -> float:

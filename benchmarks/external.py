@@ -21,7 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import benchmarks  # noqa: F401  (pins BLAS threads before numpy is imported)
@@ -286,17 +286,17 @@ def tf_workload(name: str, s: Sizes) -> Results:
         s2 = tf1.Session(graph=g, config=tf_config(tf1, inter=2, intra=1))
         try:
             feed = {a: a_val}
-            times: dict[int, list[float]] = {1: [], 2: []}
+            by_inter: dict[int, list[float]] = {1: [], 2: []}
             for sess in (s1, s2):
                 sess.run(heads, feed)
             for _ in range(s.slow_repeats):
-                times[1].append(timed(lambda: s1.run(heads, feed)))
-                times[2].append(timed(lambda: s2.run(heads, feed)))
+                by_inter[1].append(timed(lambda: s1.run(heads, feed)))
+                by_inter[2].append(timed(lambda: s2.run(heads, feed)))
         finally:
             s1.close()
             s2.close()
-        out["parallel"] = min(times[1]) / min(times[2])
-        out["_median.parallel"] = statistics.median(times[1]) / statistics.median(times[2])
+        out["parallel"] = min(by_inter[1]) / min(by_inter[2])
+        out["_median.parallel"] = statistics.median(by_inter[1]) / statistics.median(by_inter[2])
     elif name.startswith("xdev.k"):
         out.update(_tf_xdev(tf1, s, int(name.removeprefix("xdev.k"))))
     elif name == "parallel.2dev":
@@ -379,6 +379,7 @@ def _tf_callable(tf1: Any, s: Sizes, nested: bool) -> Results:
     with g.as_default():
         x = tf1.placeholder(tf1.float32, shape=(), name="x")
         y = (x + 1.0) * 2.0
+        values: tuple[float, ...]
         if nested:
             w = tf1.placeholder(tf1.float32, shape=(), name="w")
             z = y * w
@@ -461,7 +462,9 @@ def _tf_trace(tf1: Any, s: Sizes, traced: bool) -> Results:
 
 
 def _run_threads(
-    targets: list[Callable[[], None]], timeout: float, on_timeout: Callable[[], None] = lambda: None
+    targets: Sequence[Callable[[], None]],
+    timeout: float,
+    on_timeout: Callable[[], None] = lambda: None,
 ) -> float:
     """Seconds for threads running ``targets`` to finish; the first exception raised
     in one of them is re-raised here, and a thread still running after ``timeout``

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -114,9 +115,10 @@ def call_graph(af: Af, n: int) -> tuple[Any, Any, Any]:
     g = af.Graph()
     with g.as_default():
 
-        @af.Defun(af.float32, func_name="bench_f")
-        def f(t: Any) -> Any:
+        def body(t: Any) -> Any:
             return t * 0.5 + 1.0
+
+        f: Callable[[Any], Any] = af.Defun(af.float32, func_name="bench_f")(body)
 
         x = af.placeholder(af.float32, shape=(), name="x")
         y = x
@@ -233,9 +235,10 @@ def tf_call(tf1: Any, s: Sizes, inline: bool) -> float:
     g = tf1.Graph()
     with g.as_default():
 
-        @function.Defun(tf1.float32, func_name="bench_f")
-        def f(t: Any) -> Any:
+        def body(t: Any) -> Any:
             return t * 0.5 + 1.0
+
+        f: Callable[[Any], Any] = function.Defun(tf1.float32, func_name="bench_f")(body)
 
         x = tf1.placeholder(tf1.float32, shape=(), name="x")
         y = x

@@ -17,7 +17,9 @@ peak RSS (``ru_maxrss``) is this workload's alone, and prints one JSON object:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import operator
 import sys
 import time
 from typing import Any
@@ -46,7 +48,12 @@ def scale_asyncflow(n: int, with_cond: bool = False) -> dict[str, Any]:
         x = x0
         for k in range(n):
             if with_cond and k == n // 2:
-                x = af.cond(taken, lambda b=x: b + np.float32(0.0), lambda b=x: b - np.float32(1.0))
+                keep, drop = np.float32(0.0), np.float32(1.0)
+                x = af.cond(
+                    taken,
+                    functools.partial(operator.add, x, keep),
+                    functools.partial(operator.sub, x, drop),
+                )
             x = x + one
     build = time.perf_counter() - start
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import gc
 import itertools
 import statistics
@@ -504,7 +505,7 @@ def tiny(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             ours.append(timed(ours_sync))
     row = rows["tiny.run_sync"]
     row.record(ours, anchor, per=lambda t: t / sync_calls * 1e6)
-    if row.ours < row.anchor:
+    if row.ours is not None and row.anchor is not None and row.ours < row.anchor:
         row.notes.append(
             "faster than asyncio.run itself: run_sync of a plan made only of "
             "inline kernels never creates an event loop"
@@ -624,6 +625,7 @@ def callable_(nested: bool) -> Callable[[Af, Sizes, dict[str, Row]], None]:
 
     def workload(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         calls = s.tiny_calls
+        values: tuple[float, ...]
         if nested:
             g, x, w, fetches = _nested_graph(af)
             feed_list, values = [x, w], (1.0, 3.0)
@@ -680,6 +682,10 @@ def callable_(nested: bool) -> Callable[[Af, Sizes, dict[str, Row]], None]:
 # --------------------------------------------------------------------------- trace
 
 
+def _read_node_stats(md: Any) -> list[int]:
+    return [len(d.node_stats) for d in md.step_stats.dev_stats]
+
+
 def trace(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     """The chain workload traced (``RunOptions(trace_level=FULL_TRACE)`` with a
     ``RunMetadata``) against the same chain untraced, in the same session."""
@@ -688,7 +694,7 @@ def trace(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     feed = {x0: 0.0}
     full = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
 
-    async def main() -> tuple[list[float], list[float], int]:
+    async def main() -> tuple[list[float], list[float], int, float]:
         async with af.Session(graph=g) as sess:
             value = await sess.run(y, feed_dict=feed)
             _check(value == n, f"chain computed {value!r}, expected {n}")
@@ -712,9 +718,7 @@ def trace(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             for _ in range(s.repeats):
                 md = af.RunMetadata()
                 await sess.run(y, feed_dict=feed, options=full, run_metadata=md)
-                reads.append(
-                    timed(lambda md=md: [len(d.node_stats) for d in md.step_stats.dev_stats])
-                )
+                reads.append(timed(functools.partial(_read_node_stats, md)))
             return ours, anchor, recorded, min(reads)
 
     ours, anchor, recorded, read = asyncio.run(main())
@@ -968,9 +972,7 @@ async def _time_sessions(
         timer.run("threads", plain["threads"])
         for key, sess in sessions.items():
             a, fetches = heads[key]
-            await timer.arun(
-                key, lambda sess=sess, a=a, fetches=fetches: sess.run(fetches, feed_dict={a: a_val})
-            )
+            await timer.arun(key, functools.partial(sess.run, fetches, feed_dict={a: a_val}))
 
 
 def parallel(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
@@ -1100,12 +1102,12 @@ def _loop_expected(n: int, with_cond: bool) -> tuple[int, float]:
     return n, float(n % 2 if with_cond else n)
 
 
-def _python_loop(n: int, with_cond: bool) -> Callable[[], object]:
+def _python_loop(n: int, with_cond: bool) -> Callable[[], tuple[Any, Any]]:
     """The anchor: the loop written as a plain Python ``while`` on numpy scalars."""
     limit, one_i, two_i, zero_i = np.int32(n), np.int32(1), np.int32(2), np.int32(0)
     one_f = np.float32(1.0)
 
-    def run() -> object:
+    def run() -> tuple[Any, Any]:
         i, acc = np.int32(0), np.float32(0.0)
         while np.less(i, limit):
             if with_cond:
@@ -1517,7 +1519,9 @@ def service(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     missing = svc.missing_modules()
     if missing:
         for row_id in ids:
-            rows[row_id].skipped = (
+            rows[
+                row_id
+            ].skipped = (
                 f'not installed: {", ".join(missing)} (the bench extra: pip install -e ".[bench]")'
             )
         return
