@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pytest
@@ -20,6 +20,13 @@ import asyncflow as af
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "tf"
 CASES = json.loads((FIXTURES / "ops.json").read_text())
 ARRAYS = np.load(FIXTURES / "ops.npz")
+
+
+@runtime_checkable
+class _HasNowait(Protocol):
+    """An async kernel with a ``nowait`` twin the step tries first."""
+
+    def nowait(self, *args: Any) -> Any: ...
 
 
 def run(fetches: Any, feed_dict: Any = None) -> Any:
@@ -106,6 +113,7 @@ def test_big_conv_runs_on_a_worker_thread(graph: af.Graph) -> None:
     # nowait twin declines to compute it on the loop.
     kernel, kind = kdef.instantiate(big.op)
     assert kind == registry.ASYNC
+    assert isinstance(kernel, _HasNowait)
     assert (
         kernel.nowait(np.zeros((8, 64, 64, 16), np.float32), np.ones((3, 3, 16, 32), np.float32))
         is WOULD_BLOCK
@@ -223,9 +231,13 @@ def test_strided_slice_with_masks_matches_numpy(graph: af.Graph) -> None:
 def test_fused_batch_norm_nchw_matches_nhwc(graph: af.Graph) -> None:
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
-    p = [rng.random(3).astype(np.float32) + 0.5 for _ in range(4)]
-    y_nchw, _, _ = af.nn.fused_batch_norm(x, *p, data_format="NCHW", is_training=False)
-    y_nhwc, _, _ = af.nn.fused_batch_norm(x.transpose(0, 2, 3, 1), *p, is_training=False)
+    scale, offset, mean, var = (rng.random(3).astype(np.float32) + 0.5 for _ in range(4))
+    y_nchw, _, _ = af.nn.fused_batch_norm(
+        x, scale, offset, mean, var, data_format="NCHW", is_training=False
+    )
+    y_nhwc, _, _ = af.nn.fused_batch_norm(
+        x.transpose(0, 2, 3, 1), scale, offset, mean, var, is_training=False
+    )
     a, b = run([y_nchw, y_nhwc])
     np.testing.assert_allclose(a, b.transpose(0, 3, 1, 2), rtol=1e-6)
 
@@ -283,7 +295,7 @@ def test_shapes_are_inferred(graph: af.Graph) -> None:
     assert af.nn.conv2d(
         nchw, np.zeros((3, 3, 3, 4), np.float32), 2, "SAME", data_format="NCHW"
     ).shape.as_list() == [None, 4, 5, 4]
-    y, mean, _var = af.nn.fused_batch_norm(x, *[np.ones(3, np.float32)] * 4, is_training=False)
+    y, mean, _var = af.nn.fused_batch_norm(x, *(np.ones(3, np.float32),) * 4, is_training=False)
     assert y.shape.as_list() == [None, 9, 8, 3]
     assert mean.shape.as_list() == [3]
     assert af.nn.bias_add(x, np.zeros(3, np.float32)).shape.as_list() == [None, 9, 8, 3]
@@ -405,7 +417,7 @@ def test_shapes_are_inferred(graph: af.Graph) -> None:
         (
             lambda: af.nn.fused_batch_norm(
                 af.placeholder(af.float32, (1, 2, 2, 3)),
-                *[np.ones(4, np.float32)] * 4,
+                *(np.ones(4, np.float32),) * 4,
                 is_training=False,
                 name="bad_bn",
             ),

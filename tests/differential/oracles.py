@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
@@ -205,6 +206,7 @@ def _build_step_node(n: Node, a: list[Any], api: _Api) -> Any:
     if k == "while_var":
         return _while_var(m, n, a)
     if k == "sleep":
+        assert n.dtype is not None, f"sleep node n{n.id} has no dtype"
         return m.reshape(api.sleep(a[0], at["ms"], n.dtype), shape)
     raise AssertionError(f"unknown node kind {k!r}")
 
@@ -309,7 +311,7 @@ async def _drive_run(r: Run, built: dict[int, Any], runner: _Runner) -> Outcome:
     for _, values in r.calls:
         args = [values[i] for i in r.feed_list]
         outcome.append(
-            await _entry(r, lambda args=args: runner.callable(r, fetches, feed_list, args))
+            await _entry(r, functools.partial(runner.callable, r, fetches, feed_list, args))
         )
     return outcome
 
@@ -334,8 +336,11 @@ async def _drive_partial(r: Run, built: dict[int, Any], runner: _Runner) -> Outc
             continue
         entry = await _entry(
             r,
-            lambda f=fetches, d=feeds: runner.partial_run(
-                handle, [built[i] for i in f], {built[i]: v for i, v in d.items()}
+            functools.partial(
+                runner.partial_run,
+                handle,
+                [built[i] for i in fetches],
+                {built[i]: v for i, v in feeds.items()},
             ),
         )
         outcome.append(entry)
@@ -575,44 +580,52 @@ def _check_divisor(y: np.ndarray) -> None:
 
 def _floordiv(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     _check_divisor(y)
-    return np.floor_divide(x, y) if x.dtype.kind in "iu" else np.floor(x / y)
+    out: np.ndarray = np.floor_divide(x, y) if x.dtype.kind in "iu" else np.floor(x / y)
+    return out
 
 
 def _mod(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     _check_divisor(y)
-    return np.remainder(x, y)
+    out: np.ndarray = np.remainder(x, y)
+    return out
 
 
 def _divide(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     if x.dtype.kind in "iu":  # TF's truediv of int32/int64 is float64
         return x.astype(np.float64) / y.astype(np.float64)
-    return x / y
+    out: np.ndarray = x / y
+    return out
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+    out: np.ndarray = np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+    return out
 
 
 def _truncatediv(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     _check_divisor(y)
     q = np.abs(x) // np.abs(y)
-    return np.where((x < 0) != (y < 0), -q, q).astype(x.dtype)
+    out: np.ndarray = np.where((x < 0) != (y < 0), -q, q).astype(x.dtype)
+    return out
 
 
 def _truncatemod(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     _check_divisor(y)
-    return np.fmod(x, y)
+    out: np.ndarray = np.fmod(x, y)
+    return out
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - np.max(x, axis=-1, keepdims=True))
-    return e / np.sum(e, axis=-1, keepdims=True)
+    out: np.ndarray = e / np.sum(e, axis=-1, keepdims=True)
+    return out
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     shifted = x - np.max(x, axis=-1, keepdims=True)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+    out: np.ndarray = shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+    return out
 
 
 def _selu(x: np.ndarray) -> np.ndarray:
@@ -679,10 +692,13 @@ NP_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 
 def _reduce(op: str, x: np.ndarray, axis: int | None, keep: bool) -> np.ndarray:
+    out: np.ndarray
     if op == "reduce_sum":
-        return np.sum(x, axis=axis, keepdims=keep, dtype=x.dtype)
+        out = np.sum(x, axis=axis, keepdims=keep, dtype=x.dtype)
+        return out
     if op == "reduce_prod":
-        return np.prod(x, axis=axis, keepdims=keep, dtype=x.dtype)
+        out = np.prod(x, axis=axis, keepdims=keep, dtype=x.dtype)
+        return out
     if op in ("reduce_any", "reduce_all"):
         return np.asarray((np.any if op == "reduce_any" else np.all)(x, axis=axis, keepdims=keep))
     if op in ("reduce_max", "reduce_min"):

@@ -358,9 +358,9 @@ class _Gen:
         if base.shape:
             other = self.operand(dt, base.shape, exact=True)
             axis = rng.randrange(len(base.shape))
-            shape = list(base.shape)
-            shape[axis] *= 2
-            return self.add("concat", (base.id, other), {"axis": axis}, dt, tuple(shape))
+            doubled = list(base.shape)
+            doubled[axis] *= 2
+            return self.add("concat", (base.id, other), {"axis": axis}, dt, tuple(doubled))
         return self.add("unary", (base.id,), {"op": "negative"}, dt, base.shape)
 
     def structural(self, base: Node) -> int:
@@ -455,18 +455,16 @@ class _Gen:
         kind = rng.choice((*REDUCE, "argmax", "argmin")) if rank else rng.choice(REDUCE)
         assert base.dtype is not None
         if kind in ("argmax", "argmin"):
-            axis = rng.randrange(rank)
-            shape = tuple(d for i, d in enumerate(base.shape) if i != axis)
-            return self.add("arg", (base.id,), {"op": kind, "axis": axis}, "int64", shape)
+            arg_axis = rng.randrange(rank)
+            shape = tuple(d for i, d in enumerate(base.shape) if i != arg_axis)
+            return self.add("arg", (base.id,), {"op": kind, "axis": arg_axis}, "int64", shape)
         axis: int | None = rng.randrange(rank) if rank and rng.random() < 0.6 else None
         keep = rng.random() < 0.3
         if axis is None:
             shape = tuple(1 for _ in base.shape) if keep else ()
         else:
-            shape = tuple(
-                (1 if keep else None) if i == axis else d for i, d in enumerate(base.shape)
-            )
-            shape = tuple(d for d in shape if d is not None)
+            kept = ((1 if keep else None) if i == axis else d for i, d in enumerate(base.shape))
+            shape = tuple(d for d in kept if d is not None)
         return self.add(
             "reduce", (base.id,), {"op": kind, "axis": axis, "keepdims": keep}, base.dtype, shape
         )
@@ -791,7 +789,7 @@ class _Gen:
         if rng.random() < 0.3:
             feed_list.append(self.placeholder(dt, shape, "/cpu:1"))  # fed, never read
         rng.shuffle(feed_list)
-        calls = [
+        calls: list[tuple[list[int], dict[int, np.ndarray]]] = [
             ([], {p: random_value(rng, dt, shape) for p in feed_list})
             for _ in range(rng.randint(1, 3))
         ]

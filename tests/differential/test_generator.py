@@ -80,7 +80,7 @@ def _placeholders(p: programs.Program, nid: int) -> set[int]:
 
 def _same_computation(a: programs.Node, b: programs.Node) -> bool:
     return (a.kind, a.args, a.dtype, a.shape) == (b.kind, b.args, b.dtype, b.shape) and all(
-        np.array_equal(a.attrs[k], b.attrs.get(k)) for k in a.attrs
+        k in b.attrs and np.array_equal(a.attrs[k], b.attrs[k]) for k in a.attrs
     )
 
 
