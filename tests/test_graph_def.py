@@ -91,7 +91,10 @@ def test_import_with_prefix_and_return_elements() -> None:
         af.constant(0.0, name="x")  # would clash without a prefix
         with pytest.raises(ValueError, match=r"'x'.*already used"):
             import_graph_def(graph_def)
-        s, y_op = import_graph_def(graph_def, name="imported", return_elements=["s:0", "layer/y"])
+        elements = import_graph_def(graph_def, name="imported", return_elements=["s:0", "layer/y"])
+    assert elements is not None
+    s, y_op = elements
+    assert isinstance(y_op, af.Operation)
     assert s.name == "imported/s:0"
     assert y_op.name == "imported/layer/y"
     assert [t.name for t in y_op.inputs] == ["imported/x:0", "imported/w:0"]
@@ -104,9 +107,12 @@ def test_import_with_input_map() -> None:
     g2 = af.Graph()
     with g2.as_default():
         feed = af.placeholder(af.float32, shape=(4, 3), name="feed")
-        (y,) = import_graph_def(
+        elements = import_graph_def(
             graph_def, name="m", input_map={"x:0": feed}, return_elements=["layer/y:0"]
         )
+    assert elements is not None
+    (y,) = elements
+    assert isinstance(y, af.Tensor)
     assert y.op.inputs[0] is feed
     assert tuple(y.shape) == (4, 2)
 
@@ -436,7 +442,7 @@ def test_malformed_graph_def_is_a_value_error(label: str, make: Any, match: str)
 
 
 def test_cycle_is_a_value_error_naming_it() -> None:
-    d = {
+    d: dict[str, Any] = {
         "node": [
             {
                 "name": "c",
@@ -538,7 +544,7 @@ _BASE_PATHS = _paths(_BASE_DEF)
 
 @st.composite
 def _mutated_defs(draw: st.DrawFn) -> Any:
-    d = copy.deepcopy(_BASE_DEF)
+    d: Any = copy.deepcopy(_BASE_DEF)
     for _ in range(draw(st.integers(1, 3))):
         paths = _paths(d)
         # Mostly mutate inside the def; replacing the whole def is one rare case.

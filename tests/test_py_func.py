@@ -151,7 +151,7 @@ def test_async_expensive_is_value_error(g: af.Graph) -> None:
 
 def test_not_callable_is_type_error(g: af.Graph) -> None:
     with pytest.raises(TypeError, match="callable"):
-        af.py_func(42, [], af.int32)  # type: ignore[arg-type]
+        af.py_func(42, [], af.int32)  # type: ignore[call-overload]
 
 
 def test_function_exception_propagates(g: af.Graph) -> None:

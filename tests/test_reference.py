@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import namedtuple
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -130,7 +130,8 @@ def test_reference_agrees_with_session(g: af.Graph) -> None:
 
 # -- property: random DAGs of elementwise ops vs direct numpy evaluation -----------------
 
-_OPS = [
+# (arity, the graph op, the numpy function it must agree with)
+_OPS: list[tuple[int, Callable[..., af.Tensor], Callable[..., np.ndarray]]] = [
     (2, lambda a, b: a + b, np.add),
     (2, lambda a, b: a - b, np.subtract),
     (2, lambda a, b: af.maximum(a, b), np.maximum),

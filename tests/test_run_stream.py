@@ -58,7 +58,7 @@ async def test_the_error_surfaces_after_what_was_ready(graph: af.Graph) -> None:
         raise ValueError("bad input")
 
     bad = af.py_func(fails, [x], af.float32, name="bad")
-    seen = []
+    seen: list[Any] = []
     async with af.Session(graph=graph) as sess:
         with pytest.raises(af.errors.InvalidArgumentError, match="bad"):
             await _collect(sess.run_stream([bad, ready], {x: 3.0}), seen)

@@ -103,7 +103,7 @@ def test_split_count_computed(g: af.Graph) -> None:
 def test_reshape_shape_from_static_shape_slice(g: af.Graph) -> None:
     x = af.placeholder(af.float32, [2, 3, 4], name="x")
     shape = af.concat([af.constant([-1]), af.shape(x)[2:]], 0)  # [-1, 4]
-    assert constant_value(shape).tolist() == [-1, 4]
+    np.testing.assert_array_equal(constant_value(shape), [-1, 4])
     y = af.reshape(x, shape)
     assert y.shape.as_list() == [6, 4]  # static, as TF infers
     np.testing.assert_array_equal(run(y, {x: A}), A.reshape(-1, 4))
@@ -179,7 +179,7 @@ def test_partly_known_shape_is_not_a_constant(g: af.Graph) -> None:
     x = af.placeholder(af.float32, [None, 3], name="x")
     assert constant_value(af.shape(x)) is None
     assert constant_value(af.shape(x)[1:]) is None  # TF's constant_value: no slice rule
-    assert int(constant_value(af.rank(x))) == 2
+    assert constant_value(af.rank(x)) == 2
     assert constant_value(af.size(x)) is None
     with pytest.raises(TypeError, match=r"cannot build Transpose 'tr2': perm"):
         af.transpose(
@@ -196,5 +196,7 @@ def test_shape_of_unknown_shape_stops_the_walk(g: af.Graph) -> None:
         h = af.tanh(h * 2.0)
     s = af.shape(h)
     assert blocking_op(s) is s.op
-    assert blocking_op(af.tanh(h)).name == "x"
-    assert constant_value(af.shape(af.zeros([3, 4])) * 2).tolist() == [6, 8]
+    blocker = blocking_op(af.tanh(h))
+    assert blocker is not None
+    assert blocker.name == "x"
+    np.testing.assert_array_equal(constant_value(af.shape(af.zeros([3, 4])) * 2), [6, 8])

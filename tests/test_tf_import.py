@@ -68,9 +68,11 @@ def test_every_fixture_op_type_is_supported() -> None:
 def test_image_classifier_details() -> None:
     g = af.Graph()
     with g.as_default():
-        images, probs = import_tf_graph_def(
+        elements = import_tf_graph_def(
             (FIXTURES / "cnn.pb").read_bytes(), name="", return_elements=["images:0", "probs:0"]
         )
+    assert elements is not None
+    images, probs = elements
     assert isinstance(images, af.Tensor)
     assert isinstance(probs, af.Tensor)
     assert images.shape.as_list() == [None, 16, 16, 3]
@@ -121,11 +123,13 @@ def test_input_map_and_return_elements() -> None:
     with g.as_default():
         raw = af.placeholder(af.float32, (None, 10), name="raw")
         x = raw * 2.0
-        emb, op = import_tf_graph_def(
+        elements = import_tf_graph_def(
             FIXTURES / "mlp_bn.pb",
             input_map={"x:0": x},
             return_elements=["embedding:0", "embedding"],
         )
+    assert elements is not None
+    emb, op = elements
     assert isinstance(op, af.Operation)
     assert op.name == "import/embedding"
     with af.Session(graph=g) as sess:

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_info
+from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
 
 import asyncflow as af
 from asyncflow.runtime.devices import BlasGovernor, available_cores, blas_governor
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _blas_threads() -> int:
-    return min(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
+    return min(int(lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas")
 
 
 def _seen(

@@ -11,7 +11,7 @@ import functools
 import pickle
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pytest
@@ -20,6 +20,13 @@ import asyncflow as af
 from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput
 
 TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
+
+
+@runtime_checkable
+class _TracedKernel(Protocol):
+    """The traced wrapper of a node's kernel: it carries the node and the kernel."""
+
+    compact: tuple[int, Any]
 
 
 def _shape_of(ns: NodeExecStats) -> tuple[Any, ...]:
@@ -208,6 +215,7 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Grap
         node = program.node_of[f]
         traced_kernel = traced.nodes[node].kernel
         if f.__qualname__ == "traced_op.<locals>.traced":
+            assert isinstance(traced_kernel, _TracedKernel)
             assert traced_kernel.compact == (node, bound.nodes[node].kernel)
             assert bound.nodes[node].kernel in cells(f)
         else:

@@ -507,7 +507,7 @@ def _pack_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return pack_kernel, registry.INLINE
 
 
-def stack(values: Any, axis: int = 0, name: str | None = "stack") -> Tensor:
+def stack(values: Any, axis: Any = 0, name: str | None = "stack") -> Tensor:
     """The tensors of ``values`` (same shape) stacked along a new ``axis`` (op ``Pack``)."""
     tensors = [convert_to_tensor(v) for v in _as_list(values, "stack")]
     return make_op(
