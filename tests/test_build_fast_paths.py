@@ -256,6 +256,8 @@ def test_operator_fast_op_has_every_field_the_general_path_sets(g: af.Graph) -> 
         if slot in ("__weakref__", "_name", "_line", "_out"):
             continue
         assert getattr(fast, slot) == getattr(general, slot), slot
+    assert isinstance(fast._out, af.Tensor)
+    assert isinstance(general._out, af.Tensor)
     assert fast._out.op is fast
     assert fast._out.value_index == 0
     assert (fast._out.dtype, fast._out.shape) == (general._out.dtype, general._out.shape)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import pathlib
 import pickle
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -37,9 +39,9 @@ def names(nodes: tuple[NodeDef, ...]) -> list[str]:
 def _prune(
     graph: af.Graph,
     fetches: list[af.Tensor],
-    targets: list[af.Operation] = (),  # type: ignore[assignment]
-    feeds: set[af.Tensor] = frozenset(),
-) -> tuple[NodeDef, ...]:  # type: ignore[assignment]
+    targets: Sequence[af.Operation] = (),
+    feeds: AbstractSet[af.Tensor] = frozenset(),
+) -> tuple[NodeDef, ...]:
     """prune, checked against its other algorithm (the walk from the fetches)."""
     ir = graph_ir(graph)
     fetched, targeted = [ref_of(t) for t in fetches], [op.name for op in targets]
@@ -290,8 +292,8 @@ def _loop_graph(graph: af.Graph) -> af.Tensor:
             s2 = s + af.cast(i, af.float32)
         return i + 1, s2
 
-    _, total = af.while_loop(lambda i, s: i < 5, body, [i, s])
-    return total
+    loop_vars: list[af.Tensor] = af.while_loop(lambda i, s: i < 5, body, [i, s])
+    return loop_vars[1]
 
 
 def test_compiled_partitions_pickle_and_round_trip(graph: af.Graph) -> None:

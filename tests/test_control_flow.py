@@ -45,7 +45,10 @@ def test_while_sum_of_i_below_10(graph: af.Graph) -> None:
 
 def test_nested_while(graph: af.Graph) -> None:
     def inner(v: af.Tensor) -> af.Tensor:
-        return af.while_loop(lambda s: s < 20.0, lambda s: s + s, v, parallel_iterations=1)
+        result: af.Tensor = af.while_loop(
+            lambda s: s < 20.0, lambda s: s + s, v, parallel_iterations=1
+        )
+        return result
 
     def outer_body(x: af.Tensor) -> af.Tensor:
         x = inner(x)
@@ -247,7 +250,8 @@ def test_cond_inside_while(graph: af.Graph) -> None:
 
 def test_while_inside_cond(graph: af.Graph) -> None:
     def true_fn() -> af.Tensor:
-        return af.while_loop(lambda v: v < 10, lambda v: v + 1, af.constant(0))
+        result: af.Tensor = af.while_loop(lambda v: v < 10, lambda v: v + 1, af.constant(0))
+        return result
 
     p = af.placeholder(af.bool, shape=())
     out = af.cond(p, true_fn, lambda: af.constant(-1))
@@ -261,11 +265,12 @@ def test_cond_inside_while_inside_cond(graph: af.Graph) -> None:
     p = af.placeholder(af.bool, shape=())
 
     def loop() -> af.Tensor:
-        return af.while_loop(
+        result: af.Tensor = af.while_loop(
             lambda v: v < 10,
             lambda v: af.cond(af.less(v, 5), lambda: v + 2, lambda: v + 1),
             af.constant(0),
         )
+        return result
 
     out = af.cond(p, loop, lambda: af.constant(7))
     with af.Session(graph=graph) as sess:

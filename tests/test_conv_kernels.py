@@ -173,7 +173,7 @@ def test_pooling_matches_the_loop_reference(g: dict[str, Any], kind: str, paddin
     x = rng.standard_normal((g["n"], g["h"], g["w"], g["c"]))
     if kind == "max":
 
-        def reduce(win: np.ndarray, _: np.ndarray) -> np.ndarray:
+        def reduce(win: np.ndarray, valid: np.ndarray) -> np.ndarray:
             return np.asarray(win.max(axis=(0, 1)))
 
         pad_value = -np.inf

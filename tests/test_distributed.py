@@ -445,7 +445,7 @@ def test_fewer_workers_than_tasks_is_a_value_error(cluster: Any) -> None:
 def dask_cluster() -> Iterator[Any]:
     import distributed
 
-    with distributed.LocalCluster(
+    with distributed.LocalCluster(  # type: ignore[no-untyped-call]
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as dc:
         yield dc
@@ -461,7 +461,7 @@ def test_from_client_uses_an_existing_client(dask_cluster: Any) -> None:
             a = af.constant(np.arange(4.0), name="a")
         with af.device(W1):
             b = af.reduce_sum(a * a, name="b")
-    with distributed.Client(dask_cluster, set_as_default=False) as client:
+    with distributed.Client(dask_cluster, set_as_default=False) as client:  # type: ignore[no-untyped-call]
         cluster = afd.Cluster.from_client(client, jobs={"worker": 2})
         with cluster, af.Session(cluster, graph=g) as sess:
             assert sess.run_sync(b) == 14.0
@@ -477,7 +477,7 @@ async def test_from_client_with_an_asynchronous_client(dask_cluster: Any) -> Non
             a = af.constant(np.arange(4.0), name="a")
         with af.device(W1):
             b = af.reduce_sum(a * a, name="b")
-    async with distributed.Client(
+    async with distributed.Client(  # type: ignore[no-untyped-call]
         dask_cluster.scheduler_address, asynchronous=True, set_as_default=False
     ) as client:
         cluster = await afd.Cluster.from_client(client, jobs={"worker": 2})

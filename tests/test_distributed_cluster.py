@@ -159,7 +159,7 @@ async def _joined(address: str, names: set[str]) -> None:
     import distributed
 
     async with (
-        distributed.Client(address, asynchronous=True, set_as_default=False) as c,
+        distributed.Client(address, asynchronous=True, set_as_default=False) as c,  # type: ignore[no-untyped-call]
         asyncio.timeout(_START_TIMEOUT),
     ):
         while not names <= {  # noqa: ASYNC110
@@ -351,7 +351,7 @@ def _tls(tmp: Path) -> Any:
         for role in ("client", "scheduler", "worker")
         for kind, path in (("cert", cert), ("key", key))
     }
-    return Security(tls_ca_file=str(cert), require_encryption=True, **files)
+    return Security(tls_ca_file=str(cert), require_encryption=True, **files)  # type: ignore[no-untyped-call]
 
 
 async def test_tls_local_cluster_and_connect_with_security(tmp_path: Path) -> None:

@@ -264,7 +264,7 @@ async def test_a_dead_task_ends_calls_in_flight_to_it() -> None:
 def test_small_values_travel_inside_the_message() -> None:
     # An 8-byte scalar through Dask's serializers costs more than the rest of its trip:
     # small numeric values are their bytes in the message, and come back as they were.
-    from distributed.protocol import dumps, loads
+    from distributed.protocol.core import dumps, loads
 
     from asyncflow.distributed._dask import unwire_value, wire
 
@@ -277,7 +277,7 @@ def test_small_values_travel_inside_the_message() -> None:
     ):
         frames = dumps({"value": wire(value)})
         assert len(frames) == 1  # no serialized sub-frames: no pickle, no header
-        back = unwire_value(loads(frames)["value"])
+        back = unwire_value(loads(frames)["value"])  # type: ignore[no-untyped-call]
         assert type(back) is type(value)
         assert back.dtype == value.dtype
         assert back.shape == value.shape
@@ -327,7 +327,7 @@ def test_arrays_travel_as_buffers_not_pickles() -> None:
     from asyncflow.distributed._dask import wire
 
     array = np.arange(1 << 16, dtype=np.float32)
-    header, frames = serialize_and_split(wire(array))
+    header, frames = serialize_and_split(wire(array))  # type: ignore[no-untyped-call]
     assert header["serializer"] == "dask"  # Dask's numpy serializer, not pickle
     # The frame is the array's own memory: no copy, no pickle of the data.
     assert any(np.shares_memory(np.frombuffer(f, np.uint8), array) for f in frames)

@@ -39,7 +39,8 @@ def _math(fn: Callable[[float], float], x: np.ndarray) -> np.ndarray:
 
 def _ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     spacing = np.spacing(np.abs(want))
-    return np.abs(got.astype(np.float64) - want) / spacing
+    ulps: np.ndarray = np.abs(got.astype(np.float64) - want) / spacing
+    return ulps
 
 
 def test_erf_float64_within_one_ulp() -> None:
@@ -66,7 +67,7 @@ def test_erf_erfc_low_precision_dtypes_round_math(dtype: type, tail: float) -> N
     for kernel, ref in ((_erf.erf, math.erf), (_erf.erfc, math.erfc)):
         got = kernel(x)
         assert got.dtype == dtype
-        want = _math(ref, x.astype(np.float64)).astype(dtype)
+        want: np.ndarray = _math(ref, x.astype(np.float64)).astype(dtype)
         finite = want != 0
         step = np.abs(
             got[finite].view(_int_of(dtype)).astype(np.int64)
@@ -81,7 +82,7 @@ def _int_of(dtype: type) -> type:
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_special_values(dtype: type) -> None:
-    x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan], dtype)
+    x: np.ndarray = np.array([0.0, -0.0, np.inf, -np.inf, np.nan], dtype)
     e, c = _erf.erf(x), _erf.erfc(x)
     np.testing.assert_array_equal(e, np.array([0.0, -0.0, 1.0, -1.0, np.nan], dtype))
     np.testing.assert_array_equal(c, np.array([1.0, 1.0, 0.0, 2.0, np.nan], dtype))

@@ -421,8 +421,10 @@ async def test_loops_in_cond_branches_cross_the_root_frame_both_ways(
     x = af.placeholder(af.float32, (), name="x")
 
     def looped() -> af.Tensor:
-        _, s = af.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s + x), (af.constant(0), x))
-        return s * 2.0
+        loop_vars: tuple[af.Tensor, af.Tensor] = af.while_loop(
+            lambda i, s: i < 3, lambda i, s: (i + 1, s + x), (af.constant(0), x)
+        )
+        return loop_vars[1] * 2.0
 
     out = af.cond(p, looped, lambda: x - 1.0)
     after = out + af.while_loop(lambda i: i < 2.0, lambda i: i + 1.0, x)

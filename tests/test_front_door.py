@@ -8,6 +8,7 @@ import logging
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,9 @@ async def test_run_metadata_that_is_not_run_metadata_is_a_type_error() -> None:
     g, x, y = _graph()
     async with af.Session(graph=g) as sess:
         with pytest.raises(TypeError, match=r"run_metadata must be an af.RunMetadata, got dict"):
-            await sess.run(y, {x: 1.0}, run_metadata={})
+            await sess.run(y, {x: 1.0}, run_metadata={})  # type: ignore[arg-type]
         with pytest.raises(TypeError, match=r"options must be an af.RunOptions, got str"):
-            await sess.run(y, {x: 1.0}, options="fast")
+            await sess.run(y, {x: 1.0}, options="fast")  # type: ignore[arg-type]
         assert await sess.run(y, {x: 1.0}) == 2.0
 
 
@@ -226,7 +227,9 @@ def test_a_bad_return_element_leaves_nothing_either() -> None:
         with pytest.raises(ValueError, match=r"nope"):
             af.import_graph_def(g0.as_graph_def(), return_elements=["nope:0"])
         assert g.get_operations() == []
-        (a,) = af.import_graph_def(g0.as_graph_def(), return_elements=["a:0"])
+        elements = af.import_graph_def(g0.as_graph_def(), return_elements=["a:0"])
+        assert elements is not None
+        (a,) = elements
         assert a.name == "a:0"
 
 
@@ -280,7 +283,14 @@ def test_a_forgotten_await_fails_loudly() -> None:
     with af.Session(graph=g) as sess:
         value = y.eval({x: 2.0}, session=sess)
         assert "eval_sync" in repr(value)
-        for use in (float, lambda v: v + 1, lambda v: v * 2, np.asarray, bool):
+        uses: tuple[Callable[[Any], object], ...] = (
+            float,
+            lambda v: v + 1,
+            lambda v: v * 2,
+            np.asarray,
+            bool,
+        )
+        for use in uses:
             with pytest.raises(
                 TypeError,
                 match=r"tensor 'y:0'.eval\(...\) returns a coroutine: "
@@ -306,8 +316,8 @@ async def test_eval_and_run_are_awaited_as_before() -> None:
     g, x, y, init = _eval_graph()
     async with af.Session(graph=g) as sess:
         await init.run(session=sess)
-        assert await asyncio.gather(
-            y.eval({x: 1.0}, session=sess), y.eval({x: 2.0}, session=sess)
+        assert list(
+            await asyncio.gather(y.eval({x: 1.0}, session=sess), y.eval({x: 2.0}, session=sess))
         ) == [2.0, 4.0]
 
 

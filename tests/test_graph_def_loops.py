@@ -60,7 +60,10 @@ def _sum_loop() -> tuple[list[af.Tensor], dict[str, Any]]:
 
 def _nested_loops() -> tuple[list[af.Tensor], dict[str, Any]]:
     def inner(v: af.Tensor) -> af.Tensor:
-        return af.while_loop(lambda s: s < 20.0, lambda s: s + s, v, parallel_iterations=1)
+        result: af.Tensor = af.while_loop(
+            lambda s: s < 20.0, lambda s: s + s, v, parallel_iterations=1
+        )
+        return result
 
     r = af.while_loop(lambda x: x < 3000.0, lambda x: inner(x) * inner(x), af.constant(2.0))
     return [r], {}
@@ -188,7 +191,7 @@ def test_loop_graph_round_trips_and_runs_identically(name: str) -> None:
 
 def test_known_results_after_round_trip() -> None:
     # The values themselves, so that "identical" is not "identically wrong".
-    cases = {
+    cases: dict[str, list[Any]] = {
         "sum": [10, 25.0],
         "exclusive_case": [3],
         "nested": [1048576.0],

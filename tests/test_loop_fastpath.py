@@ -657,10 +657,10 @@ StatefulBuild = Callable[[], tuple[Any, list[Any]]]
 
 def run_stateful(
     build: StatefulBuild, monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]
-) -> list[Any]:
+) -> tuple[Any, Any]:
     """Per way of running (fast path, general path, FULL_TRACE): the fetched values and
     then the variables' values, on a fresh session with the variables initialized."""
-    outcomes = []
+    outcomes: list[tuple[Any, Any]] = []
     trace = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
     for enabled, options in ((True, None), (False, None), (True, trace), (False, trace)):
         fast_runs.clear()
@@ -679,7 +679,7 @@ def run_stateful(
         assert bool(fast_runs) == enabled, (enabled, options)  # traced: the same path
     for other in outcomes[1:]:
         same(outcomes[0], other)
-    return outcomes[0]  # type: ignore[no-any-return]
+    return outcomes[0]
 
 
 def test_variable_read_in_body(monkeypatch: pytest.MonkeyPatch, fast_runs: list[int]) -> None:

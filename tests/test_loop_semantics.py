@@ -89,7 +89,8 @@ def test_inner_loop_op_of_outer_constants_runs_once_per_inner_iteration(graph: a
         j = af.while_loop(
             lambda j: j < 3.0, lambda j: j + v.assign_add(c) * 0.0 + 1.0, [af.constant(0.0)]
         )
-        return i + 1.0 + j * 0.0
+        result: af.Tensor = i + 1.0 + j * 0.0
+        return result
 
     r = af.while_loop(lambda i: i < 2.0, outer, [af.constant(0.0)])
     assert run_then_read(r, v) == (2.0, 6.0)
@@ -137,7 +138,8 @@ def test_control_dependency_from_outside_into_an_inner_loop(graph: af.Graph) -> 
 
     def body(i: af.Tensor) -> af.Tensor:
         j = af.while_loop(lambda j: j < 2, inner_body, [af.constant(0)])
-        return i + j
+        result: af.Tensor = i + j
+        return result
 
     r = af.while_loop(lambda i: i < 6, body, [af.constant(0)])
     assert run_then_read(r, v) == (6, 1.0)
@@ -158,7 +160,8 @@ def test_control_dependency_on_a_body_op_inside_a_cond_of_the_body(
             with af.control_dependencies([a]):
                 return i + 2
 
-        return af.cond(p, taken, lambda: i + 1)
+        result: af.Tensor = af.cond(p, taken, lambda: i + 1)
+        return result
 
     r = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
     assert run_then_read(r, v, {p: take}) == expected
@@ -215,7 +218,8 @@ def test_control_dependency_from_outside_into_a_cond_in_the_body_runs_once(
             with af.control_dependencies([a]):
                 return i + 2
 
-        return af.cond(p, taken, lambda: i + 1)
+        result: af.Tensor = af.cond(p, taken, lambda: i + 1)
+        return result
 
     r = af.while_loop(lambda i: i < 4, body, [af.constant(0)])
     assert run_then_read(r, v, {p: take}) == (4, 1.0)
@@ -256,7 +260,8 @@ def test_exclusive_case_with_a_loop_in_its_default(graph: af.Graph) -> None:
     q = af.placeholder(af.bool, ())
 
     def default() -> af.Tensor:
-        return af.while_loop(lambda i: i < 3, lambda i: i + 1, af.constant(0))
+        result: af.Tensor = af.while_loop(lambda i: i < 3, lambda i: i + 1, af.constant(0))
+        return result
 
     r = af.case(
         [(p, lambda: af.constant(10)), (q, lambda: af.constant(20))],

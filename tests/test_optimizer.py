@@ -181,8 +181,13 @@ def test_constants_in_a_loop_keep_their_pivot() -> None:
 def test_control_inputs_are_carried_to_the_replacement() -> None:
     g = af.Graph()
     calls: list[int] = []
+
+    def side_effect() -> np.float32:
+        calls.append(1)
+        return np.float32(0)
+
     with g.as_default():
-        side = af.py_func(lambda: calls.append(1) or np.float32(0), [], af.float32, name="side")
+        side = af.py_func(side_effect, [], af.float32, name="side")
         with af.control_dependencies([side.op]):
             a = af.constant(1.0, name="a")
         b = af.add(a, 2.0, name="b")
@@ -353,7 +358,8 @@ def test_inlining_on_the_ir_with_nested_calls_and_captures() -> None:
 
         @af.Defun(af.float32, func_name="outer")
         def outer(x: af.Tensor) -> af.Tensor:
-            return inner(x) * 2.0
+            result: af.Tensor = inner(x) * 2.0
+            return result
 
         p = af.placeholder(af.float32, name="p")
         z = outer(p, name="call")

@@ -39,7 +39,8 @@ def _scaled_add(x: af.Tensor, y: af.Tensor) -> af.Tensor:
 
 @af.Defun(af.float64, func_name="prop_nested")
 def _nested(x: af.Tensor) -> af.Tensor:
-    return _scaled_add(af.tanh(x), x) - af.constant(np.ones(3)) * 0.5
+    result: af.Tensor = _scaled_add(af.tanh(x), x) - af.constant(np.ones(3)) * 0.5
+    return result
 
 
 @st.composite
