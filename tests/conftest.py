@@ -1,15 +1,23 @@
-"""Shared fixtures: a fresh default graph per test, and a check that nothing leaks."""
+"""Shared fixtures: a fresh default graph per test, a check that nothing leaks, and
+kernels that hang until released or cancelled (one definition for every test that
+needs a step held open)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 import asyncflow as af
 
 pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py runs pytest on sample suites
+
+#: No hanging kernel outlives this: a test that forgets to release or cancel one fails
+#: with a TimeoutError naming it instead of hanging the suite.
+HANG_LIMIT_SECONDS = 60.0
 
 
 @pytest.fixture(autouse=True)
@@ -32,3 +40,85 @@ def no_leaked_threads() -> Iterator[None]:
     yield
     alive = [t.name for t in threading.enumerate() if t.name.startswith("asyncflow-")]
     assert not alive, f"leaked worker threads: {alive}"
+
+
+class AsyncHang:
+    """An async kernel (for ``af.py_func``) that waits until :meth:`release` d or
+    cancelled.  ``started`` is set each time a call begins; ``ended`` gets
+    ``"cancelled"`` per cancelled call; with ``swallow`` a cancelled call returns its
+    input instead of re-raising (a kernel that ignores cancellation)."""
+
+    def __init__(self, swallow: bool = False) -> None:
+        self.started = asyncio.Event()
+        self.ended: list[str] = []
+        self.swallow = swallow
+        self._released = asyncio.Event()
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def __call__(self, v: Any) -> Any:
+        self.started.set()
+        try:
+            async with asyncio.timeout(HANG_LIMIT_SECONDS):
+                await self._released.wait()
+        except asyncio.CancelledError:
+            self.ended.append("cancelled")
+            if not self.swallow:
+                raise
+        return v
+
+
+class ThreadHang:
+    """A synchronous kernel (run on a worker thread with ``expensive=True``) that blocks
+    its thread until :meth:`release` d; the fixture releases it when the test ends, so
+    no thread outlives the test.  ``finished`` counts the calls that returned."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.finished = 0
+        self._released = threading.Event()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def __call__(self, v: Any) -> Any:
+        self.started.set()
+        if not self._released.wait(HANG_LIMIT_SECONDS):
+            raise TimeoutError(f"{self!r} was never released")
+        self.finished += 1
+        return v
+
+    async def wait_started(self) -> None:
+        """Until a call has begun on its worker thread (bounded)."""
+        if not await asyncio.to_thread(self.started.wait, HANG_LIMIT_SECONDS):
+            raise TimeoutError(f"{self!r} never started")
+
+
+class Hangs:
+    """Makes hanging kernels for one test and releases the thread ones when it ends."""
+
+    def __init__(self) -> None:
+        self._threads: list[ThreadHang] = []
+
+    def async_kernel(self, swallow: bool = False) -> AsyncHang:
+        return AsyncHang(swallow)
+
+    def thread_kernel(self) -> ThreadHang:
+        kernel = ThreadHang()
+        self._threads.append(kernel)
+        return kernel
+
+    def release_all(self) -> None:
+        for kernel in self._threads:
+            kernel.release()
+
+
+@pytest.fixture
+def hanging_kernel() -> Iterator[Hangs]:
+    """``hanging_kernel.async_kernel()`` / ``.thread_kernel()``: a kernel that holds a step
+    open until released or cancelled.  Async ones end with their task (cancelled) or
+    their loop; thread ones are released here so no worker thread is left blocked."""
+    hangs = Hangs()
+    yield hangs
+    hangs.release_all()

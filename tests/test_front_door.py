@@ -10,13 +10,16 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 import pytest
 
 import asyncflow as af
+
+if TYPE_CHECKING:
+    from tests.conftest import AsyncHang, Hangs
 
 # -- bad input at the door (TF raises for each) ------------------------------------------
 
@@ -83,11 +86,7 @@ def test_valid_op_names_are_kept(name: str) -> None:
 # -- errors that name what was pending --------------------------------------------------
 
 
-def _stuck_graph() -> tuple[af.Graph, af.Tensor, af.Tensor]:
-    async def never(v: Any) -> Any:
-        await asyncio.Event().wait()
-        return v
-
+def _stuck_graph(never: AsyncHang) -> tuple[af.Graph, af.Tensor, af.Tensor]:
     g = af.Graph()
     with g.as_default():
         x = af.constant(1.0, name="x")
@@ -100,8 +99,8 @@ def _stuck_graph() -> tuple[af.Graph, af.Tensor, af.Tensor]:
     return g, both, lone
 
 
-async def test_a_deadline_names_the_kernels_still_running() -> None:
-    g, both, lone = _stuck_graph()
+async def test_a_deadline_names_the_kernels_still_running(hanging_kernel: Hangs) -> None:
+    g, both, lone = _stuck_graph(hanging_kernel.async_kernel())
     async with af.Session(graph=g) as sess:
         with pytest.raises(af.errors.DeadlineExceededError) as caught:
             await sess.run(both, options=af.RunOptions(timeout_in_ms=20))
@@ -117,11 +116,8 @@ async def test_a_deadline_names_the_kernels_still_running() -> None:
         assert caught.value.node_name == "lone"
 
 
-async def test_a_deadline_names_pending_kernels_across_devices() -> None:
-    async def never(v: Any) -> Any:
-        await asyncio.Event().wait()
-        return v
-
+async def test_a_deadline_names_pending_kernels_across_devices(hanging_kernel: Hangs) -> None:
+    never = hanging_kernel.async_kernel()
     g = af.Graph()
     with g.as_default():
         with af.device("/cpu:0"):

@@ -7,13 +7,16 @@ as it was (no stray cancellation, ``current_step`` reset)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
 import asyncflow as af
 from asyncflow.runtime.step import current_step
+
+if TYPE_CHECKING:
+    from tests.conftest import Hangs
 
 TWO = af.SessionConfig(device_count={"CPU": 2})
 
@@ -24,26 +27,6 @@ def _graph(kernel: Any) -> tuple[af.Graph, af.Tensor, af.Tensor]:
         x = af.placeholder(af.float32, shape=(), name="x")
         y = af.py_func(kernel, [x + 1.0], af.float32, name="io") * 2.0
     return g, x, y
-
-
-class _Hang:
-    """An async kernel that waits until cancelled and notes that it was (``ended``);
-    ``started`` is set once it runs; ``swallow`` makes it return instead of re-raising."""
-
-    def __init__(self, swallow: bool = False) -> None:
-        self.started = asyncio.Event()
-        self.ended: list[str] = []
-        self.swallow = swallow
-
-    async def __call__(self, v: Any) -> Any:
-        self.started.set()
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            self.ended.append("cancelled")
-            if not self.swallow:
-                raise
-        return v
 
 
 async def test_lone_kernel_runs_in_the_callers_task_and_parallel_ones_in_tasks() -> None:
@@ -98,8 +81,8 @@ async def test_lone_kernel_error_names_the_node_and_session_stays_usable() -> No
         assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
 
 
-async def test_deadline_cancels_the_lone_kernel() -> None:
-    hang = _Hang()
+async def test_deadline_cancels_the_lone_kernel(hanging_kernel: Hangs) -> None:
+    hang = hanging_kernel.async_kernel()
     g, x, y = _graph(hang)
     async with af.Session(graph=g) as sess:
         with pytest.raises(af.errors.DeadlineExceededError):
@@ -109,8 +92,8 @@ async def test_deadline_cancels_the_lone_kernel() -> None:
         await asyncio.sleep(0)  # no cancellation is left pending on this task
 
 
-async def test_caller_cancellation_reaches_the_lone_kernel() -> None:
-    hang = _Hang()
+async def test_caller_cancellation_reaches_the_lone_kernel(hanging_kernel: Hangs) -> None:
+    hang = hanging_kernel.async_kernel()
     g, x, y = _graph(hang)
     async with af.Session(graph=g) as sess:
         run = asyncio.ensure_future(sess.run(y, {x: 1.0}))
@@ -123,8 +106,12 @@ async def test_caller_cancellation_reaches_the_lone_kernel() -> None:
 
 
 @pytest.mark.parametrize("swallow", [False, True])
-async def test_close_aborts_the_lone_kernel_without_cancelling_the_caller(swallow: bool) -> None:
-    hang = _Hang(swallow)  # a kernel that swallows the cancellation still ends the step
+async def test_close_aborts_the_lone_kernel_without_cancelling_the_caller(
+    swallow: bool, hanging_kernel: Hangs
+) -> None:
+    hang = hanging_kernel.async_kernel(
+        swallow
+    )  # a kernel that swallows the cancellation still ends the step
     g, x, y = _graph(hang)
     sess = af.Session(graph=g)
     outcome: list[Any] = []
@@ -149,8 +136,8 @@ async def test_close_aborts_the_lone_kernel_without_cancelling_the_caller(swallo
     assert outcome[1] == "went on"
 
 
-async def test_failure_on_another_device_aborts_the_lone_kernel() -> None:
-    hang = _Hang()
+async def test_failure_on_another_device_aborts_the_lone_kernel(hanging_kernel: Hangs) -> None:
+    hang = hanging_kernel.async_kernel()
 
     async def fail(v: Any) -> Any:
         await hang.started.wait()

@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -18,6 +18,9 @@ import asyncflow as af
 from asyncflow.compiler.ir import graph_ir, ref_of
 from asyncflow.compiler.partition import partition
 from asyncflow.compiler.prune import prune
+
+if TYPE_CHECKING:
+    from tests.conftest import Hangs
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"
 TWO = af.SessionConfig(device_count={"CPU": 2})
@@ -249,16 +252,8 @@ async def test_failure_on_one_device_fails_peer_recv_at_once(graph: af.Graph) ->
     assert len(asyncio.all_tasks()) == 1
 
 
-async def test_failure_stops_a_busy_peer_partition(graph: af.Graph) -> None:
-    cancelled: list[bool] = []
-
-    async def slow(v: Any) -> Any:
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
-        return v
+async def test_failure_stops_a_busy_peer_partition(graph: af.Graph, hanging_kernel: Hangs) -> None:
+    slow = hanging_kernel.async_kernel()
 
     async def fail(v: Any) -> Any:
         await asyncio.sleep(0.01)
@@ -271,17 +266,14 @@ async def test_failure_stops_a_busy_peer_partition(graph: af.Graph) -> None:
     async with af.Session(graph=graph, config=TWO) as sess:
         with pytest.raises(af.errors.UnknownError, match="boom"):
             await asyncio.wait_for(sess.run([a, b]), 5)
-    assert cancelled == [True]
+    assert slow.ended == ["cancelled"]
 
 
-async def test_close_and_cancel_multi_partition_steps(graph: af.Graph) -> None:
-    started = asyncio.Event()
-
-    async def forever(v: Any) -> Any:
-        started.set()
-        await asyncio.sleep(30)
-        return v
-
+async def test_close_and_cancel_multi_partition_steps(
+    graph: af.Graph, hanging_kernel: Hangs
+) -> None:
+    forever = hanging_kernel.async_kernel()
+    started = forever.started
     with af.device("/cpu:0"):
         a = af.py_func(forever, [af.constant(1.0)], af.float32)
     with af.device("/cpu:1"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -19,6 +19,9 @@ from asyncflow.compiler.ir import FUNCTION_ATTR, NodeDef, Ref, graph_ir, ref_of
 from asyncflow.compiler.optimize import optimize
 from asyncflow.compiler.placement import place
 from asyncflow.compiler.prune import prune
+
+if TYPE_CHECKING:
+    from tests.conftest import Hangs
 
 DEVICES = (
     "/job:localhost/replica:0/task:0/device:CPU:0",
@@ -453,14 +456,9 @@ async def test_call_kernel_traces_the_body_under_the_call_name() -> None:
 @pytest.mark.parametrize("options", [af.OptimizerOptions(), NO_INLINE], ids=["inlined", "called"])
 async def test_deadline_and_cancellation_reach_a_function_body(
     options: af.OptimizerOptions,
+    hanging_kernel: Hangs,
 ) -> None:
-    started = asyncio.Event()
-
-    async def forever(t: np.float32) -> np.float32:
-        started.set()
-        await asyncio.sleep(3600)
-        return t
-
+    forever = hanging_kernel.async_kernel()
     g = af.Graph()
     with g.as_default():
 
@@ -472,9 +470,9 @@ async def test_deadline_and_cancellation_reach_a_function_body(
     async with af.Session(g, config=config(options)) as sess:
         with pytest.raises(af.errors.DeadlineExceededError):
             await sess.run(z, options=af.RunOptions(timeout_in_ms=50))
-        started.clear()
+        forever.started.clear()
         task = asyncio.ensure_future(sess.run(z))
-        await started.wait()
+        await forever.started.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -19,7 +19,9 @@ import pytest
 import asyncflow as af
 from asyncflow.runtime.cancellation import get_cancellation_manager
 from asyncflow.runtime.step import current_step
-from tests.test_lone_node import _Hang
+
+if TYPE_CHECKING:
+    from tests.conftest import Hangs
 
 
 @pytest.fixture(params=["own", "taskgroup"])
@@ -80,8 +82,10 @@ async def test_many_async_nodes_and_concurrent_steps(group: af.ExecutorOptions) 
     _assert_clean(before)
 
 
-async def test_error_names_the_node_and_cancels_the_other(group: af.ExecutorOptions) -> None:
-    hang = _Hang()
+async def test_error_names_the_node_and_cancels_the_other(
+    group: af.ExecutorOptions, hanging_kernel: Hangs
+) -> None:
+    hang = hanging_kernel.async_kernel()
 
     async def bad(v: Any) -> Any:
         await hang.started.wait()
@@ -101,8 +105,10 @@ async def test_error_names_the_node_and_cancels_the_other(group: af.ExecutorOpti
 
 
 @pytest.mark.parametrize("swallow", [False, True])
-async def test_deadline_cancels_both_kernels(group: af.ExecutorOptions, swallow: bool) -> None:
-    a, b = _Hang(swallow), _Hang()
+async def test_deadline_cancels_both_kernels(
+    group: af.ExecutorOptions, swallow: bool, hanging_kernel: Hangs
+) -> None:
+    a, b = hanging_kernel.async_kernel(swallow), hanging_kernel.async_kernel()
     g, x, y = _pair(a, b)
     before = asyncio.all_tasks()
     async with af.Session(graph=g, config=_config(group)) as sess:
@@ -115,9 +121,14 @@ async def test_deadline_cancels_both_kernels(group: af.ExecutorOptions, swallow:
 
 @pytest.mark.parametrize("swallow", [False, True])
 async def test_caller_cancellation_reaches_both_kernels(
-    group: af.ExecutorOptions, swallow: bool
+    group: af.ExecutorOptions,
+    swallow: bool,
+    hanging_kernel: Hangs,
 ) -> None:
-    a, b = _Hang(swallow), _Hang(swallow)  # swallowing kernels still end the step
+    a, b = (
+        hanging_kernel.async_kernel(swallow),
+        hanging_kernel.async_kernel(swallow),
+    )  # swallowing kernels still end the step
     g, x, y = _pair(a, b)
     before = asyncio.all_tasks()
     async with af.Session(graph=g, config=_config(group)) as sess:
@@ -132,7 +143,9 @@ async def test_caller_cancellation_reaches_both_kernels(
     _assert_clean(before)
 
 
-async def test_caller_cancelled_again_while_kernels_stop(group: af.ExecutorOptions) -> None:
+async def test_caller_cancelled_again_while_kernels_stop(
+    group: af.ExecutorOptions, hanging_kernel: Hangs
+) -> None:
     """The step returns only after its kernels stopped, however often its caller is
     cancelled meanwhile."""
     stopping = asyncio.Event()
@@ -149,18 +162,12 @@ async def test_caller_cancelled_again_while_kernels_stop(group: af.ExecutorOptio
             raise
         return v
 
-    started = asyncio.Event()
-
-    async def hang(v: Any) -> Any:
-        started.set()
-        await asyncio.sleep(10)
-        return v
-
+    hang = hanging_kernel.async_kernel()
     g, x, y = _pair(slow_to_stop, hang)
     before = asyncio.all_tasks()
     async with af.Session(graph=g, config=_config(group)) as sess:
         run = asyncio.ensure_future(sess.run(y, {x: 1.0}))
-        await started.wait()
+        await hang.started.wait()
         run.cancel()
         await stopping.wait()
         run.cancel()  # again, while the first kernel cleans up
@@ -217,9 +224,11 @@ async def test_a_failure_cancels_the_other_kernel_once(group: af.ExecutorOptions
 
 @pytest.mark.parametrize("swallow", [False, True])
 async def test_close_aborts_the_step_without_cancelling_the_caller(
-    group: af.ExecutorOptions, swallow: bool
+    group: af.ExecutorOptions,
+    swallow: bool,
+    hanging_kernel: Hangs,
 ) -> None:
-    a, b = _Hang(swallow), _Hang()
+    a, b = hanging_kernel.async_kernel(swallow), hanging_kernel.async_kernel()
     g, x, y = _pair(a, b)
     sess = af.Session(graph=g, config=_config(group))
     outcome: list[Any] = []
@@ -254,8 +263,9 @@ class _Abort(BaseException):
 
 async def test_base_exception_from_one_kernel_propagates_and_stops_the_other(
     group: af.ExecutorOptions,
+    hanging_kernel: Hangs,
 ) -> None:
-    hang = _Hang()
+    hang = hanging_kernel.async_kernel()
 
     async def abort(v: Any) -> Any:
         await hang.started.wait()
@@ -272,6 +282,7 @@ async def test_base_exception_from_one_kernel_propagates_and_stops_the_other(
 
 async def test_cancellation_manager_fires_before_a_thread_kernel_is_cancelled(
     group: af.ExecutorOptions,
+    hanging_kernel: Hangs,
 ) -> None:
     """A thread kernel beside an async one: on a deadline the manager is cancelled, so
     the thread stops early, and the step returns only after it did."""
@@ -290,7 +301,7 @@ async def test_cancellation_manager_fires_before_a_thread_kernel_is_cancelled(
         seen.append("ran out")
         return v
 
-    hang = _Hang()
+    hang = hanging_kernel.async_kernel()
     g = af.Graph()
     with g.as_default():
         x = af.placeholder(af.float32, shape=())

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
 import asyncflow as af
+
+if TYPE_CHECKING:
+    from tests.conftest import Hangs
 
 
 def counting(counter: list[int]) -> Any:
@@ -208,21 +211,13 @@ async def test_unknown_exception_is_unknown_error(graph: af.Graph) -> None:
     assert isinstance(info.value.__cause__, KeyError)
 
 
-async def test_first_error_wins_and_cancels_the_rest(graph: af.Graph) -> None:
-    started = asyncio.Event()
-    cancelled: list[bool] = []
-
-    async def slow(v: Any) -> Any:
-        started.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
-        return v
+async def test_first_error_wins_and_cancels_the_rest(
+    graph: af.Graph, hanging_kernel: Hangs
+) -> None:
+    slow = hanging_kernel.async_kernel()
 
     async def fail_after_start(v: Any) -> Any:
-        await started.wait()
+        await slow.started.wait()
         raise ValueError("root cause")
 
     x = af.constant(1.0)
@@ -235,7 +230,7 @@ async def test_first_error_wins_and_cancels_the_rest(graph: af.Graph) -> None:
     assert info.value.node_name == "failing"
     assert "root cause" in str(info.value)
     # run() returned only after the other kernel was cancelled and finished.
-    assert cancelled == [True]
+    assert slow.ended == ["cancelled"]
     assert len(asyncio.all_tasks()) == 1
 
 
@@ -252,19 +247,13 @@ async def test_error_in_inline_kernel_after_async(graph: af.Graph) -> None:
 
 
 async def test_failed_expensive_kernel_and_late_thread_results(
-    graph: af.Graph, no_leaked_threads: None
+    graph: af.Graph, no_leaked_threads: None, hanging_kernel: Hangs
 ) -> None:
-    release = threading.Event()
-    finished: list[str] = []
-
-    def slow_thread(v: Any) -> Any:
-        release.wait(5)
-        finished.append("slow")
-        return v
+    slow_thread = hanging_kernel.thread_kernel()
 
     async def fail_soon(v: Any) -> Any:
-        await asyncio.sleep(0.01)
-        release.set()
+        await slow_thread.wait_started()
+        slow_thread.release()
         raise RuntimeError("async failure")
 
     x = af.constant(1.0)
@@ -274,7 +263,7 @@ async def test_failed_expensive_kernel_and_late_thread_results(
         with pytest.raises(af.errors.UnknownError, match="fail_soon"):
             await sess.run(af.add(a, b))
         # The thread's work finished before run() returned.
-        assert finished == ["slow"]
+        assert slow_thread.finished == 1
 
 
 # -- kernel kinds and scheduling -------------------------------------------------------
@@ -478,11 +467,8 @@ def test_concurrent_run_sync_from_threads(graph: af.Graph) -> None:
 # -- deadlines, cancellation, close -------------------------------------------------------
 
 
-async def test_deadline(graph: af.Graph) -> None:
-    async def forever(v: Any) -> Any:
-        await asyncio.sleep(30)
-        return v
-
+async def test_deadline(graph: af.Graph, hanging_kernel: Hangs) -> None:
+    forever = hanging_kernel.async_kernel()
     y = af.py_func(forever, [af.constant(1.0)], af.float32)
     async with af.Session(graph=graph) as sess:
         with pytest.raises(af.errors.DeadlineExceededError) as info:
@@ -495,42 +481,29 @@ async def test_deadline(graph: af.Graph) -> None:
     assert len(asyncio.all_tasks()) == 1
 
 
-async def test_cancelling_the_caller_cancels_the_step(graph: af.Graph) -> None:
-    started = asyncio.Event()
-    cancelled: list[bool] = []
-
-    async def forever(v: Any) -> Any:
-        started.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
-        return v
-
+async def test_cancelling_the_caller_cancels_the_step(
+    graph: af.Graph, hanging_kernel: Hangs
+) -> None:
+    forever = hanging_kernel.async_kernel()
     y = af.py_func(forever, [af.constant(1.0)], af.float32)
     async with af.Session(graph=graph) as sess:
         task = asyncio.create_task(sess.run(y))
-        await started.wait()
+        await forever.started.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert cancelled == [True]
+        assert forever.ended == ["cancelled"]
         assert sess.statistics().in_flight == 0
 
 
-async def test_close_cancels_in_flight_steps(graph: af.Graph, no_leaked_threads: None) -> None:
-    started = asyncio.Event()
-
-    async def forever(v: Any) -> Any:
-        started.set()
-        await asyncio.sleep(30)
-        return v
-
+async def test_close_cancels_in_flight_steps(
+    graph: af.Graph, no_leaked_threads: None, hanging_kernel: Hangs
+) -> None:
+    forever = hanging_kernel.async_kernel()
     y = af.py_func(forever, [af.constant(1.0)], af.float32)
     sess = af.Session(graph=graph)
     task = asyncio.create_task(sess.run(y))
-    await started.wait()
+    await forever.started.wait()
     await sess.close()
     with pytest.raises(af.errors.CancelledError, match="closed"):
         await task
