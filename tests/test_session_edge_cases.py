@@ -15,12 +15,15 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
 import asyncflow as af
+
+if TYPE_CHECKING:
+    from tests.conftest import Hangs
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -185,80 +188,58 @@ async def test_first_error_wins_over_a_later_deadline(graph: af.Graph) -> None:
     assert "root cause" in str(info.value)
 
 
-async def test_deadline_waits_for_thread_kernel(graph: af.Graph, no_leaked_threads: None) -> None:
-    loop = asyncio.get_running_loop()
-    started = asyncio.Event()
-    release = threading.Event()
-    finished: list[bool] = []
-
-    def blocked(v: Any) -> Any:
-        loop.call_soon_threadsafe(started.set)
-        release.wait(5)
-        finished.append(True)
-        return v
+async def test_deadline_waits_for_thread_kernel(
+    graph: af.Graph, no_leaked_threads: None, hanging_kernel: Hangs
+) -> None:
+    blocked = hanging_kernel.thread_kernel()
 
     y = af.py_func(blocked, [af.constant(1.0)], af.float32, expensive=True)
     async with af.Session(graph=graph) as sess:
         task = asyncio.create_task(sess.run(y, options=af.RunOptions(timeout_in_ms=20)))
-        await started.wait()
+        await blocked.wait_started()
         await asyncio.sleep(0.06)  # past the deadline
         assert not task.done()  # the deadline fired but the kernel still runs
-        release.set()
+        blocked.release()
         with pytest.raises(af.errors.DeadlineExceededError):
             await task
-        assert finished == [True]
+        assert blocked.finished == 1
         assert sess.statistics().in_flight == 0
     assert len(asyncio.all_tasks()) == 1
 
 
 async def test_cancel_caller_while_thread_kernel_runs(
-    graph: af.Graph, no_leaked_threads: None
+    graph: af.Graph,
+    no_leaked_threads: None,
+    hanging_kernel: Hangs,
 ) -> None:
-    loop = asyncio.get_running_loop()
-    started = asyncio.Event()
-    release = threading.Event()
-    finished: list[bool] = []
+    blocked = hanging_kernel.thread_kernel()
 
-    def blocked(v: Any) -> Any:
-        loop.call_soon_threadsafe(started.set)
-        release.wait(5)
-        finished.append(True)
-        return v
-
-    async def other(v: Any) -> Any:
-        await asyncio.sleep(30)
-        return v
-
+    other = hanging_kernel.async_kernel()
     x = af.constant(1.0)
     y = af.add(
         af.py_func(blocked, [x], af.float32, expensive=True), af.py_func(other, [x], af.float32)
     )
     async with af.Session(graph=graph) as sess:
         task = asyncio.create_task(sess.run(y))
-        await started.wait()
+        await blocked.wait_started()
         task.cancel()
         for _ in range(5):
             await asyncio.sleep(0)
         assert not task.done()  # still waiting for the thread
-        release.set()
+        blocked.release()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert finished == [True]
+        assert blocked.finished == 1
         assert sess.statistics().in_flight == 0
     assert len(asyncio.all_tasks()) == 1
 
 
-async def test_no_node_starts_after_the_caller_was_cancelled(graph: af.Graph) -> None:
-    started = asyncio.Event()
+async def test_no_node_starts_after_the_caller_was_cancelled(
+    graph: af.Graph, hanging_kernel: Hangs
+) -> None:
     ran_after_cancel: list[bool] = []
-
-    async def stubborn(v: Any) -> Any:
-        started.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            return v  # finishes cleanly instead of re-raising (e.g. cleanup code)
-        return v
+    # finishes cleanly when cancelled instead of re-raising (e.g. cleanup code)
+    stubborn = hanging_kernel.async_kernel(swallow=True)
 
     def record(v: Any) -> Any:
         ran_after_cancel.append(True)
@@ -268,7 +249,7 @@ async def test_no_node_starts_after_the_caller_was_cancelled(graph: af.Graph) ->
     y = af.py_func(record, [s], af.float32, name="record")
     async with af.Session(graph=graph) as sess:
         task = asyncio.create_task(sess.run(y))
-        await started.wait()
+        await stubborn.started.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
