@@ -12,14 +12,14 @@ import os
 import platform
 import sys
 import time
-import traceback
-from types import ModuleType
+from pathlib import Path
 from typing import Any
 
 import benchmarks
-from benchmarks import external, report
+from benchmarks import dist, external, guard, models, report
+from benchmarks.process import importable
 from benchmarks.sizes import FULL, QUICK, WORKLOADS, Sizes
-from benchmarks.workloads import ROWS_OF, WORKLOAD_FUNCS, make_rows, scale
+from benchmarks.workloads import ROWS_OF, make_rows, progress, run_ours
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -85,10 +85,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _progress(msg: str) -> None:
-    print(f"[benchmarks] {msg}", file=sys.stderr, flush=True)
-
-
 def _environment(sizes: Sizes) -> dict[str, Any]:
     import numpy as np
 
@@ -103,45 +99,15 @@ def _environment(sizes: Sizes) -> dict[str, Any]:
     }
 
 
-def run_ours(
-    names: list[str], sizes: Sizes, rows: dict[str, report.Row], with_tf: bool = False
-) -> bool:
-    """Measure asyncflow and the in-process anchors; False if a workload crashed.
-    With ``with_tf`` the scale workload alternates TF's subprocesses with its own."""
-    ok = True
-    af: ModuleType | None
-    try:
-        import asyncflow as af
-    except Exception as exc:  # every row reports it; the table is still printed
-        af, import_error = None, f"import asyncflow failed: {type(exc).__name__}: {exc}"
-    for name in names:
-        start = time.perf_counter()
-        _progress(f"{name} ...")
-        try:
-            if af is None:
-                raise RuntimeError(import_error)
-            if name == "scale":
-                scale(af, sizes, rows, with_tf=with_tf)
-            else:
-                WORKLOAD_FUNCS[name](af, sizes, rows)
-        except Exception as exc:
-            ok = False
-            for row_id in ROWS_OF[name]:
-                rows[row_id].error = f"{type(exc).__name__}: {exc}"
-            _progress(f"{name} FAILED:\n{traceback.format_exc()}")
-        _progress(f"{name} done in {time.perf_counter() - start:.1f} s")
-    return ok
-
-
 def run_external(names: list[str], sizes: Sizes, rows: dict[str, report.Row]) -> None:
     """Fill the TF and Dask columns from their subprocesses."""
     for engine, attr in (("dask", "dask"), ("tf", "tf")):
         start = time.perf_counter()
-        _progress(f"{engine} anchors ...")
+        progress(f"{engine} anchors ...")
         # TF's scale figures come from the scale workload (subprocesses alternating
         # with asyncflow's): see run_ours.
         results = external.collect(engine, sizes, names)
-        _progress(f"{engine} anchors done in {time.perf_counter() - start:.1f} s")
+        progress(f"{engine} anchors done in {time.perf_counter() - start:.1f} s")
         _apply_external(engine, attr, results, rows)
 
 
@@ -175,19 +141,11 @@ def _apply_external(
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["distributed"]:  # python -m benchmarks distributed [--quick]
-        from benchmarks import dist
-
         return dist.main(argv[1:])
     if argv[:1] == ["models"]:  # python -m benchmarks models [--quick] [--manifest F]
-        from benchmarks import models
-
         return models.main(argv[1:])
     args = parse_args(argv)
     if args.guard:
-        from pathlib import Path
-
-        from benchmarks import guard
-
         return guard.main(
             args.only, args.update_baseline, Path(args.baseline) if args.baseline else None
         )
@@ -198,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     all_rows = make_rows(sizes)
     rows = {rid: all_rows[rid] for name in names for rid in ROWS_OF[name]}
 
-    with_tf = not args.no_external and external.importable("tensorflow")
+    with_tf = not args.no_external and importable("tensorflow")
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     if args.profile:

@@ -16,60 +16,21 @@ import contextlib
 import functools
 import gc
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import benchmarks  # noqa: F401  (pins BLAS threads before numpy is imported)
-from benchmarks.sizes import Sizes, peak_rss_mb, timed
-
-Results = dict[str, Any]
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
+from benchmarks import cnn as model
+from benchmarks.devices import xdev_note
+from benchmarks.optimizer import tf_call
+from benchmarks.process import Results, importable, peak_rss_mb, run_child
+from benchmarks.sizes import Sizes, timed
+from benchmarks.tf_anchor import tf_chain, tf_config, tf_v1
 
 # --------------------------------------------------------------------------- parent side
-
-
-def child_env() -> dict[str, str]:
-    """The environment for a benchmark subprocess: ours, with the repo importable."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
-    return env
-
-
-def run_child(args: list[str], timeout: float) -> Results:
-    """Run ``python -m <args>`` and parse the JSON object on its last stdout line."""
-    cmd = [sys.executable, "-m", *args]
-    try:
-        proc = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=child_env(),
-            cwd=REPO_ROOT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {"_error": f"timed out after {timeout:.0f} s: {' '.join(args)}"}
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {"_error": f"exit {proc.returncode}: {tail}"}
-    result: Results = json.loads(lines[-1])
-    return result
-
-
-def importable(module: str) -> bool:
-    """Whether ``module`` can be imported, without importing it here."""
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
 
 
 def collect(engine: str, sizes: Sizes, workloads: list[str], timeout: float = 300.0) -> Results:
@@ -86,42 +47,6 @@ def collect(engine: str, sizes: Sizes, workloads: list[str], timeout: float = 30
 
 
 # --------------------------------------------------------------------------- TensorFlow
-
-
-def _tf() -> Any:
-    import tensorflow as tf
-
-    tf1 = tf.compat.v1
-    tf1.disable_eager_execution()
-    return tf1
-
-
-def tf_config(tf1: Any, inter: int = 0, intra: int = 0) -> Any:
-    """A ConfigProto with every graph optimizer off (see the module docstring)."""
-    config = tf1.ConfigProto(inter_op_parallelism_threads=inter, intra_op_parallelism_threads=intra)
-    # Without this, the first session's pool sizes are the process's for good.
-    config.use_per_session_threads = bool(inter or intra)
-    config.graph_options.rewrite_options.disable_meta_optimizer = True
-    opts = config.graph_options.optimizer_options
-    opts.opt_level = tf1.OptimizerOptions.L0
-    opts.do_common_subexpression_elimination = False
-    opts.do_constant_folding = False
-    opts.do_function_inlining = False
-    return config
-
-
-def tf_chain(tf1: Any, n: int) -> tuple[Any, Any, Any]:
-    """(graph, placeholder, output) of ``x = x + one`` repeated ``n`` times."""
-    import numpy as np
-
-    g = tf1.Graph()
-    with g.as_default():
-        x0 = tf1.placeholder(tf1.float32, shape=(), name="x")
-        one = tf1.constant(np.float32(1.0), name="one")
-        x = x0
-        for _ in range(n):
-            x = x + one
-    return g, x0, x
 
 
 @functools.cache
@@ -165,8 +90,6 @@ def _tf_xdev(tf1: Any, s: Sizes, k: int) -> Results:
     """TF's side of ``xdev.k{k}``, measured as asyncflow's: the 2-device chain in us per
     op, its repeats interleaved with the same chain on one device; best repeat, and
     the medians and derived per-edge cost in the note."""
-    from benchmarks.workloads import xdev_note
-
     n = s.chain_n
     g1, x1, y1 = tf_chain(tf1, n)
     g2, x2, y2, edges = tf_xdev_chain(tf1, n, k)
@@ -223,7 +146,7 @@ def _figures(out: Results, row_id: str, times: list[float], per: Callable[[float
 def tf_workload(name: str, s: Sizes) -> Results:
     import numpy as np
 
-    tf1 = _tf()
+    tf1 = tf_v1()
     out: Results = {}
     if name == "chain":
         g, x0, y = tf_shared_chain(tf1, s.chain_n)
@@ -310,8 +233,6 @@ def tf_workload(name: str, s: Sizes) -> Results:
     elif name == "cnn":
         out.update(_tf_cnn(tf1, s))
     elif name == "opt.call":
-        from benchmarks.optimizer import tf_call
-
         out["opt.call.inlined"] = tf_call(tf1, s, inline=True)
         out["opt.call.kernel"] = tf_call(tf1, s, inline=False)
         out["_note.opt.call.inlined"] = (
@@ -325,8 +246,6 @@ def _tf_cnn(tf1: Any, s: Sizes) -> Results:
     graph, run with the default session config (grappler and TF's intra-op threads on:
     what a TF user gets)."""
     import numpy as np
-
-    from benchmarks import cnn as model
 
     p = model.weights(s.cnn_image)
     x_val = model.images(s.cnn_batch, s.cnn_image)

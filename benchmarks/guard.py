@@ -40,6 +40,7 @@ from typing import Any
 
 from benchmarks.report import Row
 from benchmarks.sizes import QUICK, Sizes, using_clock
+from benchmarks.workloads import ROWS_OF, make_rows, run_ours
 
 #: The guarded rows and the workload that measures each.
 GUARD_ROWS = {
@@ -184,9 +185,6 @@ def _best(a: Verdict, b: Verdict) -> Verdict:
 
 def measure_rows(row_ids: list[str], sizes: Sizes = GUARD) -> dict[str, Row]:
     """Run the workloads of ``row_ids`` (in this process, no external anchors)."""
-    from benchmarks.cli import run_ours
-    from benchmarks.workloads import ROWS_OF, make_rows
-
     names = list(dict.fromkeys(GUARD_ROWS[r] for r in row_ids))
     all_rows = make_rows(sizes)
     rows = {r: all_rows[r] for name in names for r in ROWS_OF[name]}

@@ -47,6 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.process import importable
+from benchmarks.tf_anchor import tf_config, tf_v1
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAVED_MODELS = REPO_ROOT / "tests" / "fixtures" / "tf" / "saved_models"
 ZOO_MANIFEST = REPO_ROOT / "tests" / "fixtures" / "tf" / "zoo" / "manifest.json"
@@ -219,9 +222,7 @@ class TfModel:
     """A model in a TF 1.x session with the given config (in the TF child)."""
 
     def __init__(self, spec: ModelSpec, config: str) -> None:
-        from benchmarks.external import _tf, tf_config
-
-        tf1 = _tf()
+        tf1 = tf_v1()
         conf = tf_config(tf1) if config == "no_grappler" else tf1.ConfigProto()
         graph = tf1.Graph()
         self.session = tf1.Session(graph=graph, config=conf)
@@ -520,11 +521,8 @@ def main(argv: list[str] | None = None) -> int:
         specs = [s for s in specs if s.name in args.only]
     rounds = args.rounds or (2 if args.quick else 7)
     tf = None
-    if not args.no_external:
-        from benchmarks.external import importable
-
-        if args.tf_python != sys.executable or importable("tensorflow"):
-            tf = TfChild(args.tf_python)
+    if not args.no_external and (args.tf_python != sys.executable or importable("tensorflow")):
+        tf = TfChild(args.tf_python)
 
     def progress(msg: str) -> None:
         print(f"[benchmarks models] {msg}", file=sys.stderr, flush=True)

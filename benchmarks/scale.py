@@ -25,7 +25,8 @@ import time
 from typing import Any
 
 import benchmarks  # noqa: F401  (pins BLAS threads before numpy is imported)
-from benchmarks.sizes import current_rss_mb, peak_rss_mb
+from benchmarks.process import current_rss_mb, peak_rss_mb
+from benchmarks.tf_anchor import tf_chain, tf_config, tf_v1
 
 #: The resident set size when this module was first imported (the child's start).
 START_RSS_MB = current_rss_mb()
@@ -73,9 +74,7 @@ def scale_asyncflow(n: int, with_cond: bool = False) -> dict[str, Any]:
 
 
 def scale_tf(n: int) -> dict[str, Any]:
-    from benchmarks.external import _tf, tf_chain, tf_config
-
-    tf1 = _tf()
+    tf1 = tf_v1()
     baseline = current_rss_mb()
     start = time.perf_counter()
     g, x0, x = tf_chain(tf1, n)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import benchmarks  # noqa: F401  (pins BLAS threads before numpy is imported)
+from benchmarks.process import REPO_ROOT, child_env
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -232,8 +233,6 @@ async def _drive(
 
 def measure(requests: int, concurrency: int, sleep: float, repeats: int) -> list[Repeat]:
     """Start the server in a child process, load it, stop it: every repeat."""
-    from benchmarks.external import REPO_ROOT, child_env
-
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

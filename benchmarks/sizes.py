@@ -5,9 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import os
-import resource
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -153,21 +150,3 @@ def timed(fn: Callable[[], object]) -> float:
     start = clock()
     fn()
     return clock() - start
-
-
-def current_rss_mb() -> float:
-    """This process's resident set size now, in MB (``/proc/self/statm`` on Linux;
-    elsewhere the peak so far, the closest figure ``resource`` gives)."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            pages = int(f.read().split()[1])
-    except OSError:
-        return peak_rss_mb()
-    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set size in MB (``ru_maxrss``: KiB on Linux)."""
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    scale = 1 if sys.platform == "darwin" else 1024
-    return maxrss * scale / 1e6
