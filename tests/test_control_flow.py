@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asyncflow as af
+from tests.ordering import wait_in_flight
 
 
 def run(fetches: Any, feeds: Any = None, graph: af.Graph | None = None, **config: Any) -> Any:
@@ -323,7 +324,7 @@ async def test_close_stops_a_running_loop(graph: af.Graph) -> None:
     r = af.while_loop(lambda x: x > -1, lambda x: x + 1, af.constant(0))
     sess = af.Session(graph=graph)
     task = asyncio.create_task(sess.run(r))
-    await asyncio.sleep(0.05)
+    await wait_in_flight(sess, 1)  # the loop runs
     await sess.close()
     with pytest.raises(af.errors.CancelledError):
         await task

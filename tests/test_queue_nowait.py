@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
+from tests.ordering import wait_in_flight
 
 
 @contextmanager
@@ -50,7 +51,7 @@ async def test_ops_that_can_finish_at_once_make_no_task(graph: af.Graph) -> None
             assert sess.statistics().in_flight == 0
             # Full: this enqueue must wait, as a task of its step (the general path).
             blocked = asyncio.create_task(sess.run(enq, {x: 4}))
-            await asyncio.sleep(0.01)
+            await wait_in_flight(sess, 1)
             assert not blocked.done()
             assert made[0] >= 1  # at least the caller's task: the step waits
             assert sess.statistics().in_flight == 1
@@ -59,7 +60,7 @@ async def test_ops_that_can_finish_at_once_make_no_task(graph: af.Graph) -> None
             assert [await sess.run(deq) for _ in range(2)] == [3, 4]
         # Empty: a dequeue waits, then the next enqueue hands it the element.
         waiting = asyncio.create_task(sess.run(deq))
-        await asyncio.sleep(0.01)
+        await wait_in_flight(sess, 1)
         await sess.run(enq, {x: 5})
         assert await waiting == 5
         assert await sess.run(q.size()) == 0
@@ -71,12 +72,12 @@ async def test_a_dequeue_never_overtakes_a_waiting_one(graph: af.Graph) -> None:
     enq, deq, deq5 = q.enqueue(x), q.dequeue(), q.dequeue_many(5)
     async with af.Session(graph=graph) as sess:
         many = asyncio.create_task(sess.run(deq5))
-        await asyncio.sleep(0.01)
+        await wait_in_flight(sess, 1)
         for i in range(3):
             await sess.run(enq, {x: i})
         # Three elements are queued, but dequeue_many(5) came first: this one waits.
         one = asyncio.create_task(sess.run(deq))
-        await asyncio.sleep(0.01)
+        await wait_in_flight(sess, 2)
         assert not many.done()
         assert not one.done()
         for i in range(3, 6):
@@ -94,11 +95,11 @@ async def test_an_enqueue_never_overtakes_a_waiting_one(graph: af.Graph) -> None
         await sess.run(enq, {x: 0})
         # Three elements, room for one: puts 10, waits with 11 and 12.
         many = asyncio.create_task(sess.run(enq_many))
-        await asyncio.sleep(0.01)
+        await wait_in_flight(sess, 1)
         assert not many.done()
         assert await sess.run(deq) == 0  # room for 11; 12 still waits
         late = asyncio.create_task(sess.run(enq, {x: 1}))
-        await asyncio.sleep(0.01)
+        await wait_in_flight(sess, 2)
         assert not late.done()
         assert await sess.run(deq) == 10  # room for 12 (the first waiter), not for 1
         await many
@@ -116,7 +117,7 @@ async def test_errors_are_the_same_on_both_paths(graph: af.Graph) -> None:
     async with af.Session(graph=graph) as sess:
         await sess.run(enq, {x: 1})
         blocked = asyncio.create_task(sess.run(enq, {x: 2}))  # waits: the general path
-        await asyncio.sleep(0.01)
+        await wait_in_flight(sess, 1)
         await sess.run(q.close())
         assert await sess.run(deq) == 1
         await blocked  # it put its element when the dequeue made room

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asyncflow as af
+from tests.ordering import wait_in_flight
 
 # -- variables ---------------------------------------------------------------------------
 
@@ -177,14 +178,14 @@ async def test_full_queue_blocks_enqueue_and_empty_blocks_dequeue(graph: af.Grap
     deq = q.dequeue()
     async with af.Session(graph=graph) as sess:
         waiting = asyncio.create_task(sess.run(deq))
-        await asyncio.sleep(0.01)
+        await wait_in_flight(sess, 1)
         assert not waiting.done()
         await sess.run(enq, {x: 1})
         assert await waiting == 1
         await sess.run(enq, {x: 2})
         await sess.run(enq, {x: 3})
         blocked = asyncio.create_task(sess.run(enq, {x: 4}))
-        await asyncio.sleep(0.01)
+        await wait_in_flight(sess, 1)
         assert not blocked.done()
         # Waiting holds no thread: no worker thread was ever started for it.
         assert not any(t.name.startswith("asyncflow-") for t in threading.enumerate())
@@ -203,7 +204,7 @@ async def test_close_semantics(graph: af.Graph) -> None:
         await sess.run(enq, {x: 1})
         await sess.run(enq, {x: 2})
         blocked = asyncio.create_task(sess.run(deq3))
-        await asyncio.sleep(0.01)
+        await wait_in_flight(sess, 1)
         await sess.run(q.close())
         with pytest.raises(af.errors.OutOfRangeError, match="insufficient"):
             await blocked
@@ -223,7 +224,7 @@ async def test_close_cancels_pending_enqueues(graph: af.Graph) -> None:
     async with af.Session(graph=graph) as sess:
         await sess.run(enq, {x: 1})
         pending = asyncio.create_task(sess.run(enq, {x: 2}))
-        await asyncio.sleep(0.01)
+        await wait_in_flight(sess, 1)
         await sess.run(q.close(cancel_pending_enqueues=True))
         with pytest.raises(af.errors.CancelledError):
             await pending
@@ -299,7 +300,7 @@ async def test_session_close_cancels_steps_blocked_on_queues(graph: af.Graph) ->
     deq = q.dequeue()
     sess = af.Session(graph=graph)
     blocked = asyncio.create_task(sess.run(deq))
-    await asyncio.sleep(0.01)
+    await wait_in_flight(sess, 1)
     await sess.close()
     with pytest.raises(af.errors.CancelledError):
         await blocked
