@@ -14,6 +14,7 @@ import pytest
 
 import asyncflow as af
 from asyncflow.runtime.propagators import PropagatorState
+from tests.ordering import wait_in_flight
 
 TWO = af.SessionConfig(device_count={"CPU": 2})
 TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
@@ -192,7 +193,7 @@ async def test_loop_deadline_cancellation_and_first_error(graph: af.Graph) -> No
             await sess.run(slow, options=af.RunOptions(timeout_in_ms=50))
         assert time.perf_counter() - start < 2.0
         task = asyncio.ensure_future(sess.run(slow))
-        await asyncio.sleep(0.03)
+        await wait_in_flight(sess, 1)  # the loop is running
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -397,7 +398,7 @@ async def test_long_inline_step_shares_the_loop_and_can_be_cancelled(graph: af.G
             assert await sess.run(out) == 0.0
             assert ticks > 20  # the loop kept running other tasks during the step
             step = asyncio.ensure_future(sess.run(out))
-            await asyncio.sleep(0.01)
+            await wait_in_flight(sess, 1)
             start = time.perf_counter()
             step.cancel()
             with pytest.raises(asyncio.CancelledError):

@@ -256,7 +256,7 @@ async def test_failure_stops_a_busy_peer_partition(graph: af.Graph, hanging_kern
     slow = hanging_kernel.async_kernel()
 
     async def fail(v: Any) -> Any:
-        await asyncio.sleep(0.01)
+        await slow.started.wait()
         raise RuntimeError("boom")
 
     with af.device("/cpu:0"):

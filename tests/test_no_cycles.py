@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
+from tests.ordering import wait_in_flight
 
 STEPS = 30
 #: Objects a whole batch of STEPS steps may leave (none per step).
@@ -116,10 +117,10 @@ async def _in_a_task(run: Awaitable[Any]) -> BaseException | None:
     return error
 
 
-async def _cancelled_by_the_caller(run: Awaitable[Any]) -> None:
+async def _cancelled_by_the_caller(sess: af.Session, run: Awaitable[Any]) -> None:
     """Run in a task, cancel it while it runs, and let go of it."""
     tasks = [asyncio.ensure_future(run)]
-    await asyncio.sleep(0.001)
+    await wait_in_flight(sess, 1)
     tasks[0].cancel()
     await asyncio.wait(tasks)
     assert tasks[0].cancelled()
@@ -165,7 +166,7 @@ async def deadline(sess: af.Session, ops: dict[str, Any]) -> None:
 
 @scenario
 async def cancelled_by_the_caller(sess: af.Session, ops: dict[str, Any]) -> None:
-    await _cancelled_by_the_caller(sess.run(ops["never"], _feed(ops)))
+    await _cancelled_by_the_caller(sess, sess.run(ops["never"], _feed(ops)))
 
 
 @scenario
@@ -198,7 +199,7 @@ async def two_devices(sess: af.Session, ops: dict[str, Any]) -> None:
         ),
     )
     tasks = [asyncio.ensure_future(sess.run([ops["two_devices"], ops["never"]], _feed(ops)))]
-    await asyncio.sleep(0.001)
+    await wait_in_flight(sess, 1)
     tasks[0].cancel()
     await asyncio.wait(tasks)
     tasks.clear()
@@ -239,7 +240,7 @@ async def _parallel(sess: af.Session, ops: dict[str, Any]) -> None:
         af.errors.DeadlineExceededError,
         sess.run(ops["pair_never"], _feed(ops), options=af.RunOptions(timeout_in_ms=1)),
     )
-    await _cancelled_by_the_caller(sess.run(ops["pair_never"], _feed(ops)))
+    await _cancelled_by_the_caller(sess, sess.run(ops["pair_never"], _feed(ops)))
 
 
 @scenario

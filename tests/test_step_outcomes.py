@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
+from tests.ordering import wait_until
 
 
 async def test_finished_step_is_reported_finished_when_close_lands_in_the_same_iteration(
@@ -32,7 +33,7 @@ async def test_finished_step_is_reported_finished_when_close_lands_in_the_same_i
     sessions.append(sess)
     await sess.run(counter.initializer)
     assert await sess.run(out) == 1  # the results, not CancelledError
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: sess.statistics().closed, "the close() asked for by the kernel")
     with pytest.raises(RuntimeError, match="closed"):
         await sess.run(out)
 

@@ -22,6 +22,7 @@ import asyncflow as af
 from asyncflow.runtime import barrier
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.step import Step
+from tests.ordering import wait_in_flight
 
 PATHS = ("handoff", "general")
 
@@ -345,7 +346,7 @@ async def test_partial_run_feeds_a_partition_that_waits(path: str, graph: af.Gra
         c = af.add(b, 1.0, name="c")
     async with af.Session(graph=graph, config=devices(2)) as sess:
         h = await sess.partial_run_setup([b, c], [a])
-        await asyncio.sleep(0.01)  # the partitions' recvs wait for the feed
+        await wait_in_flight(sess, 1)  # the partitions' recvs wait for the feed
         assert await sess.partial_run(h, b, {a: 2.0}) == 6.0
         assert await sess.partial_run(h, c) == 7.0
 
