@@ -4,6 +4,7 @@ flight (``Session.statistics()``), a kernel started, a queue holds its waiter.""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import asyncflow as af
@@ -31,3 +32,13 @@ async def wait_in_flight(sess: af.Session, steps: int) -> None:
     await wait_until(
         lambda: sess.statistics().in_flight == steps, f"{steps} step(s) in flight on {sess!r}"
     )
+
+
+def block_until(holds: Callable[[], bool], what: str) -> None:
+    """:func:`wait_until` for a thread without an event loop of its own (a test that
+    drives steps on another thread's loop): polls ``holds()``, bounded."""
+    deadline = time.monotonic() + LIMIT_SECONDS
+    while not holds():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting after {LIMIT_SECONDS} s for {what}")
+        time.sleep(0.0005)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 import asyncflow as af
+from tests.ordering import wait_until
 
 
 def _gated(
@@ -36,24 +38,20 @@ def _gated(
     return x, af.py_func(gate, [x], af.int32), entered, gates, running
 
 
-async def _until(predicate: Any) -> None:
-    for _ in range(2000):
-        if predicate():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition never became true")
+def _entered(entered: list[int], n: int) -> Callable[[], bool]:
+    return lambda: len(entered) == n
 
 
 async def test_steps_beyond_the_limit_wait_in_fifo_order(graph: af.Graph) -> None:
     x, y, entered, gates, running = _gated(graph)
     async with af.Session(graph=graph, config=af.SessionConfig(max_concurrent_steps=2)) as sess:
         tasks = [asyncio.create_task(sess.run(y, {x: k})) for k in range(5)]
-        await _until(lambda: len(entered) == 2)
+        await wait_until(lambda: len(entered) == 2, "two steps in their kernels")
         assert sess.statistics().waiting == 3
         for k in range(5):
             gates.setdefault(k, asyncio.Event()).set()
             await tasks[k]
-            await _until(lambda k=k: len(entered) == min(k + 3, 5))
+            await wait_until(_entered(entered, min(k + 3, 5)), "the next step admitted")
         assert [t.result() for t in tasks] == [0, 1, 2, 3, 4]
         assert entered == [0, 1, 2, 3, 4]  # FIFO
         assert running[1] == 2
@@ -65,7 +63,7 @@ async def test_the_wait_counts_against_the_deadline(graph: af.Graph) -> None:
     x, y, entered, gates, _ = _gated(graph)
     async with af.Session(graph=graph, config=af.SessionConfig(max_concurrent_steps=1)) as sess:
         blocker = asyncio.create_task(sess.run(y, {x: 0}))
-        await _until(lambda: entered == [0])
+        await wait_until(lambda: entered == [0], "the first step in its kernel")
         start = time.monotonic()
         with pytest.raises(af.errors.DeadlineExceededError, match="waiting for a step slot"):
             await sess.run(y, {x: 1}, options=af.RunOptions(timeout_in_ms=50))
@@ -85,9 +83,9 @@ async def test_a_cancelled_waiter_takes_no_slot(graph: af.Graph) -> None:
     x, y, entered, gates, _ = _gated(graph)
     async with af.Session(graph=graph, config=af.SessionConfig(max_concurrent_steps=1)) as sess:
         blocker = asyncio.create_task(sess.run(y, {x: 0}))
-        await _until(lambda: entered == [0])
+        await wait_until(lambda: entered == [0], "the first step in its kernel")
         waiter = asyncio.create_task(sess.run(y, {x: 1}))
-        await _until(lambda: sess.statistics().waiting == 1)
+        await wait_until(lambda: sess.statistics().waiting == 1, "one step waiting for a slot")
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
@@ -105,9 +103,9 @@ async def test_close_fails_the_running_and_the_waiting_steps(graph: af.Graph) ->
     fast = x * 2  # an all-inline plan: it would run at once if it got a slot
     sess = af.Session(graph=graph, config=af.SessionConfig(max_concurrent_steps=1))
     running = asyncio.create_task(sess.run(y, {x: 0}))
-    await _until(lambda: entered == [0])
+    await wait_until(lambda: entered == [0], "the first step in its kernel")
     waiting = asyncio.create_task(sess.run(fast, {x: 1}))
-    await _until(lambda: sess.statistics().waiting == 1)
+    await wait_until(lambda: sess.statistics().waiting == 1, "one step waiting for a slot")
     await sess.close()
     with pytest.raises(af.errors.CancelledError, match="closed"):
         await running

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from tests.ordering import wait_until
+from tests.ordering import block_until, wait_until
 
 
 async def test_finished_step_is_reported_finished_when_close_lands_in_the_same_iteration(
@@ -241,7 +241,7 @@ def test_closing_from_another_thread_never_loses_a_finished_step() -> None:
 
     runner = threading.Thread(target=lambda: asyncio.run(many()))
     runner.start()
-    time.sleep(0.01)
+    block_until(lambda: sess.statistics().in_flight > 0, "steps in flight on the other thread")
     sess.close_sync()
     runner.join(10)
     assert not runner.is_alive()
