@@ -133,6 +133,15 @@ _ALL = (
 _BY_NAME: dict[str, DType] = {d.name: d for d in _ALL}
 _BY_NAME.update({"half": float16, "float": float32, "double": float64})
 _BY_NP: dict[np.dtype[Any], DType] = {d.np: d for d in _ALL}
+#: Python's own types, as TensorFlow maps them (a Python ``float`` is float32).
+_BY_PY_TYPE: dict[type, DType] = {
+    _builtin_bool: bool,
+    int: int64,
+    float: float32,
+    complex: complex128,
+    bytes: string,
+    str: string,
+}
 
 
 def as_dtype(type_value: Any) -> DType:
@@ -146,27 +155,26 @@ def as_dtype(type_value: Any) -> DType:
         found = _BY_NAME.get(type_value)
         if found is not None:
             return found
-    if type_value is _builtin_bool:
-        return bool
-    if type_value is int:
-        return int64
-    if type_value is float:
-        return float32
-    if type_value is complex:
-        return complex128
-    if type_value in (bytes, str):
-        return string
+    elif isinstance(type_value, type):
+        found = _BY_PY_TYPE.get(type_value)
+        if found is not None:
+            return found
+    found = _from_numpy(type_value)
+    if found is None:
+        raise TypeError(f"cannot convert {type_value!r} to an asyncflow dtype")
+    return found
+
+
+def _from_numpy(type_value: Any) -> DType | None:
+    """The dtype of whatever ``np.dtype`` accepts (numpy's strings and objects are
+    ``string``), or None."""
     try:
         np_dtype = np.dtype(type_value)
     except TypeError:
-        np_dtype = None
-    if np_dtype is not None:
-        if np_dtype.kind in "SUO":
-            return string
-        found = _BY_NP.get(np_dtype)
-        if found is not None:
-            return found
-    raise TypeError(f"cannot convert {type_value!r} to an asyncflow dtype")
+        return None
+    if np_dtype.kind in "SUO":
+        return string
+    return _BY_NP.get(np_dtype)
 
 
 def dtype_of_value(value: Any) -> DType:

@@ -24,6 +24,29 @@ def _as_list(value: Any) -> tuple[list[Any], bool]:
     return [value], False
 
 
+def _check_elems(tensors: list[Tensor]) -> None:
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise ValueError(f"map_fn: elems must have a leading dimension, {t.name!r} is a scalar")
+
+
+def _check_probe(probe: list[Tensor], dtype: Any) -> None:
+    """``fn``'s results on a first slice: the dtypes ``dtype`` names (when given), and
+    fully known shapes (the loop's accumulators are built from them)."""
+    if dtype is not None:
+        wanted = [dtypes.as_dtype(d) for d in _as_list(dtype)[0]]
+        if wanted != [p.dtype for p in probe]:
+            raise TypeError(
+                f"map_fn: fn returned dtypes {[p.dtype.name for p in probe]}, "
+                f"dtype says {[d.name for d in wanted]}"
+            )
+    for p in probe:
+        if not p.shape.is_fully_defined():
+            raise ValueError(
+                f"map_fn: fn must return tensors of fully known shape, got {p.shape} ({p.name})"
+            )
+
+
 def map_fn(
     fn: Callable[..., Any],
     elems: Any,
@@ -50,11 +73,7 @@ def map_fn(
         raise ValueError("map_fn: elems must not be empty")
     with name_scope(name or "map"):
         tensors = [convert_to_tensor(e) for e in items]
-        for t in tensors:
-            if t.shape.rank == 0:
-                raise ValueError(
-                    f"map_fn: elems must have a leading dimension, {t.name!r} is a scalar"
-                )
+        _check_elems(tensors)
         n = array_ops.shape(tensors[0], out_type=dtypes.int32)[0]
 
         returned_sequence = [False]
@@ -65,18 +84,7 @@ def map_fn(
             return [convert_to_tensor(o) for o in outs]
 
         probe = call(convert_to_tensor(0))
-        if dtype is not None:
-            wanted = [dtypes.as_dtype(d) for d in _as_list(dtype)[0]]
-            if wanted != [p.dtype for p in probe]:
-                raise TypeError(
-                    f"map_fn: fn returned dtypes {[p.dtype.name for p in probe]}, "
-                    f"dtype says {[d.name for d in wanted]}"
-                )
-        for p in probe:
-            if not p.shape.is_fully_defined():
-                raise ValueError(
-                    f"map_fn: fn must return tensors of fully known shape, got {p.shape} ({p.name})"
-                )
+        _check_probe(probe, dtype)
         inits = [
             array_ops.zeros([0, *[d or 0 for d in p.shape.as_list()]], dtype=p.dtype) for p in probe
         ]

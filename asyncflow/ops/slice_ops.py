@@ -149,6 +149,20 @@ def _strided_slice_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> 
         raise ValueError(f"too many indices for tensor {x.name!r} of rank {rank}: {consumed}")
     if "ellipsis" not in kinds:
         kinds = [*kinds, "ellipsis"]
+    return [(x._dtype, TensorShape(_strided_dims(x, kinds, consumed, (b, e, s), attrs)))]
+
+
+def _strided_dims(
+    x: Tensor,
+    kinds: list[str],
+    consumed: int,
+    bounds: tuple[Sequence[int] | None, Sequence[int] | None, Sequence[int] | None],
+    attrs: Mapping[str, Any],
+) -> list[int | None]:
+    """The static dims of ``x[kinds...]`` (``x`` of known rank; ``bounds`` are the
+    constant begin / end / strides, None where not known before a run)."""
+    b, e, s = bounds
+    rank = len(x._shape.as_list())
     dims = iter(x._shape.as_list())
     out: list[int | None] = []
     for i, kind in enumerate(kinds):
@@ -168,7 +182,7 @@ def _strided_slice_shape(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> 
                 out.append(None)
                 continue
             out.append(len(builtins.range(d)[_slice_of(i, b, e, s, attrs)]))
-    return [(x._dtype, TensorShape(out))]
+    return out
 
 
 def _slice_of(
