@@ -179,6 +179,21 @@ def main(argv: list[str] | None = None) -> int:
     env = _environment(sizes)
     env["load_average_1min_at_start"] = load_before
     table_rows = list(rows.values())
+    _print_report(args, sizes, table_rows, env, elapsed)
+    if args.json:
+        _write_json(args.json, args.quick, table_rows, env, elapsed)
+    return 0 if ok else 1
+
+
+def _print_report(
+    args: argparse.Namespace,
+    sizes: Sizes,
+    table_rows: list[report.Row],
+    env: dict[str, Any],
+    elapsed: float,
+) -> None:
+    """The table, its medians, legends, notes and targets, after a header saying how
+    the figures were taken."""
     blas = ", ".join(f"{k}={v}" for k, v in env["blas_threads"].items())
     pinned = (
         ""
@@ -188,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"asyncflow benchmarks ({'quick smoke sizes: not a measurement' if args.quick else 'full'})"
         f" - Python {env['python']}, numpy {env['numpy']}, {env['cpus']} CPUs, "
-        f"{elapsed:.0f} s; 1-min load average at start {load_before:.2f}"
+        f"{elapsed:.0f} s; 1-min load average at start {env['load_average_1min_at_start']:.2f}"
     )
     print(f"BLAS pinned to one thread: {blas}.{pinned}")
     print(
@@ -218,17 +233,19 @@ def main(argv: list[str] | None = None) -> int:
     print("targets:")
     print(report.render_targets(table_rows))
 
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "environment": env,
-                    "quick": args.quick,
-                    "seconds": elapsed,
-                    "rows": [r.to_json() for r in table_rows],
-                },
-                f,
-                indent=2,
-            )
-            f.write("\n")
-    return 0 if ok else 1
+
+def _write_json(
+    path: str, quick: bool, table_rows: list[report.Row], env: dict[str, Any], elapsed: float
+) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(
+            {
+                "environment": env,
+                "quick": quick,
+                "seconds": elapsed,
+                "rows": [r.to_json() for r in table_rows],
+            },
+            f,
+            indent=2,
+        )
+        f.write("\n")

@@ -94,6 +94,29 @@ def _check_exactly_once(what: str, received: list[list[int]], total: int) -> Non
         )
 
 
+async def _asyncio_queue_round(
+    capacity: int, total: int, producers: int, shares: list[int]
+) -> list[list[int]]:
+    """The queue workload's anchor: ``total`` integers through an ``asyncio.Queue``,
+    ``producers`` tasks putting and one consumer task per share getting."""
+    aq: asyncio.Queue[int] = asyncio.Queue(capacity)
+    received: list[list[int]] = [[] for _ in shares]
+
+    async def produce(k: int) -> None:
+        for i in range(k, total, producers):
+            await aq.put(i)
+
+    async def consume(k: int) -> None:
+        out = received[k]
+        for _ in range(shares[k]):
+            out.append(await aq.get())
+
+    await asyncio.gather(
+        *(produce(k) for k in range(producers)), *(consume(k) for k in range(len(shares)))
+    )
+    return received
+
+
 def queue(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     """Elements per second through a FIFOQueue, one element per enqueue step and per
     dequeue step, with producer and consumer tasks running their steps concurrently on
@@ -108,24 +131,6 @@ def queue(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         size = q.size()
     shares = _spread(total, consumers)
     timeout = 60.0  # a lost element must fail the row, not hang it
-
-    async def plain() -> list[list[int]]:
-        aq: asyncio.Queue[int] = asyncio.Queue(s.queue_capacity)
-        received: list[list[int]] = [[] for _ in range(consumers)]
-
-        async def produce(k: int) -> None:
-            for i in range(k, total, producers):
-                await aq.put(i)
-
-        async def consume(k: int) -> None:
-            out = received[k]
-            for _ in range(shares[k]):
-                out.append(await aq.get())
-
-        await asyncio.gather(
-            *(produce(k) for k in range(producers)), *(consume(k) for k in range(consumers))
-        )
-        return received
 
     async def main() -> tuple[list[float], list[float]]:
         async with af.Session(graph=g) as sess:
@@ -158,7 +163,7 @@ def queue(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             for _ in range(s.state_repeats):
                 gc.collect()
                 start = clock()
-                received = await plain()
+                received = await _asyncio_queue_round(s.queue_capacity, total, producers, shares)
                 anchor.append(clock() - start)
                 _check_exactly_once("asyncio.Queue anchor", received, total)
                 gc.collect()

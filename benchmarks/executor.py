@@ -101,6 +101,15 @@ def tiny_graph(af: Af) -> tuple[Any, Any, Any]:
 
 
 def tiny(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """The tiny graph run again and again: awaited (``tiny.run``), from plain code
+    (``tiny.run_sync``), and a plan that needs a loop from plain code
+    (``tiny.run_sync.async``)."""
+    _tiny_run(af, s, rows)
+    _tiny_run_sync(af, s, rows)
+    _tiny_run_sync_async(af, s, rows)
+
+
+def _tiny_run(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     g, x, y = tiny_graph(af)
     calls = s.tiny_calls
     one, two = np.float32(1.0), np.float32(2.0)
@@ -131,7 +140,10 @@ def tiny(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     ours, anchor = asyncio.run(main())
     rows["tiny.run"].record(ours, anchor, per=lambda t: t / calls * 1e6)
 
-    # run_sync: from plain code, one fresh event loop per call.
+
+def _tiny_run_sync(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """run_sync: from plain code, against one fresh event loop per call."""
+    g, x, y = tiny_graph(af)
     sync_calls = s.tiny_sync_calls
 
     async def empty() -> None:
@@ -160,8 +172,11 @@ def tiny(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
             "inline kernels never creates an event loop"
         )
 
-    # run_sync of a plan that needs a loop: the session's loop for this thread, kept
-    # across calls, against a fresh loop per call.
+
+def _tiny_run_sync_async(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
+    """run_sync of a plan that needs a loop: the session's loop for this thread, kept
+    across calls, against a fresh loop per call."""
+    sync_calls = s.tiny_sync_calls
     ga = af.Graph()
     with ga.as_default():
         xa = af.placeholder(af.float32, shape=(), name="x")

@@ -144,101 +144,105 @@ def _figures(out: Results, row_id: str, times: list[float], per: Callable[[float
 
 
 def tf_workload(name: str, s: Sizes) -> Results:
+    """TF's figures for the workload ``name`` (none for a workload TF does not anchor)."""
+    tf1 = tf_v1()
+    if name.startswith("xdev.k"):
+        return _tf_xdev(tf1, s, int(name.removeprefix("xdev.k")))
+    measure = _TF_WORKLOADS.get(name)
+    return {} if measure is None else measure(tf1, s)
+
+
+def _tf_chain(tf1: Any, s: Sizes) -> Results:
+    out: Results = {}
+    g, x0, y = tf_shared_chain(tf1, s.chain_n)
+    with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
+        times = _tf_times(sess, y, {x0: 0.0}, s.repeats)
+    _figures(out, "chain", times, lambda t: t / s.chain_n * 1e6)
+    return out
+
+
+def _tf_wide(tf1: Any, s: Sizes) -> Results:
     import numpy as np
 
-    tf1 = tf_v1()
     out: Results = {}
-    if name == "chain":
-        g, x0, y = tf_shared_chain(tf1, s.chain_n)
-        with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
-            _figures(
-                out,
-                "chain",
-                _tf_times(sess, y, {x0: 0.0}, s.repeats),
-                lambda t: t / s.chain_n * 1e6,
-            )
-    elif name == "wide":
-        g = tf1.Graph()
-        with g.as_default():
-            x = tf1.placeholder(tf1.float32, shape=(), name="x")
-            one = tf1.constant(np.float32(1.0), name="one")
-            y = tf1.add_n([x + one for _ in range(s.wide_n)])
-        with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
-            _figures(
-                out, "wide", _tf_times(sess, y, {x: 1.0}, s.repeats), lambda t: t / s.wide_n * 1e6
-            )
-    elif name == "tiny":
-        g = tf1.Graph()
-        with g.as_default():
-            x = tf1.placeholder(tf1.float32, shape=(), name="x")
-            y = (x + 1.0) * 2.0
-        # Default config here: this is what a TF user's session.run costs.
-        with tf1.Session(graph=g) as sess:
-            sess.run(y, {x: 1.0})
-
-            def calls() -> None:
-                for _ in range(s.tiny_calls):
-                    sess.run(y, {x: 1.0})
-
-            times = [timed(calls) for _ in range(s.repeats)]
-        # TF has one (synchronous) session.run: it anchors both rows.
-        for row_id in ("tiny.run", "tiny.run_sync"):
-            _figures(out, row_id, times, lambda t: t / s.tiny_calls * 1e6)
-    elif name in ("callable", "callable.nested"):
-        out.update(_tf_callable(tf1, s, nested=name == "callable.nested"))
-    elif name in ("trace", "trace.off"):
-        out.update(_tf_trace(tf1, s, traced=name == "trace"))
-    elif name == "parallel":
-        rng = np.random.default_rng(0)
-        d = s.matmul_dim
-        w_val = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
-        a_val = rng.standard_normal((d, d)).astype(np.float32)
-        g = tf1.Graph()
-        with g.as_default():
-            a = tf1.placeholder(tf1.float32, shape=(d, d), name="a")
-            w = tf1.constant(w_val, name="w")
-            heads = []
-            for _ in range(2):
-                h = a
-                for _ in range(s.matmul_chain):
-                    h = tf1.matmul(h, w)
-                heads.append(h)
-        # Both sessions open at once and their repeats alternate, so a burst of
-        # load from elsewhere hits both configurations alike.
-        s1 = tf1.Session(graph=g, config=tf_config(tf1, inter=1, intra=1))
-        s2 = tf1.Session(graph=g, config=tf_config(tf1, inter=2, intra=1))
-        try:
-            feed = {a: a_val}
-            by_inter: dict[int, list[float]] = {1: [], 2: []}
-            for sess in (s1, s2):
-                sess.run(heads, feed)
-            for _ in range(s.slow_repeats):
-                by_inter[1].append(timed(lambda: s1.run(heads, feed)))
-                by_inter[2].append(timed(lambda: s2.run(heads, feed)))
-        finally:
-            s1.close()
-            s2.close()
-        out["parallel"] = min(by_inter[1]) / min(by_inter[2])
-        out["_median.parallel"] = statistics.median(by_inter[1]) / statistics.median(by_inter[2])
-    elif name.startswith("xdev.k"):
-        out.update(_tf_xdev(tf1, s, int(name.removeprefix("xdev.k"))))
-    elif name == "parallel.2dev":
-        out.update(_tf_parallel_2dev(tf1, s))
-    elif name in ("loop", "loop.cond"):
-        out.update(_tf_loop(tf1, s, with_cond=name == "loop.cond"))
-    elif name == "queue":
-        out.update(_tf_queue(tf1, s))
-    elif name == "variable":
-        out.update(_tf_variable(tf1, s))
-    elif name == "cnn":
-        out.update(_tf_cnn(tf1, s))
-    elif name == "opt.call":
-        out["opt.call.inlined"] = tf_call(tf1, s, inline=True)
-        out["opt.call.kernel"] = tf_call(tf1, s, inline=False)
-        out["_note.opt.call.inlined"] = (
-            "TF 1.x: function.Defun chain, grappler off, do_function_inlining on / off"
-        )
+    g = tf1.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf1.float32, shape=(), name="x")
+        one = tf1.constant(np.float32(1.0), name="one")
+        y = tf1.add_n([x + one for _ in range(s.wide_n)])
+    with tf1.Session(graph=g, config=tf_config(tf1)) as sess:
+        times = _tf_times(sess, y, {x: 1.0}, s.repeats)
+    _figures(out, "wide", times, lambda t: t / s.wide_n * 1e6)
     return out
+
+
+def _tf_tiny(tf1: Any, s: Sizes) -> Results:
+    out: Results = {}
+    g = tf1.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf1.float32, shape=(), name="x")
+        y = (x + 1.0) * 2.0
+    # Default config here: this is what a TF user's session.run costs.
+    with tf1.Session(graph=g) as sess:
+        sess.run(y, {x: 1.0})
+
+        def calls() -> None:
+            for _ in range(s.tiny_calls):
+                sess.run(y, {x: 1.0})
+
+        times = [timed(calls) for _ in range(s.repeats)]
+    # TF has one (synchronous) session.run: it anchors both rows.
+    for row_id in ("tiny.run", "tiny.run_sync"):
+        _figures(out, row_id, times, lambda t: t / s.tiny_calls * 1e6)
+    return out
+
+
+def _tf_parallel(tf1: Any, s: Sizes) -> Results:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    d = s.matmul_dim
+    w_val = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
+    a_val = rng.standard_normal((d, d)).astype(np.float32)
+    g = tf1.Graph()
+    with g.as_default():
+        a = tf1.placeholder(tf1.float32, shape=(d, d), name="a")
+        w = tf1.constant(w_val, name="w")
+        heads = []
+        for _ in range(2):
+            h = a
+            for _ in range(s.matmul_chain):
+                h = tf1.matmul(h, w)
+            heads.append(h)
+    # Both sessions open at once and their repeats alternate, so a burst of
+    # load from elsewhere hits both configurations alike.
+    s1 = tf1.Session(graph=g, config=tf_config(tf1, inter=1, intra=1))
+    s2 = tf1.Session(graph=g, config=tf_config(tf1, inter=2, intra=1))
+    try:
+        feed = {a: a_val}
+        by_inter: dict[int, list[float]] = {1: [], 2: []}
+        for sess in (s1, s2):
+            sess.run(heads, feed)
+        for _ in range(s.slow_repeats):
+            by_inter[1].append(timed(lambda: s1.run(heads, feed)))
+            by_inter[2].append(timed(lambda: s2.run(heads, feed)))
+    finally:
+        s1.close()
+        s2.close()
+    return {
+        "parallel": min(by_inter[1]) / min(by_inter[2]),
+        "_median.parallel": statistics.median(by_inter[1]) / statistics.median(by_inter[2]),
+    }
+
+
+def _tf_opt_call(tf1: Any, s: Sizes) -> Results:
+    return {
+        "opt.call.inlined": tf_call(tf1, s, inline=True),
+        "opt.call.kernel": tf_call(tf1, s, inline=False),
+        "_note.opt.call.inlined": (
+            "TF 1.x: function.Defun chain, grappler off, do_function_inlining on / off"
+        ),
+    }
 
 
 def _tf_cnn(tf1: Any, s: Sizes) -> Results:
@@ -594,6 +598,27 @@ def _tf_parallel_2dev(tf1: Any, s: Sizes) -> Results:
     }
 
 
+#: TF's side of each workload it anchors (``xdev.k<k>`` is parameterized: see
+#: :func:`tf_workload`).
+_TF_WORKLOADS: dict[str, Callable[[Any, Sizes], Results]] = {
+    "chain": _tf_chain,
+    "wide": _tf_wide,
+    "tiny": _tf_tiny,
+    "callable": functools.partial(_tf_callable, nested=False),
+    "callable.nested": functools.partial(_tf_callable, nested=True),
+    "trace": functools.partial(_tf_trace, traced=True),
+    "trace.off": functools.partial(_tf_trace, traced=False),
+    "parallel": _tf_parallel,
+    "parallel.2dev": _tf_parallel_2dev,
+    "loop": functools.partial(_tf_loop, with_cond=False),
+    "loop.cond": functools.partial(_tf_loop, with_cond=True),
+    "queue": _tf_queue,
+    "variable": _tf_variable,
+    "cnn": _tf_cnn,
+    "opt.call": _tf_opt_call,
+}
+
+
 # --------------------------------------------------------------------------- Dask
 
 
@@ -637,23 +662,31 @@ def dask_workload(name: str, s: Sizes) -> Results:
         per_run = min(timed(calls) for _ in range(s.repeats)) / s.tiny_calls * 1e6
         out["tiny.run"] = out["tiny.run_sync"] = per_run
     elif name == "parallel":
-        rng = np.random.default_rng(0)
-        d = s.matmul_dim
-        w = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
-        dsk = {"a": rng.standard_normal((d, d)).astype(np.float32), "w": w}
-        heads = []
-        for c in range(2):
-            prev = "a"
-            for i in range(s.matmul_chain):
-                dsk[f"c{c}_{i}"] = (np.matmul, prev, "w")
-                prev = f"c{c}_{i}"
-            heads.append(prev)
+        dsk, heads = _dask_matmul_chains(s)
         t1 = t2 = float("inf")
         for _ in range(s.slow_repeats):  # alternating, as for TensorFlow
             t1 = min(t1, best(dsk, heads, 1, num_workers=1))
             t2 = min(t2, best(dsk, heads, 1, num_workers=2))
         out["parallel"] = t1 / t2
     return out
+
+
+def _dask_matmul_chains(s: Sizes) -> tuple[dict[str, Any], list[str]]:
+    """The parallel workload's graph: two independent matmul chains (and their heads)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    d = s.matmul_dim
+    w = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
+    dsk: dict[str, Any] = {"a": rng.standard_normal((d, d)).astype(np.float32), "w": w}
+    heads = []
+    for c in range(2):
+        prev = "a"
+        for i in range(s.matmul_chain):
+            dsk[f"c{c}_{i}"] = (np.matmul, prev, "w")
+            prev = f"c{c}_{i}"
+        heads.append(prev)
+    return dsk, heads
 
 
 def _add_n(values: list[Any]) -> Any:

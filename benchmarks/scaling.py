@@ -18,16 +18,15 @@ from benchmarks.sizes import Sizes, timed
 # --------------------------------------------------------------------------- scale
 
 
-def scale(af: Af, s: Sizes, rows: dict[str, Row], with_tf: bool = False) -> None:
-    """Build, first run, second run and memory of a 100k-node chain, each repeat in a
-    fresh subprocess; with ``with_tf`` TensorFlow's subprocess alternates with
-    asyncflow's repeat by repeat and fills the TF column (see :mod:`benchmarks.scale`
-    for how memory is measured, the same way for both)."""
-    del af  # measured in clean subprocesses
-    engines = {"asyncflow": s.scale_n, **({"tf": s.tf_scale_n} if with_tf else {})}
+def _scale_rounds(
+    engines: dict[str, int], repeats: int
+) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
+    """``repeats`` rounds of one fresh subprocess per engine (alternating), and TF's
+    error if its subprocess failed (TF is then left out of the later rounds; asyncflow
+    failing fails the workload)."""
     results: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
     tf_error = None
-    for _ in range(s.scale_repeats):
+    for _ in range(repeats):
         for engine, n in engines.items():
             if engine == "tf" and tf_error is not None:
                 continue
@@ -38,6 +37,17 @@ def scale(af: Af, s: Sizes, rows: dict[str, Row], with_tf: bool = False) -> None
                 tf_error = result["_error"]
                 continue
             results[engine].append(result)
+    return results, tf_error
+
+
+def scale(af: Af, s: Sizes, rows: dict[str, Row], with_tf: bool = False) -> None:
+    """Build, first run, second run and memory of a 100k-node chain, each repeat in a
+    fresh subprocess; with ``with_tf`` TensorFlow's subprocess alternates with
+    asyncflow's repeat by repeat and fills the TF column (see :mod:`benchmarks.scale`
+    for how memory is measured, the same way for both)."""
+    del af  # measured in clean subprocesses
+    engines = {"asyncflow": s.scale_n, **({"tf": s.tf_scale_n} if with_tf else {})}
+    results, tf_error = _scale_rounds(engines, s.scale_repeats)
     floor = numpy_chain(s.scale_n)
     floor_times = [timed(floor) for _ in range(s.repeats)]
     for key in ("scale.build", "scale.first_run", "scale.second_run", "scale.peak_rss"):
