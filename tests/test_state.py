@@ -323,73 +323,90 @@ Action = tuple[str, int]
     st.integers(1, 4),
 )
 def test_queue_matches_python_model(actions: list[Action], capacity: int) -> None:
-    g = af.Graph()
-    with g.as_default():
-        q = af.FIFOQueue(capacity, af.int32)
-        x = af.placeholder(af.int32, ())
-        ops = {
-            "enq": q.enqueue(x),
-            "deq": q.dequeue(),
-            "size": q.size(),
-            "close": q.close(),
-            **{f"deq_many{n}": q.dequeue_many(n) for n in range(4)},
-        }
-    model: collections.deque[int] = collections.deque()
-    closed = False
+    queue = _QueueModel(capacity)
 
     async def scenario() -> None:
-        nonlocal closed
-        async with af.Session(graph=g) as sess:
-            counter = 0
+        async with af.Session(graph=queue.graph) as sess:
             for kind, n in actions:
-                if kind == "enq":
-                    if closed:
-                        with pytest.raises(af.errors.CancelledError):
-                            await sess.run(ops["enq"], {x: counter})
-                    elif len(model) < capacity:
-                        await sess.run(ops["enq"], {x: counter})
-                        model.append(counter)
-                    else:
-                        # Full: the enqueue waits; a concurrent dequeue frees a slot.
-                        waiting = asyncio.create_task(sess.run(ops["enq"], {x: counter}))
-                        await asyncio.sleep(0)
-                        assert not waiting.done()
-                        assert await sess.run(ops["deq"]) == model.popleft()
-                        await waiting
-                        model.append(counter)
-                    counter += 1
-                elif kind in ("deq", "deq_many"):
-                    want = 1 if kind == "deq" else n
-                    fetch = ops["deq"] if kind == "deq" else ops[f"deq_many{n}"]
-                    if len(model) >= want:
-                        got = await sess.run(fetch)
-                        expected = [model.popleft() for _ in range(want)]
-                        if kind == "deq":
-                            assert got == expected[0]
-                        else:
-                            assert list(got) == expected
-                    elif closed:
-                        with pytest.raises(af.errors.OutOfRangeError):
-                            await sess.run(fetch)
-                    else:
-                        waiting = asyncio.create_task(sess.run(fetch))
-                        await asyncio.sleep(0)
-                        assert not waiting.done()
-                        waiting.cancel()  # the model: nothing was taken
-                        with pytest.raises(asyncio.CancelledError):
-                            await waiting
-                elif kind == "close":
-                    if closed:  # TF: closing a closed queue is CancelledError
-                        with pytest.raises(af.errors.CancelledError, match="already closed"):
-                            await sess.run(ops["close"])
-                    else:
-                        await sess.run(ops["close"])
-                    closed = True
-                else:
-                    assert await sess.run(ops["size"]) == len(model)
-            assert await sess.run(ops["size"]) == len(model)
+                await queue.act(sess, kind, n)
+            assert await sess.run(queue.ops["size"]) == len(queue.model)
 
     asyncio.run(scenario())
+
+
+class _QueueModel:
+    """A FIFOQueue's graph ops beside a Python deque of what it must hold: each action
+    runs on both and checks the queue against the model."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.graph = af.Graph()
+        with self.graph.as_default():
+            q = af.FIFOQueue(capacity, af.int32)
+            self.x = af.placeholder(af.int32, ())
+            self.ops: dict[str, Any] = {
+                "enq": q.enqueue(self.x),
+                "deq": q.dequeue(),
+                "size": q.size(),
+                "close": q.close(),
+                **{f"deq_many{n}": q.dequeue_many(n) for n in range(4)},
+            }
+        self.model: collections.deque[int] = collections.deque()
+        self.closed = False
+        self.counter = 0
+
+    async def act(self, sess: af.Session, kind: str, n: int) -> None:
+        if kind == "enq":
+            await self._enqueue(sess)
+        elif kind in ("deq", "deq_many"):
+            await self._dequeue(sess, 1 if kind == "deq" else n, kind == "deq")
+        elif kind == "close":
+            if self.closed:  # TF: closing a closed queue is CancelledError
+                with pytest.raises(af.errors.CancelledError, match="already closed"):
+                    await sess.run(self.ops["close"])
+            else:
+                await sess.run(self.ops["close"])
+            self.closed = True
+        else:
+            assert await sess.run(self.ops["size"]) == len(self.model)
+
+    async def _enqueue(self, sess: af.Session) -> None:
+        feed = {self.x: self.counter}
+        if self.closed:
+            with pytest.raises(af.errors.CancelledError):
+                await sess.run(self.ops["enq"], feed)
+        elif len(self.model) < self.capacity:
+            await sess.run(self.ops["enq"], feed)
+            self.model.append(self.counter)
+        else:
+            # Full: the enqueue waits; a concurrent dequeue frees a slot.
+            waiting = asyncio.create_task(sess.run(self.ops["enq"], feed))
+            await wait_in_flight(sess, 1)
+            assert not waiting.done()
+            assert await sess.run(self.ops["deq"]) == self.model.popleft()
+            await waiting
+            self.model.append(self.counter)
+        self.counter += 1
+
+    async def _dequeue(self, sess: af.Session, want: int, single: bool) -> None:
+        fetch = self.ops["deq"] if single else self.ops[f"deq_many{want}"]
+        if len(self.model) >= want:
+            got = await sess.run(fetch)
+            expected = [self.model.popleft() for _ in range(want)]
+            if single:
+                assert got == expected[0]
+            else:
+                assert list(got) == expected
+        elif self.closed:
+            with pytest.raises(af.errors.OutOfRangeError):
+                await sess.run(fetch)
+        else:
+            waiting = asyncio.create_task(sess.run(fetch))
+            await wait_in_flight(sess, 1)
+            assert not waiting.done()
+            waiting.cancel()  # the model: nothing was taken
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
 
 
 async def test_assign_ops_land_with_their_variable(graph: af.Graph) -> None:
