@@ -10,6 +10,7 @@ tensors) and random fetches (tensors and targets), and compares
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,14 @@ from hypothesis import strategies as st
 import asyncflow as af
 
 SHAPE = (3,)
-BINARY = [af.add, af.subtract, af.multiply, af.maximum, af.minimum]
-UNARY = [af.negative, af.abs, af.tanh, af.identity, af.square]
+BINARY: list[Callable[[Any, Any], af.Tensor]] = [
+    af.add,
+    af.subtract,
+    af.multiply,
+    af.maximum,
+    af.minimum,
+]
+UNARY: list[Callable[[Any], af.Tensor]] = [af.negative, af.abs, af.tanh, af.identity, af.square]
 
 
 async def _async_identity(v: np.ndarray) -> np.ndarray:
@@ -41,6 +48,11 @@ def _scaled_add(x: af.Tensor, y: af.Tensor) -> af.Tensor:
 def _nested(x: af.Tensor) -> af.Tensor:
     result: af.Tensor = _scaled_add(af.tanh(x), x) - af.constant(np.ones(3)) * 0.5
     return result
+
+
+Made = list[
+    tuple[Callable[..., af.Tensor], tuple[af.Tensor, ...]]
+]  # (op function, inputs) of each node made
 
 
 @st.composite
@@ -64,7 +76,7 @@ def random_graphs(
             else:
                 tensors.append(af.constant(np.array(draw(values)), name=f"c{k}"))
         ops: list[af.Operation] = []
-        made: list[tuple[Any, tuple[af.Tensor, ...]]] = []  # (op function, inputs)
+        made: Made = []
         kinds = ["binary", "unary", "add_n"] + ([] if inline_only else ["async", "thread"])
         if optimizable:
             kinds += ["const", "dup", "call", "nested"]
@@ -72,35 +84,9 @@ def random_graphs(
             kind = draw(st.sampled_from(kinds))
             if kind == "dup" and not made:
                 kind = "const"
-            pick = st.sampled_from(tensors)
             deps = draw(st.lists(st.sampled_from(ops), max_size=2)) if ops else []
             with af.control_dependencies(deps):
-                if kind == "const":
-                    fn = draw(st.sampled_from(BINARY))
-                    t = fn(af.constant(np.array(draw(values))), af.constant(np.array(draw(values))))
-                elif kind == "dup":
-                    fn, args = draw(st.sampled_from(made))
-                    t = fn(*args)
-                elif kind == "call":
-                    t = af.reshape(_scaled_add(draw(pick), draw(pick)), SHAPE)
-                elif kind == "nested":
-                    t = af.reshape(_nested(draw(pick)), SHAPE)
-                elif kind == "binary":
-                    fn = draw(st.sampled_from(BINARY))
-                    args = (draw(pick), draw(pick))
-                    t = fn(*args)
-                    made.append((fn, args))
-                elif kind == "unary":
-                    fn = draw(st.sampled_from(UNARY))
-                    args = (draw(pick),)
-                    t = fn(*args)
-                    made.append((fn, args))
-                elif kind == "add_n":
-                    t = af.add_n(draw(st.lists(pick, min_size=1, max_size=4)))
-                elif kind == "async":
-                    t = af.py_func(_async_identity, [draw(pick)], af.float64)
-                else:
-                    t = af.py_func(_thread_identity, [draw(pick)], af.float64, expensive=True)
+                t = _random_node(draw, kind, st.sampled_from(tensors), made, values)
             t = af.reshape(t, SHAPE) if kind in ("async", "thread") else t
             tensors.append(t)
             ops.append(t.op)
@@ -112,6 +98,38 @@ def random_graphs(
             if t not in feeds:
                 feeds[t] = np.array(draw(values))
     return g, fetches, feeds
+
+
+def _random_node(
+    draw: st.DrawFn,
+    kind: str,
+    pick: st.SearchStrategy[af.Tensor],
+    made: Made,
+    values: st.SearchStrategy[list[float]],
+) -> af.Tensor:
+    """One node of ``kind`` over tensors drawn by ``pick``; elementwise ones are noted
+    in ``made`` so that a later "dup" can build the same expression again."""
+    fn: Callable[..., af.Tensor]
+    if kind == "const":
+        fn = draw(st.sampled_from(BINARY))
+        return fn(af.constant(np.array(draw(values))), af.constant(np.array(draw(values))))
+    if kind == "dup":
+        fn, args = draw(st.sampled_from(made))
+        return fn(*args)
+    if kind == "call":
+        return af.reshape(_scaled_add(draw(pick), draw(pick)), SHAPE)
+    if kind == "nested":
+        return af.reshape(_nested(draw(pick)), SHAPE)
+    if kind in ("binary", "unary"):
+        fn = draw(st.sampled_from(BINARY if kind == "binary" else UNARY))
+        args = (draw(pick), draw(pick)) if kind == "binary" else (draw(pick),)
+        made.append((fn, args))
+        return fn(*args)
+    if kind == "add_n":
+        return af.add_n(draw(st.lists(pick, min_size=1, max_size=4)))
+    if kind == "async":
+        return af.py_func(_async_identity, [draw(pick)], af.float64)
+    return af.py_func(_thread_identity, [draw(pick)], af.float64, expensive=True)
 
 
 def _assert_same(a: Any, b: Any) -> None:
