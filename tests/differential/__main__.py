@@ -64,7 +64,7 @@ def tensorflow_available() -> bool:
     return importlib.util.find_spec("tensorflow") is not None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tests.differential")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--tf", type=int, metavar="N", help="compare N programs with TF 1.x")
@@ -79,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         "--show", type=int, default=5, help="print the first K undocumented disagreements in full"
     )
     parser.add_argument("--category", choices=CATEGORIES, help="only programs of this category")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     n = args.tf if args.tf is not None else (args.ref or 300)
     oracle: Callable[[Program], Outcome] = run_numpy
     tolerance = "exact"
