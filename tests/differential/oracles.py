@@ -81,97 +81,42 @@ def _build(program: Program, api: _Api) -> dict[int, Any]:
 
 
 def _build_node(n: Node, a: list[Any], api: _Api) -> Any:
+    build = _BUILDERS.get(n.kind)
+    if build is None:
+        raise AssertionError(f"unknown node kind {n.kind!r}")
+    return build(n, a, api)
+
+
+def _build_cond(n: Node, a: list[Any], api: _Api) -> Any:
     m, at = api.m, n.attrs
-    k = n.kind
-    if k == "const":
-        return m.constant(at["value"], dtype=n.dtype)
-    if k == "placeholder":
-        return m.placeholder(n.dtype, shape=n.shape)
-    if k in ("binary", "compare", "logical"):
-        return api.fn(at["op"])(a[0], a[1])
-    if k == "unary":
-        return api.fn(at["op"])(a[0])
-    if k == "where":
-        return api.where(a[0], a[1], a[2])
-    if k == "reduce":
-        return getattr(m, at["op"])(a[0], axis=at["axis"], keepdims=at["keepdims"])
-    if k == "arg":
-        return getattr(m, at["op"])(a[0], axis=at["axis"])
-    if k == "cast":
-        return m.cast(a[0], at["to"])
-    if k == "gather":
-        return m.gather(a[0], m.constant(np.array(at["indices"], np.int32)), axis=at["axis"])
-    if k == "transpose":
-        return m.transpose(a[0])
-    if k == "reshape":
-        return m.reshape(a[0], list(at["shape"]))
-    if k == "concat":
-        return m.concat([a[0], a[1]], at["axis"])
-    if k == "clip":
-        return m.clip_by_value(a[0], at["lo"], at["hi"])
-    if k == "add_n":
-        return m.add_n(a)
-    if k == "stack":
-        return m.stack(a, axis=at["axis"])
-    if k == "one_hot":
-        return m.one_hot(a[0], at["depth"])
-    if k == "matmul":
-        return m.matmul(a[0], a[1])
-    if k == "cumsum":
-        return m.cumsum(a[0], axis=at["axis"], exclusive=at["exclusive"], reverse=at["reverse"])
-    if k == "reverse":
-        return m.reverse(a[0], [at["axis"]])
-    if k == "tile":
-        return m.tile(a[0], at["multiples"])
-    if k == "pad":
-        return m.pad(a[0], at["paddings"])
-    if k == "slice":
-        return a[0][at["begin"] :: at["step"]]
-    if k == "expand_squeeze":
-        return m.squeeze(m.expand_dims(a[0], at["axis"]), [at["axis"]])
-    if k == "cond":
-        pred, x, y = a
-        return m.cond(pred, lambda: api.fn(at["true"])(x, y), lambda: api.fn(at["false"])(x))
-    if k == "cond_unary":
-        pred, x = a
-        return m.cond(pred, lambda: m.logical_not(x), lambda: m.identity(x))
-    if k == "while":
-        n_iter, x, y = a
-        op = api.fn(at["op"])
-        _, acc = m.while_loop(
-            lambda i, acc: m.less(i, n_iter),
-            lambda i, acc: (m.add(i, 1), op(acc, y)),
-            [m.constant(0, dtype="int32"), x],
-        )
-        return acc
-    if k == "case":
-        *preds, x = a
-        pairs = [(p, (lambda f=f: api.fn(f)(x))) for p, f in zip(preds, at["fns"], strict=True)]
-        default = None if at["default"] is None else (lambda: api.fn(at["default"])(x))
-        return m.case(pairs, default=default, exclusive=at["exclusive"])
-    if k in ("defun", "call", "cond_call", "while_call", "while_var", "sleep"):
-        return _build_step_node(n, a, api)
-    if k == "variable":
-        return m.Variable(at["init"])
-    if k == "var_init":
-        return a[0].initializer
-    if k in ("assign_add", "assign_sub", "assign"):
-        return getattr(a[0], k)(a[1])
-    if k == "read":
-        return a[0].read_value()
-    if k == "queue":
-        return m.FIFOQueue(at["capacity"], [at["dtype"]], shapes=[at["shape"]])
-    if k == "enqueue_many":
-        return a[0].enqueue_many([a[1]])
-    if k == "dequeue_many":
-        return a[0].dequeue_many(at["n"])
-    if k == "dequeue":
-        return a[0].dequeue()
-    if k == "close":
-        return a[0].close()
-    if k == "qsize":
-        return a[0].size()
-    raise AssertionError(f"unknown node kind {k!r}")
+    pred, x, y = a
+    return m.cond(pred, lambda: api.fn(at["true"])(x, y), lambda: api.fn(at["false"])(x))
+
+
+def _build_cond_unary(n: Node, a: list[Any], api: _Api) -> Any:
+    m = api.m
+    pred, x = a
+    return m.cond(pred, lambda: m.logical_not(x), lambda: m.identity(x))
+
+
+def _build_while(n: Node, a: list[Any], api: _Api) -> Any:
+    m, at = api.m, n.attrs
+    n_iter, x, y = a
+    op = api.fn(at["op"])
+    _, acc = m.while_loop(
+        lambda i, acc: m.less(i, n_iter),
+        lambda i, acc: (m.add(i, 1), op(acc, y)),
+        [m.constant(0, dtype="int32"), x],
+    )
+    return acc
+
+
+def _build_case(n: Node, a: list[Any], api: _Api) -> Any:
+    m, at = api.m, n.attrs
+    *preds, x = a
+    pairs = [(p, (lambda f=f: api.fn(f)(x))) for p, f in zip(preds, at["fns"], strict=True)]
+    default = None if at["default"] is None else (lambda: api.fn(at["default"])(x))
+    return m.case(pairs, default=default, exclusive=at["exclusive"])
 
 
 def _build_step_node(n: Node, a: list[Any], api: _Api) -> Any:
@@ -241,6 +186,68 @@ def _while_var(m: Any, n: Node, a: list[Any]) -> Any:
         [m.constant(0, dtype="int32"), m.zeros(list(n.shape), n.dtype)],
     )
     return acc
+
+
+#: How each node kind is built with the API under test (``api.m``: asyncflow or TF 1.x).
+_BUILDERS: dict[str, Callable[[Node, list[Any], _Api], Any]] = {
+    "const": lambda n, a, api: api.m.constant(n.attrs["value"], dtype=n.dtype),
+    "placeholder": lambda n, a, api: api.m.placeholder(n.dtype, shape=n.shape),
+    "binary": lambda n, a, api: api.fn(n.attrs["op"])(a[0], a[1]),
+    "compare": lambda n, a, api: api.fn(n.attrs["op"])(a[0], a[1]),
+    "logical": lambda n, a, api: api.fn(n.attrs["op"])(a[0], a[1]),
+    "unary": lambda n, a, api: api.fn(n.attrs["op"])(a[0]),
+    "where": lambda n, a, api: api.where(a[0], a[1], a[2]),
+    "reduce": lambda n, a, api: getattr(api.m, n.attrs["op"])(
+        a[0], axis=n.attrs["axis"], keepdims=n.attrs["keepdims"]
+    ),
+    "arg": lambda n, a, api: getattr(api.m, n.attrs["op"])(a[0], axis=n.attrs["axis"]),
+    "cast": lambda n, a, api: api.m.cast(a[0], n.attrs["to"]),
+    "gather": lambda n, a, api: api.m.gather(
+        a[0], api.m.constant(np.array(n.attrs["indices"], np.int32)), axis=n.attrs["axis"]
+    ),
+    "transpose": lambda n, a, api: api.m.transpose(a[0]),
+    "reshape": lambda n, a, api: api.m.reshape(a[0], list(n.attrs["shape"])),
+    "concat": lambda n, a, api: api.m.concat([a[0], a[1]], n.attrs["axis"]),
+    "clip": lambda n, a, api: api.m.clip_by_value(a[0], n.attrs["lo"], n.attrs["hi"]),
+    "add_n": lambda n, a, api: api.m.add_n(a),
+    "stack": lambda n, a, api: api.m.stack(a, axis=n.attrs["axis"]),
+    "one_hot": lambda n, a, api: api.m.one_hot(a[0], n.attrs["depth"]),
+    "matmul": lambda n, a, api: api.m.matmul(a[0], a[1]),
+    "cumsum": lambda n, a, api: api.m.cumsum(
+        a[0], axis=n.attrs["axis"], exclusive=n.attrs["exclusive"], reverse=n.attrs["reverse"]
+    ),
+    "reverse": lambda n, a, api: api.m.reverse(a[0], [n.attrs["axis"]]),
+    "tile": lambda n, a, api: api.m.tile(a[0], n.attrs["multiples"]),
+    "pad": lambda n, a, api: api.m.pad(a[0], n.attrs["paddings"]),
+    "slice": lambda n, a, api: a[0][n.attrs["begin"] :: n.attrs["step"]],
+    "expand_squeeze": lambda n, a, api: api.m.squeeze(
+        api.m.expand_dims(a[0], n.attrs["axis"]), [n.attrs["axis"]]
+    ),
+    "cond": _build_cond,
+    "cond_unary": _build_cond_unary,
+    "while": _build_while,
+    "case": _build_case,
+    "defun": _build_step_node,
+    "call": _build_step_node,
+    "cond_call": _build_step_node,
+    "while_call": _build_step_node,
+    "while_var": _build_step_node,
+    "sleep": _build_step_node,
+    "variable": lambda n, a, api: api.m.Variable(n.attrs["init"]),
+    "var_init": lambda n, a, api: a[0].initializer,
+    "assign_add": lambda n, a, api: getattr(a[0], n.kind)(a[1]),
+    "assign_sub": lambda n, a, api: getattr(a[0], n.kind)(a[1]),
+    "assign": lambda n, a, api: getattr(a[0], n.kind)(a[1]),
+    "read": lambda n, a, api: a[0].read_value(),
+    "queue": lambda n, a, api: api.m.FIFOQueue(
+        n.attrs["capacity"], [n.attrs["dtype"]], shapes=[n.attrs["shape"]]
+    ),
+    "enqueue_many": lambda n, a, api: a[0].enqueue_many([a[1]]),
+    "dequeue_many": lambda n, a, api: a[0].dequeue_many(n.attrs["n"]),
+    "dequeue": lambda n, a, api: a[0].dequeue(),
+    "close": lambda n, a, api: a[0].close(),
+    "qsize": lambda n, a, api: a[0].size(),
+}
 
 
 def _error_name(exc: BaseException) -> str:
