@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import random
 import threading
@@ -129,6 +130,70 @@ async def _round(seed: int, expensive: bool, cancel_callers: bool) -> None:
         await _round_body(seed, expensive, cancel_callers)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Observed:
+    """What a round's callers saw: the producers that enqueued, the steps that returned
+    (x, count), each failure kind's count, the kernel errors, what was left queued, the
+    counter at the end, and how many workers ran."""
+
+    enqueued_ok: list[int]
+    ok_steps: list[tuple[int, int]]
+    outcomes: dict[str, int]
+    kernel_errors: list[af.errors.OpError]
+    remaining: list[int]
+    counter: int
+    workers: int
+
+
+def _check_round(o: _Observed, tracker: _Tracker, cancel_callers: bool) -> None:
+    """Conservation and exact counts: what the callers saw against what the kernels
+    (``tracker``) saw."""
+    started, finished, failed = tracker.started, tracker.finished, tracker.failed
+    # The failing kernel's error names its node, with the kernel's message.
+    assert {(e.node_name, "is bad" in e.message) for e in o.kernel_errors} <= {("work", True)}
+    xs = [x for x, _ in o.ok_steps]
+    counts = [c for _, c in o.ok_steps]
+    # Nothing delivered twice, nothing made up.
+    assert len(started) == len(set(started))
+    assert not set(started) & set(o.remaining)
+    assert set(started) | set(o.remaining) <= set(range(300))
+    assert len(xs) == len(set(xs))
+    assert set(xs) <= set(finished)
+    # Conservation: what successful producers enqueued is still queued, went through
+    # `work`, or went to a step that failed (deadline / cancel) before `work` started.
+    failed_early = o.outcomes["deadline"] + o.outcomes["cancelled"]
+    unaccounted = set(o.enqueued_ok) - set(started) - set(o.remaining)
+    assert len(unaccounted) <= failed_early, sorted(unaccounted)
+    # A step dequeues one element at most.
+    assert len(set(o.enqueued_ok) - set(o.remaining)) <= o.workers
+    # Exact counts.
+    assert len(o.ok_steps) + sum(o.outcomes.values()) == o.workers
+    assert all(_is_bad(x) for x in failed)
+    assert not any(_is_bad(x) for x in xs)
+    assert o.outcomes["kernel"] <= len(failed) <= o.outcomes["kernel"] + failed_early
+    # Each success saw its own increment; the counter never counts a step that failed
+    # before its increment (kernel failures, deadlines); caller-cancelled steps whose
+    # work had finished may have incremented it (the cancellation won the race).
+    assert len(set(counts)) == len(counts)
+    finished_not_ok = len(set(finished) - set(xs))
+    if cancel_callers:
+        assert (
+            len(o.ok_steps)
+            <= o.counter
+            <= len(o.ok_steps) + min(o.outcomes["cancelled"], finished_not_ok)
+        )
+    else:
+        assert o.counter == len(o.ok_steps)
+    assert max(counts, default=0) <= o.counter
+    # The round exercised every outcome it was meant to.
+    seen = (o.outcomes, len(o.ok_steps), len(o.enqueued_ok), len(tracker.started))
+    assert o.ok_steps, seen
+    assert o.outcomes["kernel"] > 0, seen
+    assert o.outcomes["deadline"] > 0, seen
+    if cancel_callers:
+        assert o.outcomes["cancelled"] > 0
+
+
 async def _round_body(seed: int, expensive: bool, cancel_callers: bool) -> None:
     rng = random.Random(seed)
     tracker = _Tracker()
@@ -186,53 +251,14 @@ async def _round_body(seed: int, expensive: bool, cancel_callers: bool) -> None:
         ]
         counter = int(await sess.run(ops["counter"]))
 
-    started, finished, failed = tracker.started, tracker.finished, tracker.failed
-    # The failing kernel's error names its node, with the kernel's message.
-    assert {(e.node_name, "is bad" in e.message) for e in kernel_errors} <= {("work", True)}
-    xs = [x for x, _ in ok_steps]
-    counts = [c for _, c in ok_steps]
-    # Nothing delivered twice, nothing made up.
-    assert len(started) == len(set(started))
-    assert not set(started) & set(remaining)
-    assert set(started) | set(remaining) <= set(range(300))
-    assert len(xs) == len(set(xs))
-    assert set(xs) <= set(finished)
-    # Conservation: what successful producers enqueued is still queued, went through
-    # `work`, or went to a step that failed (deadline / cancel) before `work` started.
-    failed_early = outcomes["deadline"] + outcomes["cancelled"]
-    unaccounted = set(enqueued_ok) - set(started) - set(remaining)
-    assert len(unaccounted) <= failed_early, sorted(unaccounted)
-    # A step dequeues one element at most.
-    assert len(set(enqueued_ok) - set(remaining)) <= len(workers)
-    # Exact counts.
-    assert len(ok_steps) + outcomes["kernel"] + outcomes["deadline"] + outcomes["cancelled"] == len(
-        workers
+    _check_round(
+        _Observed(enqueued_ok, ok_steps, outcomes, kernel_errors, remaining, counter, len(workers)),
+        tracker,
+        cancel_callers,
     )
-    assert all(_is_bad(x) for x in failed)
-    assert not any(_is_bad(x) for x in xs)
-    assert outcomes["kernel"] <= len(failed) <= outcomes["kernel"] + failed_early
-    # Each success saw its own increment; the counter never counts a step that failed
-    # before its increment (kernel failures, deadlines); caller-cancelled steps whose
-    # work had finished may have incremented it (the cancellation won the race).
-    assert len(set(counts)) == len(counts)
-    finished_not_ok = len(set(finished) - set(xs))
-    if cancel_callers:
-        assert (
-            len(ok_steps) <= counter <= len(ok_steps) + min(outcomes["cancelled"], finished_not_ok)
-        )
-    else:
-        assert counter == len(ok_steps)
-    assert max(counts, default=0) <= counter
     # No leaked tasks: every step's tasks ended with the session.
     leftover = [t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()]
     assert leftover == []
-    # The round exercised every outcome it was meant to.
-    seen = (outcomes, len(ok_steps), len(enqueued_ok), len(started))
-    assert ok_steps, seen
-    assert outcomes["kernel"] > 0, seen
-    assert outcomes["deadline"] > 0, seen
-    if cancel_callers:
-        assert outcomes["cancelled"] > 0
 
 
 @pytest.mark.usefixtures("no_leaked_threads")
