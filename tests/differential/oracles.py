@@ -755,6 +755,73 @@ class _Queue:
         return [self.items.popleft() for _ in range(n)]
 
 
+#: Node kinds by how the numpy interpreter evaluates them.
+_ELEMENTWISE = frozenset(
+    {"const", "placeholder", "binary", "compare", "logical", "unary", "where", "cast"}
+)
+_SHAPED = frozenset({"reduce", "arg", "gather", "transpose", "reshape", "concat"})
+_STRUCTURAL = frozenset(
+    {
+        "clip",
+        "add_n",
+        "stack",
+        "one_hot",
+        "matmul",
+        "cumsum",
+        "reverse",
+        "tile",
+        "pad",
+        "slice",
+        "expand_squeeze",
+    }
+)
+
+
+def _shaped(n: Node, a: list[np.ndarray]) -> Any:
+    k, at, x = n.kind, n.attrs, a[0]
+    if k == "reduce":
+        return _reduce(at["op"], x, at["axis"], at["keepdims"])
+    if k == "arg":
+        return _arg(at["op"], x, at["axis"])
+    if k == "gather":
+        limit = x.shape[at["axis"]]
+        for i, index in enumerate(at["indices"]):
+            if not 0 <= index < limit:
+                raise _invalid(f"indices[{i}] = {index} is not in [0, {limit})")
+        return np.take(x, at["indices"], axis=at["axis"])
+    if k == "transpose":
+        return np.transpose(x)
+    if k == "reshape":
+        return np.reshape(x, at["shape"])
+    return np.concatenate([x, a[1]], axis=at["axis"])  # concat
+
+
+def _control(n: Node, args: list[Any]) -> Any:
+    """cond, cond_unary and while, their operands computed."""
+    k, at = n.kind, n.attrs
+    if k == "cond":
+        if args[0]:
+            return np.asarray(NP_BINARY[at["true"]](args[1], args[2]))
+        return np.asarray(NP_UNARY[at["false"]](args[1]))
+    if k == "cond_unary":
+        return np.logical_not(args[1]) if args[0] else args[1]
+    acc = args[1]
+    for _ in range(int(args[0])):
+        acc = np.asarray(NP_BINARY[at["op"]](acc, args[2])).astype(acc.dtype)
+    return acc
+
+
+def _cumsum(x: np.ndarray, at: dict[str, Any]) -> np.ndarray:
+    axis = at["axis"]
+    y = np.flip(x, axis) if at["reverse"] else x
+    c = np.cumsum(y, axis=axis, dtype=x.dtype)
+    if at["exclusive"] and c.shape[axis]:
+        c = np.concatenate(
+            [np.zeros_like(np.take(c, [0], axis=axis)), np.delete(c, -1, axis=axis)], axis=axis
+        )
+    return np.flip(c, axis) if at["reverse"] else c
+
+
 class _NumpyInterpreter:
     def __init__(self, program: Program) -> None:
         self.nodes = program.nodes
@@ -775,6 +842,26 @@ class _NumpyInterpreter:
         return [value(i) for i in fetches]
 
     def eval(self, n: Node, v: Callable[[int], Any], feeds: dict[int, np.ndarray]) -> Any:
+        k = n.kind
+        if k in _ELEMENTWISE:
+            return self.elementwise(n, v, feeds)
+        if k in _SHAPED:
+            return _shaped(n, [v(i) for i in n.args])
+        if k in _STRUCTURAL:
+            return self.structural(n, [v(i) for i in n.args])
+        if k in ("cond", "cond_unary", "while"):
+            # The operands are made outside the branch / loop, so they are computed
+            # whichever branch is taken and however many iterations run (as TF).
+            return _control(n, [v(i) for i in n.args])
+        if k == "case":
+            return self.case(n, v)
+        if k in ("defun", "call", "cond_call", "while_call", "sleep"):
+            return self.function(n, v)
+        if k == "while_var":
+            return self.while_var(n, v)
+        return self.stateful(n, v)
+
+    def elementwise(self, n: Node, v: Callable[[int], Any], feeds: dict[int, np.ndarray]) -> Any:
         k, at = n.kind, n.attrs
         if k == "const":
             return np.asarray(at["value"], n.dtype)
@@ -786,61 +873,7 @@ class _NumpyInterpreter:
             return np.asarray(NP_UNARY[at["op"]](v(n.args[0])))
         if k == "where":
             return np.where(v(n.args[0]), v(n.args[1]), v(n.args[2]))
-        if k == "reduce":
-            return _reduce(at["op"], v(n.args[0]), at["axis"], at["keepdims"])
-        if k == "arg":
-            return _arg(at["op"], v(n.args[0]), at["axis"])
-        if k == "cast":
-            return v(n.args[0]).astype(at["to"])
-        if k == "gather":
-            x = v(n.args[0])
-            limit = x.shape[at["axis"]]
-            for i, index in enumerate(at["indices"]):
-                if not 0 <= index < limit:
-                    raise _invalid(f"indices[{i}] = {index} is not in [0, {limit})")
-            return np.take(x, at["indices"], axis=at["axis"])
-        if k == "transpose":
-            return np.transpose(v(n.args[0]))
-        if k == "reshape":
-            return np.reshape(v(n.args[0]), at["shape"])
-        if k == "concat":
-            return np.concatenate([v(n.args[0]), v(n.args[1])], axis=at["axis"])
-        if k in (
-            "clip",
-            "add_n",
-            "stack",
-            "one_hot",
-            "matmul",
-            "cumsum",
-            "reverse",
-            "tile",
-            "pad",
-            "slice",
-            "expand_squeeze",
-        ):
-            return self.structural(n, [v(i) for i in n.args])
-        if k in ("cond", "cond_unary", "while"):
-            # The operands are made outside the branch / loop, so they are computed
-            # whichever branch is taken and however many iterations run (as TF).
-            args = [v(i) for i in n.args]
-        if k == "cond":
-            if args[0]:
-                return np.asarray(NP_BINARY[at["true"]](args[1], args[2]))
-            return np.asarray(NP_UNARY[at["false"]](args[1]))
-        if k == "cond_unary":
-            return np.logical_not(args[1]) if args[0] else args[1]
-        if k == "while":
-            acc = args[1]
-            for _ in range(int(args[0])):
-                acc = np.asarray(NP_BINARY[at["op"]](acc, args[2])).astype(acc.dtype)
-            return acc
-        if k == "case":
-            return self.case(n, v)
-        if k in ("defun", "call", "cond_call", "while_call", "sleep"):
-            return self.function(n, v)
-        if k == "while_var":
-            return self.while_var(n, v)
-        return self.stateful(n, v)
+        return v(n.args[0]).astype(at["to"])  # cast
 
     def function(self, n: Node, v: Callable[[int], Any]) -> Any:
         """A ``Defun``'s body runs exactly when it is called: in the taken branch, in an
@@ -904,19 +937,7 @@ class _NumpyInterpreter:
         if k == "matmul":
             return np.matmul(x, a[1])
         if k == "cumsum":
-            axis = at["axis"]
-            y = np.flip(x, axis) if at["reverse"] else x
-            c = np.cumsum(y, axis=axis, dtype=x.dtype)
-            if at["exclusive"]:
-                c = (
-                    np.concatenate(
-                        [np.zeros_like(np.take(c, [0], axis=axis)), np.delete(c, -1, axis=axis)],
-                        axis=axis,
-                    )
-                    if c.shape[axis]
-                    else c
-                )
-            return np.flip(c, axis) if at["reverse"] else c
+            return _cumsum(x, at)
         if k == "reverse":
             return np.flip(x, at["axis"])
         if k == "tile":
@@ -941,6 +962,17 @@ class _NumpyInterpreter:
             raise _invalid("None of conditions evaluated as True")
         return NP_UNARY[at["default"]](value)
 
+    def variable_op(self, n: Node, v: Callable[[int], Any]) -> Any:
+        k, var = n.kind, n.args[0]
+        if var not in self.variables:
+            raise NpError("FailedPreconditionError", "uninitialized variable")
+        if k != "read":
+            delta = v(n.args[1])
+            old = self.variables[var]
+            new = old + delta if k == "assign_add" else old - delta if k == "assign_sub" else delta
+            self.variables[var] = np.asarray(new, old.dtype)
+        return self.variables[var].copy()
+
     def stateful(self, n: Node, v: Callable[[int], Any]) -> Any:
         k, at = n.kind, n.attrs
         if k == "variable":
@@ -949,21 +981,7 @@ class _NumpyInterpreter:
             self.variables[n.args[0]] = np.array(self.nodes[n.args[0]].attrs["init"])
             return None
         if k in ("assign_add", "assign_sub", "assign", "read"):
-            var = n.args[0]
-            if var not in self.variables:
-                raise NpError("FailedPreconditionError", "uninitialized variable")
-            if k != "read":
-                delta = v(n.args[1])
-                old = self.variables[var]
-                new = (
-                    old + delta
-                    if k == "assign_add"
-                    else old - delta
-                    if k == "assign_sub"
-                    else delta
-                )
-                self.variables[var] = np.asarray(new, old.dtype)
-            return self.variables[var].copy()
+            return self.variable_op(n, v)
         if k == "queue":
             self.queues.setdefault(n.id, _Queue(at["dtype"], at["shape"]))
             return n.id

@@ -285,30 +285,7 @@ class _Gen:
             return self.leaf(rng.choice(NUMERIC), self.shape())
         choice = rng.random()
         if base.dtype == "bool":
-            if choice < 0.15:
-                return self.add("unary", (base.id,), {"op": "logical_not"}, "bool", base.shape)
-            if choice < 0.3 and base.shape:
-                axis = rng.randrange(len(base.shape))
-                shape = tuple(d for i, d in enumerate(base.shape) if i != axis)
-                return self.add(
-                    "reduce",
-                    (base.id,),
-                    {
-                        "op": rng.choice(("reduce_any", "reduce_all")),
-                        "axis": axis,
-                        "keepdims": False,
-                    },
-                    "bool",
-                    shape,
-                )
-            if choice < 0.5:
-                other = self.operand("bool", base.shape)
-                return self.add(
-                    "logical", (base.id, other), {"op": rng.choice(LOGICAL)}, "bool", base.shape
-                )
-            x = self.operand(rng.choice(NUMERIC), base.shape)
-            y = self.operand(self.nodes[x].dtype or "float32", base.shape)
-            return self.add("where", (base.id, x, y), {}, self.nodes[x].dtype, base.shape)
+            return self.bool_expr(base, choice)
         dt = base.dtype
         assert dt is not None
         if choice < 0.35:
@@ -330,38 +307,13 @@ class _Gen:
         if choice < 0.55:
             return self.structural(base)
         if choice < 0.6:
-            other = self.operand(dt, base.shape)
-            cmp = self.add(
-                "compare", (base.id, other), {"op": rng.choice(COMPARE)}, "bool", base.shape
-            )
-            if len(base.shape) == 1 and base.shape[0] and rng.random() < 0.3:
-                # A vector condition with square matrices: asyncflow broadcasts (picks
-                # columns), TF 1.x's tf.where picks rows -- a documented difference.
-                wdt = rng.choice(NUMERIC)
-                square = (base.shape[0], base.shape[0])
-                x, y = self.leaf(wdt, square), self.leaf(wdt, square)
-                return self.add("where", (cmp, x, y), {}, wdt, square)
-            return cmp
+            return self.comparison(base, dt)
         if choice < 0.75:
             return self.reduction(base)
         if choice < 0.8:
             target = rng.choice([d for d in NUMERIC if d != dt])
             return self.add("cast", (base.id,), {"to": target}, target, base.shape)
-        if choice < 0.9 and base.shape:
-            return self.gather(base)
-        if choice < 0.95 and base.shape:
-            if rng.random() < 0.5:
-                return self.add("transpose", (base.id,), {}, dt, tuple(reversed(base.shape)))
-            return self.add(
-                "reshape", (base.id,), {"shape": (-1,)}, dt, (int(np.prod(base.shape)),)
-            )
-        if base.shape:
-            other = self.operand(dt, base.shape, exact=True)
-            axis = rng.randrange(len(base.shape))
-            doubled = list(base.shape)
-            doubled[axis] *= 2
-            return self.add("concat", (base.id, other), {"axis": axis}, dt, tuple(doubled))
-        return self.add("unary", (base.id,), {"op": "negative"}, dt, base.shape)
+        return self.rearranged(base, dt, choice)
 
     def structural(self, base: Node) -> int:
         """Shape-moving ops: cumsum, reverse, tile, expand_dims/squeeze, stack, pad,
@@ -411,7 +363,14 @@ class _Gen:
             if kind == "expand_squeeze":
                 return self.add("expand_squeeze", (base.id,), {"axis": 0}, dt, ())
             return self.add("tile", (base.id,), {"multiples": []}, dt, ())
-        axis = rng.randrange(rank)
+        return self.along_axis(base, kind, rng.randrange(rank))
+
+    def along_axis(self, base: Node, kind: str, axis: int) -> int:
+        """cumsum, reverse, tile, pad, a strided slice or expand_dims/squeeze of ``base``
+        (rank >= 1; ``axis`` drawn for the ones that take one)."""
+        rng = self.rng
+        dt = base.dtype
+        assert dt is not None
         if kind == "cumsum":
             return self.add(
                 "cumsum",
@@ -448,6 +407,65 @@ class _Gen:
                 "slice", (base.id,), {"begin": begin, "step": step}, dt, (length, *base.shape[1:])
             )
         return self.add("expand_squeeze", (base.id,), {"axis": axis}, dt, base.shape)
+
+    def bool_expr(self, base: Node, choice: float) -> int:
+        rng = self.rng
+        if choice < 0.15:
+            return self.add("unary", (base.id,), {"op": "logical_not"}, "bool", base.shape)
+        if choice < 0.3 and base.shape:
+            axis = rng.randrange(len(base.shape))
+            shape = tuple(d for i, d in enumerate(base.shape) if i != axis)
+            return self.add(
+                "reduce",
+                (base.id,),
+                {
+                    "op": rng.choice(("reduce_any", "reduce_all")),
+                    "axis": axis,
+                    "keepdims": False,
+                },
+                "bool",
+                shape,
+            )
+        if choice < 0.5:
+            other = self.operand("bool", base.shape)
+            return self.add(
+                "logical", (base.id, other), {"op": rng.choice(LOGICAL)}, "bool", base.shape
+            )
+        x = self.operand(rng.choice(NUMERIC), base.shape)
+        y = self.operand(self.nodes[x].dtype or "float32", base.shape)
+        return self.add("where", (base.id, x, y), {}, self.nodes[x].dtype, base.shape)
+
+    def comparison(self, base: Node, dt: str) -> int:
+        rng = self.rng
+        other = self.operand(dt, base.shape)
+        cmp = self.add("compare", (base.id, other), {"op": rng.choice(COMPARE)}, "bool", base.shape)
+        if len(base.shape) == 1 and base.shape[0] and rng.random() < 0.3:
+            # A vector condition with square matrices: asyncflow broadcasts (picks
+            # columns), TF 1.x's tf.where picks rows -- a documented difference.
+            wdt = rng.choice(NUMERIC)
+            square = (base.shape[0], base.shape[0])
+            x, y = self.leaf(wdt, square), self.leaf(wdt, square)
+            return self.add("where", (cmp, x, y), {}, wdt, square)
+        return cmp
+
+    def rearranged(self, base: Node, dt: str, choice: float) -> int:
+        """A gather, transpose, reshape or concat of ``base`` (a negation of a scalar)."""
+        rng = self.rng
+        if choice < 0.9 and base.shape:
+            return self.gather(base)
+        if choice < 0.95 and base.shape:
+            if rng.random() < 0.5:
+                return self.add("transpose", (base.id,), {}, dt, tuple(reversed(base.shape)))
+            return self.add(
+                "reshape", (base.id,), {"shape": (-1,)}, dt, (int(np.prod(base.shape)),)
+            )
+        if base.shape:
+            other = self.operand(dt, base.shape, exact=True)
+            axis = rng.randrange(len(base.shape))
+            doubled = list(base.shape)
+            doubled[axis] *= 2
+            return self.add("concat", (base.id, other), {"axis": axis}, dt, tuple(doubled))
+        return self.add("unary", (base.id,), {"op": "negative"}, dt, base.shape)
 
     def reduction(self, base: Node) -> int:
         rng = self.rng
