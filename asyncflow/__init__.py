@@ -177,8 +177,8 @@ from asyncflow.ops.state_ops import (
     variables_initializer,
 )
 from asyncflow.ops.tensor_array_ops import TensorArray
-from asyncflow.progress import ProgressEvent
 from asyncflow.runtime.cancellation import CancellationManager, get_cancellation_manager
+from asyncflow.runtime.observe.records import ProgressEvent
 from asyncflow.session import Session, SessionStatistics
 
 __version__ = "0.1.0"

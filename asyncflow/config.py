@@ -10,8 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from asyncflow.progress import ProgressEvent
-from asyncflow.step_stats import StepStats
+from asyncflow.runtime.observe.records import ProgressEvent, StepStats
 
 __all__ = [
     "ExecutorOptions",

@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 from asyncflow.framework.pictures import to_dot, to_mermaid
-from asyncflow.step_stats import NodeExecStats, StepStats
+from asyncflow.runtime.observe.records import NodeExecStats, StepStats
 
 __all__ = ["Timeline", "to_dot", "to_mermaid"]
 

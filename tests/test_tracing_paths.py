@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput
+from asyncflow.runtime.observe.records import DeviceStepStats, NodeExecStats, NodeOutput
 
 TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
 
@@ -177,7 +177,7 @@ async def test_step_stats_are_made_once_and_pickle(graph: af.Graph) -> None:
 
 def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Graph) -> None:
     from asyncflow.runtime.interpreter import program_of
-    from asyncflow.runtime.observe import traced_plan
+    from asyncflow.runtime.observe.trace import observe_trace
 
     x = af.placeholder(af.float32, shape=(), name="x")
     z = af.multiply(af.add(x, 1.0, name="y"), 2.0, name="z")
@@ -186,8 +186,8 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Grap
             assert sess.run_sync(z, {x: 1.0}) == 4.0
         bound = sess._prepare(z, {x: 1.0}).bound[0]
     plan_program = bound.derived["program"]
-    traced = traced_plan(bound)
-    assert traced is traced_plan(bound)  # made once per plan
+    traced = observe_trace(bound)
+    assert traced is observe_trace(bound)  # made once per plan
     program = program_of(traced)
     assert program is not None
     assert program is program_of(traced)  # bound once per traced plan
@@ -197,7 +197,7 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Grap
     plan_blocks = [plan_program.block(k) for k in range(len(plan_program.blocks))]
     assert [len(b) for b in blocks] == [len(b) for b in plan_blocks]
     # Each closure records its node: the traced kernel's recording fused into the
-    # closure (observe.traced_op, over the node's own kernel), or a call of the
+    # closure (trace.traced_op, over the node's own kernel), or a call of the
     # traced kernel; the plan's own closures record nothing.
     flat = [f for b in blocks for f in b]
 
@@ -208,7 +208,8 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Grap
         node = program.node_of[f]
         traced_kernel = traced.nodes[node].kernel
         if f.__qualname__ == "traced_op.<locals>.traced":
-            assert traced_kernel.compact == (node, bound.nodes[node].kernel)
+            # (the attribute the tracer sets on a compact traced kernel)
+            assert traced_kernel.compact == (node, bound.nodes[node].kernel)  # type: ignore[attr-defined]
             assert bound.nodes[node].kernel in cells(f)
         else:
             assert traced_kernel in cells(f)
@@ -248,7 +249,7 @@ def _straightforward_stats(
 ) -> list[NodeExecStats]:
     """A traced step's records made into NodeExecStats the plain way (every event in
     one list sorted by (end, seq), each made by the dataclass's constructor): what the
-    optimised build in runtime/observe.py must give, field by field."""
+    optimised build in runtime/observe/trace.py must give, field by field."""
     events: list[tuple[float, int, Any]] = []
     for seq, r in enumerate(records):
         if type(r) is float:

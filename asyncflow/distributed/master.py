@@ -50,9 +50,9 @@ from asyncflow.framework.graph import Tensor
 from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.bind import bind
 from asyncflow.runtime.call_frame import CallFrame
+from asyncflow.runtime.observe.records import StepStats
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.session import _CompiledCall
-from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
     from asyncflow.fetch_feed import Rebuild

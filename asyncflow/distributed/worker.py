@@ -49,8 +49,8 @@ from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
+from asyncflow.runtime.observe.records import StepStats
 from asyncflow.runtime.resources import ResourceMgr
-from asyncflow.step_stats import StepStats
 
 __all__ = [
     "GraphMgr",

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from asyncflow import errors
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.cancellation import CancellationManager
+from asyncflow.runtime.observe.records import StepStats
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.step import HandoffQueue, Step, clear_frames
-from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundPlan

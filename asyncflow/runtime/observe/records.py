@@ -1,9 +1,15 @@
-"""Per-step execution statistics, named as TensorFlow's ``StepStats`` protos.
+"""What observing a step hands to the user: step stats and progress events.
 
-Filled only when a run asks for ``RunOptions(trace_level=FULL_TRACE)`` and passes a
-``RunMetadata``; a run without tracing never touches these classes.  Times are
-microseconds: ``all_start_micros`` is wall-clock (epoch) time, the ``*_rel_micros``
-fields are relative to it.
+``StepStats`` and its parts are named as TensorFlow's protos.  They are filled only
+when a run asks for ``RunOptions(trace_level=FULL_TRACE)`` and passes a
+``RunMetadata`` (:mod:`asyncflow.runtime.observe.trace` records them); a run without
+tracing never touches these classes.  Times are microseconds: ``all_start_micros``
+is wall-clock (epoch) time, the ``*_rel_micros`` fields are relative to it.
+
+``ProgressEvent`` is what ``RunOptions(progress=callback)`` receives
+(:mod:`asyncflow.runtime.observe.progress` counts).
+
+A leaf module (dataclasses only): the configuration module imports it.
 """
 
 from __future__ import annotations
@@ -12,7 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AllocatorMemoryUsed", "DeviceStepStats", "NodeExecStats", "NodeOutput", "StepStats"]
+__all__ = [
+    "AllocatorMemoryUsed",
+    "DeviceStepStats",
+    "NodeExecStats",
+    "NodeOutput",
+    "ProgressEvent",
+    "StepStats",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +56,7 @@ class NodeExecStats:
     ``"send"`` or ``"recv"``.
     """
 
-    # runtime/step.py's _inline_stats sets every field directly (the hot loop of reading
+    # runtime/observe/trace.py's _inline_stats sets every field directly (the hot loop of reading
     # a traced step's stats): a field added here is set there too (a test compares).
 
     node_name: str
@@ -120,3 +133,27 @@ class StepStats:
     """Everything recorded for one step: one :class:`DeviceStepStats` per device."""
 
     dev_stats: list[DeviceStepStats] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """Where a step is: what ``RunOptions(progress=callback)`` receives.
+
+    * ``nodes_done`` — kernels that have finished (each loop iteration counts).
+    * ``nodes_total`` — kernels of the step's plans; None when it runs loops.
+    * ``running`` — ``(node name, seconds running)`` of the async and worker-thread
+      kernels running now, longest first.
+    * ``elapsed`` — seconds since the step started.
+    * ``finished`` — the last event of the step (sent whether it succeeded or not).
+    """
+
+    nodes_done: int
+    nodes_total: int | None
+    running: tuple[tuple[str, float], ...]
+    elapsed: float
+    finished: bool = False
+
+    @property
+    def longest(self) -> tuple[str, float] | None:
+        """The node running longest now, with its seconds, or None."""
+        return self.running[0] if self.running else None
