@@ -264,60 +264,6 @@ def _straightforward_stats(
         events.extend((end, len(records) + i, i) for i, end in enumerate(ends) if end)
     events.sort(key=lambda e: (e[0], e[1]))
 
-    def outputs(info: tuple[Any, ...]) -> list[NodeOutput]:
-        outs = []
-        for k, o in enumerate(info):
-            if o is None:
-                continue
-            if isinstance(o, type):
-                d = np.dtype(o)
-                outs.append(NodeOutput(slot=k, shape=(), dtype=d.name, requested_bytes=d.itemsize))
-            else:
-                shape, dtype, nbytes = o
-                outs.append(
-                    NodeOutput(
-                        slot=k,
-                        shape=tuple(shape),
-                        dtype=np.dtype(dtype).name,
-                        requested_bytes=int(nbytes),
-                    )
-                )
-        return outs
-
-    def make(
-        i: int,
-        kind: str,
-        start: float,
-        end: float,
-        thread: int,
-        info: Any,
-        key: str,
-        label: tuple[str, int] | None,
-    ) -> NodeExecStats:
-        op = bound.ops[i]
-        frame, iteration = label if label is not None else ("", 0)
-        timeline = f"{op.name} = {op.type}()" + (
-            f" [frame {frame} iter {iteration}]" if frame else ""
-        )
-        start_us = int(start * 1e6)
-        dur = int(end * 1e6) - start_us
-        return NodeExecStats(
-            node_name=op.name,
-            op_type=op.type,
-            kind=kind,
-            scheduled_micros=start_us,
-            all_start_micros=start_us,
-            op_start_rel_micros=0,
-            op_end_rel_micros=dur,
-            all_end_rel_micros=dur,
-            thread_id=thread,
-            timeline_label=timeline,
-            output=outputs(info),
-            rendezvous_key=key,
-            frame_name=frame,
-            iter_id=iteration,
-        )
-
     out = []
     last = 0.0
     for end, _, r in events:
@@ -327,7 +273,8 @@ def _straightforward_stats(
             start, last = last or end, end
             info = infos[r]
             out.append(
-                make(
+                _plain_stats(
+                    bound,
                     r,
                     "inline",
                     start,
@@ -344,8 +291,65 @@ def _straightforward_stats(
             i, kind, start, end, thread, info, key, label = r
             if thread == tid:
                 last = end
-            out.append(make(i, kind, start, end, thread, info, key, label))
+            out.append(_plain_stats(bound, i, kind, start, end, thread, info, key, label))
     return out
+
+
+def _plain_outputs(info: tuple[Any, ...]) -> list[NodeOutput]:
+    """A node's outputs made by the constructor (the oracle's)."""
+    outs = []
+    for k, o in enumerate(info):
+        if o is None:
+            continue
+        if isinstance(o, type):
+            d = np.dtype(o)
+            outs.append(NodeOutput(slot=k, shape=(), dtype=d.name, requested_bytes=d.itemsize))
+        else:
+            shape, dtype, nbytes = o
+            outs.append(
+                NodeOutput(
+                    slot=k,
+                    shape=tuple(shape),
+                    dtype=np.dtype(dtype).name,
+                    requested_bytes=int(nbytes),
+                )
+            )
+    return outs
+
+
+def _plain_stats(
+    bound: Any,
+    i: int,
+    kind: str,
+    start: float,
+    end: float,
+    thread: int,
+    info: Any,
+    key: str,
+    label: tuple[str, int] | None,
+) -> NodeExecStats:
+    """One node run's stats made by the constructor (the oracle's)."""
+    op = bound.ops[i]
+    frame, iteration = label if label is not None else ("", 0)
+    timeline = f"{op.name} = {op.type}()" + (f" [frame {frame} iter {iteration}]" if frame else "")
+    start_us = int(start * 1e6)
+    dur = int(end * 1e6) - start_us
+    return NodeExecStats(
+        node_name=op.name,
+        op_type=op.type,
+        kind=kind,
+        scheduled_micros=start_us,
+        all_start_micros=start_us,
+        op_start_rel_micros=0,
+        op_end_rel_micros=dur,
+        all_end_rel_micros=dur,
+        thread_id=thread,
+        timeline_label=timeline,
+        output=_plain_outputs(info),
+        rendezvous_key=key,
+        frame_name=frame,
+        iter_id=iteration,
+    )
 
 
 def _fields(ns: NodeExecStats) -> tuple[Any, ...]:

@@ -244,13 +244,30 @@ def _probe(i: int, kind: str, single: bool, flow: int) -> Probe:
 
         return Probe(returned, started)
 
-    def ended(start: float, v: Any) -> None:
+    if not single:
+
+        def ended(start: float, v: Any) -> None:
+            end = now()
+            trace = current()
+            if trace is not None:
+                trace.records.append((i, kind, start, end, ident(), info(v), "", trace.label))
+
+        return Probe(ended, now)
+    output_info = _output_info
+    scalars = _SCALAR_TYPES
+
+    # The common case, a kernel with one output (of a loop body, mostly): its info made
+    # here, a numpy scalar's as its type (as the compact kernels do), which pays for the
+    # hook's call of this probe.
+    def ended_one(start: float, v: Any) -> None:
         end = now()
         trace = current()
         if trace is not None:
-            trace.records.append((i, kind, start, end, ident(), info(v), "", trace.label))
+            t = type(v)
+            info = t if t in scalars else output_info(v)
+            trace.records.append((i, kind, start, end, ident(), (info,), "", trace.label))
 
-    return Probe(ended, now)
+    return Probe(ended_one, now)
 
 
 def _compact_traced(
@@ -361,35 +378,14 @@ def _node_stats(
 def _make_node_stats(
     bound: BoundPlan, records: list[Any], compact: tuple[list[float], list[Any]] | None, tid: int
 ) -> list[NodeExecStats]:
-    # (end, seq, record): seq is unique, so the sort never compares records.
-    events: list[tuple[float, int, Any]] = []
-    for seq, r in enumerate(records):
-        if type(r) is float:
-            events.append((r, seq, None))
-        elif isinstance(r, NodeExecStats):
-            events.append(((r.all_start_micros + r.all_end_rel_micros) / 1e6, seq, r))
-        else:
-            events.append((r[3], seq, r))
-    events.sort()
+    events = _events(records)
     traced = _traced(bound)
     names = traced.names(bound)
-    index: list[int] = []
-    micros: list[int] = []
+    index, micros, infos, times = _compact_order(compact)
     cuts: list[int] = [0] * len(events)
-    infos: list[Any] = []
-    if compact is not None:
-        ends, infos = compact
-        at = np.array(ends, dtype=np.float64)
-        idx = np.flatnonzero(at)
-        times = at[idx]
-        if times.size > 1 and bool((times[1:] < times[:-1]).any()):
-            order = np.argsort(times, kind="stable")  # ties: by node index
-            idx, times = idx[order], times[order]
-        index = idx.tolist()
-        # int(t * 1e6) of each end: the product is the same double, the cast truncates.
-        micros = (times * 1e6).astype(np.int64).tolist()
-        if events:
-            cuts = np.searchsorted(times, [e[0] for e in events], side="left").tolist()
+    if times is not None and events:
+        # A record goes before the compact nodes that ended at the same time.
+        cuts = np.searchsorted(times, [e[0] for e in events], side="left").tolist()
     out: list[NodeExecStats] = []
     inline = traced.inline(bound)
     pos = 0
@@ -410,6 +406,39 @@ def _make_node_stats(
     if pos < len(index):
         _inline_stats(out, inline, infos, index[pos:], micros[pos:], last, tid)
     return out
+
+
+def _events(records: list[Any]) -> list[tuple[float, int, Any]]:
+    """The records as (end, seq, record), sorted: seq is unique, so the sort never
+    compares records (a boundary's record is None)."""
+    events: list[tuple[float, int, Any]] = []
+    for seq, r in enumerate(records):
+        if type(r) is float:
+            events.append((r, seq, None))
+        elif isinstance(r, NodeExecStats):
+            events.append(((r.all_start_micros + r.all_end_rel_micros) / 1e6, seq, r))
+        else:
+            events.append((r[3], seq, r))
+    events.sort()
+    return events
+
+
+def _compact_order(
+    compact: tuple[list[float], list[Any]] | None,
+) -> tuple[list[int], list[int], list[Any], Any]:
+    """The compact inline nodes that ran, in the order they ended: (their indexes,
+    their ends in us, the infos by node, their ends in seconds as an array or None)."""
+    if compact is None:
+        return [], [], [], None
+    ends, infos = compact
+    at = np.array(ends, dtype=np.float64)
+    idx = np.flatnonzero(at)
+    times = at[idx]
+    if times.size > 1 and bool((times[1:] < times[:-1]).any()):
+        order = np.argsort(times, kind="stable")  # ties: by node index
+        idx, times = idx[order], times[order]
+    # int(t * 1e6) of each end: the product is the same double, the cast truncates.
+    return idx.tolist(), (times * 1e6).astype(np.int64).tolist(), infos, times
 
 
 def _inline_stats(
