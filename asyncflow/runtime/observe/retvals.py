@@ -12,7 +12,7 @@ to ``notify(k, value)``.  Every other node is the very same
 
 Covered: inline, async, worker-thread and ``_Recv`` nodes (a fetch produced on
 another device is seen when it arrives), a ``cond``'s output (its Merge runs
-no kernel: the kernels computing the branch outputs are watched instead, see
+no kernel: the kernels computing the branch outputs are observed instead, see
 :func:`observe_retvals`), and a ``while_loop``'s output: an Exit runs no kernel
 either, so the copy names its observed Exits in ``derived["on_exit"]`` and the
 frame propagator calls that when it delivers an Exit's live value into the root
@@ -79,11 +79,11 @@ def observe_retvals(bound: BoundPlan, notify: Notify, loop: asyncio.AbstractEven
         )
     copy = observed(bound, nodes)
     if exits:
-        copy.derived["on_exit"] = _exit_watch(exits, notify)
+        copy.derived["on_exit"] = _exit_observer(exits, notify)
     return copy
 
 
-def _exit_watch(exits: dict[int, list[int]], notify: Notify) -> Callable[[int, Any], None]:
+def _exit_observer(exits: dict[int, list[int]], notify: Notify) -> Callable[[int, Any], None]:
     """``on_exit(i, value)``: Exit ``i`` delivered ``value`` into the root frame."""
 
     def on_exit(i: int, value: Any) -> None:
