@@ -23,6 +23,7 @@ from asyncflow.config import (
     ExecutorOptions,
     GraphOptions,
     OptimizerOptions,
+    ProgressEvent,
     RunMetadata,
     RunOptions,
     SessionConfig,
@@ -178,7 +179,6 @@ from asyncflow.ops.state_ops import (
 )
 from asyncflow.ops.tensor_array_ops import TensorArray
 from asyncflow.runtime.cancellation import CancellationManager, get_cancellation_manager
-from asyncflow.runtime.observe.records import ProgressEvent
 from asyncflow.session import Session, SessionStatistics
 
 __version__ = "0.1.0"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from asyncflow.runtime.observe.records import DeviceStepStats, NodeExecStats, NodeOutput
+from asyncflow.config import DeviceStepStats, NodeExecStats, NodeOutput
 
 TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
 

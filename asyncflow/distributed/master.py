@@ -44,13 +44,13 @@ from distributed.protocol.serialize import ToPickle
 from asyncflow import errors
 from asyncflow.compiler.pipeline import Compiled
 from asyncflow.compiler.plan import Plan
+from asyncflow.config import StepStats
 from asyncflow.distributed._dask import unwire, unwire_value, wire
 from asyncflow.distributed.rendezvous import LOCAL_TASK, RemoteRendezvous, task_of
 from asyncflow.framework.graph import Tensor
 from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.bind import bind
 from asyncflow.runtime.call_frame import CallFrame
-from asyncflow.runtime.observe.records import StepStats
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.session import _CompiledCall
 

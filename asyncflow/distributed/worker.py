@@ -44,12 +44,12 @@ from typing import Any, TypeVar
 
 from asyncflow import errors
 from asyncflow.compiler.plan import Plan
+from asyncflow.config import StepStats
 from asyncflow.distributed.rendezvous import PullFn, RemoteRendezvous
 from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
-from asyncflow.runtime.observe.records import StepStats
 from asyncflow.runtime.resources import ResourceMgr
 
 __all__ = [

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncflow import errors
+from asyncflow.config import StepStats
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.cancellation import CancellationManager
-from asyncflow.runtime.observe.records import StepStats
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.step import HandoffQueue, Step, clear_frames
 

@@ -59,6 +59,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncflow import errors
+from asyncflow.config import StepStats
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel, SendKernel
 from asyncflow.runtime.cancellation import CancellationManager, running_step
@@ -72,7 +73,6 @@ from asyncflow.runtime.handoff import (
 from asyncflow.runtime.interpreter import ProgramPropagator, program_of
 from asyncflow.runtime.kernel_env import call_in_thread, quiet_numpy, restore_numpy
 from asyncflow.runtime.loop_fastpath import fast_loops
-from asyncflow.runtime.observe.records import StepStats
 from asyncflow.runtime.observe.trace import StepTrace, observe_trace
 from asyncflow.runtime.propagators import (
     Dead,

@@ -14,15 +14,17 @@ The observers, each a module with one ``observe_*`` entry point:
 
 * :mod:`.trace` — ``observe_trace(plan)``: the kernels of a traced step record when
   they ran into the step's :class:`~.trace.StepTrace`, made into TF's step stats
-  (:mod:`.records`) when ``RunMetadata.step_stats`` is read;
+  when ``RunMetadata.step_stats`` is read;
 * :mod:`.progress` — ``ProgressObserver(callback).observe(plan)``: kernels count
   themselves for ``RunOptions(progress=callback)``;
 * :mod:`.retvals` — ``observe_retvals(plan, notify, loop)``: the kernels producing a
   fetched value report it, for ``Session.run_stream``.
 
-:mod:`.records` holds the values handed to the user (``StepStats`` and its parts,
-``ProgressEvent``); it imports nothing of the runtime, so the configuration module
-can name them.  ``asyncflow.tracing`` (public) turns step stats into a Chrome trace.
+What they hand to the user (``StepStats`` and its parts, ``ProgressEvent``) are
+plain values defined beside ``RunOptions`` and ``RunMetadata`` in
+:mod:`asyncflow.config`, below the runtime (the configuration is imported by the
+runtime, never the other way round); ``asyncflow.tracing`` (public) turns step stats
+into a Chrome trace.
 
 This package imports nothing itself: import the module you need.
 """

@@ -29,10 +29,10 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from asyncflow.config import ProgressEvent
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import BoundPlan
 from asyncflow.runtime.observe.hook import Probe, observe_node, observed
-from asyncflow.runtime.observe.records import ProgressEvent
 
 __all__ = ["INTERVAL", "ProgressObserver"]
 

@@ -44,11 +44,11 @@ from typing import Any
 import numpy as np
 
 from asyncflow.compiler.keys import frame_key
+from asyncflow.config import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import BoundNode, BoundPlan
 from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.observe.hook import Probe, base_of, observe_node, observed
-from asyncflow.runtime.observe.records import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
 from asyncflow.runtime.propagators import Dead
 
 __all__ = ["StepTrace", "current_trace", "observe_trace", "traced_op"]
