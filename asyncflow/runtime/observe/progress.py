@@ -87,11 +87,9 @@ class ProgressObserver:
 
     def _probe(self, flow: int, name: str) -> Probe:
         """How a node of kind ``flow`` counts: when it ends; an async or worker-thread
-        one also says it is running until it ends or raises.  A worker thread counts
-        under the lock (``_thread_done``), the loop thread without one."""
-        tick = self._tick
+        one also says it is running until it ends or raises."""
         if flow not in (registry.ASYNC, registry.EXPENSIVE):
-            return Probe(lambda _state, _v: tick())
+            return Probe(self._ended)
         running = self._running
         ids = self._ids
 
@@ -103,18 +101,22 @@ class ProgressObserver:
         def aborted(token: int) -> None:
             running.pop(token, None)
 
-        def ended(token: int, _v: Any) -> None:
+        count = self._ended if flow == registry.ASYNC else self._ended_on_thread
+
+        def ended(token: int, v: Any) -> None:
             running.pop(token, None)
-            if flow == registry.ASYNC:
-                tick()
-            else:
-                with self._lock:
-                    self._thread_done += 1
+            count(token, v)
 
         return Probe(ended, started, aborted)
 
-    def _tick(self) -> None:
+    def _ended(self, _state: Any, _value: Any) -> None:
+        """A kernel ended on the loop thread (written there only)."""
         self._done += 1
+
+    def _ended_on_thread(self, _state: Any, _value: Any) -> None:
+        """A kernel ended on a worker thread (counted under the lock)."""
+        with self._lock:
+            self._thread_done += 1
 
     def event(self, finished: bool = False) -> ProgressEvent:
         """A snapshot now."""
