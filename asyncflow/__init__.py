@@ -23,6 +23,7 @@ from asyncflow.config import (
     ExecutorOptions,
     GraphOptions,
     OptimizerOptions,
+    ProgressEvent,
     RunMetadata,
     RunOptions,
     SessionConfig,
@@ -177,7 +178,6 @@ from asyncflow.ops.state_ops import (
     variables_initializer,
 )
 from asyncflow.ops.tensor_array_ops import TensorArray
-from asyncflow.progress import ProgressEvent
 from asyncflow.runtime.cancellation import CancellationManager, get_cancellation_manager
 from asyncflow.session import Session, SessionStatistics
 

@@ -53,7 +53,7 @@ from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.gc_pause import gc_paused
-from asyncflow.runtime.progress import ProgressTracker
+from asyncflow.runtime.observe.progress import ProgressObserver
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
 from asyncflow.runtime.runners import SyncRunners
@@ -554,9 +554,9 @@ class Session:
     ) -> Any:
         """``_execute`` reporting to ``options.progress`` (a ticker task beside the step)."""
         assert options.progress is not None
-        tracker = ProgressTracker(options.progress)
-        counted = self._streaming(call, [tracker.watch(b) for b in call.bound])
-        return await tracker.run_beside(
+        observer = ProgressObserver(options.progress)
+        counted = self._streaming(call, [observer.observe(b) for b in call.bound])
+        return await observer.run_beside(
             self._execute(counted, frame, replace(options, progress=None), run_metadata)
         )
 

@@ -2,7 +2,7 @@
 
 One step runs (the same compiled signature, admission, deadline and counters as
 ``run``), in a task of a task group owned by the generator.  Kernels producing a
-fetched value report it (:mod:`asyncflow.runtime.streaming`) through a queue, and
+fetched value report it (:mod:`asyncflow.runtime.observe.retvals`) through a queue, and
 the generator yields each fetch once all its tensors are there: readiness order.
 Fetches whose values exist before the step runs (fed tensors, constants preloaded
 into the plan) are yielded first; a ``while_loop`` output as soon as its loop exits.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncflow._backend import require_asyncio
 from asyncflow.fetch_feed import FetchMapper
-from asyncflow.runtime.streaming import watch_retvals
+from asyncflow.runtime.observe.retvals import observe_retvals
 
 if TYPE_CHECKING:
     from asyncflow.config import RunOptions
@@ -94,7 +94,7 @@ async def stream(
         for k, (part, index) in enumerate(retval_map):
             if part == p:
                 targets.setdefault(index, []).append(k)
-        watched.append(watch_retvals(bound, _fan_out(targets, notify), loop))
+        watched.append(observe_retvals(bound, _fan_out(targets, notify), loop))
     streaming = session._streaming(call, watched)
     for k, value in _known_now(call, frame):  # fed, or a constant: yielded first
         notify(k, value)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asyncflow.config import NodeExecStats, StepStats
 from asyncflow.framework.pictures import to_dot, to_mermaid
-from asyncflow.step_stats import NodeExecStats, StepStats
 
 __all__ = ["Timeline", "to_dot", "to_mermaid"]
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput
+from asyncflow.config import DeviceStepStats, NodeExecStats, NodeOutput
 
 TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
 
@@ -184,7 +184,7 @@ async def test_step_stats_are_made_once_and_pickle(graph: af.Graph) -> None:
 
 def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Graph) -> None:
     from asyncflow.runtime.interpreter import program_of
-    from asyncflow.runtime.observe import traced_plan
+    from asyncflow.runtime.observe.trace import observe_trace
 
     x = af.placeholder(af.float32, shape=(), name="x")
     z = af.multiply(af.add(x, 1.0, name="y"), 2.0, name="z")
@@ -193,8 +193,8 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Grap
             assert sess.run_sync(z, {x: 1.0}) == 4.0
         bound = sess._prepare(z, {x: 1.0}).bound[0]
     plan_program = bound.derived["program"]
-    traced = traced_plan(bound)
-    assert traced is traced_plan(bound)  # made once per plan
+    traced = observe_trace(bound)
+    assert traced is observe_trace(bound)  # made once per plan
     program = program_of(traced)
     assert program is not None
     assert program is program_of(traced)  # bound once per traced plan
@@ -204,7 +204,7 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Grap
     plan_blocks = [plan_program.block(k) for k in range(len(plan_program.blocks))]
     assert [len(b) for b in blocks] == [len(b) for b in plan_blocks]
     # Each closure records its node: the traced kernel's recording fused into the
-    # closure (observe.traced_op, over the node's own kernel), or a call of the
+    # closure (trace.traced_op, over the node's own kernel), or a call of the
     # traced kernel; the plan's own closures record nothing.
     flat = [f for b in blocks for f in b]
 
@@ -256,7 +256,7 @@ def _straightforward_stats(
 ) -> list[NodeExecStats]:
     """A traced step's records made into NodeExecStats the plain way (every event in
     one list sorted by (end, seq), each made by the dataclass's constructor): what the
-    optimised build in runtime/observe.py must give, field by field."""
+    optimised build in runtime/observe/trace.py must give, field by field."""
     events: list[tuple[float, int, Any]] = []
     for seq, r in enumerate(records):
         if type(r) is float:
@@ -271,60 +271,6 @@ def _straightforward_stats(
         events.extend((end, len(records) + i, i) for i, end in enumerate(ends) if end)
     events.sort(key=lambda e: (e[0], e[1]))
 
-    def outputs(info: tuple[Any, ...]) -> list[NodeOutput]:
-        outs = []
-        for k, o in enumerate(info):
-            if o is None:
-                continue
-            if isinstance(o, type):
-                d = np.dtype(o)
-                outs.append(NodeOutput(slot=k, shape=(), dtype=d.name, requested_bytes=d.itemsize))
-            else:
-                shape, dtype, nbytes = o
-                outs.append(
-                    NodeOutput(
-                        slot=k,
-                        shape=tuple(shape),
-                        dtype=np.dtype(dtype).name,
-                        requested_bytes=int(nbytes),
-                    )
-                )
-        return outs
-
-    def make(
-        i: int,
-        kind: str,
-        start: float,
-        end: float,
-        thread: int,
-        info: Any,
-        key: str,
-        label: tuple[str, int] | None,
-    ) -> NodeExecStats:
-        op = bound.ops[i]
-        frame, iteration = label if label is not None else ("", 0)
-        timeline = f"{op.name} = {op.type}()" + (
-            f" [frame {frame} iter {iteration}]" if frame else ""
-        )
-        start_us = int(start * 1e6)
-        dur = int(end * 1e6) - start_us
-        return NodeExecStats(
-            node_name=op.name,
-            op_type=op.type,
-            kind=kind,
-            scheduled_micros=start_us,
-            all_start_micros=start_us,
-            op_start_rel_micros=0,
-            op_end_rel_micros=dur,
-            all_end_rel_micros=dur,
-            thread_id=thread,
-            timeline_label=timeline,
-            output=outputs(info),
-            rendezvous_key=key,
-            frame_name=frame,
-            iter_id=iteration,
-        )
-
     out = []
     last = 0.0
     for end, _, r in events:
@@ -334,7 +280,8 @@ def _straightforward_stats(
             start, last = last or end, end
             info = infos[r]
             out.append(
-                make(
+                _plain_stats(
+                    bound,
                     r,
                     "inline",
                     start,
@@ -351,8 +298,65 @@ def _straightforward_stats(
             i, kind, start, end, thread, info, key, label = r
             if thread == tid:
                 last = end
-            out.append(make(i, kind, start, end, thread, info, key, label))
+            out.append(_plain_stats(bound, i, kind, start, end, thread, info, key, label))
     return out
+
+
+def _plain_outputs(info: tuple[Any, ...]) -> list[NodeOutput]:
+    """A node's outputs made by the constructor (the oracle's)."""
+    outs = []
+    for k, o in enumerate(info):
+        if o is None:
+            continue
+        if isinstance(o, type):
+            d = np.dtype(o)
+            outs.append(NodeOutput(slot=k, shape=(), dtype=d.name, requested_bytes=d.itemsize))
+        else:
+            shape, dtype, nbytes = o
+            outs.append(
+                NodeOutput(
+                    slot=k,
+                    shape=tuple(shape),
+                    dtype=np.dtype(dtype).name,
+                    requested_bytes=int(nbytes),
+                )
+            )
+    return outs
+
+
+def _plain_stats(
+    bound: Any,
+    i: int,
+    kind: str,
+    start: float,
+    end: float,
+    thread: int,
+    info: Any,
+    key: str,
+    label: tuple[str, int] | None,
+) -> NodeExecStats:
+    """One node run's stats made by the constructor (the oracle's)."""
+    op = bound.ops[i]
+    frame, iteration = label if label is not None else ("", 0)
+    timeline = f"{op.name} = {op.type}()" + (f" [frame {frame} iter {iteration}]" if frame else "")
+    start_us = int(start * 1e6)
+    dur = int(end * 1e6) - start_us
+    return NodeExecStats(
+        node_name=op.name,
+        op_type=op.type,
+        kind=kind,
+        scheduled_micros=start_us,
+        all_start_micros=start_us,
+        op_start_rel_micros=0,
+        op_end_rel_micros=dur,
+        all_end_rel_micros=dur,
+        thread_id=thread,
+        timeline_label=timeline,
+        output=_plain_outputs(info),
+        rendezvous_key=key,
+        frame_name=frame,
+        iter_id=iteration,
+    )
 
 
 def _fields(ns: NodeExecStats) -> tuple[Any, ...]:

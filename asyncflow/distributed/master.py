@@ -44,6 +44,7 @@ from distributed.protocol.serialize import ToPickle
 from asyncflow import errors
 from asyncflow.compiler.pipeline import Compiled
 from asyncflow.compiler.plan import Plan
+from asyncflow.config import StepStats
 from asyncflow.distributed._dask import unwire, unwire_value, wire
 from asyncflow.distributed.rendezvous import LOCAL_TASK, RemoteRendezvous, task_of
 from asyncflow.framework.graph import Tensor
@@ -52,7 +53,6 @@ from asyncflow.runtime.bind import bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.session import _CompiledCall
-from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
     from asyncflow.fetch_feed import Rebuild

@@ -44,13 +44,13 @@ from typing import Any, TypeVar
 
 from asyncflow import errors
 from asyncflow.compiler.plan import Plan
+from asyncflow.config import StepStats
 from asyncflow.distributed.rendezvous import PullFn, RemoteRendezvous
 from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.resources import ResourceMgr
-from asyncflow.step_stats import StepStats
 
 __all__ = [
     "GraphMgr",

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncflow import errors
+from asyncflow.config import StepStats
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.cancellation import CancellationManager
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.step import HandoffQueue, Step, clear_frames
-from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundPlan

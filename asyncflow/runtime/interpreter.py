@@ -36,7 +36,7 @@ from asyncflow.compiler.loop_schedule import (
 )
 from asyncflow.compiler.schedule import StaticProgram, lower_static_order
 from asyncflow.runtime.gc_pause import gc_paused
-from asyncflow.runtime.observe import current_trace, traced_op
+from asyncflow.runtime.observe.trace import current_trace, traced_op
 from asyncflow.runtime.propagators import (
     CHECK_EVERY,
     Dead,
@@ -81,7 +81,7 @@ def merge_pick(vals: list[Any], candidates: Sequence[tuple[int, Any]]) -> tuple[
 
 def _kernel_closure(kernel: Any, ins: tuple[int, ...], out: int, frees: tuple[int, ...]) -> Op:
     """The shortest closures: one output, one or two inputs, at most one slot to free
-    (a traced kernel's with its recording fused in: ``observe.traced_op``)."""
+    (a traced kernel's with its recording fused in: ``trace.traced_op``)."""
     traced = traced_op(kernel, ins, out, frees[0] if frees else -1)
     if traced is not None:
         return traced
@@ -343,7 +343,7 @@ def program_of(bound: BoundPlan) -> BoundProgram | None:
     program = derived.get("program")
     if program is not None:
         return program  # type: ignore[no-any-return]
-    ref = derived.get("base")  # an observed copy's plan, weakly (see observe.observed)
+    ref = derived.get("base")  # an observed copy's plan, weakly (see observe.hook.observed)
     base = ref() if ref is not None else None
     plan_program = _lowered(base if base is not None else bound)
     if plan_program is None:

@@ -43,7 +43,7 @@ from asyncflow.compiler.loop_schedule import (
     runs_straight_line,
 )
 from asyncflow.runtime.interpreter import Op, bind_instr, closure, run_program
-from asyncflow.runtime.observe import StepTrace
+from asyncflow.runtime.observe.trace import StepTrace
 from asyncflow.runtime.propagators import (
     CHECK_EVERY,
     DONE,

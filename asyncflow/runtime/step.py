@@ -13,7 +13,7 @@ inline (async kernels become tasks of the step's own task group — a lone one i
 awaited in the caller's task —, expensive ones tasks awaiting a worker thread of the
 device, ``_Recv`` a waiter that the matching send completes, no task), the
 first-error rule, cancellation, deadlines, yielding to the event loop on a budget.
-A traced step runs the plan's traced copy (:mod:`asyncflow.runtime.observe`): the
+A traced step runs the plan's traced copy (:mod:`asyncflow.runtime.observe.trace`): the
 same engine, task mode and hand-offs, with kernels that record.  *Which nodes are ready* is the
 propagator's business (:mod:`asyncflow.runtime.propagators`), chosen once per plan
 at bind time: the plain propagator (no loop frames; dead tensors of ``cond``
@@ -59,6 +59,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncflow import errors
+from asyncflow.config import StepStats
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel, SendKernel
 from asyncflow.runtime.cancellation import CancellationManager, running_step
@@ -72,14 +73,13 @@ from asyncflow.runtime.handoff import (
 from asyncflow.runtime.interpreter import ProgramPropagator, program_of
 from asyncflow.runtime.kernel_env import call_in_thread, quiet_numpy, restore_numpy
 from asyncflow.runtime.loop_fastpath import fast_loops
-from asyncflow.runtime.observe import StepTrace, traced_plan
+from asyncflow.runtime.observe.trace import StepTrace, observe_trace
 from asyncflow.runtime.propagators import (
     Dead,
     Propagator,
     PropagatorState,
 )
 from asyncflow.runtime.resources import WOULD_BLOCK
-from asyncflow.step_stats import StepStats
 
 if TYPE_CHECKING:
     from asyncflow.runtime.call_frame import CallFrame
@@ -193,7 +193,7 @@ class Step:
         # traced step runs the plan's traced copy: the same engine, other kernels.
         self._trace: StepTrace | None = None
         if trace:
-            bound = self._bound = traced_plan(bound)
+            bound = self._bound = observe_trace(bound)
             self._trace = StepTrace(bound)
         self._nodes = nodes = bound.nodes
         prop: Propagator

@@ -1,14 +1,10 @@
-"""Observation: tracing a step (``FULL_TRACE``), as a hook, never another path.
+"""The trace observer: a step run with ``RunOptions(trace_level=FULL_TRACE)``.
 
-An observer of a step (the tracer here, progress counters, retval watchers of
-``run_stream``) never asks the engines to run differently: it gives the step a copy
-of the bound plan whose kernels are wrapped (:func:`observed`), and the step runs
-that copy exactly as it runs the plan — the same engine (the plan's static order
-or loop programs, with the wrapped kernels), the same task mode, the same
-hand-offs.  A step nobody observes pays nothing: its kernels are the plan's own.
-Control-flow routing (Switch, Merge, frames), which runs no kernel, is reported by
-the general propagator through :meth:`StepTrace.record`, one ``is not None``
-check where it happens.
+A traced step runs the plan's traced copy (:func:`observe_trace`, made once per plan
+with the hook of :mod:`asyncflow.runtime.observe.hook`: the same engine, other
+kernels).  Control-flow routing (Switch, Merge, frames), which runs no kernel, is
+reported by the general propagator through :meth:`StepTrace.record`, one
+``is not None`` check where it happens.
 
 A traced step keeps raw records and makes them into TF's ``NodeExecStats`` only
 when someone reads its stats (``RunMetadata.step_stats`` builds them on first
@@ -16,12 +12,17 @@ access).  The inline nodes of a frame-free plan (each runs at most once) write i
 ``compact`` at their own index: ``ends[i]``, the time the kernel returned (a
 float in a list: a list store is half the cost of an ``array`` store, and the
 numbers become one numpy array when the stats are read), and ``infos[i]``, its
-outputs' info.  In a straight-line program the recording is fused into the
-instruction's closure (:func:`traced_op`): no wrapper call per node.  One
-clock read per node: a node starts where the step's previous event on its thread
-ended — the node before it, a transfer or control record, or a *boundary*, a bare
-time appended to ``records`` before every drain, when the step takes up work after
-the loop ran something else.  ``records`` holds, in the order things happened::
+outputs' info.  Those nodes are the hot path of ``FULL_TRACE``: they record with a
+kernel of their own (:func:`_compact_traced`), not through the hook's wrapper (whose
+probe call was a third of what tracing cost per node), and in a straight-line
+program the recording is fused into the instruction's closure (:func:`traced_op`):
+no wrapper call per node.  Every other kernel is observed through
+:func:`~asyncflow.runtime.observe.hook.observe_node` with a probe of this module.
+One clock read per inline node: a node starts where the step's previous event on
+its thread ended — the node before it, a transfer or control record, or a
+*boundary*, a bare time appended to ``records`` before every drain, when the step
+takes up work after the loop ran something else.  ``records`` holds, in the order
+things happened::
 
     a float                                         a boundary
     (i, kind, start, end, tid, infos, key, label)  any other node run
@@ -37,48 +38,27 @@ import functools
 import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from asyncflow.compiler.keys import frame_key
+from asyncflow.config import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import BoundNode, BoundPlan
 from asyncflow.runtime.gc_pause import gc_paused
+from asyncflow.runtime.observe.hook import Probe, base_of, observe_node, observed
 from asyncflow.runtime.propagators import Dead
-from asyncflow.step_stats import DeviceStepStats, NodeExecStats, NodeOutput, StepStats
 
-__all__ = ["StepTrace", "current_trace", "observed", "traced_op", "traced_plan"]
+__all__ = ["StepTrace", "current_trace", "observe_trace", "traced_op"]
 
 _ASYNC = registry.ASYNC
 
 
-def observed(bound: BoundPlan, nodes: Sequence[BoundNode]) -> BoundPlan:
-    """``bound`` running ``nodes`` (its own, some kernels wrapped by an observer).
-
-    The copy's steps take the same engine as the plan's: its straight-line order is
-    the plan's own (built once, for the plan, and given the copy's kernels), its loop
-    programs are bound to the copy's kernels.  ``derived["base"]`` is a weak reference
-    to the plan (the plan may keep its traced copy: no cycle, no leak)."""
-    # (No op_lookup of its own: its ops are the plan's; a copy kept by a cache of the
-    # plan's must not hold the user's graph.)
-    return replace(
-        bound, nodes=tuple(nodes), op_lookup=None, derived={"base": weakref.ref(base_of(bound))}
-    )
-
-
-def base_of(bound: BoundPlan) -> BoundPlan:
-    """The plan an observed copy was made of (itself when it is no copy, or when its
-    plan is gone)."""
-    ref = bound.derived.get("base")
-    base = ref() if ref is not None else None
-    return bound if base is None else base
-
-
-def traced_plan(bound: BoundPlan) -> BoundPlan:
-    """``bound`` with the kernels of a traced step (made once per plan)."""
+def observe_trace(bound: BoundPlan) -> BoundPlan:
+    """``bound`` with the kernels of a traced step: its observed copy for the tracer
+    (made once per plan)."""
     return _traced(bound).plan
 
 
@@ -190,7 +170,7 @@ class _Traced:
         self.nodes = tuple(_traced_node(i, n, frames) for i, n in enumerate(bound.nodes))
         self._names: list[tuple[str, str, str]] | None = None
         self._inline: list[tuple[str, str, str, bool]] | None = None
-        #: ``bound`` running the traced kernels (the same engine, see ``observed``).
+        #: ``bound`` running the traced kernels (the same engine, see ``hook.observed``).
         self.plan = observed(bound, self.nodes)
         self.plan.derived["traced"] = True  # its loop programs record their routing
 
@@ -230,52 +210,64 @@ def _traced_node(i: int, node: BoundNode, frames: bool) -> BoundNode:
     flow = node.flow
     if flow not in (registry.INLINE, registry.ASYNC, registry.EXPENSIVE):
         return node  # transfers are recorded by dispatch, control flow by the propagator
-    kernel = node.kernel
     if flow == registry.INLINE and not frames:
+        kernel = node.kernel
         compact = _compact_traced(i, kernel, node.arity, node.num_outputs == 1)
         # What a straight-line program fuses into its closure (traced_op).
         compact.compact = (i, kernel)  # type: ignore[attr-defined]
         return BoundNode(compact, *node[1:])
-    kind = registry.KERNEL_KINDS[flow]
-    single = node.num_outputs == 1
+    return observe_node(node, _probe(i, registry.KERNEL_KINDS[flow], node.num_outputs == 1, flow))
+
+
+def _probe(i: int, kind: str, single: bool, flow: int) -> Probe:
+    """What node ``i`` (``kind``) of a traced step records: when it ran, on which
+    thread, its outputs' info and its loop frame and iteration.  An async kernel takes
+    the trace and label when the step calls it (other nodes of its frame run before it
+    ends); another kernel reads them when it returned."""
     now = time.time
     current = _TRACING.get
+    ident = threading.get_ident
 
     def info(v: Any) -> tuple[Any, ...]:
         return (_output_info(v),) if single else tuple(_output_info(o) for o in (v or ()))
 
     if flow == _ASYNC:
 
-        async def timed(
-            coro: Coroutine[Any, Any, Any], trace: StepTrace | None, label: tuple[str, int] | None
-        ) -> Any:
-            start = now()
-            v = await coro
+        def returned(state: tuple[float, StepTrace | None, tuple[str, int] | None], v: Any) -> None:
+            start, trace, label = state
             if trace is not None:
-                trace.records.append(
-                    (i, kind, start, now(), threading.get_ident(), info(v), "", label)
-                )
-            return v
+                trace.records.append((i, kind, start, now(), ident(), info(v), "", label))
 
-        def traced_async(*args: Any) -> Any:
+        def started() -> tuple[float, StepTrace | None, tuple[str, int] | None]:
             trace = current()
-            return timed(kernel(*args), trace, trace.label if trace is not None else None)
+            return now(), trace, trace.label if trace is not None else None
 
-        wrapped: Callable[..., Any] = traced_async
-    else:
-        ident = threading.get_ident
+        return Probe(returned, started)
 
-        def traced(*args: Any) -> Any:
-            start = now()
-            v = kernel(*args)
+    if not single:
+
+        def ended(start: float, v: Any) -> None:
             end = now()
             trace = current()
             if trace is not None:
                 trace.records.append((i, kind, start, end, ident(), info(v), "", trace.label))
-            return v
 
-        wrapped = traced
-    return BoundNode(wrapped, *node[1:])
+        return Probe(ended, now)
+    output_info = _output_info
+    scalars = _SCALAR_TYPES
+
+    # The common case, a kernel with one output (of a loop body, mostly): its info made
+    # here, a numpy scalar's as its type (as the compact kernels do), which pays for the
+    # hook's call of this probe.
+    def ended_one(start: float, v: Any) -> None:
+        end = now()
+        trace = current()
+        if trace is not None:
+            t = type(v)
+            info = t if t in scalars else output_info(v)
+            trace.records.append((i, kind, start, end, ident(), (info,), "", trace.label))
+
+    return Probe(ended_one, now)
 
 
 def _compact_traced(
@@ -386,35 +378,14 @@ def _node_stats(
 def _make_node_stats(
     bound: BoundPlan, records: list[Any], compact: tuple[list[float], list[Any]] | None, tid: int
 ) -> list[NodeExecStats]:
-    # (end, seq, record): seq is unique, so the sort never compares records.
-    events: list[tuple[float, int, Any]] = []
-    for seq, r in enumerate(records):
-        if type(r) is float:
-            events.append((r, seq, None))
-        elif isinstance(r, NodeExecStats):
-            events.append(((r.all_start_micros + r.all_end_rel_micros) / 1e6, seq, r))
-        else:
-            events.append((r[3], seq, r))
-    events.sort()
+    events = _events(records)
     traced = _traced(bound)
     names = traced.names(bound)
-    index: list[int] = []
-    micros: list[int] = []
+    index, micros, infos, times = _compact_order(compact)
     cuts: list[int] = [0] * len(events)
-    infos: list[Any] = []
-    if compact is not None:
-        ends, infos = compact
-        at = np.array(ends, dtype=np.float64)
-        idx = np.flatnonzero(at)
-        times = at[idx]
-        if times.size > 1 and bool((times[1:] < times[:-1]).any()):
-            order = np.argsort(times, kind="stable")  # ties: by node index
-            idx, times = idx[order], times[order]
-        index = idx.tolist()
-        # int(t * 1e6) of each end: the product is the same double, the cast truncates.
-        micros = (times * 1e6).astype(np.int64).tolist()
-        if events:
-            cuts = np.searchsorted(times, [e[0] for e in events], side="left").tolist()
+    if times is not None and events:
+        # A record goes before the compact nodes that ended at the same time.
+        cuts = np.searchsorted(times, [e[0] for e in events], side="left").tolist()
     out: list[NodeExecStats] = []
     inline = traced.inline(bound)
     pos = 0
@@ -435,6 +406,39 @@ def _make_node_stats(
     if pos < len(index):
         _inline_stats(out, inline, infos, index[pos:], micros[pos:], last, tid)
     return out
+
+
+def _events(records: list[Any]) -> list[tuple[float, int, Any]]:
+    """The records as (end, seq, record), sorted: seq is unique, so the sort never
+    compares records (a boundary's record is None)."""
+    events: list[tuple[float, int, Any]] = []
+    for seq, r in enumerate(records):
+        if type(r) is float:
+            events.append((r, seq, None))
+        elif isinstance(r, NodeExecStats):
+            events.append(((r.all_start_micros + r.all_end_rel_micros) / 1e6, seq, r))
+        else:
+            events.append((r[3], seq, r))
+    events.sort()
+    return events
+
+
+def _compact_order(
+    compact: tuple[list[float], list[Any]] | None,
+) -> tuple[list[int], list[int], list[Any], Any]:
+    """The compact inline nodes that ran, in the order they ended: (their indexes,
+    their ends in us, the infos by node, their ends in seconds as an array or None)."""
+    if compact is None:
+        return [], [], [], None
+    ends, infos = compact
+    at = np.array(ends, dtype=np.float64)
+    idx = np.flatnonzero(at)
+    times = at[idx]
+    if times.size > 1 and bool((times[1:] < times[:-1]).any()):
+        order = np.argsort(times, kind="stable")  # ties: by node index
+        idx, times = idx[order], times[order]
+    # int(t * 1e6) of each end: the product is the same double, the cast truncates.
+    return idx.tolist(), (times * 1e6).astype(np.int64).tolist(), infos, times
 
 
 def _inline_stats(

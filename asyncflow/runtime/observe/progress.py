@@ -1,11 +1,11 @@
-"""Progress of a long step: nodes done out of total, and the node running longest.
+"""The progress observer: nodes done out of total, and the node running longest.
 
-Asked for with ``RunOptions(progress=callback)``; costs nothing otherwise.  As with
-retval streaming (:mod:`asyncflow.runtime.streaming`), the executor is not told:
-a step with progress runs a per-step copy of its bound plans
-(:func:`~asyncflow.runtime.observe.observed`: the same engine as the plan's) in
-which every kernel is wrapped to count itself (and, for async and worker-thread kernels, to say it is
-running), and a ticker task of the run calls ``callback(ProgressEvent)`` every
+Asked for with ``RunOptions(progress=callback)``; costs nothing otherwise.  As every
+observer (:mod:`asyncflow.runtime.observe`), it does not tell the executor: a step
+with progress runs a per-step observed copy of its bound plans
+(:meth:`ProgressObserver.observe`: the same engine as the plan's) in which every
+kernel counts itself (and async and worker-thread kernels say they are running),
+and a ticker task of the run calls ``callback(ProgressEvent)`` every
 ``interval`` seconds on the step's loop, then once more, ``finished=True``, when the
 step has ended (also when it failed).
 
@@ -29,12 +29,12 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from asyncflow.config import ProgressEvent
 from asyncflow.framework import registry
-from asyncflow.progress import ProgressEvent
-from asyncflow.runtime.bind import BoundNode, BoundPlan, tap_recv
-from asyncflow.runtime.observe import observed
+from asyncflow.runtime.bind import BoundPlan
+from asyncflow.runtime.observe.hook import Probe, observe_node, observed
 
-__all__ = ["INTERVAL", "ProgressTracker"]
+__all__ = ["INTERVAL", "ProgressObserver"]
 
 logger = logging.getLogger("asyncflow.progress")
 
@@ -44,7 +44,7 @@ T = TypeVar("T")
 INTERVAL = 0.1
 
 
-class ProgressTracker:
+class ProgressObserver:
     """Counts the kernels of one step and reports to a callback."""
 
     __slots__ = (
@@ -71,10 +71,13 @@ class ProgressTracker:
         self._ids = itertools.count()
         self._start = time.monotonic()
 
-    def watch(self, bound: BoundPlan) -> BoundPlan:
-        """A copy of ``bound`` whose kernels count themselves."""
+    def observe(self, bound: BoundPlan) -> BoundPlan:
+        """The observed copy of ``bound`` whose kernels count themselves."""
         names = [getattr(op, "name", "?") for op in bound.ops]
-        nodes = tuple(self._counted(node, names[i]) for i, node in enumerate(bound.nodes))
+        nodes = tuple(
+            observe_node(node, self._probe(node.flow, names[i]))
+            for i, node in enumerate(bound.nodes)
+        )
         counted = sum(node.flow != registry.CONTROL for node in bound.nodes)
         if bound.frames or self._total is None:
             self._total = None
@@ -82,60 +85,38 @@ class ProgressTracker:
             self._total += counted
         return observed(bound, nodes)
 
-    def _counted(self, node: BoundNode, name: str) -> BoundNode:
-        kernel = node.kernel
-        flow = node.flow
-        tick = self._tick
-        wrapped: Callable[..., Any]
-        if flow in (registry.INLINE, registry.SEND):
+    def _probe(self, flow: int, name: str) -> Probe:
+        """How a node of kind ``flow`` counts: when it ends; an async or worker-thread
+        one also says it is running until it ends or raises."""
+        if flow not in (registry.ASYNC, registry.EXPENSIVE):
+            return Probe(self._ended)
+        running = self._running
+        ids = self._ids
 
-            def inline(*args: Any) -> Any:
-                v = kernel(*args)
-                tick()
-                return v
+        def started() -> int:
+            token = next(ids)
+            running[token] = (name, time.monotonic())
+            return token
 
-            wrapped = inline
-        elif flow in (registry.ASYNC, registry.EXPENSIVE):
-            running = self._running
-            ids = self._ids
+        def aborted(token: int) -> None:
+            running.pop(token, None)
 
-            async def awaited(coro: Coroutine[Any, Any, Any]) -> Any:
-                token = next(ids)
-                running[token] = (name, time.monotonic())
-                try:
-                    v = await coro
-                finally:
-                    running.pop(token, None)
-                tick()
-                return v
+        count = self._ended if flow == registry.ASYNC else self._ended_on_thread
 
-            def on_thread(*args: Any) -> Any:
-                token = next(ids)
-                running[token] = (name, time.monotonic())
-                try:
-                    v = kernel(*args)
-                finally:
-                    running.pop(token, None)
-                with self._lock:
-                    self._thread_done += 1
-                return v
+        def ended(token: int, v: Any) -> None:
+            running.pop(token, None)
+            count(token, v)
 
-            def start(*args: Any) -> Any:
-                return awaited(kernel(*args))
+        return Probe(ended, started, aborted)
 
-            wrapped = start if flow == registry.ASYNC else on_thread
-        elif flow == registry.RECV:
-
-            def counted(_: tuple[Any, bool]) -> None:
-                tick()
-
-            wrapped = tap_recv(kernel, counted)
-        else:
-            return node  # control-flow routing runs no kernel
-        return node._replace(kernel=wrapped)
-
-    def _tick(self) -> None:
+    def _ended(self, _state: Any, _value: Any) -> None:
+        """A kernel ended on the loop thread (written there only)."""
         self._done += 1
+
+    def _ended_on_thread(self, _state: Any, _value: Any) -> None:
+        """A kernel ended on a worker thread (counted under the lock)."""
+        with self._lock:
+            self._thread_done += 1
 
     def event(self, finished: bool = False) -> ProgressEvent:
         """A snapshot now."""
