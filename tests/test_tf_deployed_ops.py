@@ -466,6 +466,38 @@ def test_identical_element_shapes_fixes_the_shape_at_the_first_write() -> None:
                 sess.run_sync(mismatch, {a: [1.0, 2.0], b: [1.0, 2.0, 3.0]})
 
 
+def test_a_write_of_a_shape_seen_before_is_checked_again_after_a_new_one() -> None:
+    # A write compares its shape with the last one that fitted before checking it in
+    # full: every new shape is checked, whatever fitted before.
+    with af.Graph().as_default():
+        a = af.placeholder(af.float32, name="a")
+        b = af.placeholder(af.float32, name="b")
+        ta = af.TensorArray(af.float32, size=3, element_shape=[None, 2], tensor_array_name="p")
+        ta = ta.write(0, a).write(1, a).write(2, b)
+        stacked = ta.stack()
+        with af.Session() as sess:
+            ok = sess.run_sync(stacked, {a: np.ones((1, 2)), b: np.zeros((1, 2))})
+            np.testing.assert_array_equal(ok, [[[1, 1]], [[1, 1]], [[0, 0]]])
+            with pytest.raises(af.errors.InvalidArgumentError, match=r"index 2 .* \[1,3\]"):
+                sess.run_sync(stacked, {a: np.ones((1, 2)), b: np.zeros((1, 3))})
+            with pytest.raises(af.errors.InvalidArgumentError, match=r"index 0 .* \[2\]"):
+                sess.run_sync(stacked, {a: np.ones(2), b: np.zeros((1, 2))})
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis", "num"), [((3, 64), 1, 4), ((4, 6, 2), -2, 3), ((8,), 0, 2)]
+)
+def test_split_gives_the_parts_numpy_split_gives(
+    shape: tuple[int, ...], axis: int, num: int
+) -> None:
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    with af.Graph().as_default():
+        parts = _run(af.split(af.constant(x), num, axis=axis))
+    for got, want in zip(parts, np.split(x, num, axis=axis), strict=True):
+        np.testing.assert_array_equal(got, want)
+        assert got.shape == want.shape
+
+
 def test_stack_of_an_empty_array_needs_a_full_element_shape() -> None:
     with af.Graph().as_default():
         n = af.placeholder(af.int32, (), name="n")

@@ -58,6 +58,7 @@ class _Array:
         "dynamic_size",
         "element_shape",
         "elements",
+        "fits",
         "identical",
         "name",
     )
@@ -80,6 +81,7 @@ class _Array:
         self.element_shape = element_shape
         self.identical = identical
         self.closed = False
+        self.fits: tuple[int, ...] | None = None  # a value shape known to fit
 
     def _open(self) -> None:
         if self.closed:
@@ -99,17 +101,8 @@ class _Array:
                 f"{index} because the value dtype is {array.dtype} but "
                 f"TensorArray dtype is {self.dtype}."
             )
-        shape = TensorShape(array.shape)
-        if not self.element_shape.is_compatible_with(shape):
-            raise _invalid(
-                f"TensorArray {self.name}: Could not write to TensorArray index "
-                f"{index} because the value shape is {_debug_shape(shape)} "
-                f"which is incompatible with the TensorArray's inferred element "
-                f"shape: {_debug_shape(self.element_shape)} (consider setting "
-                f"infer_shape=False)."
-            )
-        if self.identical and not self.element_shape.is_fully_defined():
-            self.element_shape = shape  # every element has the first one's shape
+        if array.shape != self.fits:
+            self._check_shape(index, array.shape)
         if index >= len(self.elements):
             self.elements.extend(_Element() for _ in range(index + 1 - len(self.elements)))
         e = self.elements[index]
@@ -124,6 +117,23 @@ class _Array:
                 f"{index} because it has already been written to."
             )
         e.value = array
+
+    def _check_shape(self, index: int, dims: tuple[int, ...]) -> None:
+        shape = TensorShape(dims)
+        if not self.element_shape.is_compatible_with(shape):
+            raise _invalid(
+                f"TensorArray {self.name}: Could not write to TensorArray index "
+                f"{index} because the value shape is {_debug_shape(shape)} "
+                f"which is incompatible with the TensorArray's inferred element "
+                f"shape: {_debug_shape(self.element_shape)} (consider setting "
+                f"infer_shape=False)."
+            )
+        if self.identical and not self.element_shape.is_fully_defined():
+            self.element_shape = shape  # every element has the first one's shape
+        # The shape just checked fits every later write of it (an element shape only
+        # ever narrows to one that fits it): a loop writing one shape per iteration
+        # compares two tuples instead of building and matching a TensorShape.
+        self.fits = dims
 
     def read(self, index: int) -> np.ndarray:
         self._open()
