@@ -312,7 +312,28 @@ def mod(x: Any, y: Any, name: str | None = None) -> Tensor:
 
 
 define_op("Pow", _numeric_binary_shape)
-inline_kernel("Pow", np.power)
+
+
+def _pow_kernel(x: Any, y: Any) -> Any:
+    """``x ** y``; a float ``x`` to one whole power as ``+-|x| ** y``.
+
+    numpy's float ``power`` takes a scalar path per element for a negative base (about
+    70 ns each, 600 us for a 10K-element gelu ``x ** 3`` that multiplies in 15 us);
+    with a whole exponent the result is ``|x| ** y`` with ``x``'s sign when ``y`` is
+    odd, which is how C's ``pow`` defines it.
+    """
+    xa = np.asarray(x)
+    ya = np.asarray(y)
+    if xa.dtype.kind != "f" or ya.ndim != 0 or ya.dtype.kind not in "fiu":
+        return np.power(x, y)
+    whole = float(ya)
+    if not whole.is_integer():
+        return np.power(x, y)
+    magnitude = np.power(np.abs(xa), ya)
+    return (np.copysign(magnitude, xa) if whole % 2 else magnitude)[()]
+
+
+inline_kernel("Pow", _pow_kernel)
 
 
 def pow(x: Any, y: Any, name: str | None = None) -> Tensor:
