@@ -11,6 +11,7 @@ import json
 import pathlib
 import re
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -214,6 +215,75 @@ def test_corrupt_image_names_the_node_and_the_session_stays_usable() -> None:
                 sess.run_sync(img, {data: b"not a png"})
             png = sess.run_sync(af.image.encode_png(_image()))
             np.testing.assert_array_equal(sess.run_sync(img, {data: png}), _image())
+
+
+def _decode_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads that convert decoded images, in order."""
+    from asyncflow.ops import image_ops
+
+    names: list[str] = []
+    pixels = image_ops._pixels
+
+    def recorded(*args: Any) -> np.ndarray:
+        names.append(threading.current_thread().name)
+        return pixels(*args)
+
+    monkeypatch.setattr(image_ops, "_pixels", recorded)
+    return names
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_a_small_image_decodes_inline_and_a_large_one_on_a_worker_thread(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PIL import Image
+
+    from asyncflow.ops import image_ops
+
+    names = _decode_threads(monkeypatch)
+    rnd = np.random.default_rng(3)
+    small, large = (rnd.integers(0, 256, shape, np.uint8) for shape in [(7, 5, 3), (160, 120, 3)])
+    assert 7 * 5 <= image_ops._INLINE_DECODE_PIXELS < 160 * 120
+    encoded = []
+    for image in (small, large):
+        buf = io.BytesIO()
+        Image.fromarray(image, "RGB").save(buf, format=fmt)
+        encoded.append(buf.getvalue())
+    decode = af.image.decode_png if fmt == "PNG" else af.image.decode_jpeg
+    with af.Graph().as_default():
+        data = af.placeholder(af.string, (), name="data")
+        img = decode(data)
+        with af.Session() as sess:
+            outs = [sess.run_sync(img, {data: d}) for d in encoded]
+            monkeypatch.setattr(image_ops, "_INLINE_DECODE_PIXELS", 0)  # every one threaded
+            threaded = sess.run_sync(img, {data: encoded[0]})
+    assert [n.startswith("asyncflow-CPU") for n in names] == [False, True, True]
+    np.testing.assert_array_equal(threaded, outs[0])  # the same pixels either way
+    if fmt == "PNG":
+        np.testing.assert_array_equal(outs[0], small)
+        np.testing.assert_array_equal(outs[1], large)
+    else:
+        assert [o.shape for o in outs] == [small.shape, large.shape]
+
+
+def test_a_large_image_corrupt_past_its_header_names_the_node() -> None:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(4).integers(0, 256, (160, 120, 3), np.uint8)).save(
+        buf, format="PNG"
+    )
+    cut = buf.getvalue()[: len(buf.getvalue()) // 2]  # the header reads, the pixels do not
+    with af.Graph().as_default():
+        data = af.placeholder(af.string, (), name="data")
+        img = af.image.decode_png(data, name="decode_big")
+        with af.Session() as sess:
+            with pytest.raises(
+                af.errors.InvalidArgumentError,
+                match=rf"Invalid PNG data, size {len(cut)}[\s\S]*decode_big",
+            ):
+                sess.run_sync(img, {data: cut})
+            assert sess.run_sync(img, {data: buf.getvalue()}).shape == (160, 120, 3)
 
 
 def test_missing_pillow_names_the_op_and_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -526,7 +596,7 @@ def test_constant_value_of_evaluates_constant_subgraphs_only() -> None:
         for _ in range(300):  # more than a static argument's walk: not evaluated
             long = long + 1
         assert constant_value_of(long) is None
-        assert int(constant_value_of(af.constant(3) + 4)) == 7
+        np.testing.assert_array_equal(constant_value_of(af.constant(3) + 4), 7)
 
 
 def test_a_16_bit_grayscale_png_decodes_to_its_high_byte() -> None:
