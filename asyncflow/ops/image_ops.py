@@ -135,13 +135,13 @@ def _bilinear_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
         y0, y1, ly = _bilinear_weights(images.shape[1], out_h, align, half)
         x0, x1, lx = _bilinear_weights(images.shape[2], out_w, align, half)
         img = images.astype(np.float32, copy=False)
-        rows0, rows1 = img[:, y0], img[:, y1]
+        y0, y1, x0, x1 = y0[:, None], y1[:, None], x0[None, :], x1[None, :]
         lx = lx[None, None, :, None]
-        # TF's order of operations (its rounding), each corner gathered once.
-        left = rows0[:, :, x0]
-        top: np.ndarray = left + (rows0[:, :, x1] - left) * lx
-        left = rows1[:, :, x0]
-        bottom = left + (rows1[:, :, x1] - left) * lx
+        # TF's order of operations (its rounding), each corner one gather.
+        left = img[:, y0, x0]
+        top: np.ndarray = left + (img[:, y0, x1] - left) * lx
+        left = img[:, y1, x0]
+        bottom = left + (img[:, y1, x1] - left) * lx
         bottom -= top
         bottom *= ly[None, :, None, None]
         top += bottom
