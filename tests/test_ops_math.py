@@ -756,3 +756,44 @@ def test_int_mean_truncates_toward_zero(g: af.Graph) -> None:
 
 def test_where_indices_of_numeric_condition(g: af.Graph) -> None:
     assert run(af.where(af.constant([0, 3, 0, 1]))).tolist() == [[1], [3]]
+
+
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_a_stack_times_a_matrix_equals_numpy_matmul(g: af.Graph, transpose_b: bool) -> None:
+    # The kernel multiplies [batch, rows, k] @ [k, n] as one [batch * rows, k] GEMM; a
+    # transposed (non-contiguous) stack and a transposed matrix take the same path.
+    rnd = np.random.default_rng(7)
+    a = rnd.standard_normal((3, 4, 6, 5)).astype(np.float32)
+    strided = np.swapaxes(rnd.standard_normal((3, 4, 5, 6)).astype(np.float32), -1, -2)
+    b = rnd.standard_normal((7, 5) if transpose_b else (5, 7)).astype(np.float32)
+    want_b = b.T if transpose_b else b
+    x = af.placeholder(af.float32)
+    y = af.matmul(x, af.constant(b), transpose_b=transpose_b)
+    for value in (a, strided):
+        out = run(y, {x: value})
+        assert out.shape == (3, 4, 6, 7)
+        np.testing.assert_allclose(out, np.matmul(value, want_b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dt", [np.float16, np.float32, np.float64])
+def test_mean_and_softmax_equal_numpy_bit_for_bit(g: af.Graph, dt: Any) -> None:
+    # Both kernels call the ufuncs' reduce directly: the same sums and rounding as
+    # np.mean and the max-shifted exp / sum.
+    x = np.random.default_rng(8).standard_normal((4, 5, 7)).astype(dt)
+    t = af.constant(x)
+    for axis in (None, 0, [0, 2], -1):
+        for keep in (False, True):
+            out = run(af.reduce_mean(t, axis=axis, keepdims=keep))
+            want = np.mean(
+                x,
+                axis=None if axis is None else tuple(np.atleast_1d(axis)),
+                keepdims=keep,
+                dtype=dt,
+            )
+            np.testing.assert_array_equal(out, want)
+            assert np.asarray(out).dtype == dt
+    for axis in (-1, 0, 1):
+        e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+        np.testing.assert_array_equal(
+            run(af.nn.softmax(t, axis=axis)), e / np.sum(e, axis=axis, keepdims=True)
+        )

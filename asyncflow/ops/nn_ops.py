@@ -125,9 +125,12 @@ define_op("Softmax", _softmax_shape)
 
 
 def _softmax(x: Any, axis: int) -> Any:
-    # Subtracting the max makes exp() overflow-free; the result is unchanged.
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / np.sum(e, axis=axis, keepdims=True)
+    # Subtracting the max makes exp() overflow-free; the result is unchanged.  The
+    # ufuncs' own reduce and in-place exp / divide: no wrappers, one temporary.
+    e = np.subtract(x, np.maximum.reduce(x, axis=axis, keepdims=True))
+    np.exp(e, out=e)
+    e /= np.add.reduce(e, axis=axis, keepdims=True)
+    return e
 
 
 inline_kernel("Softmax", _softmax, attrs=("axis",))
