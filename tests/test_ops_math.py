@@ -797,3 +797,31 @@ def test_mean_and_softmax_equal_numpy_bit_for_bit(g: af.Graph, dt: Any) -> None:
         np.testing.assert_array_equal(
             run(af.nn.softmax(t, axis=axis)), e / np.sum(e, axis=axis, keepdims=True)
         )
+
+
+@pytest.mark.parametrize("dt", [np.int32, np.float32, np.float64])
+def test_reductions_equal_numpy_functions(g: af.Graph, dt: Any) -> None:
+    # The kernels call the ufuncs' reduce; the values and dtypes are np.sum's and the rest.
+    x = (np.random.default_rng(9).standard_normal((3, 4, 2)) * 4).astype(dt)
+    t = af.constant(x)
+    for axis in (None, 1, [0, 2]):
+        np_axis = None if axis is None else tuple(np.atleast_1d(axis))
+        for keep in (False, True):
+            for fn, want in (
+                (af.reduce_sum, np.sum(x, axis=np_axis, keepdims=keep, dtype=dt)),
+                (af.reduce_prod, np.prod(x, axis=np_axis, keepdims=keep, dtype=dt)),
+                (af.reduce_max, np.max(x, axis=np_axis, keepdims=keep)),
+                (af.reduce_min, np.min(x, axis=np_axis, keepdims=keep)),
+            ):
+                out = run(fn(t, axis=axis, keepdims=keep))
+                np.testing.assert_array_equal(out, want)
+                assert np.asarray(out).dtype == dt
+            b = af.constant(x > 0)
+            np.testing.assert_array_equal(
+                run(af.reduce_all(b, axis=axis, keepdims=keep)),
+                np.all(x > 0, np_axis, keepdims=keep),
+            )
+            np.testing.assert_array_equal(
+                run(af.reduce_any(b, axis=axis, keepdims=keep)),
+                np.any(x > 0, np_axis, keepdims=keep),
+            )
