@@ -568,6 +568,30 @@ def test_split_gives_the_parts_numpy_split_gives(
         assert got.shape == want.shape
 
 
+def test_scatter_checks_every_index_and_the_rows_once() -> None:
+    # Scatter checks the rows' dtype and shape once, and each index as it writes it:
+    # the second of two duplicate or out-of-range indices fails as a second write would.
+    rows = np.arange(6, dtype=np.float32).reshape(3, 2)
+    with af.Graph().as_default():
+        idx = af.placeholder(af.int32, (None,), name="idx")
+        ta = af.TensorArray(af.float32, size=3, element_shape=[2], tensor_array_name="sc")
+        out = ta.scatter(idx, rows).stack()
+        with af.Session() as sess:
+            np.testing.assert_array_equal(sess.run_sync(out, {idx: [2, 0, 1]}), rows[[1, 2, 0]])
+            with pytest.raises(
+                af.errors.InvalidArgumentError, match=r"sc: Could not write .* index 0 .* already"
+            ):
+                sess.run_sync(out, {idx: [0, 1, 0]})
+            with pytest.raises(
+                af.errors.InvalidArgumentError, match=r"sc: Tried to write to index 3"
+            ):
+                sess.run_sync(out, {idx: [0, 3, 1]})
+        fed = af.placeholder(af.float32, name="fed")  # (a shape known at run time only)
+        wrong = af.TensorArray(af.float32, size=2, element_shape=[3], tensor_array_name="w")
+        with pytest.raises(af.errors.InvalidArgumentError, match=r"w: .* index 0 .* \[2\]"):
+            _run(wrong.scatter([0, 1], fed).stack(), {fed: rows[:2]})
+
+
 def test_stack_of_an_empty_array_needs_a_full_element_shape() -> None:
     with af.Graph().as_default():
         n = af.placeholder(af.int32, (), name="n")

@@ -89,20 +89,38 @@ class _Array:
 
     def write(self, index: int, value: Any) -> None:
         self._open()
+        self._check_index(index)
+        array = np.asarray(value)
+        self._check_value(index, array.dtype, array.shape)
+        self._store(index, array)
+
+    def scatter(self, indices: Sequence[int], rows: np.ndarray) -> None:
+        """Write ``rows[k]`` at ``indices[k]``: dtype and shape checked once for all."""
+        self._open()
+        for k, i in enumerate(indices):
+            self._check_index(i)
+            if k == 0:
+                self._check_value(i, rows.dtype, rows.shape[1:])
+            self._store(i, rows[k])
+
+    def _check_index(self, index: int) -> None:
         if index < 0 or (not self.dynamic_size and index >= len(self.elements)):
             raise _invalid(
                 f"TensorArray {self.name}: Tried to write to index {index} but "
                 f"array is not resizeable and size is: {len(self.elements)}"
             )
-        array = np.asarray(value)
-        if array.dtype != self.dtype:
+
+    def _check_value(self, index: int, dtype: np.dtype[Any], dims: tuple[int, ...]) -> None:
+        if dtype != self.dtype:
             raise _invalid(
                 f"TensorArray {self.name}: Could not write to TensorArray index "
-                f"{index} because the value dtype is {array.dtype} but "
+                f"{index} because the value dtype is {dtype} but "
                 f"TensorArray dtype is {self.dtype}."
             )
-        if array.shape != self.fits:
-            self._check_shape(index, array.shape)
+        if dims != self.fits:
+            self._check_shape(index, dims)
+
+    def _store(self, index: int, array: np.ndarray) -> None:
         if index >= len(self.elements):
             self.elements.extend(_Element() for _ in range(index + 1 - len(self.elements)))
         e = self.elements[index]
@@ -437,8 +455,7 @@ def _scatter(op: Operation) -> Callable[..., Any]:
                 f"Expected len(indices) == values.shape[0], but saw: "
                 f"{idx.shape[0]} vs. {v.shape[0] if v.ndim else 'a scalar'}"
             )
-        for k, i in enumerate(idx):
-            ta.write(int(i), v[k])
+        ta.scatter(idx.tolist(), v)
         return flow
 
     return scatter
