@@ -166,6 +166,51 @@ def test_depthwise_conv2d_matches_the_loop_reference(g: dict[str, Any], m: int) 
     np.testing.assert_allclose(_nhwc(_run(y, L0), g["nchw"]), expected, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize(
+    ("shape", "k", "s", "d", "padding"),
+    [
+        ((2, 9, 8, 16), (3, 3), (1, 1), (1, 1), "SAME"),
+        ((1, 9, 9, 5), (3, 3), (2, 1), (2, 2), "SAME"),
+        ((3, 6, 7, 4), (5, 3), (1, 1), (1, 1), "VALID"),
+        ((1, 4, 4, 130), (3, 3), (1, 1), (1, 1), "SAME"),
+    ],
+)
+def test_depthwise_row_taps_equal_the_einsum(
+    shape: tuple[int, ...],
+    k: tuple[int, int],
+    s: Any,
+    d: Any,
+    padding: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Below _EINSUM_CHANNELS channels a column-stride-1 depthwise convolution runs as
+    # one multiply-add per tap over whole rows; the einsum path gives the same values.
+    from asyncflow.ops import conv_ops
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(shape).astype(np.float32)
+    f = rng.standard_normal((*k, shape[3], 1)).astype(np.float32)
+    graph = af.Graph()
+    with graph.as_default():
+        y = af.nn.depthwise_conv2d(
+            af.constant(x), af.constant(f), [1, *s, 1], padding, dilations=list(d)
+        )
+    calls: list[str] = []
+    rows = conv_ops._depthwise_rows
+
+    def recorded(*args: Any) -> Any:
+        calls.append("rows")
+        return rows(*args)
+
+    monkeypatch.setattr(conv_ops, "_depthwise_rows", recorded)
+    outs = []
+    for threshold in (1 << 20, 0):  # every depth on the row taps, then none
+        monkeypatch.setattr(conv_ops, "_EINSUM_CHANNELS", threshold)
+        outs.append(_run(y, L0))
+    assert calls == ["rows"]
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
 @settings(max_examples=60, deadline=None)
 @given(g=geometry, kind=st.sampled_from(["max", "avg"]), padding=st.sampled_from(["SAME", "VALID"]))
 def test_pooling_matches_the_loop_reference(g: dict[str, Any], kind: str, padding: str) -> None:
@@ -173,7 +218,7 @@ def test_pooling_matches_the_loop_reference(g: dict[str, Any], kind: str, paddin
     x = rng.standard_normal((g["n"], g["h"], g["w"], g["c"]))
     if kind == "max":
 
-        def reduce(win: np.ndarray, _: np.ndarray) -> np.ndarray:
+        def reduce(win: np.ndarray, valid: np.ndarray) -> np.ndarray:
             return np.asarray(win.max(axis=(0, 1)))
 
         pad_value = -np.inf
