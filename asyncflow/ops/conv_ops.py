@@ -38,6 +38,7 @@ from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape
 from asyncflow.ops._base import define_op, make_op
+from asyncflow.ops.nn_ops import channel_rows
 from asyncflow.runtime.cancellation import running_step
 from asyncflow.runtime.devices import LocalDevice, available_cores, blas_governor
 from asyncflow.runtime.resources import WOULD_BLOCK
@@ -614,7 +615,12 @@ def _fused_conv_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 
     def fused_conv_kernel(x: np.ndarray, f: np.ndarray, b: np.ndarray) -> Any:
         y = conv(x, f, s, d, padding, explicit)  # a fresh array: updated in place
-        y += b
+        rows = channel_rows(y, b)
+        if rows is None:
+            y += b
+        else:
+            view, (bias_row,) = rows
+            view += bias_row  # (a view of y)
         if activation == "Relu":
             np.maximum(y, 0, out=y)
         elif activation == "Relu6":

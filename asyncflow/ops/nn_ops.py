@@ -60,6 +60,24 @@ def _like(value: Any, dtype: dtypes.DType) -> Tensor:
     return convert_to_tensor(value, dtype=dtype)
 
 
+# -- per-channel arithmetic over whole rows ------------------------------------------------
+
+#: Channels below which a per-channel vector is applied to an NHWC image row by row:
+#: broadcasting a vector of 16 channels, numpy's inner loop runs 16 values at a time
+#: (87 us to scale and shift a batch of 8 32x32x16 images, 36 us row by row); from 64
+#: channels on the two are even.
+ROW_CHANNELS = 64
+
+
+def channel_rows(x: np.ndarray, *vectors: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """A C-contiguous NHWC ``x`` with few channels as a ``[n * h, w * c]`` view, and each
+    per-channel vector tiled to one row; None when the plain broadcast is as fast."""
+    if x.ndim != 4 or x.shape[3] >= ROW_CHANNELS or not x.flags.c_contiguous:
+        return None
+    n, h, w, c = x.shape
+    return x.reshape(n * h, w * c), [np.tile(v, w) for v in vectors]
+
+
 # -- Relu ------------------------------------------------------------------------------
 
 define_op("Relu", _real_unary_shape)
@@ -359,6 +377,19 @@ define_op("FusedBatchNormV2", lambda i, a: _batch_norm_shape(i, a, 5))
 define_op("FusedBatchNormV3", lambda i, a: _batch_norm_shape(i, a, 6))
 
 
+def _scale_shift(x: np.ndarray, scale: np.ndarray, shift: np.ndarray, nhwc: bool) -> np.ndarray:
+    """``x * scale + shift`` per channel (broadcast as given), in one new array."""
+    rows = channel_rows(x, scale, shift) if nhwc else None
+    if rows is None:
+        y: np.ndarray = x * scale
+        y += shift
+        return y
+    view, (scale_row, shift_row) = rows
+    out: np.ndarray = view * scale_row
+    out += shift_row
+    return out.reshape(x.shape)
+
+
 def _batch_norm_factory(op: Operation) -> tuple[Callable[..., Any], int]:
     eps = float(op._attrs["epsilon"])
     nchw = op._attrs["data_format"] == "NCHW"
@@ -380,7 +411,7 @@ def _batch_norm_factory(op: Operation) -> tuple[Callable[..., Any], int]:
         shift = offset - mean * inv
         if nchw:
             inv, shift = inv.reshape(-1, 1, 1), shift.reshape(-1, 1, 1)
-        y = (xf * inv + shift).astype(x.dtype, copy=False)
+        y = _scale_shift(xf, inv, shift, not nchw).astype(x.dtype, copy=False)
         outs = [y, mean, out_var, mean, var]
         if v3:
             outs.append(np.zeros((0,), np.float32))
