@@ -125,6 +125,35 @@ def _bilinear_weights(
     return lower, upper, lerp
 
 
+def _bilinear(images: np.ndarray, out_h: int, out_w: int, align: bool, half: bool) -> np.ndarray:
+    """TF's bilinear resize, in its order of operations (its rounding).
+
+    The corners are gathered with ``take`` (a fifth of fancy indexing's cost) and each
+    row interpolated as one ``[out_w * channels]`` run, the column weights repeated per
+    channel: broadcasting weights over 3 channels ran numpy's inner loop 3 values at a
+    time (a 11x17 -> 31x26 RGB resize: 82 -> 29 us).
+    """
+    n, _, _, c = images.shape
+    y0, y1, ly = _bilinear_weights(images.shape[1], out_h, align, half)
+    x0, x1, lx = _bilinear_weights(images.shape[2], out_w, align, half)
+    img = images.astype(np.float32, copy=False)
+    lx_run = np.repeat(lx, c)
+
+    def lerp_columns(rows: np.ndarray) -> np.ndarray:
+        left = rows.take(x0, axis=2).reshape(n, out_h, out_w * c)
+        out: np.ndarray = (
+            left + (rows.take(x1, axis=2).reshape(n, out_h, out_w * c) - left) * lx_run
+        )
+        return out
+
+    top = lerp_columns(img.take(y0, axis=1))
+    bottom = lerp_columns(img.take(y1, axis=1))
+    bottom -= top
+    bottom *= ly[:, None]
+    top += bottom
+    return top.reshape(n, out_h, out_w, c)
+
+
 @registry.register_kernel_factory("ResizeBilinear")
 def _bilinear_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     align = bool(op._attrs.get("align_corners", False))
@@ -132,20 +161,7 @@ def _bilinear_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 
     def resize(images: Any, size: Any) -> np.ndarray:
         out_h, out_w = _check_resize(images, size)
-        y0, y1, ly = _bilinear_weights(images.shape[1], out_h, align, half)
-        x0, x1, lx = _bilinear_weights(images.shape[2], out_w, align, half)
-        img = images.astype(np.float32, copy=False)
-        y0, y1, x0, x1 = y0[:, None], y1[:, None], x0[None, :], x1[None, :]
-        lx = lx[None, None, :, None]
-        # TF's order of operations (its rounding), each corner one gather.
-        left = img[:, y0, x0]
-        top: np.ndarray = left + (img[:, y0, x1] - left) * lx
-        left = img[:, y1, x0]
-        bottom = left + (img[:, y1, x1] - left) * lx
-        bottom -= top
-        bottom *= ly[None, :, None, None]
-        top += bottom
-        return top
+        return _bilinear(images, out_h, out_w, align, half)
 
     return resize, _resize_kind(op)
 
@@ -179,7 +195,7 @@ def _nearest_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
         out_h, out_w = _check_resize(images, size)
         ys = _nearest_index(images.shape[1], out_h, align, half)
         xs = _nearest_index(images.shape[2], out_w, align, half)
-        out: np.ndarray = images[:, ys][:, :, xs]
+        out: np.ndarray = images.take(ys, axis=1).take(xs, axis=2)
         return out
 
     return resize, _resize_kind(op)
