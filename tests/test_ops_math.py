@@ -773,6 +773,8 @@ def test_a_stack_times_a_matrix_equals_numpy_matmul(g: af.Graph, transpose_b: bo
         out = run(y, {x: value})
         assert out.shape == (3, 4, 6, 7)
         np.testing.assert_allclose(out, np.matmul(value, want_b), rtol=1e-5, atol=1e-5)
+    empty = np.zeros((2, 0, 5), np.float32)  # no rows: an empty product, as numpy's
+    assert run(y, {x: empty}).shape == (2, 0, 7)
 
 
 @pytest.mark.parametrize("dt", [np.float16, np.float32, np.float64])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -677,7 +678,7 @@ def _matmul(a: Any, b: Any) -> Any:
     a sequence: 20 -> 15 us for 8x10x32 @ 32x96, 22 -> 9 us for 8x10x128 @ 128x32).
     """
     if getattr(a, "ndim", 0) > 2 and getattr(b, "ndim", 0) == 2:
-        out = np.matmul(a.reshape(-1, a.shape[-1]), b)
+        out = np.matmul(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b)
         return out.reshape(*a.shape[:-1], out.shape[-1])
     return np.matmul(a, b)
 
