@@ -166,6 +166,51 @@ def test_depthwise_conv2d_matches_the_loop_reference(g: dict[str, Any], m: int) 
     np.testing.assert_allclose(_nhwc(_run(y, L0), g["nchw"]), expected, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize(
+    ("shape", "k", "s", "d", "padding"),
+    [
+        ((2, 9, 8, 16), (3, 3), (1, 1), (1, 1), "SAME"),
+        ((1, 9, 9, 5), (3, 3), (2, 1), (2, 2), "SAME"),
+        ((3, 6, 7, 4), (5, 3), (1, 1), (1, 1), "VALID"),
+        ((1, 4, 4, 130), (3, 3), (1, 1), (1, 1), "SAME"),
+    ],
+)
+def test_depthwise_row_taps_equal_the_einsum(
+    shape: tuple[int, ...],
+    k: tuple[int, int],
+    s: Any,
+    d: Any,
+    padding: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Below _EINSUM_CHANNELS channels a column-stride-1 depthwise convolution runs as
+    # one multiply-add per tap over whole rows; the einsum path gives the same values.
+    from asyncflow.ops import conv_ops
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(shape).astype(np.float32)
+    f = rng.standard_normal((*k, shape[3], 1)).astype(np.float32)
+    graph = af.Graph()
+    with graph.as_default():
+        y = af.nn.depthwise_conv2d(
+            af.constant(x), af.constant(f), [1, *s, 1], padding, dilations=list(d)
+        )
+    calls: list[str] = []
+    rows = conv_ops._depthwise_rows
+
+    def recorded(*args: Any) -> Any:
+        calls.append("rows")
+        return rows(*args)
+
+    monkeypatch.setattr(conv_ops, "_depthwise_rows", recorded)
+    outs = []
+    for threshold in (1 << 20, 0):  # every depth on the row taps, then none
+        monkeypatch.setattr(conv_ops, "_EINSUM_CHANNELS", threshold)
+        outs.append(_run(y, L0))
+    assert calls == ["rows"]
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
 @settings(max_examples=60, deadline=None)
 @given(g=geometry, kind=st.sampled_from(["max", "avg"]), padding=st.sampled_from(["SAME", "VALID"]))
 def test_pooling_matches_the_loop_reference(g: dict[str, Any], kind: str, padding: str) -> None:
@@ -458,3 +503,42 @@ def test_run_time_sizing_keeps_static_decisions() -> None:
     assert 32 * 32 * 8 * 9 * 64 < 1 << 24 <= 32 * 32 * 8 * 9 * 64 * 4
     assert kdef.instantiate(big.op)[1] == registry.ASYNC
     assert kdef.instantiate(free.op)[1] == registry.ASYNC
+
+
+@pytest.mark.parametrize("channels", [3, 16, 70])
+def test_per_channel_rows_equal_the_broadcast(
+    channels: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Below ROW_CHANNELS an NHWC batch norm and a fused convolution's bias go row by row
+    # (the per-channel vectors tiled along a row); the values are the broadcast's.
+    from asyncflow.ops import nn_ops
+
+    rng = np.random.default_rng(12)
+    f = rng.standard_normal((3, 3, 3, channels)).astype(np.float32)
+    vec = [rng.standard_normal(channels).astype(np.float32) for _ in range(5)]
+    graph = af.Graph()
+    with graph.as_default():
+        image = af.placeholder(af.float32, (None, 5, 6, 3))
+        conv = af.nn.conv2d(image, af.constant(f), [1, 1, 1, 1], "SAME")
+        fused = af.nn.relu(af.nn.bias_add(conv, af.constant(vec[0])))
+        xin = af.placeholder(af.float32, (None, None, None, channels))
+        bn, _, _ = af.nn.fused_batch_norm(
+            xin,
+            af.constant(vec[1]),
+            af.constant(vec[2]),
+            mean=af.constant(vec[3]),
+            variance=af.constant(np.abs(vec[4]) + 0.5),
+            is_training=False,
+        )
+    feed = {
+        image: rng.standard_normal((2, 5, 6, 3)).astype(np.float32),
+        xin: rng.standard_normal((2, 4, 5, channels)).astype(np.float32),
+    }
+    outs = []
+    for threshold in (1 << 20, 0):  # every depth row by row, then none
+        monkeypatch.setattr(nn_ops, "ROW_CHANNELS", threshold)
+        with af.Session(graph=graph) as sess:
+            outs.append(sess.run_sync([fused, bn], feed))
+    assert FUSED_CONV in _optimized_types(fused)
+    for rows, broadcast in zip(outs[0], outs[1], strict=True):
+        np.testing.assert_array_equal(rows, broadcast)

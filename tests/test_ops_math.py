@@ -75,6 +75,22 @@ def test_pow_matches_numpy(g: af.Graph) -> None:
     assert run(ti).dtype == np.int32
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("y", [3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0, 7.0, 0.5, -1.5])
+def test_pow_of_negative_bases_matches_numpy(g: af.Graph, dt: Any, y: float) -> None:
+    # A whole exponent takes the kernel's |x| ** y path with x's sign for odd y: it
+    # must give numpy's values, signs of zero and infinities included.
+    x = np.array([-3.5, -2, -1, -0.0, 0.0, 0.5, 2, np.inf, -np.inf, np.nan, -1e3], dt)
+    with np.errstate(all="ignore"):
+        out = run(af.pow(af.constant(x), af.constant(dt(y))))
+        want = np.power(x, dt(y))
+    assert out.dtype == want.dtype
+    np.testing.assert_allclose(out, want, rtol=4e-7 if dt is np.float32 else 1e-15)
+    np.testing.assert_array_equal(
+        np.signbit(out[~np.isnan(out)]), np.signbit(want[~np.isnan(want)])
+    )
+
+
 def test_binary_dtype_mismatch_names_op(g: af.Graph) -> None:
     with pytest.raises(TypeError, match="bad_add"):
         af.add(af.constant(X), af.constant(XI), name="bad_add")
@@ -740,3 +756,74 @@ def test_int_mean_truncates_toward_zero(g: af.Graph) -> None:
 
 def test_where_indices_of_numeric_condition(g: af.Graph) -> None:
     assert run(af.where(af.constant([0, 3, 0, 1]))).tolist() == [[1], [3]]
+
+
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_a_stack_times_a_matrix_equals_numpy_matmul(g: af.Graph, transpose_b: bool) -> None:
+    # The kernel multiplies [batch, rows, k] @ [k, n] as one [batch * rows, k] GEMM; a
+    # transposed (non-contiguous) stack and a transposed matrix take the same path.
+    rnd = np.random.default_rng(7)
+    a = rnd.standard_normal((3, 4, 6, 5)).astype(np.float32)
+    strided = np.swapaxes(rnd.standard_normal((3, 4, 5, 6)).astype(np.float32), -1, -2)
+    b = rnd.standard_normal((7, 5) if transpose_b else (5, 7)).astype(np.float32)
+    want_b = b.T if transpose_b else b
+    x = af.placeholder(af.float32)
+    y = af.matmul(x, af.constant(b), transpose_b=transpose_b)
+    for value in (a, strided):
+        out = run(y, {x: value})
+        assert out.shape == (3, 4, 6, 7)
+        np.testing.assert_allclose(out, np.matmul(value, want_b), rtol=1e-5, atol=1e-5)
+    empty = np.zeros((2, 0, 5), np.float32)  # no rows: an empty product, as numpy's
+    assert run(y, {x: empty}).shape == (2, 0, 7)
+
+
+@pytest.mark.parametrize("dt", [np.float16, np.float32, np.float64])
+def test_mean_and_softmax_equal_numpy_bit_for_bit(g: af.Graph, dt: Any) -> None:
+    # Both kernels call the ufuncs' reduce directly: the same sums and rounding as
+    # np.mean and the max-shifted exp / sum.
+    x = np.random.default_rng(8).standard_normal((4, 5, 7)).astype(dt)
+    t = af.constant(x)
+    for axis in (None, 0, [0, 2], -1):
+        for keep in (False, True):
+            out = run(af.reduce_mean(t, axis=axis, keepdims=keep))
+            want = np.mean(
+                x,
+                axis=None if axis is None else tuple(np.atleast_1d(axis)),
+                keepdims=keep,
+                dtype=dt,
+            )
+            np.testing.assert_array_equal(out, want)
+            assert np.asarray(out).dtype == dt
+    for axis in (-1, 0, 1):
+        e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+        np.testing.assert_array_equal(
+            run(af.nn.softmax(t, axis=axis)), e / np.sum(e, axis=axis, keepdims=True)
+        )
+
+
+@pytest.mark.parametrize("dt", [np.int32, np.float32, np.float64])
+def test_reductions_equal_numpy_functions(g: af.Graph, dt: Any) -> None:
+    # The kernels call the ufuncs' reduce; the values and dtypes are np.sum's and the rest.
+    x = (np.random.default_rng(9).standard_normal((3, 4, 2)) * 4).astype(dt)
+    t = af.constant(x)
+    for axis in (None, 1, [0, 2]):
+        np_axis = None if axis is None else tuple(np.atleast_1d(axis))
+        for keep in (False, True):
+            for fn, want in (
+                (af.reduce_sum, np.sum(x, axis=np_axis, keepdims=keep, dtype=dt)),
+                (af.reduce_prod, np.prod(x, axis=np_axis, keepdims=keep, dtype=dt)),
+                (af.reduce_max, np.max(x, axis=np_axis, keepdims=keep)),
+                (af.reduce_min, np.min(x, axis=np_axis, keepdims=keep)),
+            ):
+                out = run(fn(t, axis=axis, keepdims=keep))
+                np.testing.assert_array_equal(out, want)
+                assert np.asarray(out).dtype == dt
+            b = af.constant(x > 0)
+            np.testing.assert_array_equal(
+                run(af.reduce_all(b, axis=axis, keepdims=keep)),
+                np.all(x > 0, np_axis, keepdims=keep),
+            )
+            np.testing.assert_array_equal(
+                run(af.reduce_any(b, axis=axis, keepdims=keep)),
+                np.any(x > 0, np_axis, keepdims=keep),
+            )

@@ -11,6 +11,7 @@ import json
 import pathlib
 import re
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -214,6 +215,75 @@ def test_corrupt_image_names_the_node_and_the_session_stays_usable() -> None:
                 sess.run_sync(img, {data: b"not a png"})
             png = sess.run_sync(af.image.encode_png(_image()))
             np.testing.assert_array_equal(sess.run_sync(img, {data: png}), _image())
+
+
+def _decode_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads that convert decoded images, in order."""
+    from asyncflow.ops import image_ops
+
+    names: list[str] = []
+    pixels = image_ops._pixels
+
+    def recorded(*args: Any) -> np.ndarray:
+        names.append(threading.current_thread().name)
+        return pixels(*args)
+
+    monkeypatch.setattr(image_ops, "_pixels", recorded)
+    return names
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_a_small_image_decodes_inline_and_a_large_one_on_a_worker_thread(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PIL import Image
+
+    from asyncflow.ops import image_ops
+
+    names = _decode_threads(monkeypatch)
+    rnd = np.random.default_rng(3)
+    small, large = (rnd.integers(0, 256, shape, np.uint8) for shape in [(7, 5, 3), (160, 120, 3)])
+    assert 7 * 5 <= image_ops._INLINE_DECODE_PIXELS < 160 * 120
+    encoded = []
+    for image in (small, large):
+        buf = io.BytesIO()
+        Image.fromarray(image, "RGB").save(buf, format=fmt)
+        encoded.append(buf.getvalue())
+    decode = af.image.decode_png if fmt == "PNG" else af.image.decode_jpeg
+    with af.Graph().as_default():
+        data = af.placeholder(af.string, (), name="data")
+        img = decode(data)
+        with af.Session() as sess:
+            outs = [sess.run_sync(img, {data: d}) for d in encoded]
+            monkeypatch.setattr(image_ops, "_INLINE_DECODE_PIXELS", 0)  # every one threaded
+            threaded = sess.run_sync(img, {data: encoded[0]})
+    assert [n.startswith("asyncflow-CPU") for n in names] == [False, True, True]
+    np.testing.assert_array_equal(threaded, outs[0])  # the same pixels either way
+    if fmt == "PNG":
+        np.testing.assert_array_equal(outs[0], small)
+        np.testing.assert_array_equal(outs[1], large)
+    else:
+        assert [o.shape for o in outs] == [small.shape, large.shape]
+
+
+def test_a_large_image_corrupt_past_its_header_names_the_node() -> None:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(4).integers(0, 256, (160, 120, 3), np.uint8)).save(
+        buf, format="PNG"
+    )
+    cut = buf.getvalue()[: len(buf.getvalue()) // 2]  # the header reads, the pixels do not
+    with af.Graph().as_default():
+        data = af.placeholder(af.string, (), name="data")
+        img = af.image.decode_png(data, name="decode_big")
+        with af.Session() as sess:
+            with pytest.raises(
+                af.errors.InvalidArgumentError,
+                match=rf"Invalid PNG data, size {len(cut)}[\s\S]*decode_big",
+            ):
+                sess.run_sync(img, {data: cut})
+            assert sess.run_sync(img, {data: buf.getvalue()}).shape == (160, 120, 3)
 
 
 def test_missing_pillow_names_the_op_and_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -466,6 +536,62 @@ def test_identical_element_shapes_fixes_the_shape_at_the_first_write() -> None:
                 sess.run_sync(mismatch, {a: [1.0, 2.0], b: [1.0, 2.0, 3.0]})
 
 
+def test_a_write_of_a_shape_seen_before_is_checked_again_after_a_new_one() -> None:
+    # A write compares its shape with the last one that fitted before checking it in
+    # full: every new shape is checked, whatever fitted before.
+    with af.Graph().as_default():
+        a = af.placeholder(af.float32, name="a")
+        b = af.placeholder(af.float32, name="b")
+        ta = af.TensorArray(af.float32, size=3, element_shape=[None, 2], tensor_array_name="p")
+        ta = ta.write(0, a).write(1, a).write(2, b)
+        stacked = ta.stack()
+        with af.Session() as sess:
+            ok = sess.run_sync(stacked, {a: np.ones((1, 2)), b: np.zeros((1, 2))})
+            np.testing.assert_array_equal(ok, [[[1, 1]], [[1, 1]], [[0, 0]]])
+            with pytest.raises(af.errors.InvalidArgumentError, match=r"index 2 .* \[1,3\]"):
+                sess.run_sync(stacked, {a: np.ones((1, 2)), b: np.zeros((1, 3))})
+            with pytest.raises(af.errors.InvalidArgumentError, match=r"index 0 .* \[2\]"):
+                sess.run_sync(stacked, {a: np.ones(2), b: np.zeros((1, 2))})
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis", "num"), [((3, 64), 1, 4), ((4, 6, 2), -2, 3), ((8,), 0, 2)]
+)
+def test_split_gives_the_parts_numpy_split_gives(
+    shape: tuple[int, ...], axis: int, num: int
+) -> None:
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    with af.Graph().as_default():
+        parts = _run(af.split(af.constant(x), num, axis=axis))
+    for got, want in zip(parts, np.split(x, num, axis=axis), strict=True):
+        np.testing.assert_array_equal(got, want)
+        assert got.shape == want.shape
+
+
+def test_scatter_checks_every_index_and_the_rows_once() -> None:
+    # Scatter checks the rows' dtype and shape once, and each index as it writes it:
+    # the second of two duplicate or out-of-range indices fails as a second write would.
+    rows = np.arange(6, dtype=np.float32).reshape(3, 2)
+    with af.Graph().as_default():
+        idx = af.placeholder(af.int32, (None,), name="idx")
+        ta = af.TensorArray(af.float32, size=3, element_shape=[2], tensor_array_name="sc")
+        out = ta.scatter(idx, rows).stack()
+        with af.Session() as sess:
+            np.testing.assert_array_equal(sess.run_sync(out, {idx: [2, 0, 1]}), rows[[1, 2, 0]])
+            with pytest.raises(
+                af.errors.InvalidArgumentError, match=r"sc: Could not write .* index 0 .* already"
+            ):
+                sess.run_sync(out, {idx: [0, 1, 0]})
+            with pytest.raises(
+                af.errors.InvalidArgumentError, match=r"sc: Tried to write to index 3"
+            ):
+                sess.run_sync(out, {idx: [0, 3, 1]})
+        fed = af.placeholder(af.float32, name="fed")  # (a shape known at run time only)
+        wrong = af.TensorArray(af.float32, size=2, element_shape=[3], tensor_array_name="w")
+        with pytest.raises(af.errors.InvalidArgumentError, match=r"w: .* index 0 .* \[2\]"):
+            _run(wrong.scatter([0, 1], fed).stack(), {fed: rows[:2]})
+
+
 def test_stack_of_an_empty_array_needs_a_full_element_shape() -> None:
     with af.Graph().as_default():
         n = af.placeholder(af.int32, (), name="n")
@@ -494,7 +620,7 @@ def test_constant_value_of_evaluates_constant_subgraphs_only() -> None:
         for _ in range(300):  # more than a static argument's walk: not evaluated
             long = long + 1
         assert constant_value_of(long) is None
-        assert constant_value_of(af.constant(3) + 4) == 7
+        np.testing.assert_array_equal(constant_value_of(af.constant(3) + 4), 7)
 
 
 def test_a_16_bit_grayscale_png_decodes_to_its_high_byte() -> None:

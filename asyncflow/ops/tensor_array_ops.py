@@ -58,6 +58,7 @@ class _Array:
         "dynamic_size",
         "element_shape",
         "elements",
+        "fits",
         "identical",
         "name",
     )
@@ -80,6 +81,7 @@ class _Array:
         self.element_shape = element_shape
         self.identical = identical
         self.closed = False
+        self.fits: tuple[int, ...] | None = None  # a value shape known to fit
 
     def _open(self) -> None:
         if self.closed:
@@ -87,29 +89,38 @@ class _Array:
 
     def write(self, index: int, value: Any) -> None:
         self._open()
+        self._check_index(index)
+        array = np.asarray(value)
+        self._check_value(index, array.dtype, array.shape)
+        self._store(index, array)
+
+    def scatter(self, indices: Sequence[int], rows: np.ndarray) -> None:
+        """Write ``rows[k]`` at ``indices[k]``: dtype and shape checked once for all."""
+        self._open()
+        for k, i in enumerate(indices):
+            self._check_index(i)
+            if k == 0:
+                self._check_value(i, rows.dtype, rows.shape[1:])
+            self._store(i, rows[k])
+
+    def _check_index(self, index: int) -> None:
         if index < 0 or (not self.dynamic_size and index >= len(self.elements)):
             raise _invalid(
                 f"TensorArray {self.name}: Tried to write to index {index} but "
                 f"array is not resizeable and size is: {len(self.elements)}"
             )
-        array = np.asarray(value)
-        if array.dtype != self.dtype:
+
+    def _check_value(self, index: int, dtype: np.dtype[Any], dims: tuple[int, ...]) -> None:
+        if dtype != self.dtype:
             raise _invalid(
                 f"TensorArray {self.name}: Could not write to TensorArray index "
-                f"{index} because the value dtype is {array.dtype} but "
+                f"{index} because the value dtype is {dtype} but "
                 f"TensorArray dtype is {self.dtype}."
             )
-        shape = TensorShape(array.shape)
-        if not self.element_shape.is_compatible_with(shape):
-            raise _invalid(
-                f"TensorArray {self.name}: Could not write to TensorArray index "
-                f"{index} because the value shape is {_debug_shape(shape)} "
-                f"which is incompatible with the TensorArray's inferred element "
-                f"shape: {_debug_shape(self.element_shape)} (consider setting "
-                f"infer_shape=False)."
-            )
-        if self.identical and not self.element_shape.is_fully_defined():
-            self.element_shape = shape  # every element has the first one's shape
+        if dims != self.fits:
+            self._check_shape(index, dims)
+
+    def _store(self, index: int, array: np.ndarray) -> None:
         if index >= len(self.elements):
             self.elements.extend(_Element() for _ in range(index + 1 - len(self.elements)))
         e = self.elements[index]
@@ -124,6 +135,23 @@ class _Array:
                 f"{index} because it has already been written to."
             )
         e.value = array
+
+    def _check_shape(self, index: int, dims: tuple[int, ...]) -> None:
+        shape = TensorShape(dims)
+        if not self.element_shape.is_compatible_with(shape):
+            raise _invalid(
+                f"TensorArray {self.name}: Could not write to TensorArray index "
+                f"{index} because the value shape is {_debug_shape(shape)} "
+                f"which is incompatible with the TensorArray's inferred element "
+                f"shape: {_debug_shape(self.element_shape)} (consider setting "
+                f"infer_shape=False)."
+            )
+        if self.identical and not self.element_shape.is_fully_defined():
+            self.element_shape = shape  # every element has the first one's shape
+        # The shape just checked fits every later write of it (an element shape only
+        # ever narrows to one that fits it): a loop writing one shape per iteration
+        # compares two tuples instead of building and matching a TensorShape.
+        self.fits = dims
 
     def read(self, index: int) -> np.ndarray:
         self._open()
@@ -427,8 +455,7 @@ def _scatter(op: Operation) -> Callable[..., Any]:
                 f"Expected len(indices) == values.shape[0], but saw: "
                 f"{idx.shape[0]} vs. {v.shape[0] if v.ndim else 'a scalar'}"
             )
-        for k, i in enumerate(idx):
-            ta.write(int(i), v[k])
+        ta.scatter(idx.tolist(), v)
         return flow
 
     return scatter
