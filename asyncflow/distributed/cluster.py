@@ -156,6 +156,9 @@ class Cluster:
         #: task name → how many times its worker was replaced (graphs registered with
         #: an older generation are registered again).
         self.generation: dict[str, int] = {}
+        #: task name → the number of its process's last stall this client heard of
+        #: (a step sent with it is dropped there if it stalled long after).
+        self.epoch: dict[str, int] = {}
         self._incarnation: dict[str, str] = {}  # task → its worker process's token
         self.client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -445,6 +448,7 @@ class Cluster:
                 f"client runs {version} (protocol {protocol}); install the same "
                 f"asyncflow on every machine",
             )
+        self.epoch[task] = int(reply["epoch"])
         return str(reply["incarnation"]), str(reply["service"])
 
     def _watch(self, task: str, address: str) -> Callable[[Any], None]:
@@ -719,7 +723,7 @@ class Cluster:
         busy = bool(self._calls.get(task))
         try:
             async with asyncio.timeout(self.health_timeout_s):
-                await self.client.rpc(address).asyncflow_ping(
+                reply = await self.client.rpc(address).asyncflow_ping(
                     task=task, sessions=self._session_list(), lease=self.master_lease_s
                 )
         except TimeoutError:
@@ -727,8 +731,11 @@ class Cluster:
                 self.mark_unavailable(
                     task, f"it did not answer for {self.health_timeout_s:g} s (a hung host?)"
                 )
+            return
         except Exception:
-            pass  # a dead worker: Dask's events and the calls themselves report it
+            return  # a dead worker: Dask's events and the calls themselves report it
+        if isinstance(reply, dict) and "epoch" in reply:
+            self.epoch[task] = int(reply["epoch"])
 
     def _session_list(self) -> list[str]:
         with self._lock:
