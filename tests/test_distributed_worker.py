@@ -486,3 +486,67 @@ async def test_an_older_wire_protocol_is_refused_at_the_handshake() -> None:
         rf"{PROTOCOL - 1}\) but this client runs {version} \(protocol {PROTOCOL}\)",
     ):
         await cluster._hello(A, "w-0", "tcp://a")
+
+
+async def test_a_step_running_when_its_task_stood_still_takes_no_late_push() -> None:
+    # The run started before the process was stopped; the producer's push arrives
+    # after it resumed: the step is aborted there, the value not applied.
+    from asyncflow.distributed._dask import AsyncflowWorker, wire
+
+    ran: list[float] = []
+
+    def kernel(v: np.ndarray) -> np.ndarray:
+        ran.append(float(v))
+        return v
+
+    g = af.Graph()
+    with g.as_default():
+        with af.device("/job:worker/task:0"):
+            a = af.constant(2.0) * 2.0
+        with af.device("/job:worker/task:1"):
+            y = af.py_func(kernel, [a], af.float64, name="y")
+    tasks = Tasks()
+    handles, _ = tasks.register(g, [y])
+    plugin = AsyncflowWorker()
+    plugin.incarnation = "me"
+    plugin._envs[B] = tasks.envs[B]
+
+    async def push(task: str, step_id: int, key: str, value: Any, dead: bool) -> None:
+        await plugin._h_send_tensor(
+            None, task=task, step_id=step_id, key=key, value=wire(value), dead=dead
+        )
+
+    tasks.envs[A].rendezvous._push = push
+
+    async def step(step_id: int) -> Any:
+        consumer = asyncio.ensure_future(
+            plugin._h_run_graph(
+                None,
+                task=B,
+                incarnation="me",
+                session="s",
+                handle=handles[B],
+                step_id=step_id,
+                args=[],
+                trace=False,
+                name="y:0",
+                epoch=plugin.stalls.epoch,
+                health=1.0,
+            )
+        )
+        await asyncio.sleep(0.01)  # B runs, waiting for A's value
+        if step_id == 2:
+            plugin.stalls._last -= 3.0  # B's process stood still 3 s (SIGSTOP)
+        await tasks.envs[A].run_graph("s", handles[A], step_id, [])
+        return await consumer
+
+    assert (await step(1))["ok"]
+    reply = await step(2)
+    assert not reply["ok"]
+    assert isinstance(reply["error"].data, af.errors.AbortedError)
+    assert "stood still for 3" in reply["error"].data.message
+    assert ran == [4.0]  # the late value was not applied
+    assert len(tasks.envs[B].rendezvous) == 0
+    assert (await step(3))["ok"]  # later steps run
+    assert ran == [4.0, 4.0]
+    tasks.close()

@@ -59,6 +59,7 @@ from distributed.comm.addressing import (
     unparse_host_port,
 )
 from distributed.comm.core import CommClosedError
+from distributed.core import ConnectionPool, send_recv
 from distributed.core import Server as _Server
 from distributed.protocol.serialize import ToPickle, to_serialize
 from tornado.ioloop import PeriodicCallback
@@ -74,6 +75,7 @@ __all__ = [
     "SERVICE_STOPPED",
     "AsyncflowWorker",
     "local_identity",
+    "send",
     "unavailable",
     "unwire",
     "unwire_value",
@@ -131,6 +133,30 @@ _DaskServer: Any = _Server
 COMM_ERRORS = (CommClosedError, OSError)
 
 
+async def send(pool: Any, address: str, op: str, *, reply: bool = True, **msg: Any) -> Any:
+    """``pool(address).<op>(**msg)`` (Dask's pooled call) on a comm that serializes in
+    place: Dask's own first walks the whole message with ``sizeof`` to decide whether
+    to serialize it on a thread, ~40 us for a ``run_graph``, ten times msgpack's cost;
+    asyncflow's messages are small or carry numpy buffers, never worth a thread.
+    ``reply=False``: one way, nothing read back (None).  A pool that is no
+    :class:`ConnectionPool` (a test's stand-in) is called as Dask's would be."""
+    if not isinstance(pool, ConnectionPool):
+        return await getattr(pool(address), op)(reply=reply, **msg)
+    comm = await pool.connect(address)
+    comm.allow_offload = False
+    try:
+        return await send_recv(
+            comm,
+            op=op,
+            reply=reply,
+            serializers=pool.serializers,
+            deserializers=pool.deserializers,
+            **msg,
+        )
+    finally:
+        pool.reuse(address, comm)
+
+
 def unavailable(task: str, address: str, exc: BaseException) -> errors.UnavailableError:
     return errors.UnavailableError(
         None,
@@ -173,6 +199,13 @@ def unwire_value(value: Any) -> Any:
 
 def unwire(value: Any) -> Any:
     return value.data if isinstance(value, ToPickle) else value
+
+
+def _drop(env: WorkerEnv, step_id: int, error: errors.OpError) -> None:
+    """Stop step ``step_id`` on ``env`` with ``error`` and forget it (a late push for
+    it is dropped)."""
+    env.abort_step(step_id, error)
+    env.rendezvous.cleanup(step_id)
 
 
 class Stalls:
@@ -290,6 +323,9 @@ class AsyncflowWorker(WorkerPlugin):
         self.incarnation = ""
         #: When this process stood still (its watchdog runs from ``setup``).
         self.stalls = Stalls()
+        #: (task, step id) → (the stall number its master knew when it sent the step,
+        #: its master's health timeout), while the step runs here.
+        self._sent: dict[tuple[str, int], tuple[int, float]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -325,8 +361,10 @@ class AsyncflowWorker(WorkerPlugin):
         await server
         scheme, loc = parse_address(worker.listener.listen_address)
         host, _ = parse_host_port(loc)
-        await server.listen(
-            f"{scheme}://{unparse_host_port(host, 0)}", **worker.security.get_listen_args("worker")
+        await server.listen(  # (allow_offload: as for ``send``, no sizeof per message)
+            f"{scheme}://{unparse_host_port(host, 0)}",
+            allow_offload=False,
+            **worker.security.get_listen_args("worker"),
         )
         self._server = server
         return f"{scheme}://{unparse_host_port(get_address_host(worker.address), server.port)}"
@@ -358,10 +396,16 @@ class AsyncflowWorker(WorkerPlugin):
     # -- plumbing -------------------------------------------------------------------------
 
     def _check_leases(self) -> None:
-        """Drop the sessions of masters gone silent (task loop, every quarter second)."""
+        """Drop the sessions of masters gone silent, and the steps given up on while
+        this process stood still (task loop, every quarter second)."""
         now = time.monotonic()
         for env in list(self._envs.values()):
             env.expire(now)
+        for (task, step_id), sent in list(self._sent.items()):
+            error = self._given_up(task, step_id, sent)
+            running = self._envs.get(task)
+            if error is not None and running is not None:
+                _drop(running, step_id, error)
         task_loop = self._task_loop
         if task_loop is not None:
             task_loop.loop.call_later(_LEASE_CHECK_S, self._check_leases)
@@ -400,6 +444,23 @@ class AsyncflowWorker(WorkerPlugin):
         for event in summary.values():
             self._worker.log_event(EVENT_TOPIC, event)
 
+    def _given_up(
+        self, task: str, step_id: int, sent: tuple[int, float]
+    ) -> errors.AbortedError | None:
+        """Why step ``step_id`` must not run (on) here: this process stood still long
+        enough after its master sent it for the master to give up on the task (the
+        step already failed for its caller); None when it may."""
+        stalled = self.stalls.since(sent[0])
+        if stalled < _GIVEN_UP * sent[1]:
+            return None
+        return errors.AbortedError(
+            None,
+            None,
+            f"task {task} stood still for {stalled:.1f} s (a stopped or frozen "
+            f"process) after step {step_id} was sent to it, and its session gave up "
+            f"on it: the step is dropped there, not run",
+        )
+
     def _stale(self, incarnation: str) -> bool:
         return incarnation != self.incarnation
 
@@ -419,8 +480,16 @@ class AsyncflowWorker(WorkerPlugin):
         if server is None:
             raise errors.UnavailableError(None, None, f"the service of task {task}'s peer stopped")
         try:
-            await server.rpc(address).asyncflow_send_tensor(
-                task=task, step_id=step_id, key=key, value=wire(value), dead=dead, reply=False
+            await send(
+                server.rpc,
+                address,
+                "asyncflow_send_tensor",
+                reply=False,
+                task=task,
+                step_id=step_id,
+                key=key,
+                value=wire(value),
+                dead=dead,
             )
         except COMM_ERRORS as exc:
             raise unavailable(task, address, exc) from None
@@ -518,18 +587,13 @@ class AsyncflowWorker(WorkerPlugin):
         if env is None or self._stale(incarnation):
             return {"restarted": True}
         start = time.time()
-        stalled = self.stalls.since(epoch)
-        if stalled >= _GIVEN_UP * health:
+        sent = (epoch, health)
+        error = self._given_up(task, step_id, sent)
+        if error is not None:
             env.rendezvous.cleanup(step_id)  # (its pushed values, and any late one)
             self._event(task, name, step_id, start, "AbortedError")
-            error = errors.AbortedError(
-                None,
-                None,
-                f"step {step_id} reached task {task} before it stood still for "
-                f"{stalled:.1f} s (a stopped or frozen process) and was given up on: "
-                f"dropped, not run",
-            )
             return {"ok": False, "error": ToPickle(error)}
+        self._sent[(task, step_id)] = sent
         try:
             values, stats = await env.run_graph(
                 session, handle, step_id, [unwire_value(a) for a in args], trace
@@ -537,6 +601,8 @@ class AsyncflowWorker(WorkerPlugin):
         except errors.OpError as exc:
             self._event(task, name, step_id, start, type(exc).__name__)
             return {"ok": False, "error": ToPickle(exc)}
+        finally:
+            self._sent.pop((task, step_id), None)
         self._event(task, name, step_id, start, "ok")
         return {
             "ok": True,
@@ -568,7 +634,14 @@ class AsyncflowWorker(WorkerPlugin):
     ) -> Any:
         if incarnation is not None and self._stale(incarnation):
             return {"restarted": True}
-        self._env(task).send_tensor(step_id, key, unwire_value(value), dead)
+        env = self._env(task)
+        sent = self._sent.get((task, step_id))
+        if sent is not None:  # its run started here: maybe before this process stood still
+            error = self._given_up(task, step_id, sent)
+            if error is not None:
+                _drop(env, step_id, error)
+                return _OK
+        env.send_tensor(step_id, key, unwire_value(value), dead)
         return _OK
 
     async def _h_abort_step(

@@ -45,6 +45,7 @@ from asyncflow.distributed._dask import (
     SERVICE_STOPPED,
     AsyncflowWorker,
     local_identity,
+    send,
 )
 from asyncflow.distributed._scheduler import METADATA_KEY, claimer, keeper, name_order
 
@@ -656,8 +657,13 @@ class Cluster:
             dead = self.unavailable(task)
             if dead is not None:
                 raise dead
-            reply = await getattr(pool(address), f"asyncflow_{op}")(
-                task=task, incarnation=self._incarnation[task], **kwargs
+            reply = await send(
+                pool,
+                address,
+                f"asyncflow_{op}",
+                task=task,
+                incarnation=self._incarnation[task],
+                **kwargs,
             )
         except (distributed.comm.core.CommClosedError, OSError) as exc:
             self.mark_unavailable(task, f"{type(exc).__name__}: {exc}")
