@@ -550,3 +550,33 @@ async def test_a_step_running_when_its_task_stood_still_takes_no_late_push() -> 
     assert (await step(3))["ok"]  # later steps run
     assert ran == [4.0, 4.0]
     tasks.close()
+
+
+async def test_the_handshake_at_connect_waits_out_the_connect_timeout() -> None:
+    # A worker that just joined may take longer than a short health timeout to answer
+    # its first handshake (its service starting on a loaded host): connect waits for
+    # what is left of its own timeout; later handshakes keep the health timeout.
+    from asyncflow.distributed._dask import PROTOCOL
+    from asyncflow.distributed.cluster import Cluster
+
+    class Slow:
+        async def asyncflow_hello(self, **kwargs: Any) -> Any:
+            await asyncio.sleep(0.2)
+            return {
+                "version": af.__version__,
+                "protocol": PROTOCOL,
+                "incarnation": "x",
+                "service": "tcp://a:1",
+                "epoch": 3,
+            }
+
+    class Client:
+        def rpc(self, address: str) -> Slow:
+            return Slow()
+
+    cluster = Cluster({"worker": 1}, health_timeout_s=0.05)
+    cluster.client = Client()
+    with pytest.raises(af.errors.UnavailableError, match=r"did not answer within 0\.05 s"):
+        await cluster._hello(A, "w-0", "tcp://a")
+    assert await cluster._hello(A, "w-0", "tcp://a", wait_s=5.0) == ("x", "tcp://a:1")
+    assert cluster.epoch[A] == 3  # the stalls it heard of, for its runs

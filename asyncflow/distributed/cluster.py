@@ -268,7 +268,11 @@ class Cluster:
                 try:
                     async with asyncio.TaskGroup() as tg:
                         for task, name in names.items():
-                            tg.create_task(self._adopt(task, name, by_name[name], failed))
+                            tg.create_task(
+                                self._adopt(
+                                    task, name, by_name[name], failed, deadline - time.monotonic()
+                                )
+                            )
                     break
                 except BaseExceptionGroup as group:
                     exc = group.exceptions[0]
@@ -384,8 +388,16 @@ class Cluster:
             checks = [tg.create_task(ok(name)) for name in names]
         return [name for name, check in zip(names, checks, strict=True) if check.result()]
 
-    async def _adopt(self, task: str, name: str, address: str, failed: Mapping[str, str]) -> str:
-        """Handshake with ``task``'s worker and bind the task to it; its token."""
+    async def _adopt(
+        self,
+        task: str,
+        name: str,
+        address: str,
+        failed: Mapping[str, str],
+        wait_s: float | None = None,
+    ) -> str:
+        """Handshake with ``task``'s worker and bind the task to it; its token
+        (``wait_s``: see :meth:`_hello`)."""
         if address in failed:
             raise errors.FailedPreconditionError(
                 None,
@@ -393,7 +405,7 @@ class Cluster:
                 f"Dask worker {name!r} ({address}) cannot host task {task}: "
                 f"asyncflow's worker service failed there: {failed[address]}",
             )
-        token, service = await self._hello(task, name, address)
+        token, service = await self._hello(task, name, address, wait_s)
         self.assignment[task] = address
         self.service[task] = service
         self.generation.setdefault(task, 0)
@@ -403,12 +415,20 @@ class Cluster:
         self.client.subscribe_topic(address, self._watch(task, address))
         return token
 
-    async def _hello(self, task: str, name: str, address: str) -> tuple[str, str]:
+    async def _hello(
+        self, task: str, name: str, address: str, wait_s: float | None = None
+    ) -> tuple[str, str]:
         """The version and protocol handshake; the worker process's token and its task
-        service's address."""
+        service's address.
+
+        Bounded by ``health_timeout_s``, or by ``wait_s`` when longer: what is left of
+        a connect's ``timeout_s`` (a worker that just joined may take a while to start
+        the service it answers with, on a loaded host more than a short health timeout).
+        """
         version, protocol = local_identity()
+        limit = self.health_timeout_s if wait_s is None else max(wait_s, self.health_timeout_s)
         try:
-            async with asyncio.timeout(self.health_timeout_s):
+            async with asyncio.timeout(limit):
                 reply = await self.client.rpc(address).asyncflow_hello(
                     task=task, version=version, protocol=protocol
                 )
@@ -416,8 +436,7 @@ class Cluster:
             raise errors.UnavailableError(
                 None,
                 None,
-                f"task {task}: Dask worker {name!r} ({address}) did not answer "
-                f"within {self.health_timeout_s:g} s",
+                f"task {task}: Dask worker {name!r} ({address}) did not answer within {limit:g} s",
             ) from None
         except (distributed.comm.core.CommClosedError, OSError) as exc:
             raise errors.UnavailableError(
