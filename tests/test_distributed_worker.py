@@ -1,7 +1,7 @@
 """The worker side of distributed execution, driven in process (no Dask cluster).
 
-Two :class:`WorkerEnv` tasks share this test's event loop; a cross-task ``_Recv``
-pulls from the producer's env directly, as the Dask transport does over comms.
+Two :class:`WorkerEnv` tasks share this test's event loop; a cross-task ``_Send``
+pushes into the consumer's env directly, as the Dask transport does over comms.
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ DEVICES = [f"{LOCAL_TASK}/device:CPU:0", f"{A}/device:CPU:0", f"{B}/device:CPU:0
 
 
 class Tasks:
-    """Two in-process tasks whose pulls call each other's ``recv_tensor``."""
+    """Two in-process tasks whose pushes call each other's ``send_tensor``."""
 
     def __init__(self) -> None:
-        self.pulls: list[tuple[str, str]] = []
-        self.envs = {t: WorkerEnv(t, 1, 1, self.pull) for t in (A, B)}
+        self.pushes: list[tuple[str, str]] = []
+        self.envs = {t: WorkerEnv(t, 1, 1, self.push) for t in (A, B)}
 
-    async def pull(self, task: str, step_id: int, key: str) -> tuple[Any, bool]:
-        self.pulls.append((task, key))
-        return await self.envs[task].recv_tensor(step_id, key)
+    async def push(self, task: str, step_id: int, key: str, value: Any, dead: bool) -> None:
+        self.pushes.append((task, key))
+        self.envs[task].send_tensor(step_id, key, value, dead)
 
     def register(
         self, g: af.Graph, fetches: list[Any], session: str = "s", isolate: bool = False
@@ -84,15 +84,15 @@ def _two_task_graph() -> tuple[af.Graph, Any]:
     return g, b
 
 
-async def test_a_cross_task_recv_pulls_from_the_producer() -> None:
+async def test_a_cross_task_send_is_pushed_to_the_consumer() -> None:
     tasks = Tasks()
     g, b = _two_task_graph()
     handles, _ = tasks.register(g, [b])
     out = await tasks.run(handles, step_id=1)
     assert out[B] == [6.0]
     assert out[A] == []
-    assert [t for t, _ in tasks.pulls] == [A]
-    # Both tasks forgot the step: it succeeded and every value was pulled.
+    assert [t for t, _ in tasks.pushes] == [B]  # one message, producer to consumer
+    # Both tasks forgot the step: it succeeded and every value was taken.
     assert len(tasks.envs[A].rendezvous) == len(tasks.envs[B].rendezvous) == 0
     out = await tasks.run(handles, step_id=2)  # registered once, run again
     assert out[B] == [6.0]
@@ -100,7 +100,7 @@ async def test_a_cross_task_recv_pulls_from_the_producer() -> None:
 
 
 async def test_a_late_pull_for_a_finished_step_fails_at_once() -> None:
-    mgr = RendezvousMgr(A, pull=None)  # type: ignore[arg-type]
+    mgr = RendezvousMgr(A, push=None)  # type: ignore[arg-type]
     mgr.find_or_create(5)
     mgr.cleanup(5)
     rdv = mgr.find_or_create(5)
@@ -348,3 +348,235 @@ async def test_reset_drops_what_masters_past_their_lease_left() -> None:
     assert env.expire(25.0) == []  # "alive" holds its lease until 30.0
     assert env.expire(31.0) == ["alive"]
     tasks.close()
+
+
+async def test_a_failed_push_fails_the_producers_step() -> None:
+    # The consumer will never get the value: the producer's run says so (naming the
+    # consumer), instead of succeeding while its peer waits.
+    tasks = Tasks()
+
+    async def gone(task: str, step_id: int, key: str, value: Any, dead: bool) -> None:
+        raise af.errors.UnavailableError(None, None, f"task {task} is unavailable: gone")
+
+    tasks.envs[A].rendezvous._push = gone
+    g, b = _two_task_graph()
+    handles, _ = tasks.register(g, [b])
+    with pytest.raises(af.errors.UnavailableError, match=f"task {B} is unavailable"):
+        await tasks.envs[A].run_graph("s", handles[A], 4, [])
+    tasks.close()
+
+
+async def test_pushes_for_steps_over_or_never_run_here_are_dropped() -> None:
+    import time
+
+    from asyncflow.distributed.worker import _UNCLAIMED_S
+
+    env = WorkerEnv(B, 1, 1, Tasks().push)
+    key = f"{A}/device:CPU:0;0000000000000007;{B}/device:CPU:0;a:0;0:0"
+    env.send_tensor(7, key, np.float64(1.0), False)  # before its run: kept for it
+    assert len(env.rendezvous) == 1
+    env.expire(time.monotonic() + 1.0)
+    assert len(env.rendezvous) == 1
+    # Never run here (its session gave up on it): forgotten, and a later push dropped.
+    env.expire(time.monotonic() + _UNCLAIMED_S + 1.0)
+    assert len(env.rendezvous) == 0
+    env.send_tensor(7, key, np.float64(1.0), False)
+    assert len(env.rendezvous) == 0
+    env.close()
+
+
+def test_stalls_are_numbered_with_their_length() -> None:
+    from asyncflow.distributed._dask import Stalls
+
+    stalls = Stalls()
+    start = time_now = stalls._last
+    assert stalls.observe(time_now + 0.1) == 0  # a look every tick: no stall
+    assert stalls.observe(time_now + 3.1) == 1  # the process stood still 3 s
+    assert stalls.observe(time_now + 3.2) == 1
+    assert stalls.observe(time_now + 3.0) == 1  # a thread with an older clock reading
+    assert stalls.observe(time_now + 4.0) == 2
+    assert stalls._lengths == {1: pytest.approx(3.0), 2: pytest.approx(0.8)}
+    stalls._last = start  # (since() looks at the real clock: no new stall)
+    assert stalls.since(0) == pytest.approx(3.0)
+    assert stalls.since(1) == pytest.approx(0.8)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(stalls)).epoch == 0  # shipped: starts afresh
+
+
+async def test_a_run_sent_before_a_long_stall_is_dropped_not_run() -> None:
+    # A task whose process stood still past its master's health timeout was given up
+    # on; the step's run and its pushed inputs, waiting in its sockets, must not run
+    # (its writes would land after the session reported the step failed).
+    from asyncflow.distributed._dask import AsyncflowWorker
+
+    ran: list[float] = []
+
+    def kernel(v: np.ndarray) -> np.ndarray:
+        ran.append(float(v))
+        return v
+
+    g = af.Graph()
+    with g.as_default(), af.device("/job:worker/task:1"):
+        y = af.py_func(kernel, [af.constant(2.0)], af.float64, name="y")
+    tasks = Tasks()
+    handles, _ = tasks.register(g, [y])
+    plugin = AsyncflowWorker()
+    plugin.incarnation = "me"
+    plugin._envs[B] = tasks.envs[B]
+
+    async def run(step_id: int, epoch: int, health: float) -> Any:
+        return await plugin._h_run_graph(
+            None,
+            task=B,
+            incarnation="me",
+            session="s",
+            handle=handles[B],
+            step_id=step_id,
+            args=[],
+            trace=False,
+            name="y:0",
+            epoch=epoch,
+            health=health,
+        )
+
+    assert (await run(1, 0, 1.0))["ok"]
+    plugin.stalls._last -= 3.0  # the process stood still 3 s (SIGSTOP)
+    reply = await run(2, 0, 1.0)  # sent before it: its master gave up after 1 s
+    assert not reply["ok"]
+    error = reply["error"].data
+    assert isinstance(error, af.errors.AbortedError)
+    assert "stood still for 3" in error.message
+    assert ran == [2.0]  # not run
+    assert plugin.stalls.epoch == 1
+    tasks.envs[B].send_tensor(2, "k", 1.0, False)  # a late push for it: dropped
+    assert len(tasks.envs[B].rendezvous) == 0
+    assert (await run(3, 1, 1.0))["ok"]  # sent by a master that heard of the stall
+    assert (await run(4, 0, 10.0))["ok"]  # 3 s is short of a 10 s health timeout
+    assert ran == [2.0, 2.0, 2.0]
+    tasks.close()
+
+
+async def test_an_older_wire_protocol_is_refused_at_the_handshake() -> None:
+    from asyncflow.distributed._dask import PROTOCOL, local_identity
+    from asyncflow.distributed.cluster import Cluster
+
+    version, protocol = local_identity()
+    assert protocol == PROTOCOL
+
+    class Old:
+        async def asyncflow_hello(self, **kwargs: Any) -> Any:
+            return {
+                "version": version,
+                "protocol": PROTOCOL - 1,
+                "incarnation": "x",
+                "service": "tcp://a:1",
+                "epoch": 0,
+            }
+
+    class Client:
+        def rpc(self, address: str) -> Old:
+            return Old()
+
+    cluster = Cluster({"worker": 1})
+    cluster.client = Client()
+    with pytest.raises(
+        af.errors.FailedPreconditionError,
+        match=rf"Dask worker 'w-0' \(tcp://a\) runs asyncflow {version} \(protocol "
+        rf"{PROTOCOL - 1}\) but this client runs {version} \(protocol {PROTOCOL}\)",
+    ):
+        await cluster._hello(A, "w-0", "tcp://a")
+
+
+async def test_a_step_running_when_its_task_stood_still_takes_no_late_push() -> None:
+    # The run started before the process was stopped; the producer's push arrives
+    # after it resumed: the step is aborted there, the value not applied.
+    from asyncflow.distributed._dask import AsyncflowWorker, wire
+
+    ran: list[float] = []
+
+    def kernel(v: np.ndarray) -> np.ndarray:
+        ran.append(float(v))
+        return v
+
+    g = af.Graph()
+    with g.as_default():
+        with af.device("/job:worker/task:0"):
+            a = af.constant(2.0) * 2.0
+        with af.device("/job:worker/task:1"):
+            y = af.py_func(kernel, [a], af.float64, name="y")
+    tasks = Tasks()
+    handles, _ = tasks.register(g, [y])
+    plugin = AsyncflowWorker()
+    plugin.incarnation = "me"
+    plugin._envs[B] = tasks.envs[B]
+
+    async def push(task: str, step_id: int, key: str, value: Any, dead: bool) -> None:
+        await plugin._h_send_tensor(
+            None, task=task, step_id=step_id, key=key, value=wire(value), dead=dead
+        )
+
+    tasks.envs[A].rendezvous._push = push
+
+    async def step(step_id: int) -> Any:
+        consumer = asyncio.ensure_future(
+            plugin._h_run_graph(
+                None,
+                task=B,
+                incarnation="me",
+                session="s",
+                handle=handles[B],
+                step_id=step_id,
+                args=[],
+                trace=False,
+                name="y:0",
+                epoch=plugin.stalls.epoch,
+                health=1.0,
+            )
+        )
+        await asyncio.sleep(0.01)  # B runs, waiting for A's value
+        if step_id == 2:
+            plugin.stalls._last -= 3.0  # B's process stood still 3 s (SIGSTOP)
+        await tasks.envs[A].run_graph("s", handles[A], step_id, [])
+        return await consumer
+
+    assert (await step(1))["ok"]
+    reply = await step(2)
+    assert not reply["ok"]
+    assert isinstance(reply["error"].data, af.errors.AbortedError)
+    assert "stood still for 3" in reply["error"].data.message
+    assert ran == [4.0]  # the late value was not applied
+    assert len(tasks.envs[B].rendezvous) == 0
+    assert (await step(3))["ok"]  # later steps run
+    assert ran == [4.0, 4.0]
+    tasks.close()
+
+
+async def test_the_handshake_at_connect_waits_out_the_connect_timeout() -> None:
+    # A worker that just joined may take longer than a short health timeout to answer
+    # its first handshake (its service starting on a loaded host): connect waits for
+    # what is left of its own timeout; later handshakes keep the health timeout.
+    from asyncflow.distributed._dask import PROTOCOL
+    from asyncflow.distributed.cluster import Cluster
+
+    class Slow:
+        async def asyncflow_hello(self, **kwargs: Any) -> Any:
+            await asyncio.sleep(0.2)
+            return {
+                "version": af.__version__,
+                "protocol": PROTOCOL,
+                "incarnation": "x",
+                "service": "tcp://a:1",
+                "epoch": 3,
+            }
+
+    class Client:
+        def rpc(self, address: str) -> Slow:
+            return Slow()
+
+    cluster = Cluster({"worker": 1}, health_timeout_s=0.05)
+    cluster.client = Client()
+    with pytest.raises(af.errors.UnavailableError, match=r"did not answer within 0\.05 s"):
+        await cluster._hello(A, "w-0", "tcp://a")
+    assert await cluster._hello(A, "w-0", "tcp://a", wait_s=5.0) == ("x", "tcp://a:1")
+    assert cluster.epoch[A] == 3  # the stalls it heard of, for its runs

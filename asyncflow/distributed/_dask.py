@@ -17,8 +17,19 @@ security):
   ``close_session``, ``run_graph``, ``recv_tensor``, ``send_tensor``, ``abort_step``,
   ``cleanup_step`` and ``reset``.  A message is handled where the step runs: no hop
   between threads per message (each hop cost a wake-up of the other loop and a fight
-  for the GIL with it, several times a step), and pulls from peers leave through the
-  service's own connection pool.
+  for the GIL with it, several times a step), and pushes to peers leave through the
+  service's own connection pool, one way (``send_tensor`` without an answer: the
+  consumer's own run reports the step).
+
+A push means a consumer may hold every input of a step before it runs it.  A task
+whose whole process stood still (SIGSTOP, a frozen VM) past its master's health
+timeout was given up on by that master, yet finds that step's run and pushed values
+in its sockets when it resumes: it must not run it (its writes would land after the
+session reported the step failed).  So each task notes when its process stood still
+(:class:`Stalls`: a watchdog thread, and every ping and handshake), numbering each
+stall; pings and the handshake tell masters the number, each ``run_graph`` carries
+the number its master knew when it sent it and its health timeout, and a run that
+was sent before a stall at least that long is answered ``AbortedError``, not run.
 
 Step-time handlers take ``task`` (the task name the master assigned to this worker)
 and ``incarnation``, the token of the worker process the master shook hands with: a
@@ -48,6 +59,7 @@ from distributed.comm.addressing import (
     unparse_host_port,
 )
 from distributed.comm.core import CommClosedError
+from distributed.core import ConnectionPool, send_recv
 from distributed.core import Server as _Server
 from distributed.protocol.serialize import ToPickle, to_serialize
 from tornado.ioloop import PeriodicCallback
@@ -63,6 +75,7 @@ __all__ = [
     "SERVICE_STOPPED",
     "AsyncflowWorker",
     "local_identity",
+    "send",
     "unavailable",
     "unwire",
     "unwire_value",
@@ -74,7 +87,7 @@ PLUGIN_NAME = "asyncflow"
 EVENT_TOPIC = "asyncflow"
 #: The wire protocol between masters and workers: bumped whenever a handler's
 #: arguments or replies change, so mismatched installs fail at registration.
-PROTOCOL = 5
+PROTOCOL = 6
 #: The action of the event a worker logs on its own topic (its address) when its task
 #: service stops (the plugin was removed): masters stop calling it at once.
 SERVICE_STOPPED = "asyncflow-service-stopped"
@@ -96,6 +109,14 @@ _SERVICE_OPS = (
     "reset",
 )
 _OK: dict[str, Any] = {"ok": True}
+#: How often the watchdog looks at the clock, and the shortest stand-still it notes.
+_WATCH_TICK_S = 0.1
+_STALL_S = 0.5
+#: A run sent before a stall this long (times its master's health timeout) is dropped:
+#: its master gave up on the task after that timeout without an answer to a ping.
+_GIVEN_UP = 0.75
+#: How many stalls a task remembers.
+_STALLS_KEPT = 64
 
 
 def local_identity() -> tuple[str, int]:
@@ -110,6 +131,30 @@ _DaskServer: Any = _Server
 
 #: Connection failures that mean "the peer process is gone".
 COMM_ERRORS = (CommClosedError, OSError)
+
+
+async def send(pool: Any, address: str, op: str, *, reply: bool = True, **msg: Any) -> Any:
+    """``pool(address).<op>(**msg)`` (Dask's pooled call) on a comm that serializes in
+    place: Dask's own first walks the whole message with ``sizeof`` to decide whether
+    to serialize it on a thread, ~40 us for a ``run_graph``, ten times msgpack's cost;
+    asyncflow's messages are small or carry numpy buffers, never worth a thread.
+    ``reply=False``: one way, nothing read back (None).  A pool that is no
+    :class:`ConnectionPool` (a test's stand-in) is called as Dask's would be."""
+    if not isinstance(pool, ConnectionPool):
+        return await getattr(pool(address), op)(reply=reply, **msg)
+    comm = await pool.connect(address)
+    comm.allow_offload = False
+    try:
+        return await send_recv(
+            comm,
+            op=op,
+            reply=reply,
+            serializers=pool.serializers,
+            deserializers=pool.deserializers,
+            **msg,
+        )
+    finally:
+        pool.reuse(address, comm)
 
 
 def unavailable(task: str, address: str, exc: BaseException) -> errors.UnavailableError:
@@ -154,6 +199,73 @@ def unwire_value(value: Any) -> Any:
 
 def unwire(value: Any) -> Any:
     return value.data if isinstance(value, ToPickle) else value
+
+
+def _drop(env: WorkerEnv, step_id: int, error: errors.OpError) -> None:
+    """Stop step ``step_id`` on ``env`` with ``error`` and forget it (a late push for
+    it is dropped)."""
+    env.abort_step(step_id, error)
+    env.rendezvous.cleanup(step_id)
+
+
+class Stalls:
+    """When this process stood still: a stall is a gap of at least ``_STALL_S``
+    between two looks at the monotonic clock (a watchdog thread looks every
+    ``_WATCH_TICK_S``; pings and handshakes look too, so the first message after a
+    resume already sees it).  Stalls are numbered (:attr:`epoch`) and their lengths
+    kept, so a message can say which stalls its sender knew of."""
+
+    __slots__ = ("_last", "_lengths", "_lock", "_stop", "_thread", "epoch")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self._last = time.monotonic()
+        self._lengths: dict[int, float] = {}
+        # One stall is numbered once, whichever thread sees it first.
+        self._lock = threading.Lock()
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def __reduce__(self) -> tuple[type[Stalls], tuple[()]]:
+        return Stalls, ()  # a copy (the plugin shipped to a worker) starts afresh
+
+    def observe(self, now: float | None = None) -> int:
+        """Look at the clock (any thread); the current stall number."""
+        with self._lock:
+            if now is None:
+                now = time.monotonic()
+            gap, self._last = now - self._last, max(self._last, now)
+            if gap >= _STALL_S:
+                self.epoch += 1
+                self._lengths[self.epoch] = gap
+                if len(self._lengths) > _STALLS_KEPT:
+                    del self._lengths[min(self._lengths)]
+            return self.epoch
+
+    def since(self, epoch: int) -> float:
+        """The longest stall after stall number ``epoch`` (0.0: none)."""
+        self.observe()
+        with self._lock:
+            return max((n for e, n in self._lengths.items() if e > epoch), default=0.0)
+
+    def start(self, name: str) -> None:
+        """Start the watchdog thread (in the worker: the plugin is pickled before)."""
+        self._last = time.monotonic()
+        stop = self._stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(_WATCH_TICK_S):
+                self.observe()
+
+        self._thread = threading.Thread(target=watch, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the watchdog thread (it ends within one tick)."""
+        stop, thread, self._stop, self._thread = self._stop, self._thread, None, None
+        if stop is not None and thread is not None:
+            stop.set()
+            thread.join()
 
 
 class _TaskLoop:
@@ -209,12 +321,18 @@ class AsyncflowWorker(WorkerPlugin):
         #: pickled by the client): a master holding another one talks to a worker that
         #: restarted (or whose plugin was installed again).
         self.incarnation = ""
+        #: When this process stood still (its watchdog runs from ``setup``).
+        self.stalls = Stalls()
+        #: (task, step id) → (the stall number its master knew when it sent the step,
+        #: its master's health timeout), while the step runs here.
+        self._sent: dict[tuple[str, int], tuple[int, float]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def setup(self, worker: Any) -> None:
         self._worker = worker
         self.incarnation = uuid.uuid4().hex
+        self.stalls.start(f"asyncflow-watchdog-{worker.address}")
         self._task_loop = _TaskLoop(f"asyncflow-task-{worker.address}")
         self._task_loop.loop.call_soon_threadsafe(self._check_leases)
         # Handlers first: a handshake arriving while the service starts waits for it
@@ -243,8 +361,10 @@ class AsyncflowWorker(WorkerPlugin):
         await server
         scheme, loc = parse_address(worker.listener.listen_address)
         host, _ = parse_host_port(loc)
-        await server.listen(
-            f"{scheme}://{unparse_host_port(host, 0)}", **worker.security.get_listen_args("worker")
+        await server.listen(  # (allow_offload: as for ``send``, no sizeof per message)
+            f"{scheme}://{unparse_host_port(host, 0)}",
+            allow_offload=False,
+            **worker.security.get_listen_args("worker"),
         )
         self._server = server
         return f"{scheme}://{unparse_host_port(get_address_host(worker.address), server.port)}"
@@ -271,14 +391,21 @@ class AsyncflowWorker(WorkerPlugin):
             await asyncio.to_thread(task_loop.stop)
             for env in envs:
                 await asyncio.to_thread(env.close)
+        await asyncio.to_thread(self.stalls.stop)
 
     # -- plumbing -------------------------------------------------------------------------
 
     def _check_leases(self) -> None:
-        """Drop the sessions of masters gone silent (task loop, every quarter second)."""
+        """Drop the sessions of masters gone silent, and the steps given up on while
+        this process stood still (task loop, every quarter second)."""
         now = time.monotonic()
         for env in list(self._envs.values()):
             env.expire(now)
+        for (task, step_id), sent in list(self._sent.items()):
+            error = self._given_up(task, step_id, sent)
+            running = self._envs.get(task)
+            if error is not None and running is not None:
+                _drop(running, step_id, error)
         task_loop = self._task_loop
         if task_loop is not None:
             task_loop.loop.call_later(_LEASE_CHECK_S, self._check_leases)
@@ -317,17 +444,35 @@ class AsyncflowWorker(WorkerPlugin):
         for event in summary.values():
             self._worker.log_event(EVENT_TOPIC, event)
 
+    def _given_up(
+        self, task: str, step_id: int, sent: tuple[int, float]
+    ) -> errors.AbortedError | None:
+        """Why step ``step_id`` must not run (on) here: this process stood still long
+        enough after its master sent it for the master to give up on the task (the
+        step already failed for its caller); None when it may."""
+        stalled = self.stalls.since(sent[0])
+        if stalled < _GIVEN_UP * sent[1]:
+            return None
+        return errors.AbortedError(
+            None,
+            None,
+            f"task {task} stood still for {stalled:.1f} s (a stopped or frozen "
+            f"process) after step {step_id} was sent to it, and its session gave up "
+            f"on it: the step is dropped there, not run",
+        )
+
     def _stale(self, incarnation: str) -> bool:
         return incarnation != self.incarnation
 
     def _env(self, task: str, cpus: int = 1, threads: int = 1) -> WorkerEnv:
         env = self._envs.get(task)
         if env is None:
-            env = self._envs[task] = WorkerEnv(task, cpus, threads, self._pull)
+            env = self._envs[task] = WorkerEnv(task, cpus, threads, self._push)
         return env
 
-    async def _pull(self, task: str, step_id: int, key: str) -> tuple[Any, bool]:
-        """A cross-task recv (on the task loop): ask the producer's worker."""
+    async def _push(self, task: str, step_id: int, key: str, value: Any, dead: bool) -> None:
+        """A cross-task send (on the task loop): hand the value to the consumer's
+        worker, one way (its run, not an answer to this, reports the step)."""
         address = self._addresses.get(task)
         if address is None:
             raise errors.UnavailableError(None, None, f"task {task} has no known worker")
@@ -335,21 +480,19 @@ class AsyncflowWorker(WorkerPlugin):
         if server is None:
             raise errors.UnavailableError(None, None, f"the service of task {task}'s peer stopped")
         try:
-            reply = await server.rpc(address).asyncflow_recv_tensor(
-                task=task, step_id=step_id, key=key
+            await send(
+                server.rpc,
+                address,
+                "asyncflow_send_tensor",
+                reply=False,
+                task=task,
+                step_id=step_id,
+                key=key,
+                value=wire(value),
+                dead=dead,
             )
         except COMM_ERRORS as exc:
             raise unavailable(task, address, exc) from None
-        if reply is None:  # Dask's answer to an op without a handler
-            raise errors.FailedPreconditionError(
-                None,
-                None,
-                f"task {task} (Dask worker {address}) has no asyncflow service: "
-                f"its worker plugin {PLUGIN_NAME!r} was unregistered",
-            )
-        if not reply["ok"]:
-            raise unwire(reply["error"])
-        return unwire_value(reply["value"]), reply["dead"]
 
     # -- handlers on Dask's loop --------------------------------------------------------------
 
@@ -364,6 +507,7 @@ class AsyncflowWorker(WorkerPlugin):
             "protocol": proto,
             "incarnation": self.incarnation,
             "service": self.service,
+            "epoch": self.stalls.observe(),
         }
 
     async def _h_ping(self, comm: Any, task: str, sessions: list[str], lease: float) -> Any:
@@ -372,7 +516,7 @@ class AsyncflowWorker(WorkerPlugin):
         task_loop = self._task_loop
         if env is not None and sessions and task_loop is not None:
             task_loop.loop.call_soon_threadsafe(env.renew, sessions, time.monotonic() + lease)
-        return _OK
+        return {"ok": True, "epoch": self.stalls.observe()}
 
     async def _h_client_gone(self, comm: Any, client: str) -> Any:
         """The scheduler saw a client leave: drop its sessions now (not at lease end)."""
@@ -436,11 +580,20 @@ class AsyncflowWorker(WorkerPlugin):
         args: list[Any],
         trace: bool,
         name: str,
+        epoch: int,
+        health: float,
     ) -> Any:
         env = self._envs.get(task)
         if env is None or self._stale(incarnation):
             return {"restarted": True}
         start = time.time()
+        sent = (epoch, health)
+        error = self._given_up(task, step_id, sent)
+        if error is not None:
+            env.rendezvous.cleanup(step_id)  # (its pushed values, and any late one)
+            self._event(task, name, step_id, start, "AbortedError")
+            return {"ok": False, "error": ToPickle(error)}
+        self._sent[(task, step_id)] = sent
         try:
             values, stats = await env.run_graph(
                 session, handle, step_id, [unwire_value(a) for a in args], trace
@@ -448,6 +601,8 @@ class AsyncflowWorker(WorkerPlugin):
         except errors.OpError as exc:
             self._event(task, name, step_id, start, type(exc).__name__)
             return {"ok": False, "error": ToPickle(exc)}
+        finally:
+            self._sent.pop((task, step_id), None)
         self._event(task, name, step_id, start, "ok")
         return {
             "ok": True,
@@ -468,11 +623,25 @@ class AsyncflowWorker(WorkerPlugin):
         return {"ok": True, "value": wire(value), "dead": dead}
 
     async def _h_send_tensor(
-        self, comm: Any, task: str, incarnation: str, step_id: int, key: str, value: Any, dead: bool
+        self,
+        comm: Any,
+        task: str,
+        step_id: int,
+        key: str,
+        value: Any,
+        dead: bool,
+        incarnation: str | None = None,
     ) -> Any:
-        if self._stale(incarnation):
+        if incarnation is not None and self._stale(incarnation):
             return {"restarted": True}
-        self._env(task).send_tensor(step_id, key, unwire_value(value), dead)
+        env = self._env(task)
+        sent = self._sent.get((task, step_id))
+        if sent is not None:  # its run started here: maybe before this process stood still
+            error = self._given_up(task, step_id, sent)
+            if error is not None:
+                _drop(env, step_id, error)
+                return _OK
+        env.send_tensor(step_id, key, unwire_value(value), dead)
         return _OK
 
     async def _h_abort_step(

@@ -45,6 +45,7 @@ from asyncflow.distributed._dask import (
     SERVICE_STOPPED,
     AsyncflowWorker,
     local_identity,
+    send,
 )
 from asyncflow.distributed._scheduler import METADATA_KEY, claimer, keeper, name_order
 
@@ -156,6 +157,9 @@ class Cluster:
         #: task name → how many times its worker was replaced (graphs registered with
         #: an older generation are registered again).
         self.generation: dict[str, int] = {}
+        #: task name → the number of its process's last stall this client heard of
+        #: (a step sent with it is dropped there if it stalled long after).
+        self.epoch: dict[str, int] = {}
         self._incarnation: dict[str, str] = {}  # task → its worker process's token
         self.client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -264,7 +268,11 @@ class Cluster:
                 try:
                     async with asyncio.TaskGroup() as tg:
                         for task, name in names.items():
-                            tg.create_task(self._adopt(task, name, by_name[name], failed))
+                            tg.create_task(
+                                self._adopt(
+                                    task, name, by_name[name], failed, deadline - time.monotonic()
+                                )
+                            )
                     break
                 except BaseExceptionGroup as group:
                     exc = group.exceptions[0]
@@ -380,8 +388,16 @@ class Cluster:
             checks = [tg.create_task(ok(name)) for name in names]
         return [name for name, check in zip(names, checks, strict=True) if check.result()]
 
-    async def _adopt(self, task: str, name: str, address: str, failed: Mapping[str, str]) -> str:
-        """Handshake with ``task``'s worker and bind the task to it; its token."""
+    async def _adopt(
+        self,
+        task: str,
+        name: str,
+        address: str,
+        failed: Mapping[str, str],
+        wait_s: float | None = None,
+    ) -> str:
+        """Handshake with ``task``'s worker and bind the task to it; its token
+        (``wait_s``: see :meth:`_hello`)."""
         if address in failed:
             raise errors.FailedPreconditionError(
                 None,
@@ -389,7 +405,7 @@ class Cluster:
                 f"Dask worker {name!r} ({address}) cannot host task {task}: "
                 f"asyncflow's worker service failed there: {failed[address]}",
             )
-        token, service = await self._hello(task, name, address)
+        token, service = await self._hello(task, name, address, wait_s)
         self.assignment[task] = address
         self.service[task] = service
         self.generation.setdefault(task, 0)
@@ -399,12 +415,20 @@ class Cluster:
         self.client.subscribe_topic(address, self._watch(task, address))
         return token
 
-    async def _hello(self, task: str, name: str, address: str) -> tuple[str, str]:
+    async def _hello(
+        self, task: str, name: str, address: str, wait_s: float | None = None
+    ) -> tuple[str, str]:
         """The version and protocol handshake; the worker process's token and its task
-        service's address."""
+        service's address.
+
+        Bounded by ``health_timeout_s``, or by ``wait_s`` when longer: what is left of
+        a connect's ``timeout_s`` (a worker that just joined may take a while to start
+        the service it answers with, on a loaded host more than a short health timeout).
+        """
         version, protocol = local_identity()
+        limit = self.health_timeout_s if wait_s is None else max(wait_s, self.health_timeout_s)
         try:
-            async with asyncio.timeout(self.health_timeout_s):
+            async with asyncio.timeout(limit):
                 reply = await self.client.rpc(address).asyncflow_hello(
                     task=task, version=version, protocol=protocol
                 )
@@ -412,8 +436,7 @@ class Cluster:
             raise errors.UnavailableError(
                 None,
                 None,
-                f"task {task}: Dask worker {name!r} ({address}) did not answer "
-                f"within {self.health_timeout_s:g} s",
+                f"task {task}: Dask worker {name!r} ({address}) did not answer within {limit:g} s",
             ) from None
         except (distributed.comm.core.CommClosedError, OSError) as exc:
             raise errors.UnavailableError(
@@ -445,6 +468,7 @@ class Cluster:
                 f"client runs {version} (protocol {protocol}); install the same "
                 f"asyncflow on every machine",
             )
+        self.epoch[task] = int(reply["epoch"])
         return str(reply["incarnation"]), str(reply["service"])
 
     def _watch(self, task: str, address: str) -> Callable[[Any], None]:
@@ -652,8 +676,13 @@ class Cluster:
             dead = self.unavailable(task)
             if dead is not None:
                 raise dead
-            reply = await getattr(pool(address), f"asyncflow_{op}")(
-                task=task, incarnation=self._incarnation[task], **kwargs
+            reply = await send(
+                pool,
+                address,
+                f"asyncflow_{op}",
+                task=task,
+                incarnation=self._incarnation[task],
+                **kwargs,
             )
         except (distributed.comm.core.CommClosedError, OSError) as exc:
             self.mark_unavailable(task, f"{type(exc).__name__}: {exc}")
@@ -719,7 +748,7 @@ class Cluster:
         busy = bool(self._calls.get(task))
         try:
             async with asyncio.timeout(self.health_timeout_s):
-                await self.client.rpc(address).asyncflow_ping(
+                reply = await self.client.rpc(address).asyncflow_ping(
                     task=task, sessions=self._session_list(), lease=self.master_lease_s
                 )
         except TimeoutError:
@@ -727,8 +756,11 @@ class Cluster:
                 self.mark_unavailable(
                     task, f"it did not answer for {self.health_timeout_s:g} s (a hung host?)"
                 )
+            return
         except Exception:
-            pass  # a dead worker: Dask's events and the calls themselves report it
+            return  # a dead worker: Dask's events and the calls themselves report it
+        if isinstance(reply, dict) and "epoch" in reply:
+            self.epoch[task] = int(reply["epoch"])
 
     def _session_list(self) -> list[str]:
         with self._lock:

@@ -71,8 +71,10 @@ class Cluster(Protocol):
     assignment: dict[str, str]
     service: dict[str, str]
     generation: dict[str, int]
+    epoch: dict[str, int]
     sessions: set[str]
     master_lease_s: float
+    health_timeout_s: float
     client: Any
     _closed: bool
     _lock: threading.Lock
@@ -366,6 +368,7 @@ class DistributedStep(ExecutorBarrier):
     async def _run_remote(self, task: str, handle: str) -> None:
         needs = self._call.needs[task]
         args = [wire(v) if k in needs else None for k, v in enumerate(self._frame.args)]
+        cluster = self._master.cluster
         try:
             reply = await self._master.call(
                 task,
@@ -376,6 +379,10 @@ class DistributedStep(ExecutorBarrier):
                 args=args,
                 trace=self._trace,
                 name=self._call.name,
+                # The task's stalls this master knew of, and how long it waits for an
+                # answer: a run the task gets only after a longer stall is dropped.
+                epoch=cluster.epoch.get(task, 0),
+                health=cluster.health_timeout_s,
             )
         except errors.OpError as exc:
             self._record(exc)

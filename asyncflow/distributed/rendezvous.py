@@ -1,11 +1,13 @@
 """The remote rendezvous: a step's :class:`LocalRendezvous`, plus the edges that cross tasks.
 
 TensorFlow's ``BaseRemoteRendezvous`` on the event loop.  Same-task edges stay in
-the local table.  A ``_Recv`` whose producer lives on another task *pulls* the value
-(``recv_tensor(step_id, key)``) from that task, whose local rendezvous answers when
-the ``_Send`` has run.  The session's own process (``/job:localhost``) is no server,
-so its sends to a remote task are *pushed* (``send_tensor``) instead, and remote
-tasks never pull from it.
+the local table.  Between tasks a value is *pushed*: the producing task's ``_Send``
+hands it to the consuming task's rendezvous (``send_tensor(step_id, key)``, one
+message, no answer), where the ``_Recv`` finds it as if it had been sent locally.
+A push before the consumer's run is kept until the run comes; one after the step is
+over there (it failed, was aborted or given up on) is dropped.  The session's own
+process (``/job:localhost``) is no server: it pushes its sends too, but *pulls*
+(``recv_tensor``) the values tasks send it, and tasks keep those until pulled.
 
 Transfers are tasks of the step's task group (:meth:`attach`); a recv that is
 cancelled (its step failed) cancels its pull, and :meth:`abort` fails every pending
@@ -42,13 +44,22 @@ def task_of(device: str) -> str:
 class RemoteRendezvous(LocalRendezvous):
     """The rendezvous of one step on one task (or in the session's process)."""
 
-    __slots__ = ("_on_error", "_pull", "_push", "_step_id", "_task", "_tg", "_transfers")
+    __slots__ = (
+        "_on_error",
+        "_pull",
+        "_push",
+        "_push_error",
+        "_step_id",
+        "_task",
+        "_tg",
+        "_transfers",
+    )
 
     def __init__(
         self,
         task: str,
         step_id: int,
-        pull: PullFn,
+        pull: PullFn | None,
         push: PushFn | None = None,
         on_error: Callable[[errors.OpError], None] | None = None,
     ) -> None:
@@ -59,6 +70,7 @@ class RemoteRendezvous(LocalRendezvous):
         self._push = push
         self._on_error = on_error
         self._tg: asyncio.TaskGroup | None = None
+        self._push_error: errors.OpError | None = None
         # Pending remote recvs: failed at once by abort().
         self._transfers: set[asyncio.Future[Item]] = set()
 
@@ -66,6 +78,11 @@ class RemoteRendezvous(LocalRendezvous):
     def step_id(self) -> int:
         """The step this rendezvous belongs to."""
         return self._step_id
+
+    @property
+    def push_error(self) -> errors.OpError | None:
+        """Why a push of this step failed (its consumer never gets the value), or None."""
+        return self._push_error
 
     def attach(self, tg: asyncio.TaskGroup | None) -> None:
         """Run transfers in ``tg`` (the step's task group); None when the step ends."""
@@ -76,11 +93,12 @@ class RemoteRendezvous(LocalRendezvous):
         return None if task == self._task else task
 
     def send(self, key: str, value: Any, is_dead: bool = False) -> None:
-        """Local, unless the consumer is remote and this is the session (push it there)."""
+        """Local, unless the consumer is another task: then pushed there (a task keeps
+        what the session receives: the session pulls it)."""
         push = self._push
         if push is not None:
             dst = self._remote(key.split(";", 3)[2])
-            if dst is not None:
+            if dst is not None and (self._pull is not None or dst != LOCAL_TASK):
                 if self._aborted is not None:
                     raise self._abort_error(key)
                 self._sent += 1
@@ -90,11 +108,10 @@ class RemoteRendezvous(LocalRendezvous):
 
     def _pulled_from(self, key: str) -> str | None:
         """The task a recv of ``key`` pulls from; None when the value arrives here
-        (same task, or a worker receiving from the session, which pushes)."""
-        src = self._remote(key[: key.index(";")])
-        if src is None or (self._push is None and src == LOCAL_TASK):
+        (same task, or a task, whose peers and session push to it)."""
+        if self._pull is None:
             return None
-        return src
+        return self._remote(key[: key.index(";")])
 
     def recv_or_wait(self, key: str, waiter: Waiter) -> Item | None:
         """Local, unless the producer is another task: then the pull's future
@@ -154,6 +171,7 @@ class RemoteRendezvous(LocalRendezvous):
         return tg.create_task(coro)
 
     async def _pulling(self, src: str, key: str, fut: asyncio.Future[Item]) -> None:
+        assert self._pull is not None  # (only the session pulls)
         try:
             item = await self._pull(src, self._step_id, key)
         except Exception as exc:
@@ -169,6 +187,8 @@ class RemoteRendezvous(LocalRendezvous):
             await push(dst, self._step_id, key, value, is_dead)
         except Exception as exc:
             error = exc if isinstance(exc, errors.OpError) else errors.from_exception(exc)
+            if self._push_error is None:
+                self._push_error = error
             if self._on_error is not None:
                 self._on_error(error)
             self.abort(error)

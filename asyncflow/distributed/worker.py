@@ -12,10 +12,12 @@ TensorFlow's ``distributed_runtime`` shapes, on one event loop:
   a handle; ``run`` executes them by handle and step id (one
   :class:`~asyncflow.runtime.barrier.ExecutorBarrier` over the task's partitions).
 * :class:`RendezvousMgr` — step id → :class:`RemoteRendezvous`, created by whichever
-  comes first (the step, a peer's pull, the session's push).  After a step that
-  succeeded here it is removed as soon as peers have pulled every value sent here
-  (``finish``; no message needed); after a failure, the session's
-  ``cleanup_step`` removes it and fails whatever still waits on it.
+  comes first (the step, a peer's push, the session's push or pull).  After a step
+  that succeeded here it is removed as soon as the session has pulled every value
+  sent to it (``finish``; no message needed); after a failure, the session's
+  ``cleanup_step`` removes it and fails whatever still waits on it.  A step over
+  here is remembered, so a late push for it is dropped, and one pushed to but never
+  run here (its session gave up on it) is forgotten after ``_UNCLAIMED_S``.
 
 Leases: every session's master renews it (``renew``, from the master's pings and its
 calls); :meth:`WorkerEnv.expire` aborts the running steps of a session whose lease
@@ -27,7 +29,7 @@ task's container already knows with another dtype or shape fails with
 ``InvalidArgumentError`` naming it (TF's check), instead of both sessions silently
 overwriting each other.
 
-Nothing here knows about Dask: the transport (``pull``) is injected, so a worker is
+Nothing here knows about Dask: the transport (``push``) is injected, so a worker is
 driven in process by the unit tests and by :mod:`asyncflow.distributed._dask` in a
 Dask worker process, where every method runs on the task's own event loop.
 """
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,7 +48,7 @@ from typing import Any, TypeVar
 from asyncflow import errors
 from asyncflow.compiler.plan import Plan
 from asyncflow.config import StepStats
-from asyncflow.distributed.rendezvous import PullFn, RemoteRendezvous
+from asyncflow.distributed.rendezvous import PushFn, RemoteRendezvous
 from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
@@ -67,6 +70,9 @@ T = TypeVar("T")
 #: How many finished step ids a task remembers, so a late pull or push for a step that
 #: is over fails at once instead of waiting in a fresh rendezvous.
 _REMEMBERED_STEPS = 4096
+#: How long a rendezvous made by a push waits for its step to run here: a step never
+#: run by then was given up on by its session (which sends its runs as it starts).
+_UNCLAIMED_S = 60.0
 
 
 def on_task(error: errors.OpError, task: str) -> errors.OpError:
@@ -129,29 +135,46 @@ class TaskDevice(LocalDevice):
 class RendezvousMgr:
     """Step id → the step's rendezvous on this task (TF's ``BaseRendezvousMgr``)."""
 
-    def __init__(self, task: str, pull: PullFn) -> None:
+    def __init__(self, task: str, push: PushFn) -> None:
         self._task = task
-        self._pull = pull
+        self._push = push
         self._table: dict[int, RemoteRendezvous] = {}
+        # Steps whose rendezvous a push made, not run here yet: step id → when.
+        self._unclaimed: dict[int, float] = {}
         self._finished: OrderedDict[int, None] = OrderedDict()
-        # Steps that succeeded here, whose sent values peers have not all pulled yet.
+        # Steps that succeeded here, whose values for the session it has not all pulled.
         self._draining: set[int] = set()
 
-    def find_or_create(self, step_id: int) -> RemoteRendezvous:
-        """The step's rendezvous; one that is already over comes back aborted."""
+    def find_or_create(self, step_id: int, pushed: bool = False) -> RemoteRendezvous:
+        """The step's rendezvous; one that is already over comes back aborted.
+
+        ``pushed``: for a value pushed here (the step may never run here: remembered
+        as unclaimed until it does)."""
         rdv = self._table.get(step_id)
         if rdv is None:
-            rdv = RemoteRendezvous(self._task, step_id, self._pull)
+            rdv = RemoteRendezvous(self._task, step_id, None, self._push)
             if step_id in self._finished:
                 rdv.abort(
                     errors.AbortedError(None, None, f"step {step_id} is over on task {self._task}")
                 )
-            else:
-                self._table[step_id] = rdv
+                return rdv
+            self._table[step_id] = rdv
+            if pushed:
+                self._unclaimed[step_id] = time.monotonic()
+        if not pushed:
+            self._unclaimed.pop(step_id, None)
         return rdv
 
+    def sweep(self, now: float) -> list[int]:
+        """Forget the steps pushed to but not run here for ``_UNCLAIMED_S`` (their
+        values with them); the step ids."""
+        stale = [s for s, born in self._unclaimed.items() if born < now - _UNCLAIMED_S]
+        for step_id in stale:
+            self.cleanup(step_id)
+        return stale
+
     def finish(self, step_id: int) -> None:
-        """The step succeeded on this task: forget it once its values were pulled."""
+        """The step succeeded on this task: forget it once the session pulled its values."""
         rdv = self._table.get(step_id)
         if rdv is None or rdv.idle():
             self.cleanup(step_id)
@@ -159,7 +182,7 @@ class RendezvousMgr:
             self._draining.add(step_id)
 
     def taken(self, step_id: int) -> None:
-        """A peer pulled a value of ``step_id``: maybe the last one."""
+        """The session pulled a value of ``step_id``: maybe the last one."""
         if step_id in self._draining:
             rdv = self._table.get(step_id)
             if rdv is None or rdv.idle():
@@ -168,6 +191,7 @@ class RendezvousMgr:
     def cleanup(self, step_id: int) -> None:
         """The step is over: fail what still waits on its rendezvous and forget it."""
         self._draining.discard(step_id)
+        self._unclaimed.pop(step_id, None)
         rdv = self._table.pop(step_id, None)
         self._finished[step_id] = None
         if len(self._finished) > _REMEMBERED_STEPS:
@@ -331,7 +355,7 @@ class WorkerEnv:
     Every method runs on the task's event loop (one thread), so no lock is needed.
     """
 
-    def __init__(self, task: str, cpus: int, threads: int, pull: PullFn) -> None:
+    def __init__(self, task: str, cpus: int, threads: int, push: PushFn) -> None:
         self.task = task
         self.devices = tuple(
             TaskDevice(f"{task}/device:CPU:{i}", "CPU", i, threads) for i in range(cpus)
@@ -340,7 +364,7 @@ class WorkerEnv:
         self.resources = ResourceMgr()
         self.declared = Declared()
         self.sessions = SessionMgr(self)
-        self.rendezvous = RendezvousMgr(task, pull)
+        self.rendezvous = RendezvousMgr(task, push)
         #: step id → (its barrier, set when it ended, its session's handle)
         self._running: dict[int, tuple[ExecutorBarrier, asyncio.Event, str]] = {}
 
@@ -405,10 +429,12 @@ class WorkerEnv:
                 except errors.OpError as exc:
                     failed = exc  # raised below: not as an ExceptionGroup of the transfers
                 finally:
-                    # Values sent here stay until peers pulled them (cleanup_step).
+                    # Values for the session stay until it pulled them (or cleanup_step).
                     rdv.attach(None)
             if failed is not None:
                 raise failed
+            if rdv.push_error is not None:  # a consumer never got its value
+                raise rdv.push_error
             self.rendezvous.finish(step_id)
         except errors.OpError as exc:
             raise on_task(exc, self.task) from None
@@ -418,7 +444,7 @@ class WorkerEnv:
         return values, barrier.stats
 
     async def recv_tensor(self, step_id: int, key: str) -> tuple[Any, bool]:
-        """A peer's pull: wait for this task's send of ``key`` in step ``step_id``."""
+        """The session's pull: wait for this task's send of ``key`` in step ``step_id``."""
         rdv = self.rendezvous.find_or_create(step_id)
         try:
             item = await rdv.local_recv_future(key)
@@ -428,8 +454,9 @@ class WorkerEnv:
         return item
 
     def send_tensor(self, step_id: int, key: str, value: Any, is_dead: bool) -> None:
-        """The session's push of a value this task receives."""
-        rdv = self.rendezvous.find_or_create(step_id)
+        """A peer's (or the session's) push of a value this task receives; dropped when
+        the step is over here."""
+        rdv = self.rendezvous.find_or_create(step_id, pushed=True)
         if rdv.aborted is None:
             rdv.send(key, value, is_dead)
 
@@ -472,7 +499,9 @@ class WorkerEnv:
     def expire(self, now: float) -> list[str]:
         """Drop every session whose master's lease ended before ``now``: its running
         steps are aborted (their kernels cancelled, their writes never land) and its
-        graphs forgotten.  The handles dropped."""
+        graphs forgotten; and forget values pushed for steps that never ran here.
+        The handles dropped."""
+        self.rendezvous.sweep(now)
         gone = [ws.handle for ws in self.sessions.all() if ws.lease_end < now]
         for handle in gone:
             error = errors.AbortedError(
