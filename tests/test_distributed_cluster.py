@@ -9,6 +9,7 @@ task → worker map it records starts empty.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -120,6 +121,8 @@ class Procs:
             os.kill(proc.pid, sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):
             proc.wait(timeout=30)
+        elif sig == signal.SIGSTOP:
+            _wait_stopped(proc.pid)
 
     def close(self) -> None:
         for proc in self._procs:
@@ -130,6 +133,26 @@ class Procs:
             proc.wait(timeout=30)
             if proc.stdout is not None:
                 proc.stdout.close()
+
+
+def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Return once every thread of ``pid`` is stopped: a SIGSTOP takes hold only when its
+    threads next get a core, and on a loaded machine a thread may run on for
+    milliseconds (a whole step) after ``kill`` returned."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():  # no procfs: nothing to wait on
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = set()
+        for task in tasks.iterdir():
+            with contextlib.suppress(OSError):  # a thread that just ended
+                stat = (task / "stat").read_text()
+                states.add(stat[stat.rindex(")") + 2])
+        if states <= {"T", "t"}:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} did not stop within {timeout} s")
 
 
 @pytest.fixture
