@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import asyncflow as af
-from asyncflow import session as session_module
+from asyncflow.session import core as session_module
 
 if TYPE_CHECKING:
     import pytest

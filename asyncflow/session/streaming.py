@@ -16,12 +16,12 @@ and waits for it to stop: nothing keeps running.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncflow._backend import require_asyncio
-from asyncflow.fetch_feed import FetchMapper
 from asyncflow.runtime.streaming import watch_retvals
+from asyncflow.session.fetch_feed import FetchMapper
 
 if TYPE_CHECKING:
     from asyncflow.config import RunOptions
@@ -45,6 +45,8 @@ class _Call(Protocol):
 
     def results(self, values: Sequence[Any]) -> Any: ...
 
+    def with_plans(self, bound: Sequence[BoundPlan]) -> Any: ...
+
 
 class _Session(Protocol):
     @property
@@ -52,11 +54,9 @@ class _Session(Protocol):
 
     def _prepare(self, fetches: Any, feed_dict: Mapping[Any, Any] | None) -> Any: ...
 
-    def _streaming(self, call: Any, bound: Sequence[BoundPlan]) -> Any: ...
-
-    async def _execute(
+    def _start(
         self, call: Any, frame: CallFrame, options: RunOptions | None, run_metadata: None
-    ) -> Any: ...
+    ) -> Coroutine[Any, Any, Any]: ...
 
 
 async def stream(
@@ -95,7 +95,7 @@ async def stream(
             if part == p:
                 targets.setdefault(index, []).append(k)
         watched.append(watch_retvals(bound, _fan_out(targets, notify), loop))
-    streaming = session._streaming(call, watched)
+    streaming = call.with_plans(watched)
     for k, value in _known_now(call, frame):  # fed, or a constant: yielded first
         notify(k, value)
 
@@ -103,7 +103,7 @@ async def stream(
 
     async def drive() -> None:
         try:
-            outcome.append(await session._execute(streaming, frame, options, None))
+            outcome.append(await session._start(streaming, frame, options, None))
         except Exception as exc:  # handed to the consumer, never to the task group
             outcome.append(exc)
         finally:
