@@ -176,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import dist
 
         return dist.main(argv[1:])
+    if argv[:1] == ["steps_at_scale"]:  # python -m benchmarks steps_at_scale [--quick]
+        from benchmarks import steps_at_scale
+
+        return steps_at_scale.main(argv[1:])
     if argv[:1] == ["models"]:  # python -m benchmarks models [--quick] [--manifest F]
         from benchmarks import models
 
