@@ -53,6 +53,7 @@ import asyncio
 import contextvars
 import functools
 import math
+import threading
 import time
 import traceback
 from collections.abc import Callable, Coroutine, Sequence
@@ -99,6 +100,9 @@ __all__ = [
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
 SLICE = 0.001
+
+#: Guards making a step's cancellation manager (kernels on threads may ask at once).
+_CM_LOCK = threading.Lock()
 
 _ASYNC = registry.ASYNC
 
@@ -180,8 +184,11 @@ class Step:
         self._done: asyncio.Future[None] | None = None
         # Dispatched, unfinished nodes: tasks (and deferred ones) and waiting recvs.
         self._outstanding = 0
-        self._deferred: list[tuple[Any, int, list[Any]]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Nodes dispatched before the step had a task group, made by the first one.
+        self._deferred: list[tuple[Any, int, list[Any]]] | None = None
+        # The step's tasks, made by the first one (a step that awaits one lone node, the
+        # common step of a service, never makes the set).
+        self._tasks: set[asyncio.Task[None]] | None = None
         # Futures of waiting recvs (no hand-off queue), made by the first one.
         self._recvs: set[asyncio.Future[Any]] | None = None
         self._error: errors.OpError | None = None  # the first error; written once
@@ -239,8 +246,6 @@ class Step:
         Raises the step's first error as an ``OpError``.  Returns or raises only after
         every task the step started has finished.
         """
-        if self._cm is None:
-            self._cm = CancellationManager()
         current = current_step.set(self)  # its tasks and kernels inherit it (and its manager)
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
@@ -249,7 +254,18 @@ class Step:
         try:
             finished = self._error is not None or self._prop.drain(time.perf_counter() + SLICE)
             if self._error is None and (not finished or self._outstanding):
-                await self._run_tasks()
+                self._loop = asyncio.get_running_loop()
+                try:
+                    # The step's only work one async node: awaited right here (one
+                    # coroutine level, no task group); the group takes what is left.
+                    if self._lone_async():
+                        await self._await_alone()
+                    if not self._settled():
+                        await self._run_tasks()
+                finally:
+                    self._stopped = True
+                    self._spawn = None
+                    self._loop = None
         except asyncio.CancelledError as exc:
             clear_frames(exc)  # the task group's frames hold it: no cycle left behind
             raise
@@ -314,12 +330,29 @@ class Step:
         deadline landing now interrupts (TF names the pending op).  Read from the
         running tasks' frames, so the hot path pays nothing for it."""
         found = [self._alone[3]] if self._alone is not None else []
-        for task in self._tasks:
+        for task in self._tasks or ():
             frame = getattr(task.get_coro(), "cr_frame", None)  # _run_node's, until it ends
             if frame is not None and isinstance(frame.f_locals.get("i"), int):
                 found.append(frame.f_locals["i"])
         ops = self._bound.ops
         return sorted(getattr(ops[i], "name", str(i)) for i in found)
+
+    def cancellation_manager(self) -> CancellationManager:
+        """The step's cancellation manager, made when a kernel first asks for it (most
+        steps never do: no object per step for it).  Any thread (a kernel on a worker
+        thread)."""
+        cm = self._cm
+        if cm is None:
+            with _CM_LOCK:
+                cm = self._cm
+                if cm is None:
+                    cm = self._cm = CancellationManager()
+        return cm
+
+    def _cancel_manager(self) -> None:
+        """Cancel the step's manager; one made only now (nobody asked before) is made
+        cancelled, so a kernel asking later sees it so."""
+        self.cancellation_manager().cancel()
 
     @property
     def device(self) -> LocalDevice:
@@ -339,24 +372,31 @@ class Step:
 
     # -- waiting for tasks ----------------------------------------------------------------
 
+    def _lone_async(self) -> bool:
+        """The step waits on exactly one async node and nothing else (see
+        :meth:`_await_alone`)."""
+        deferred = self._deferred
+        return (
+            deferred is not None
+            and len(deferred) == 1
+            and self._outstanding == 1
+            and self._nodes[deferred[0][1]].flow == _ASYNC
+        )
+
+    def _settled(self) -> bool:
+        """Nothing is left for the task group: failed, stopped, or every node ran."""
+        return (
+            self._error is not None
+            or self._stopped
+            or (not self._outstanding and not self._prop.has_ready())
+        )
+
     async def _run_tasks(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._loop = loop
-        prop = self._prop
+        """Run the step's remaining work in a task group until it is done, fails or
+        stops (``run`` sets the loop and resets the step's state after)."""
+        loop = self._loop
+        assert loop is not None
         try:
-            deferred = self._deferred
-            if (
-                len(deferred) == 1
-                and self._outstanding == 1
-                and self._nodes[deferred[0][1]].flow == _ASYNC
-            ):
-                await self._await_alone()
-                if (
-                    self._error is not None
-                    or self._stopped
-                    or (not self._outstanding and not prop.has_ready())
-                ):
-                    return
             if self._bound.options.own_task_group:
                 self._start_deferred(loop.create_task)
                 try:
@@ -372,10 +412,6 @@ class Step:
             # Only a BaseException that is not an Exception gets here (kernel errors
             # are caught in the tasks): re-raise it as itself, never as a group.
             raise group.exceptions[0] from None
-        finally:
-            self._stopped = True
-            self._spawn = None
-            self._loop = None
 
     def _start_deferred(
         self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]
@@ -384,9 +420,10 @@ class Step:
         ``dispatch`` starts tasks with ``spawn`` (the group's ``create_task``)."""
         self._spawn = spawn
         deferred = self._deferred
-        for token, i, args in deferred:
-            self._start_task(spawn, token, i, args)  # (never defers: spawn is set)
-        deferred.clear()
+        if deferred:
+            for token, i, args in deferred:
+                self._start_task(spawn, token, i, args)  # (never defers: spawn is set)
+            deferred.clear()
         if self._error is not None:
             self._cancel_tasks()  # aborted from another thread before the loop was known
 
@@ -413,8 +450,7 @@ class Step:
             # The caller was cancelled (or its deadline passed): nothing new may
             # start; the group cancels the running tasks and waits for them.
             self._stopped = True
-            if self._cm is not None:
-                self._cm.cancel()
+            self._cancel_manager()
             raise
         finally:
             self._done = None
@@ -436,6 +472,8 @@ class Step:
         stopped, as a task group does; the kernels are not cancelled again.
         """
         tasks = self._tasks
+        if tasks is None:
+            return
         cancelled: asyncio.CancelledError | None = None
         while pending := [t for t in tasks if not t.done()]:
             try:
@@ -468,15 +506,17 @@ class Step:
         prop = self._prop
         task = asyncio.current_task()
         assert task is not None
+        deferred = self._deferred
+        assert deferred is not None  # (run awaits this for a lone deferred node)
         nodes = self._nodes
         while (
             self._error is None
             and self._outstanding == 1
-            and len(self._deferred) == 1
-            and nodes[self._deferred[0][1]].flow == _ASYNC
+            and len(deferred) == 1
+            and nodes[deferred[0][1]].flow == _ASYNC
             and not prop.has_ready()
         ):
-            token, i, args = self._deferred.pop()
+            token, i, args = deferred.pop()
             # [this task, cancelled by the step's abort, its cancel requests before]
             alone = self._alone = [task, False, task.cancelling(), i]
             try:
@@ -486,8 +526,7 @@ class Step:
                     # The caller was cancelled (or its deadline passed): nothing new
                     # may start; the kernel has seen the cancellation.
                     self._stopped = True
-                    if self._cm is not None:
-                        self._cm.cancel()
+                    self._cancel_manager()
                     raise
                 return  # the step's own abort: its error is the outcome
             finally:
@@ -534,7 +573,10 @@ class Step:
         self._outstanding += 1
         spawn = self._spawn
         if spawn is None:
-            self._deferred.append((token, i, args))
+            deferred = self._deferred
+            if deferred is None:
+                deferred = self._deferred = []
+            deferred.append((token, i, args))
         else:
             self._start_task(spawn, token, i, args)
 
@@ -658,7 +700,10 @@ class Step:
             return
         # The task leaves _tasks itself when its body ends (no done callback to schedule);
         # one cancelled before it started stays until the step, which is failing, ends.
-        self._tasks.add(spawn(self._run_node(token, i, args, self._label())))
+        tasks = self._tasks
+        if tasks is None:
+            tasks = self._tasks = set()
+        tasks.add(spawn(self._run_node(token, i, args, self._label())))
 
     async def _run_node(
         self,
@@ -708,7 +753,7 @@ class Step:
             self._outstanding -= 1
             self._finish(token, i, v)
         finally:
-            if not keep:
+            if not keep and self._tasks is not None:
                 self._tasks.discard(asyncio.current_task())
 
     def _start_kernel(
@@ -859,7 +904,7 @@ class Step:
         if alone is not None and not alone[1] and alone[0] is not asyncio.current_task():
             alone[1] = True  # the lone node awaited in the step's own task: see _await_alone
             alone[0].cancel()
-        for task in self._tasks:
+        for task in self._tasks or ():
             if not task.cancelling():  # once: a kernel's cleanup is not interrupted
                 task.cancel()
         for fut in self._recvs or ():
@@ -887,8 +932,7 @@ class Step:
             return  # the first error wins; this one is derived, late, or the step is done
         self._error = error
         self._prop.clear()
-        if self._cm is not None:
-            self._cm.cancel()  # kernels polling or with callbacks stop too
+        self._cancel_manager()  # kernels polling or with callbacks stop too
         self._cancel_tasks()
         self._wake()
 

@@ -85,7 +85,7 @@ class CompiledCall:
         converters = self.converters
         if len(converters) == 1:  # the common case, without a comprehension
             for v in feed_dict.values():  # type: ignore[union-attr]
-                return CallFrame([converters[0](v)])
+                return CallFrame((converters[0](v),))  # a tuple: not tracked by the GC
         if not converters:
             return CallFrame(())
         return CallFrame([conv(v) for conv, v in zip(converters, feed_dict.values())])  # type: ignore[union-attr]

@@ -233,22 +233,26 @@ class Session:
 
     # -- running -----------------------------------------------------------------------
 
-    async def run(
+    def run(
         self,
         fetches: Any,
         feed_dict: Mapping[Any, Any] | None = None,
         options: RunOptions | None = None,
         run_metadata: RunMetadata | None = None,
-    ) -> Any:
-        """Run one step; returns ``fetches``' structure with tensors replaced by values.
+    ) -> Coroutine[Any, Any, Any]:
+        """Run one step: ``await sess.run(fetches, feed_dict)`` returns ``fetches``'
+        structure with tensors replaced by values.
 
         Operations (targets) give ``None``; 0-d values are numpy scalars.  A failing
-        step raises one ``af.errors.OpError`` naming the node.
+        step raises one ``af.errors.OpError`` naming the node.  What this returns is
+        the step's own coroutine (the session's driver, with no coroutine around it:
+        one level less per step in flight); a fetch or feed the session cannot run is
+        refused here, before there is anything to await.
         """
         if options is not None or run_metadata is not None:
             _check_run_args(options, run_metadata)
         call = self._prepare(fetches, feed_dict)
-        return await self._start(call, call.frame(feed_dict), options, run_metadata)
+        return self._start(call, call.frame(feed_dict), options, run_metadata)
 
     def run_sync(
         self,
@@ -291,8 +295,7 @@ class Session:
             and self._loop_free
             and (options is None or (not options.timeout_in_ms and options.progress is None))
         ):
-            step = self._runner(call, frame, _wants_trace(options, run_metadata))
-            return _without_loop(self._drive(call, step, 0, options, run_metadata, None))
+            return _without_loop(self._drive(call, frame, 0, options, run_metadata, None))
         return self._runners.run(self._doors(call, frame, options, run_metadata))
 
     def run_stream(
@@ -350,13 +353,13 @@ class Session:
             self._check_open()
             return CallFrame([conv(v) for conv, v in zip(converters, feed_values)])
 
-        async def run(
+        def run(
             feed_values: tuple[Any, ...],
             options: RunOptions | None,
             run_metadata: RunMetadata | None,
-        ) -> Any:
+        ) -> Coroutine[Any, Any, Any]:
             frame = frame_of(feed_values, options, run_metadata)
-            return await self._start(call, frame, options, run_metadata)
+            return self._start(call, frame, options, run_metadata)
 
         def run_sync(
             feed_values: tuple[Any, ...],
@@ -380,10 +383,9 @@ class Session:
     ) -> Coroutine[Any, Any, Any]:
         """The door of every async step (``run``, callables, ``run_stream``, progress):
         the driver itself (not a coroutine around it) when no option asks for more."""
-        require_asyncio("Session.run")
         if options is None and self._admission is None:
-            step = self._runner(call, frame)
-            return self._drive(call, step, self._config.operation_timeout_in_ms, None, run_metadata)
+            timeout_ms = self._config.operation_timeout_in_ms
+            return self._drive(call, frame, timeout_ms, None, run_metadata)
         return self._doors(call, frame, options, run_metadata)
 
     async def _doors(
@@ -394,33 +396,42 @@ class Session:
         run_metadata: RunMetadata | None,
     ) -> Any:
         """What options add before a step is made: a progress ticker beside it, a slot
-        to wait for (``max_concurrent_steps``), tracing; then the one driver."""
+        to wait for (``max_concurrent_steps``); then the one driver."""
+        require_asyncio("Session.run")
         if options is not None and options.progress is not None:
             return await self._with_progress(call, frame, options, run_metadata)
         if self._admission is not None:
             return await self._admitted(call, frame, options, run_metadata)
-        step = self._runner(call, frame, _wants_trace(options, run_metadata))
-        return await self._drive(call, step, self._timeout_ms(options), options, run_metadata)
+        return await self._drive(call, frame, self._timeout_ms(options), options, run_metadata)
 
     async def _drive(
         self,
         call: CompiledCall,
-        step: StepRunner,
+        frame: CallFrame,
         timeout_ms: int,
         options: RunOptions | None,
         run_metadata: RunMetadata | None,
         slice_s: float | None = SLICE,
+        step: StepRunner | None = None,
     ) -> Any:
         """The one driver of every step, whatever door it came through (``run``,
         ``run_sync``, callables, ``run_stream``, partial runs, ``eval``, distributed).
 
-        Phase 1, the inline time slice (``call.inline_first``): the step runs right
-        here, synchronously, for ``slice_s`` seconds (``None``: to its end) — no loop
+        The step of ``call`` over ``frame`` is made here, when the driver first runs
+        (a step whose coroutine never ran was never made), unless the caller made it
+        (``step``: a partial run's, with its own rendezvous).  Phase 1, the inline time
+        slice (``call.inline_first``): the step runs right here, synchronously, for
+        ``slice_s`` seconds (``None``: to its end, for a caller with no loop) — no loop
         registration, no task; a step that finishes so returns without suspending,
         which is how ``run_sync`` runs an all-inline plan on no loop at all.  Phase 2,
         what is left: the step is registered in flight (``close`` aborts and waits for
         it) and awaited on the loop, under ``timeout_ms`` when positive.
         """
+        if slice_s is not None:
+            require_asyncio("Session.run")
+        if step is None:
+            trace = options is not None and _wants_trace(options, run_metadata)
+            step = self._runner(call, frame, trace)
         if call.inline_first:
             try:
                 values = step.run_inline(slice_s)  # type: ignore[union-attr]
@@ -531,8 +542,8 @@ class Session:
             if self._closed:  # closed while this step waited for its slot
                 self._count_failed(call)
                 self._check_open()
-            step = self._runner(call, frame, _wants_trace(options, run_metadata))
-            return await self._drive(call, step, self._timeout_ms(options), options, run_metadata)
+            timeout_ms = self._timeout_ms(options)
+            return await self._drive(call, frame, timeout_ms, options, run_metadata)
         finally:
             admission.release()
 

@@ -69,10 +69,12 @@ class Session(Protocol):
     async def _drive(
         self,
         call: Any,
-        step: StepRunner,
+        frame: CallFrame,
         timeout_ms: int,
         options: RunOptions | None,
         run_metadata: None,
+        slice_s: float | None = ...,
+        step: StepRunner | None = None,
     ) -> Any: ...
 
 
@@ -133,7 +135,8 @@ class PartialRuns:
         assert keys is not None
         rendezvous = LocalRendezvous()
         call = sess._prepared(compiled)
-        step = sess._runner(call, CallFrame(()), False, rendezvous)
+        frame = CallFrame(())
+        step = sess._runner(call, frame, False, rendezvous)
         handle = f"partial_run_{next(self._ids)}"
         state = _PartialRun(
             handle,
@@ -148,7 +151,7 @@ class PartialRuns:
 
         async def run_partial() -> None:
             try:
-                await sess._drive(call, step, sess._timeout_ms(None), None, None)
+                await sess._drive(call, frame, sess._timeout_ms(None), None, None, step=step)
             except BaseException as exc:
                 state.error = exc
                 rendezvous.abort(exc)  # waiting partial_run calls fail with the root error
