@@ -132,6 +132,9 @@ class Step:
 
     __slots__ = (
         "_alone",
+        "_alone_aborted",
+        "_alone_cancels",
+        "_alone_node",
         "_bound",
         "_cm",
         "_ctx",
@@ -177,9 +180,12 @@ class Step:
         self._ctx: contextvars.Context | None = None
         # The group's create_task while the step has a task group (see _run_tasks).
         self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
-        # [task, cancelled by the step] while a lone node is awaited in the step's own
-        # task (see _await_alone), else None.
-        self._alone: list[Any] | None = None
+        # The step's own task while a lone node is awaited in it (see _await_alone),
+        # else None; plain fields, not a list: no object per step for it.
+        self._alone: asyncio.Task[Any] | None = None
+        self._alone_aborted = False  # the lone node's task was cancelled by the step's abort
+        self._alone_cancels = 0  # that task's cancel requests before the node started
+        self._alone_node = -1
         self._loop: asyncio.AbstractEventLoop | None = None
         self._done: asyncio.Future[None] | None = None
         # Dispatched, unfinished nodes: tasks (and deferred ones) and waiting recvs.
@@ -329,7 +335,7 @@ class Step:
         """The names of the async and thread nodes started and not finished: what a
         deadline landing now interrupts (TF names the pending op).  Read from the
         running tasks' frames, so the hot path pays nothing for it."""
-        found = [self._alone[3]] if self._alone is not None else []
+        found = [self._alone_node] if self._alone is not None else []
         for task in self._tasks or ():
             frame = getattr(task.get_coro(), "cr_frame", None)  # _run_node's, until it ends
             if frame is not None and isinstance(frame.f_locals.get("i"), int):
@@ -503,26 +509,38 @@ class Step:
         stops the step even when the kernel swallows it; an abort of the step (first
         error elsewhere, ``Session.close``) cancels this task and is taken back here.
         """
-        prop = self._prop
         task = asyncio.current_task()
         assert task is not None
-        deferred = self._deferred
-        assert deferred is not None  # (run awaits this for a lone deferred node)
-        nodes = self._nodes
-        while (
-            self._error is None
-            and self._outstanding == 1
-            and len(deferred) == 1
-            and nodes[deferred[0][1]].flow == _ASYNC
-            and not prop.has_ready()
-        ):
-            token, i, args = deferred.pop()
-            # [this task, cancelled by the step's abort, its cancel requests before]
-            alone = self._alone = [task, False, task.cancelling(), i]
+        while self._error is None and self._lone_async() and not self._prop.has_ready():
+            token, i, args = self._deferred.pop()  # type: ignore[union-attr]
+            self._deferred = None  # (empty: not kept while the node runs)
+            self._alone, self._alone_aborted = task, False
+            self._alone_cancels, self._alone_node = task.cancelling(), i
             try:
-                await self._run_node(token, i, args, self._label(), alone=True)
+                # The node's kernel awaited right in this frame (no _run_node coroutine:
+                # one level less per step in flight); its outcome goes through the
+                # same rules as a task's (_kernel_raised, _finish).
+                try:
+                    work, convert, reset = self._start_kernel(self._nodes[i], args, self._label())
+                    try:
+                        v = await work
+                    finally:
+                        if reset is not None:
+                            current_step.reset(reset)
+                    if convert is not None:
+                        v = convert(v)
+                    if not self._alone_aborted and task.cancelling() > self._alone_cancels:
+                        # The caller was cancelled and the kernel returned anyway: as with
+                        # a task group, the cancellation wins and no further node starts.
+                        raise asyncio.CancelledError
+                except BaseException as exc:
+                    if self._kernel_raised(i, exc, alone=True)[0]:
+                        raise
+                else:
+                    self._outstanding -= 1
+                    self._finish(token, i, v)
             except asyncio.CancelledError:
-                if not alone[1] or task.uncancel() > 0:
+                if not self._alone_aborted or task.uncancel() > 0:
                     # The caller was cancelled (or its deadline passed): nothing new
                     # may start; the kernel has seen the cancellation.
                     self._stopped = True
@@ -531,7 +549,7 @@ class Step:
                 return  # the step's own abort: its error is the outcome
             finally:
                 self._alone = None
-            if alone[1]:  # aborted, but the kernel finished anyway: take the cancel back
+            if self._alone_aborted:  # aborted, but the kernel finished anyway: take it back
                 task.uncancel()
                 return
 
@@ -711,15 +729,14 @@ class Step:
         i: int,
         args: list[Any],
         label: tuple[str, int] | None,
-        alone: bool = False,
     ) -> None:
-        """Run one async or thread node and finish it (a task body, or awaited by the
-        step's own task when it is the step's only work: ``alone``).
+        """A task body: run one async or thread node and finish it (a lone async node
+        is awaited by the step's own task instead: :meth:`_await_alone`).
 
         The kernel's coroutine is made here, inside the task, so a task cancelled
         before it starts leaves no coroutine that was never awaited.
         """
-        keep = alone  # a task leaves _tasks as its body ends, unless it raises (below)
+        keep = False  # a task leaves _tasks as its body ends, unless it raises (below)
         try:
             try:
                 work, convert, reset = self._start_kernel(self._nodes[i], args, label)
@@ -730,31 +747,39 @@ class Step:
                         current_step.reset(reset)
                 if convert is not None:
                     v = convert(v)
-                if alone:
-                    a = self._alone
-                    if a is not None and not a[1] and a[0].cancelling() > a[2]:
-                        # The caller was cancelled and the kernel returned anyway: as with
-                        # a task group, the cancellation wins and no further node starts.
-                        raise asyncio.CancelledError
-            except Exception as exc:
-                self._outstanding -= 1
-                self.fail(i, exc)
+            except BaseException as exc:
+                reraise, keep = self._kernel_raised(i, exc, alone=False)
+                if reraise:
+                    raise
                 return
-            except asyncio.CancelledError as exc:
-                self._outstanding -= 1
-                if not _being_cancelled():  # the kernel raised it itself: its failure
-                    self.fail(i, exc)
-                    return
-                raise
-            except BaseException:
-                self._outstanding -= 1
-                keep = self._stop_for_base_exception(alone) or keep
-                raise
             self._outstanding -= 1
             self._finish(token, i, v)
         finally:
             if not keep and self._tasks is not None:
                 self._tasks.discard(asyncio.current_task())
+
+    def _kernel_raised(self, i: int, exc: BaseException, alone: bool) -> tuple[bool, bool]:
+        """THE rule for an awaited kernel (async or thread node ``i``) that raised:
+        an ``Exception``, or a ``CancelledError`` of its own while nobody cancels this
+        task, fails the node (:meth:`fail`); a cancellation of the caller, or a
+        ``BaseException`` that is neither, goes on up.  Returns (raise it on, keep the
+        task in ``_tasks`` so the step's own group raises it)."""
+        self._outstanding -= 1
+        if isinstance(exc, Exception) or (
+            isinstance(exc, asyncio.CancelledError) and not _being_cancelled()
+        ):
+            # (A CancelledError the kernel raised itself, nobody cancelling: its failure.)
+            tb = exc.__traceback__
+            if alone and tb is not None:
+                # The awaiting frame is the step's own task's, holding that task: no
+                # part of the kernel's failure, and the step's error (which the caller
+                # may keep in that task's result) would hold it in a cycle.
+                exc.__traceback__ = tb.tb_next
+            self.fail(i, exc)
+            return False, False
+        if isinstance(exc, asyncio.CancelledError):
+            return True, False
+        return True, self._stop_for_base_exception(alone)
 
     def _start_kernel(
         self, node: BoundNode, args: list[Any], label: tuple[str, int] | None
@@ -901,9 +926,9 @@ class Step:
 
     def _cancel_tasks(self) -> None:
         alone = self._alone
-        if alone is not None and not alone[1] and alone[0] is not asyncio.current_task():
-            alone[1] = True  # the lone node awaited in the step's own task: see _await_alone
-            alone[0].cancel()
+        if alone is not None and not self._alone_aborted and alone is not asyncio.current_task():
+            self._alone_aborted = True  # the lone node awaited in the step's own task
+            alone.cancel()  # (see _await_alone)
         for task in self._tasks or ():
             if not task.cancelling():  # once: a kernel's cleanup is not interrupted
                 task.cancel()
