@@ -246,13 +246,17 @@ class Session:
         Operations (targets) give ``None``; 0-d values are numpy scalars.  A failing
         step raises one ``af.errors.OpError`` naming the node.  What this returns is
         the step's own coroutine (the session's driver, with no coroutine around it:
-        one level less per step in flight); a fetch or feed the session cannot run is
-        refused here, before there is anything to await.
+        one level less per step in flight); as from an ``async def``, a fetch or feed
+        the session cannot run is raised when it is awaited.
         """
-        if options is not None or run_metadata is not None:
-            _check_run_args(options, run_metadata)
-        call = self._prepare(fetches, feed_dict)
-        return self._start(call, call.frame(feed_dict), options, run_metadata)
+        try:
+            if options is not None or run_metadata is not None:
+                _check_run_args(options, run_metadata)
+            call = self._prepare(fetches, feed_dict)
+            frame = call.frame(feed_dict)
+        except Exception as exc:
+            return _raising(exc)
+        return self._start(call, frame, options, run_metadata)
 
     def run_sync(
         self,
@@ -358,7 +362,10 @@ class Session:
             options: RunOptions | None,
             run_metadata: RunMetadata | None,
         ) -> Coroutine[Any, Any, Any]:
-            frame = frame_of(feed_values, options, run_metadata)
+            try:
+                frame = frame_of(feed_values, options, run_metadata)
+            except Exception as exc:
+                return _raising(exc)
             return self._start(call, frame, options, run_metadata)
 
         def run_sync(
@@ -978,6 +985,19 @@ def _wants_trace(options: RunOptions | None, run_metadata: RunMetadata | None) -
         and run_metadata is not None
         and options.trace_level >= RunOptions.FULL_TRACE
     )
+
+
+async def _raising(exc: Exception) -> Any:
+    """A coroutine that raises ``exc`` when awaited: a call that hands back the driver's
+    coroutine raises what it refused there, as an ``async def`` would.  The refusing
+    frame is cut from the traceback (it holds ``exc``: a cycle)."""
+    tb = exc.__traceback__
+    if tb is not None:
+        exc.__traceback__ = tb.tb_next
+    try:
+        raise exc
+    finally:
+        del exc
 
 
 def _without_loop(driver: Coroutine[Any, Any, Any]) -> Any:
