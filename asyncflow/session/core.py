@@ -444,10 +444,14 @@ class Session:
                 values = step.run_inline(slice_s)  # type: ignore[union-attr]
             except BaseException:
                 step.release()
-                self._count_step(ok=False, call=call)
+                with self._counter_lock:
+                    self._steps += 1
+                self._count_failed(call)
                 raise
             if values is not None:
-                self._count_step(ok=True)
+                with self._counter_lock:
+                    self._steps += 1
+                    self._completed += 1
                 result = self._finished(call, step, values, options, run_metadata)
                 step.release()
                 return result
@@ -553,15 +557,6 @@ class Session:
             return await self._drive(call, frame, timeout_ms, options, run_metadata)
         finally:
             admission.release()
-
-    def _count_step(self, ok: bool, call: CompiledCall | None = None) -> None:
-        """Count a step that ended in the driver's inline phase (never in flight)."""
-        with self._counter_lock:
-            self._steps += 1
-            if ok:
-                self._completed += 1
-        if not ok:
-            self._count_failed(call)
 
     def _count_failed(self, call: CompiledCall | None = None) -> None:
         """Count a failed step (called where its exception is being handled) and log it
