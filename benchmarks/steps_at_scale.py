@@ -14,7 +14,8 @@ and the anchor alternating repeat by repeat; min and median of the repeats are
 shown.  A process as the user has it: no ``gc.freeze``, default GC thresholds; the
 anchor's process has asyncflow imported and an idle session open too, so both pay
 the cycle collector for the same heap.
-Bounded: with the default 3 repeats it takes well under a minute.
+Bounded: up to 3 repeats (``--repeats``), fewer when the next one would end past
+the time budget (``--budget``, 55 s by default; at least one per ``N``).
 """
 
 from __future__ import annotations
@@ -133,12 +134,19 @@ def _measure(kind: str, n: int) -> tuple[float, int]:
     return float(result["seconds"]), int(result["rss_delta_kib"])
 
 
-def _row(n: int, repeats: int) -> str:
+def _row(n: int, repeats: int, deadline: float) -> str:
+    """One row: ``repeats`` interleaved pairs of processes, fewer when the next pair
+    (as long as the first took) would end past ``deadline`` (at least one pair)."""
     ours: list[tuple[float, int]] = []
     plain: list[tuple[float, int]] = []
+    took = 0.0
     for _ in range(repeats):  # interleaved: the anchor, then asyncflow, per repeat
+        if ours and time.perf_counter() + took > deadline:
+            break
+        start = time.perf_counter()
         plain.append(_measure("plain", n))
         ours.append(_measure("ours", n))
+        took = time.perf_counter() - start
     rate_o = [n / t for t, _ in ours]
     rate_p = [n / t for t, _ in plain]
     mem_o = [d * 1024 / n for _, d in ours]
@@ -148,7 +156,7 @@ def _row(n: int, repeats: int) -> str:
     mbest = min(mem_o) / min(mem_p)
     mmed = statistics.median(mem_o) / statistics.median(mem_p)
     return (
-        f"{n:>8,} | {max(rate_o):>9,.0f} {statistics.median(rate_o):>9,.0f} | "
+        f"{n:>8,} {len(ours):>4} | {max(rate_o):>9,.0f} {statistics.median(rate_o):>9,.0f} | "
         f"{max(rate_p):>9,.0f} {statistics.median(rate_p):>9,.0f} | {best:5.2f}x {med:5.2f}x | "
         f"{min(mem_o):>7,.0f} {statistics.median(mem_o):>7,.0f} | "
         f"{min(mem_p):>7,.0f} {statistics.median(mem_p):>7,.0f} | {mbest:5.2f}x {mmed:5.2f}x"
@@ -159,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks steps_at_scale", description=__doc__)
     p.add_argument("--quick", action="store_true", help="small N: a smoke run")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per engine and N")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=55.0,
+        help="seconds: fewer repeats (at least one per N) when the next would end later",
+    )
     p.add_argument("--child", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -172,11 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         f"load average {os.getloadavg()[0]:.2f}"
     )
     print(
-        "       N |  steps/s (max   median) |  coros/s (max   median) | ratio max  med | "
+        "       N reps |  steps/s (max   median) |  coros/s (max   median) | ratio max  med | "
         "B/step (min  median) | B/coro (min  median) | ratio min  med"
     )
-    for n in QUICK_SIZES if args.quick else SIZES:
-        print(_row(n, args.repeats), flush=True)
+    sizes = QUICK_SIZES if args.quick else SIZES
+    for k, n in enumerate(sizes):
+        # Each N gets its share of what is left of the budget.
+        left = args.budget - (time.perf_counter() - started)
+        deadline = time.perf_counter() + left / (len(sizes) - k)
+        print(_row(n, args.repeats, deadline), flush=True)
     print(
         "targets: throughput ratio >= 0.6x; memory per in-flight step <= 2x a coroutine's; "
         f"{time.perf_counter() - started:.0f} s"
