@@ -10,6 +10,7 @@ import gc
 import inspect
 import pathlib
 import re
+import sys
 import threading
 import types
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -35,15 +36,23 @@ PACKAGE = pathlib.Path(af.__file__).parent
 
 @pytest.fixture
 def driven(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Each step the session drives, by the signature of its call."""
+    """Each step the session drives, by the signature of its call: through ``_drive``,
+    or through its first phase alone (``run_sync`` of an all-inline plan, on no loop),
+    marked ``"phase 1: "``."""
     seen: list[str] = []
-    original = core.Session._drive
+    drive, inline = core.Session._drive, core.Session._inline_phase
 
-    def drive(self: af.Session, call: CompiledCall, *args: Any, **kwargs: Any) -> Any:
+    def counted_drive(self: af.Session, call: CompiledCall, *args: Any, **kwargs: Any) -> Any:
         seen.append(call.signature)
-        return original(self, call, *args, **kwargs)
+        return drive(self, call, *args, **kwargs)
 
-    monkeypatch.setattr(core.Session, "_drive", drive)
+    def counted_inline(self: af.Session, call: CompiledCall, *args: Any, **kwargs: Any) -> Any:
+        if sys._getframe(1).f_code is not drive.__code__:  # not within the driver
+            seen.append(f"phase 1: {call.signature}")
+        return inline(self, call, *args, **kwargs)
+
+    monkeypatch.setattr(core.Session, "_drive", counted_drive)
+    monkeypatch.setattr(core.Session, "_inline_phase", counted_inline)
     return seen
 
 
@@ -93,7 +102,9 @@ def test_sync_entry_points_go_through_the_driver(graph: af.Graph, driven: list[s
         assert fn.run_sync(1.0) == 4.0
         assert fn.run_sync(1.0, options=with_deadline) == 4.0
         assert y.eval_sync({x: 1.0}, session=sess) == 4.0
-    assert len(driven) == 5
+    y_x = "[y:0] <- [x:0]"
+    one = f"phase 1: {y_x}"
+    assert driven == [one, y_x, one, y_x, one]
 
 
 def test_the_all_inline_driver_needs_no_loop(graph: af.Graph) -> None:

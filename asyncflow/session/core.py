@@ -63,6 +63,9 @@ from asyncflow.session.streaming import stream
 
 __all__ = ["Session", "SessionStatistics"]
 
+#: What the driver's first phase returns when the step has work left for the loop.
+_LEFT: Any = object()
+
 logger = logging.getLogger("asyncflow.session")
 placement_logger = logging.getLogger("asyncflow.placement")
 
@@ -299,7 +302,11 @@ class Session:
             and self._loop_free
             and (options is None or (not options.timeout_in_ms and options.progress is None))
         ):
-            return _without_loop(self._drive(call, frame, 0, options, run_metadata, None))
+            # The driver's first phase, run to the end, is all such a step is: called
+            # as it is (stepping the driver's coroutine once would do the same, and
+            # cost a coroutine and a StopIteration per call).
+            step = self._runner(call, frame, _wants_trace(options, run_metadata))
+            return self._inline_phase(call, step, None, options, run_metadata)
         return self._runners.run(self._doors(call, frame, options, run_metadata))
 
     def run_stream(
@@ -429,8 +436,9 @@ class Session:
         (``step``: a partial run's, with its own rendezvous).  Phase 1, the inline time
         slice (``call.inline_first``): the step runs right here, synchronously, for
         ``slice_s`` seconds (``None``: to its end, for a caller with no loop) — no loop
-        registration, no task; a step that finishes so returns without suspending,
-        which is how ``run_sync`` runs an all-inline plan on no loop at all.  Phase 2,
+        registration, no task; a step that finishes so returns without suspending
+        (``run_sync`` of an all-inline plan, on no loop at all, is this phase run to
+        its end: :meth:`_inline_phase`, called directly).  Phase 2,
         what is left: the step is registered in flight (``close`` aborts and waits for
         it) and awaited on the loop, under ``timeout_ms`` when positive.
         """
@@ -440,20 +448,8 @@ class Session:
             trace = options is not None and _wants_trace(options, run_metadata)
             step = self._runner(call, frame, trace)
         if call.inline_first:
-            try:
-                values = step.run_inline(slice_s)  # type: ignore[union-attr]
-            except BaseException:
-                step.release()
-                with self._counter_lock:
-                    self._steps += 1
-                self._count_failed(call)
-                raise
-            if values is not None:
-                with self._counter_lock:
-                    self._steps += 1
-                    self._completed += 1
-                result = self._finished(call, step, values, options, run_metadata)
-                step.release()
+            result = self._inline_phase(call, step, slice_s, options, run_metadata)
+            if result is not _LEFT:
                 return result
         # Steps that reach the loop are the ones that can be slow: timed only when the
         # DEBUG log would show it (one check otherwise).
@@ -476,6 +472,34 @@ class Session:
                 "slow step: %s took %.3f s (over %.3g s)", call.signature, took, SLOW_STEP_SECONDS
             )
         return self._finished(call, step, values, options, run_metadata)
+
+    def _inline_phase(
+        self,
+        call: CompiledCall,
+        step: StepRunner,
+        slice_s: float | None,
+        options: RunOptions | None,
+        run_metadata: RunMetadata | None,
+    ) -> Any:
+        """The driver's phase 1: ``step`` runs here for ``slice_s`` seconds (``None``:
+        to its end); its result when it finished so, else ``_LEFT`` (phase 2 goes on)."""
+        try:
+            values = step.run_inline(slice_s)  # type: ignore[union-attr]
+        except BaseException:
+            step.release()
+            with self._counter_lock:
+                self._steps += 1
+            self._count_failed(call)
+            raise
+        if values is None:
+            assert slice_s is not None, "an all-inline step run to its end left work"
+            return _LEFT
+        with self._counter_lock:
+            self._steps += 1
+            self._completed += 1
+        result = self._finished(call, step, values, options, run_metadata)
+        step.release()
+        return result
 
     async def _within(self, step: StepRunner, timeout_ms: int) -> list[Any]:
         """``step.run()`` under a deadline ``timeout_ms`` from now (the driver's phase 2)."""
@@ -993,17 +1017,6 @@ async def _raising(exc: Exception) -> Any:
         raise exc
     finally:
         del exc
-
-
-def _without_loop(driver: Coroutine[Any, Any, Any]) -> Any:
-    """The result of a driver that cannot suspend (an all-inline plan run to its end),
-    stepped once with no event loop."""
-    try:
-        driver.send(None)
-    except StopIteration as done:
-        return done.value
-    driver.close()  # unreachable for such a plan: say so rather than hang
-    raise RuntimeError("an all-inline step suspended outside an event loop")
 
 
 def _default_threads() -> int:
