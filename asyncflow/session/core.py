@@ -295,8 +295,6 @@ class Session:
         it cannot need one, else on this thread's loop."""
         # No loop at all: an all-inline plan, no deadline (its own or the session's), no
         # slot to wait for, no progress ticker (traced or not: tracing never awaits).
-        # The driver's inline phase then runs the whole plan, and the driver returns
-        # without ever suspending: stepped once, it needs no loop.
         if (
             call.fast
             and self._loop_free
