@@ -18,7 +18,6 @@ This module is the public API; everything it does not export is private.
 from __future__ import annotations
 
 from asyncflow import compat, dtypes, errors, image, nn, raw_ops, testing, tracing, train
-from asyncflow.callables import SessionCallable
 from asyncflow.config import (
     ExecutorOptions,
     GraphOptions,
@@ -179,7 +178,7 @@ from asyncflow.ops.state_ops import (
 )
 from asyncflow.ops.tensor_array_ops import TensorArray
 from asyncflow.runtime.cancellation import CancellationManager, get_cancellation_manager
-from asyncflow.session import Session, SessionStatistics
+from asyncflow.session import Session, SessionCallable, SessionStatistics
 
 __version__ = "0.1.0"
 

@@ -142,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["distributed"]:  # python -m benchmarks distributed [--quick]
         return dist.main(argv[1:])
+    if argv[:1] == ["steps_at_scale"]:  # python -m benchmarks steps_at_scale [--quick]
+        from benchmarks import steps_at_scale
+
+        return steps_at_scale.main(argv[1:])
     if argv[:1] == ["models"]:  # python -m benchmarks models [--quick] [--manifest F]
         return models.main(argv[1:])
     args = parse_args(argv)

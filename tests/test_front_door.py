@@ -364,7 +364,7 @@ def test_compiles_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
 async def test_slow_and_failed_steps_are_logged_at_debug(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncflow import session as session_module
+    from asyncflow.session import core as session_module
 
     monkeypatch.setattr(session_module, "SLOW_STEP_SECONDS", 0.0)
 

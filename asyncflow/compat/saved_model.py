@@ -180,7 +180,9 @@ def load_saved_model(
     meta = _meta_graph(path, tuple(tags))
     if session is None:
         session = Session(graph=Graph())
-    elif getattr(session, "_master", None) is not None:
+    elif not isinstance(session, Session):
+        raise TypeError(f"session must be an af.Session, got {type(session).__name__}")
+    elif session.internals.distributed:
         # Variables live in the cluster's workers; restoring there needs a step.
         raise errors.UnimplementedError(
             None, None, "load_saved_model into a distributed session is not supported"
@@ -409,4 +411,4 @@ def _restore(session: Any, values: dict[str, np.ndarray], var_ops: dict[str, Ope
     from asyncflow.ops.state_ops import _store
 
     for key, value in values.items():
-        _store(var_ops[key], session._resources).assign(value)
+        _store(var_ops[key], session.internals.resources).assign(value)

@@ -49,14 +49,13 @@ from asyncflow.distributed._dask import unwire, unwire_value, wire
 from asyncflow.distributed.rendezvous import LOCAL_TASK, RemoteRendezvous, task_of
 from asyncflow.framework.graph import Tensor
 from asyncflow.runtime.barrier import ExecutorBarrier
-from asyncflow.runtime.bind import bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.rendezvous import LocalRendezvous
-from asyncflow.session import _CompiledCall
+from asyncflow.session.call import CompiledCall
 
 if TYPE_CHECKING:
-    from asyncflow.fetch_feed import Rebuild
     from asyncflow.session import Session
+    from asyncflow.session.fetch_feed import Rebuild
 
 __all__ = ["Cluster", "DistributedCall", "DistributedStep", "Master"]
 
@@ -97,7 +96,7 @@ _CLEANUP_TIMEOUT = 10.0
 _ABORT_GRACE = 5.0
 
 
-class DistributedCall(_CompiledCall):
+class DistributedCall(CompiledCall):
     """A compiled signature over local and remote partitions."""
 
     __slots__ = (
@@ -522,7 +521,7 @@ class Master:
             f"<Master {self.handle} tasks={len(self.cluster.tasks)} running={len(self._running)}>"
         )
 
-    # -- the session's seams ------------------------------------------------------------
+    # -- the session's seam (asyncflow.session.seam.SessionMaster) ------------------------
 
     def prepared(
         self,
@@ -533,18 +532,9 @@ class Master:
         rebuild: Rebuild,
     ) -> DistributedCall:
         """Bind the session's own partitions; the others are registered by the first step."""
-        sess = self.session
-        lookup = sess._graph._by_name.get
+        internals = self.session.internals
         local = [p for p, plan in enumerate(compiled.plans) if task_of(plan.device) == LOCAL_TASK]
-        bound = [
-            bind(
-                compiled.plans[p],
-                sess._device_of[compiled.plans[p].device],
-                sess._resources,
-                lookup,
-            )
-            for p in local
-        ]
+        bound = [internals.bind(compiled.plans[p]) for p in local]
         self._registered = True
         call = DistributedCall(
             self, compiled, local, bound, fetches, feed_keys, converters, rebuild
@@ -559,7 +549,7 @@ class Master:
 
     def runner(
         self,
-        call: Any,
+        call: CompiledCall,
         frame: CallFrame,
         trace: bool = False,
         rendezvous: LocalRendezvous | None = None,

@@ -95,4 +95,4 @@ class CancellationManager:
 def get_cancellation_manager() -> CancellationManager | None:
     """The running step's cancellation manager (``None`` outside a kernel)."""
     step = running_step.get()
-    return step._cm if step is not None else None
+    return step.cancellation_manager() if step is not None else None

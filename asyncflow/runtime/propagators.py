@@ -348,6 +348,10 @@ def _shuffler(bound: BoundPlan) -> Any:
     return bound.options.shuffler().shuffle  # type: ignore[union-attr]
 
 
+#: The frame-token queue of every step of a plan without loops: always empty.
+_NO_FRAMES: deque[Any] = deque(maxlen=0)
+
+
 class PropagatorState:
     """THE general engine: readiness by pending counts, dead tensors, and the frames
     and iterations of loops (TensorFlow's ``PropagatorState``).
@@ -428,7 +432,9 @@ class PropagatorState:
         self._initial_pending = plan.initial_pending
         self._initial_refs = plan.initial_refs
         self._loops = loops  # the fast path per static frame (none: the general form)
-        self._fready: deque[tuple[int, _Frame, int]] = deque()
+        # Frame tokens exist only in a plan with loops: without, one shared deque that
+        # stays empty (nothing but frame code appends to it), not one per step.
+        self._fready: deque[tuple[int, _Frame, int]] = deque() if bound.frames else _NO_FRAMES
         # The frame tree's root; its values are the flat lists above, its iteration
         # only counts the child frames it holds.  None: a plan without loops.
         self._root: _Frame | None = _Frame(0, "", None, 0, 0) if bound.frames else None

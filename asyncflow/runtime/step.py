@@ -53,6 +53,7 @@ import asyncio
 import contextvars
 import functools
 import math
+import threading
 import time
 import traceback
 from collections.abc import Callable, Coroutine, Sequence
@@ -100,6 +101,9 @@ __all__ = [
 #: work still honours deadlines and cancellation, and other tasks keep running.
 SLICE = 0.001
 
+#: Guards making a step's cancellation manager (kernels on threads may ask at once).
+_CM_LOCK = threading.Lock()
+
 _ASYNC = registry.ASYNC
 
 #: The step running in this context: set by ``Step.run`` for its duration (its tasks
@@ -128,6 +132,9 @@ class Step:
 
     __slots__ = (
         "_alone",
+        "_alone_aborted",
+        "_alone_cancels",
+        "_alone_node",
         "_bound",
         "_cm",
         "_ctx",
@@ -173,15 +180,21 @@ class Step:
         self._ctx: contextvars.Context | None = None
         # The group's create_task while the step has a task group (see _run_tasks).
         self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
-        # [task, cancelled by the step] while a lone node is awaited in the step's own
-        # task (see _await_alone), else None.
-        self._alone: list[Any] | None = None
+        # The step's own task while a lone node is awaited in it (see _await_alone),
+        # else None; plain fields, not a list: no object per step for it.
+        self._alone: asyncio.Task[Any] | None = None
+        self._alone_aborted = False  # the lone node's task was cancelled by the step's abort
+        self._alone_cancels = 0  # that task's cancel requests before the node started
+        self._alone_node = -1
         self._loop: asyncio.AbstractEventLoop | None = None
         self._done: asyncio.Future[None] | None = None
         # Dispatched, unfinished nodes: tasks (and deferred ones) and waiting recvs.
         self._outstanding = 0
-        self._deferred: list[tuple[Any, int, list[Any]]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Nodes dispatched before the step had a task group, made by the first one.
+        self._deferred: list[tuple[Any, int, list[Any]]] | None = None
+        # The step's tasks, made by the first one (a step that awaits one lone node, the
+        # common step of a service, never makes the set).
+        self._tasks: set[asyncio.Task[None]] | None = None
         # Futures of waiting recvs (no hand-off queue), made by the first one.
         self._recvs: set[asyncio.Future[Any]] | None = None
         self._error: errors.OpError | None = None  # the first error; written once
@@ -239,8 +252,6 @@ class Step:
         Raises the step's first error as an ``OpError``.  Returns or raises only after
         every task the step started has finished.
         """
-        if self._cm is None:
-            self._cm = CancellationManager()
         current = current_step.set(self)  # its tasks and kernels inherit it (and its manager)
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
@@ -249,7 +260,18 @@ class Step:
         try:
             finished = self._error is not None or self._prop.drain(time.perf_counter() + SLICE)
             if self._error is None and (not finished or self._outstanding):
-                await self._run_tasks()
+                self._loop = asyncio.get_running_loop()
+                try:
+                    # The step's only work one async node: awaited right here (one
+                    # coroutine level, no task group); the group takes what is left.
+                    if self._lone_async():
+                        await self._await_alone()
+                    if not self._settled():
+                        await self._run_tasks()
+                finally:
+                    self._stopped = True
+                    self._spawn = None
+                    self._loop = None
         except asyncio.CancelledError as exc:
             clear_frames(exc)  # the task group's frames hold it: no cycle left behind
             raise
@@ -313,13 +335,30 @@ class Step:
         """The names of the async and thread nodes started and not finished: what a
         deadline landing now interrupts (TF names the pending op).  Read from the
         running tasks' frames, so the hot path pays nothing for it."""
-        found = [self._alone[3]] if self._alone is not None else []
-        for task in self._tasks:
+        found = [self._alone_node] if self._alone is not None else []
+        for task in self._tasks or ():
             frame = getattr(task.get_coro(), "cr_frame", None)  # _run_node's, until it ends
             if frame is not None and isinstance(frame.f_locals.get("i"), int):
                 found.append(frame.f_locals["i"])
         ops = self._bound.ops
         return sorted(getattr(ops[i], "name", str(i)) for i in found)
+
+    def cancellation_manager(self) -> CancellationManager:
+        """The step's cancellation manager, made when a kernel first asks for it (most
+        steps never do: no object per step for it).  Any thread (a kernel on a worker
+        thread)."""
+        cm = self._cm
+        if cm is None:
+            with _CM_LOCK:
+                cm = self._cm
+                if cm is None:
+                    cm = self._cm = CancellationManager()
+        return cm
+
+    def _cancel_manager(self) -> None:
+        """Cancel the step's manager; one made only now (nobody asked before) is made
+        cancelled, so a kernel asking later sees it so."""
+        self.cancellation_manager().cancel()
 
     @property
     def device(self) -> LocalDevice:
@@ -339,24 +378,31 @@ class Step:
 
     # -- waiting for tasks ----------------------------------------------------------------
 
+    def _lone_async(self) -> bool:
+        """The step waits on exactly one async node and nothing else (see
+        :meth:`_await_alone`)."""
+        deferred = self._deferred
+        return (
+            deferred is not None
+            and len(deferred) == 1
+            and self._outstanding == 1
+            and self._nodes[deferred[0][1]].flow == _ASYNC
+        )
+
+    def _settled(self) -> bool:
+        """Nothing is left for the task group: failed, stopped, or every node ran."""
+        return (
+            self._error is not None
+            or self._stopped
+            or (not self._outstanding and not self._prop.has_ready())
+        )
+
     async def _run_tasks(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._loop = loop
-        prop = self._prop
+        """Run the step's remaining work in a task group until it is done, fails or
+        stops (``run`` sets the loop and resets the step's state after)."""
+        loop = self._loop
+        assert loop is not None
         try:
-            deferred = self._deferred
-            if (
-                len(deferred) == 1
-                and self._outstanding == 1
-                and self._nodes[deferred[0][1]].flow == _ASYNC
-            ):
-                await self._await_alone()
-                if (
-                    self._error is not None
-                    or self._stopped
-                    or (not self._outstanding and not prop.has_ready())
-                ):
-                    return
             if self._bound.options.own_task_group:
                 self._start_deferred(loop.create_task)
                 try:
@@ -372,10 +418,6 @@ class Step:
             # Only a BaseException that is not an Exception gets here (kernel errors
             # are caught in the tasks): re-raise it as itself, never as a group.
             raise group.exceptions[0] from None
-        finally:
-            self._stopped = True
-            self._spawn = None
-            self._loop = None
 
     def _start_deferred(
         self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]
@@ -384,9 +426,10 @@ class Step:
         ``dispatch`` starts tasks with ``spawn`` (the group's ``create_task``)."""
         self._spawn = spawn
         deferred = self._deferred
-        for token, i, args in deferred:
-            self._start_task(spawn, token, i, args)  # (never defers: spawn is set)
-        deferred.clear()
+        if deferred:
+            for token, i, args in deferred:
+                self._start_task(spawn, token, i, args)  # (never defers: spawn is set)
+            deferred.clear()
         if self._error is not None:
             self._cancel_tasks()  # aborted from another thread before the loop was known
 
@@ -413,8 +456,7 @@ class Step:
             # The caller was cancelled (or its deadline passed): nothing new may
             # start; the group cancels the running tasks and waits for them.
             self._stopped = True
-            if self._cm is not None:
-                self._cm.cancel()
+            self._cancel_manager()
             raise
         finally:
             self._done = None
@@ -436,6 +478,8 @@ class Step:
         stopped, as a task group does; the kernels are not cancelled again.
         """
         tasks = self._tasks
+        if tasks is None:
+            return
         cancelled: asyncio.CancelledError | None = None
         while pending := [t for t in tasks if not t.done()]:
             try:
@@ -465,34 +509,47 @@ class Step:
         stops the step even when the kernel swallows it; an abort of the step (first
         error elsewhere, ``Session.close``) cancels this task and is taken back here.
         """
-        prop = self._prop
         task = asyncio.current_task()
         assert task is not None
-        nodes = self._nodes
-        while (
-            self._error is None
-            and self._outstanding == 1
-            and len(self._deferred) == 1
-            and nodes[self._deferred[0][1]].flow == _ASYNC
-            and not prop.has_ready()
-        ):
-            token, i, args = self._deferred.pop()
-            # [this task, cancelled by the step's abort, its cancel requests before]
-            alone = self._alone = [task, False, task.cancelling(), i]
+        while self._error is None and self._lone_async() and not self._prop.has_ready():
+            token, i, args = self._deferred.pop()  # type: ignore[union-attr]
+            self._deferred = None  # (empty: not kept while the node runs)
+            self._alone, self._alone_aborted = task, False
+            self._alone_cancels, self._alone_node = task.cancelling(), i
             try:
-                await self._run_node(token, i, args, self._label(), alone=True)
+                # The node's kernel awaited right in this frame (no _run_node coroutine:
+                # one level less per step in flight); its outcome goes through the
+                # same rules as a task's (_kernel_raised, _finish).
+                try:
+                    work, convert, reset = self._start_kernel(self._nodes[i], args, self._label())
+                    try:
+                        v = await work
+                    finally:
+                        if reset is not None:
+                            current_step.reset(reset)
+                    if convert is not None:
+                        v = convert(v)
+                    if not self._alone_aborted and task.cancelling() > self._alone_cancels:
+                        # The caller was cancelled and the kernel returned anyway: as with
+                        # a task group, the cancellation wins and no further node starts.
+                        raise asyncio.CancelledError
+                except BaseException as exc:
+                    if self._kernel_raised(i, exc, alone=True)[0]:
+                        raise
+                else:
+                    self._outstanding -= 1
+                    self._finish(token, i, v)
             except asyncio.CancelledError:
-                if not alone[1] or task.uncancel() > 0:
+                if not self._alone_aborted or task.uncancel() > 0:
                     # The caller was cancelled (or its deadline passed): nothing new
                     # may start; the kernel has seen the cancellation.
                     self._stopped = True
-                    if self._cm is not None:
-                        self._cm.cancel()
+                    self._cancel_manager()
                     raise
                 return  # the step's own abort: its error is the outcome
             finally:
                 self._alone = None
-            if alone[1]:  # aborted, but the kernel finished anyway: take the cancel back
+            if self._alone_aborted:  # aborted, but the kernel finished anyway: take it back
                 task.uncancel()
                 return
 
@@ -534,7 +591,10 @@ class Step:
         self._outstanding += 1
         spawn = self._spawn
         if spawn is None:
-            self._deferred.append((token, i, args))
+            deferred = self._deferred
+            if deferred is None:
+                deferred = self._deferred = []
+            deferred.append((token, i, args))
         else:
             self._start_task(spawn, token, i, args)
 
@@ -658,7 +718,10 @@ class Step:
             return
         # The task leaves _tasks itself when its body ends (no done callback to schedule);
         # one cancelled before it started stays until the step, which is failing, ends.
-        self._tasks.add(spawn(self._run_node(token, i, args, self._label())))
+        tasks = self._tasks
+        if tasks is None:
+            tasks = self._tasks = set()
+        tasks.add(spawn(self._run_node(token, i, args, self._label())))
 
     async def _run_node(
         self,
@@ -666,15 +729,14 @@ class Step:
         i: int,
         args: list[Any],
         label: tuple[str, int] | None,
-        alone: bool = False,
     ) -> None:
-        """Run one async or thread node and finish it (a task body, or awaited by the
-        step's own task when it is the step's only work: ``alone``).
+        """A task body: run one async or thread node and finish it (a lone async node
+        is awaited by the step's own task instead: :meth:`_await_alone`).
 
         The kernel's coroutine is made here, inside the task, so a task cancelled
         before it starts leaves no coroutine that was never awaited.
         """
-        keep = alone  # a task leaves _tasks as its body ends, unless it raises (below)
+        keep = False  # a task leaves _tasks as its body ends, unless it raises (below)
         try:
             try:
                 work, convert, reset = self._start_kernel(self._nodes[i], args, label)
@@ -685,31 +747,39 @@ class Step:
                         current_step.reset(reset)
                 if convert is not None:
                     v = convert(v)
-                if alone:
-                    a = self._alone
-                    if a is not None and not a[1] and a[0].cancelling() > a[2]:
-                        # The caller was cancelled and the kernel returned anyway: as with
-                        # a task group, the cancellation wins and no further node starts.
-                        raise asyncio.CancelledError
-            except Exception as exc:
-                self._outstanding -= 1
-                self.fail(i, exc)
+            except BaseException as exc:
+                reraise, keep = self._kernel_raised(i, exc, alone=False)
+                if reraise:
+                    raise
                 return
-            except asyncio.CancelledError as exc:
-                self._outstanding -= 1
-                if not _being_cancelled():  # the kernel raised it itself: its failure
-                    self.fail(i, exc)
-                    return
-                raise
-            except BaseException:
-                self._outstanding -= 1
-                keep = self._stop_for_base_exception(alone) or keep
-                raise
             self._outstanding -= 1
             self._finish(token, i, v)
         finally:
-            if not keep:
+            if not keep and self._tasks is not None:
                 self._tasks.discard(asyncio.current_task())
+
+    def _kernel_raised(self, i: int, exc: BaseException, alone: bool) -> tuple[bool, bool]:
+        """THE rule for an awaited kernel (async or thread node ``i``) that raised:
+        an ``Exception``, or a ``CancelledError`` of its own while nobody cancels this
+        task, fails the node (:meth:`fail`); a cancellation of the caller, or a
+        ``BaseException`` that is neither, goes on up.  Returns (raise it on, keep the
+        task in ``_tasks`` so the step's own group raises it)."""
+        self._outstanding -= 1
+        if isinstance(exc, Exception) or (
+            isinstance(exc, asyncio.CancelledError) and not _being_cancelled()
+        ):
+            # (A CancelledError the kernel raised itself, nobody cancelling: its failure.)
+            tb = exc.__traceback__
+            if alone and tb is not None:
+                # The awaiting frame is the step's own task's, holding that task: no
+                # part of the kernel's failure, and the step's error (which the caller
+                # may keep in that task's result) would hold it in a cycle.
+                exc.__traceback__ = tb.tb_next
+            self.fail(i, exc)
+            return False, False
+        if isinstance(exc, asyncio.CancelledError):
+            return True, False
+        return True, self._stop_for_base_exception(alone)
 
     def _start_kernel(
         self, node: BoundNode, args: list[Any], label: tuple[str, int] | None
@@ -856,10 +926,10 @@ class Step:
 
     def _cancel_tasks(self) -> None:
         alone = self._alone
-        if alone is not None and not alone[1] and alone[0] is not asyncio.current_task():
-            alone[1] = True  # the lone node awaited in the step's own task: see _await_alone
-            alone[0].cancel()
-        for task in self._tasks:
+        if alone is not None and not self._alone_aborted and alone is not asyncio.current_task():
+            self._alone_aborted = True  # the lone node awaited in the step's own task
+            alone.cancel()  # (see _await_alone)
+        for task in self._tasks or ():
             if not task.cancelling():  # once: a kernel's cleanup is not interrupted
                 task.cancel()
         for fut in self._recvs or ():
@@ -887,8 +957,7 @@ class Step:
             return  # the first error wins; this one is derived, late, or the step is done
         self._error = error
         self._prop.clear()
-        if self._cm is not None:
-            self._cm.cancel()  # kernels polling or with callbacks stop too
+        self._cancel_manager()  # kernels polling or with callbacks stop too
         self._cancel_tasks()
         self._wake()
 

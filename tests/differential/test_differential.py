@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from asyncflow import session as session_module
+from asyncflow.session import core as session_module
 
 from .oracles import Outcome, compare, run_asyncflow, run_numpy, run_reference
 from .programs import CATEGORIES, Program, generate

@@ -16,12 +16,12 @@ and waits for it to stop: nothing keeps running.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncflow._backend import require_asyncio
-from asyncflow.fetch_feed import FetchMapper
 from asyncflow.runtime.observe.retvals import observe_retvals
+from asyncflow.session.fetch_feed import FetchMapper
 
 if TYPE_CHECKING:
     from asyncflow.config import RunOptions
@@ -45,6 +45,8 @@ class _Call(Protocol):
 
     def results(self, values: Sequence[Any]) -> Any: ...
 
+    def with_plans(self, bound: Sequence[BoundPlan]) -> Any: ...
+
 
 class _Session(Protocol):
     @property
@@ -52,11 +54,58 @@ class _Session(Protocol):
 
     def _prepare(self, fetches: Any, feed_dict: Mapping[Any, Any] | None) -> Any: ...
 
-    def _streaming(self, call: Any, bound: Sequence[BoundPlan]) -> Any: ...
-
-    async def _execute(
+    def _start(
         self, call: Any, frame: CallFrame, options: RunOptions | None, run_metadata: None
-    ) -> Any: ...
+    ) -> Coroutine[Any, Any, Any]: ...
+
+
+class _Ready:
+    """The values reported so far (fetch index in call order → converted value) and the
+    queue that wakes the generator: one per ``run_stream`` call."""
+
+    __slots__ = ("call", "queue", "values")
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+        self.values: dict[int, Any] = {}
+        #: Fetch indices as they are reported; None once the step ended.
+        self.queue: asyncio.Queue[int | None] = asyncio.Queue()
+
+    def notify(self, k: int, value: Any) -> None:
+        if k not in self.values:
+            self.values[k] = self.call.retval_converters[k](value)
+            self.queue.put_nowait(k)
+
+
+def _elements(
+    graph: Graph, elements: list[Any]
+) -> tuple[list[tuple[list[int], Callable[[Any], Any]]], list[int], list[int]]:
+    """Per element: the fetched tensors it needs (call order) and its rebuild; the
+    elements yielded once their tensors are reported; those (naming an operation)
+    done only when the step is."""
+    order = {t: k for k, t in enumerate(FetchMapper(graph, elements).tensors)}
+    parts = []
+    left: list[int] = []
+    at_end: list[int] = []
+    for e, element in enumerate(elements):
+        sub = FetchMapper(graph, element)
+        parts.append(([order[t] for t in sub.tensors], sub.rebuild))
+        (at_end if sub.targets else left).append(e)
+    return parts, left, at_end
+
+
+def _observed(call: _Call, ready: _Ready) -> Any:
+    """``call`` with every partition's fetched retvals reported to ``ready``."""
+    loop = asyncio.get_running_loop()
+    retval_map = call.compiled.retval_map
+    observed = []
+    for p, bound in enumerate(call.bound):
+        targets: dict[int, list[int]] = {}
+        for k, (part, index) in enumerate(retval_map):
+            if part == p:
+                targets.setdefault(index, []).append(k)
+        observed.append(observe_retvals(bound, _fan_out(targets, ready.notify), loop))
+    return call.with_plans(observed)
 
 
 async def stream(
@@ -67,60 +116,33 @@ async def stream(
     elements = list(fetches) if isinstance(fetches, list | tuple) else [fetches]
     call: _Call = session._prepare(elements, feed_dict)
     frame = call.frame(feed_dict)
-    # Which fetched tensors (call order) each element needs, and how it is rebuilt.
-    graph = session.graph
-    order = {t: k for k, t in enumerate(FetchMapper(graph, elements).tensors)}
-    parts = []
-    left: list[int] = []  # elements yielded once their tensors are reported
-    at_end: list[int] = []  # an element naming an operation is done when the step is
-    for e, element in enumerate(elements):
-        sub = FetchMapper(graph, element)
-        parts.append(([order[t] for t in sub.tensors], sub.rebuild))
-        (at_end if sub.targets else left).append(e)
-
-    ready: dict[int, Any] = {}
-    queue: asyncio.Queue[int | None] = asyncio.Queue()
-
-    def notify(k: int, value: Any) -> None:
-        if k not in ready:
-            ready[k] = call.retval_converters[k](value)
-            queue.put_nowait(k)
-
-    loop = asyncio.get_running_loop()
-    retval_map = call.compiled.retval_map
-    watched = []
-    for p, bound in enumerate(call.bound):
-        targets: dict[int, list[int]] = {}
-        for k, (part, index) in enumerate(retval_map):
-            if part == p:
-                targets.setdefault(index, []).append(k)
-        watched.append(observe_retvals(bound, _fan_out(targets, notify), loop))
-    streaming = session._streaming(call, watched)
+    parts, left, at_end = _elements(session.graph, elements)
+    ready = _Ready(call)
+    streaming = _observed(call, ready)
     for k, value in _known_now(call, frame):  # fed, or a constant: yielded first
-        notify(k, value)
+        ready.notify(k, value)
 
     outcome: list[Any] = []  # the step's results, or its exception
 
     async def drive() -> None:
         try:
-            outcome.append(await session._execute(streaming, frame, options, None))
+            outcome.append(await session._start(streaming, frame, options, None))
         except Exception as exc:  # handed to the consumer, never to the task group
             outcome.append(exc)
         finally:
-            queue.put_nowait(None)
+            ready.queue.put_nowait(None)
 
     leaving: BaseException | None = None
     async with asyncio.TaskGroup() as tg:
         task = tg.create_task(drive())
         try:
             while left:
-                k_new = await queue.get()
-                if k_new is None:
+                if await ready.queue.get() is None:
                     break
-                for e in [e for e in left if all(k in ready for k in parts[e][0])]:
+                for e in [e for e in left if all(k in ready.values for k in parts[e][0])]:
                     left.remove(e)
                     ks, rebuild = parts[e]
-                    yield elements[e], rebuild([ready[k] for k in ks])
+                    yield elements[e], rebuild([ready.values[k] for k in ks])
             else:
                 await task  # everything was yielded: the step still finishes
         except (GeneratorExit, Exception) as exc:

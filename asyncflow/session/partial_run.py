@@ -22,11 +22,11 @@ from asyncflow.compiler.ir import GraphIR, ref_of
 from asyncflow.compiler.pipeline import Compiled, compile_signature
 from asyncflow.compiler.prune import prune
 from asyncflow.config import RunOptions, SessionConfig
-from asyncflow.fetch_feed import FetchMapper, feed_converter, retval_converter
 from asyncflow.framework.graph import Graph, Operation, Tensor
 from asyncflow.runtime.barrier import StepRunner
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.rendezvous import LocalRendezvous
+from asyncflow.session.fetch_feed import FetchMapper, feed_converter, retval_converter
 
 __all__ = ["PartialRuns"]
 
@@ -35,7 +35,8 @@ CLIENT = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
 class Session(Protocol):
-    """What partial runs use of their :class:`asyncflow.Session`."""
+    """What partial runs use of their :class:`asyncflow.Session` (of the same package):
+    the compile inputs, binding, the step factory and the one driver."""
 
     _incarnation: int
 
@@ -63,7 +64,18 @@ class Session(Protocol):
         rendezvous: LocalRendezvous | None = None,
     ) -> StepRunner: ...
 
-    async def _run_step(self, step: StepRunner, options: RunOptions | None) -> list[Any]: ...
+    def _timeout_ms(self, options: RunOptions | None) -> int: ...
+
+    async def _drive(
+        self,
+        call: Any,
+        frame: CallFrame,
+        timeout_ms: int,
+        options: RunOptions | None,
+        run_metadata: None,
+        slice_s: float | None = ...,
+        step: StepRunner | None = None,
+    ) -> Any: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -122,7 +134,9 @@ class PartialRuns:
         keys = compiled.client
         assert keys is not None
         rendezvous = LocalRendezvous()
-        step = sess._runner(sess._prepared(compiled), CallFrame(()), False, rendezvous)
+        call = sess._prepared(compiled)
+        frame = CallFrame(())
+        step = sess._runner(call, frame, False, rendezvous)
         handle = f"partial_run_{next(self._ids)}"
         state = _PartialRun(
             handle,
@@ -137,7 +151,7 @@ class PartialRuns:
 
         async def run_partial() -> None:
             try:
-                await sess._run_step(step, None)
+                await sess._drive(call, frame, sess._timeout_ms(None), None, None, step=step)
             except BaseException as exc:
                 state.error = exc
                 rendezvous.abort(exc)  # waiting partial_run calls fail with the root error

@@ -83,20 +83,7 @@ class FetchMapper:
                 return lambda vals: kind(*(p(vals) for p in parts))
             return lambda vals: kind(p(vals) for p in parts)
         if isinstance(fetch, Mapping):
-            items = [(k, self._build(v)) for k, v in fetch.items()]
-            mkind: Any = type(fetch)
-            if mkind is dict:
-                return lambda vals: {k: p(vals) for k, p in items}
-            factory = getattr(fetch, "default_factory", None)
-
-            def rebuild_mapping(vals: Sequence[Any]) -> Any:
-                # As TF: defaultdicts keep their factory; other mappings start empty.
-                out = mkind(factory) if isinstance(fetch, defaultdict) else mkind()
-                for k, p in items:
-                    out[k] = p(vals)
-                return out
-
-            return rebuild_mapping
+            return self._build_mapping(fetch)
         element = self._element(fetch)
         if isinstance(element, Operation):
             if not self._graph.is_fetchable(element):
@@ -111,71 +98,93 @@ class FetchMapper:
             self.tensors.append(element)
         return lambda vals: vals[index]
 
+    def _build_mapping(self, fetch: Mapping[Any, Any]) -> Rebuild:
+        items = [(k, self._build(v)) for k, v in fetch.items()]
+        mkind: Any = type(fetch)
+        if mkind is dict:
+            return lambda vals: {k: p(vals) for k, p in items}
+        factory = getattr(fetch, "default_factory", None)
+
+        def rebuild_mapping(vals: Sequence[Any]) -> Any:
+            # As TF: defaultdicts keep their factory; other mappings start empty.
+            out = mkind(factory) if isinstance(fetch, defaultdict) else mkind()
+            for k, p in items:
+                out[k] = p(vals)
+            return out
+
+        return rebuild_mapping
+
 
 def feed_converter(t: Tensor) -> Callable[[Any], Any]:
     """Convert and check one fed value for ``t`` (dtype, static shape); 0-d → numpy scalar."""
     np_dtype = t._dtype.np
     scalar_type = np_dtype.type
     dims = t._shape.dims
-    is_string = t._dtype.is_string
-    name = t.name
-
-    def fail_shape(shape: tuple[int, ...]) -> None:
-        raise ValueError(
-            f"Cannot feed value of shape {shape!r} for Tensor {name!r}, which has shape {t._shape}"
-        )
-
     floating = np_dtype.kind == "f"
     scalar_ok = dims is None or not dims  # a 0-d value passes the shape check
 
     def convert(v: Any) -> Any:
         tv = type(v)
-        if tv is scalar_type:
+        if tv is scalar_type:  # the run's fast path: a numpy scalar, or a Python float
             if scalar_ok:
                 return v
             a = v
             shape: tuple[int, ...] = ()
-        elif tv is float and floating:  # the common feed: one Python float
+        elif tv is float and floating:
             if scalar_ok:
                 return scalar_type(v)
             a = scalar_type(v)
             shape = ()
         else:
-            if isinstance(v, Tensor) or hasattr(v, "_as_graph_element"):
-                raise TypeError(
-                    f"The value of a feed cannot be an af.Tensor object (feeding "
-                    f"{name!r}). Acceptable feed values include Python scalars, "
-                    f"strings, lists, numpy ndarrays."
-                )
-            if is_string:
-                a = _dtypes.as_string_array(v)  # bytes, as TF (str is UTF-8 encoded)
-            elif tv is np.ndarray and v.dtype == np_dtype:
-                a = v
-            else:
-                try:
-                    a = np.asarray(v, dtype=np_dtype)
-                except (TypeError, ValueError, OverflowError) as exc:
-                    raise TypeError(
-                        f"cannot convert feed value {v!r} for Tensor {name!r} "
-                        f"to {t._dtype.name}: {exc}"
-                    ) from None
-                if tv is int and a != v:  # as TF: only Python ints are checked
-                    raise TypeError(
-                        f"Type of feed value {v!r} with type {tv.__name__} is not "
-                        f"compatible with Tensor type {t._dtype.name} of {name!r}"
-                    )
+            a = _feed_array(t, v)
             shape = a.shape
             if not shape:
                 a = a[()]
         if dims is not None:
-            if len(shape) != len(dims):
-                fail_shape(shape)
-            for have, want in zip(shape, dims):
-                if want is not None and have != want:
-                    fail_shape(shape)
+            _check_feed_shape(t, shape)
         return a
 
     return convert
+
+
+def _feed_array(t: Tensor, v: Any) -> Any:
+    """A fed value other than a scalar of ``t``'s type, as an array of its dtype."""
+    name = t.name
+    if isinstance(v, Tensor) or hasattr(v, "_as_graph_element"):
+        raise TypeError(
+            f"The value of a feed cannot be an af.Tensor object (feeding "
+            f"{name!r}). Acceptable feed values include Python scalars, "
+            f"strings, lists, numpy ndarrays."
+        )
+    if t._dtype.is_string:
+        return _dtypes.as_string_array(v)  # bytes, as TF (str is UTF-8 encoded)
+    np_dtype = t._dtype.np
+    if type(v) is np.ndarray and v.dtype == np_dtype:
+        return v
+    try:
+        a = np.asarray(v, dtype=np_dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(
+            f"cannot convert feed value {v!r} for Tensor {name!r} to {t._dtype.name}: {exc}"
+        ) from None
+    if type(v) is int and a != v:  # as TF: only Python ints are checked
+        raise TypeError(
+            f"Type of feed value {v!r} with type {type(v).__name__} is not "
+            f"compatible with Tensor type {t._dtype.name} of {name!r}"
+        )
+    return a
+
+
+def _check_feed_shape(t: Tensor, shape: tuple[int, ...]) -> None:
+    """A fed value's shape against ``t``'s static one (known dimensions must match)."""
+    dims = t._shape.dims
+    assert dims is not None
+    if len(shape) != len(dims) or any(
+        want is not None and have != want for have, want in zip(shape, dims)
+    ):
+        raise ValueError(
+            f"Cannot feed value of shape {shape!r} for Tensor {t.name!r}, which has shape {t._shape}"
+        )
 
 
 def retval_converter(t: Tensor) -> Callable[[Any], Any]:

@@ -9,7 +9,7 @@ one :class:`~asyncflow.runtime.step.Step` per partition (an
 :class:`~asyncflow.runtime.barrier.ExecutorBarrier` over several) and rebuilds the
 caller's fetch structure from the step's return values.  ``run``,
 ``make_callable`` and ``partial_run`` share that one compile-and-bind path, and one
-definition of the fast path (``_CompiledCall.fast``).
+definition of the fast path (``CompiledCall.fast``).
 
 Long-lived state (the plan cache, the devices and their thread pools, the set of
 in-flight steps) holds nothing bound to an event loop, so one session serves
@@ -19,7 +19,6 @@ in-flight steps) holds nothing bound to an event loop, so one session serves
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 import sys
@@ -27,7 +26,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from types import TracebackType
@@ -35,19 +34,15 @@ from typing import Any
 
 from asyncflow import errors
 from asyncflow._backend import require_asyncio
-from asyncflow.callables import SessionCallable
 from asyncflow.compiler.ir import GraphIR, graph_ir, ref_of
 from asyncflow.compiler.optimize import OptimizerStats
-from asyncflow.compiler.partition import partition_graph_def
 from asyncflow.compiler.pipeline import Compiled, compile_signature
 from asyncflow.compiler.placement import place
+from asyncflow.compiler.plan import Plan
 from asyncflow.config import RunMetadata, RunOptions, SessionConfig
-from asyncflow.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key, retval_converter
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Tensor, get_default_graph
-from asyncflow.partial_run import PartialRuns
 from asyncflow.runtime import function_call as _function_call  # installs the call kernel
-from asyncflow.runtime.admission import Admission
 from asyncflow.runtime.barrier import ExecutorBarrier, StepRunner
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
@@ -56,11 +51,20 @@ from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.observe.progress import ProgressObserver
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
-from asyncflow.runtime.runners import SyncRunners
 from asyncflow.runtime.step import SLICE, Step
-from asyncflow.streaming import stream
+from asyncflow.session.admission import Admission
+from asyncflow.session.call import CompiledCall
+from asyncflow.session.callables import SessionCallable
+from asyncflow.session.fetch_feed import FetchMapper, Rebuild, feed_converter, fetch_key
+from asyncflow.session.partial_run import PartialRuns
+from asyncflow.session.runners import SyncRunners
+from asyncflow.session.seam import SessionInternals, SessionMaster
+from asyncflow.session.streaming import stream
 
 __all__ = ["Session", "SessionStatistics"]
+
+#: What the driver's first phase returns when the step has work left for the loop.
+_LEFT: Any = object()
 
 logger = logging.getLogger("asyncflow.session")
 placement_logger = logging.getLogger("asyncflow.placement")
@@ -96,84 +100,6 @@ class SessionStatistics:
     failed: int = 0
     #: Compiles per run signature ("fetches <- feeds"), in the order first compiled.
     compiles_per_plan: Mapping[str, int] = field(default_factory=dict)
-
-
-class _CompiledCall:
-    """Everything one run signature needs: the compiled plans with their kernels bound
-    to this session, the feed converters and the fetch rebuild."""
-
-    __slots__ = (
-        "bound",
-        "compiled",
-        "converters",
-        "fast",
-        "feed_keys",
-        "inline_first",
-        "lone",
-        "rebuild",
-        "retval_converters",
-        "signature",
-        "single",
-    )
-
-    def __init__(
-        self,
-        compiled: Compiled,
-        bound: Sequence[BoundPlan],
-        fetches: Sequence[Tensor],
-        feed_keys: tuple[Any, ...],
-        converters: tuple[Callable[[Any], Any], ...],
-        rebuild: Rebuild,
-    ) -> None:
-        self.compiled = compiled
-        self.bound = tuple(bound)
-        self.feed_keys = feed_keys
-        self.converters = converters
-        self.rebuild = rebuild
-        self.retval_converters = tuple(retval_converter(t) for t in fetches)
-        #: The converter of the one fetched tensor when the fetch is that tensor itself
-        #: (not a structure holding it): results skip the rebuild.
-        self.lone: Callable[[Any], Any] | None = None
-        if len(fetches) == 1:
-            probe = object()
-            if rebuild([probe]) is probe:
-                self.lone = self.retval_converters[0]
-        #: A readable name of the signature (statistics): "fetches <- feeds".
-        self.signature = (
-            f"[{', '.join(t.name for t in fetches)}] <- "
-            f"[{', '.join(_feed_name(k) for k in feed_keys)}]"
-        )
-        #: One partition whose retvals are the fetches: one Step, no barrier.
-        self.single = len(self.bound) == 1 and all(p == 0 for p, _ in compiled.retval_map)
-        #: The fast path, defined once: one partition made only of inline kernels runs
-        #: synchronously (no task, no task group) unless it is traced or outlasts
-        #: its first time slice.
-        self.fast = self.single and self.bound[0].all_inline
-        #: Run the first time slice synchronously, before any loop registration: the
-        #: fast path, and one partition whose async kernels may finish at once (queue
-        #: ops with a ``nowait`` twin; a lone async node is then awaited in the caller's
-        #: task); what is left goes on awaited.  Not with receives (their callbacks
-        #: would outrun the step's registration).
-        self.inline_first = self.single and not any(b.receives for b in self.bound)
-
-    def frame(self, feed_dict: Mapping[Any, Any] | None) -> CallFrame:
-        """The call frame of one step: the converted feed values, in plan order."""
-        converters = self.converters
-        if len(converters) == 1:  # the common case, without a comprehension
-            for v in feed_dict.values():  # type: ignore[union-attr]
-                return CallFrame([converters[0](v)])
-        if not converters:
-            return CallFrame(())
-        return CallFrame([conv(v) for conv, v in zip(converters, feed_dict.values())])  # type: ignore[union-attr]
-
-    def results(self, values: Sequence[Any]) -> Any:
-        if self.lone is not None:  # one tensor fetched, as itself
-            return self.lone(values[0])
-        return self.rebuild([c(v) for c, v in zip(self.retval_converters, values)])
-
-    def graph_defs(self) -> list[dict[str, Any]]:
-        """The partition graphs (``RunMetadata.partition_graphs``)."""
-        return [partition_graph_def(p) for p in self.compiled.partitions]
 
 
 # -- the session --------------------------------------------------------------------
@@ -220,7 +146,7 @@ class Session:
             for i in range(n_cpu)
         )
         self._device_names = tuple(d.name for d in self._devices)
-        self._cache: dict[Any, _CompiledCall] = {}
+        self._cache: dict[Any, CompiledCall] = {}
         self._compile_lock = threading.Lock()
         self._counter_lock = threading.Lock()  # guards the three counters below
         self._compiles = 0
@@ -254,10 +180,16 @@ class Session:
         self._ir_cache: tuple[int, GraphIR] | None = None
         self._placement_checked = -1
         #: The distributed master (None in process): the cluster's devices follow ours.
-        self._master: Any = None
+        self._master: SessionMaster | None = None
         if make_master is not None:
-            self._master = make_master(self)
-            self._device_names += self._master.device_names
+            master = make_master(self)
+            if not isinstance(master, SessionMaster):
+                raise TypeError(
+                    f"target {target!r} made {master!r} as this session's master: it is "
+                    f"not an asyncflow.session.seam.SessionMaster"
+                )
+            self._master = master
+            self._device_names += master.device_names
 
     # -- properties ------------------------------------------------------------------
 
@@ -270,6 +202,12 @@ class Session:
     def config(self) -> SessionConfig:
         """The session's configuration."""
         return self._config
+
+    @property
+    def internals(self) -> SessionInternals:
+        """The seam other asyncflow modules use of this session (its resources, binding
+        a plan to its devices); not for applications."""
+        return _Internals(self)
 
     def list_devices(self) -> list[str]:
         """The full names of the session's devices."""
@@ -298,28 +236,30 @@ class Session:
 
     # -- running -----------------------------------------------------------------------
 
-    async def run(
+    def run(
         self,
         fetches: Any,
         feed_dict: Mapping[Any, Any] | None = None,
         options: RunOptions | None = None,
         run_metadata: RunMetadata | None = None,
-    ) -> Any:
-        """Run one step; returns ``fetches``' structure with tensors replaced by values.
+    ) -> Coroutine[Any, Any, Any]:
+        """Run one step: ``await sess.run(fetches, feed_dict)`` returns ``fetches``'
+        structure with tensors replaced by values.
 
         Operations (targets) give ``None``; 0-d values are numpy scalars.  A failing
-        step raises one ``af.errors.OpError`` naming the node.
+        step raises one ``af.errors.OpError`` naming the node.  What this returns is
+        the step's own coroutine (the session's driver, with no coroutine around it:
+        one level less per step in flight); as from an ``async def``, a fetch or feed
+        the session cannot run is raised when it is awaited.
         """
-        if options is not None or run_metadata is not None:
-            _check_run_args(options, run_metadata)
-        call = self._prepare(fetches, feed_dict)
-        if options is None and self._admission is None:
-            # The common case without an extra coroutine: an all-inline plan runs in
-            # this call (one that outlasts its first time slice goes on awaited).
-            require_asyncio("Session.run")
-            done, out = self._begin(call, call.frame(feed_dict), None, run_metadata)
-            return out if done else await self._awaited(call, out, None, run_metadata)
-        return await self._execute(call, call.frame(feed_dict), options, run_metadata)
+        try:
+            if options is not None or run_metadata is not None:
+                _check_run_args(options, run_metadata)
+            call = self._prepare(fetches, feed_dict)
+            frame = call.frame(feed_dict)
+        except Exception as exc:
+            return _raising(exc)
+        return self._start(call, frame, options, run_metadata)
 
     def run_sync(
         self,
@@ -338,12 +278,7 @@ class Session:
         an event loop runs in this thread, it raises ``RuntimeError``: use
         ``await sess.run(...)``.
         """
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            _check_no_running_loop("Session.run_sync()", "sess.run(...)")
+        _check_no_running_loop("Session.run_sync()", "sess.run(...)")
         if options is not None or run_metadata is not None:
             _check_run_args(options, run_metadata)
         call = self._prepare(fetches, feed_dict)
@@ -351,11 +286,13 @@ class Session:
 
     def _run_sync(
         self,
-        call: _CompiledCall,
+        call: CompiledCall,
         frame: CallFrame,
         options: RunOptions | None,
         run_metadata: RunMetadata | None,
     ) -> Any:
+        """The sync door of ``run_sync`` and callables: the one driver, on no loop when
+        it cannot need one, else on this thread's loop."""
         # No loop at all: an all-inline plan, no deadline (its own or the session's), no
         # slot to wait for, no progress ticker (traced or not: tracing never awaits).
         if (
@@ -363,22 +300,12 @@ class Session:
             and self._loop_free
             and (options is None or (not options.timeout_in_ms and options.progress is None))
         ):
+            # The driver's first phase, run to the end, is all such a step is: called
+            # as it is (stepping the driver's coroutine once would do the same, and
+            # cost a coroutine and a StopIteration per call).
             step = self._runner(call, frame, _wants_trace(options, run_metadata))
-            try:
-                values = step.run_inline()  # type: ignore[union-attr]
-            except BaseException:
-                step.release()
-                with self._counter_lock:
-                    self._steps += 1
-                self._count_failed(call)
-                raise
-            step.release()
-            assert values is not None
-            with self._counter_lock:
-                self._steps += 1
-                self._completed += 1
-            return self._finished(call, step, values, options, run_metadata)
-        return self._runners.run(self._execute(call, frame, options, run_metadata))
+            return self._inline_phase(call, step, None, options, run_metadata)
+        return self._runners.run(self._doors(call, frame, options, run_metadata))
 
     def run_stream(
         self,
@@ -401,13 +328,6 @@ class Session:
         the step ends.
         """
         return stream(self, fetches, feed_dict, options)
-
-    def _streaming(self, call: _CompiledCall, bound: Sequence[BoundPlan]) -> _CompiledCall:
-        """``call`` running ``bound`` instead: its plans with some kernels wrapped, per
-        step (retval watchers for ``run_stream``, counters for progress)."""
-        twin = copy.copy(call)
-        twin.bound = tuple(bound)
-        return twin
 
     def make_callable(
         self, fetches: Any, feed_list: Sequence[Any] | None = None, accept_options: bool = False
@@ -442,17 +362,16 @@ class Session:
             self._check_open()
             return CallFrame([conv(v) for conv, v in zip(converters, feed_values)])
 
-        async def run(
+        def run(
             feed_values: tuple[Any, ...],
             options: RunOptions | None,
             run_metadata: RunMetadata | None,
-        ) -> Any:
-            frame = frame_of(feed_values, options, run_metadata)
-            if options is None and self._admission is None:  # as run()
-                require_asyncio("Session.run")
-                done, out = self._begin(call, frame, None, run_metadata)
-                return out if done else await self._awaited(call, out, None, run_metadata)
-            return await self._execute(call, frame, options, run_metadata)
+        ) -> Coroutine[Any, Any, Any]:
+            try:
+                frame = frame_of(feed_values, options, run_metadata)
+            except Exception as exc:
+                return _raising(exc)
+            return self._start(call, frame, options, run_metadata)
 
         def run_sync(
             feed_values: tuple[Any, ...],
@@ -465,78 +384,85 @@ class Session:
 
         return SessionCallable(run, run_sync, call.signature)
 
-    async def _execute(
+    # -- the one driver ------------------------------------------------------------------
+
+    def _start(
         self,
-        call: _CompiledCall,
+        call: CompiledCall,
         frame: CallFrame,
         options: RunOptions | None,
         run_metadata: RunMetadata | None,
-        admitted: bool = False,
+    ) -> Coroutine[Any, Any, Any]:
+        """The door of every async step (``run``, callables, ``run_stream``, progress):
+        the driver itself (not a coroutine around it) when no option asks for more."""
+        if options is None and self._admission is None:
+            timeout_ms = self._config.operation_timeout_in_ms
+            return self._drive(call, frame, timeout_ms, None, run_metadata)
+        return self._doors(call, frame, options, run_metadata)
+
+    async def _doors(
+        self,
+        call: CompiledCall,
+        frame: CallFrame,
+        options: RunOptions | None,
+        run_metadata: RunMetadata | None,
     ) -> Any:
-        """Run one step of ``call``: the one path of ``run`` and ``make_callable``."""
+        """What options add before a step is made: a progress ticker beside it, a slot
+        to wait for (``max_concurrent_steps``); then the one driver."""
         require_asyncio("Session.run")
         if options is not None and options.progress is not None:
             return await self._with_progress(call, frame, options, run_metadata)
-        if self._admission is not None and not admitted:
+        if self._admission is not None:
             return await self._admitted(call, frame, options, run_metadata)
-        trace = options is not None and _wants_trace(options, run_metadata)
-        done, out = self._begin(call, frame, options, run_metadata, trace)
-        return out if done else await self._awaited(call, out, options, run_metadata)
+        return await self._drive(call, frame, self._timeout_ms(options), options, run_metadata)
 
-    def _begin(
+    async def _drive(
         self,
-        call: _CompiledCall,
+        call: CompiledCall,
         frame: CallFrame,
+        timeout_ms: int,
         options: RunOptions | None,
         run_metadata: RunMetadata | None,
-        trace: bool = False,
-    ) -> tuple[bool, Any]:
-        """Make the step and, on the fast path (``call.inline_first``, traced or not),
-        run its first time slice right here: no loop registration, no task.
-        ``(True, result)`` when it finished so; else ``(False, step)`` for
-        :meth:`_awaited` (a step that outlasts its slice, or has async kernels that
-        must wait, goes on there, yielding to the loop between budgets)."""
-        step = self._runner(call, frame, trace)
-        if not call.inline_first:
-            return False, step
-        try:
-            values = step.run_inline(SLICE)  # type: ignore[union-attr]
-        except BaseException:
-            step.release()
-            self._count_failed(call)
-            raise
-        if values is None:
-            return False, step
-        with self._counter_lock:
-            self._steps += 1
-            self._completed += 1
-        result = self._finished(call, step, values, options, run_metadata)
-        step.release()
-        return True, result
-
-    async def _awaited(
-        self,
-        call: _CompiledCall,
-        step: StepRunner,
-        options: RunOptions | None,
-        run_metadata: RunMetadata | None,
+        slice_s: float | None = SLICE,
+        step: StepRunner | None = None,
     ) -> Any:
-        """Run ``step`` on the event loop (deadline, in-flight registry) to its outcome."""
+        """The one driver of every step, whatever door it came through (``run``,
+        ``run_sync``, callables, ``run_stream``, partial runs, ``eval``, distributed).
+
+        The step of ``call`` over ``frame`` is made here, when the driver first runs
+        (a step whose coroutine never ran was never made), unless the caller made it
+        (``step``: a partial run's, with its own rendezvous).  Phase 1, the inline time
+        slice (``call.inline_first``): the step runs right here, synchronously, for
+        ``slice_s`` seconds (``None``: to its end, for a caller with no loop) — no loop
+        registration, no task; a step that finishes so returns without suspending
+        (``run_sync`` of an all-inline plan, on no loop at all, is this phase run to
+        its end: :meth:`_inline_phase`, called directly).  Phase 2,
+        what is left: the step is registered in flight (``close`` aborts and waits for
+        it) and awaited on the loop, under ``timeout_ms`` when positive.
+        """
+        if slice_s is not None:
+            require_asyncio("Session.run")
+        if step is None:
+            trace = options is not None and _wants_trace(options, run_metadata)
+            step = self._runner(call, frame, trace)
+        if call.inline_first:
+            result = self._inline_phase(call, step, slice_s, options, run_metadata)
+            if result is not _LEFT:
+                return result
         # Steps that reach the loop are the ones that can be slow: timed only when the
         # DEBUG log would show it (one check otherwise).
         started = time.perf_counter() if logger.isEnabledFor(logging.DEBUG) else 0.0
+        self._enter(step)
         try:
-            if self._timeout_ms(options) > 0:
-                values = await self._run_step(step, options)
-            else:  # _run_step without a deadline, one coroutine less per step
-                self._enter(step)
-                try:
-                    values = await step.run()
-                finally:
-                    self._leave(step)
+            if timeout_ms > 0:
+                values = await self._within(step, timeout_ms)
+            else:
+                values = await step.run()
         except BaseException:
             self._count_failed(call)
             raise
+        finally:
+            self._leave(step)
         with self._counter_lock:
             self._completed += 1
         if started and (took := time.perf_counter() - started) >= SLOW_STEP_SECONDS:
@@ -545,42 +471,92 @@ class Session:
             )
         return self._finished(call, step, values, options, run_metadata)
 
+    def _inline_phase(
+        self,
+        call: CompiledCall,
+        step: StepRunner,
+        slice_s: float | None,
+        options: RunOptions | None,
+        run_metadata: RunMetadata | None,
+    ) -> Any:
+        """The driver's phase 1: ``step`` runs here for ``slice_s`` seconds (``None``:
+        to its end); its result when it finished so, else ``_LEFT`` (phase 2 goes on)."""
+        try:
+            values = step.run_inline(slice_s)  # type: ignore[union-attr]
+        except BaseException:
+            step.release()
+            with self._counter_lock:
+                self._steps += 1
+            self._count_failed(call)
+            raise
+        if values is None:
+            assert slice_s is not None, "an all-inline step run to its end left work"
+            return _LEFT
+        with self._counter_lock:
+            self._steps += 1
+            self._completed += 1
+        result = self._finished(call, step, values, options, run_metadata)
+        step.release()
+        return result
+
+    async def _within(self, step: StepRunner, timeout_ms: int) -> list[Any]:
+        """``step.run()`` under a deadline ``timeout_ms`` from now (the driver's phase 2)."""
+        # The kernels still running are noted at the deadline itself, so the error can
+        # name what was pending: the note and the timeout's own handle are due at the
+        # same time, and a cancelled task resumes only on a later loop turn, so the note
+        # runs before the cancellation reaches a kernel (noting first and cancelling a
+        # turn later let steps finish past it).
+        loop = asyncio.get_running_loop()
+        when = loop.time() + timeout_ms / 1000
+        pending: list[str] = []
+        alarm = loop.call_at(when, lambda: pending.extend(_running_nodes(step)))
+        deadline = asyncio.timeout_at(when)
+        try:
+            async with deadline:
+                return await step.run()
+        except TimeoutError as exc:
+            expired = deadline.expired()
+            if step.finished:
+                # Every node ran before the deadline landed: the step's outcome is its
+                # results (a dequeue that took elements delivers them).
+                return step.results()
+            if step.error is not None:
+                # The first error wins, even over a deadline that passed while the step
+                # waited for its other kernels to stop.
+                raise step.error from None
+            if expired and not isinstance(exc, errors.OpError):
+                _clear_frames(exc)
+                raise self._deadline_error(timeout_ms, pending) from None
+            raise
+        finally:
+            alarm.cancel()
+            # The timeout holds this task: an error leaving through this frame (in its
+            # traceback) would make a cycle with the task holding it.
+            del deadline
+
     async def _with_progress(
         self,
-        call: _CompiledCall,
+        call: CompiledCall,
         frame: CallFrame,
         options: RunOptions,
         run_metadata: RunMetadata | None,
     ) -> Any:
-        """``_execute`` reporting to ``options.progress`` (a ticker task beside the step)."""
+        """A step reporting to ``options.progress`` (a ticker task beside the step)."""
         assert options.progress is not None
         observer = ProgressObserver(options.progress)
-        counted = self._streaming(call, [observer.observe(b) for b in call.bound])
+        counted = call.with_plans([observer.observe(b) for b in call.bound])
         return await observer.run_beside(
-            self._execute(counted, frame, replace(options, progress=None), run_metadata)
+            self._start(counted, frame, replace(options, progress=None), run_metadata)
         )
-
-    def _count_failed(self, call: _CompiledCall | None = None) -> None:
-        """Count a failed step (called where its exception is being handled) and log it
-        at DEBUG."""
-        with self._counter_lock:
-            self._failed += 1
-        if logger.isEnabledFor(logging.DEBUG):
-            exc = sys.exc_info()[1]
-            logger.debug(
-                "step failed: %s: %s",
-                call.signature if call is not None else "(waiting for a slot)",
-                _one_line(exc),
-            )
 
     async def _admitted(
         self,
-        call: _CompiledCall,
+        call: CompiledCall,
         frame: CallFrame,
         options: RunOptions | None,
         run_metadata: RunMetadata | None,
     ) -> Any:
-        """``_execute`` with a step slot held (``SessionConfig.max_concurrent_steps``)."""
+        """A step with a slot held (``SessionConfig.max_concurrent_steps``)."""
         admission = self._admission
         assert admission is not None
         if not admission.try_acquire():
@@ -599,13 +575,27 @@ class Session:
             if self._closed:  # closed while this step waited for its slot
                 self._count_failed(call)
                 self._check_open()
-            return await self._execute(call, frame, options, run_metadata, admitted=True)
+            timeout_ms = self._timeout_ms(options)
+            return await self._drive(call, frame, timeout_ms, options, run_metadata)
         finally:
             admission.release()
 
+    def _count_failed(self, call: CompiledCall | None = None) -> None:
+        """Count a failed step (called where its exception is being handled) and log it
+        at DEBUG."""
+        with self._counter_lock:
+            self._failed += 1
+        if logger.isEnabledFor(logging.DEBUG):
+            exc = sys.exc_info()[1]
+            logger.debug(
+                "step failed: %s: %s",
+                call.signature if call is not None else "(waiting for a slot)",
+                _one_line(exc),
+            )
+
     def _finished(
         self,
-        call: _CompiledCall,
+        call: CompiledCall,
         step: StepRunner,
         values: list[Any],
         options: RunOptions | None,
@@ -622,16 +612,14 @@ class Session:
 
     def _runner(
         self,
-        call: _CompiledCall,
+        call: CompiledCall,
         frame: CallFrame,
         trace: bool = False,
         rendezvous: LocalRendezvous | None = None,
     ) -> StepRunner:
         """The step of a compiled call: one partition's Step, or a barrier over several."""
         if self._master is not None:
-            return self._master.runner(  # type: ignore[no-any-return]
-                call, frame, trace, rendezvous
-            )
+            return self._master.runner(call, frame, trace, rendezvous)
         if call.single:
             return Step(call.bound[0], frame, trace, rendezvous)
         return ExecutorBarrier(
@@ -684,47 +672,6 @@ class Session:
             done.set_result(None)
         step.release()
 
-    async def _run_step(self, step: StepRunner, options: RunOptions | None) -> list[Any]:
-        self._enter(step)
-        timeout_ms = self._timeout_ms(options)
-        try:
-            if timeout_ms > 0:
-                # The kernels still running are noted at the deadline itself, so the
-                # error can name what was pending: the note and the timeout's own handle
-                # are due at the same time, and a cancelled task resumes only on a later
-                # loop turn, so the note runs before the cancellation reaches a kernel
-                # (noting first and cancelling a turn later let steps finish past it).
-                loop = asyncio.get_running_loop()
-                when = loop.time() + timeout_ms / 1000
-                pending: list[str] = []
-                alarm = loop.call_at(when, lambda: pending.extend(_running_nodes(step)))
-                deadline = asyncio.timeout_at(when)
-                try:
-                    async with deadline:
-                        return await step.run()
-                except TimeoutError as exc:
-                    expired = deadline.expired()
-                    if step.finished:
-                        # Every node ran before the deadline landed: the step's outcome
-                        # is its results (a dequeue that took elements delivers them).
-                        return step.results()
-                    if step.error is not None:
-                        # The first error wins, even over a deadline that passed while
-                        # the step waited for its other kernels to stop.
-                        raise step.error from None
-                    if expired and not isinstance(exc, errors.OpError):
-                        _clear_frames(exc)
-                        raise self._deadline_error(timeout_ms, pending) from None
-                    raise
-                finally:
-                    alarm.cancel()
-                    # The timeout holds this task: an error leaving through this frame
-                    # (in its traceback) would make a cycle with the task holding it.
-                    del deadline
-            return await step.run()
-        finally:
-            self._leave(step)
-
     def _deadline_error(
         self, timeout_ms: float, pending: Sequence[str]
     ) -> errors.DeadlineExceededError:
@@ -743,7 +690,7 @@ class Session:
 
     # -- compiling ---------------------------------------------------------------------
 
-    def _prepare(self, fetches: Any, feed_dict: Mapping[Any, Any] | None) -> _CompiledCall:
+    def _prepare(self, fetches: Any, feed_dict: Mapping[Any, Any] | None) -> CompiledCall:
         if self._closed:
             raise RuntimeError("Attempted to use a closed Session.")
         feed_keys = tuple(feed_dict) if feed_dict else ()
@@ -776,7 +723,7 @@ class Session:
             cached = self._ir_cache = (version, graph_ir(self._graph))
         return cached[1]
 
-    def _compile(self, fetches: Any, feed_keys: tuple[Any, ...]) -> _CompiledCall:
+    def _compile(self, fetches: Any, feed_keys: tuple[Any, ...]) -> CompiledCall:
         mapper = FetchMapper(self._graph, fetches)
         feeds = [self._feed_tensor(k) for k in feed_keys]
         if len(set(feeds)) != len(feeds):
@@ -826,20 +773,19 @@ class Session:
         feed_keys: tuple[Any, ...] = (),
         converters: tuple[Callable[[Any], Any], ...] = (),
         rebuild: Rebuild = list,
-    ) -> _CompiledCall:
+    ) -> CompiledCall:
         """``compiled`` with its kernels bound to this session's devices and resources:
         the one place a compiled signature meets the runtime."""
         if self._master is not None:
-            return self._master.prepared(  # type: ignore[no-any-return]
-                compiled, fetches, feed_keys, converters, rebuild
-            )
-        lookup = self._graph._by_name.get
+            return self._master.prepared(compiled, fetches, feed_keys, converters, rebuild)
+        bound = [self._bind(plan) for plan in compiled.plans]
+        return CompiledCall(compiled, bound, fetches, feed_keys, converters, rebuild)
+
+    def _bind(self, plan: Plan) -> BoundPlan:
+        """``plan``'s kernels bound to its device here and this session's resources."""
         options = self._config.executor_options
-        bound = [
-            bind(plan, self._device_of[plan.device], self._resources, lookup, options)
-            for plan in compiled.plans
-        ]
-        return _CompiledCall(compiled, bound, fetches, feed_keys, converters, rebuild)
+        lookup = self._graph._by_name.get
+        return bind(plan, self._device_of[plan.device], self._resources, lookup, options)
 
     def _feed_tensor(self, key: Any) -> Tensor:
         graph = self._graph
@@ -885,7 +831,7 @@ class Session:
             self._closed = True
             steps = []
             for step, done in self._in_flight.items():
-                if done is None:  # made only now: a step that ends sets it (see _run_step)
+                if done is None:  # made only now: a step that ends sets it (see _leave)
                     done = self._in_flight[step] = Future()
                 steps.append((step, done))
         for step, _ in steps:
@@ -950,6 +896,27 @@ class Session:
         self.close_sync()
 
 
+class _Internals:
+    """:class:`~asyncflow.session.seam.SessionInternals` of one session (made per use:
+    a session holds no reference to it, so no cycle)."""
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    @property
+    def resources(self) -> ResourceMgr:
+        return self._session._resources
+
+    @property
+    def distributed(self) -> bool:
+        return self._session._master is not None
+
+    def bind(self, plan: Plan) -> BoundPlan:
+        return self._session._bind(plan)
+
+
 def _clear_frames(exc: BaseException | None) -> None:
     """Drop the locals of the finished frames a deadline's cancellation went through
     (the step's and asyncio's task group and timeout, which keep the exception that
@@ -957,11 +924,6 @@ def _clear_frames(exc: BaseException | None) -> None:
     while exc is not None:
         traceback.clear_frames(exc.__traceback__)
         exc = exc.__context__
-
-
-def _feed_name(key: Any) -> str:
-    name = getattr(key, "name", key)
-    return name if isinstance(name, str) else repr(key)
 
 
 def _check_no_running_loop(what: str, instead: str) -> None:
@@ -975,7 +937,7 @@ def _check_no_running_loop(what: str, instead: str) -> None:
     )
 
 
-def _log_compile(call: _CompiledCall, seconds: float) -> None:
+def _log_compile(call: CompiledCall, seconds: float) -> None:
     opt = call.compiled.optimizer
     sizes = ", ".join(str(len(p.nodes)) for p in call.compiled.plans)
     logger.debug(
@@ -1040,6 +1002,19 @@ def _wants_trace(options: RunOptions | None, run_metadata: RunMetadata | None) -
         and run_metadata is not None
         and options.trace_level >= RunOptions.FULL_TRACE
     )
+
+
+async def _raising(exc: Exception) -> Any:
+    """A coroutine that raises ``exc`` when awaited: a call that hands back the driver's
+    coroutine raises what it refused there, as an ``async def`` would.  The refusing
+    frame is cut from the traceback (it holds ``exc``: a cycle)."""
+    tb = exc.__traceback__
+    if tb is not None:
+        exc.__traceback__ = tb.tb_next
+    try:
+        raise exc
+    finally:
+        del exc
 
 
 def _default_threads() -> int:

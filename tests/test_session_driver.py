@@ -1,0 +1,350 @@
+"""The session layer: every entry point reaches its step through the one driver, the
+distributed master plugs in through a typed protocol, other modules use the stated
+seam, and a step in flight costs a bounded number of objects and coroutine levels."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import gc
+import inspect
+import pathlib
+import re
+import sys
+import threading
+import types
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncflow as af
+from asyncflow.compiler.pipeline import Compiled
+from asyncflow.distributed.master import Master
+from asyncflow.framework.graph import Tensor
+from asyncflow.runtime.barrier import StepRunner
+from asyncflow.runtime.call_frame import CallFrame
+from asyncflow.runtime.rendezvous import LocalRendezvous
+from asyncflow.runtime.step import Step
+from asyncflow.session import core
+from asyncflow.session.call import CompiledCall
+from asyncflow.session.seam import SessionInternals, SessionMaster
+
+PACKAGE = pathlib.Path(af.__file__).parent
+
+
+@pytest.fixture
+def driven(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each step the session drives, by the signature of its call: through ``_drive``,
+    or through its first phase alone (``run_sync`` of an all-inline plan, on no loop),
+    marked ``"phase 1: "``."""
+    seen: list[str] = []
+    drive, inline = core.Session._drive, core.Session._inline_phase
+
+    def counted_drive(self: af.Session, call: CompiledCall, *args: Any, **kwargs: Any) -> Any:
+        seen.append(call.signature)
+        return drive(self, call, *args, **kwargs)
+
+    def counted_inline(self: af.Session, call: CompiledCall, *args: Any, **kwargs: Any) -> Any:
+        if sys._getframe(1).f_code is not drive.__code__:  # not within the driver
+            seen.append(f"phase 1: {call.signature}")
+        return inline(self, call, *args, **kwargs)
+
+    monkeypatch.setattr(core.Session, "_drive", counted_drive)
+    monkeypatch.setattr(core.Session, "_inline_phase", counted_inline)
+    return seen
+
+
+def _tiny() -> tuple[Tensor, Tensor]:
+    x = af.placeholder(af.float32, shape=(), name="x")
+    return x, af.multiply(af.add(x, 1.0), 2.0, name="y")
+
+
+async def test_every_async_entry_point_goes_through_the_driver(
+    graph: af.Graph, driven: list[str]
+) -> None:
+    x, y = _tiny()
+    events: list[Any] = []
+    async with af.Session(graph=graph) as sess:
+        assert await sess.run(y, {x: 1.0}) == 4.0
+        assert await sess.make_callable(y, [x])(1.0) == 4.0
+        assert [v async for _, v in sess.run_stream([y], {x: 1.0})] == [4.0]
+        assert await y.eval({x: 1.0}, session=sess) == 4.0
+        await y.op.run({x: 1.0}, session=sess)
+        traced = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE, timeout_in_ms=5_000)
+        assert await sess.run(y, {x: 1.0}, options=traced, run_metadata=af.RunMetadata()) == 4.0
+        assert await sess.run(y, {x: 1.0}, options=af.RunOptions(progress=events.append)) == 4.0
+        handle = await sess.partial_run_setup([y], [x])
+        assert await sess.partial_run(handle, y, {x: 1.0}) == 4.0
+    y_x = "[y:0] <- [x:0]"
+    # op.run fetches a target only; a partial run's call is compiled with the client's
+    # edges (its feeds and fetches cross the rendezvous, not the signature).
+    assert driven == [y_x, y_x, y_x, y_x, "[] <- [x:0]", y_x, y_x, "[] <- []"]
+
+
+async def test_admission_goes_through_the_driver(graph: af.Graph, driven: list[str]) -> None:
+    x, y = _tiny()
+    config = af.SessionConfig(max_concurrent_steps=1)
+    async with af.Session(graph=graph, config=config) as sess:
+        got = await asyncio.gather(*(sess.run(y, {x: float(i)}) for i in range(3)))
+    assert got == [2.0, 4.0, 6.0]
+    assert len(driven) == 3
+
+
+def test_sync_entry_points_go_through_the_driver(graph: af.Graph, driven: list[str]) -> None:
+    x, y = _tiny()
+    with af.Session(graph=graph) as sess:
+        assert sess.run_sync(y, {x: 1.0}) == 4.0  # all inline: the driver on no loop
+        with_deadline = af.RunOptions(timeout_in_ms=5_000)
+        assert sess.run_sync(y, {x: 1.0}, options=with_deadline) == 4.0  # on its loop
+        fn = sess.make_callable(y, [x], accept_options=True)
+        assert fn.run_sync(1.0) == 4.0
+        assert fn.run_sync(1.0, options=with_deadline) == 4.0
+        assert y.eval_sync({x: 1.0}, session=sess) == 4.0
+    y_x = "[y:0] <- [x:0]"
+    one = f"phase 1: {y_x}"
+    assert driven == [one, y_x, one, y_x, one]
+
+
+def test_the_all_inline_driver_needs_no_loop(graph: af.Graph) -> None:
+    x, y = _tiny()
+    with af.Session(graph=graph) as sess:
+        sess.run_sync(y, {x: 1.0})
+        call = sess._prepare(y, {x: 1.0})
+        driver = sess._drive(call, call.frame({x: 1.0}), 0, None, None, None)
+        with pytest.raises(StopIteration) as done:
+            driver.send(None)  # one step of the coroutine: it never suspends
+        assert done.value.value == 4.0
+
+
+async def test_session_run_returns_the_driver_itself(graph: af.Graph) -> None:
+    x, y = _tiny()
+    async with af.Session(graph=graph) as sess:
+        coro = sess.run(y, {x: 1.0})
+        assert isinstance(coro, types.CoroutineType)
+        assert coro.cr_code is core.Session._drive.__code__  # no coroutine around it
+        assert await coro == 4.0
+        coro = sess.make_callable(y, [x])(1.0)
+        assert isinstance(coro, types.CoroutineType)
+        assert coro.cr_code is core.Session._drive.__code__
+        assert await coro == 4.0
+
+
+# -- the distributed master's seam ----------------------------------------------------
+
+
+class _FakeCluster:
+    """Just what :class:`Master` reads of a cluster when it is made and closed."""
+
+    tasks = ("/job:worker/task:0",)
+
+    def __init__(self) -> None:
+        self.generation: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.sessions: set[str] = set()
+        self.watchers: list[Any] = []
+
+    def devices(self) -> list[str]:
+        return ["/job:worker/replica:0/task:0/device:CPU:0"]
+
+    def add_watcher(self, fn: Any) -> None:
+        self.watchers.append(fn)
+
+    def remove_watcher(self, fn: Any) -> None:
+        self.watchers.remove(fn)
+
+
+def test_the_distributed_master_is_a_session_master(graph: af.Graph) -> None:
+    with af.Session(graph=graph) as sess:
+        master = Master(_FakeCluster(), sess)  # type: ignore[arg-type]
+        assert isinstance(master, SessionMaster)
+        typed: SessionMaster = master  # the static check: mypy --strict on this file
+        assert typed.device_names == ("/job:worker/replica:0/task:0/device:CPU:0",)
+
+
+class _LocalMaster:
+    """A master that runs every partition here, through the session's seam."""
+
+    def __init__(self, session: af.Session) -> None:
+        self.session = session
+        self.device_names: tuple[str, ...] = ()
+        self.steps = 0
+        self.closed = False
+
+    def prepared(
+        self,
+        compiled: Compiled,
+        fetches: Sequence[Tensor],
+        feed_keys: tuple[Any, ...],
+        converters: tuple[Callable[[Any], Any], ...],
+        rebuild: Any,
+    ) -> CompiledCall:
+        bound = [self.session.internals.bind(plan) for plan in compiled.plans]
+        return CompiledCall(compiled, bound, fetches, feed_keys, converters, rebuild)
+
+    def runner(
+        self,
+        call: CompiledCall,
+        frame: CallFrame,
+        trace: bool = False,
+        rendezvous: LocalRendezvous | None = None,
+    ) -> StepRunner:
+        self.steps += 1
+        return Step(call.bound[0], frame, trace, rendezvous)
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def close_sync(self) -> None:
+        self.closed = True
+
+
+class _Target:
+    def __init__(self, make: Callable[[af.Session], Any]) -> None:
+        self.make = make
+        self.masters: list[Any] = []
+
+    def _asyncflow_master(self, session: af.Session) -> Any:
+        master = self.make(session)
+        self.masters.append(master)
+        return master
+
+
+async def test_a_master_plugs_in_through_the_protocol(graph: af.Graph, driven: list[str]) -> None:
+    x, y = _tiny()
+    target = _Target(_LocalMaster)
+    async with af.Session(target, graph=graph) as sess:
+        assert sess.internals.distributed
+        assert await sess.run(y, {x: 1.0}) == 4.0
+        assert await sess.make_callable(y, [x])(2.0) == 6.0
+    master = target.masters[0]
+    assert master.steps == 2
+    assert master.closed
+    assert len(driven) == 2
+
+
+def test_a_master_that_is_not_a_session_master_is_refused(graph: af.Graph) -> None:
+    target = _Target(lambda session: object())
+    with pytest.raises(TypeError, match=r"not an asyncflow\.session\.seam\.SessionMaster"):
+        af.Session(target, graph=graph)
+
+
+# -- the seam for other modules ---------------------------------------------------------
+
+
+def test_internals_state_the_seam(graph: af.Graph) -> None:
+    v = af.Variable(np.float32(3.0), name="v")
+    with af.Session(graph=graph) as sess:
+        sess.run_sync(af.global_variables_initializer())
+        internals: SessionInternals = sess.internals
+        assert not internals.distributed
+        assert internals.resources is sess._resources
+        call = sess._prepare(v, None)
+        bound = internals.bind(call.compiled.plans[0])
+        assert bound.plan is call.compiled.plans[0]
+        assert sess.internals is not sess.internals  # made per use: no cycle kept
+
+
+def _private_reaches() -> list[str]:
+    found = []
+    pattern = re.compile(r"\b(sess|session)\._")
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.is_relative_to(PACKAGE / "session"):
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{path.relative_to(PACKAGE)}:{n}: {line.strip()}")
+    return found
+
+
+def test_no_module_outside_the_session_package_reads_its_privates() -> None:
+    assert _private_reaches() == []
+
+
+def test_the_old_session_modules_are_gone() -> None:
+    for old in ("session.py", "callables.py", "fetch_feed.py", "partial_run.py", "streaming.py"):
+        assert not (PACKAGE / old).exists(), old
+    for old in ("runners.py", "admission.py"):
+        assert not (PACKAGE / "runtime" / old).exists(), old
+
+
+# -- the cost of a step in flight ------------------------------------------------------
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _tracked() -> collections.Counter[str]:
+    return collections.Counter(type(o).__name__ for o in gc.get_objects())
+
+
+async def _in_flight(
+    steps: int, start: Callable[[asyncio.Event], Coroutine[Any, Any, Any]]
+) -> tuple[float, collections.Counter[str]]:
+    """GC-tracked objects per in-flight step (each waiting on one event), and the
+    coroutines alive then, by name."""
+    gate = asyncio.Event()
+    before = len(gc.get_objects())
+    tasks = [asyncio.ensure_future(start(gate)) for _ in range(steps)]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    per_step = (len(gc.get_objects()) - before) / steps
+    coros = collections.Counter(
+        o.cr_code.co_qualname for o in gc.get_objects() if inspect.iscoroutine(o)
+    )
+    gate.set()
+    await asyncio.gather(*tasks)
+    return per_step, coros
+
+
+async def test_a_step_awaiting_one_kernel_keeps_few_objects(
+    graph: af.Graph, collector_off: None
+) -> None:
+    gates: list[asyncio.Event] = []
+
+    async def io(v: Any) -> Any:
+        await gates[-1].wait()
+        return v
+
+    x = af.placeholder(af.float32, shape=(), name="x")
+    y = af.multiply(af.py_func(io, [x], af.float32, name="io"), np.float32(2.0))
+    async with af.Session(graph=graph) as sess:
+        gates.append(asyncio.Event())
+        gates[-1].set()
+        assert await sess.run(y, {x: 1.0}) == 2.0
+
+        def step(gate: asyncio.Event) -> Coroutine[Any, Any, Any]:
+            gates.append(gate)
+            return sess.run(y, {x: 1.0})
+
+        ours, coros = await _in_flight(500, step)
+    # The driver, Step.run and the lone node's frame: three levels above the kernel
+    # (six before the session had one driver), and 22-24 tracked objects per step
+    # (32 before; a task of a plain coroutine awaiting the same keeps about 8).
+    assert coros["Session._drive"] == 500
+    assert coros["Step.run"] == 500
+    assert coros["Step._await_alone"] == 500
+    assert coros["Step._run_node"] == 0
+    assert coros["Step._run_tasks"] == 0
+    assert coros["Session.run"] == 0
+    assert ours < 25, ours
+
+
+async def test_a_refused_run_raises_when_awaited_as_from_an_async_def(graph: af.Graph) -> None:
+    x, y = _tiny()
+    async with af.Session(graph=graph) as sess:
+        bad_feed = sess.run(y, {x: np.zeros((2, 2), np.float32)})  # no error yet
+        with pytest.raises(ValueError, match="Cannot feed value of shape"):
+            await bad_feed
+        wrong_count = sess.make_callable(y, [x])(1.0, 2.0)
+        with pytest.raises(TypeError, match="expected 1 feed values"):
+            await wrong_count
+        assert await sess.run(y, {x: 1.0}) == 4.0  # the session stays usable
