@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import benchmarks
-from benchmarks import dist, external, guard, models, report
+from benchmarks import dist, external, guard, models, report, steps_at_scale
 from benchmarks.process import importable
 from benchmarks.sizes import FULL, QUICK, WORKLOADS, Sizes
 from benchmarks.workloads import ROWS_OF, make_rows, progress, run_ours
@@ -143,8 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["distributed"]:  # python -m benchmarks distributed [--quick]
         return dist.main(argv[1:])
     if argv[:1] == ["steps_at_scale"]:  # python -m benchmarks steps_at_scale [--quick]
-        from benchmarks import steps_at_scale
-
         return steps_at_scale.main(argv[1:])
     if argv[:1] == ["models"]:  # python -m benchmarks models [--quick] [--manifest F]
         return models.main(argv[1:])
