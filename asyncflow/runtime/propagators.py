@@ -470,7 +470,8 @@ class PropagatorState:
             if not self._ready:
                 return True
 
-    def _drain_root(self, until: float) -> bool:
+    # The per-node hot loop: kept in one piece on purpose (see the docstring).
+    def _drain_root(self, until: float) -> bool:  # noqa: C901, PLR0915
         """Run the root frame's ready nodes (see :meth:`drain`).
 
         The hot loop (longer than the house's 60 lines on purpose): this is the
@@ -562,7 +563,8 @@ class PropagatorState:
             step.fail(i, exc)
         return True
 
-    def complete(self, token: Any, v: Any) -> None:
+    # Hot: every task-completed node of the root frame comes through here.
+    def complete(self, token: Any, v: Any) -> None:  # noqa: C901
         """Store node ``token``'s outputs, release its inputs, and ready its consumers
         (a root node's token is its index, a loop frame node's a tuple)."""
         if token.__class__ is not int:
