@@ -103,35 +103,64 @@ async def run(quick: bool, rows: dict[str, Row]) -> bool:
     import asyncflow.distributed as afd
 
     n_steps, repeats, mib = (20, 2, 4) if quick else (200, 5, 64)
-    ok = True
     async with afd.LocalCluster(jobs={"worker": 2}) as cluster:
-        client = cluster.client
-        w0, w1 = (cluster.assignment[f"/job:worker/replica:0/task:{t}"] for t in (0, 1))
+        bench = _Bench(af, cluster, n_steps, repeats, mib * 2**20 // 4)
+        async with af.Session(cluster, graph=bench.graph) as sess:
+            bench.sess = sess
+            ok = True
+            for row_id, measure in (
+                ("dist.step", bench.step),
+                ("dist.bytes", bench.bytes),
+                ("dist.concurrent", bench.concurrent),
+                ("dist.kill", bench.kill),
+            ):
+                try:
+                    await measure(rows[row_id])
+                except Exception as exc:
+                    ok = _failed(rows[row_id], exc) and ok
+    return ok
 
-        def on_client(coro_fn: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
-            async def call() -> Any:
-                async def inner() -> Any:
-                    return await coro_fn()
 
-                return await cluster._call(inner())
+class _Bench:
+    """The rows' shared setup: one graph over the two tasks, its session, and Dask's
+    anchors on the same two workers through the same client."""
 
-            return call
+    sess: Any
 
-        g = af.Graph()
-        elems = mib * 2**20 // 4
+    def __init__(self, af: Any, cluster: Any, n_steps: int, repeats: int, elems: int) -> None:
+        self.af, self.cluster, self.client = af, cluster, cluster.client
+        self.n_steps, self.repeats, self.elems = n_steps, repeats, elems
+        self.w0, self.w1 = (cluster.assignment[f"/job:worker/replica:0/task:{t}"] for t in (0, 1))
+        self.graph = g = af.Graph()
         with g.as_default():
-            x = af.placeholder(af.float64, shape=(), name="x")
+            self.x = af.placeholder(af.float64, shape=(), name="x")
             with af.device(W0):
-                a = af.add(x, 1.0, name="a")
+                a = af.add(self.x, 1.0, name="a")
                 big = af.ones((elems,), af.float32, name="big")
             with af.device(W1):
-                b = af.multiply(a, 2.0, name="b")
-                total = af.reduce_sum(big, name="total")
+                self.b = af.multiply(a, 2.0, name="b")
+                self.total = af.reduce_sum(big, name="total")
 
-        async def dask_chain() -> Any:
-            fa = client.submit(operator.add, 1.0, 1.0, workers=[w0], pure=False)
-            fb = client.submit(operator.mul, fa, 2.0, workers=[w1], pure=False)
-            return await fb
+    def on_client(self, coro_fn: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+        """``coro_fn`` run on the Dask client's loop (where its futures live)."""
+
+        async def call() -> Any:
+            async def inner() -> Any:
+                return await coro_fn()
+
+            return await self.cluster._call(inner())
+
+        return call
+
+    async def dask_chain(self) -> Any:
+        fa = self.client.submit(operator.add, 1.0, 1.0, workers=[self.w0], pure=False)
+        fb = self.client.submit(operator.mul, fa, 2.0, workers=[self.w1], pure=False)
+        return await fb
+
+    async def step(self, row: Row) -> None:
+        from distributed.core import ConnectionPool
+
+        x, b, client, w0 = self.x, self.b, self.client, self.w0
 
         async def dask_rtt() -> Any:
             # Dask's own client->worker round trip: one message to a worker handler and
@@ -139,8 +168,6 @@ async def run(quick: bool, rows: dict[str, Row]) -> bool:
             return await client.rpc(w0).identity()
 
         # The same round trip from this loop, over a pool of this loop (no thread hop).
-        from distributed.core import ConnectionPool
-
         own = client.rpc
         pool = await ConnectionPool(
             serializers=own.serializers,
@@ -152,72 +179,68 @@ async def run(quick: bool, rows: dict[str, Row]) -> bool:
         async def dask_rtt_here() -> Any:
             return await pool(w0).identity()
 
+        try:
+            assert await self.sess.run(b, {x: 1.0}) == 4.0
+            ours, anchor, rtt, rtt_here = await _interleaved(
+                [
+                    lambda: self.sess.run(b, {x: 1.0}),
+                    self.on_client(self.dask_chain),
+                    self.on_client(dask_rtt),
+                    dask_rtt_here,
+                ],
+                self.n_steps,
+                self.repeats,
+            )
+        finally:
+            await pool.close()
+        row.record(ours, anchor, per=lambda t: t * 1e3)
+        step_ms = _median(ours) * 1e3
+        for what, times in (
+            ("from this loop, a pool of its own", rtt_here),
+            ("through the Dask client's loop", rtt),
+        ):
+            rtt_ms = _median(times) * 1e3
+            row.notes.append(
+                f"Dask's client->worker round trip ({what}; rpc to the worker's "
+                f"identity handler, median of {self.repeats} interleaved repeats): "
+                f"{rtt_ms:.2f} ms (best {min(times) * 1e3:.2f}); a step "
+                f"{step_ms:.2f} ms costs {step_ms / rtt_ms:.1f}x it (medians)"
+            )
+        pull = await _dask_pull(self.cluster, w0, self.w1, self.n_steps)
+        row.notes.append(
+            f"Dask's own worker-to-worker pull of the same 8 bytes (get_data_from_"
+            f"worker, timed inside worker 1): {pull * 1e3:.2f} ms"
+        )
+
+    async def bytes(self, row: Row) -> None:
+        client, elems, w0, w1 = self.client, self.elems, self.w0, self.w1
+
         async def dask_bytes() -> Any:
             fa = client.submit(np.ones, (elems,), np.float32, workers=[w0], pure=False)
             fb = client.submit(np.sum, fa, workers=[w1], pure=False)
             return await fb
 
-        async with af.Session(cluster, graph=g) as sess:
-            try:
-                assert await sess.run(b, {x: 1.0}) == 4.0
-                ours, anchor, rtt, rtt_here = await _interleaved(
-                    [
-                        lambda: sess.run(b, {x: 1.0}),
-                        on_client(dask_chain),
-                        on_client(dask_rtt),
-                        dask_rtt_here,
-                    ],
-                    n_steps,
-                    repeats,
-                )
-                rows["dist.step"].record(ours, anchor, per=lambda t: t * 1e3)
-                step_ms = _median(ours) * 1e3
-                for what, times in (
-                    ("from this loop, a pool of its own", rtt_here),
-                    ("through the Dask client's loop", rtt),
-                ):
-                    rtt_ms = _median(times) * 1e3
-                    rows["dist.step"].notes.append(
-                        f"Dask's client->worker round trip ({what}; rpc to the worker's "
-                        f"identity handler, median of {repeats} interleaved repeats): "
-                        f"{rtt_ms:.2f} ms (best {min(times) * 1e3:.2f}); a step "
-                        f"{step_ms:.2f} ms costs {step_ms / rtt_ms:.1f}x it (medians)"
-                    )
-                pull = await _dask_pull(cluster, w0, w1, n_steps)
-                rows["dist.step"].notes.append(
-                    f"Dask's own worker-to-worker pull of the same 8 bytes (get_data_from_"
-                    f"worker, timed inside worker 1): {pull * 1e3:.2f} ms"
-                )
-            except Exception as exc:
-                ok = _failed(rows["dist.step"], exc)
-            finally:
-                await pool.close()
-            try:
-                assert await sess.run(total) == elems
-                nbytes = elems * 4
-                ours, anchor = await _interleaved(
-                    [lambda: sess.run(total), on_client(dask_bytes)], max(n_steps // 20, 3), repeats
-                )
-                rows["dist.bytes"].record(ours, anchor, per=lambda t: nbytes / t / 1e9)
-            except Exception as exc:
-                ok = _failed(rows["dist.bytes"], exc)
-            try:
+        assert await self.sess.run(self.total) == elems
+        nbytes = elems * 4
+        ours, anchor = await _interleaved(
+            [lambda: self.sess.run(self.total), self.on_client(dask_bytes)],
+            max(self.n_steps // 20, 3),
+            self.repeats,
+        )
+        row.record(ours, anchor, per=lambda t: nbytes / t / 1e9)
 
-                async def ours_100() -> None:
-                    await asyncio.gather(*(sess.run(b, {x: 1.0}) for _ in range(100)))
+    async def concurrent(self, row: Row) -> None:
+        async def ours_100() -> None:
+            await asyncio.gather(*(self.sess.run(self.b, {self.x: 1.0}) for _ in range(100)))
 
-                async def dask_100() -> None:
-                    await asyncio.gather(*(dask_chain() for _ in range(100)))
+        async def dask_100() -> None:
+            await asyncio.gather(*(self.dask_chain() for _ in range(100)))
 
-                ours, anchor = await _interleaved([ours_100, on_client(dask_100)], 1, repeats)
-                rows["dist.concurrent"].record(ours, anchor, per=lambda t: 100 / t)
-            except Exception as exc:
-                ok = _failed(rows["dist.concurrent"], exc)
-            try:
-                rows["dist.kill"].ours = await _kill(af, cluster, sess, w0) * 1e3
-            except Exception as exc:
-                ok = _failed(rows["dist.kill"], exc)
-    return ok
+        ours, anchor = await _interleaved([ours_100, self.on_client(dask_100)], 1, self.repeats)
+        row.record(ours, anchor, per=lambda t: 100 / t)
+
+    async def kill(self, row: Row) -> None:
+        row.ours = await _kill(self.af, self.cluster, self.sess, self.w0) * 1e3
 
 
 def _median(times: list[float]) -> float:
