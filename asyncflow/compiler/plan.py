@@ -158,8 +158,10 @@ def build_plan(part: PartitionDef) -> Plan:
             ra, rb = inputs
             na, nb = ra[0], rb[0]
             if not fed_names or (na not in fed_names and nb not in fed_names):
-                sa = slot_of[na] + ra[1]
-                sb = slot_of[nb] + rb[1]
+                # Output 0's slot is the producer's own int object (one int object
+                # per slot, not one per read: ints above 256 are 32 bytes each).
+                sa = slot_of[na] + ra[1] if ra[1] else slot_of[na]
+                sb = slot_of[nb] + rb[1] if rb[1] else slot_of[nb]
                 in_slots.append((sa, sb))
                 last_reader[sa] = i
                 reads[sa] += 1
@@ -197,7 +199,7 @@ def build_plan(part: PartitionDef) -> Plan:
             if name in fed_names and r in fed_slot:
                 s = fed_slot[r]
             else:
-                s = slot_of[name] + r[1]
+                s = slot_of[name] + r[1] if r[1] else slot_of[name]
                 p = owner[s]
                 if p >= 0 and p not in producers:
                     producers.append(p)
@@ -237,6 +239,9 @@ def build_plan(part: PartitionDef) -> Plan:
         if k == 1:  # sole reader frees it, unless fetched, fed or preloaded
             if s not in keep and initial_values[s] is None:
                 reader = last_reader[s]
+                first_in = in_slots[reader][0]
+                if first_in == s:  # the int object the reader holds (one per slot)
+                    s = first_in
                 f = frees[reader]
                 if not f:
                     frees[reader] = (s,)

@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
@@ -47,6 +48,9 @@ __all__ = [
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _find_op_def = registry.find_op_def
 _new_operation = object.__new__
+#: The attributes of an op made without any (the operator fast path): one read-only
+#: mapping shared by all of them, not an empty dict per op (64 bytes each).
+_NO_ATTRS: Any = types.MappingProxyType({})
 
 #: A graph promotes the young objects every ``_PROMOTE_MASK + 1`` ops it adds.
 _PROMOTE_MASK = (1 << 12) - 1
@@ -882,7 +886,7 @@ class Graph:
             op._in0 = x
             op._in1 = y
             op._control_inputs = ()
-            op._attrs = {}
+            op._attrs = _NO_ATTRS
             op._device = ""
             op._file = file
             op._line = line
