@@ -23,9 +23,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from asyncflow.framework.graph import Tensor
+
 if TYPE_CHECKING:
     from asyncflow.dtypes import DType
-    from asyncflow.framework.graph import Graph, Operation, Tensor
+    from asyncflow.framework.graph import Graph, Operation
     from asyncflow.framework.shapes import TensorShape
 
 __all__ = [
@@ -343,8 +345,6 @@ def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
     :func:`node_def_of` makes every other node (tests/test_build_fast_paths.py
     compares the two).
     """
-    from asyncflow.framework.graph import Tensor
-
     infos: _Infos = {}
     functions = graph._functions
     new_node = _new_node

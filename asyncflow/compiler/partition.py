@@ -33,6 +33,7 @@ from asyncflow.compiler.control_flow import FramePath, Frames
 from asyncflow.compiler.ir import NodeDef, Ref, ValueInfo, format_ref
 from asyncflow.compiler.keys import create_key
 from asyncflow.framework import registry
+from asyncflow.framework.graph_def import encode_attr
 from asyncflow.framework.shapes import TensorShape
 
 __all__ = ["PartitionDef", "add_client_edges", "partition", "partition_graph_def"]
@@ -304,7 +305,6 @@ def _make_pair(
 
 def partition_graph_def(part: PartitionDef) -> dict[str, Any]:
     """A graph def (``as_graph_def()``'s form) of one partition, with ``_Arg`` / ``_Retval``."""
-    from asyncflow.framework.graph_def import encode_attr
 
     # A feed no node of the partition reads has no _Arg: as TF, which prunes it away
     # (the run still takes it, and its dtype is nowhere among these nodes).

@@ -46,7 +46,6 @@ __all__ = [
     "get_op_def",
     "register_kernel",
     "register_kernel_factory",
-    "register_op",
     "registered_ops",
 ]
 
@@ -212,47 +211,12 @@ def register_kernel(
     return compute
 
 
-def register_op(
-    op_type: str,
-    shape_fn: ShapeFn,
-    *,
-    stateful: bool = False,
-    kernel: Callable[..., Any] | None = None,
-    expensive: bool = False,
-) -> Callable[..., Any]:
-    """Register a new op type and return its constructor.
-
-    ``shape_fn(inputs, attrs)`` returns one ``(dtype, shape)`` pair per output.  The
-    returned constructor is ``make(*inputs, name=None, **attrs)``: it converts the
-    inputs to tensors, adds the op to the default graph and returns its single
-    output Tensor, a list of Tensors for several outputs, or the Operation for none.
-    ``kernel``, when given, is registered with :func:`register_kernel`.
-    """
-    if not isinstance(op_type, str) or not op_type or op_type.startswith("_"):
-        raise ValueError(f"op type must be a non-empty name not starting with '_', got {op_type!r}")
-    _add_op_def(OpDef(op_type, shape_fn, stateful=stateful))
-    if kernel is not None:
-        register_kernel(op_type, kernel, expensive=expensive)
-
-    def make(*inputs: Any, name: str | None = None, **attrs: Any) -> Any:
-        from asyncflow.framework.graph import convert_to_tensor, get_default_graph
-
-        graph = get_default_graph()
-        tensors = [convert_to_tensor(x) for x in inputs]
-        op = graph.create_op(op_type, tensors, attrs=attrs, name=name)
-        if len(op.outputs) == 1:
-            return op.outputs[0]
-        return list(op.outputs) if op.outputs else op
-
-    make.__name__ = op_type
-    make.__doc__ = f"Add a {op_type!r} op to the default graph."
-    return make
-
-
 def define_op(
     op_type: str, shape_fn: ShapeFn, *, stateful: bool = False, feedable: bool = True
 ) -> OpDef:
-    """Register a built-in op type (internal; names may start with ``_``)."""
+    """Register an op type (built-in ones' names may start with ``_``; a user's
+    constructor comes from ``asyncflow.ops._base.register_op``, which builds on the
+    graph: this module imports nothing of asyncflow but its errors)."""
     op_def = OpDef(op_type, shape_fn, stateful=stateful, feedable=feedable)
     _add_op_def(op_def)
     return op_def

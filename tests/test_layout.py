@@ -1,0 +1,100 @@
+"""The package layout says what runs when: the op registry is a leaf, the framework
+and compiler import at module level only (a function-local import hides a circle),
+the call kernel is registered like every other kernel, and the compiler holds no
+run-time code."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncflow
+
+PACKAGE = Path(asyncflow.__file__).parent
+
+#: What the registry may import of asyncflow when it runs (type-only imports aside).
+_REGISTRY_DEPENDS_ON = {"asyncflow.errors", "asyncflow.dtypes"}
+
+
+def _asyncflow_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) of every asyncflow module imported in ``tree``
+    (``from asyncflow import errors`` imports ``asyncflow.errors``)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "asyncflow":
+            found.extend((node.lineno, f"asyncflow.{a.name}") for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("asyncflow."):
+            found.append((node.lineno, str(node.module)))
+        elif isinstance(node, ast.Import):
+            found.extend(
+                (node.lineno, a.name) for a in node.names if a.name.startswith("asyncflow")
+            )
+    return found
+
+
+def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """The asyncflow imports of a module outside its ``if TYPE_CHECKING:`` blocks."""
+    found: list[tuple[int, str]] = []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.If) and ast.unparse(stmt.test) == "TYPE_CHECKING":
+            continue
+        found.extend(_asyncflow_imports(stmt))
+    return found
+
+
+def _function_local_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found.extend(_asyncflow_imports(node))
+    return sorted(set(found))
+
+
+def test_the_registry_imports_only_errors_and_dtypes() -> None:
+    # Anywhere in the module, functions included (a type-only import aside): a
+    # function-local import of the graph was a circle registry -> graph -> registry.
+    tree = ast.parse((PACKAGE / "framework" / "registry.py").read_text())
+    imported = {name for _, name in _runtime_imports(tree)}
+    assert imported <= _REGISTRY_DEPENDS_ON, sorted(imported)
+
+
+def test_the_registry_loads_alone_in_a_fresh_process() -> None:
+    # The packages' __init__ modules are skipped (asyncflow's imports everything):
+    # what gets imported is what the registry itself needs, defining an op type and
+    # a kernel included.
+    code = """
+import sys, types
+root = sys.argv[1]
+for name, path in (("asyncflow", root), ("asyncflow.framework", root + "/framework")):
+    module = types.ModuleType(name)
+    module.__path__ = [path]
+    sys.modules[name] = module
+from asyncflow.framework import registry
+registry.define_op("LayoutProbe", lambda inputs, attrs: [])
+registry.register_kernel("LayoutProbe", lambda: None)
+registry.get_kernel("LayoutProbe").instantiate(types.SimpleNamespace(node_attrs=dict))
+print(" ".join(sorted(m for m in sys.modules if m.startswith("asyncflow"))))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(PACKAGE)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
+    assert "asyncflow.framework.graph" not in out
+    assert set(out) <= {"asyncflow", "asyncflow.framework", "asyncflow.framework.registry"} | (
+        _REGISTRY_DEPENDS_ON
+    ), out
+
+
+def test_framework_and_compiler_import_at_module_level_only() -> None:
+    local = {
+        f"{path.relative_to(PACKAGE)}:{line}: {name}"
+        for folder in ("framework", "compiler")
+        for path in sorted((PACKAGE / folder).glob("*.py"))
+        for line, name in _function_local_imports(ast.parse(path.read_text()))
+    }
+    assert not local, sorted(local)
