@@ -9,8 +9,13 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import asyncflow
+import asyncflow as af
+from asyncflow.framework import registry
 
 PACKAGE = Path(asyncflow.__file__).parent
 
@@ -98,3 +103,52 @@ def test_framework_and_compiler_import_at_module_level_only() -> None:
         for line, name in _function_local_imports(ast.parse(path.read_text()))
     }
     assert not local, sorted(local)
+
+
+async def test_the_call_kernel_comes_from_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncflow.runtime import function_call
+
+    assert registry.get_kernel(registry.CALL).factory is function_call.make_call_kernel
+    made: list[str] = []
+
+    def factory(*args: Any) -> tuple[Any, int]:
+        made.append(args[0].name)  # the call node
+        return function_call.make_call_kernel(*args)
+
+    # A call node the optimizer did not inline runs the kernel registered under CALL.
+    monkeypatch.setitem(
+        registry._KERNELS, (registry.CALL, "CPU"), registry.KernelDef(registry.CALL, "CPU", factory)
+    )
+    g = af.Graph()
+    with g.as_default():
+
+        @af.Defun(af.float32)
+        def double(x: af.Tensor) -> af.Tensor:
+            return x * 2.0
+
+        p = af.placeholder(af.float32, name="p")
+        y = double(p, name="call")
+    no_inlining = af.GraphOptions(optimizer_options=af.OptimizerOptions(do_function_inlining=False))
+    async with af.Session(g, config=af.SessionConfig(graph_options=no_inlining)) as sess:
+        assert await sess.run(y, {p: 3.0}) == 6.0
+    assert made == ["call"]
+
+
+async def test_a_call_without_a_registered_kernel_names_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(registry._KERNELS, (registry.CALL, "CPU"))
+    g = af.Graph()
+    with g.as_default():
+
+        @af.Defun(af.float32)
+        def double(x: af.Tensor) -> af.Tensor:
+            return x * 2.0
+
+        p = af.placeholder(af.float32, name="p")
+        y = double(p, name="call")
+    no_inlining = af.GraphOptions(optimizer_options=af.OptimizerOptions(do_function_inlining=False))
+    async with af.Session(g, config=af.SessionConfig(graph_options=no_inlining)) as sess:
+        with pytest.raises(af.errors.NotFoundError, match="function call 'call'"):
+            await sess.run(y, {p: 3.0})
+        assert await sess.run(p, {p: 3.0}) == 3.0  # still usable

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ASYNC",
+    "CALL",
     "CONTROL",
     "EXPENSIVE",
     "INLINE",
@@ -59,6 +60,13 @@ RECV = 4
 #: executor itself (they route values between frames and iterations).
 CONTROL = 5
 KERNEL_KINDS = ("inline", "async", "thread", "send", "recv", "control")
+
+#: The op type the kernel of a function call is registered under (TF's
+#: ``PartitionedCall``): a call node's own type is its function's name, so its kernel
+#: is not found by type.  Its factory is ``factory(node, device, resources, bodies,
+#: executor_options)``: the body is compiled and bound once per plan (``bodies``
+#: shares it between the plan's calls) and runs as the caller's steps do.
+CALL = "_Call"
 
 ShapeFn = Callable[
     [Sequence["Tensor"], Mapping[str, Any]], Sequence[tuple["DType", "TensorShape | Any"]]
