@@ -152,3 +152,32 @@ async def test_a_call_without_a_registered_kernel_names_the_call(
         with pytest.raises(af.errors.NotFoundError, match="function call 'call'"):
             await sess.run(y, {p: 3.0})
         assert await sess.run(p, {p: 3.0}) == 3.0  # still usable
+
+
+def _module_imports(module: str) -> set[str]:
+    path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = path.with_suffix("") / "__init__.py"
+    return {name for _, name in _asyncflow_imports(ast.parse(path.read_text()))}
+
+
+def test_every_compiler_module_is_part_of_compiling() -> None:
+    # What the compile pipeline reaches, at module level, from its entry point: a
+    # compiler module outside it would be code only the runtime runs.
+    reached: set[str] = set()
+    todo = ["asyncflow.compiler.pipeline"]
+    while todo:
+        module = todo.pop()
+        if module in reached or not module.startswith("asyncflow.compiler."):
+            continue
+        reached.add(module)
+        todo.extend(_module_imports(module))
+    compiler = {f"asyncflow.compiler.{p.stem}" for p in (PACKAGE / "compiler").glob("*.py")}
+    assert compiler - {"asyncflow.compiler.__init__"} <= reached, sorted(compiler - reached)
+    runtime_uses = {
+        name
+        for path in (PACKAGE / "compiler").glob("*.py")
+        for _, name in _asyncflow_imports(ast.parse(path.read_text()))
+        if name.startswith("asyncflow.runtime")
+    }
+    assert not runtime_uses  # the compiler never imports the runtime

@@ -2,7 +2,7 @@
 
 The compiler lowers what a fixed order can express into programs of
 :class:`~asyncflow.compiler.loop_schedule.Instr` (a frame-free partition of
-synchronous kernels: :func:`asyncflow.compiler.schedule.lower_static_order`; a
+synchronous kernels: :func:`asyncflow.runtime.static_order.lower_static_order`; a
 simple loop frame's iteration: :mod:`asyncflow.compiler.loop_schedule`).  Here an
 instruction is bound to its kernel as a closure over its slots (one call per node:
 no unpacking, no dispatch on its kind) and programs run over one flat value list,
@@ -35,7 +35,6 @@ from asyncflow.compiler.loop_schedule import (
     I_SWITCH,
     Instr,
 )
-from asyncflow.compiler.schedule import StaticProgram, lower_static_order
 from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.observe import current_trace, traced_op
 from asyncflow.runtime.propagators import (
@@ -46,6 +45,7 @@ from asyncflow.runtime.propagators import (
     slice_over,
     switch_outputs,
 )
+from asyncflow.runtime.static_order import StaticProgram, lower_static_order
 
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundNode, BoundPlan
