@@ -833,8 +833,7 @@ class Graph:
         op._file = file
         op._line = line
         op._op_def = op_def
-        op._ctx = ctx
-        op._ir = None
+        op._ctx, op._ir = ctx, None
         if len(specs) == 1:
             ((dt, shape),) = specs
             op._out = out = _new_tensor(Tensor)
