@@ -259,7 +259,9 @@ def run_program(
     return True
 
 
-def execute(
+# A per-node hot loop (every instruction of a loop frame's programs runs here), kept in
+# one piece: one unpack and a branch on the kind per node, no call.
+def execute(  # noqa: C901
     program: Sequence[BInstr],
     vals: list[Any],
     exits: list[tuple[int, Any]] | None = None,
