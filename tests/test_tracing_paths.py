@@ -215,8 +215,7 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Grap
         node = program.node_at(k, f)
         traced_kernel = traced.nodes[node].kernel
         if f.__qualname__ == "traced_op.<locals>.traced":
-            compact: Any = traced_kernel
-            assert compact.compact == (node, bound.nodes[node].kernel)
+            assert traced_kernel.compact == (node, bound.nodes[node].kernel)
             assert bound.nodes[node].kernel in cells(f)
         else:
             assert traced_kernel in cells(f)
