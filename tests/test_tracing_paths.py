@@ -11,7 +11,6 @@ import functools
 import pickle
 import threading
 import time
-from types import MethodType
 from typing import Any
 
 import numpy as np
@@ -206,8 +205,8 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Grap
         """The callables closure ``f`` holds: in its cells, or in the tuple it is bound
         to (the shortest closures are methods of their node's kernel and slots)."""
         held = [c.cell_contents for c in f.__closure__ or ()]
-        if isinstance(f, MethodType):
-            bound_to: Any = f.__self__
+        bound_to = getattr(f, "__self__", None)  # a bound method's tuple (no function's)
+        if isinstance(bound_to, tuple):
             held.extend(bound_to)
         return {v for v in held if callable(v)}
 
