@@ -58,8 +58,9 @@ from asyncflow.framework.graph import (
     reset_default_graph,
 )
 from asyncflow.framework.graph_def import import_graph_def
-from asyncflow.framework.registry import register_kernel, register_op
+from asyncflow.framework.registry import register_kernel
 from asyncflow.framework.shapes import TensorShape
+from asyncflow.ops._base import register_op
 from asyncflow.ops.array_ops import (
     concat,
     constant,

@@ -209,10 +209,16 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Grap
     flat = [f for b in blocks for f in b]
 
     def cells(f: Any) -> set[Any]:
-        return {c.cell_contents for c in f.__closure__ or () if callable(c.cell_contents)}
+        """The callables closure ``f`` holds: in its cells, or in the tuple it is bound
+        to (the shortest closures are methods of their node's kernel and slots)."""
+        held = [c.cell_contents for c in f.__closure__ or ()]
+        bound_to = getattr(f, "__self__", None)  # a bound method's tuple (no function's)
+        if isinstance(bound_to, tuple):
+            held.extend(bound_to)
+        return {v for v in held if callable(v)}
 
-    for f in flat:
-        node = program.node_of[f]
+    for k, f in ((k, f) for k, b in enumerate(blocks) for f in b):
+        node = program.node_at(k, f)
         traced_kernel = traced.nodes[node].kernel
         if f.__qualname__ == "traced_op.<locals>.traced":
             assert isinstance(traced_kernel, _TracedKernel)

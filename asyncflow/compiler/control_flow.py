@@ -78,40 +78,13 @@ def node_frames(nodes: Sequence[NodeDef]) -> Frames:
     frame: dict[str, FramePath] = {}
     out_frame: dict[str, FramePath] = {}
     parallel: dict[FramePath, int] = {}
-
-    def output_frame(n: NodeDef) -> FramePath:
-        f = frame[n.name]
-        k = kind[n.name]
-        if k == CF_ENTER:
-            child = (*f, str(n.attrs["frame_name"]))
-            parallel.setdefault(child, int(n.attrs.get("parallel_iterations", 10)))
-            return child
-        if k == CF_EXIT:
-            if not f:
-                raise errors.InvalidArgumentError(
-                    None, n, f"Exit node {n.name!r} is not inside a loop frame"
-                )
-            return f[:-1]
-        return f
-
-    # A constant without control inputs is a frame-less value (the plan preloads it):
-    # it may be read in any frame without an Enter.
-    frameless = {n.name for n in nodes if n.op == "Const" and not n.control_inputs}
-    consumers: dict[str, list[str]] = {n.name: [] for n in nodes}
-    sources: list[str] = []
-    for n in nodes:
-        producers = [r[0] for r in n.inputs if r[0] in by_name and r[0] not in frameless]
-        producers += [c for c in n.control_inputs if c in by_name]
-        if not producers:
-            sources.append(n.name)
-        for p in producers:
-            consumers[p].append(n.name)
+    sources, consumers = _sources_and_consumers(nodes, by_name)
     for name in sources:
         frame[name] = ()
     work = deque(sources)
     while work:
         name = work.popleft()
-        out = out_frame[name] = output_frame(by_name[name])
+        out = out_frame[name] = _output_frame(by_name[name], frame, kind, parallel)
         for c in consumers[name]:
             if c not in frame:
                 frame[c] = out
@@ -126,8 +99,51 @@ def node_frames(nodes: Sequence[NodeDef]) -> Frames:
     for n in nodes:  # unreachable from a source: a cycle not closed by NextIteration
         if n.name not in frame:
             frame[n.name] = ()
-            out_frame[n.name] = output_frame(n)
+            out_frame[n.name] = _output_frame(n, frame, kind, parallel)
     return Frames(frame, out_frame, parallel)
+
+
+def _sources_and_consumers(
+    nodes: Sequence[NodeDef], by_name: Mapping[str, NodeDef]
+) -> tuple[list[str], dict[str, list[str]]]:
+    """The nodes without producers, and every node's consumers (data and control).
+
+    A constant without control inputs is a frame-less value (the plan preloads it):
+    it may be read in any frame without an Enter, so it is nobody's producer."""
+    frameless = {n.name for n in nodes if n.op == "Const" and not n.control_inputs}
+    consumers: dict[str, list[str]] = {n.name: [] for n in nodes}
+    sources: list[str] = []
+    for n in nodes:
+        producers = [r[0] for r in n.inputs if r[0] in by_name and r[0] not in frameless]
+        producers += [c for c in n.control_inputs if c in by_name]
+        if not producers:
+            sources.append(n.name)
+        for p in producers:
+            consumers[p].append(n.name)
+    return sources, consumers
+
+
+def _output_frame(
+    n: NodeDef,
+    frame: Mapping[str, FramePath],
+    kind: Mapping[str, int],
+    parallel: dict[FramePath, int],
+) -> FramePath:
+    """The frame ``n``'s outputs live in: an Enter's child frame (its
+    ``parallel_iterations`` noted), an Exit's parent frame, else its own."""
+    f = frame[n.name]
+    k = kind[n.name]
+    if k == CF_ENTER:
+        child = (*f, str(n.attrs["frame_name"]))
+        parallel.setdefault(child, int(n.attrs.get("parallel_iterations", 10)))
+        return child
+    if k == CF_EXIT:
+        if not f:
+            raise errors.InvalidArgumentError(
+                None, n, f"Exit node {n.name!r} is not inside a loop frame"
+            )
+        return f[:-1]
+    return f
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,117 +248,8 @@ def add_control_loops(
     loops added, and ``(frame, device) -> the control loop's Merge``: partitioning
     gives each ``_Recv`` of that frame on that device a control edge from it.
     """
-    device_of = {n.name: d for n, d in zip(nodes, placement)}
-    loop_cond: dict[FramePath, str] = {}
-    for n in nodes:
-        if n.op == "LoopCond":
-            loop_cond[frames.frame[n.name]] = n.name
-    added: list[NodeDef] = []
-    added_device: list[int] = []
-    frame = dict(frames.frame)
-    out_frame = dict(frames.out_frame)
-    loops: dict[tuple[FramePath, int], str] = {}
-
-    def new(node: NodeDef, device: int, runs_in: FramePath, outputs_in: FramePath) -> None:
-        added.append(node)
-        added_device.append(device)
-        device_of[node.name] = device
-        frame[node.name] = runs_in
-        out_frame[node.name] = outputs_in
-
-    def ensure(path: FramePath, device: int, owner: NodeDef) -> str:
-        merge = loops.get((path, device))
-        if merge is not None:
-            return merge
-        cond = loop_cond.get(path)
-        if cond is None:
-            raise errors.InvalidArgumentError(
-                None,
-                owner,
-                f"A cross-device loop must have a pivot predicate: frame "
-                f"{path[-1]!r} has no LoopCond among the nodes of this run",
-            )
-        prefix = f"_cloop{len(loops)}_{path[-1]}_{device}"
-        parent = path[:-1]
-        if parent:
-            source = ensure(parent, device, owner)
-        else:
-            source = f"{prefix}/dummy"
-            new(
-                NodeDef(
-                    source,
-                    "Const",
-                    attrs={"value": np.zeros(0, np.float32), "dtype": dtypes.float32},
-                    outputs=(_DUMMY,),
-                    traceback=owner.traceback,
-                ),
-                device,
-                (),
-                (),
-            )
-        merge = loops[(path, device)] = f"{prefix}/merge"
-        tb = owner.traceback
-        new(
-            NodeDef(
-                f"{prefix}/enter",
-                "Enter",
-                ((source, 0),),
-                attrs={
-                    "frame_name": path[-1],
-                    "is_constant": False,
-                    "parallel_iterations": frames.parallel_iterations.get(path, 10),
-                },
-                outputs=(_DUMMY,),
-                input_types=(_DUMMY,),
-                traceback=tb,
-            ),
-            device,
-            parent,
-            path,
-        )
-        new(
-            NodeDef(
-                merge,
-                "Merge",
-                ((f"{prefix}/enter", 0), (f"{prefix}/next", 0)),
-                outputs=(_DUMMY, _INDEX),
-                input_types=(_DUMMY, _DUMMY),
-                traceback=tb,
-            ),
-            device,
-            path,
-            path,
-        )
-        # The predicate comes from the leader's LoopCond; when that is on another
-        # device, partitioning cuts this edge and gates its _Recv with ``merge``.
-        new(
-            NodeDef(
-                f"{prefix}/switch",
-                "Switch",
-                ((merge, 0), (cond, 0)),
-                outputs=(_DUMMY, _DUMMY),
-                input_types=(_DUMMY, _BOOL),
-                traceback=tb,
-            ),
-            device,
-            path,
-            path,
-        )
-        new(
-            NodeDef(
-                f"{prefix}/next",
-                "NextIteration",
-                ((f"{prefix}/switch", 1),),
-                outputs=(_DUMMY,),
-                input_types=(_DUMMY,),
-                traceback=tb,
-            ),
-            device,
-            path,
-            path,
-        )
-        return merge
-
+    adding = _ControlLoops(nodes, placement, frames)
+    device_of = adding.device_of
     for n in nodes:
         d = device_of[n.name]
         for src in (*(r[0] for r in n.inputs), *n.control_inputs):
@@ -350,12 +257,113 @@ def add_control_loops(
                 continue
             path = frames.out_frame[src]
             if path and path == frames.frame[n.name]:
-                ensure(path, d, n)
-    if not added:
-        return tuple(nodes), tuple(placement), frames, loops
+                adding.ensure(path, d, n)
+    if not adding.added:
+        return tuple(nodes), tuple(placement), frames, adding.loops
     return (
-        (*nodes, *added),
-        (*placement, *added_device),
-        Frames(frame, out_frame, frames.parallel_iterations),
-        loops,
+        (*nodes, *adding.added),
+        (*placement, *adding.added_device),
+        Frames(adding.frame, adding.out_frame, frames.parallel_iterations),
+        adding.loops,
     )
+
+
+class _ControlLoops:
+    """The control loops added to a placed graph, with their devices and frames."""
+
+    def __init__(self, nodes: Sequence[NodeDef], placement: Sequence[int], frames: Frames) -> None:
+        self.frames = frames
+        self.device_of = {n.name: d for n, d in zip(nodes, placement, strict=True)}
+        self.loop_cond = {frames.frame[n.name]: n.name for n in nodes if n.op == "LoopCond"}
+        self.added: list[NodeDef] = []
+        self.added_device: list[int] = []
+        self.frame = dict(frames.frame)
+        self.out_frame = dict(frames.out_frame)
+        self.loops: dict[tuple[FramePath, int], str] = {}
+
+    def new(self, node: NodeDef, device: int, runs_in: FramePath, outputs_in: FramePath) -> None:
+        self.added.append(node)
+        self.added_device.append(device)
+        self.device_of[node.name] = device
+        self.frame[node.name] = runs_in
+        self.out_frame[node.name] = outputs_in
+
+    def ensure(self, path: FramePath, device: int, owner: NodeDef) -> str:
+        """The Merge of frame ``path``'s control loop on ``device`` (made with its
+        parent frames' first)."""
+        merge = self.loops.get((path, device))
+        if merge is not None:
+            return merge
+        cond = self.loop_cond.get(path)
+        if cond is None:
+            raise errors.InvalidArgumentError(
+                None,
+                owner,
+                f"A cross-device loop must have a pivot predicate: frame "
+                f"{path[-1]!r} has no LoopCond among the nodes of this run",
+            )
+        prefix = f"_cloop{len(self.loops)}_{path[-1]}_{device}"
+        parent = path[:-1]
+        if parent:
+            source = self.ensure(parent, device, owner)
+        else:
+            source = f"{prefix}/dummy"
+            dummy = NodeDef(
+                source,
+                "Const",
+                attrs={"value": np.zeros(0, np.float32), "dtype": dtypes.float32},
+                outputs=(_DUMMY,),
+                traceback=owner.traceback,
+            )
+            self.new(dummy, device, (), ())
+        merge = self.loops[(path, device)] = f"{prefix}/merge"
+        self._add_loop(prefix, path, device, source, cond, owner.traceback)
+        return merge
+
+    def _add_loop(
+        self, prefix: str, path: FramePath, device: int, source: str, cond: str, tb: str
+    ) -> None:
+        """Enter -> Merge -> Switch (on the frame's LoopCond) -> NextIteration -> Merge."""
+        enter = NodeDef(
+            f"{prefix}/enter",
+            "Enter",
+            ((source, 0),),
+            attrs={
+                "frame_name": path[-1],
+                "is_constant": False,
+                "parallel_iterations": self.frames.parallel_iterations.get(path, 10),
+            },
+            outputs=(_DUMMY,),
+            input_types=(_DUMMY,),
+            traceback=tb,
+        )
+        self.new(enter, device, path[:-1], path)
+        merge = NodeDef(
+            f"{prefix}/merge",
+            "Merge",
+            ((f"{prefix}/enter", 0), (f"{prefix}/next", 0)),
+            outputs=(_DUMMY, _INDEX),
+            input_types=(_DUMMY, _DUMMY),
+            traceback=tb,
+        )
+        self.new(merge, device, path, path)
+        # The predicate comes from the leader's LoopCond; when that is on another
+        # device, partitioning cuts this edge and gates its _Recv with the Merge.
+        switch = NodeDef(
+            f"{prefix}/switch",
+            "Switch",
+            ((f"{prefix}/merge", 0), (cond, 0)),
+            outputs=(_DUMMY, _DUMMY),
+            input_types=(_DUMMY, _BOOL),
+            traceback=tb,
+        )
+        self.new(switch, device, path, path)
+        next_iteration = NodeDef(
+            f"{prefix}/next",
+            "NextIteration",
+            ((f"{prefix}/switch", 1),),
+            outputs=(_DUMMY,),
+            input_types=(_DUMMY,),
+            traceback=tb,
+        )
+        self.new(next_iteration, device, path, path)

@@ -64,7 +64,9 @@ def eliminate_common_subexpressions(
     return merged
 
 
-def _merge(
+# The per-node hot loop of CSE (a large graph's first run passes every node through it),
+# kept in one piece: one pass, no call per node for the common cases.
+def _merge(  # noqa: C901
     nodes: Sequence[NodeDef],
     placement: Sequence[int],
     feeds: Collection[Ref],

@@ -31,6 +31,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
+from asyncflow import dtypes
 from asyncflow.compiler.ir import NodeDef, Ref, ValueInfo
 from asyncflow.framework.shapes import TensorShape
 
@@ -196,7 +197,6 @@ def _fold_chain(g: _Graph, conv: NodeDef) -> tuple[list[NodeDef], np.ndarray, np
 
 
 def _const_node(name: str, value: np.ndarray, like: NodeDef) -> NodeDef:
-    from asyncflow import dtypes
 
     value.flags.writeable = False
     dt = dtypes.as_dtype(value.dtype)

@@ -23,9 +23,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from asyncflow.framework.graph import Tensor
+
 if TYPE_CHECKING:
     from asyncflow.dtypes import DType
-    from asyncflow.framework.graph import Graph, Operation, Tensor
+    from asyncflow.framework.graph import Graph, Operation
     from asyncflow.framework.shapes import TensorShape
 
 __all__ = [
@@ -343,8 +345,6 @@ def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
     :func:`node_def_of` makes every other node (tests/test_build_fast_paths.py
     compares the two).
     """
-    from asyncflow.framework.graph import Tensor
-
     infos: _Infos = {}
     functions = graph._functions
     new_node = _new_node
@@ -355,6 +355,12 @@ def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
     back_edges = False  # some node is a NextIteration (its Merge is made before it)
     nodes: list[NodeDef] = []
     append = nodes.append
+    # Shared with the node before when the same: the second input's ref (a chain's
+    # operand made once and read by every link) and the pair of input infos (a long
+    # run of ops on values of one dtype and shape) -- one tuple less per node each.
+    last_b: Any = None
+    ref_b: Ref = ("", 0)
+    pair: tuple[Any, Any] = (None, None)  # no ValueInfo is None: the first is made
     for op in graph.get_operations() if ops is None else ops:
         node = op._ir
         if node is None:
@@ -383,16 +389,20 @@ def graph_ir(graph: Graph, ops: Sequence[Operation] | None = None) -> GraphIR:
                     attrs = op._attrs
                     if op._device or (attrs and "_class" in attrs):
                         requests = True
+                    if b is not last_b:
+                        last_b, ref_b = b, (pb._name, kb)
+                    if pair[0] is not ia or pair[1] is not ib:
+                        pair = (ia, ib)
                     node = op._ir = new_node(
                         (
                             op._name,
                             op._type,
-                            ((pa._name, ka), (pb._name, kb)),
+                            ((pa._name, ka), ref_b),
                             (),
                             op._device,
                             attrs.copy() if attrs else _NO_ATTRS,
                             outputs,
-                            (ia, ib),
+                            pair,
                             op._op_def.stateful,
                             site,
                         )

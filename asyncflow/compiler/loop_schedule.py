@@ -279,6 +279,11 @@ class _Builder:
                 c not in merge_set or self.out[e] not in self.inputs[c] for c in self.consumers[e]
             ):
                 raise _Ineligible("a loop variable's Enter read by a node other than its Merge")
+        self._pair_nexts()
+
+    def _pair_nexts(self) -> None:
+        """Each NextIteration feeds exactly one loop Merge, without control inputs."""
+        nodes, merge_set = self.nodes, set(self.loop_merges)
         self.next_merge: dict[int, int] = {}
         for n in self.nexts:
             cons = self.consumers[n]
@@ -298,7 +303,7 @@ class _Builder:
     def _check_inputs(self) -> None:
         """Inputs come from the frame, its constant Enters, or preloaded constants;
         control edges from nodes whose first output tells whether they are dead."""
-        info, nodes, kinds = self.info, self.nodes, self.kinds
+        info, kinds = self.info, self.kinds
         enter_set = set(self.enters)
         merge_set = set(self.loop_merges)
         for i in self.members:
@@ -314,14 +319,20 @@ class _Builder:
                         raise _Ineligible("a loop variable's Enter read directly")
                 elif kinds[p] in (CF_NEXT, CF_EXIT):
                     raise _Ineligible("a NextIteration or Exit read inside the frame")
-            for p in self._controls(i):
-                if p in enter_set:
-                    if not info.constant[p]:
-                        raise _Ineligible("a control edge from a loop variable's Enter")
-                elif p not in self.member_set or kinds[p] in (CF_NEXT, CF_EXIT):
-                    raise _Ineligible("a control edge from outside the frame")
-                elif kinds[p] == CF_SWITCH or not nodes[p].outputs:
-                    raise _Ineligible("a control edge from a Switch or a node without outputs")
+            self._check_controls(i, enter_set)
+
+    def _check_controls(self, i: int, enter_set: set[int]) -> None:
+        """Node ``i``'s control edges come from constant Enters or from frame nodes
+        whose first output tells whether they are dead."""
+        info, nodes, kinds = self.info, self.nodes, self.kinds
+        for p in self._controls(i):
+            if p in enter_set:
+                if not info.constant[p]:
+                    raise _Ineligible("a control edge from a loop variable's Enter")
+            elif p not in self.member_set or kinds[p] in (CF_NEXT, CF_EXIT):
+                raise _Ineligible("a control edge from outside the frame")
+            elif kinds[p] == CF_SWITCH or not nodes[p].outputs:
+                raise _Ineligible("a control edge from a Switch or a node without outputs")
 
     def _check_switches(self) -> None:
         """The loop Switches (predicate: the LoopCond) feed the Exits from their false
@@ -464,106 +475,96 @@ class _Builder:
     ) -> tuple[list[tuple[Any, ...]], dict[int, int], dict[int, int]]:
         """The raw instructions of ``order`` (global slots) when the loop predicate is
         ``pred`` (None: the head, which does not depend on it)."""
-        status = dict(status_in)
-        alias = dict(alias_in)
-        prog: list[tuple[Any, ...]] = []
-        nodes, info = self.nodes, self.info
-
-        def st(g: int) -> int:
-            return status.get(g, _LIVE)  # preloaded constants and constant Enters
-
-        def combine(slots: list[int]) -> tuple[int, list[int]]:
-            worst = max((st(s) for s in slots), default=_LIVE)
-            checks = sorted(
-                {s for s in slots if st(s) == _MAYBE},
-                key=lambda s: position.get(self.producer.get(s, -1), -1),
-            )
-            return worst, checks
-
-        def set_outputs(i: int, value: int) -> None:
-            for k in range(len(nodes[i].outputs)):
-                status[self.out[i] + k] = value
-
+        t = _Trace(dict(status_in), dict(alias_in), position)
         for i in order:
-            node = nodes[i]
-            kind = info.kind[i]
-            ins = [self._resolve(alias, s) for s in self.inputs[i]]
-            deps = ins + self._witnesses(i, alias)
+            ins = [self._resolve(t.alias, s) for s in self.inputs[i]]
             if i in self.loop_switches:
-                data = ins[0]
-                if pred:  # data passes through to the true side; the false side is dead
-                    alias[self.out[i] + 1] = data
-                    status[self.out[i]] = _DEAD
-                    continue
-                worst, checks = combine(deps)
-                status[self.out[i]] = worst if worst != _DEAD else _DEAD
-                status[self.out[i] + 1] = _DEAD
-                if worst != _DEAD:
-                    prog.append((I_SWITCH, i, ins, self.out[i], 2, checks))
-                continue
-            if kind == CF_MERGE:
-                cands = sorted(
-                    ((pos, s) for pos, s in enumerate(ins) if st(s) != _DEAD),
-                    key=lambda c: position.get(self.producer.get(c[1], -1), -1),
-                )
-                if not cands:
-                    set_outputs(i, _DEAD)
-                    continue
-                value = _LIVE if any(st(s) == _LIVE for _, s in cands) else _MAYBE
-                set_outputs(i, value)
-                prog.append(
-                    (
-                        I_MERGE,
-                        i,
-                        [s for _, s in cands],
-                        self.out[i],
-                        2,
-                        [],
-                        tuple(pos for pos, _ in cands),
-                    )
-                )
-                continue
-            worst, checks = combine(deps)
-            if worst == _DEAD:
-                set_outputs(i, _DEAD)
-                continue
-            if kind == CF_SWITCH:
-                set_outputs(i, _MAYBE)
-                prog.append((I_SWITCH, i, ins, self.out[i], 2, checks))
-            elif kind == CF_EXIT:
-                prog.append((I_EXIT, i, ins, -1, 0, checks))
-            elif kind == CF_NEXT:
-                if pred is not True:
-                    raise _Ineligible("a NextIteration live when the loop ends")
-                alias[self.out[i]] = ins[0]
-            elif node.op in _ALIASES and len(ins) == 1 and not node.control_inputs:
-                alias[self.out[i]] = ins[0]
-            elif node.op == "Const" and not checks:
-                value = node.attrs["value"]
-                g = self.out[i]
-                status[g] = _LIVE
-                self.local.setdefault(g, len(self.template))
-                if self.local[g] == len(self.template):
-                    self.template.append(value[()] if value.ndim == 0 else value)
-            elif node.op == "Const":
-                value = node.attrs["value"]
-                set_outputs(i, _MAYBE)
-                prog.append(
-                    (
-                        I_CONST,
-                        i,
-                        [],
-                        self.out[i],
-                        1,
-                        checks,
-                        value[()] if value.ndim == 0 else value,
-                    )
-                )
+                self._loop_switch(t, i, ins, pred)
+            elif self.info.kind[i] == CF_MERGE:
+                self._merge(t, i, ins)
             else:
-                set_outputs(i, worst)
-                nout = len(node.outputs)
-                prog.append((I_KERNEL, i, ins, self.out[i] if nout else -1, nout, checks))
-        return prog, status, alias
+                self._node(t, i, ins, pred)
+        return t.prog, t.status, t.alias
+
+    def _combine(self, t: _Trace, slots: list[int]) -> tuple[int, list[int]]:
+        """The worst status of ``slots`` and those that may be dead (the checks), in
+        the order of their producers."""
+        worst = max((t.st(s) for s in slots), default=_LIVE)
+        checks = sorted(
+            {s for s in slots if t.st(s) == _MAYBE},
+            key=lambda s: t.position.get(self.producer.get(s, -1), -1),
+        )
+        return worst, checks
+
+    def _set_outputs(self, t: _Trace, i: int, value: int) -> None:
+        for k in range(len(self.nodes[i].outputs)):
+            t.status[self.out[i] + k] = value
+
+    def _loop_switch(self, t: _Trace, i: int, ins: list[int], pred: bool | None) -> None:
+        """A loop Switch: with the predicate known true its data passes to the true
+        side (the false side is dead); else it routes at run time."""
+        out = self.out[i]
+        if pred:
+            t.alias[out + 1] = ins[0]
+            t.status[out] = _DEAD
+            return
+        worst, checks = self._combine(t, ins + self._witnesses(i, t.alias))
+        t.status[out] = worst if worst != _DEAD else _DEAD
+        t.status[out + 1] = _DEAD
+        if worst != _DEAD:
+            t.prog.append((I_SWITCH, i, ins, out, 2, checks))
+
+    def _merge(self, t: _Trace, i: int, ins: list[int]) -> None:
+        """A Merge: its candidates that may be live, in producer order."""
+        cands = sorted(
+            ((pos, s) for pos, s in enumerate(ins) if t.st(s) != _DEAD),
+            key=lambda c: t.position.get(self.producer.get(c[1], -1), -1),
+        )
+        if not cands:
+            self._set_outputs(t, i, _DEAD)
+            return
+        value = _LIVE if any(t.st(s) == _LIVE for _, s in cands) else _MAYBE
+        self._set_outputs(t, i, value)
+        positions = tuple(pos for pos, _ in cands)
+        t.prog.append((I_MERGE, i, [s for _, s in cands], self.out[i], 2, [], positions))
+
+    def _node(self, t: _Trace, i: int, ins: list[int], pred: bool | None) -> None:
+        """Any other node: dead when an input or control producer always is; else an
+        instruction (or an alias: NextIteration, identities)."""
+        node, kind = self.nodes[i], self.info.kind[i]
+        worst, checks = self._combine(t, ins + self._witnesses(i, t.alias))
+        if worst == _DEAD:
+            self._set_outputs(t, i, _DEAD)
+        elif kind == CF_SWITCH:
+            self._set_outputs(t, i, _MAYBE)
+            t.prog.append((I_SWITCH, i, ins, self.out[i], 2, checks))
+        elif kind == CF_EXIT:
+            t.prog.append((I_EXIT, i, ins, -1, 0, checks))
+        elif kind == CF_NEXT:
+            if pred is not True:
+                raise _Ineligible("a NextIteration live when the loop ends")
+            t.alias[self.out[i]] = ins[0]
+        elif node.op in _ALIASES and len(ins) == 1 and not node.control_inputs:
+            t.alias[self.out[i]] = ins[0]
+        elif node.op == "Const":
+            self._const(t, i, node.attrs["value"], checks)
+        else:
+            self._set_outputs(t, i, worst)
+            nout = len(node.outputs)
+            t.prog.append((I_KERNEL, i, ins, self.out[i] if nout else -1, nout, checks))
+
+    def _const(self, t: _Trace, i: int, value: Any, checks: list[int]) -> None:
+        """A Const in the frame: in the template when always live, else an instruction
+        (it may be dead through its control inputs)."""
+        g = self.out[i]
+        if not checks:
+            t.status[g] = _LIVE
+            self.local.setdefault(g, len(self.template))
+            if self.local[g] == len(self.template):
+                self.template.append(value[()] if value.ndim == 0 else value)
+            return
+        self._set_outputs(t, i, _MAYBE)
+        t.prog.append((I_CONST, i, [], g, 1, checks, value[()] if value.ndim == 0 else value))
 
     def _lower(
         self,
@@ -574,90 +575,29 @@ class _Builder:
         pred: int,
     ) -> LoopSchedule:
         """Local slots and last-use frees for the three programs."""
-        enters: list[tuple[int, tuple[int, ...]]] = []
-        for e in self.enters:
-            if self.info.constant[e]:
-                enters.append((e, (self._slot(self.out[e]),)))
-            else:
-                targets = tuple(
-                    self._slot(self.out[m]) for m in self.loop_merges if self.merge_enter[m][0] == e
-                )
-                enters.append((e, targets))
+        enters = self._enter_targets()
         merge_slots = {self._slot(self.out[m]) for m in self.loop_merges}
-
-        def reads(raw: tuple[Any, ...]) -> list[int]:
-            return [self._slot(g) for g in (*raw[2], *raw[5])]
-
-        def writes(raw: tuple[Any, ...]) -> list[int]:
-            if raw[3] < 0:
-                return []
-            base = self._slot(raw[3])
-            return [base + k for k in range(raw[4])]
-
         pred_local = self._slot(pred)
-        head_reads = [reads(r) for r in head]
-        true_reads = [reads(r) for r in true]
-        final_reads = [reads(r) for r in final]
+        # Local slots are numbered as first asked for (the template grows with them):
+        # every slot is asked for before the template is taken.
+        head_reads = [self._reads(r) for r in head]
+        true_reads = [self._reads(r) for r in true]
+        final_reads = [self._reads(r) for r in final]
         carry_reads = [self._slot(src) for _, src, _ in carries]
         # Never freed: constants and the constant Enters' values.
         keep = {k for k, v in enumerate(self.template) if v is not None}
         keep.update(slots[0] for e, slots in enters if self.info.constant[e])
-        later = (
-            {s for rs in true_reads for s in rs}
-            | {s for rs in final_reads for s in rs}
-            | set(carry_reads)
-            | {pred_local}
-        )
-
-        def frees_of(
-            reads_list: list[list[int]], raws: list[tuple[Any, ...]], tail: set[int]
-        ) -> list[list[int]]:
-            """Per instruction: the slots it reads or writes last (``tail``: read after
-            the program)."""
-            last: dict[int, int] = {}
-            for k, (rs, raw) in enumerate(zip(reads_list, raws)):
-                for s in writes(raw):
-                    last.setdefault(s, k)
-                for s in rs:
-                    last[s] = k
-            out: list[list[int]] = [[] for _ in raws]
-            for s, k in last.items():
-                if s not in keep and s not in tail:
-                    out[k].append(s)
-            return out
-
-        head_frees = frees_of(head_reads, head, later)
-        true_frees = frees_of(true_reads, true, set(carry_reads))
-        # Alive at the start of a true iteration but never read in it: cleared at once.
-        alive = (merge_slots | {s for raw in head for s in writes(raw)}) & later
         read_in_true = {s for rs in true_reads for s in rs} | set(carry_reads)
+        later = read_in_true | {s for rs in final_reads for s in rs} | {pred_local}
+        head_frees = self._frees_of(head_reads, head, later | keep)
+        true_frees = self._frees_of(true_reads, true, set(carry_reads) | keep)
+        # Alive at the start of a true iteration but never read in it: cleared at once.
+        alive = (merge_slots | {s for raw in head for s in self._writes(raw)}) & later
         start_frees = tuple(sorted(s for s in alive if s not in read_in_true and s not in keep))
-        carry_frees = tuple(sorted({s for s in carry_reads if s not in keep}))
-        index_slots = []
-        for m in self.loop_merges:
-            g = self.out[m] + 1
-            if any(g in self.inputs[c] for c in self.consumers[m]):
-                index_slots.append((self._slot(g), self.merge_enter[m][1], self.merge_next[m][1]))
-
-        def lower(raws: list[tuple[Any, ...]], frees: list[list[int]] | None) -> tuple[Instr, ...]:
-            return tuple(
-                Instr(
-                    raw[0],
-                    raw[1],
-                    tuple(self._slot(g) for g in raw[2]),
-                    self._slot(raw[3]) if raw[3] >= 0 else -1,
-                    raw[4],
-                    tuple(self._slot(g) for g in raw[5]),
-                    tuple(sorted(frees[k])) if frees is not None else (),
-                    tuple(raw[6]) if raw[0] == I_MERGE else (),
-                    raw[6] if raw[0] == I_CONST else None,
-                )
-                for k, raw in enumerate(raws)
-            )
-
-        head_i = lower(head, head_frees)
-        true_i = lower(true, true_frees)
-        final_i = lower(final, None)
+        index_slots = self._index_slots()
+        head_i = self._lowered(head, head_frees)
+        true_i = self._lowered(true, true_frees)
+        final_i = self._lowered(final, None)
         carries_l = tuple((n, self._slot(src), self._slot(m)) for n, src, m in carries)
         return LoopSchedule(
             frame=self.f,
@@ -670,7 +610,95 @@ class _Builder:
             true_frees=start_frees,
             final=final_i,
             carries=carries_l,
-            carry_frees=carry_frees,
-            index_slots=tuple(index_slots),
+            carry_frees=tuple(sorted({s for s in carry_reads if s not in keep})),
+            index_slots=index_slots,
             exits=tuple((e, self.exit_switch[e]) for e in self.exits),
         )
+
+    def _enter_targets(self) -> list[tuple[int, tuple[int, ...]]]:
+        """Per Enter, the local slots it fills: its own for a constant Enter, its loop
+        Merges' outputs for a loop variable's."""
+        enters: list[tuple[int, tuple[int, ...]]] = []
+        for e in self.enters:
+            if self.info.constant[e]:
+                enters.append((e, (self._slot(self.out[e]),)))
+            else:
+                targets = tuple(
+                    self._slot(self.out[m]) for m in self.loop_merges if self.merge_enter[m][0] == e
+                )
+                enters.append((e, targets))
+        return enters
+
+    def _index_slots(self) -> tuple[tuple[int, int, int], ...]:
+        """(local slot, Enter position, NextIteration position) of every loop Merge
+        whose value index is read."""
+        index_slots = []
+        for m in self.loop_merges:
+            g = self.out[m] + 1
+            if any(g in self.inputs[c] for c in self.consumers[m]):
+                index_slots.append((self._slot(g), self.merge_enter[m][1], self.merge_next[m][1]))
+        return tuple(index_slots)
+
+    def _reads(self, raw: tuple[Any, ...]) -> list[int]:
+        return [self._slot(g) for g in (*raw[2], *raw[5])]
+
+    def _writes(self, raw: tuple[Any, ...]) -> list[int]:
+        if raw[3] < 0:
+            return []
+        base = self._slot(raw[3])
+        return [base + k for k in range(raw[4])]
+
+    def _frees_of(
+        self, reads_list: list[list[int]], raws: list[tuple[Any, ...]], kept: set[int]
+    ) -> list[list[int]]:
+        """Per instruction: the slots it reads or writes last (``kept``: never freed
+        here, or read after the program)."""
+        last: dict[int, int] = {}
+        for k, (rs, raw) in enumerate(zip(reads_list, raws, strict=True)):
+            for s in self._writes(raw):
+                last.setdefault(s, k)
+            for s in rs:
+                last[s] = k
+        out: list[list[int]] = [[] for _ in raws]
+        for s, k in last.items():
+            if s not in kept:
+                out[k].append(s)
+        return out
+
+    def _lowered(
+        self, raws: list[tuple[Any, ...]], frees: list[list[int]] | None
+    ) -> tuple[Instr, ...]:
+        return tuple(
+            Instr(
+                raw[0],
+                raw[1],
+                tuple(self._slot(g) for g in raw[2]),
+                self._slot(raw[3]) if raw[3] >= 0 else -1,
+                raw[4],
+                tuple(self._slot(g) for g in raw[5]),
+                tuple(sorted(frees[k])) if frees is not None else (),
+                tuple(raw[6]) if raw[0] == I_MERGE else (),
+                raw[6] if raw[0] == I_CONST else None,
+            )
+            for k, raw in enumerate(raws)
+        )
+
+
+class _Trace:
+    """The state of lowering one program: per global slot its status (``_LIVE``,
+    ``_MAYBE`` dead, ``_DEAD``; a slot not in it is live: preloaded constants and
+    constant Enters), the slots standing for others (aliases), the raw instructions,
+    and every node's position in the frame's order."""
+
+    __slots__ = ("alias", "position", "prog", "status")
+
+    def __init__(
+        self, status: dict[int, int], alias: dict[int, int], position: dict[int, int]
+    ) -> None:
+        self.status = status
+        self.alias = alias
+        self.position = position
+        self.prog: list[tuple[Any, ...]] = []
+
+    def st(self, g: int) -> int:
+        return self.status.get(g, _LIVE)

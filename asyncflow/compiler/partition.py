@@ -33,6 +33,7 @@ from asyncflow.compiler.control_flow import FramePath, Frames
 from asyncflow.compiler.ir import NodeDef, Ref, ValueInfo, format_ref
 from asyncflow.compiler.keys import create_key
 from asyncflow.framework import registry
+from asyncflow.framework.graph_def import encode_attr
 from asyncflow.framework.shapes import TensorShape
 
 __all__ = ["PartitionDef", "add_client_edges", "partition", "partition_graph_def"]
@@ -110,89 +111,135 @@ def partition(
                 nodes, placement[0], devices, feeds, fed, fetches, targets, control_flow
             ),
         )
-    device_of = {n.name: d for n, d in zip(nodes, placement)}
-    nodes_of: dict[int, list[NodeDef]] = {}
-    args_of: dict[int, set[int]] = {}
-    recvs: dict[tuple[Ref | str, int], str] = {}  # (tensor, or control source name; dst)
-    infos = {n.name: n for n in nodes}
-
-    def recv_for(source: Ref | str, src: int, dst: int, info: ValueInfo | None = None) -> str:
-        name = recvs.get((source, dst))
-        if name is None:
-            name = recvs[(source, dst)] = _make_pair(
-                source, infos, src, dst, devices, incarnation, nodes_of, frames, loops, info
-            )
-        return name
-
+    cut = _Cut(nodes, placement, devices, fed, incarnation, frames, loops, client_device)
+    nodes_of = cut.nodes_of
     for d in placement:
         nodes_of.setdefault(d, [])
     if client_device and (fetches or any(r in fed for n in nodes for r in n.inputs)):
         nodes_of.setdefault(_CLIENT, [])
-    for n, d in zip(nodes, placement):
-        changed = False
-        inputs: list[Ref] = []
-        for i, r in enumerate(n.inputs):
-            k = fed.get(r) if fed else None
-            if k is not None:  # from the client's device
-                args_of.setdefault(_CLIENT if client_device else d, set()).add(k)
-                if d == _CLIENT or not client_device:
-                    inputs.append(r)
-                else:
-                    inputs.append((recv_for(r, _CLIENT, d, n.input_types[i]), 0))
-                    changed = True
-            elif device_of[r[0]] == d:
-                inputs.append(r)
-            else:
-                inputs.append((recv_for(r, device_of[r[0]], d), 0))
-                changed = True
-        controls: list[str] = []
-        for c in n.control_inputs:
-            src = device_of.get(c)
-            if src is None:
-                changed = True  # not needed (e.g. a fed Placeholder): the feed carries it
-            elif src == d:
-                controls.append(c)
-            else:
-                controls.append(recv_for(c, src, d))
-                changed = True
-        if changed:
-            n = NodeDef(
-                n.name,
-                n.op,
-                tuple(inputs),
-                tuple(controls),
-                n.device,
-                n.attrs,
-                n.outputs,
-                n.input_types,
-                n.stateful,
-                n.traceback,
-            )
-        nodes_of[d].append(n)
-
-    retvals_of: dict[int, list[tuple[int, Ref]]] = {}
-    for k, r in enumerate(fetches):
-        if r in fed:
-            continue
-        src = device_of[r[0]]
-        if src != _CLIENT and client_device:  # to the client's device
-            r = (recv_for(r, src, _CLIENT), 0)
-            src = _CLIENT
-        retvals_of.setdefault(src, []).append((k, r))
+    for n, d in zip(nodes, placement, strict=True):
+        nodes_of[d].append(cut.cut_node(n, d))
+    retvals_of = cut.retvals(fetches)
     targets_of: dict[int, list[str]] = {}
     for name in targets:
-        targets_of.setdefault(device_of[name], []).append(name)
+        targets_of.setdefault(cut.device_of[name], []).append(name)
     return tuple(
         PartitionDef(
             devices[d],
             tuple(nodes_of[d]),
-            tuple((k, feeds[k]) for k in sorted(args_of.get(d, ()))),
+            tuple((k, feeds[k]) for k in sorted(cut.args_of.get(d, ()))),
             tuple(retvals_of.get(d, ())),
             tuple(targets_of.get(d, ())),
             control_flow,
         )
         for d in sorted(nodes_of)
     )
+
+
+class _Cut:
+    """Cutting placed nodes into partitions: every edge between devices becomes a
+    ``_Send`` / ``_Recv`` pair (one per tensor or control source and destination),
+    every feed an ``_Arg`` of the partition that reads it (the client's device, unless
+    ``client_device`` is False)."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeDef],
+        placement: Sequence[int],
+        devices: Sequence[str],
+        fed: Mapping[Ref, int],
+        incarnation: int,
+        frames: Frames | None,
+        loops: Mapping[tuple[FramePath, int], str] | None,
+        client_device: bool,
+    ) -> None:
+        self.device_of = {n.name: d for n, d in zip(nodes, placement, strict=True)}
+        self.nodes_of: dict[int, list[NodeDef]] = {}
+        self.args_of: dict[int, set[int]] = {}
+        self.recvs: dict[tuple[Ref | str, int], str] = {}  # (tensor or control source, dst)
+        self.infos = {n.name: n for n in nodes}
+        self.devices, self.fed, self.incarnation = devices, fed, incarnation
+        self.frames, self.loops, self.client_device = frames, loops, client_device
+
+    def recv_for(self, source: Ref | str, src: int, dst: int, info: ValueInfo | None = None) -> str:
+        """The ``_Recv`` on ``dst`` of ``source`` from ``src`` (made once)."""
+        name = self.recvs.get((source, dst))
+        if name is None:
+            name = self.recvs[(source, dst)] = _make_pair(
+                source,
+                self.infos,
+                src,
+                dst,
+                self.devices,
+                self.incarnation,
+                self.nodes_of,
+                self.frames,
+                self.loops,
+                info,
+            )
+        return name
+
+    def cut_node(self, n: NodeDef, d: int) -> NodeDef:
+        """Node ``n`` on device ``d`` with its inputs from other devices received."""
+        inputs, changed = self._inputs(n, d)
+        controls: list[str] = []
+        for c in n.control_inputs:
+            src = self.device_of.get(c)
+            if src is None:
+                changed = True  # not needed (e.g. a fed Placeholder): the feed carries it
+            elif src == d:
+                controls.append(c)
+            else:
+                controls.append(self.recv_for(c, src, d))
+                changed = True
+        if not changed:
+            return n
+        return NodeDef(
+            n.name,
+            n.op,
+            tuple(inputs),
+            tuple(controls),
+            n.device,
+            n.attrs,
+            n.outputs,
+            n.input_types,
+            n.stateful,
+            n.traceback,
+        )
+
+    def _inputs(self, n: NodeDef, d: int) -> tuple[list[Ref], bool]:
+        """``n``'s data inputs on device ``d``, and whether any changed."""
+        fed, client_device = self.fed, self.client_device
+        changed = False
+        inputs: list[Ref] = []
+        for i, r in enumerate(n.inputs):
+            k = fed.get(r) if fed else None
+            if k is not None:  # from the client's device
+                self.args_of.setdefault(_CLIENT if client_device else d, set()).add(k)
+                if d == _CLIENT or not client_device:
+                    inputs.append(r)
+                else:
+                    inputs.append((self.recv_for(r, _CLIENT, d, n.input_types[i]), 0))
+                    changed = True
+            elif self.device_of[r[0]] == d:
+                inputs.append(r)
+            else:
+                inputs.append((self.recv_for(r, self.device_of[r[0]], d), 0))
+                changed = True
+        return inputs, changed
+
+    def retvals(self, fetches: Sequence[Ref]) -> dict[int, list[tuple[int, Ref]]]:
+        """Per device, the fetches it returns (to the client's device, when it is used)."""
+        retvals_of: dict[int, list[tuple[int, Ref]]] = {}
+        for k, r in enumerate(fetches):
+            if r in self.fed:
+                continue
+            src = self.device_of[r[0]]
+            if src != _CLIENT and self.client_device:  # to the client's device
+                r = (self.recv_for(r, src, _CLIENT), 0)
+                src = _CLIENT
+            retvals_of.setdefault(src, []).append((k, r))
+        return retvals_of
 
 
 def _one_partition(
@@ -304,7 +351,6 @@ def _make_pair(
 
 def partition_graph_def(part: PartitionDef) -> dict[str, Any]:
     """A graph def (``as_graph_def()``'s form) of one partition, with ``_Arg`` / ``_Retval``."""
-    from asyncflow.framework.graph_def import encode_attr
 
     # A feed no node of the partition reads has no _Arg: as TF, which prunes it away
     # (the run still takes it, and its dtype is nowhere among these nodes).

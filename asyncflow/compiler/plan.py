@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from asyncflow.compiler.control_flow import (
     CONTROL_FLOW_OPS,
@@ -99,18 +99,77 @@ def build_plan(part: PartitionDef) -> Plan:
     made in one pass per node with flat lists indexed by node or slot (no per-slot
     containers, no empty list per node).
     """
-    nodes = part.nodes
-    # -- slots and nodes ------------------------------------------------------------
-    # One pass: every node's first slot, and the scheduled nodes.  ``owner`` is, by
-    # slot, the scheduled node producing it (-1: a preloaded constant or an
-    # argument): an input edge is then one name lookup (its slot), the rest lists.
-    slot_of: dict[str, int] = {}
-    owner: list[int] = []
-    sched: list[NodeDef] = []
-    out_slots: list[int] = []
+    slots = _lay_out_slots(part)
+    sched = slots.sched
+    n = len(sched)
+    edges = _edges(slots)
+    retval_slots = tuple(slots.slot(r) for _, r in part.retvals)
+    frees, counted, refs = _last_use(slots, edges, retval_slots)
+    frames, edges_out, loop_schedules = _propagation(part, slots, edges)
+    pending = edges.pending
+    return Plan(
+        partition=part,
+        nodes=tuple(sched),
+        inputs=tuple(edges.in_slots),
+        out=tuple(slots.out_slots),
+        consumers=tuple(edges.consumers),
+        frees=tuple(frees),
+        counted=tuple(counted),
+        initial_pending=tuple(pending),
+        initial_ready=tuple(itertools.compress(range(n), map(operator.not_, pending))),
+        initial_values=tuple(slots.initial_values),
+        initial_refs=tuple(refs) if refs is not None else None,
+        arg_slots=slots.arg_slots,
+        retval_slots=retval_slots,
+        num_slots=slots.n_slots,
+        frames=frames,
+        edges_out=edges_out,
+        loop_schedules=loop_schedules,
+    )
+
+
+class _Slots:
+    """Where every value of a partition lives: the first slot of every node, the
+    scheduled nodes, and by slot its producer and preloaded value."""
+
+    __slots__ = (
+        "arg_slots",
+        "fed_names",
+        "fed_slot",
+        "initial_values",
+        "n_slots",
+        "out_slots",
+        "owner",
+        "sched",
+        "slot_of",
+    )
+
+    def __init__(self) -> None:
+        self.slot_of: dict[str, int] = {}  # node name -> its first slot
+        #: By slot, the scheduled node producing it (-1: a preloaded constant or an
+        #: argument): an input edge is then one name lookup (its slot), the rest lists.
+        self.owner: list[int] = []
+        self.sched: list[NodeDef] = []  # the scheduled nodes (preloaded Consts excluded)
+        self.out_slots: list[int] = []  # first output slot per scheduled node
+        self.fed_slot: dict[Ref, int] = {}  # a fed ref -> its _Arg slot
+        self.fed_names: set[str] = set()
+        self.arg_slots: tuple[int, ...] = ()
+        self.initial_values: list[Any] = []
+        self.n_slots = 0
+
+    def slot(self, r: Ref) -> int:
+        s = self.fed_slot.get(r) if self.fed_slot else None
+        return s if s is not None else self.slot_of[r[0]] + r[1]
+
+
+def _lay_out_slots(part: PartitionDef) -> _Slots:
+    """One pass: every node's first slot, and the scheduled nodes; then the _Arg
+    slots and the preloaded constants' values."""
+    slots = _Slots()
+    slot_of, owner, sched, out_slots = slots.slot_of, slots.owner, slots.sched, slots.out_slots
     preloaded: list[tuple[int, Any]] = []
     n_slots = 0
-    for node in nodes:
+    for node in part.nodes:
         slot_of[node.name] = first = n_slots
         n_outputs = len(node.outputs)
         n_slots += n_outputs
@@ -125,41 +184,71 @@ def build_plan(part: PartitionDef) -> Plan:
                 owner.append(i)
             else:
                 owner.extend([i] * n_outputs)
-    fed_slot: dict[Ref, int] = {}
     for k, (_, r) in enumerate(part.args):
-        fed_slot[r] = n_slots + k
-    fed_names = {r[0] for r in fed_slot}
-    arg_slots = tuple(range(n_slots, n_slots + len(part.args)))
+        slots.fed_slot[r] = n_slots + k
+    slots.fed_names = {r[0] for r in slots.fed_slot}
+    slots.arg_slots = tuple(range(n_slots, n_slots + len(part.args)))
     n_slots += len(part.args)
     owner.extend([-1] * len(part.args))
     initial_values: list[Any] = [None] * n_slots
     for first, value in preloaded:
         initial_values[first] = value[()] if value.ndim == 0 else value
+    slots.initial_values = initial_values
+    slots.n_slots = n_slots
+    return slots
 
-    def slot(r: Ref) -> int:
-        s = fed_slot.get(r) if fed_slot else None
-        return s if s is not None else slot_of[r[0]] + r[1]
 
+class _Edges(NamedTuple):
+    """Every node's input slots, consumers and pending count, and per slot how many
+    distinct nodes read it and the last one that did."""
+
+    in_slots: list[tuple[int, ...]]
+    consumers: list[Any]  # (i,) for one consumer, a tuple for more (final)
+    pending: list[int]
+    reads: list[int]
+    last_reader: list[int]
+    node_of: dict[str, int] | None  # name -> scheduled index, when control edges made it
+
+
+def _add_consumer(consumers: list[Any], grown: list[int], p: int, i: int) -> None:
+    cs = consumers[p]
+    if not cs:  # most nodes have one consumer: a 1-tuple is final already
+        consumers[p] = (i,)
+    elif type(cs) is tuple:
+        consumers[p] = [*cs, i]
+        grown.append(p)
+    else:
+        cs.append(i)
+
+
+def _edges(slots: _Slots) -> _Edges:
+    """The edges of every scheduled node.
+
+    The per-node hot loop of plan building: a 100,000-node chain's first run builds
+    its plan here, so the common node (two data inputs, no control input, none fed)
+    takes a branch of its own, inline, without lists (its first consumer without a
+    call); every other node goes through :func:`_other_edges`."""
+    sched, slot_of, owner = slots.sched, slots.slot_of, slots.owner
+    fed_names = slots.fed_names
     n = len(sched)
     pending = [0] * n
     consumers: list[Any] = [()] * n  # (i,) for the first consumer, a list for more
     grown: list[int] = []  # the nodes whose consumers became a list
     in_slots: list[tuple[int, ...]] = []
-    # Per slot: how many distinct nodes read it, and the last one that did.
-    reads = [0] * n_slots
-    last_reader = [-1] * n_slots
-    node_of: dict[str, int] | None = None  # name -> scheduled index, for control edges
-    # One pass per node, kept tight.  Two data inputs and no control input (most
-    # nodes of a large graph) take a branch of their own, without lists; the rest
-    # keeps its producers in a small list (most nodes have one or two).
+    reads = [0] * slots.n_slots
+    last_reader = [-1] * slots.n_slots
+    node_of: dict[str, int] | None = None
+    edges_of = (in_slots, consumers, grown, pending, reads, last_reader)
     for i, node in enumerate(sched):
         inputs = node.inputs
         if len(inputs) == 2 and not node.control_inputs:
             ra, rb = inputs
             na, nb = ra[0], rb[0]
             if not fed_names or (na not in fed_names and nb not in fed_names):
-                sa = slot_of[na] + ra[1]
-                sb = slot_of[nb] + rb[1]
+                # Output 0's slot is the producer's own int object (one int object
+                # per slot, not one per read: ints above 256 are 32 bytes each).
+                sa = slot_of[na] + ra[1] if ra[1] else slot_of[na]
+                sb = slot_of[nb] + rb[1] if rb[1] else slot_of[nb]
                 in_slots.append((sa, sb))
                 last_reader[sa] = i
                 reads[sa] += 1
@@ -168,11 +257,8 @@ def build_plan(part: PartitionDef) -> Plan:
                     cs = consumers[pa]
                     if not cs:  # most nodes have one consumer: a 1-tuple is final
                         consumers[pa] = (i,)
-                    elif type(cs) is tuple:
-                        consumers[pa] = [*cs, i]
-                        grown.append(pa)
                     else:
-                        cs.append(i)
+                        _add_consumer(consumers, grown, pa, i)
                     pending[i] = 1
                 if sb == sa:
                     continue
@@ -180,140 +266,145 @@ def build_plan(part: PartitionDef) -> Plan:
                 reads[sb] += 1
                 pb = owner[sb]
                 if pb >= 0 and pb != pa:
-                    cs = consumers[pb]
-                    if not cs:
-                        consumers[pb] = (i,)
-                    elif type(cs) is tuple:
-                        consumers[pb] = [*cs, i]
-                        grown.append(pb)
-                    else:
-                        cs.append(i)
+                    _add_consumer(consumers, grown, pb, i)
                     pending[i] += 1
                 continue
-        ins_list: list[int] = []
-        producers: list[int] = []
-        for r in inputs:
-            name = r[0]
-            if name in fed_names and r in fed_slot:
-                s = fed_slot[r]
-            else:
-                s = slot_of[name] + r[1]
-                p = owner[s]
-                if p >= 0 and p not in producers:
-                    producers.append(p)
-            ins_list.append(s)
-            if last_reader[s] != i:  # a slot read twice by one node counts once
-                last_reader[s] = i
-                reads[s] += 1
-        if node.control_inputs:
-            if node_of is None:
-                node_of = {m.name: j for j, m in enumerate(sched)}
-            for c in node.control_inputs:
-                p = node_of.get(c, -1)
-                if p >= 0 and p not in producers:
-                    producers.append(p)
-        in_slots.append(tuple(ins_list))
-        pending[i] = len(producers)
-        for p in producers:
-            cs = consumers[p]
-            if not cs:  # most nodes have one consumer: a 1-tuple is final already
-                consumers[p] = (i,)
-            elif type(cs) is tuple:
-                consumers[p] = [*cs, i]
-                grown.append(p)
-            else:
-                cs.append(i)
+        node_of = _other_edges(slots, edges_of, node, i, node_of)
+    for p in grown:  # only the entries that grew into lists become tuples
+        consumers[p] = tuple(consumers[p])
+    return _Edges(in_slots, consumers, pending, reads, last_reader, node_of)
 
-    # -- last use ----------------------------------------------------------------
-    retval_slots = tuple(slot(r) for _, r in part.retvals)
-    keep = set(arg_slots)
+
+def _other_edges(
+    slots: _Slots,
+    edges_of: tuple[list[tuple[int, ...]], list[Any], list[int], list[int], list[int], list[int]],
+    node: NodeDef,
+    i: int,
+    node_of: dict[str, int] | None,
+) -> dict[str, int] | None:
+    """The edges of scheduled node ``i`` of any shape: its producers (data and
+    control, each once) kept in a small list.  Returns ``node_of`` (name -> index,
+    made on the first control edge)."""
+    in_slots, consumers, grown, pending, reads, last_reader = edges_of
+    slot_of, owner, fed_slot, fed_names = (
+        slots.slot_of,
+        slots.owner,
+        slots.fed_slot,
+        slots.fed_names,
+    )
+    ins_list: list[int] = []
+    producers: list[int] = []
+    for r in node.inputs:
+        name = r[0]
+        if name in fed_names and r in fed_slot:
+            s = fed_slot[r]
+        else:
+            s = slot_of[name] + r[1] if r[1] else slot_of[name]
+            p = owner[s]
+            if p >= 0 and p not in producers:
+                producers.append(p)
+        ins_list.append(s)
+        if last_reader[s] != i:  # a slot read twice by one node counts once
+            last_reader[s] = i
+            reads[s] += 1
+    if node.control_inputs:
+        if node_of is None:
+            node_of = {m.name: j for j, m in enumerate(slots.sched)}
+        for c in node.control_inputs:
+            p = node_of.get(c, -1)
+            if p >= 0 and p not in producers:
+                producers.append(p)
+    in_slots.append(tuple(ins_list))
+    pending[i] = len(producers)
+    for p in producers:
+        _add_consumer(consumers, grown, p, i)
+    return node_of
+
+
+def _add_free(frees: list[Any], freeing: list[int], node: int, s: int) -> None:
+    f = frees[node]
+    if not f:
+        frees[node] = (s,)
+    elif type(f) is tuple:
+        frees[node] = [*f, s]
+        freeing.append(node)
+    else:
+        f.append(s)
+
+
+def _last_use(
+    slots: _Slots, edges: _Edges, retval_slots: tuple[int, ...]
+) -> tuple[list[Any], list[Any], list[int] | None]:
+    """Who frees each slot: its sole reader, its producer when nobody reads it, or
+    every reader releasing one reference when several do (fetched, fed and preloaded
+    slots are never freed).  Returns (frees, counted, initial refs or None)."""
+    n = len(slots.sched)
+    keep = set(slots.arg_slots)
     keep.update(retval_slots)
+    initial_values, owner = slots.initial_values, slots.owner
+    reads, last_reader, in_slots = edges.reads, edges.last_reader, edges.in_slots
     frees: list[Any] = [()] * n  # as consumers: (s,), then a list
     freeing: list[int] = []  # the nodes whose frees became a list
-    counted: list[Any] = [()] * n
     refs: list[int] | None = None
-    for s in range(n_slots):
+    for s in range(slots.n_slots):
         k = reads[s]
         if k == 1:  # sole reader frees it, unless fetched, fed or preloaded
             if s not in keep and initial_values[s] is None:
                 reader = last_reader[s]
+                first_in = in_slots[reader][0]
+                if first_in == s:  # the int object the reader holds (one per slot)
+                    s = first_in
                 f = frees[reader]
                 if not f:
                     frees[reader] = (s,)
-                elif type(f) is tuple:
-                    frees[reader] = [*f, s]
-                    freeing.append(reader)
                 else:
-                    f.append(s)
+                    _add_free(frees, freeing, reader, s)
         elif k == 0:  # an output nobody reads: freed by its producer
             producer = owner[s]
             if producer >= 0 and s not in keep:
-                f = frees[producer]
-                if not f:
-                    frees[producer] = (s,)
-                elif type(f) is tuple:
-                    frees[producer] = [*f, s]
-                    freeing.append(producer)
-                else:
-                    f.append(s)
+                _add_free(frees, freeing, producer, s)
         elif s not in keep and initial_values[s] is None:
             if refs is None:
-                refs = [0] * n_slots
+                refs = [0] * slots.n_slots
             refs[s] = k
-    if refs is not None:  # reference counted slots: every reader releases once
-        for i, ins in enumerate(in_slots):
-            for s in dict.fromkeys(ins):
-                if refs[s]:
-                    c = counted[i]
-                    if c:
-                        c.append(s)
-                    else:
-                        counted[i] = [s]
-
-    # Only the entries that grew into lists become tuples (most are final already).
-    for p in grown:
-        consumers[p] = tuple(consumers[p])
     for p in freeing:
         frees[p] = tuple(frees[p])
-    if refs is not None:
-        counted = [tuple(c) for c in counted]
+    counted = _counted(in_slots, refs) if refs is not None else [()] * n
+    return frees, counted, refs
 
-    frames = None
-    edges_out: EdgesOut = ()
-    loop_schedules: tuple[LoopSchedule | None, ...] = ()
+
+def _counted(in_slots: list[tuple[int, ...]], refs: list[int]) -> list[Any]:
+    """Per node, the reference counted slots it reads (each once): every reader
+    releases one reference."""
+    counted: list[Any] = [()] * len(in_slots)
+    for i, ins in enumerate(in_slots):
+        mine = tuple(s for s in dict.fromkeys(ins) if refs[s])
+        if mine:
+            counted[i] = mine
+    return counted
+
+
+def _propagation(
+    part: PartitionDef, slots: _Slots, edges: _Edges
+) -> tuple[FrameInfo | None, EdgesOut, tuple[LoopSchedule | None, ...]]:
+    """How readiness propagates: loops get frames, out-edges and their straight-line
+    schedules (the frame propagator); control flow without loops gets the Switches
+    and Merges (dead tensors, the plain propagator); the rest nothing."""
+    sched = slots.sched
     ops = {node.op for node in sched}
     if "Enter" in ops:  # loops: the frame propagator
         frames = analyze_frames(sched, node_frames(sched))
-        edges_out = _edges_out(
-            sched,
-            node_of if node_of is not None else {node.name: i for i, node in enumerate(sched)},
-            in_slots,
-            fed_slot,
-        )
+        node_of = edges.node_of
+        if node_of is None:
+            node_of = {node.name: i for i, node in enumerate(sched)}
+        edges_out = _edges_out(sched, node_of, edges.in_slots, slots.fed_slot)
         loop_schedules = schedule_loops(
-            sched, frames, in_slots, out_slots, consumers, initial_values
+            sched, frames, edges.in_slots, slots.out_slots, edges.consumers, slots.initial_values
         )
-    elif not ops.isdisjoint(CONTROL_FLOW_OPS) or (part.control_flow and "_Recv" in ops):
-        frames = cond_info(sched)  # dead tensors, one frame: the plain propagator
-    return Plan(
-        partition=part,
-        nodes=tuple(sched),
-        inputs=tuple(in_slots),
-        out=tuple(out_slots),
-        consumers=tuple(consumers),
-        frees=tuple(frees),
-        counted=tuple(counted),
-        initial_pending=tuple(pending),
-        initial_ready=tuple(itertools.compress(range(n), map(operator.not_, pending))),
-        initial_values=tuple(initial_values),
-        initial_refs=tuple(refs) if refs is not None else None,
-        arg_slots=arg_slots,
-        retval_slots=retval_slots,
-        num_slots=n_slots,
-        frames=frames,
-        edges_out=edges_out,
-        loop_schedules=loop_schedules,
-    )
+        return frames, edges_out, loop_schedules
+    if not ops.isdisjoint(CONTROL_FLOW_OPS) or (part.control_flow and "_Recv" in ops):
+        return cond_info(sched), (), ()  # dead tensors, one frame: the plain propagator
+    return None, (), ()
 
 
 def _edges_out(

@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
@@ -47,6 +48,10 @@ __all__ = [
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _find_op_def = registry.find_op_def
 _new_operation = object.__new__
+_new_tensor = object.__new__
+#: The attributes of an op made without any (the operator fast path): one read-only
+#: mapping shared by all of them, not an empty dict per op (64 bytes each).
+_NO_ATTRS: Any = types.MappingProxyType({})
 
 #: A graph promotes the young objects every ``_PROMOTE_MASK + 1`` ops it adds.
 _PROMOTE_MASK = (1 << 12) - 1
@@ -720,123 +725,80 @@ class Graph:
                 if type(t) is not Tensor or t._op._graph is not self:
                     self._check_inputs(op_type, inputs)
                     break
-        attrs = dict(attrs) if attrs else {}
-        controls: list[Operation] = []
-        ctx = None
-        device = ""
-        scope = ""
+        # No dict per op without attributes: they share one read-only mapping.
+        own_attrs: dict[str, Any] = dict(attrs) if attrs else _NO_ATTRS
         if self._scopes or control_inputs:
-            stacks = self._stacks
-            control_stack = stacks.control
-            cf_stack = stacks.cf_context
-            scope = stacks.name_scope
-            for frame in control_stack:
-                controls.extend(frame)
-            explicit = len(controls)  # controls[explicit:] were given as control_inputs
-            for c in control_inputs:
-                if not isinstance(c, Operation):
-                    raise TypeError(
-                        f"control input of new {op_type} op must be an "
-                        f"af.Operation, got {type(c).__name__}"
-                    )
-                controls.append(c)
-            explicit_ops = controls[explicit:]
-            ctx = cf_stack[-1] if cf_stack else None
-            if ctx is not None:
-                # Inside af.cond / af.while_loop: values from outside the branch or loop
-                # enter through Switch / Enter, and input-less ops hang off the pivot.
-                prepared, controls = ctx.prepare_op(op_type, inputs, controls)
-                inputs = tuple(prepared)
-            if controls:
-                # Duplicates go; so do control_dependencies() ops the data inputs already
-                # wait for.  Control inputs given explicitly stay (as TF's importer keeps
-                # a graph def's "^x" beside a data input from x: the def round-trips).
-                seen: set[Operation] = set()
-                data_ops = {t._op for t in inputs}
-                if explicit_ops:
-                    data_ops.difference_update(explicit_ops)
-                controls = [c for c in controls if not (c in seen or c in data_ops or seen.add(c))]  # type: ignore[func-returns-value]
-                for c in controls:
-                    if c._graph is not self:
-                        raise ValueError(
-                            f"control input {c.name!r} of new {op_type} op is "
-                            f"from a different graph"
-                        )
-            device_stack = stacks.device
-            if device_stack:
-                device = device_stack[-1]
-            colocate = stacks.colocate
-            if colocate and "_class" not in attrs:
-                # As TF: colocation wins over the device scope; placement honours "_class".
-                attrs["_class"] = [f"loc:@{colocate[-1]._name}"]
-                device = colocate[-1]._device
-        # Where in user code: the innermost frame outside asyncflow, searched from
-        # ``depth`` frames up (sys._getframe skips the ones known to be ours in C).
-        caller: Any = sys._getframe(depth)
-        while caller is not None:
-            code = caller.f_code
-            if not code.co_filename.startswith(_PACKAGE_DIR):
-                site = code.co_filename, caller.f_lineno
-                break
-            caller = caller.f_back
+            scoped = self._scoped(op_type, inputs, own_attrs, control_inputs)
+            inputs, controls, own_attrs, device, ctx, scope = scoped
         else:
-            site = "<unknown>", 0
+            controls, device, ctx, scope = (), "", None, ""
         with self._lock:
             if self._finalized:
-                raise RuntimeError(
-                    f"cannot add op of type {op_type!r}: graph {self!r} is finalized"
-                )
+                raise self._finalized_error(op_type)
             if trusted and not scope:
                 full_name = self._reserve_name_locked(name or op_type)
             else:
                 full_name = self._unique_name_locked(
                     name or op_type, explicit=name is not None and not trusted, scope=scope
                 )
-            try:
-                specs = op_def.shape_fn(inputs, attrs)
-            except (TypeError, ValueError) as exc:
-                # Undo the name reservation so a failed op leaves no trace.
-                self._release_name_locked(full_name)
-                raise type(exc)(
-                    f"{exc} (while building op {full_name!r} of type {op_type})"
-                ) from None
-            except Exception:
-                self._release_name_locked(full_name)
-                raise
-            op = Operation(
-                self, full_name, op_type, inputs, tuple(controls), attrs, device, site, op_def
+            op = self._add_op_locked(
+                full_name,
+                op_type,
+                inputs,
+                controls,
+                own_attrs,
+                device,
+                sys._getframe(depth),
+                op_def,
+                ctx,
             )
-            if ctx is not None:
-                op._ctx = ctx
-            if len(specs) == 1:
-                ((dt, shape),) = specs
-                op._out = Tensor(
-                    op, 0, dt, shape if isinstance(shape, TensorShape) else as_shape(shape)
-                )
-            else:
-                op._out = tuple(
-                    Tensor(op, i, dt, shape if isinstance(shape, TensorShape) else as_shape(shape))
-                    for i, (dt, shape) in enumerate(specs)
-                )
-            ops = self._ops
-            ops.append(op)
-            self._by_name[full_name] = op
-        if not len(ops) & _PROMOTE_MASK:
-            _promote_young()
         return op
 
-    def _create_binary_op(self, op_type: str, x: Tensor, y: Tensor, name: str, key: str) -> Tensor:
+    def _create_binary_op(self, op_type: str, x: Tensor, y: Tensor, name: str) -> Tensor:
         """``_create_op(op_type, (x, y), None, name, (), 3, True)``'s output, for the
         operator fast path (``x + y``) when no scope block is open on this graph and
         no function shadows ``op_type``: the caller checked that ``x`` and ``y`` are
-        tensors of this graph, ``name`` is asyncflow's own and ``key`` is
-        ``name.lower()``.  The same op, made with the steps that cannot apply skipped
-        (no control inputs, context, device, colocation, attributes, scope) and the
-        name reserved inline; ``_create_op`` stays the reference
-        (tests/test_build_fast_paths.py compares every field).
+        tensors of this graph and ``name`` is asyncflow's own.  The same construction
+        (:meth:`_add_op_locked`), with the steps that cannot apply skipped (no control
+        inputs, context, device, colocation, attributes, scope);
+        tests/test_build_fast_paths.py compares every field.
         """
         op_def = _find_op_def(op_type) or registry.get_op_def(op_type)
-        caller: Any = sys._getframe(3)  # above this method, the operator, __add__
+        caller = sys._getframe(3)  # above this method, the operator, __add__
+        with self._lock:
+            if self._finalized:
+                raise self._finalized_error(op_type)
+            op = self._add_op_locked(
+                self._reserve_name_locked(name),
+                op_type,
+                (x, y),
+                (),
+                _NO_ATTRS,
+                "",
+                caller,
+                op_def,
+                None,
+            )
+        return op._out  # type: ignore[return-value]  # the binary operators' ops have one output
+
+    def _add_op_locked(
+        self,
+        full_name: str,
+        op_type: str,
+        inputs: tuple[Tensor, ...],
+        controls: tuple[Operation, ...],
+        attrs: dict[str, Any],
+        device: str,
+        caller: Any,
+        op_def: registry.OpDef,
+        ctx: Any,
+    ) -> Operation:
+        """THE construction of an op named ``full_name`` (reserved by the caller):
+        where in user code it is made (the innermost frame from ``caller`` up outside
+        asyncflow), its shape function's outputs, its fields (see
+        :class:`Operation`) and its entries in the graph.  Objects are made with
+        their fields set one by one (no ``__init__`` call): every op of a large graph
+        comes through here."""
         while caller is not None:
             code = caller.f_code
             if not code.co_filename.startswith(_PACKAGE_DIR):
@@ -845,59 +807,124 @@ class Graph:
             caller = caller.f_back
         else:
             file, line = "<unknown>", 0
-        inputs = (x, y)
-        with self._lock:
-            if self._finalized:
-                raise RuntimeError(
-                    f"cannot add op of type {op_type!r}: graph {self!r} is finalized"
-                )
-            names = self._names_in_use  # as _reserve_name_locked, inline
-            i = names.get(key, 0)
-            names[key] = i + 1
-            if i:
-                full_name = f"{key}_{i}"
-                while full_name in names:
-                    i += 1
-                    full_name = f"{key}_{i}"
-                names[full_name] = 1
-                if name != key:
-                    full_name = f"{name}_{i}"
-            else:
-                full_name = name
-            try:
-                specs = op_def.shape_fn(inputs, {})
-            except (TypeError, ValueError) as exc:
-                self._release_name_locked(full_name)
-                raise type(exc)(
-                    f"{exc} (while building op {full_name!r} of type {op_type})"
-                ) from None
-            except Exception:
-                self._release_name_locked(full_name)
-                raise
-            ((dt, shape),) = specs  # the binary operators' ops have one output
-            op = _new_operation(Operation)  # as Operation.__init__, field by field
-            op._graph = self
-            op._name = full_name
-            op._type = op_type
-            op._in0 = x
-            op._in1 = y
-            op._control_inputs = ()
-            op._attrs = {}
-            op._device = ""
-            op._file = file
-            op._line = line
-            op._op_def = op_def
-            op._ctx = None
-            op._ir = None
-            op._out = out = Tensor(
-                op, 0, dt, shape if isinstance(shape, TensorShape) else as_shape(shape)
+        try:
+            specs = op_def.shape_fn(inputs, attrs)
+        except (TypeError, ValueError) as exc:
+            raise self._shape_error_locked(exc, full_name, op_type) from None
+        except Exception:
+            self._release_name_locked(full_name)  # a failed op leaves no trace
+            raise
+        op = _new_operation(Operation)
+        op._graph = self
+        op._name = full_name
+        op._type = op_type
+        n = len(inputs)  # one or two inputs without a tuple (see Operation)
+        if n == 2:
+            op._in0, op._in1 = inputs
+        elif n == 1:
+            op._in0 = inputs[0]
+            op._in1 = None
+        else:
+            op._in0 = inputs
+            op._in1 = None
+        op._control_inputs = controls
+        op._attrs = attrs
+        op._device = device
+        op._file = file
+        op._line = line
+        op._op_def = op_def
+        op._ctx, op._ir = ctx, None
+        if len(specs) == 1:
+            ((dt, shape),) = specs
+            op._out = out = _new_tensor(Tensor)
+            out._op = op
+            out._value_index = 0
+            out._dtype = dt
+            out._shape = shape if isinstance(shape, TensorShape) else as_shape(shape)
+        else:
+            op._out = tuple(
+                Tensor(op, i, dt, shape if isinstance(shape, TensorShape) else as_shape(shape))
+                for i, (dt, shape) in enumerate(specs)
             )
-            ops = self._ops
-            ops.append(op)
-            self._by_name[full_name] = op
+        ops = self._ops
+        ops.append(op)
+        self._by_name[full_name] = op
         if not len(ops) & _PROMOTE_MASK:
             _promote_young()
-        return out
+        return op
+
+    def _finalized_error(self, op_type: str) -> RuntimeError:
+        return RuntimeError(f"cannot add op of type {op_type!r}: graph {self!r} is finalized")
+
+    def _shape_error_locked(
+        self, exc: TypeError | ValueError, full_name: str, op_type: str
+    ) -> TypeError | ValueError:
+        """A shape function's TypeError / ValueError (bad dtypes, incompatible shapes)
+        with the op named, its name reservation undone (a failed op leaves no trace)."""
+        self._release_name_locked(full_name)
+        return type(exc)(f"{exc} (while building op {full_name!r} of type {op_type})")
+
+    def _scoped(
+        self,
+        op_type: str,
+        inputs: tuple[Tensor, ...],
+        attrs: dict[str, Any],
+        control_inputs: Iterable[Operation],
+    ) -> tuple[tuple[Tensor, ...], tuple[Operation, ...], dict[str, Any], str, Any, str]:
+        """What the open scope blocks make of a new op: (inputs, control inputs, attrs,
+        device, control-flow context, name scope)."""
+        stacks = self._stacks
+        controls: list[Operation] = []
+        for frame in stacks.control:
+            controls.extend(frame)
+        explicit = len(controls)  # controls[explicit:] were given as control_inputs
+        for c in control_inputs:
+            if not isinstance(c, Operation):
+                raise TypeError(
+                    f"control input of new {op_type} op must be an "
+                    f"af.Operation, got {type(c).__name__}"
+                )
+            controls.append(c)
+        explicit_ops = controls[explicit:]
+        cf_stack = stacks.cf_context
+        ctx = cf_stack[-1] if cf_stack else None
+        if ctx is not None:
+            # Inside af.cond / af.while_loop: values from outside the branch or loop
+            # enter through Switch / Enter, and input-less ops hang off the pivot.
+            prepared, controls = ctx.prepare_op(op_type, inputs, controls)
+            inputs = tuple(prepared)
+        if controls:
+            controls = self._distinct_controls(op_type, inputs, controls, explicit_ops)
+        device_stack = stacks.device
+        device = device_stack[-1] if device_stack else ""
+        colocate = stacks.colocate
+        if colocate and "_class" not in attrs:
+            # As TF: colocation wins over the device scope; placement honours "_class".
+            attrs = {**attrs, "_class": [f"loc:@{colocate[-1]._name}"]}
+            device = colocate[-1]._device
+        return inputs, tuple(controls), attrs, device, ctx, stacks.name_scope
+
+    def _distinct_controls(
+        self,
+        op_type: str,
+        inputs: tuple[Tensor, ...],
+        controls: list[Operation],
+        explicit_ops: list[Operation],
+    ) -> list[Operation]:
+        """Duplicates go; so do control_dependencies() ops the data inputs already wait
+        for.  Control inputs given explicitly stay (as TF's importer keeps a graph
+        def's "^x" beside a data input from x: the def round-trips)."""
+        seen: set[Operation] = set()
+        data_ops = {t._op for t in inputs}
+        if explicit_ops:
+            data_ops.difference_update(explicit_ops)
+        controls = [c for c in controls if not (c in seen or c in data_ops or seen.add(c))]  # type: ignore[func-returns-value]
+        for c in controls:
+            if c._graph is not self:
+                raise ValueError(
+                    f"control input {c.name!r} of new {op_type} op is from a different graph"
+                )
+        return controls
 
     def _check_inputs(self, op_type: str, inputs: tuple[Any, ...]) -> None:
         for i, t in enumerate(inputs):
@@ -1258,7 +1285,6 @@ def _binary_operator(
     constructor) would pick that graph and make the same op named ``name``.
     Only ever called as a TensorOperators method: both frames are asyncflow's.
     """
-    key = name.lower()
 
     def operator(self: Tensor, other: Any) -> Tensor:
         if type(other) is Tensor and type(self) is Tensor:
@@ -1270,7 +1296,7 @@ def _binary_operator(
                 and (stack[-1] if stack else _global_graph) is graph
             ):
                 if not graph._scopes and not graph._functions:
-                    return graph._create_binary_op(op_type, self, other, name, key)
+                    return graph._create_binary_op(op_type, self, other, name)
                 out = graph._create_op(op_type, (self, other), None, name, (), 3, True)._out
                 return out if isinstance(out, Tensor) else out[0]
         return general(self, other)

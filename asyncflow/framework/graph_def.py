@@ -178,8 +178,19 @@ def encode_attr(value: Any, _depth: int = 0) -> dict[str, Any]:
     """The tagged JSON form of one attribute value (see the module docstring)."""
     if _depth > _MAX_DEPTH:
         raise ValueError(f"attribute value nested deeper than {_MAX_DEPTH} levels")
-    if value is None:
-        return {"none": None}
+    encoded = _encode_number(value)  # first: a numpy scalar may also be a str or float
+    if encoded is None:
+        encoded = _encode_plain(value)
+    if encoded is None:
+        encoded = _encode_structure(value, _depth)
+    if encoded is None:
+        raise TypeError(
+            f"attribute values of type {type(value).__name__} cannot be serialized: {value!r}"
+        )
+    return encoded
+
+
+def _encode_number(value: Any) -> dict[str, Any] | None:
     if isinstance(value, np.generic):  # before float/complex: np.float64 is a float
         return {"scalar": _encode_raw(np.asarray(value))}
     if isinstance(value, bool):
@@ -190,6 +201,12 @@ def encode_attr(value: Any, _depth: int = 0) -> dict[str, Any]:
         return {"f": value if math.isfinite(value) else repr(float(value))}
     if isinstance(value, complex):
         return {"c": [encode_attr(value.real)["f"], encode_attr(value.imag)["f"]]}
+    return None
+
+
+def _encode_plain(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return {"none": None}
     if isinstance(value, str):
         return {"s": str(value)}
     if isinstance(value, bytes):
@@ -199,26 +216,28 @@ def encode_attr(value: Any, _depth: int = 0) -> dict[str, Any]:
     if isinstance(value, TensorShape):
         dims = value.dims
         return {"shape": None if dims is None else list(dims)}
-    if isinstance(value, np.ndarray):
-        return _encode_array(value, _depth)
     if isinstance(value, np.dtype):
         _check_plain_dtype(value)
         return {"np_dtype": value.str}
+    return None
+
+
+def _encode_structure(value: Any, depth: int) -> dict[str, Any] | None:
+    if isinstance(value, np.ndarray):
+        return _encode_array(value, depth)
     if isinstance(value, list):
-        return {"list": [encode_attr(v, _depth + 1) for v in value]}
+        return {"list": [encode_attr(v, depth + 1) for v in value]}
     if isinstance(value, tuple):
-        return {"tuple": [encode_attr(v, _depth + 1) for v in value]}
+        return {"tuple": [encode_attr(v, depth + 1) for v in value]}
     if isinstance(value, dict):
         return {
             "dict": [
-                [encode_attr(k, _depth + 1), encode_attr(v, _depth + 1)] for k, v in value.items()
+                [encode_attr(k, depth + 1), encode_attr(v, depth + 1)] for k, v in value.items()
             ]
         }
     if callable(value):
         return {"func": _callable_reference(value)}
-    raise TypeError(
-        f"attribute values of type {type(value).__name__} cannot be serialized: {value!r}"
-    )
+    return None
 
 
 def _check_plain_dtype(dtype: np.dtype[Any]) -> None:
@@ -690,16 +709,20 @@ def _parse_nodes(
     return nodes
 
 
-def _parse_node(i: int, raw: Any, prefix: str, functions: Mapping[str, Any]) -> _Node:
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"graph def node #{i} must be a dict, got {_short(raw)}")
-    name = raw.get("name")
+def _node_name(i: int, name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError(f"graph def node #{i} has no valid 'name' (got {_short(name)})")
     if ":" in name or name.startswith("^") or name.startswith("/"):
         raise ValueError(
             f"graph def node #{i}: {name!r} is not a valid op name (no ':', no leading '^' or '/')"
         )
+    return name
+
+
+def _parse_node(i: int, raw: Any, prefix: str, functions: Mapping[str, Any]) -> _Node:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"graph def node #{i} must be a dict, got {_short(raw)}")
+    name = _node_name(i, raw.get("name"))
     where = f"graph def node {name!r}"
     extra = set(raw) - {"name", "op", "input", "device", "attr"}
     if extra:
@@ -719,7 +742,12 @@ def _parse_node(i: int, raw: Any, prefix: str, functions: Mapping[str, Any]) -> 
     if not isinstance(raw_inputs, list):
         raise ValueError(f"{where}: 'input' must be a list, got {_short(raw_inputs)}")
     inputs, controls = _parse_inputs(raw_inputs, where)
-    raw_attrs = raw.get("attr", {})
+    attrs = _parse_attrs(raw.get("attr", {}), where)
+    return _Node(name, prefix + name, op_type, inputs, controls, device, attrs)
+
+
+def _parse_attrs(raw_attrs: Any, where: str) -> dict[str, Any]:
+    """A node's decoded attributes; a bad dtype attribute is an InvalidArgumentError."""
     if not isinstance(raw_attrs, Mapping):
         raise ValueError(f"{where}: 'attr' must be a dict, got {_short(raw_attrs)}")
     attrs: dict[str, Any] = {}
@@ -736,7 +764,7 @@ def _parse_node(i: int, raw: Any, prefix: str, functions: Mapping[str, Any]) -> 
             raise ValueError(f"{where}, attr {key!r}: {exc}") from None
         if key in _DTYPE_ATTRS:
             _check_dtype_attr(where, key, attrs[key])
-    return _Node(name, prefix + name, op_type, inputs, controls, device, attrs)
+    return attrs
 
 
 # Attributes that hold a dtype (or a list of dtypes) by TF's naming conventions.

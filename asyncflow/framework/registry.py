@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ASYNC",
+    "CALL",
     "CONTROL",
     "EXPENSIVE",
     "INLINE",
@@ -46,7 +47,6 @@ __all__ = [
     "get_op_def",
     "register_kernel",
     "register_kernel_factory",
-    "register_op",
     "registered_ops",
 ]
 
@@ -60,6 +60,13 @@ RECV = 4
 #: executor itself (they route values between frames and iterations).
 CONTROL = 5
 KERNEL_KINDS = ("inline", "async", "thread", "send", "recv", "control")
+
+#: The op type the kernel of a function call is registered under (TF's
+#: ``PartitionedCall``): a call node's own type is its function's name, so its kernel
+#: is not found by type.  Its factory is ``factory(node, device, resources, bodies,
+#: executor_options)``: the body is compiled and bound once per plan (``bodies``
+#: shares it between the plan's calls) and runs as the caller's steps do.
+CALL = "_Call"
 
 ShapeFn = Callable[
     [Sequence["Tensor"], Mapping[str, Any]], Sequence[tuple["DType", "TensorShape | Any"]]
@@ -212,47 +219,12 @@ def register_kernel(
     return compute
 
 
-def register_op(
-    op_type: str,
-    shape_fn: ShapeFn,
-    *,
-    stateful: bool = False,
-    kernel: Callable[..., Any] | None = None,
-    expensive: bool = False,
-) -> Callable[..., Any]:
-    """Register a new op type and return its constructor.
-
-    ``shape_fn(inputs, attrs)`` returns one ``(dtype, shape)`` pair per output.  The
-    returned constructor is ``make(*inputs, name=None, **attrs)``: it converts the
-    inputs to tensors, adds the op to the default graph and returns its single
-    output Tensor, a list of Tensors for several outputs, or the Operation for none.
-    ``kernel``, when given, is registered with :func:`register_kernel`.
-    """
-    if not isinstance(op_type, str) or not op_type or op_type.startswith("_"):
-        raise ValueError(f"op type must be a non-empty name not starting with '_', got {op_type!r}")
-    _add_op_def(OpDef(op_type, shape_fn, stateful=stateful))
-    if kernel is not None:
-        register_kernel(op_type, kernel, expensive=expensive)
-
-    def make(*inputs: Any, name: str | None = None, **attrs: Any) -> Any:
-        from asyncflow.framework.graph import convert_to_tensor, get_default_graph
-
-        graph = get_default_graph()
-        tensors = [convert_to_tensor(x) for x in inputs]
-        op = graph.create_op(op_type, tensors, attrs=attrs, name=name)
-        if len(op.outputs) == 1:
-            return op.outputs[0]
-        return list(op.outputs) if op.outputs else op
-
-    make.__name__ = op_type
-    make.__doc__ = f"Add a {op_type!r} op to the default graph."
-    return make
-
-
 def define_op(
     op_type: str, shape_fn: ShapeFn, *, stateful: bool = False, feedable: bool = True
 ) -> OpDef:
-    """Register a built-in op type (internal; names may start with ``_``)."""
+    """Register an op type (built-in ones' names may start with ``_``; a user's
+    constructor comes from ``asyncflow.ops._base.register_op``, which builds on the
+    graph: this module imports nothing of asyncflow but its errors)."""
     op_def = OpDef(op_type, shape_fn, stateful=stateful, feedable=feedable)
     _add_op_def(op_def)
     return op_def

@@ -38,6 +38,7 @@ __all__ = [
     "inline_kernel",
     "is_tensor",
     "make_op",
+    "register_op",
     "same_shape",
     "static_value",
     "unary_shape",
@@ -84,6 +85,40 @@ def make_op(
     if type(graph) is Graph:  # a subclass (a function body) may override create_op
         return graph._create_op(op_type, inputs, attrs, name or default_name or op_type, (), 2)
     return graph.create_op(op_type, inputs, attrs, name=name or default_name or op_type)
+
+
+def register_op(
+    op_type: str,
+    shape_fn: registry.ShapeFn,
+    *,
+    stateful: bool = False,
+    kernel: Callable[..., Any] | None = None,
+    expensive: bool = False,
+) -> Callable[..., Any]:
+    """Register a new op type and return its constructor.
+
+    ``shape_fn(inputs, attrs)`` returns one ``(dtype, shape)`` pair per output.  The
+    returned constructor is ``make(*inputs, name=None, **attrs)``: it converts the
+    inputs to tensors, adds the op to the default graph (as :func:`make_op`) and
+    returns its single output Tensor, a list of Tensors for several outputs, or the
+    Operation for none.  ``kernel``, when given, is registered with
+    :func:`~asyncflow.framework.registry.register_kernel`.
+    """
+    if not isinstance(op_type, str) or not op_type or op_type.startswith("_"):
+        raise ValueError(f"op type must be a non-empty name not starting with '_', got {op_type!r}")
+    registry.define_op(op_type, shape_fn, stateful=stateful)
+    if kernel is not None:
+        registry.register_kernel(op_type, kernel, expensive=expensive)
+
+    def make(*inputs: Any, name: str | None = None, **attrs: Any) -> Any:
+        op = make_op(op_type, [convert_to_tensor(x) for x in inputs], attrs, name)
+        if len(op.outputs) == 1:
+            return op.outputs[0]
+        return list(op.outputs) if op.outputs else op
+
+    make.__name__ = op_type
+    make.__doc__ = f"Add a {op_type!r} op to the default graph."
+    return make
 
 
 def _is_python_scalar_like(value: Any) -> bool:

@@ -37,6 +37,7 @@ from asyncflow.framework.graph import (
 )
 from asyncflow.framework.shapes import TensorShape, as_shape, unknown_shape
 from asyncflow.ops._base import define_op, make_op
+from asyncflow.ops.math_ops import add, less, logical_and
 
 __all__ = [
     "CondContext",
@@ -601,30 +602,15 @@ def while_loop(
     (``n * 2`` of a list would silently be ``[t, t]``); ``True`` always returns the
     structure of ``loop_vars``.  (A one-entry dict stays a dict.)
     """
-    if not callable(cond) or not callable(body):
-        raise TypeError("while_loop: cond and body must be callables")
-    if (
-        isinstance(parallel_iterations, bool)
-        or not isinstance(parallel_iterations, int)
-        or parallel_iterations < 1
-    ):
-        raise ValueError(
-            f"while_loop: parallel_iterations must be a positive int, got {parallel_iterations!r}"
-        )
+    _check_while_args(cond, body, parallel_iterations)
     # As TF: list/tuple loop_vars are passed unpacked (body(i, s)); anything else whole.
     unpack = isinstance(loop_vars, list | tuple)
-    flat_vars = [convert_to_tensor(v) for v in _flatten(loop_vars)]
-    if not flat_vars:
-        raise ValueError("while_loop: loop_vars must not be empty")
-    invariants: list[TensorShape | None] = [None] * len(flat_vars)
-    if shape_invariants is not None:
-        invariants = [as_shape(s) for s in _flatten(shape_invariants)]
-        if len(invariants) != len(flat_vars):
-            raise ValueError("while_loop: shape_invariants must match loop_vars' structure")
+    flat_vars, invariants = _loop_variables(loop_vars, shape_invariants)
     counted = maximum_iterations is not None
     graph = get_default_graph()
     outer = graph._current_control_flow_context()
     with graph.name_scope(name or "while"):
+        limit = None
         if counted:
             limit = convert_to_tensor(maximum_iterations)
             if not limit._dtype.is_integer:
@@ -633,24 +619,10 @@ def while_loop(
             invariants = [None, *invariants]
         frame_name = graph.unique_name("while_frame")
         ctx = WhileContext(frame_name, parallel_iterations, outer)
-        enters = []
-        for k, v in enumerate(flat_vars):
-            attrs: dict[str, Any] = {
-                "frame_name": frame_name,
-                "is_constant": False,
-                "parallel_iterations": parallel_iterations,
-            }
-            inv = invariants[k]
-            if inv is not None:
-                if not inv.is_compatible_with(v._shape):
-                    raise ValueError(
-                        f"while_loop: shape invariant {inv} is not compatible "
-                        f"with loop variable {v.name} of shape {v._shape}"
-                    )
-                attrs["_shape_invariant"] = inv
-            e = make_op("Enter", (v,), attrs, default_name="Enter").outputs[0]
-            e._op._ctx = ctx
-            enters.append(e)
+        enters = [
+            _enter(v, inv, frame_name, parallel_iterations, ctx)
+            for v, inv in zip(flat_vars, invariants, strict=True)
+        ]
         user = slice(1, None) if counted else slice(None)
 
         def call(fn: Callable[..., Any], flat: Sequence[Tensor]) -> Any:
@@ -661,9 +633,7 @@ def while_loop(
             merges = [merge([e, e])[0] for e in enters]
             ctx._pivot = merges[0]
             c = _branch_output(ctx, call(cond, merges[user]))
-            if counted:
-                from asyncflow.ops.math_ops import less, logical_and
-
+            if limit is not None:
                 c = logical_and(less(merges[0], limit), c)
             pred = loop_cond(c)
             switches = [switch(m, pred) for m in merges]
@@ -674,47 +644,113 @@ def while_loop(
         with graph._control_flow_context(ctx), graph.control_dependencies(None):
             body_in = [make_op("Identity", (sw[1],)).outputs[0] for sw in switches]
             ctx._pivot = body_in[0]
-            result = call(body, body_in[user])
-            if (
-                not unpack
-                and not isinstance(loop_vars, Mapping)
-                and isinstance(result, list | tuple)
-                and len(result) == 1
-            ):
-                result = result[0]  # TF allows body(x) -> [x] for a single loop variable
-            flat_result = _flatten(result)
-            if len(flat_result) != len(flat_vars) - counted:
-                raise ValueError(
-                    f"while_loop: body must return the same structure as "
-                    f"loop_vars: {len(flat_result)} values for "
-                    f"{len(flat_vars) - counted} loop variables"
-                )
-            flat_out = [_branch_output(ctx, x) for x in flat_result]
+            result = _body_result(call(body, body_in[user]), loop_vars, unpack)
+            flat_out = _body_outputs(ctx, result, len(flat_vars) - counted)
             if counted:
-                from asyncflow.ops.math_ops import add
-
                 one = convert_to_tensor(1, dtype=body_in[0]._dtype)
                 flat_out = [add(body_in[0], one), *flat_out]
-            nexts = []
-            for k, (e, out) in enumerate(zip(enters, flat_out)):
-                if out._dtype is not e._dtype:
-                    raise TypeError(
-                        f"while_loop: loop variable {k} changes dtype from "
-                        f"{e._dtype.name} to {out._dtype.name}"
-                    )
-                fixed = invariants[k] is None and e._shape.is_fully_defined()
-                if not e._shape.is_compatible_with(out._shape) or (
-                    fixed and out._shape != e._shape
-                ):
-                    raise ValueError(
-                        f"while_loop: loop variable {flat_vars[k].name} has shape "
-                        f"{e._shape} before the loop and {out._shape} after one iteration; "
-                        f"pass shape_invariants to allow the change"
-                    )
-                nexts.append(next_iteration(out))
-        for m, n in zip(merges, nexts):
+            nexts = [
+                next_iteration(_checked_next(k, e, out, invariants[k], flat_vars[k]))
+                for k, (e, out) in enumerate(zip(enters, flat_out, strict=True))
+            ]
+        for m, n in zip(merges, nexts, strict=True):
             graph._update_input(m._op, 1, n)
         packed = _pack(loop_vars, exits[user])
         if not return_same_structure and unpack and len(exits[user]) == 1:
             return packed[0]  # TF's rule: the one element of the list or tuple
         return packed
+
+
+def _check_while_args(cond: Any, body: Any, parallel_iterations: Any) -> None:
+    if not callable(cond) or not callable(body):
+        raise TypeError("while_loop: cond and body must be callables")
+    if (
+        isinstance(parallel_iterations, bool)
+        or not isinstance(parallel_iterations, int)
+        or parallel_iterations < 1
+    ):
+        raise ValueError(
+            f"while_loop: parallel_iterations must be a positive int, got {parallel_iterations!r}"
+        )
+
+
+def _loop_variables(
+    loop_vars: Any, shape_invariants: Any
+) -> tuple[list[Tensor], list[TensorShape | None]]:
+    """The loop variables as tensors, flat, and their shape invariants (None: none)."""
+    flat_vars = [convert_to_tensor(v) for v in _flatten(loop_vars)]
+    if not flat_vars:
+        raise ValueError("while_loop: loop_vars must not be empty")
+    invariants: list[TensorShape | None] = [None] * len(flat_vars)
+    if shape_invariants is not None:
+        invariants = [as_shape(s) for s in _flatten(shape_invariants)]
+        if len(invariants) != len(flat_vars):
+            raise ValueError("while_loop: shape_invariants must match loop_vars' structure")
+    return flat_vars, invariants
+
+
+def _enter(
+    v: Tensor,
+    invariant: TensorShape | None,
+    frame_name: str,
+    parallel_iterations: int,
+    ctx: WhileContext,
+) -> Tensor:
+    """Loop variable ``v`` entering the frame (its shape invariant, when it has one,
+    in the Enter's ``_shape_invariant``)."""
+    attrs: dict[str, Any] = {
+        "frame_name": frame_name,
+        "is_constant": False,
+        "parallel_iterations": parallel_iterations,
+    }
+    if invariant is not None:
+        if not invariant.is_compatible_with(v._shape):
+            raise ValueError(
+                f"while_loop: shape invariant {invariant} is not compatible "
+                f"with loop variable {v.name} of shape {v._shape}"
+            )
+        attrs["_shape_invariant"] = invariant
+    e = make_op("Enter", (v,), attrs, default_name="Enter").outputs[0]
+    e._op._ctx = ctx
+    return e
+
+
+def _body_result(result: Any, loop_vars: Any, unpack: bool) -> Any:
+    if (
+        not unpack
+        and not isinstance(loop_vars, Mapping)
+        and isinstance(result, list | tuple)
+        and len(result) == 1
+    ):
+        return result[0]  # TF allows body(x) -> [x] for a single loop variable
+    return result
+
+
+def _body_outputs(ctx: WhileContext, result: Any, expected: int) -> list[Tensor]:
+    """The body's results, flat, as outputs of the loop's frame."""
+    flat_result = _flatten(result)
+    if len(flat_result) != expected:
+        raise ValueError(
+            f"while_loop: body must return the same structure as "
+            f"loop_vars: {len(flat_result)} values for {expected} loop variables"
+        )
+    return [_branch_output(ctx, x) for x in flat_result]
+
+
+def _checked_next(
+    k: int, e: Tensor, out: Tensor, invariant: TensorShape | None, var: Tensor
+) -> Tensor:
+    """The body's value ``out`` of loop variable ``k`` (entered as ``e``), checked to
+    keep its dtype, and its shape unless a shape invariant allows the change."""
+    if out._dtype is not e._dtype:
+        raise TypeError(
+            f"while_loop: loop variable {k} changes dtype from {e._dtype.name} to {out._dtype.name}"
+        )
+    fixed = invariant is None and e._shape.is_fully_defined()
+    if not e._shape.is_compatible_with(out._shape) or (fixed and out._shape != e._shape):
+        raise ValueError(
+            f"while_loop: loop variable {var.name} has shape "
+            f"{e._shape} before the loop and {out._shape} after one iteration; "
+            f"pass shape_invariants to allow the change"
+        )
+    return out

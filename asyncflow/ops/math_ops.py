@@ -128,7 +128,9 @@ def _binary_checked(
                 f"inputs must have the same dtype, got {dt.name} "
                 f"({x.name}) and {y._dtype.name} ({y.name})"
             )
-        shape = broadcast_shapes(x._shape, y._shape)
+        xs = x._shape
+        # One shape object on both sides (a chain's scalars): itself, without a call.
+        shape = xs if xs is y._shape else broadcast_shapes(xs, y._shape)
         ok = verdicts.get(dt)
         if ok is None:
             ok = verdicts[dt] = allowed(dt)

@@ -54,11 +54,6 @@ SPECIAL = 6
 
 _TOKEN = np.bool_(True)  # what a control-edge _Send carries
 
-#: Makes the kernel of a function call node, ``(node, device, resources, cache) ->
-#: (kernel, kind)``: installed by :mod:`asyncflow.runtime.function_call`, which builds
-#: on this module and the executor (so this module cannot import it).
-call_kernel_factory: list[Callable[..., tuple[Callable[..., Any], int]] | None] = [None]
-
 
 class BoundNode(NamedTuple):
     """One scheduled node, ready to run.  Field order is the hot loop's unpack order."""
@@ -278,16 +273,18 @@ def _call_kernel(
     op_lookup: Callable[[str], Any] | None,
     options: ExecutorOptions,
 ) -> tuple[Callable[..., Any], int]:
-    """The kernel of a call node; its body runs with the caller's ``options``."""
-    factory = call_kernel_factory[0]
-    if factory is None:
+    """The kernel of a call node, from the factory registered under ``registry.CALL``
+    (:mod:`asyncflow.runtime.function_call`'s); its body runs with the caller's
+    ``options``."""
+    try:
+        kdef = registry.get_kernel(registry.CALL, device.device_type)
+    except errors.NotFoundError as exc:
         raise errors.NotFoundError(
             None,
             _op_for(node, op_lookup),
-            f"no kernel for function call {node.name!r} (op "
-            f"{node.op}): asyncflow.runtime.function_call is not loaded",
-        )
-    return factory(node, device, resources, bodies, options)
+            f"{exc.message} (needed by function call {node.name!r} of {node.op})",
+        ) from None
+    return kdef.factory(node, device, resources, bodies, options)
 
 
 def _op_for(node: NodeDef, op_lookup: Callable[[str], Any] | None) -> Any:

@@ -26,8 +26,7 @@ from asyncflow.compiler.optimize import OPTIONS_ATTR
 from asyncflow.compiler.pipeline import Compiled, compile_signature
 from asyncflow.config import ExecutorOptions, OptimizerOptions
 from asyncflow.framework import registry
-from asyncflow.runtime import bind as _bind
-from asyncflow.runtime.bind import BoundPlan
+from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.cancellation import get_cancellation_manager
 from asyncflow.runtime.devices import LocalDevice
@@ -73,7 +72,7 @@ class _Body:
         (plan,) = compiled.plans
         self.name = fn.name
         # The body runs as its caller's steps do (engine, hand-offs, shuffle).
-        self.bound: BoundPlan = _bind.bind(plan, device, resources, options=executor_options)
+        self.bound: BoundPlan = bind(plan, device, resources, options=executor_options)
         self.retval_map = compiled.retval_map
 
 
@@ -118,4 +117,6 @@ def make_call_kernel(
     return call, registry.ASYNC
 
 
-_bind.call_kernel_factory[0] = make_call_kernel
+# Registered as every kernel is (by the module that defines it); the registry calls
+# it ``factory(node, device, resources, bodies, executor_options)`` (see registry.CALL).
+registry.register_kernel_factory(registry.CALL)(make_call_kernel)

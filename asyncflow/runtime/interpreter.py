@@ -2,7 +2,7 @@
 
 The compiler lowers what a fixed order can express into programs of
 :class:`~asyncflow.compiler.loop_schedule.Instr` (a frame-free partition of
-synchronous kernels: :func:`asyncflow.compiler.schedule.lower_static_order`; a
+synchronous kernels: :func:`asyncflow.runtime.static_order.lower_static_order`; a
 simple loop frame's iteration: :mod:`asyncflow.compiler.loop_schedule`).  Here an
 instruction is bound to its kernel as a closure over its slots (one call per node:
 no unpacking, no dispatch on its kind) and programs run over one flat value list,
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from types import MethodType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,7 +35,6 @@ from asyncflow.compiler.loop_schedule import (
     I_SWITCH,
     Instr,
 )
-from asyncflow.compiler.schedule import StaticProgram, lower_static_order
 from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.observe.trace import current_trace, traced_op
 from asyncflow.runtime.propagators import (
@@ -45,6 +45,7 @@ from asyncflow.runtime.propagators import (
     slice_over,
     switch_outputs,
 )
+from asyncflow.runtime.static_order import StaticProgram, lower_static_order
 
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundNode, BoundPlan
@@ -79,40 +80,48 @@ def merge_pick(vals: list[Any], candidates: Sequence[tuple[int, Any]]) -> tuple[
     return first_dead, first_dead
 
 
+# The commonest closures' bodies, bound (``types.MethodType``) to one tuple of the
+# node's kernel and slots: a bound method and a tuple per node are 144 bytes, a
+# closure over cells 448 (a function, its cells tuple and a cell per value), and a
+# large program keeps one per node.  The call is the same one call per node.
+
+
+def _k2(node: tuple[Any, int, int, int], vals: list[Any]) -> None:
+    kernel, a, b, out = node
+    vals[out] = kernel(vals[a], vals[b])
+
+
+def _k2f(node: tuple[Any, int, int, int, int], vals: list[Any]) -> None:
+    kernel, a, b, out, r = node
+    vals[out] = kernel(vals[a], vals[b])
+    vals[r] = None
+
+
+def _k1(node: tuple[Any, int, int], vals: list[Any]) -> None:
+    kernel, a, out = node
+    vals[out] = kernel(vals[a])
+
+
+def _k1f(node: tuple[Any, int, int, int], vals: list[Any]) -> None:
+    kernel, a, out, r = node
+    vals[out] = kernel(vals[a])
+    vals[r] = None
+
+
 def _kernel_closure(kernel: Any, ins: tuple[int, ...], out: int, frees: tuple[int, ...]) -> Op:
     """The shortest closures: one output, one or two inputs, at most one slot to free
     (a traced kernel's with its recording fused in: ``trace.traced_op``)."""
     traced = traced_op(kernel, ins, out, frees[0] if frees else -1)
     if traced is not None:
         return traced
-    a, b = ins[0], ins[-1]
-    if len(ins) == 2 and not frees:
-
-        def k2(vals: list[Any]) -> None:
-            vals[out] = kernel(vals[a], vals[b])
-
-        return k2
     if len(ins) == 2:
-        (r,) = frees
-
-        def k2f(vals: list[Any]) -> None:
-            vals[out] = kernel(vals[a], vals[b])
-            vals[r] = None
-
-        return k2f
-    if not frees:
-
-        def k1(vals: list[Any]) -> None:
-            vals[out] = kernel(vals[a])
-
-        return k1
-    (r,) = frees
-
-    def k1f(vals: list[Any]) -> None:
-        vals[out] = kernel(vals[a])
-        vals[r] = None
-
-    return k1f
+        a, b = ins
+        if frees:
+            return MethodType(_k2f, (kernel, a, b, out, frees[0]))
+        return MethodType(_k2, (kernel, a, b, out))
+    if frees:
+        return MethodType(_k1f, (kernel, ins[0], out, frees[0]))
+    return MethodType(_k1, (kernel, ins[0], out))
 
 
 #: One bound instruction: what the interpreter unpacks.
@@ -250,7 +259,9 @@ def run_program(
     return True
 
 
-def execute(
+# A per-node hot loop (every instruction of a loop frame's programs runs here), kept in
+# one piece: one unpack and a branch on the kind per node, no call.
+def execute(  # noqa: C901
     program: Sequence[BInstr],
     vals: list[Any],
     exits: list[tuple[int, Any]] | None = None,
@@ -307,7 +318,7 @@ class BoundProgram:
     a large program is made over its first run's time slices (a deadline or a
     cancellation lands between two blocks), and costs nothing again."""
 
-    __slots__ = ("_nodes", "args", "blocks", "node_of", "program")
+    __slots__ = ("_nodes", "args", "blocks", "program")
 
     def __init__(
         self, program: StaticProgram, nodes: Sequence[BoundNode], args: tuple[tuple[int, int], ...]
@@ -316,8 +327,6 @@ class BoundProgram:
         self._nodes = nodes
         #: Per block: its closures, or None until a step first runs it.
         self.blocks: list[tuple[Op, ...] | None] = [None] * (-(-len(program) // CHECK_EVERY))
-        #: What a failing closure names: its node.
-        self.node_of: dict[Op, int] = {}
         #: (slot, feed index) of every _Arg node.
         self.args = args
 
@@ -329,9 +338,16 @@ class BoundProgram:
                 instrs = self.program.instrs(b * CHECK_EVERY, (b + 1) * CHECK_EVERY)
                 bound = [bind_instr(x, self._nodes, ()) for x in instrs]
                 ops = tuple(closure(x) for x in bound)
-                self.node_of.update(zip(ops, (x[7] for x in bound), strict=True))
             self.blocks[b] = ops
         return ops
+
+    def node_at(self, b: int, f: Op) -> int:
+        """The node of closure ``f`` of block ``b`` (what a failing closure names:
+        found from its position, not kept in a map of every closure)."""
+        ops = self.blocks[b]
+        if ops is None or f not in ops:
+            return -1
+        return self.program.order[b * CHECK_EVERY + ops.index(f)]
 
 
 def program_of(bound: BoundPlan) -> BoundProgram | None:
@@ -429,7 +445,7 @@ class ProgramPropagator:
             return True
         except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
             self._next = end
-            step.fail(program.node_of[f] if f is not None else -1, exc)
+            step.fail(program.node_at(b, f) if f is not None else -1, exc)
         return True
 
     def complete(self, token: Any, value: Any) -> None:

@@ -198,7 +198,9 @@ class LoopRun:
         self.entered = []  # the loop variables' first values live in ``vals`` now
         return True
 
-    def advance(self, until: float, step: Step) -> int:
+    # The per-iteration hot loop of a loop frame, kept in one piece: the head, the
+    # predicate, the body and the carries of an iteration without a call between them.
+    def advance(self, until: float, step: Step) -> int:  # noqa: C901
         """Run iterations until the loop ends (DONE, or HANDOFF to the general path),
         the clock passes ``until`` (RUNNING: call again), or a node fails (FAILED: the
         step has the error, naming the node)."""

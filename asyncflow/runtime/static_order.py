@@ -1,4 +1,4 @@
-"""The static order of a plan: which node runs when, decided before any step runs.
+"""The static order of a bound plan: which node runs when, fixed for all its steps.
 
 A partition made only of inline kernels, without control flow, always runs its nodes
 in the same order: nothing waits, nothing is dead, every node runs exactly once.
@@ -7,7 +7,14 @@ propagator's ready stack would produce (LIFO, a node's first newly ready consume
 next), so values are freed as early as on the general path — and the executor
 replays it as a straight line: :func:`lower_static_order` lowers it to an
 instruction program (the form :mod:`asyncflow.compiler.loop_schedule` gives loop
-frames), which the runtime's straight-line interpreter runs.
+frames), which the straight-line interpreter (:mod:`asyncflow.runtime.interpreter`)
+runs.
+
+It lives with the runtime, not in the compiler, because it is made at run time and
+only for some plans: once a bound plan has run ``ExecutorOptions.schedule_after``
+times and its kernels turned out all inline (binding decides that, not the plan),
+and a range at a time as a step first reaches it — a large plan's first run pays
+nothing for it.  It reads the plan's tables and writes nothing back.
 """
 
 from __future__ import annotations
