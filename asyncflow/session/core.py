@@ -42,7 +42,7 @@ from asyncflow.compiler.plan import Plan
 from asyncflow.config import RunMetadata, RunOptions, SessionConfig
 from asyncflow.framework.device_spec import canonical_device
 from asyncflow.framework.graph import Graph, Tensor, get_default_graph
-from asyncflow.runtime import function_call as _function_call  # installs the call kernel
+from asyncflow.runtime import function_call as _function_call  # registers the _Call kernel
 from asyncflow.runtime.barrier import ExecutorBarrier, StepRunner
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
