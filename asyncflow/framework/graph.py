@@ -236,7 +236,9 @@ class TensorOperators:
 class _Runner(Protocol):
     """What :meth:`Tensor.eval` and :meth:`Operation.run` need of a session."""
 
-    async def run(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None) -> Any: ...
+    def run(
+        self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None
+    ) -> collections.abc.Coroutine[Any, Any, Any]: ...
 
     def run_sync(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None) -> Any: ...
 
