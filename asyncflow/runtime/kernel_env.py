@@ -24,11 +24,16 @@ try:
 
     _QUIET = _make_extobj(all="ignore")
 
+    # What quiet_numpy returns (and restore_numpy takes) is the state before, not the
+    # context variable's Token: a step awaiting I/O keeps it for the whole wait, and a
+    # Token is one more object per step in flight for the cycle collector.
     def quiet_numpy() -> Any:
-        return _extobj_contextvar.set(_QUIET)
+        before = _extobj_contextvar.get()
+        _extobj_contextvar.set(_QUIET)
+        return before
 
     def restore_numpy(token: Any) -> None:
-        _extobj_contextvar.reset(token)
+        _extobj_contextvar.set(token)
 except ImportError:  # pragma: no cover - older numpy
 
     def quiet_numpy() -> Any:

@@ -180,7 +180,7 @@ class Step:
         self._ctx: contextvars.Context | None = None
         # The group's create_task while the step has a task group (see _run_tasks).
         self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
-        # The step's own task while a lone node is awaited in it (see _await_alone),
+        # The step's own task while a lone node is awaited in it (see run),
         # else None; plain fields, not a list: no object per step for it.
         self._alone: asyncio.Task[Any] | None = None
         self._alone_aborted = False  # the lone node's task was cancelled by the step's abort
@@ -251,8 +251,18 @@ class Step:
 
         Raises the step's first error as an ``OpError``.  Returns or raises only after
         every task the step started has finished.
+
+        While the step's only work is one async node, that node's kernel is awaited
+        right in this frame (:meth:`_start_alone`): no task group, no task, no wake-up
+        future, no coroutine level of its own — the common step of a service (a few
+        inline kernels around one I/O call) costs one await.  The task group takes
+        what is left.  What is held across that await is kept to locals of this
+        frame, and the context's previous values (not ``Token`` objects): every object
+        a waiting step keeps is one more for the cycle collector, times the steps in
+        flight.
         """
-        current = current_step.set(self)  # its tasks and kernels inherit it (and its manager)
+        before = current_step.get()
+        current_step.set(self)  # its tasks and kernels inherit it (and its manager)
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
         tracing = self._trace.on() if self._trace is not None else None
@@ -262,10 +272,23 @@ class Step:
             if self._error is None and (not finished or self._outstanding):
                 self._loop = asyncio.get_running_loop()
                 try:
-                    # The step's only work one async node: awaited right here (one
-                    # coroutine level, no task group); the group takes what is left.
-                    if self._lone_async():
-                        await self._await_alone()
+                    while self._alone_next():
+                        token, i, work, convert = self._start_alone()
+                        try:
+                            v = await work
+                            del work
+                            if convert is not None:
+                                v = convert(v)
+                            self._check_alone_cancelled()
+                        except BaseException as exc:
+                            if self._alone_raised(i, exc):
+                                raise
+                        else:
+                            self._alone_returned(token, i, v)
+                        finally:
+                            self._alone = None
+                        if self._alone_aborted:  # the step's abort, taken back: its error
+                            break
                     if not self._settled():
                         await self._run_tasks()
                 finally:
@@ -279,7 +302,7 @@ class Step:
             restore_numpy(quiet)
             if tracing is not None:
                 StepTrace.off(tracing)
-            current_step.reset(current)
+            current_step.set(before)
         if self._error is not None:
             raise self._error
         return self._retvals()
@@ -380,7 +403,7 @@ class Step:
 
     def _lone_async(self) -> bool:
         """The step waits on exactly one async node and nothing else (see
-        :meth:`_await_alone`)."""
+        :meth:`run`)."""
         deferred = self._deferred
         return (
             deferred is not None
@@ -497,61 +520,65 @@ class Step:
         if cancelled is not None:
             raise cancelled
 
-    async def _await_alone(self) -> None:
-        """While the step's only work is one async node, await it right in this task:
-        no task group, no task, no wake-up future — the common step of a service (a
-        few inline kernels around one I/O call) costs one await.
+    # -- the lone async node, awaited in the step's own frame (see ``run``) ------------------
 
-        Returns as soon as the step is done, failed, or has other work than that one
-        async node (the task group takes over; thread kernels always run there, so
-        the cancellation manager is cancelled before they are).  The caller's
-        cancellation (or deadline) reaches the kernel as it would reach its task, and
-        stops the step even when the kernel swallows it; an abort of the step (first
-        error elsewhere, ``Session.close``) cancels this task and is taken back here.
-        """
+    def _alone_next(self) -> bool:
+        """Whether ``run`` awaits a lone async node next: the step's only work is one
+        async node (and nothing is ready, nothing failed)."""
+        return self._error is None and self._lone_async() and not self._prop.has_ready()
+
+    def _start_alone(self) -> tuple[Any, int, Any, Callable[[Any], Any] | None]:
+        """Take the lone node off the deferred list and start its kernel: (its
+        propagator token, its index, what ``run`` awaits, the conversion of the
+        result or None).  The step's own task is noted (an abort of the step cancels
+        it: :meth:`_cancel_tasks`) with its cancel requests so far."""
         task = asyncio.current_task()
         assert task is not None
-        while self._error is None and self._lone_async() and not self._prop.has_ready():
-            token, i, args = self._deferred.pop()  # type: ignore[union-attr]
-            self._deferred = None  # (empty: not kept while the node runs)
-            self._alone, self._alone_aborted = task, False
-            self._alone_cancels, self._alone_node = task.cancelling(), i
-            try:
-                # The node's kernel awaited right in this frame (no _run_node coroutine:
-                # one level less per step in flight); its outcome goes through the
-                # same rules as a task's (_kernel_raised, _finish).
-                try:
-                    work, convert, reset = self._start_kernel(self._nodes[i], args, self._label())
-                    try:
-                        v = await work
-                    finally:
-                        if reset is not None:
-                            current_step.reset(reset)
-                    if convert is not None:
-                        v = convert(v)
-                    if not self._alone_aborted and task.cancelling() > self._alone_cancels:
-                        # The caller was cancelled and the kernel returned anyway: as with
-                        # a task group, the cancellation wins and no further node starts.
-                        raise asyncio.CancelledError
-                except BaseException as exc:
-                    if self._kernel_raised(i, exc, alone=True)[0]:
-                        raise
-                else:
-                    self._outstanding -= 1
-                    self._finish(token, i, v)
-            except asyncio.CancelledError:
-                if not self._alone_aborted or task.uncancel() > 0:
-                    # The caller was cancelled (or its deadline passed): nothing new
-                    # may start; the kernel has seen the cancellation.
-                    self._stopped = True
-                    self._cancel_manager()
-                    raise
-                return  # the step's own abort: its error is the outcome
-            finally:
-                self._alone = None
-            if self._alone_aborted:  # aborted, but the kernel finished anyway: take it back
-                task.uncancel()
-                return
+        token, i, args = self._deferred.pop()  # type: ignore[union-attr]
+        self._deferred = None  # (empty: not kept while the node runs)
+        self._alone, self._alone_aborted = task, False
+        self._alone_cancels, self._alone_node = task.cancelling(), i
+        # run set current_step to this step: _start_kernel has nothing to reset.
+        work, convert, _ = self._start_kernel(self._nodes[i], args, self._label())
+        return token, i, work, convert
+
+    def _check_alone_cancelled(self) -> None:
+        """The lone kernel returned although the caller was cancelled meanwhile: as
+        with a task group, the cancellation wins and no further node starts."""
+        task = self._alone
+        if task is not None and not self._alone_aborted and task.cancelling() > self._alone_cancels:
+            raise asyncio.CancelledError
+
+    def _alone_returned(self, token: Any, i: int, v: Any) -> None:
+        """The lone node ``i`` returned ``v``: finish it (a late value of an aborted
+        step is dropped there, and the abort's cancel of this task taken back)."""
+        self._outstanding -= 1
+        self._finish(token, i, v)
+        if self._alone_aborted:
+            self._alone.uncancel()  # type: ignore[union-attr]
+
+    def _alone_raised(self, i: int, exc: BaseException) -> bool:
+        """The lone node ``i`` ended with ``exc``: True when ``run`` raises it on.
+
+        The failing-kernel rule is :meth:`_kernel_raised`'s.  The caller's cancellation
+        (or deadline) reaches the kernel as it would reach its task, and stops the step
+        even when the kernel swallows it; an abort of the step (first error elsewhere,
+        ``Session.close``) cancelled this task, and is taken back here: the step's
+        error is the outcome.
+        """
+        if not self._kernel_raised(i, exc, alone=True)[0]:
+            if self._alone_aborted:  # aborted, but the kernel failed anyway: take it back
+                self._alone.uncancel()  # type: ignore[union-attr]
+            return False
+        if not isinstance(exc, asyncio.CancelledError):
+            return True
+        if not self._alone_aborted or self._alone.uncancel() > 0:  # type: ignore[union-attr]
+            # The caller was cancelled (or its deadline passed): nothing new may start;
+            # the kernel has seen the cancellation.
+            self._stopped = True
+            self._cancel_manager()
+            return True
+        return False
 
     def _wake(self) -> None:
         done = self._done
@@ -731,7 +758,7 @@ class Step:
         label: tuple[str, int] | None,
     ) -> None:
         """A task body: run one async or thread node and finish it (a lone async node
-        is awaited by the step's own task instead: :meth:`_await_alone`).
+        is awaited by the step's own task instead: see :meth:`run`).
 
         The kernel's coroutine is made here, inside the task, so a task cancelled
         before it starts leaves no coroutine that was never awaited.
@@ -928,7 +955,7 @@ class Step:
         alone = self._alone
         if alone is not None and not self._alone_aborted and alone is not asyncio.current_task():
             self._alone_aborted = True  # the lone node awaited in the step's own task
-            alone.cancel()  # (see _await_alone)
+            alone.cancel()  # (see _alone_raised)
         for task in self._tasks or ():
             if not task.cancelling():  # once: a kernel's cleanup is not interrupted
                 task.cancel()
