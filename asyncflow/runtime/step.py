@@ -72,7 +72,13 @@ from asyncflow.runtime.handoff import (
     run_handoffs,
 )
 from asyncflow.runtime.interpreter import ProgramPropagator, program_of
-from asyncflow.runtime.kernel_env import call_in_thread, quiet_numpy, restore_numpy
+from asyncflow.runtime.kernel_env import (
+    call_in_thread,
+    quiet_numpy,
+    quiet_numpy_held,
+    restore_numpy,
+    restore_numpy_held,
+)
 from asyncflow.runtime.loop_fastpath import fast_loops
 from asyncflow.runtime.observe.trace import StepTrace, observe_trace
 from asyncflow.runtime.propagators import (
@@ -266,9 +272,16 @@ class Step:
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
         tracing = self._trace.on() if self._trace is not None else None
-        quiet = quiet_numpy()
+        quiet = quiet_numpy_held()
         try:
-            finished = self._error is not None or self._prop.drain(time.perf_counter() + SLICE)
+            # (Nothing ready, the common case after the driver's inline slice: no drain.)
+            prop = self._prop
+            finished = (
+                self._error is not None
+                or not prop.has_ready()
+                or prop.drain(time.perf_counter() + SLICE)
+            )
+            del prop
             if self._error is None and (not finished or self._outstanding):
                 self._loop = asyncio.get_running_loop()
                 try:
@@ -299,7 +312,7 @@ class Step:
             clear_frames(exc)  # the task group's frames hold it: no cycle left behind
             raise
         finally:
-            restore_numpy(quiet)
+            restore_numpy_held(quiet)
             if tracing is not None:
                 StepTrace.off(tracing)
             current_step.set(before)
