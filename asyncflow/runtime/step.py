@@ -252,7 +252,7 @@ class Step:
             return None
         return self._retvals()
 
-    async def run(self) -> list[Any]:
+    async def run(self) -> list[Any]:  # noqa: C901, PLR0915 - the per-step hot path, see below
         """Run the step; returns the frame's retvals (the fetched values, in plan order).
 
         Raises the step's first error as an ``OpError``.  Returns or raises only after
@@ -266,6 +266,10 @@ class Step:
         frame, and the context's previous values (not ``Token`` objects): every object
         a waiting step keeps is one more for the cycle collector, times the steps in
         flight.
+
+        (Longer than the house's limits on purpose: the kernel is awaited in this
+        frame, and a helper coroutine around that await would be the coroutine level
+        per step in flight this avoids.)
         """
         before = current_step.get()
         current_step.set(self)  # its tasks and kernels inherit it (and its manager)
@@ -285,24 +289,33 @@ class Step:
             if self._error is None and (not finished or self._outstanding):
                 self._loop = asyncio.get_running_loop()
                 try:
-                    while self._alone_next():
-                        token, i, work, convert = self._start_alone()
-                        try:
-                            v = await work
-                            del work
-                            if convert is not None:
-                                v = convert(v)
-                            self._check_alone_cancelled()
-                        except BaseException as exc:
-                            if self._alone_raised(i, exc):
-                                raise
-                        else:
-                            self._alone_returned(token, i, v)
-                        finally:
-                            self._alone = None
-                        if self._alone_aborted:  # the step's abort, taken back: its error
-                            break
-                    if not self._settled():
+                    try:
+                        while self._alone_next():
+                            token, i, args = self._take_first()
+                            try:
+                                # (A kernel that raises as it is called fails its node too.)
+                                work, convert = self._start_alone(i, args)
+                                del args  # (not kept while the kernel runs)
+                                v = await work
+                                del work
+                                if convert is not None:
+                                    v = convert(v)
+                                self._check_alone_cancelled()
+                            except BaseException as exc:
+                                if self._alone_raised(i, exc):
+                                    raise
+                            else:
+                                self._alone_returned(token, i, v)
+                            finally:
+                                self._alone = None
+                            if self._alone_aborted:  # the step's abort, taken back
+                                break
+                    except BaseException:
+                        if self._tasks:  # started beside the kernel: stopped, joined first
+                            self._cancel_tasks()
+                            await self._join()
+                        raise
+                    if not self._settled() or self._tasks:
                         await self._run_tasks()
                 finally:
                     self._stopped = True
@@ -414,15 +427,17 @@ class Step:
 
     # -- waiting for tasks ----------------------------------------------------------------
 
-    def _lone_async(self) -> bool:
-        """The step waits on exactly one async node and nothing else (see
-        :meth:`run`)."""
+    def _first_async(self) -> bool:
+        """The step waits only on nodes dispatched before it had a task group, the
+        first of them async: that one is awaited in the step's own frame (see
+        :meth:`run`), the others (``ExecutorOptions.own_task_group``: the step's own
+        group, which needs no ``async with``) run as tasks beside it."""
         deferred = self._deferred
         return (
-            deferred is not None
-            and len(deferred) == 1
-            and self._outstanding == 1
-            and self._nodes[deferred[0][1]].flow == _ASYNC
+            bool(deferred)
+            and len(deferred) == self._outstanding  # type: ignore[arg-type]
+            and self._nodes[deferred[0][1]].flow == _ASYNC  # type: ignore[index]
+            and (len(deferred) == 1 or self._bound.options.own_task_group)  # type: ignore[arg-type]
         )
 
     def _settled(self) -> bool:
@@ -538,22 +553,30 @@ class Step:
     def _alone_next(self) -> bool:
         """Whether ``run`` awaits a lone async node next: the step's only work is one
         async node (and nothing is ready, nothing failed)."""
-        return self._error is None and self._lone_async() and not self._prop.has_ready()
+        return self._error is None and self._first_async() and not self._prop.has_ready()
 
-    def _start_alone(self) -> tuple[Any, int, Any, Callable[[Any], Any] | None]:
-        """Take the lone node off the deferred list and start its kernel: (its
-        propagator token, its index, what ``run`` awaits, the conversion of the
-        result or None).  The step's own task is noted (an abort of the step cancels
-        it: :meth:`_cancel_tasks`) with its cancel requests so far."""
+    def _take_first(self) -> tuple[Any, int, list[Any]]:
+        """Take the first deferred node off the list, for ``run`` to await in its own
+        frame; the others start as tasks of the step's own group, beside it."""
+        deferred = self._deferred
+        assert deferred
+        first = deferred.pop(0) if len(deferred) > 1 else deferred.pop()
+        if deferred:  # the others: tasks of the step's own group, beside this one
+            self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]
+        self._deferred = None  # (empty: not kept while the node runs)
+        return first
+
+    def _start_alone(self, i: int, args: list[Any]) -> tuple[Any, Callable[[Any], Any] | None]:
+        """Start node ``i``'s kernel in the step's own task: (what ``run`` awaits, the
+        conversion of its result or None).  The task is noted (an abort of the step
+        cancels it: :meth:`_cancel_tasks`) with its cancel requests so far."""
         task = asyncio.current_task()
         assert task is not None
-        token, i, args = self._deferred.pop()  # type: ignore[union-attr]
-        self._deferred = None  # (empty: not kept while the node runs)
         self._alone, self._alone_aborted = task, False
         self._alone_cancels, self._alone_node = task.cancelling(), i
         # run set current_step to this step: _start_kernel has nothing to reset.
         work, convert, _ = self._start_kernel(self._nodes[i], args, self._label())
-        return token, i, work, convert
+        return work, convert
 
     def _check_alone_cancelled(self) -> None:
         """The lone kernel returned although the caller was cancelled meanwhile: as
@@ -595,8 +618,25 @@ class Step:
 
     def _wake(self) -> None:
         done = self._done
-        if done is not None and not done.done():
-            done.set_result(None)
+        if done is not None:
+            if not done.done():
+                done.set_result(None)
+        elif self._alone is not None and self._tasks and self._loop is not None:
+            # The step's own frame awaits its first kernel, beside tasks: no loop of
+            # the step waits for this wake-up, so what a yield left is drained from
+            # the event loop (the kernel awaited may wait for it).
+            self._loop.call_soon(self._drain_soon)
+
+    def _drain_soon(self) -> None:
+        """From the event loop (in the context of the task that yielded): go on
+        draining, as the waiting loop of :meth:`_drive` would, while the step's own
+        frame awaits a kernel beside its tasks."""
+        if self._error is not None or self._stopped or not self._prop.has_ready():
+            return
+        if self._trace is not None:
+            self._trace.boundary()
+        if not self._prop.drain(time.perf_counter() + SLICE):
+            self._wake()
 
     # -- dispatching (called by the propagator) ---------------------------------------------
 
