@@ -9,8 +9,8 @@ State machine of a step (TensorFlow's ``ExecutorState``, on the event loop)::
     any ──(first error | abort | cancel | deadline)──► failing ──(every task finished)──► failed
 
 The step owns what is the same for every graph: dispatching nodes that do not run
-inline (async kernels become tasks of the step's own task group — a lone one is
-awaited in the caller's task —, expensive ones tasks awaiting a worker thread of the
+inline (async kernels become tasks of the step's own task group — the first of
+those a step waits on is awaited in the caller's task —, expensive ones tasks awaiting a worker thread of the
 device, ``_Recv`` a waiter that the matching send completes, no task), the
 first-error rule, cancellation, deadlines, yielding to the event loop on a budget.
 A traced step runs the plan's traced copy (:mod:`asyncflow.runtime.observe.trace`): the
@@ -186,7 +186,7 @@ class Step:
         self._ctx: contextvars.Context | None = None
         # The group's create_task while the step has a task group (see _run_tasks).
         self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
-        # The step's own task while a lone node is awaited in it (see run),
+        # The step's own task while an async node is awaited in it (see run),
         # else None; plain fields, not a list: no object per step for it.
         self._alone: asyncio.Task[Any] | None = None
         self._alone_aborted = False  # the lone node's task was cancelled by the step's abort
@@ -258,11 +258,12 @@ class Step:
         Raises the step's first error as an ``OpError``.  Returns or raises only after
         every task the step started has finished.
 
-        While the step's only work is one async node, that node's kernel is awaited
-        right in this frame (:meth:`_start_alone`): no task group, no task, no wake-up
-        future, no coroutine level of its own — the common step of a service (a few
-        inline kernels around one I/O call) costs one await.  The task group takes
-        what is left.  What is held across that await is kept to locals of this
+        While the step's only work is async nodes, the first one's kernel is awaited
+        right in this frame (:meth:`_start_alone`), the others run as tasks beside it
+        (:meth:`_take_first`): for one node no task group, no task, no wake-up future,
+        no coroutine level of its own — the common step of a service (a few inline
+        kernels around one I/O call) costs one await.  The task group takes what is
+        left.  What is held across that await is kept to locals of this
         frame, and the context's previous values (not ``Token`` objects): every object
         a waiting step keeps is one more for the cycle collector, times the steps in
         flight.
@@ -551,8 +552,9 @@ class Step:
     # -- the lone async node, awaited in the step's own frame (see ``run``) ------------------
 
     def _alone_next(self) -> bool:
-        """Whether ``run`` awaits a lone async node next: the step's only work is one
-        async node (and nothing is ready, nothing failed)."""
+        """Whether ``run`` awaits an async node in its frame next: the step's only
+        work is async nodes (see :meth:`_first_async`), nothing is ready, nothing
+        failed."""
         return self._error is None and self._first_async() and not self._prop.has_ready()
 
     def _take_first(self) -> tuple[Any, int, list[Any]]:
