@@ -29,7 +29,7 @@ def _graph(kernel: Any) -> tuple[af.Graph, af.Tensor, af.Tensor]:
     return g, x, y
 
 
-async def test_lone_kernel_runs_in_the_callers_task_and_parallel_ones_in_tasks() -> None:
+async def test_lone_kernel_runs_in_the_callers_task_and_the_first_of_parallel_ones_too() -> None:
     seen: list[Any] = []
 
     async def who(v: Any) -> Any:
@@ -46,8 +46,9 @@ async def test_lone_kernel_runs_in_the_callers_task_and_parallel_ones_in_tasks()
         assert seen == [me]  # awaited right here: no task was made for it
         seen.clear()
         assert await sess.run(both, {x: 1.5}) == 3.0
+        # The first of two parallel kernels is awaited right here, the other in a task.
         assert len(seen) == 2
-        assert me not in seen
+        assert seen.count(me) == 1
         assert current_step.get() is None
 
 
@@ -157,3 +158,55 @@ async def test_failure_on_another_device_aborts_the_lone_kernel(hanging_kernel: 
         assert hang.ended == ["cancelled"]
         assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
         await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_lone_kernel_sees_numpy_quiet_and_its_step_and_the_caller_gets_its_own_back(
+    fails: bool,
+) -> None:
+    """The step holds the context's previous values across the kernel's await (no
+    ``Token``): the kernel runs with numpy's warnings off and ``current_step`` set, and
+    the caller's values are back afterwards, whether the step returned or failed."""
+    seen: list[Any] = []
+
+    async def look(v: Any) -> Any:
+        await asyncio.sleep(0)
+        seen.append((np.geterr()["divide"], current_step.get()))
+        if fails:
+            raise ValueError("kernel says no")
+        return v
+
+    g, x, y = _graph(look)
+    async with af.Session(graph=g) as sess:
+        with np.errstate(divide="warn"):
+            marker = object()
+            outer = current_step.set(marker)  # type: ignore[arg-type]
+            try:
+                if fails:
+                    with pytest.raises(af.errors.InvalidArgumentError, match="kernel says no"):
+                        await sess.run(y, {x: 1.0})
+                else:
+                    assert await sess.run(y, {x: 1.0}) == 4.0
+                assert current_step.get() is marker
+                assert np.geterr()["divide"] == "warn"
+            finally:
+                current_step.reset(outer)
+    assert len(seen) == 1
+    assert seen[0][0] == "ignore"
+    assert seen[0][1] is not None
+    assert seen[0][1] is not marker
+
+
+async def test_lone_kernel_raising_as_it_is_called_fails_its_node() -> None:
+    """The kernel's call itself (not its await) raising is the node's failure too."""
+
+    async def two_args(v: Any, w: Any) -> Any:
+        return v
+
+    g, x, y = _graph(two_args)  # called with one argument: TypeError at the call
+    async with af.Session(graph=g) as sess:
+        with pytest.raises(af.errors.OpError, match="io") as info:
+            await sess.run(y, {x: 1.0})
+        assert isinstance(info.value.__cause__, TypeError)
+        assert current_step.get() is None
+        assert await sess.run(x, {x: 1.0}) == 1.0

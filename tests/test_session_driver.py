@@ -326,16 +326,51 @@ async def test_a_step_awaiting_one_kernel_keeps_few_objects(
             return sess.run(y, {x: 1.0})
 
         ours, coros = await _in_flight(500, step)
-    # The driver, Step.run and the lone node's frame: three levels above the kernel
-    # (six before the session had one driver), and 22-24 tracked objects per step
-    # (32 before; a task of a plain coroutine awaiting the same keeps about 8).
+    # The driver and Step.run, which awaits the lone node's kernel in its own frame:
+    # two levels above the kernel (six before the session had one driver, three
+    # before the lone node was awaited in Step.run), and 20 tracked objects per step
+    # (32 before, 22-24 with that third level and the context's Tokens held; a task of
+    # a plain coroutine awaiting the same keeps about 8).
     assert coros["Session._drive"] == 500
     assert coros["Step.run"] == 500
-    assert coros["Step._await_alone"] == 500
+    assert coros["Step._await_alone"] == 0
     assert coros["Step._run_node"] == 0
     assert coros["Step._run_tasks"] == 0
     assert coros["Session.run"] == 0
-    assert ours < 25, ours
+    assert ours < 21, ours
+
+
+async def test_a_step_awaiting_two_kernels_keeps_one_task_and_few_objects(
+    graph: af.Graph, collector_off: None
+) -> None:
+    gates: list[asyncio.Event] = []
+
+    async def io(v: Any) -> Any:
+        await gates[-1].wait()
+        return v
+
+    x = af.placeholder(af.float32, shape=(), name="x")
+    a = af.py_func(io, [x], af.float32, name="a")
+    b = af.py_func(io, [x + 1.0], af.float32, name="b")
+    y = (a + b) * np.float32(2.0)
+    async with af.Session(graph=graph) as sess:
+        gates.append(asyncio.Event())
+        gates[-1].set()
+        assert await sess.run(y, {x: 1.0}) == 6.0
+
+        def step(gate: asyncio.Event) -> Coroutine[Any, Any, Any]:
+            gates.append(gate)
+            return sess.run(y, {x: 1.0})
+
+        ours, coros = await _in_flight(500, step)
+    # The first kernel awaited in Step.run's frame, the other in one task of the step's
+    # own group: 31 tracked objects per step (42 when each kernel had a task and its
+    # _run_node coroutine, and the step its task-group loop and a wake-up future).
+    assert coros["Step.run"] == 500
+    assert coros["Step._run_node"] == 500
+    assert coros["Step._run_tasks"] == 0
+    assert coros["Step._drive"] == 0
+    assert ours < 33, ours
 
 
 async def test_a_refused_run_raises_when_awaited_as_from_an_async_def(graph: af.Graph) -> None:

@@ -9,8 +9,8 @@ State machine of a step (TensorFlow's ``ExecutorState``, on the event loop)::
     any ──(first error | abort | cancel | deadline)──► failing ──(every task finished)──► failed
 
 The step owns what is the same for every graph: dispatching nodes that do not run
-inline (async kernels become tasks of the step's own task group — a lone one is
-awaited in the caller's task —, expensive ones tasks awaiting a worker thread of the
+inline (async kernels become tasks of the step's own task group — the first of
+those a step waits on is awaited in the caller's task —, expensive ones tasks awaiting a worker thread of the
 device, ``_Recv`` a waiter that the matching send completes, no task), the
 first-error rule, cancellation, deadlines, yielding to the event loop on a budget.
 A traced step runs the plan's traced copy (:mod:`asyncflow.runtime.observe.trace`): the
@@ -72,7 +72,13 @@ from asyncflow.runtime.handoff import (
     run_handoffs,
 )
 from asyncflow.runtime.interpreter import ProgramPropagator, program_of
-from asyncflow.runtime.kernel_env import call_in_thread, quiet_numpy, restore_numpy
+from asyncflow.runtime.kernel_env import (
+    call_in_thread,
+    quiet_numpy,
+    quiet_numpy_held,
+    restore_numpy,
+    restore_numpy_held,
+)
 from asyncflow.runtime.loop_fastpath import fast_loops
 from asyncflow.runtime.observe.trace import StepTrace, observe_trace
 from asyncflow.runtime.propagators import (
@@ -180,7 +186,7 @@ class Step:
         self._ctx: contextvars.Context | None = None
         # The group's create_task while the step has a task group (see _run_tasks).
         self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
-        # The step's own task while a lone node is awaited in it (see _await_alone),
+        # The step's own task while an async node is awaited in it (see run),
         # else None; plain fields, not a list: no object per step for it.
         self._alone: asyncio.Task[Any] | None = None
         self._alone_aborted = False  # the lone node's task was cancelled by the step's abort
@@ -246,27 +252,71 @@ class Step:
             return None
         return self._retvals()
 
-    async def run(self) -> list[Any]:
+    async def run(self) -> list[Any]:  # noqa: C901, PLR0915 - the per-step hot path, see below
         """Run the step; returns the frame's retvals (the fetched values, in plan order).
 
         Raises the step's first error as an ``OpError``.  Returns or raises only after
         every task the step started has finished.
+
+        While the step's only work is async nodes, the first one's kernel is awaited
+        right in this frame (:meth:`_start_alone`), the others run as tasks beside it
+        (:meth:`_take_first`): for one node no task group, no task, no wake-up future,
+        no coroutine level of its own — the common step of a service (a few inline
+        kernels around one I/O call) costs one await.  The task group takes what is
+        left.  What is held across that await is kept to locals of this
+        frame, and the context's previous values (not ``Token`` objects): every object
+        a waiting step keeps is one more for the cycle collector, times the steps in
+        flight.
+
+        (Longer than the house's limits on purpose: the kernel is awaited in this
+        frame, and a helper coroutine around that await would be the coroutine level
+        per step in flight this avoids.)
         """
-        current = current_step.set(self)  # its tasks and kernels inherit it (and its manager)
+        before = current_step.get()
+        current_step.set(self)  # its tasks and kernels inherit it (and its manager)
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.
         tracing = self._trace.on() if self._trace is not None else None
-        quiet = quiet_numpy()
+        quiet = quiet_numpy_held()
         try:
-            finished = self._error is not None or self._prop.drain(time.perf_counter() + SLICE)
+            # (Nothing ready, the common case after the driver's inline slice: no drain.)
+            prop = self._prop
+            finished = (
+                self._error is not None
+                or not prop.has_ready()
+                or prop.drain(time.perf_counter() + SLICE)
+            )
+            del prop
             if self._error is None and (not finished or self._outstanding):
                 self._loop = asyncio.get_running_loop()
                 try:
-                    # The step's only work one async node: awaited right here (one
-                    # coroutine level, no task group); the group takes what is left.
-                    if self._lone_async():
-                        await self._await_alone()
-                    if not self._settled():
+                    try:
+                        while self._alone_next():
+                            token, i, args = self._take_first()
+                            try:
+                                # (A kernel that raises as it is called fails its node too.)
+                                work, convert = self._start_alone(i, args)
+                                del args  # (not kept while the kernel runs)
+                                v = await work
+                                del work
+                                if convert is not None:
+                                    v = convert(v)
+                                self._check_alone_cancelled()
+                            except BaseException as exc:
+                                if self._alone_raised(i, exc):
+                                    raise
+                            else:
+                                self._alone_returned(token, i, v)
+                            finally:
+                                self._alone = None
+                            if self._alone_aborted:  # the step's abort, taken back
+                                break
+                    except BaseException:
+                        if self._tasks:  # started beside the kernel: stopped, joined first
+                            self._cancel_tasks()
+                            await self._join()
+                        raise
+                    if not self._settled() or self._tasks:
                         await self._run_tasks()
                 finally:
                     self._stopped = True
@@ -276,10 +326,10 @@ class Step:
             clear_frames(exc)  # the task group's frames hold it: no cycle left behind
             raise
         finally:
-            restore_numpy(quiet)
+            restore_numpy_held(quiet)
             if tracing is not None:
                 StepTrace.off(tracing)
-            current_step.reset(current)
+            current_step.set(before)
         if self._error is not None:
             raise self._error
         return self._retvals()
@@ -378,15 +428,17 @@ class Step:
 
     # -- waiting for tasks ----------------------------------------------------------------
 
-    def _lone_async(self) -> bool:
-        """The step waits on exactly one async node and nothing else (see
-        :meth:`_await_alone`)."""
+    def _first_async(self) -> bool:
+        """The step waits only on nodes dispatched before it had a task group, the
+        first of them async: that one is awaited in the step's own frame (see
+        :meth:`run`), the others (``ExecutorOptions.own_task_group``: the step's own
+        group, which needs no ``async with``) run as tasks beside it."""
         deferred = self._deferred
         return (
-            deferred is not None
-            and len(deferred) == 1
-            and self._outstanding == 1
-            and self._nodes[deferred[0][1]].flow == _ASYNC
+            bool(deferred)
+            and len(deferred) == self._outstanding  # type: ignore[arg-type]
+            and self._nodes[deferred[0][1]].flow == _ASYNC  # type: ignore[index]
+            and (len(deferred) == 1 or self._bound.options.own_task_group)  # type: ignore[arg-type]
         )
 
     def _settled(self) -> bool:
@@ -497,66 +549,96 @@ class Step:
         if cancelled is not None:
             raise cancelled
 
-    async def _await_alone(self) -> None:
-        """While the step's only work is one async node, await it right in this task:
-        no task group, no task, no wake-up future — the common step of a service (a
-        few inline kernels around one I/O call) costs one await.
+    # -- the lone async node, awaited in the step's own frame (see ``run``) ------------------
 
-        Returns as soon as the step is done, failed, or has other work than that one
-        async node (the task group takes over; thread kernels always run there, so
-        the cancellation manager is cancelled before they are).  The caller's
-        cancellation (or deadline) reaches the kernel as it would reach its task, and
-        stops the step even when the kernel swallows it; an abort of the step (first
-        error elsewhere, ``Session.close``) cancels this task and is taken back here.
-        """
+    def _alone_next(self) -> bool:
+        """Whether ``run`` awaits an async node in its frame next: the step's only
+        work is async nodes (see :meth:`_first_async`), nothing is ready, nothing
+        failed."""
+        return self._error is None and self._first_async() and not self._prop.has_ready()
+
+    def _take_first(self) -> tuple[Any, int, list[Any]]:
+        """Take the first deferred node off the list, for ``run`` to await in its own
+        frame; the others start as tasks of the step's own group, beside it."""
+        deferred = self._deferred
+        assert deferred
+        first = deferred.pop(0) if len(deferred) > 1 else deferred.pop()
+        if deferred:  # the others: tasks of the step's own group, beside this one
+            self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]
+        self._deferred = None  # (empty: not kept while the node runs)
+        return first
+
+    def _start_alone(self, i: int, args: list[Any]) -> tuple[Any, Callable[[Any], Any] | None]:
+        """Start node ``i``'s kernel in the step's own task: (what ``run`` awaits, the
+        conversion of its result or None).  The task is noted (an abort of the step
+        cancels it: :meth:`_cancel_tasks`) with its cancel requests so far."""
         task = asyncio.current_task()
         assert task is not None
-        while self._error is None and self._lone_async() and not self._prop.has_ready():
-            token, i, args = self._deferred.pop()  # type: ignore[union-attr]
-            self._deferred = None  # (empty: not kept while the node runs)
-            self._alone, self._alone_aborted = task, False
-            self._alone_cancels, self._alone_node = task.cancelling(), i
-            try:
-                # The node's kernel awaited right in this frame (no _run_node coroutine:
-                # one level less per step in flight); its outcome goes through the
-                # same rules as a task's (_kernel_raised, _finish).
-                try:
-                    work, convert, reset = self._start_kernel(self._nodes[i], args, self._label())
-                    try:
-                        v = await work
-                    finally:
-                        if reset is not None:
-                            current_step.reset(reset)
-                    if convert is not None:
-                        v = convert(v)
-                    if not self._alone_aborted and task.cancelling() > self._alone_cancels:
-                        # The caller was cancelled and the kernel returned anyway: as with
-                        # a task group, the cancellation wins and no further node starts.
-                        raise asyncio.CancelledError
-                except BaseException as exc:
-                    if self._kernel_raised(i, exc, alone=True)[0]:
-                        raise
-                else:
-                    self._outstanding -= 1
-                    self._finish(token, i, v)
-            except asyncio.CancelledError:
-                if not self._alone_aborted or task.uncancel() > 0:
-                    # The caller was cancelled (or its deadline passed): nothing new
-                    # may start; the kernel has seen the cancellation.
-                    self._stopped = True
-                    self._cancel_manager()
-                    raise
-                return  # the step's own abort: its error is the outcome
-            finally:
-                self._alone = None
-            if self._alone_aborted:  # aborted, but the kernel finished anyway: take it back
-                task.uncancel()
-                return
+        self._alone, self._alone_aborted = task, False
+        self._alone_cancels, self._alone_node = task.cancelling(), i
+        # run set current_step to this step: _start_kernel has nothing to reset.
+        work, convert, _ = self._start_kernel(self._nodes[i], args, self._label())
+        return work, convert
+
+    def _check_alone_cancelled(self) -> None:
+        """The lone kernel returned although the caller was cancelled meanwhile: as
+        with a task group, the cancellation wins and no further node starts."""
+        task = self._alone
+        if task is not None and not self._alone_aborted and task.cancelling() > self._alone_cancels:
+            raise asyncio.CancelledError
+
+    def _alone_returned(self, token: Any, i: int, v: Any) -> None:
+        """The lone node ``i`` returned ``v``: finish it (a late value of an aborted
+        step is dropped there, and the abort's cancel of this task taken back)."""
+        self._outstanding -= 1
+        self._finish(token, i, v)
+        if self._alone_aborted:
+            self._alone.uncancel()  # type: ignore[union-attr]
+
+    def _alone_raised(self, i: int, exc: BaseException) -> bool:
+        """The lone node ``i`` ended with ``exc``: True when ``run`` raises it on.
+
+        The failing-kernel rule is :meth:`_kernel_raised`'s.  The caller's cancellation
+        (or deadline) reaches the kernel as it would reach its task, and stops the step
+        even when the kernel swallows it; an abort of the step (first error elsewhere,
+        ``Session.close``) cancelled this task, and is taken back here: the step's
+        error is the outcome.
+        """
+        if not self._kernel_raised(i, exc, alone=True)[0]:
+            if self._alone_aborted:  # aborted, but the kernel failed anyway: take it back
+                self._alone.uncancel()  # type: ignore[union-attr]
+            return False
+        if not isinstance(exc, asyncio.CancelledError):
+            return True
+        if not self._alone_aborted or self._alone.uncancel() > 0:  # type: ignore[union-attr]
+            # The caller was cancelled (or its deadline passed): nothing new may start;
+            # the kernel has seen the cancellation.
+            self._stopped = True
+            self._cancel_manager()
+            return True
+        return False
 
     def _wake(self) -> None:
         done = self._done
-        if done is not None and not done.done():
-            done.set_result(None)
+        if done is not None:
+            if not done.done():
+                done.set_result(None)
+        elif self._alone is not None and self._tasks and self._loop is not None:
+            # The step's own frame awaits its first kernel, beside tasks: no loop of
+            # the step waits for this wake-up, so what a yield left is drained from
+            # the event loop (the kernel awaited may wait for it).
+            self._loop.call_soon(self._drain_soon)
+
+    def _drain_soon(self) -> None:
+        """From the event loop (in the context of the task that yielded): go on
+        draining, as the waiting loop of :meth:`_drive` would, while the step's own
+        frame awaits a kernel beside its tasks."""
+        if self._error is not None or self._stopped or not self._prop.has_ready():
+            return
+        if self._trace is not None:
+            self._trace.boundary()
+        if not self._prop.drain(time.perf_counter() + SLICE):
+            self._wake()
 
     # -- dispatching (called by the propagator) ---------------------------------------------
 
@@ -731,7 +813,7 @@ class Step:
         label: tuple[str, int] | None,
     ) -> None:
         """A task body: run one async or thread node and finish it (a lone async node
-        is awaited by the step's own task instead: :meth:`_await_alone`).
+        is awaited by the step's own task instead: see :meth:`run`).
 
         The kernel's coroutine is made here, inside the task, so a task cancelled
         before it starts leaves no coroutine that was never awaited.
@@ -928,7 +1010,7 @@ class Step:
         alone = self._alone
         if alone is not None and not self._alone_aborted and alone is not asyncio.current_task():
             self._alone_aborted = True  # the lone node awaited in the step's own task
-            alone.cancel()  # (see _await_alone)
+            alone.cancel()  # (see _alone_raised)
         for task in self._tasks or ():
             if not task.cancelling():  # once: a kernel's cleanup is not interrupted
                 task.cancel()
