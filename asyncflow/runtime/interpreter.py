@@ -108,20 +108,66 @@ def _k1f(node: tuple[Any, int, int, int], vals: list[Any]) -> None:
     vals[r] = None
 
 
-def _kernel_closure(kernel: Any, ins: tuple[int, ...], out: int, frees: tuple[int, ...]) -> Op:
-    """The shortest closures: one output, one or two inputs, at most one slot to free
-    (a traced kernel's with its recording fused in: ``trace.traced_op``)."""
-    traced = traced_op(kernel, ins, out, frees[0] if frees else -1)
-    if traced is not None:
-        return traced
-    if len(ins) == 2:
+def _k2ff(node: tuple[Any, int, int, int, int, int], vals: list[Any]) -> None:
+    kernel, a, b, out, r, q = node
+    vals[out] = kernel(vals[a], vals[b])
+    vals[r] = vals[q] = None
+
+
+def _k3(node: tuple[Any, int, int, int, int, tuple[int, ...]], vals: list[Any]) -> None:
+    kernel, a, b, c, out, frees = node
+    vals[out] = kernel(vals[a], vals[b], vals[c])
+    for r in frees:
+        vals[r] = None
+
+
+def _kn(node: tuple[Any, tuple[int, ...], int, tuple[int, ...]], vals: list[Any]) -> None:
+    kernel, ins, out, frees = node
+    vals[out] = kernel(*[vals[s] for s in ins])
+    for r in frees:
+        vals[r] = None
+
+
+def _kmany(node: tuple[Any, tuple[int, ...], int, int, tuple[int, ...]], vals: list[Any]) -> None:
+    kernel, ins, out, nout, frees = node  # several outputs, or none
+    v = kernel(*[vals[s] for s in ins])
+    if nout:
+        vals[out : out + nout] = check_outputs(v, nout)
+    for r in frees:
+        vals[r] = None
+
+
+def _kernel_closure(
+    kernel: Any, ins: tuple[int, ...], out: int, nout: int, frees: tuple[int, ...]
+) -> Op:
+    """A kernel's closure, the shortest body for its shape: the commonest shapes (one
+    output, one or two inputs, at most two slots to free; a traced kernel's with its
+    recording fused in: ``trace.traced_op``) and three inputs have their own, every
+    other shape (no input or more than three, several outputs or none) a general one.
+    Any kernel shape runs here (see ``runs_straight_line``); in a loop body every
+    node is one such call per iteration."""
+    if nout != 1:
+        return MethodType(_kmany, (kernel, ins, out, nout, frees))
+    if len(frees) <= 1:
+        traced = traced_op(kernel, ins, out, frees[0] if frees else -1)
+        if traced is not None:
+            return traced
+    n = len(ins)
+    if n == 2:
         a, b = ins
-        if frees:
+        if not frees:
+            return MethodType(_k2, (kernel, a, b, out))
+        if len(frees) == 1:
             return MethodType(_k2f, (kernel, a, b, out, frees[0]))
-        return MethodType(_k2, (kernel, a, b, out))
-    if frees:
-        return MethodType(_k1f, (kernel, ins[0], out, frees[0]))
-    return MethodType(_k1, (kernel, ins[0], out))
+        if len(frees) == 2:
+            return MethodType(_k2ff, (kernel, a, b, out, *frees))
+    elif n == 1 and len(frees) <= 1:
+        if frees:
+            return MethodType(_k1f, (kernel, ins[0], out, frees[0]))
+        return MethodType(_k1, (kernel, ins[0], out))
+    elif n == 3:
+        return MethodType(_k3, (kernel, *ins, out, frees))
+    return MethodType(_kn, (kernel, ins, out, frees))
 
 
 #: One bound instruction: what the interpreter unpacks.
@@ -205,12 +251,10 @@ def _live_closure(
     frees: tuple[int, ...],
     extra: Any,
 ) -> Op:
-    """The closure of a live node; the commonest shapes (one output, one or two
-    inputs, at most one slot to free) get their own, shortest bodies, every other
-    shape (no input, several outputs or none) the general one: any kernel shape runs
-    here (see ``runs_straight_line``)."""
-    if kind == I_KERNEL and nout == 1 and 1 <= len(ins) <= 2 and len(frees) <= 1:
-        return _kernel_closure(kernel, ins, out, frees)
+    """The closure of a live node: a kernel's by its shape (:func:`_kernel_closure`),
+    a routing node's or a constant's by its kind."""
+    if kind == I_KERNEL:
+        return _kernel_closure(kernel, ins, out, nout, frees)
     if kind == I_SWITCH:
         data_slot, pred_slot = ins
 
@@ -237,12 +281,7 @@ def _live_closure(
                 vals[r] = None
 
         return merge
-    program = ((kind, kernel, ins, out, nout, (), frees, -1, extra),)
-
-    def other(vals: list[Any]) -> None:  # a kernel of another shape
-        execute(program, vals)
-
-    return other
+    raise AssertionError(f"no closure for instruction kind {kind}")  # Exits run in final
 
 
 def run_program(
