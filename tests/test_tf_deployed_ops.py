@@ -82,6 +82,22 @@ def test_select_v1_picks_rows_with_a_vector_condition_of_unknown_rank_inputs() -
             _run(s, {c: [True, False], x: a, y: b})
 
 
+def test_select_v1_with_one_condition_for_the_whole_value_picks_an_input_itself() -> None:
+    from asyncflow.ops.extra_math_ops import _select_v1_kernel
+
+    a, b = np.ones((1, 4), np.float32), np.zeros((1, 4), np.float32)
+    assert _select_v1_kernel(np.array([True]), a, b) is a  # a batch of one: no copy
+    assert _select_v1_kernel(np.array([False]), a, b) is b
+    m, n = np.ones((3, 2)), np.zeros((3, 2))
+    assert _select_v1_kernel(np.bool_(False), m, n) is n  # a scalar condition
+    with pytest.raises(af.errors.InvalidArgumentError, match=r"'cond' and 'then'"):
+        _select_v1_kernel(np.array([True]), np.float32(1), np.float32(2))  # (1,) vs ()
+    with pytest.raises(af.errors.InvalidArgumentError, match=r"batches .* 3 vs\. 1"):
+        _select_v1_kernel(np.array([True]), m, n)
+    with pytest.raises(af.errors.InvalidArgumentError, match=r"same size"):
+        _select_v1_kernel(np.array([True]), a, n)
+
+
 def test_identity_n_passes_every_value() -> None:
     with af.Graph().as_default() as g:
         a, b = af.constant([1.0, 2.0]), af.constant(3)

@@ -178,6 +178,24 @@ def test_sigmoid_is_exact_for_large_negative_inputs() -> None:
     )
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_sigmoid_of_each_float_dtype_keeps_its_dtype_and_values(dtype: Any) -> None:
+    """The kernel's 0 and 1 are of the input's dtype: the values are those of the
+    formula with Python numbers, in the input's dtype, scalars as scalars."""
+    from asyncflow.ops.nn_ops import _sigmoid_kernel
+
+    x = np.array([[-1000.0, -60.0, -3.5, -0.0, 0.0, 1e-3, 2.0, 30.0, 1000.0]], dtype)
+    got = _sigmoid_kernel(x)
+    assert got.dtype == dtype
+    assert got.shape == x.shape
+    with np.errstate(over="ignore"):
+        reference = np.exp(np.minimum(x, 0)) / (1 + np.exp(-np.abs(x)))
+    np.testing.assert_array_equal(got, reference)
+    one = _sigmoid_kernel(dtype(2.0))
+    assert type(one) is dtype
+    assert one == reference[0, 6]
+
+
 @pytest.mark.parametrize(
     ("values", "argmax", "argmin"),
     [

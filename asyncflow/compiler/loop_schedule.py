@@ -79,11 +79,20 @@ MAX_NODES = 1024
 _STRAIGHT_LINE_FLOWS = frozenset({registry.INLINE, registry.CONTROL})
 
 
-def runs_straight_line(flows: Iterable[int]) -> bool:
+def runs_straight_line(nodes: Iterable[Any], hops: bool = False) -> bool:
     """THE rule deciding which engine runs a group of nodes (a loop frame the compiler
     lowered, or a frame-free partition): the straight-line interpreter when every
-    node's kernel kind (``registry.INLINE`` ... as bound) is synchronous, else the
-    general pending-count propagator.
+    node's kernel kind (``flow``: ``registry.INLINE`` ... as bound) is synchronous,
+    else the general pending-count propagator.
+
+    ``hops``: the program can hand one node at a time to the step's dispatch and wait
+    for it (a frame-free program can; a loop frame's iteration cannot).  Then an async
+    kernel whose ``nowait`` twin answers ``WOULD_BLOCK`` only for work too large to run
+    inline (its ``offloads`` is true: the awaited call then finishes on its own, never
+    waiting for another node of the step, as a small image decode) runs there too:
+    its twin inline, and the rare large call hops.  A kernel whose twin can block on
+    another node (a queue's) keeps the general engine, which runs that other node
+    meanwhile.
 
     A node's *shape* never matters: kernels with no input (a variable read), several
     outputs or none, or reading a resource (captured by the kernel, ordered by control
@@ -92,7 +101,11 @@ def runs_straight_line(flows: Iterable[int]) -> bool:
     not model (nested frames, odd wiring) is decided by :func:`schedule_loops`, which
     returns None for such a frame.
     """
-    return all(f in _STRAIGHT_LINE_FLOWS for f in flows)
+    return all(
+        n.flow in _STRAIGHT_LINE_FLOWS
+        or (hops and n.flow == registry.ASYNC and getattr(n.kernel, "offloads", False) is True)
+        for n in nodes
+    )
 
 
 _LIVE, _MAYBE, _DEAD = 0, 1, 2

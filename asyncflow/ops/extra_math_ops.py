@@ -148,6 +148,10 @@ def _select_v1_kernel(cond: Any, x: Any, y: Any) -> Any:
             f"size.  but received: {list(a.shape)} "
             f"vs. {list(b.shape)}",
         )
+    if c.size == 1 and a.size and (c.ndim == 0 or (c.ndim == 1 and a.ndim and len(a) == 1)):
+        # One condition for the whole value (a batch of one: an RNN's
+        # ``time >= sequence_length`` each step): the chosen input itself, no copy.
+        return a if c.reshape(-1)[0] else b
     if c.ndim == 1 and a.ndim > 1:
         if c.shape[0] != a.shape[0]:
             raise errors.InvalidArgumentError(

@@ -409,6 +409,11 @@ class _Decoder:
 
     __slots__ = ("_channels", "_fmt", "_op_type")
 
+    #: ``nowait`` answers WOULD_BLOCK only for a large image, whose awaited decode then
+    #: needs nothing but a thread: a straight-line program keeps this node
+    #: (``loop_schedule.runs_straight_line``), the rare large image hops.
+    offloads = True
+
     def __init__(self, op_type: str, fmt: str, channels: int) -> None:
         self._op_type = op_type
         self._fmt = fmt

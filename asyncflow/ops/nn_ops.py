@@ -106,9 +106,23 @@ def _sigmoid_kernel(x: Any) -> Any:
     # x < 0 it is e / (1 + e), which keeps the relative precision of tiny results
     # (sigmoid(-700) = 9.86e-305 as TF, where the tanh form rounds to 0 below -37).
     # Six ufunc calls and no select: an LSTM cell calls this three times per step on
-    # a few dozen floats, where each numpy call's overhead is the cost.
+    # a few dozen floats, where each numpy call's overhead is the cost.  The 0 and 1
+    # are 0-d arrays of x's dtype: a Python number costs each of its two ufunc calls
+    # a weak-scalar conversion (2.2 -> 1.7 us on 16 floats; the same values).
     x = np.asarray(x)
-    return (np.exp(np.minimum(x, 0)) / (1 + np.exp(-np.abs(x))))[()]
+    zero, one = _zero_one(x.dtype)
+    return (np.exp(np.minimum(x, zero)) / (one + np.exp(-np.abs(x))))[()]
+
+
+#: Per dtype: (0, 1) as 0-d arrays of it.
+_ZERO_ONE: dict[np.dtype[Any], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _zero_one(dtype: np.dtype[Any]) -> tuple[np.ndarray, np.ndarray]:
+    pair = _ZERO_ONE.get(dtype)
+    if pair is None:
+        pair = _ZERO_ONE[dtype] = (np.zeros((), dtype), np.ones((), dtype))
+    return pair
 
 
 inline_kernel("Sigmoid", _sigmoid_kernel)

@@ -225,13 +225,11 @@ def bind(
                 )
             )
         )
-    # Without control-flow info there is no Switch / Merge (no CONTROL or SPECIAL kind):
-    # all_inline then means every node is an inline kernel.
+    # Without control-flow info there is no Switch / Merge (no CONTROL or SPECIAL kind).
+    # A frame-free program hands a node to the step's dispatch when its kernel's
+    # ``nowait`` twin cannot finish it inline (see ``runs_straight_line``).
     schedulable = (
-        options.straight_line
-        and plan.frames is None
-        and all_inline
-        and runs_straight_line(n.flow for n in nodes)
+        options.straight_line and plan.frames is None and runs_straight_line(nodes, hops=True)
     )
     return BoundPlan(
         plan,

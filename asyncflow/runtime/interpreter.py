@@ -35,6 +35,7 @@ from asyncflow.compiler.loop_schedule import (
     I_SWITCH,
     Instr,
 )
+from asyncflow.framework import registry
 from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.observe.trace import current_trace, traced_op
 from asyncflow.runtime.propagators import (
@@ -45,6 +46,7 @@ from asyncflow.runtime.propagators import (
     slice_over,
     switch_outputs,
 )
+from asyncflow.runtime.resources import WOULD_BLOCK
 from asyncflow.runtime.static_order import StaticProgram, lower_static_order
 
 if TYPE_CHECKING:
@@ -108,20 +110,66 @@ def _k1f(node: tuple[Any, int, int, int], vals: list[Any]) -> None:
     vals[r] = None
 
 
-def _kernel_closure(kernel: Any, ins: tuple[int, ...], out: int, frees: tuple[int, ...]) -> Op:
-    """The shortest closures: one output, one or two inputs, at most one slot to free
-    (a traced kernel's with its recording fused in: ``trace.traced_op``)."""
-    traced = traced_op(kernel, ins, out, frees[0] if frees else -1)
-    if traced is not None:
-        return traced
-    if len(ins) == 2:
+def _k2ff(node: tuple[Any, int, int, int, int, int], vals: list[Any]) -> None:
+    kernel, a, b, out, r, q = node
+    vals[out] = kernel(vals[a], vals[b])
+    vals[r] = vals[q] = None
+
+
+def _k3(node: tuple[Any, int, int, int, int, tuple[int, ...]], vals: list[Any]) -> None:
+    kernel, a, b, c, out, frees = node
+    vals[out] = kernel(vals[a], vals[b], vals[c])
+    for r in frees:
+        vals[r] = None
+
+
+def _kn(node: tuple[Any, tuple[int, ...], int, tuple[int, ...]], vals: list[Any]) -> None:
+    kernel, ins, out, frees = node
+    vals[out] = kernel(*[vals[s] for s in ins])
+    for r in frees:
+        vals[r] = None
+
+
+def _kmany(node: tuple[Any, tuple[int, ...], int, int, tuple[int, ...]], vals: list[Any]) -> None:
+    kernel, ins, out, nout, frees = node  # several outputs, or none
+    v = kernel(*[vals[s] for s in ins])
+    if nout:
+        vals[out : out + nout] = check_outputs(v, nout)
+    for r in frees:
+        vals[r] = None
+
+
+def _kernel_closure(
+    kernel: Any, ins: tuple[int, ...], out: int, nout: int, frees: tuple[int, ...]
+) -> Op:
+    """A kernel's closure, the shortest body for its shape: the commonest shapes (one
+    output, one or two inputs, at most two slots to free; a traced kernel's with its
+    recording fused in: ``trace.traced_op``) and three inputs have their own, every
+    other shape (no input or more than three, several outputs or none) a general one.
+    Any kernel shape runs here (see ``runs_straight_line``); in a loop body every
+    node is one such call per iteration."""
+    if nout != 1:
+        return MethodType(_kmany, (kernel, ins, out, nout, frees))
+    if len(frees) <= 1:
+        traced = traced_op(kernel, ins, out, frees[0] if frees else -1)
+        if traced is not None:
+            return traced
+    n = len(ins)
+    if n == 2:
         a, b = ins
-        if frees:
+        if not frees:
+            return MethodType(_k2, (kernel, a, b, out))
+        if len(frees) == 1:
             return MethodType(_k2f, (kernel, a, b, out, frees[0]))
-        return MethodType(_k2, (kernel, a, b, out))
-    if frees:
-        return MethodType(_k1f, (kernel, ins[0], out, frees[0]))
-    return MethodType(_k1, (kernel, ins[0], out))
+        if len(frees) == 2:
+            return MethodType(_k2ff, (kernel, a, b, out, *frees))
+    elif n == 1 and len(frees) <= 1:
+        if frees:
+            return MethodType(_k1f, (kernel, ins[0], out, frees[0]))
+        return MethodType(_k1, (kernel, ins[0], out))
+    elif n == 3:
+        return MethodType(_k3, (kernel, *ins, out, frees))
+    return MethodType(_kn, (kernel, ins, out, frees))
 
 
 #: One bound instruction: what the interpreter unpacks.
@@ -132,11 +180,46 @@ BInstr = tuple[int, Any, tuple[int, ...], int, int, tuple[int, ...], tuple[int, 
 Op = Callable[[list[Any]], None]
 
 
+class Hop(Exception):  # (a signal between a closure and its runner, not an error)
+    """A node's ``nowait`` twin could not finish it inline: the program's runner hands
+    the node to the step's dispatch (its ``inputs``) and waits for its value, then
+    stores it at ``out`` (``nout`` outputs) and frees ``frees``."""
+
+    def __init__(
+        self, node: int, args: list[Any], out: int, nout: int, frees: tuple[int, ...]
+    ) -> None:
+        super().__init__(node)
+        self.node, self.inputs, self.out, self.nout, self.frees = node, args, out, nout, frees
+
+    def store(self, vals: list[Any], value: Any) -> None:
+        """The node's value arrived: its outputs into ``vals``, its inputs freed."""
+        _store(vals, value, self.out, self.nout, self.frees)
+
+
+def _store(vals: list[Any], value: Any, out: int, nout: int, frees: tuple[int, ...]) -> None:
+    """A kernel's value ``value`` into its ``nout`` output slots from ``out``; then its
+    last reads' slots ``frees`` are freed."""
+    if nout == 1:
+        vals[out] = value
+    elif nout:
+        vals[out : out + nout] = check_outputs(value, nout)
+    for r in frees:
+        vals[r] = None
+
+
+#: ``BInstr.extra`` of an async kernel: a program has one only when it runs by its
+#: ``nowait`` twin and may hop (``loop_schedule.runs_straight_line``).
+_HOPS = "hops"
+
+
 def bind_instr(x: Instr, nodes: Sequence[Any], ops: Sequence[Any]) -> BInstr:
     extra: Any = None
     kernel: Any = None
     if x.kind == I_KERNEL:
-        kernel = nodes[x.node].kernel
+        bound = nodes[x.node]
+        kernel = bound.kernel
+        if bound.flow == registry.ASYNC:  # in a program only by its nowait twin
+            extra = _HOPS
     elif x.kind == I_CONST:
         extra = x.value
     elif x.kind == I_SWITCH:
@@ -163,7 +246,7 @@ def closure(x: BInstr, traced: bool = False) -> Op:
     """Instruction ``x`` (of the head or of an iteration that goes on) as a closure
     (``traced``: a routing instruction records itself)."""
     kind, kernel, ins, out, nout, checks, frees, node, extra = x
-    run = _live_closure(kind, kernel, ins, out, nout, frees, extra)
+    run = _live_closure(kind, kernel, ins, out, nout, frees, extra, node)
     if traced and kind in (I_SWITCH, I_MERGE):
         run = _recorded(run, node)
     if not checks:
@@ -204,13 +287,14 @@ def _live_closure(
     nout: int,
     frees: tuple[int, ...],
     extra: Any,
+    node: int,
 ) -> Op:
-    """The closure of a live node; the commonest shapes (one output, one or two
-    inputs, at most one slot to free) get their own, shortest bodies, every other
-    shape (no input, several outputs or none) the general one: any kernel shape runs
-    here (see ``runs_straight_line``)."""
-    if kind == I_KERNEL and nout == 1 and 1 <= len(ins) <= 2 and len(frees) <= 1:
-        return _kernel_closure(kernel, ins, out, frees)
+    """The closure of a live node: a kernel's by its shape (:func:`_kernel_closure`),
+    a routing node's or a constant's by its kind."""
+    if kind == I_KERNEL:
+        if extra is _HOPS:
+            return _hop_closure(kernel, ins, out, nout, frees, node)
+        return _kernel_closure(kernel, ins, out, nout, frees)
     if kind == I_SWITCH:
         data_slot, pred_slot = ins
 
@@ -237,12 +321,25 @@ def _live_closure(
                 vals[r] = None
 
         return merge
-    program = ((kind, kernel, ins, out, nout, (), frees, -1, extra),)
+    raise AssertionError(f"no closure for instruction kind {kind}")  # Exits run in final
 
-    def other(vals: list[Any]) -> None:  # a kernel of another shape
-        execute(program, vals)
 
-    return other
+def _hop_closure(
+    kernel: Any, ins: tuple[int, ...], out: int, nout: int, frees: tuple[int, ...], node: int
+) -> Op:
+    """A kernel run by its ``nowait`` twin: the value at once, or :class:`Hop` (the
+    runner dispatches the node).  A kernel without the twin (a traced copy's) always
+    hops: the step's dispatch runs it as it would on the general engine."""
+    nowait = getattr(kernel, "nowait", None)
+
+    def hop(vals: list[Any]) -> None:
+        args = [vals[s] for s in ins]
+        v = WOULD_BLOCK if nowait is None else nowait(*args)
+        if v is WOULD_BLOCK:
+            raise Hop(node, args, out, nout, frees)
+        _store(vals, v, out, nout, frees)
+
+    return hop
 
 
 def run_program(
@@ -395,11 +492,16 @@ def _lowered(bound: BoundPlan) -> BoundProgram | None:
 class ProgramPropagator:
     """Runs a :class:`BoundProgram`: every node once, in the plan's fixed order, no
     pending counts and no ready stack — what the general propagator computes for the
-    partitions it takes (synchronous kernels, no control flow: nothing is ever
-    dispatched, dead or waited for).  Everything else the step does (first error,
-    yielding on the clock, retvals) is unchanged."""
+    partitions it takes (synchronous kernels, no control flow: nothing is dead or
+    waited for).  Everything else the step does (first error, yielding on the clock,
+    retvals) is unchanged.
 
-    __slots__ = ("_bound", "_end", "_next", "_program", "_step", "_vals")
+    A node whose ``nowait`` twin cannot finish it inline (:class:`Hop`) is the one
+    thing dispatched: the step runs it as the general engine would (a task, a worker
+    thread), the program waits, and :meth:`complete` stores its value and resumes
+    right after it."""
+
+    __slots__ = ("_bound", "_end", "_next", "_pos", "_program", "_step", "_vals", "_waiting")
 
     def __init__(
         self, step: Step, bound: BoundPlan, program: BoundProgram, args: Sequence[Any]
@@ -412,44 +514,79 @@ class ProgramPropagator:
             vals[s] = args[k]
         self._vals = vals
         self._next = 0  # the next block to run
+        self._pos = 0  # where in it (after a hop: the closure after the hopped node's)
         self._end = len(program.blocks)
+        self._waiting: Hop | None = None  # the dispatched node, until its value arrives
 
     def has_ready(self) -> bool:
-        return self._next < self._end
+        return self._waiting is None and self._next < self._end
 
     def clear(self) -> None:
         self._next = self._end
 
     def drain(self, until: float) -> bool:
-        """Run the program's blocks until the end (True) or until the clock passes
-        ``until`` after a block (False: the step yields, then drains again).  The
-        per-node hot loop: one closure call per node."""
+        """Run the program's blocks until the end or a hop (True) or until the clock
+        passes ``until`` after a block (False: the step yields, then drains again)."""
         step = self._step
-        if step._error is not None:
-            return True
+        while step._error is None and self._waiting is None and self._next < self._end:
+            hop = self._run(until)
+            if hop is None:
+                return self._next >= self._end or step._error is not None
+            self._waiting = hop
+            # (A twin that finishes this time completes at once: the loop goes on.)
+            try:
+                step.dispatch(hop.node, hop.node, self._bound.nodes[hop.node], hop.inputs)
+            except Exception as exc:  # the twin's, called again by the dispatch
+                self._next = self._end
+                step.fail(hop.node, exc)
+        return True
+
+    # The per-node hot loop: one closure call per node.
+    def _run(self, until: float) -> Hop | None:
+        """Run from the current position to the end (None; ``_next`` is the end), to
+        the clock (None; ``_next`` is the next block) or to a hop (the Hop; ``_next``
+        and ``_pos`` say where to resume)."""
+        step = self._step
         program = self._program
         blocks = program.blocks
         vals = self._vals
         b = self._next
         end = self._end
         f: Op | None = None
+        ops: tuple[Op, ...] = ()
         try:
+            if self._pos:  # resuming after a hop, in the middle of block b
+                ops = blocks[b] or program.block(b)
+                for f in ops[self._pos :]:
+                    f(vals)
+                self._pos = 0
+                b += 1
             while b < end:
-                for f in blocks[b] or program.block(b):
+                for f in (ops := blocks[b] or program.block(b)):
                     f(vals)
                 b += 1
                 if b < end and slice_over(until):
                     self._next = b
-                    return False  # the step yields to the loop, then goes on
+                    return None  # the step yields to the loop, then goes on
             self._next = end
-            return True
+            return None
+        except Hop as hop:
+            self._next, self._pos = b, ops.index(f) + 1
+            if self._pos == len(ops):
+                self._next, self._pos = b + 1, 0
+            return hop
         except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
             self._next = end
             step.fail(program.node_at(b, f) if f is not None else -1, exc)
-        return True
+        return None
 
     def complete(self, token: Any, value: Any) -> None:
-        raise AssertionError("a program dispatches no node")
+        """The hopped node's value: stored, and the program resumes after it."""
+        hop = self._waiting
+        if hop is None or token != hop.node:
+            raise AssertionError(f"a program dispatched no node {token}")
+        self._waiting = None
+        hop.store(self._vals, value)
 
     def retvals(self) -> list[Any]:
         vals = self._vals

@@ -153,7 +153,7 @@ def _bind_loops(bound: BoundPlan) -> tuple[BoundLoop | None, ...]:
     nodes, ops = bound.nodes, bound.ops
     out: list[BoundLoop | None] = []
     for schedule in bound.plan.loop_schedules:
-        if schedule is None or not runs_straight_line(nodes[i].flow for i in schedule.members):
+        if schedule is None or not runs_straight_line(nodes[i] for i in schedule.members):
             out.append(None)  # a kernel that does not run inline: the general path
         else:
             frames = bound.plan.frames

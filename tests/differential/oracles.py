@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .programs import RACY_ERRORS, Node, Program, Run
+from .programs import RACY_ERRORS, Node, Program, Run, image_pixels, image_png
 
 if TYPE_CHECKING:
     import asyncflow as af
@@ -85,6 +85,14 @@ def _build_node(n: Node, a: list[Any], api: _Api) -> Any:
     if build is None:
         raise AssertionError(f"unknown node kind {n.kind!r}")
     return build(n, a, api)
+
+
+def _build_image(n: Node, api: _Api) -> Any:
+    """decode_png of the node's image, its first pixels in the node's shape and dtype."""
+    m, at = api.m, n.attrs
+    png = m.constant(image_png(at["seed"], at["rows"], at["side"]))
+    flat = m.reshape(m.image.decode_png(png, channels=1), [-1])
+    return m.cast(m.reshape(flat[: int(np.prod(n.shape))], list(n.shape)), n.dtype)
 
 
 def _build_cond(n: Node, a: list[Any], api: _Api) -> Any:
@@ -191,6 +199,7 @@ def _while_var(m: Any, n: Node, a: list[Any]) -> Any:
 #: How each node kind is built with the API under test (``api.m``: asyncflow or TF 1.x).
 _BUILDERS: dict[str, Callable[[Node, list[Any], _Api], Any]] = {
     "const": lambda n, a, api: api.m.constant(n.attrs["value"], dtype=n.dtype),
+    "image": lambda n, a, api: _build_image(n, api),
     "placeholder": lambda n, a, api: api.m.placeholder(n.dtype, shape=n.shape),
     "binary": lambda n, a, api: api.fn(n.attrs["op"])(a[0], a[1]),
     "compare": lambda n, a, api: api.fn(n.attrs["op"])(a[0], a[1]),
@@ -757,7 +766,7 @@ class _Queue:
 
 #: Node kinds by how the numpy interpreter evaluates them.
 _ELEMENTWISE = frozenset(
-    {"const", "placeholder", "binary", "compare", "logical", "unary", "where", "cast"}
+    {"const", "image", "placeholder", "binary", "compare", "logical", "unary", "where", "cast"}
 )
 _SHAPED = frozenset({"reduce", "arg", "gather", "transpose", "reshape", "concat"})
 _STRUCTURAL = frozenset(
@@ -865,6 +874,9 @@ class _NumpyInterpreter:
         k, at = n.kind, n.attrs
         if k == "const":
             return np.asarray(at["value"], n.dtype)
+        if k == "image":
+            flat = image_pixels(at).reshape(-1)[: int(np.prod(n.shape))]
+            return flat.reshape(n.shape).astype(n.dtype)
         if k == "placeholder":
             return np.asarray(feeds[n.id], n.dtype)
         if k in ("binary", "compare", "logical"):

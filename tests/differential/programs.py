@@ -23,6 +23,9 @@ is itself a random expression.  Generation is deterministic in its seed.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import io
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +46,13 @@ CATEGORIES = (
     "deadlines",
     "duplicates",
 )
+
+#: Of the constant leaves, the share made by decoding a PNG image (an async kernel run
+#: by its ``nowait`` twin inside a straight-line program), and of those the share of
+#: images too large to decode inline (the program hands the decode to the step).
+IMAGE_LEAVES, LARGE_IMAGES = 0.05, 0.3
+LARGE_SIDE = 130  # 130 x 130 pixels: more than the 128 x 128 a decode runs inline
+HAS_PILLOW = importlib.util.find_spec("PIL") is not None
 
 FLOATS = ("float32", "float64")
 INTS = ("int32", "int64")
@@ -211,9 +221,28 @@ def random_value(rng: random.Random, dtype: str, shape: tuple[int, ...]) -> np.n
     return np.array(flat, dtype=dtype).reshape(shape)
 
 
+def image_pixels(attrs: dict[str, Any]) -> np.ndarray:
+    """The grayscale pixels (rows x side) of an ``image`` node."""
+    rng = np.random.default_rng(attrs["seed"])
+    return rng.integers(0, 256, (attrs["rows"], attrs["side"]), dtype=np.uint8)
+
+
+@functools.lru_cache(maxsize=64)
+def image_png(seed: int, rows: int, side: int) -> bytes:
+    """An ``image`` node's PNG file (needs Pillow)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    pixels = image_pixels({"seed": seed, "rows": rows, "side": side})
+    Image.fromarray(pixels, "L").save(buf, format="PNG")
+    return buf.getvalue()
+
+
 class _Gen:
     def __init__(self, seed: int, category: str) -> None:
         self.rng = random.Random(seed)
+        # Image leaves draw from a stream of their own: every other draw is as before.
+        self.images = random.Random(f"images-{seed}")
         self.seed = seed
         self.category = category
         self.nodes: list[Node] = []
@@ -263,7 +292,21 @@ class _Gen:
             nid = self.add("placeholder", (), {"pure": True}, dtype, shape)
             self.feeds[nid] = value
             return nid
+        if HAS_PILLOW and dtype in NUMERIC and self.images.random() < IMAGE_LEAVES:
+            return self.image_leaf(dtype, shape)
         return self.add("const", (), {"value": value}, dtype, shape)
+
+    def image_leaf(self, dtype: str, shape: tuple[int, ...]) -> int:
+        """A constant of ``shape`` made by decoding a grayscale PNG: its first pixels,
+        cast to ``dtype`` (the image is large enough to hop in ``LARGE_IMAGES``)."""
+        size = int(np.prod(shape))
+        large = self.images.random() < LARGE_IMAGES
+        attrs = {
+            "seed": self.images.randrange(1 << 32),
+            "rows": LARGE_SIDE if large else 1,
+            "side": LARGE_SIDE if large else max(size, 1),
+        }
+        return self.add("image", (), attrs, dtype, shape)
 
     def operand(self, dtype: str, shape: tuple[int, ...], exact: bool = False) -> int:
         """An existing tensor of this dtype and shape (or, unless ``exact``, a scalar
