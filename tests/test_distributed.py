@@ -367,21 +367,34 @@ async def test_many_concurrent_steps(cluster: Any) -> None:
 
 
 def _hanging(path: str) -> Any:
-    """An async kernel that sleeps for its input's seconds; notes in ``path`` when cancelled."""
+    """An async kernel that sleeps for its input's seconds; notes in ``path`` when cancelled
+    (and in ``path + ".started"`` when it starts: :func:`_started` waits for that)."""
 
-    def note() -> None:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(f"cancelled in {os.getpid()}\n")
+    def note(where: str, what: str) -> None:
+        with open(where, "a", encoding="utf-8") as f:
+            f.write(f"{what} in {os.getpid()}\n")
 
     async def forever(v: np.ndarray) -> np.ndarray:
+        note(path + ".started", "started")
         try:
             await asyncio.sleep(float(v))
         except asyncio.CancelledError:
-            note()
+            note(path, "cancelled")
             raise
         return v
 
     return forever
+
+
+async def _started(marker: Any, runs: int) -> None:
+    """Until :func:`_hanging`'s kernel started ``runs`` times in all (its worker noted
+    it: a remote event, not a guess of how long a loaded machine needs), at most 60 s."""
+    started = marker.with_name(marker.name + ".started")
+    for _ in range(600):
+        if started.exists() and len(started.read_text().splitlines()) >= runs:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the kernel did not start {runs} times within 60 s ({started})")
 
 
 async def test_deadline_and_cancel_stop_remote_kernels(cluster: Any, tmp_path: Any) -> None:
@@ -402,7 +415,7 @@ async def test_deadline_and_cancel_stop_remote_kernels(cluster: Any, tmp_path: A
         assert line.startswith("cancelled in ")
         assert int(line.split()[-1]) != os.getpid()
         task = asyncio.ensure_future(sess.run(hang, {seconds: 60.0}))
-        await asyncio.sleep(0.2)
+        await _started(marker, 3)  # (the warm run, the one past its deadline, this one)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -417,7 +430,7 @@ async def test_close_cancels_in_flight_remote_steps(cluster: Any, tmp_path: Any)
         hang = af.py_func(_hanging(str(marker)), [af.constant(60.0)], af.float32, name="hang")
     sess = af.Session(cluster, graph=g)
     task = asyncio.ensure_future(sess.run(hang))
-    await asyncio.sleep(0.3)
+    await _started(marker, 1)
     start = time.perf_counter()
     await sess.close()
     with pytest.raises(af.errors.CancelledError):

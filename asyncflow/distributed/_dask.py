@@ -44,9 +44,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -59,7 +61,7 @@ from distributed.comm.addressing import (
     unparse_host_port,
 )
 from distributed.comm.core import CommClosedError
-from distributed.core import ConnectionPool, send_recv
+from distributed.core import ConnectionPool, Status, send_recv
 from distributed.core import Server as _Server
 from distributed.protocol.serialize import ToPickle, to_serialize
 from tornado.ioloop import PeriodicCallback
@@ -74,6 +76,8 @@ __all__ = [
     "PROTOCOL",
     "SERVICE_STOPPED",
     "AsyncflowWorker",
+    "abandon_pool",
+    "close_pool",
     "local_identity",
     "send",
     "unavailable",
@@ -142,7 +146,7 @@ async def send(pool: Any, address: str, op: str, *, reply: bool = True, **msg: A
     :class:`ConnectionPool` (a test's stand-in) is called as Dask's would be."""
     if not isinstance(pool, ConnectionPool):
         return await getattr(pool(address), op)(reply=reply, **msg)
-    comm = await pool.connect(address)
+    comm = await _connect(pool, address)
     comm.allow_offload = False
     try:
         return await send_recv(
@@ -155,6 +159,83 @@ async def send(pool: Any, address: str, op: str, *, reply: bool = True, **msg: A
         )
     finally:
         pool.reuse(address, comm)
+
+
+#: Connects whose callers were cancelled, still finishing for their pool (pool → tasks).
+_ORPHANS: weakref.WeakKeyDictionary[ConnectionPool, set[asyncio.Task[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+#: How long closing a pool waits for those connects before it cancels them.
+_ORPHAN_WAIT_S = 5.0
+
+
+async def _connect(pool: ConnectionPool, address: str) -> Any:
+    """``pool.connect(address)`` that never loses a socket to its caller's cancellation.
+
+    Tornado hands the connected stream over by resolving a future; a cancellation
+    that lands after that but before the awaiting task resumes (a deadline and the
+    connect completing in the same loop iteration, common on a loaded machine) drops
+    the stream, and its socket stays open, out of every pool, until the loop is
+    collected.  So the connect runs as a task of its own the caller only waits for:
+    the caller's cancellation propagates at once, and the connect, which nobody can
+    cancel in that window, gives its comm to the pool (:func:`_adopt`).  The pool's
+    connect timeout bounds it; :func:`close_pool` waits for it.
+
+    With an open idle comm to ``address`` the pool hands one over without suspending
+    (nothing to lose, nothing to cancel): that, the common case, needs no task (a
+    task and a shield cost ~10 % of a loopback round trip).
+    """
+    idle: Any = pool.available.get(address, ())  # (Dask's Comm is untyped)
+    if any(not comm.closed() for comm in idle):
+        return await pool.connect(address)
+    connecting = asyncio.ensure_future(pool.connect(address))
+    try:
+        return await asyncio.shield(connecting)
+    except asyncio.CancelledError:
+        if connecting.done():
+            _adopt(pool, address, connecting)
+        else:
+            _ORPHANS.setdefault(pool, set()).add(connecting)
+            connecting.add_done_callback(functools.partial(_adopt, pool, address))
+        raise
+
+
+def _adopt(pool: ConnectionPool, address: str, connecting: asyncio.Task[Any]) -> None:
+    """A cancelled caller's connect finished: its comm is idle (nothing was sent on
+    it), so the pool keeps it for the next call, or closes it if the pool closed."""
+    orphans = _ORPHANS.get(pool)
+    if orphans is not None:
+        orphans.discard(connecting)
+    if connecting.cancelled() or connecting.exception() is not None:
+        return  # nothing connected (the caller was already told, by its cancellation)
+    comm = connecting.result()
+    if pool.status == Status.running:
+        pool.reuse(address, comm)
+        return
+    pool.occupied[address].discard(comm)  # (``reuse`` would keep it in a closed pool)
+    comm.abort()
+
+
+async def close_pool(pool: ConnectionPool) -> None:
+    """Close ``pool`` on its loop, once the connects of cancelled callers finished
+    (bounded: those still connecting after ``_ORPHAN_WAIT_S`` are cancelled)."""
+    orphans = _ORPHANS.pop(pool, set())
+    if orphans:
+        await asyncio.wait(orphans, timeout=_ORPHAN_WAIT_S)
+    for connecting in orphans:
+        connecting.cancel()
+    await pool.close()
+    if orphans:
+        await asyncio.wait(orphans)
+
+
+def abandon_pool(pool: ConnectionPool) -> None:
+    """Close ``pool`` at once, without waiting (on its loop, or with its loop
+    stopped): every comm aborted, a connect still finishing closes its own."""
+    pool.status = Status.closed
+    comms: list[Any] = [c for d in (pool.available, pool.occupied) for cs in d.values() for c in cs]
+    for comm in comms:
+        comm.abort()
 
 
 def unavailable(task: str, address: str, exc: BaseException) -> errors.UnavailableError:

@@ -44,6 +44,8 @@ from asyncflow.distributed._dask import (
     PLUGIN_NAME,
     SERVICE_STOPPED,
     AsyncflowWorker,
+    abandon_pool,
+    close_pool,
     local_identity,
     send,
 )
@@ -640,12 +642,10 @@ class Cluster:
         """Close the pools of the loops ``which`` selects (under the lock)."""
         for loop in [loop for loop in self._pools if which(loop)]:
             pool = self._pools.pop(loop)
-            comms = [c for d in (pool.available, pool.occupied) for cs in d.values() for c in cs]
-            for comm in comms:
-                if loop.is_closed() or not loop.is_running():
-                    comm.abort()  # nothing runs there: close the sockets here
-                else:
-                    loop.call_soon_threadsafe(comm.abort)
+            if loop.is_closed() or not loop.is_running():
+                abandon_pool(pool)  # nothing runs there: close the sockets here
+            else:
+                loop.call_soon_threadsafe(abandon_pool, pool)
 
     async def rpc(self, task: str, op: str, **kwargs: Any) -> Any:
         """Call handler ``asyncflow_<op>`` of ``task``'s task service (from any loop)."""
@@ -806,7 +806,7 @@ class Cluster:
         with self._lock:
             pool = self._pools.pop(asyncio.get_running_loop(), None)
         if pool is not None:
-            await pool.close()
+            await close_pool(pool)
         if self._own_loop is None and self.client is not None and self.client.asynchronous:
             if not self._closed:  # an asynchronous client of the caller: its loop is ours
                 self._closed = True
