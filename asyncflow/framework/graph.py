@@ -473,41 +473,24 @@ class Operation:
     #: The output: the Tensor itself for a single-output op, else the tuple of outputs.
     _out: Tensor | tuple[Tensor, ...]
 
-    def __init__(
-        self,
-        graph: Graph,
-        name: str,
-        op_type: str,
-        inputs: tuple[Tensor, ...],
-        control_inputs: tuple[Operation, ...],
-        attrs: dict[str, Any],
-        device: str,
-        traceback: tuple[str, int],
-        op_def: registry.OpDef,
-    ) -> None:
-        self._graph = graph
-        self._name = name
-        self._type = op_type
-        n = len(inputs)  # as _set_inputs, inline (one call less per op built)
-        if n == 2:
-            self._in0, self._in1 = inputs
-        elif n == 1:
-            self._in0 = inputs[0]
-            self._in1 = None
-        else:
-            self._in0 = inputs
-            self._in1 = None
-        self._control_inputs = control_inputs
-        self._attrs = attrs
-        self._device = device
-        # Where the op was made, kept as two fields and formatted only when asked
-        # (op.traceback, an error message, the IR).
-        self._file, self._line = traceback
-        self._op_def = op_def
-        #: The control-flow context (cond branch / while loop) the op was built in.
-        self._ctx: Any = None
-        #: The op's compiler IR node, made on first compile (see compiler.ir).
-        self._ir: Any = None
+    _graph: Graph
+    _name: str
+    _type: str
+    _control_inputs: tuple[Operation, ...]
+    _attrs: dict[str, Any]
+    _device: str
+    _op_def: registry.OpDef
+    #: Where the op was made, kept as two fields and formatted only when asked
+    #: (op.traceback, an error message, the IR).
+    _file: str
+    _line: int
+    #: The control-flow context (cond branch / while loop) the op was built in.
+    _ctx: Any
+    #: The op's compiler IR node, made on first compile (see compiler.ir).
+    _ir: Any
+
+    # No __init__: every op is made by Graph._add_op_locked, which sets the fields one
+    # by one on a bare object (the one construction path; see its docstring).
 
     def _set_inputs(self, inputs: tuple[Tensor, ...]) -> None:
         n = len(inputs)
