@@ -72,13 +72,13 @@ def loop_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def decode_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The thread of every decode that did not run by the ``nowait`` twin."""
     threads: list[int] = []
-    decode = image_ops._Decoder.decode
+    for cls in (image_ops._Decoder, image_ops._JpegDecoder):
 
-    def recorded(self: image_ops._Decoder, contents: Any) -> np.ndarray:
-        threads.append(threading.get_ident())
-        return decode(self, contents)
+        def recorded(self: Any, contents: Any, decode: Any = cls.decode) -> np.ndarray:
+            threads.append(threading.get_ident())
+            return decode(self, contents)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(image_ops._Decoder, "decode", recorded)
+        monkeypatch.setattr(cls, "decode", recorded)
     return threads
 
 

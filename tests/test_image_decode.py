@@ -1,0 +1,170 @@
+"""JPEG decoding: TF's exact pixels through ``simplejpeg``, Pillow as the fallback.
+
+TF decodes with libjpeg-turbo, by default with its fast integer IDCT and fancy chroma
+upsampling.  ``simplejpeg`` is libjpeg-turbo with both settings exposed, so every
+``dct_method`` / ``fancy_upscaling`` combination TF recorded
+(``tests/fixtures/tf/zoo/ops.npz``, ``decode_jpeg/...``) is matched exactly; Pillow
+always decodes with the accurate IDCT and fancy upsampling (exactly TF's
+``INTEGER_ACCURATE`` output, a few levels from TF's default).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncflow as af
+from asyncflow import compat
+from asyncflow.ops import image_ops
+
+pytest.importorskip("PIL")
+
+ZOO = pathlib.Path(__file__).parent / "fixtures" / "tf" / "zoo"
+OPS = np.load(ZOO / "ops.npz")
+JPEG = OPS["decode_jpeg/bytes"].tobytes()
+SETTINGS = [
+    (dct, fancy) for dct in ("", "INTEGER_FAST", "INTEGER_ACCURATE") for fancy in (True, False)
+]
+
+
+def tf_pixels(dct: str, fancy: bool) -> np.ndarray:
+    return OPS[f"decode_jpeg/{dct or 'default'}/{int(fancy)}"]  # type: ignore[no-any-return]
+
+
+def decode(data: bytes, channels: int = 3, **settings: Any) -> np.ndarray:
+    with af.Graph().as_default():
+        out = af.image.decode_jpeg(data, channels=channels, name="decode", **settings)
+        with af.Session() as sess:
+            return sess.run_sync(out)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def pillow_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode as an install without ``simplejpeg`` does."""
+    monkeypatch.setattr(image_ops, "_simplejpeg", lambda: None)
+
+
+@pytest.mark.parametrize(("dct", "fancy"), SETTINGS)
+def test_every_decoder_setting_gives_tfs_exact_pixels(dct: str, fancy: bool) -> None:
+    pytest.importorskip("simplejpeg")
+    got = decode(JPEG, fancy_upscaling=fancy, dct_method=dct)
+    np.testing.assert_array_equal(got, tf_pixels(dct, fancy))
+
+
+@pytest.mark.parametrize("channels", [0, 1, 3])
+def test_each_channel_count_gives_tfs_exact_pixels(channels: int) -> None:
+    pytest.importorskip("simplejpeg")
+    data = OPS["decode/jpeg_rgb/bytes"].tobytes()
+    np.testing.assert_array_equal(decode(data, channels), OPS[f"decode/jpeg_rgb/{channels}"])
+
+
+@pytest.mark.usefixtures("pillow_only")
+def test_pillow_alone_is_tfs_accurate_decode_and_near_the_default() -> None:
+    np.testing.assert_array_equal(
+        decode(JPEG, dct_method="INTEGER_ACCURATE"), tf_pixels("INTEGER_ACCURATE", True)
+    )
+    default = decode(JPEG).astype(int)
+    assert np.abs(default - tf_pixels("", True)).max() <= 10
+    for channels in (0, 1, 3):
+        data = OPS["decode/jpeg_rgb/bytes"].tobytes()
+        expected = OPS[f"decode/jpeg_rgb/{channels}"]
+        got = decode(data, channels)
+        assert got.shape == expected.shape
+        assert np.abs(got.astype(int) - expected).max() <= 10
+
+
+def test_both_paths_agree_on_the_accurate_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("simplejpeg")
+    turbo = decode(JPEG, dct_method="INTEGER_ACCURATE")
+    monkeypatch.setattr(image_ops, "_simplejpeg", lambda: None)
+    np.testing.assert_array_equal(decode(JPEG, dct_method="INTEGER_ACCURATE"), turbo)
+
+
+def _zoo_image_jpeg() -> tuple[af.Graph, Any, list[Any], dict[str, np.ndarray]]:
+    entry = json.loads((ZOO / "manifest.json").read_text())["models"]["image_jpeg"]
+    g = af.Graph()
+    with g.as_default():
+        compat.import_tf_graph_def((ZOO / entry["graph"]).read_bytes(), name="")
+    values = np.load(ZOO / entry["values"])
+    fetches = [g.get_tensor_by_name(n) for n in entry["outputs"]]
+    expected = {n: values[f"fetch/{n}"] for n in entry["outputs"]}
+    return (
+        g,
+        g.get_tensor_by_name("image_bytes:0"),
+        fetches,
+        expected | {"feed": values["feed/image_bytes:0"]},
+    )
+
+
+def test_the_zoo_jpeg_pipeline_matches_tf_to_float32_tolerance() -> None:
+    """With TF's pixels the whole preprocessing graph (decode, six resizes, normalize)
+    matches TF to the zoo's float32 tolerance, not the JPEG allowance its manifest
+    records for Pillow's decode."""
+    pytest.importorskip("simplejpeg")
+    g, data, fetches, expected = _zoo_image_jpeg()
+    with af.Session(graph=g) as sess:
+        got = sess.run_sync(fetches, {data: expected["feed"].tobytes()})
+    for t, value in zip(fetches, got, strict=True):
+        np.testing.assert_allclose(value, expected[t.name], rtol=1e-4, atol=1e-5, err_msg=t.name)
+
+
+def test_an_imported_graph_with_a_bad_dct_method_names_the_node() -> None:
+    with af.Graph().as_default() as g:
+        data = af.placeholder(af.string, (), name="data")
+        bad = g.create_op(
+            "DecodeJpeg",
+            [data],
+            {"channels": 3, "dtype": af.uint8, "dct_method": "INTEGER_FASTEST"},
+            name="bad_decode",
+        ).outputs[0]
+        with af.Session() as sess:
+            with pytest.raises(af.errors.InvalidArgumentError, match=r"INTEGER_FASTEST"):
+                sess.run_sync(bad, {data: JPEG})
+            assert sess.run_sync(af.image.decode_jpeg(data), {data: JPEG}).shape == (13, 19, 3)
+    with pytest.raises(ValueError, match="dct_method must be one of"):
+        af.image.decode_jpeg(JPEG, dct_method="fast")
+
+
+@pytest.mark.parametrize("path", ["simplejpeg", "pillow"])
+def test_corrupt_jpegs_name_the_node_and_the_session_stays_usable(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PIL import Image
+
+    if path == "simplejpeg":
+        pytest.importorskip("simplejpeg")
+    else:
+        monkeypatch.setattr(image_ops, "_simplejpeg", lambda: None)
+    large = np.random.default_rng(8).integers(0, 256, (150, 140, 3), np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(large).save(buf, format="JPEG", quality=90)
+    whole = buf.getvalue()
+    with af.Graph().as_default():
+        data = af.placeholder(af.string, (), name="data")
+        img = af.image.decode_jpeg(data, name="decode_jpeg_node")
+        with af.Session() as sess:
+            for bad in (b"not a jpeg", JPEG[: len(JPEG) // 2], whole[: len(whole) // 2]):
+                with pytest.raises(
+                    af.errors.InvalidArgumentError,
+                    match=rf"Invalid JPEG data, size {len(bad)}[\s\S]*decode_jpeg_node",
+                ):
+                    sess.run_sync(img, {data: bad})
+            assert sess.run_sync(img, {data: whole}).shape == (150, 140, 3)
+            assert sess.run_sync(img, {data: JPEG}).shape == (13, 19, 3)
+
+
+def test_a_cmyk_jpeg_goes_to_pillow() -> None:
+    """libjpeg-turbo's CMYK conversion is not TF's: Pillow decodes such an image, as
+    it did before (``simplejpeg`` present or not)."""
+    from PIL import Image
+
+    cmyk = np.random.default_rng(9).integers(0, 256, (6, 5, 4), np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(cmyk, "CMYK").save(buf, format="JPEG", quality=95)
+    expected = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
+    np.testing.assert_array_equal(decode(buf.getvalue()), expected)
