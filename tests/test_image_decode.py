@@ -1,4 +1,10 @@
-"""JPEG decoding: TF's exact pixels through ``simplejpeg``, Pillow as the fallback.
+"""Decoding through C decoders with TF's pixels, Pillow as the fallback.
+
+PNG: an 8-bit RGB or RGBA image decodes through ``pyspng`` (libspng), the others
+(gray, palette, 16-bit, gray output) through Pillow; both give TF's exact pixels
+(``decode/png_*`` in ``tests/fixtures/tf/zoo/ops.npz``).
+
+JPEG: TF's exact pixels through ``simplejpeg``, Pillow as the fallback.
 
 TF decodes with libjpeg-turbo, by default with its fast integer IDCT and fancy chroma
 upsampling.  ``simplejpeg`` is libjpeg-turbo with both settings exposed, so every
@@ -168,3 +174,84 @@ def test_a_cmyk_jpeg_goes_to_pillow() -> None:
     Image.fromarray(cmyk, "CMYK").save(buf, format="JPEG", quality=95)
     expected = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
     np.testing.assert_array_equal(decode(buf.getvalue()), expected)
+
+
+PNG_CASES = sorted(k for k in OPS.files if k.startswith("decode/png_") and not k.endswith("/bytes"))
+
+
+@pytest.fixture
+def png_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The decoder of each PNG decode: "pyspng" or "pillow"."""
+    paths: list[str] = []
+    fast, pixels = image_ops._PngDecoder._fast_decode, image_ops._pixels
+
+    def via_spng(self: Any, *args: Any) -> np.ndarray:
+        paths.append("pyspng")
+        return fast(self, *args)
+
+    def via_pillow(*args: Any) -> np.ndarray:
+        paths.append("pillow")
+        return pixels(*args)
+
+    monkeypatch.setattr(image_ops._PngDecoder, "_fast_decode", via_spng)
+    monkeypatch.setattr(image_ops, "_pixels", via_pillow)
+    return paths
+
+
+def decode_png(data: bytes, channels: int) -> np.ndarray:
+    with af.Graph().as_default():
+        out = af.image.decode_png(data, channels=channels, name="decode")
+        with af.Session() as sess:
+            return sess.run_sync(out)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("case", PNG_CASES)
+def test_png_decodes_take_libspng_where_it_gives_tfs_pixels(
+    case: str, png_paths: list[str]
+) -> None:
+    pytest.importorskip("pyspng")
+    _, source, channels = case.split("/")
+    got = decode_png(OPS[f"decode/{source}/bytes"].tobytes(), int(channels))
+    np.testing.assert_array_equal(got, OPS[case])
+    eight_bit_color = source in ("png_rgb", "png_rgba")
+    assert png_paths == ["pyspng" if eight_bit_color and channels != "1" else "pillow"]
+
+
+@pytest.mark.parametrize("case", PNG_CASES)
+def test_png_decodes_through_pillow_alone_are_tfs_too(
+    case: str, png_paths: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(image_ops, "_pyspng", lambda: None)
+    _, source, channels = case.split("/")
+    got = decode_png(OPS[f"decode/{source}/bytes"].tobytes(), int(channels))
+    np.testing.assert_array_equal(got, OPS[case])
+    assert png_paths == ["pillow"]
+
+
+@pytest.mark.parametrize("path", ["pyspng", "pillow"])
+def test_corrupt_pngs_name_the_node_and_the_session_stays_usable(
+    path: str, monkeypatch: pytest.MonkeyPatch, png_paths: list[str]
+) -> None:
+    from PIL import Image
+
+    if path == "pyspng":
+        pytest.importorskip("pyspng")
+    else:
+        monkeypatch.setattr(image_ops, "_pyspng", lambda: None)
+    large = np.random.default_rng(10).integers(0, 256, (150, 140, 3), np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(large).save(buf, format="PNG")
+    whole = buf.getvalue()
+    small = OPS["decode/png_rgb/bytes"].tobytes()
+    with af.Graph().as_default():
+        data = af.placeholder(af.string, (), name="data")
+        img = af.image.decode_png(data, channels=3, name="decode_png_node")
+        with af.Session() as sess:
+            for bad in (b"not a png", small[: len(small) // 2], whole[: len(whole) // 2]):
+                with pytest.raises(
+                    af.errors.InvalidArgumentError,
+                    match=rf"Invalid PNG data, size {len(bad)}[\s\S]*decode_png_node",
+                ):
+                    sess.run_sync(img, {data: bad})
+            np.testing.assert_array_equal(sess.run_sync(img, {data: whole}), large)
+    assert png_paths[-1] == path

@@ -72,13 +72,13 @@ def loop_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def decode_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The thread of every decode that did not run by the ``nowait`` twin."""
     threads: list[int] = []
-    for cls in (image_ops._Decoder, image_ops._JpegDecoder):
+    decode = image_ops._Decoder.decode
 
-        def recorded(self: Any, contents: Any, decode: Any = cls.decode) -> np.ndarray:
-            threads.append(threading.get_ident())
-            return decode(self, contents)  # type: ignore[no-any-return]
+    def recorded(self: image_ops._Decoder, contents: Any) -> np.ndarray:
+        threads.append(threading.get_ident())
+        return decode(self, contents)
 
-        monkeypatch.setattr(cls, "decode", recorded)
+    monkeypatch.setattr(image_ops._Decoder, "decode", recorded)
     return threads
 
 

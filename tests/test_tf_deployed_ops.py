@@ -246,18 +246,20 @@ def _decode_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     from asyncflow.ops import image_ops
 
     names: list[str] = []
-    pixels, turbo = image_ops._pixels, image_ops._JpegDecoder._turbo_decode
+    pixels = image_ops._pixels
 
     def recorded(*args: Any) -> np.ndarray:
         names.append(threading.current_thread().name)
         return pixels(*args)
 
-    def recorded_turbo(*args: Any) -> np.ndarray:
-        names.append(threading.current_thread().name)
-        return turbo(*args)
-
     monkeypatch.setattr(image_ops, "_pixels", recorded)
-    monkeypatch.setattr(image_ops._JpegDecoder, "_turbo_decode", recorded_turbo)
+    for cls in (image_ops._JpegDecoder, image_ops._PngDecoder):  # the C decoders' path
+
+        def recorded_fast(self: Any, *args: Any, fast: Any = cls._fast_decode) -> np.ndarray:
+            names.append(threading.current_thread().name)
+            return fast(self, *args)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(cls, "_fast_decode", recorded_fast)
     return names
 
 

@@ -10,7 +10,9 @@ samples at ``out * scale`` (legacy) or ``(out + 0.5) * scale - 0.5``
 
 Decoding and encoding go through Pillow, the optional extra ``asyncflow[image]``;
 without it those kernels fail with an ``UnimplementedError`` naming the op and the
-extra.  PNG decodes bit-exactly as TF's libpng.  JPEG decodes through libjpeg-turbo
+extra.  PNG decodes bit-exactly as TF's libpng: an 8-bit RGB or RGBA image through
+``pyspng`` (libspng, part of the extra) when it is installed, one C call on the
+bytes, the others through Pillow.  JPEG decodes through libjpeg-turbo
 by ``simplejpeg`` (part of the extra) with TF's decoder settings — its
 ``dct_method`` (the fast integer IDCT by default) and ``fancy_upscaling`` —, so
 exactly TF's pixels, with far less Python per call than Pillow's header parsing;
@@ -23,6 +25,7 @@ from __future__ import annotations
 import functools
 import importlib
 import io
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -460,13 +463,24 @@ def _pixels(img: Any, fmt: str, channels: int) -> np.ndarray:
 _INLINE_DECODE_PIXELS = 128 * 128
 
 
-@functools.cache
-def _simplejpeg() -> Any:
-    """The ``simplejpeg`` module (libjpeg-turbo), or None when it is not installed."""
+def _optional(module: str) -> Any:
+    """An optional decoder's module, or None when it is not installed."""
     try:
-        return importlib.import_module("simplejpeg")
+        return importlib.import_module(module)
     except ImportError:
         return None
+
+
+@functools.cache
+def _simplejpeg() -> Any:
+    """``simplejpeg`` (libjpeg-turbo), or None."""
+    return _optional("simplejpeg")
+
+
+@functools.cache
+def _pyspng() -> Any:
+    """``pyspng`` (libspng), or None."""
+    return _optional("pyspng")
 
 
 class _Decoder:
@@ -475,14 +489,17 @@ class _Decoder:
 
     The executor calls :meth:`nowait` first: it reads the header and, for an image of
     at most ``_INLINE_DECODE_PIXELS`` pixels, decodes at once; a larger one answers
-    ``WOULD_BLOCK`` and the awaited call decodes on a thread.
+    ``WOULD_BLOCK`` and the awaited call decodes on a thread.  A C decoder giving TF's
+    pixels (a subclass's :meth:`_fast_header` says which images it takes) decodes
+    with one call on the bytes; Pillow, whose header parsing is Python, the others.
     """
 
     __slots__ = ("_channels", "_fmt", "_op_type")
 
     #: ``nowait`` answers WOULD_BLOCK only for a large image, whose awaited decode then
     #: needs nothing but a thread: a straight-line program keeps this node
-    #: (``loop_schedule.runs_straight_line``), the rare large image hops.
+    #: (``loop_schedule.runs_straight_line``), the rare large image hops.  Nor does
+    #: ``nowait`` need an event loop: ``run_sync`` calls it on the caller's thread.
     offloads = True
 
     def __init__(self, op_type: str, fmt: str, channels: int) -> None:
@@ -490,20 +507,36 @@ class _Decoder:
         self._fmt = fmt
         self._channels = channels
 
-    def _opened(self, contents: Any) -> tuple[Any, Any, bytes]:
+    def _fast_header(self, data: bytes) -> tuple[int, Any] | None:
+        """(the image's pixel count, what :meth:`_fast_decode` needs) when a C decoder
+        takes ``data``; None when Pillow decodes it."""
+        return None
+
+    def _fast_decode(self, data: bytes, how: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def _opened(self, data: bytes) -> tuple[Any, Any]:
         image_module = _pillow(self._op_type)
-        data = bytes(contents)
-        return image_module, _header(image_module, data, self._fmt, self._channels == 1), data
+        return image_module, _header(image_module, data, self._fmt, self._channels == 1)
 
     def _finish(self, image_module: Any, img: Any, data: bytes) -> np.ndarray:
         return _pixels(_load(image_module, img, data, self._fmt), self._fmt, self._channels)
 
     def decode(self, contents: Any) -> np.ndarray:
         """Decode on the calling thread, whatever the size."""
-        return self._finish(*self._opened(contents))
+        data = bytes(contents)
+        found = self._fast_header(data)
+        if found is not None:
+            return self._fast_decode(data, found[1])
+        return self._finish(*self._opened(data), data)
 
     def nowait(self, contents: Any) -> Any:
-        image_module, img, data = self._opened(contents)
+        data = bytes(contents)
+        found = self._fast_header(data)
+        if found is not None:
+            pixels, how = found
+            return WOULD_BLOCK if pixels > _INLINE_DECODE_PIXELS else self._fast_decode(data, how)
+        image_module, img = self._opened(data)
         width, height = img.size
         if width * height > _INLINE_DECODE_PIXELS:
             return WOULD_BLOCK
@@ -537,13 +570,10 @@ class _JpegDecoder(_Decoder):
         self._fastdct = dct_method != "INTEGER_ACCURATE"
         self._fastupsample = not fancy_upscaling
 
-    def _turbo_header(self, contents: Any) -> tuple[Any, bytes, int, str] | None:
-        """(simplejpeg, the bytes, their pixel count, the output color space), or None
-        when Pillow decodes this image (no simplejpeg, a CMYK image)."""
+    def _fast_header(self, data: bytes) -> tuple[int, Any] | None:
         turbo = _simplejpeg()
         if turbo is None:
             return None
-        data = bytes(contents)
         try:
             height, width, space, _ = turbo.decode_jpeg_header(data)
         except ValueError as exc:
@@ -551,9 +581,10 @@ class _JpegDecoder(_Decoder):
         if space not in _TURBO_SPACES:
             return None
         gray = self._channels == 1 or (self._channels == 0 and space == "Gray")
-        return turbo, data, height * width, "GRAY" if gray else "RGB"
+        return height * width, (turbo, "GRAY" if gray else "RGB")
 
-    def _turbo_decode(self, turbo: Any, data: bytes, space: str) -> np.ndarray:
+    def _fast_decode(self, data: bytes, how: Any) -> np.ndarray:
+        turbo, space = how
         try:
             pixels: np.ndarray = turbo.decode_jpeg(
                 data, space, fastdct=self._fastdct, fastupsample=self._fastupsample
@@ -562,21 +593,49 @@ class _JpegDecoder(_Decoder):
             raise _invalid_data("JPEG", data, exc) from None
         return pixels
 
-    def decode(self, contents: Any) -> np.ndarray:
-        found = self._turbo_header(contents)
-        if found is None:
-            return super().decode(contents)
-        turbo, data, _, space = found
-        return self._turbo_decode(turbo, data, space)
 
-    def nowait(self, contents: Any) -> Any:
-        found = self._turbo_header(contents)
-        if found is None:
-            return super().nowait(contents)
-        turbo, data, pixels, space = found
-        if pixels > _INLINE_DECODE_PIXELS:
-            return WOULD_BLOCK
-        return self._turbo_decode(turbo, data, space)
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: The output format (pyspng's name) per requested channel count and PNG color type
+#: (IHDR: 2 RGB, 6 RGBA) of the 8-bit images libspng decodes here: TF's pixels, the
+#: alpha dropped or made opaque as TF does.  Gray, palette and 16-bit images, and
+#: gray output, go to Pillow (their conversions are libpng's: see ``_pixels``).
+_SPNG_FORMATS = {
+    (0, 2): "RGB",
+    (0, 6): "RGBA",
+    (3, 2): "RGB",
+    (3, 6): "RGB",
+    (4, 2): "RGBA",
+    (4, 6): "RGBA",
+}
+
+
+class _PngDecoder(_Decoder):
+    """``DecodePng`` of an 8-bit RGB or RGBA image through ``pyspng`` (libspng) when
+    it is installed: the size is read from the IHDR chunk, the decode is one call
+    (Pillow's chunk parsing and load are Python: 20 of an 11x17 image's 24 us)."""
+
+    __slots__ = ()
+
+    def __init__(self, op_type: str, channels: int) -> None:
+        super().__init__(op_type, "PNG", channels)
+
+    def _fast_header(self, data: bytes) -> tuple[int, Any] | None:
+        spng = _pyspng()
+        if spng is None or len(data) < 26 or not data.startswith(_PNG_SIGNATURE):
+            return None
+        if data[12:16] != b"IHDR":
+            return None  # (Pillow names what is wrong)
+        width, height, depth, color = struct.unpack(">IIBB", data[16:26])
+        fmt = _SPNG_FORMATS.get((self._channels, color)) if depth == 8 else None
+        return None if fmt is None else (width * height, (spng, fmt))
+
+    def _fast_decode(self, data: bytes, how: Any) -> np.ndarray:
+        spng, fmt = how
+        try:
+            pixels: np.ndarray = spng.load(data, fmt)
+        except RuntimeError as exc:  # (pyspng's error for every libspng failure)
+            raise _invalid_data("PNG", data, exc) from None
+        return pixels
 
 
 @registry.register_kernel_factory("DecodePng")
@@ -584,7 +643,7 @@ class _JpegDecoder(_Decoder):
 def _decode_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     channels = int(op._attrs.get("channels", 0))
     if op._type == "DecodePng":
-        return _Decoder(op._type, "PNG", channels), registry.ASYNC
+        return _PngDecoder(op._type, channels), registry.ASYNC
     dct_method = op._attrs.get("dct_method", "")
     if isinstance(dct_method, bytes):
         dct_method = dct_method.decode()
