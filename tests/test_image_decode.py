@@ -129,7 +129,9 @@ def test_an_imported_graph_with_a_bad_dct_method_names_the_node() -> None:
             name="bad_decode",
         ).outputs[0]
         with af.Session() as sess:
-            with pytest.raises(af.errors.InvalidArgumentError, match=r"INTEGER_FASTEST"):
+            with pytest.raises(
+                af.errors.InvalidArgumentError, match=r"'bad_decode': dct_method .*INTEGER_FASTEST"
+            ):
                 sess.run_sync(bad, {data: JPEG})
             assert sess.run_sync(af.image.decode_jpeg(data), {data: JPEG}).shape == (13, 19, 3)
     with pytest.raises(ValueError, match="dct_method must be one of"):
@@ -255,3 +257,17 @@ def test_corrupt_pngs_name_the_node_and_the_session_stays_usable(
                     sess.run_sync(img, {data: bad})
             np.testing.assert_array_equal(sess.run_sync(img, {data: whole}), large)
     assert png_paths[-1] == path
+
+
+def test_a_ratio_is_refused_naming_the_node() -> None:
+    """TF decodes at 1/ratio of the size; asyncflow does not, and says so rather than
+    returning a full-size image."""
+    with af.Graph().as_default() as g:
+        data = af.placeholder(af.string, (), name="data")
+        halved = g.create_op(
+            "DecodeJpeg", [data], {"channels": 3, "dtype": af.uint8, "ratio": 2}, name="halved"
+        ).outputs[0]
+        with af.Session() as sess:
+            with pytest.raises(af.errors.UnimplementedError, match=r"'halved': ratio=2"):
+                sess.run_sync(halved, {data: JPEG})
+            assert sess.run_sync(af.image.decode_jpeg(data), {data: JPEG}).shape == (13, 19, 3)

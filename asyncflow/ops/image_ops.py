@@ -644,17 +644,32 @@ def _decode_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     channels = int(op._attrs.get("channels", 0))
     if op._type == "DecodePng":
         return _PngDecoder(op._type, channels), registry.ASYNC
+    return _JpegDecoder(op._type, channels, *_jpeg_settings(op)), registry.ASYNC
+
+
+def _jpeg_settings(op: Operation) -> tuple[str, bool]:
+    """A ``DecodeJpeg`` node's (``dct_method``, ``fancy_upscaling``); a value TF
+    refuses, or a ``ratio`` (decoding at a fraction of the size) which is not
+    implemented, is an error naming the node."""
     dct_method = op._attrs.get("dct_method", "")
     if isinstance(dct_method, bytes):
         dct_method = dct_method.decode()
     if dct_method not in _DCT_METHODS:
         raise errors.InvalidArgumentError(
-            None,
-            None,
-            f"dct_method must be one of {sorted(_DCT_METHODS)}, got {dct_method!r}",
+            op.name,
+            op,
+            f"DecodeJpeg {op.name!r}: dct_method must be one of {sorted(_DCT_METHODS)}, "
+            f"got {dct_method!r}",
         )
-    fancy = bool(op._attrs.get("fancy_upscaling", True))
-    return _JpegDecoder(op._type, channels, dct_method, fancy), registry.ASYNC
+    ratio = int(op._attrs.get("ratio", 1))
+    if ratio != 1:
+        raise errors.UnimplementedError(
+            op.name,
+            op,
+            f"DecodeJpeg {op.name!r}: ratio={ratio} (decoding at 1/{ratio} of the size) is "
+            "not supported; decode at full size and resize",
+        )
+    return dct_method, bool(op._attrs.get("fancy_upscaling", True))
 
 
 @registry.register_kernel_factory("EncodePng")
