@@ -124,7 +124,7 @@ class DistributedCall(CompiledCall):
         super().__init__(compiled, bound, fetches, feed_keys, converters, rebuild)
         #: What the step is called on Dask's dashboard (its events): its fetches.
         self.name = ", ".join(t.name for t in fetches)[:120] or "(targets only)"
-        self.single = self.fast = self.inline_first = False
+        self.single = self.fast = self.inline_first = self.sync_first = False
         self.master = master
         plans = compiled.plans
         where: dict[int, tuple[str, int]] = {p: (LOCAL_TASK, i) for i, p in enumerate(local)}

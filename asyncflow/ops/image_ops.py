@@ -10,17 +10,24 @@ samples at ``out * scale`` (legacy) or ``(out + 0.5) * scale - 0.5``
 
 Decoding and encoding go through Pillow, the optional extra ``asyncflow[image]``;
 without it those kernels fail with an ``UnimplementedError`` naming the op and the
-extra.  PNG decodes bit-exactly as TF's libpng; JPEG decoders differ (TF's
-libjpeg-turbo uses its fast integer IDCT by default, Pillow the accurate one), so a
-decoded JPEG matches TF to within a few levels per pixel, not exactly.
+extra.  PNG decodes bit-exactly as TF's libpng: an 8-bit RGB or RGBA image through
+``pyspng`` (libspng, part of the extra) when it is installed, one C call on the
+bytes, the others through Pillow.  JPEG decodes through libjpeg-turbo
+by ``simplejpeg`` (part of the extra) with TF's decoder settings — its
+``dct_method`` (the fast integer IDCT by default) and ``fancy_upscaling`` —, so
+exactly TF's pixels, with far less Python per call than Pillow's header parsing;
+without ``simplejpeg`` (and for CMYK images) Pillow decodes it with the accurate
+IDCT, within a few levels per pixel of TF's.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import io
+import struct
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -82,7 +89,13 @@ def _check_resize(images: np.ndarray, size: Any) -> tuple[int, int]:
         raise errors.InvalidArgumentError(
             None, None, f"input must be 4-dimensional, got shape {list(images.shape)}"
         )
-    out_h, out_w = (int(s) for s in np.asarray(size).reshape(-1))
+    if getattr(size, "shape", None) != (2,):  # (a kernel's input is an array: one check)
+        size = np.asarray(size)
+        if size.shape != (2,):
+            raise errors.InvalidArgumentError(
+                None, None, f"size must be a 1-D tensor of 2 elements, got shape {list(size.shape)}"
+            )
+    out_h, out_w = size.tolist()
     if out_h <= 0 or out_w <= 0:
         raise errors.InvalidArgumentError(
             None, None, f"output dimensions must be positive, got [{out_h}, {out_w}]"
@@ -125,33 +138,74 @@ def _bilinear_weights(
     return lower, upper, lerp
 
 
+def _runs(columns: np.ndarray, channels: int) -> np.ndarray:
+    """Source column indices as indices into a row of ``channels``-pixel runs: a
+    ``take`` of single elements (numpy copies 1, 2, 4 or 8 bytes at a time without a
+    ``memmove`` per index, 3-channel pixels it does not)."""
+    out: np.ndarray = (columns[..., None] * channels + np.arange(channels)).reshape(
+        *columns.shape[:-1], -1
+    )
+    return out
+
+
+class _BilinearPlan(NamedTuple):
+    """How one bilinear resize gathers and weighs (read-only arrays, cached)."""
+
+    rows: np.ndarray | None  # the source rows some output row reads (None: all of them)
+    top: np.ndarray  # per output row, its lower source row's index in ``rows``
+    bottom: np.ndarray  # and its upper one's
+    columns: np.ndarray  # [[lower...], [upper...]] source columns, per channel
+    lx_run: np.ndarray  # the column weights repeated per channel
+    ly_column: np.ndarray  # the row weights, as a column
+
+
+@functools.lru_cache(maxsize=256)
+def _bilinear_plan(
+    in_h: int, in_w: int, channels: int, out_h: int, out_w: int, align: bool, half: bool
+) -> _BilinearPlan:
+    """The plan of one resize (a serving graph resizes the same sizes every call)."""
+    y0, y1, ly = _bilinear_weights(in_h, out_h, align, half)
+    x0, x1, lx = _bilinear_weights(in_w, out_w, align, half)
+    used = np.unique(np.concatenate([y0, y1]))
+    rows = None if len(used) == in_h else used
+    top, bottom = np.searchsorted(used, y0), np.searchsorted(used, y1)
+    columns = _runs(np.stack([x0, x1]), channels)
+    plan = _BilinearPlan(rows, top, bottom, columns, np.repeat(lx, channels), ly[:, None])
+    _read_only(*(a for a in plan if a is not None))
+    return plan
+
+
 def _bilinear(images: np.ndarray, out_h: int, out_w: int, align: bool, half: bool) -> np.ndarray:
-    """TF's bilinear resize, in its order of operations (its rounding).
+    """TF's bilinear resize, in its order of operations (its rounding):
+    ``top = tl + (tr - tl) * lx``, ``bottom = bl + (br - bl) * lx``,
+    ``top + (bottom - top) * ly``, in float32.
 
-    The corners are gathered with ``take`` (a fifth of fancy indexing's cost) and each
-    row interpolated as one ``[out_w * channels]`` run, the column weights repeated per
-    channel: broadcasting weights over 3 channels ran numpy's inner loop 3 values at a
-    time (a 11x17 -> 31x26 RGB resize: 82 -> 29 us).
+    Each source row some output row reads is interpolated along its columns once (the
+    same values for every output row reading it), both column bounds gathered by one
+    ``take`` and each row one run of ``out_w * channels`` values with the column
+    weights repeated per channel (broadcasting weights over 3 channels ran numpy's
+    inner loop 3 values at a time); then the output rows take their two interpolated
+    rows and interpolate between them.  An upscale interpolates each source row once
+    instead of twice per output row (11x17 -> 31x26 RGB: 19 -> 9 us).
     """
-    n, _, _, c = images.shape
-    y0, y1, ly = _bilinear_weights(images.shape[1], out_h, align, half)
-    x0, x1, lx = _bilinear_weights(images.shape[2], out_w, align, half)
-    img = images.astype(np.float32, copy=False)
-    lx_run = np.repeat(lx, c)
-
-    def lerp_columns(rows: np.ndarray) -> np.ndarray:
-        left = rows.take(x0, axis=2).reshape(n, out_h, out_w * c)
-        out: np.ndarray = (
-            left + (rows.take(x1, axis=2).reshape(n, out_h, out_w * c) - left) * lx_run
-        )
-        return out
-
-    top = lerp_columns(img.take(y0, axis=1))
-    bottom = lerp_columns(img.take(y1, axis=1))
-    bottom -= top
-    bottom *= ly[:, None]
-    top += bottom
-    return top.reshape(n, out_h, out_w, c)
+    n, in_h, in_w, c = images.shape
+    plan = _bilinear_plan(in_h, in_w, c, out_h, out_w, align, half)
+    img = images.reshape(n, in_h, in_w * c)
+    if plan.rows is not None:
+        img = img.take(plan.rows, axis=1)
+    # [n, rows, 2, out_w * c] in float32, converted once gathered (a downscale reads a
+    # fraction of its image).
+    corners = img.take(plan.columns, axis=2).astype(np.float32, copy=False)
+    left = corners[:, :, 0]
+    rows: np.ndarray = corners[:, :, 1] - left
+    rows *= plan.lx_run
+    rows += left
+    top = rows.take(plan.top, axis=1)
+    out: np.ndarray = rows.take(plan.bottom, axis=1)
+    out -= top
+    out *= plan.ly_column
+    out += top
+    return out.reshape(n, out_h, out_w, c)
 
 
 @registry.register_kernel_factory("ResizeBilinear")
@@ -186,6 +240,16 @@ def _nearest_index(
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _nearest_plan(
+    in_h: int, in_w: int, channels: int, out_h: int, out_w: int, align: bool, half: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(source rows, source columns per channel (:func:`_runs`)) of one resize; cached."""
+    x_runs = _runs(_nearest_index(in_w, out_w, align, half), channels)
+    _read_only(x_runs)
+    return _nearest_index(in_h, out_h, align, half), x_runs
+
+
 @registry.register_kernel_factory("ResizeNearestNeighbor")
 def _nearest_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     align = bool(op._attrs.get("align_corners", False))
@@ -193,9 +257,10 @@ def _nearest_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
 
     def resize(images: Any, size: Any) -> np.ndarray:
         out_h, out_w = _check_resize(images, size)
-        ys = _nearest_index(images.shape[1], out_h, align, half)
-        xs = _nearest_index(images.shape[2], out_w, align, half)
-        out: np.ndarray = images.take(ys, axis=1).take(xs, axis=2)
+        n, in_h, in_w, c = images.shape
+        ys, x_runs = _nearest_plan(in_h, in_w, c, out_h, out_w, align, half)
+        rows = images.reshape(n, in_h, in_w * c).take(ys, axis=1)
+        out: np.ndarray = rows.take(x_runs, axis=2).reshape(n, out_h, out_w, c)
         return out
 
     return resize, _resize_kind(op)
@@ -398,20 +463,43 @@ def _pixels(img: Any, fmt: str, channels: int) -> np.ndarray:
 _INLINE_DECODE_PIXELS = 128 * 128
 
 
+def _optional(module: str) -> Any:
+    """An optional decoder's module, or None when it is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+@functools.cache
+def _simplejpeg() -> Any:
+    """``simplejpeg`` (libjpeg-turbo), or None."""
+    return _optional("simplejpeg")
+
+
+@functools.cache
+def _pyspng() -> Any:
+    """``pyspng`` (libspng), or None."""
+    return _optional("pyspng")
+
+
 class _Decoder:
     """``DecodePng`` / ``DecodeJpeg``: inline when the image is small, else on the
     worker threads of the step's device.
 
     The executor calls :meth:`nowait` first: it reads the header and, for an image of
     at most ``_INLINE_DECODE_PIXELS`` pixels, decodes at once; a larger one answers
-    ``WOULD_BLOCK`` and the awaited call decodes on a thread.
+    ``WOULD_BLOCK`` and the awaited call decodes on a thread.  A C decoder giving TF's
+    pixels (a subclass's :meth:`_fast_header` says which images it takes) decodes
+    with one call on the bytes; Pillow, whose header parsing is Python, the others.
     """
 
     __slots__ = ("_channels", "_fmt", "_op_type")
 
     #: ``nowait`` answers WOULD_BLOCK only for a large image, whose awaited decode then
     #: needs nothing but a thread: a straight-line program keeps this node
-    #: (``loop_schedule.runs_straight_line``), the rare large image hops.
+    #: (``loop_schedule.runs_straight_line``), the rare large image hops.  Nor does
+    #: ``nowait`` need an event loop: ``run_sync`` calls it on the caller's thread.
     offloads = True
 
     def __init__(self, op_type: str, fmt: str, channels: int) -> None:
@@ -419,20 +507,36 @@ class _Decoder:
         self._fmt = fmt
         self._channels = channels
 
-    def _opened(self, contents: Any) -> tuple[Any, Any, bytes]:
+    def _fast_header(self, data: bytes) -> tuple[int, Any] | None:
+        """(the image's pixel count, what :meth:`_fast_decode` needs) when a C decoder
+        takes ``data``; None when Pillow decodes it."""
+        return None
+
+    def _fast_decode(self, data: bytes, how: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def _opened(self, data: bytes) -> tuple[Any, Any]:
         image_module = _pillow(self._op_type)
-        data = bytes(contents)
-        return image_module, _header(image_module, data, self._fmt, self._channels == 1), data
+        return image_module, _header(image_module, data, self._fmt, self._channels == 1)
 
     def _finish(self, image_module: Any, img: Any, data: bytes) -> np.ndarray:
         return _pixels(_load(image_module, img, data, self._fmt), self._fmt, self._channels)
 
     def decode(self, contents: Any) -> np.ndarray:
         """Decode on the calling thread, whatever the size."""
-        return self._finish(*self._opened(contents))
+        data = bytes(contents)
+        found = self._fast_header(data)
+        if found is not None:
+            return self._fast_decode(data, found[1])
+        return self._finish(*self._opened(data), data)
 
     def nowait(self, contents: Any) -> Any:
-        image_module, img, data = self._opened(contents)
+        data = bytes(contents)
+        found = self._fast_header(data)
+        if found is not None:
+            pixels, how = found
+            return WOULD_BLOCK if pixels > _INLINE_DECODE_PIXELS else self._fast_decode(data, how)
+        image_module, img = self._opened(data)
         width, height = img.size
         if width * height > _INLINE_DECODE_PIXELS:
             return WOULD_BLOCK
@@ -445,11 +549,127 @@ class _Decoder:
         return await device.run_in_thread(self.decode, contents)
 
 
+#: TF's ``DecodeJpeg`` ``dct_method`` values.
+_DCT_METHODS = frozenset({"", "INTEGER_FAST", "INTEGER_ACCURATE"})
+#: The JPEG color spaces libjpeg-turbo converts to RGB and gray as TF's decoder does
+#: (``decode_jpeg_header`` names them); CMYK and YCCK images go to Pillow.
+_TURBO_SPACES = frozenset({"Gray", "YCbCr", "RGB"})
+
+
+class _JpegDecoder(_Decoder):
+    """``DecodeJpeg`` through ``simplejpeg`` when it is installed: the header is one C
+    call (Pillow parses the markers in Python: 40 us of a 11x17 image's 45), and the
+    decode is libjpeg-turbo's with TF's settings, so the pixels are TF's own."""
+
+    __slots__ = ("_fastdct", "_fastupsample")
+
+    def __init__(self, op_type: str, channels: int, dct_method: str, fancy_upscaling: bool) -> None:
+        super().__init__(op_type, "JPEG", channels)
+        # TF: "" (its default) and "INTEGER_FAST" are JDCT_IFAST, "INTEGER_ACCURATE"
+        # JDCT_ISLOW; fancy upscaling is libjpeg's smooth chroma upsampling.
+        self._fastdct = dct_method != "INTEGER_ACCURATE"
+        self._fastupsample = not fancy_upscaling
+
+    def _fast_header(self, data: bytes) -> tuple[int, Any] | None:
+        turbo = _simplejpeg()
+        if turbo is None:
+            return None
+        try:
+            height, width, space, _ = turbo.decode_jpeg_header(data)
+        except ValueError as exc:
+            raise _invalid_data("JPEG", data, exc) from None
+        if space not in _TURBO_SPACES:
+            return None
+        gray = self._channels == 1 or (self._channels == 0 and space == "Gray")
+        return height * width, (turbo, "GRAY" if gray else "RGB")
+
+    def _fast_decode(self, data: bytes, how: Any) -> np.ndarray:
+        turbo, space = how
+        try:
+            pixels: np.ndarray = turbo.decode_jpeg(
+                data, space, fastdct=self._fastdct, fastupsample=self._fastupsample
+            )
+        except ValueError as exc:
+            raise _invalid_data("JPEG", data, exc) from None
+        return pixels
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: The output format (pyspng's name) per requested channel count and PNG color type
+#: (IHDR: 2 RGB, 6 RGBA) of the 8-bit images libspng decodes here: TF's pixels, the
+#: alpha dropped or made opaque as TF does.  Gray, palette and 16-bit images, and
+#: gray output, go to Pillow (their conversions are libpng's: see ``_pixels``).
+_SPNG_FORMATS = {
+    (0, 2): "RGB",
+    (0, 6): "RGBA",
+    (3, 2): "RGB",
+    (3, 6): "RGB",
+    (4, 2): "RGBA",
+    (4, 6): "RGBA",
+}
+
+
+class _PngDecoder(_Decoder):
+    """``DecodePng`` of an 8-bit RGB or RGBA image through ``pyspng`` (libspng) when
+    it is installed: the size is read from the IHDR chunk, the decode is one call
+    (Pillow's chunk parsing and load are Python: 20 of an 11x17 image's 24 us)."""
+
+    __slots__ = ()
+
+    def __init__(self, op_type: str, channels: int) -> None:
+        super().__init__(op_type, "PNG", channels)
+
+    def _fast_header(self, data: bytes) -> tuple[int, Any] | None:
+        spng = _pyspng()
+        if spng is None or len(data) < 26 or not data.startswith(_PNG_SIGNATURE):
+            return None
+        if data[12:16] != b"IHDR":
+            return None  # (Pillow names what is wrong)
+        width, height, depth, color = struct.unpack(">IIBB", data[16:26])
+        fmt = _SPNG_FORMATS.get((self._channels, color)) if depth == 8 else None
+        return None if fmt is None else (width * height, (spng, fmt))
+
+    def _fast_decode(self, data: bytes, how: Any) -> np.ndarray:
+        spng, fmt = how
+        try:
+            pixels: np.ndarray = spng.load(data, fmt)
+        except RuntimeError as exc:  # (pyspng's error for every libspng failure)
+            raise _invalid_data("PNG", data, exc) from None
+        return pixels
+
+
 @registry.register_kernel_factory("DecodePng")
 @registry.register_kernel_factory("DecodeJpeg")
 def _decode_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
-    fmt = "PNG" if op._type == "DecodePng" else "JPEG"
-    return _Decoder(op._type, fmt, int(op._attrs.get("channels", 0))), registry.ASYNC
+    channels = int(op._attrs.get("channels", 0))
+    if op._type == "DecodePng":
+        return _PngDecoder(op._type, channels), registry.ASYNC
+    return _JpegDecoder(op._type, channels, *_jpeg_settings(op)), registry.ASYNC
+
+
+def _jpeg_settings(op: Operation) -> tuple[str, bool]:
+    """A ``DecodeJpeg`` node's (``dct_method``, ``fancy_upscaling``); a value TF
+    refuses, or a ``ratio`` (decoding at a fraction of the size) which is not
+    implemented, is an error naming the node."""
+    dct_method = op._attrs.get("dct_method", "")
+    if isinstance(dct_method, bytes):
+        dct_method = dct_method.decode()
+    if dct_method not in _DCT_METHODS:
+        raise errors.InvalidArgumentError(
+            op.name,
+            op,
+            f"DecodeJpeg {op.name!r}: dct_method must be one of {sorted(_DCT_METHODS)}, "
+            f"got {dct_method!r}",
+        )
+    ratio = int(op._attrs.get("ratio", 1))
+    if ratio != 1:
+        raise errors.UnimplementedError(
+            op.name,
+            op,
+            f"DecodeJpeg {op.name!r}: ratio={ratio} (decoding at 1/{ratio} of the size) is "
+            "not supported; decode at full size and resize",
+        )
+    return dct_method, bool(op._attrs.get("fancy_upscaling", True))
 
 
 @registry.register_kernel_factory("EncodePng")
@@ -483,12 +703,18 @@ def _encode_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     return encode, registry.EXPENSIVE
 
 
-def _decode(op_type: str, contents: Any, channels: int, name: str | None) -> Tensor:
+def _decode(
+    op_type: str,
+    contents: Any,
+    channels: int,
+    name: str | None,
+    extra: Mapping[str, Any] | None = None,
+) -> Tensor:
     t = convert_to_tensor(contents, dtype=dtypes.string)
     return make_op(
         op_type,
         (t,),
-        {"channels": int(channels), "dtype": dtypes.uint8},
+        {"channels": int(channels), "dtype": dtypes.uint8, **(extra or {})},
         name=name,
         default_name=op_type,
     ).outputs[0]
@@ -500,11 +726,27 @@ def decode_png(contents: Any, channels: int = 0, name: str | None = None) -> Ten
     return _decode("DecodePng", contents, channels, name)
 
 
-def decode_jpeg(contents: Any, channels: int = 0, name: str | None = None) -> Tensor:
-    """A JPEG image as uint8 [height, width, channels] (op ``DecodeJpeg``).  Matches TF
-    to within a few levels per pixel (the decoders' IDCTs differ).  Needs
+def decode_jpeg(
+    contents: Any,
+    channels: int = 0,
+    name: str | None = None,
+    *,
+    fancy_upscaling: bool = True,
+    dct_method: str = "",
+) -> Tensor:
+    """A JPEG image as uint8 [height, width, channels] (op ``DecodeJpeg``): TF's exact
+    pixels through ``simplejpeg`` (libjpeg-turbo), with TF's ``fancy_upscaling`` and
+    ``dct_method`` (``""``, TF's default, and ``"INTEGER_FAST"``: the fast integer
+    IDCT; ``"INTEGER_ACCURATE"``: the accurate one).  Through Pillow alone (no
+    ``simplejpeg``, or a CMYK image) the decode is Pillow's, accurate IDCT and fancy
+    upscaling whatever they say, within a few levels of TF's pixels.  Needs
     ``asyncflow[image]``."""
-    return _decode("DecodeJpeg", contents, channels, name)
+    if dct_method not in _DCT_METHODS:
+        raise ValueError(
+            f"decode_jpeg: dct_method must be one of {sorted(_DCT_METHODS)}, got {dct_method!r}"
+        )
+    extra = {"fancy_upscaling": bool(fancy_upscaling), "dct_method": dct_method}
+    return _decode("DecodeJpeg", contents, channels, name, extra)
 
 
 def encode_png(image: Any, compression: int = -1, name: str | None = None) -> Tensor:

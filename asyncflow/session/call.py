@@ -12,6 +12,7 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from asyncflow.compiler.loop_schedule import runs_straight_line
 from asyncflow.compiler.partition import partition_graph_def
 from asyncflow.compiler.pipeline import Compiled
 from asyncflow.framework.graph import Tensor
@@ -38,6 +39,7 @@ class CompiledCall:
         "retval_converters",
         "signature",
         "single",
+        "sync_first",
     )
 
     def __init__(
@@ -79,6 +81,16 @@ class CompiledCall:
         #: task); what is left goes on awaited.  Not with receives (their callbacks
         #: would outrun the step's registration).
         self.inline_first = self.single and not any(b.receives for b in self.bound)
+        #: The synchronous door (``run_sync``, a callable's ``run_sync``) runs that first
+        #: slice on the caller's thread, with no event loop, and enters the thread's
+        #: loop only for what is left: the fast path, and one partition whose only
+        #: async nodes are ``offloads`` ones (an image decode: its ``nowait`` twin runs
+        #: inline and needs no loop; the rare node that must hop goes on awaited) — the
+        #: nodes a straight-line program may hold, whichever engine runs them.  Not
+        #: other async kernels: a queue's twin may wake a waiter bound to a loop.
+        self.sync_first = self.fast or (
+            self.inline_first and runs_straight_line(self.bound[0].nodes, hops=True)
+        )
 
     def frame(self, feed_dict: Mapping[Any, Any] | None) -> CallFrame:
         """The call frame of one step: the converted feed values, in plan order."""

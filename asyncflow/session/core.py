@@ -293,18 +293,25 @@ class Session:
     ) -> Any:
         """The sync door of ``run_sync`` and callables: the one driver, on no loop when
         it cannot need one, else on this thread's loop."""
-        # No loop at all: an all-inline plan, no deadline (its own or the session's), no
-        # slot to wait for, no progress ticker (traced or not: tracing never awaits).
+        # No loop at all: no deadline (its own or the session's), no slot to wait for,
+        # no progress ticker (traced or not: tracing never awaits), and a plan that
+        # needs no loop to start (``call.sync_first``).
         if (
-            call.fast
+            call.sync_first
             and self._loop_free
             and (options is None or (not options.timeout_in_ms and options.progress is None))
         ):
-            # The driver's first phase, run to the end, is all such a step is: called
-            # as it is (stepping the driver's coroutine once would do the same, and
-            # cost a coroutine and a StopIteration per call).
+            # The driver's first phase, called as it is (stepping the driver's coroutine
+            # once would do the same, and cost a coroutine and a StopIteration per
+            # call): an all-inline step is that phase run to its end.
             step = self._runner(call, frame, _wants_trace(options, run_metadata))
-            return self._inline_phase(call, step, None, options, run_metadata)
+            if call.fast:
+                return self._inline_phase(call, step, None, options, run_metadata)
+            result = self._inline_phase(call, step, SLICE, options, run_metadata)
+            if result is not _LEFT:
+                return result
+            # A node that hops, or a slice that ran over: phase 2, on this thread's loop.
+            return self._runners.run(self._drive(call, frame, 0, options, run_metadata, step=step))
         return self._runners.run(self._doors(call, frame, options, run_metadata))
 
     def run_stream(

@@ -372,14 +372,29 @@ def _run_options(af_: Any, run: Run, base: af.RunOptions | None) -> af.RunOption
     return dataclasses.replace(options, timeout_in_ms=timeout)
 
 
+#: How long the synchronous door's caller waits for one ``run_sync`` (its thread).
+SYNC_WAIT_S = 20.0
+
+
 class _AsyncflowRunner(_Runner):
-    def __init__(self, sess: Any, run_options: af.RunOptions | None) -> None:
+    def __init__(self, sess: Any, run_options: af.RunOptions | None, sync: bool = False) -> None:
         import asyncflow
 
         self.af = asyncflow
         self.sess = sess
         self.base = run_options
+        self.sync = sync
         self.callables: dict[int, Any] = {}
+
+    async def _sync_door(self, run: Run, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args, options=...)`` (a ``run_sync``) on a worker thread, where no
+        event loop runs: the synchronous door.  A run without a deadline of its own (nor
+        ``run_options``) passes no options, so that the door may start the step on no
+        loop at all; instead the wait for the thread is bounded (a step still waiting
+        then fails this run, and the session's close cancels it)."""
+        options = _run_options(self.af, run, self.base) if run.timeout_ms or self.base else None
+        work = asyncio.to_thread(call, *args, options=options)
+        return await asyncio.wait_for(work, SYNC_WAIT_S)
 
     async def _caller(self, run: Run, step: Awaitable[Any]) -> Any:
         """``step``, given up on after ``run.cancel_ms`` (a cancelled caller)."""
@@ -394,6 +409,8 @@ class _AsyncflowRunner(_Runner):
             raise CallerCancelled from None
 
     async def run(self, run: Run, fetches: list[Any], feeds: dict[Any, Any]) -> Any:
+        if self.sync and not run.cancel_ms:  # (a caller giving up needs the async form)
+            return await self._sync_door(run, self.sess.run_sync, fetches, feeds)
         options = _run_options(self.af, run, self.base)
         return await self._caller(run, self.sess.run(fetches, feed_dict=feeds, options=options))
 
@@ -405,6 +422,8 @@ class _AsyncflowRunner(_Runner):
             fn = self.callables[id(run)] = self.sess.make_callable(
                 fetches, feed_list=feed_list, accept_options=True
             )
+        if self.sync and not run.cancel_ms:
+            return await self._sync_door(run, fn.run_sync, *values)
         options = _run_options(self.af, run, self.base)
         return await self._caller(run, fn(*values, options=options))
 
@@ -433,12 +452,16 @@ def run_asyncflow(
     *,
     config: af.SessionConfig | None = None,
     run_options: af.RunOptions | None = None,
+    sync: bool = False,
 ) -> Outcome:
     """``program`` in an asyncflow session: ``config`` (default: two CPUs; programs
     place ops on ``/cpu:1``, so a given config needs two CPU devices too) and
     ``run_options`` (default: none) for every run and callable call (partial runs take
     no run options); each run's deadline is the program's, else ``run_options``'s,
-    else 20 s, so that nothing hangs."""
+    else 20 s, so that nothing hangs.  ``sync``: runs and callable calls go through
+    the synchronous door (``run_sync``, on a worker thread; a run whose caller gives
+    up keeps the async form), with no deadline unless the run or ``run_options`` has
+    one (the wait for the thread is bounded instead)."""
     import asyncflow as af
 
     api = asyncflow_api()
@@ -451,7 +474,7 @@ def run_asyncflow(
 
     async def main() -> Outcome:
         async with af.Session(graph=graph, config=config) as sess:
-            return await _drive(program, build, _AsyncflowRunner(sess, run_options))
+            return await _drive(program, build, _AsyncflowRunner(sess, run_options, sync))
 
     return asyncio.run(main())
 

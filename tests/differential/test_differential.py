@@ -17,6 +17,7 @@ import pytest
 
 import asyncflow as af
 from asyncflow.session import core as session_module
+from asyncflow.session.runners import SyncRunners
 
 from .oracles import Outcome, compare, run_asyncflow, run_numpy, run_reference
 from .programs import CATEGORIES, Program, generate
@@ -183,6 +184,51 @@ def test_the_loop_fast_path_runs_in_the_straight_line_variants(
     for p in programs:
         run_asyncflow(p, config=general)
     assert not any(begun)
+
+
+def test_the_sync_door_agrees_and_starts_image_programs_on_no_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Programs decoding images, through ``run_sync``: the numpy reference's values,
+    and the door taking the path the plan allows.  A plan whose only async nodes are
+    decodes (a straight-line program holding them) starts on no event loop: a small
+    image finishes there, a large one hops and enters the thread's loop after."""
+    programs = [
+        p for p in map(generate, range(PROGRAMS)) if any(n.kind == "image" for n in p.nodes)
+    ]
+    assert len(programs) >= 10
+    entered: list[int] = []
+    doors: collections.Counter[str] = collections.Counter()
+    run_sync, run_loop = session_module.Session._run_sync, SyncRunners.run
+
+    def counted_loop(self: SyncRunners, coro: Any) -> Any:
+        entered.append(1)
+        return run_loop(self, coro)
+
+    def door(self: af.Session, call: Any, *args: Any) -> Any:
+        before = len(entered)
+        try:
+            return run_sync(self, call, *args)
+        finally:
+            decodes = any(n.op == "DecodePng" for b in call.bound for n in b.plan.nodes)
+            if decodes and not call.fast:
+                path = "sync_first" if call.sync_first else "loop"
+                doors[f"{path}, {'entered' if len(entered) > before else 'no loop'}"] += 1
+
+    monkeypatch.setattr(session_module.Session, "_run_sync", door)
+    monkeypatch.setattr(SyncRunners, "run", counted_loop)
+    failures = []
+    for p in programs:
+        why = compare(run_asyncflow(p, sync=True), run_numpy(p))
+        if why is not None:
+            failures.append(f"seed {p.seed} ({p.category}): {why}")
+    assert failures == []
+    # Small images decoded inline (no loop at all), large ones hopped; plans with
+    # other async nodes (queues, sleeps) or several partitions start on the loop.
+    assert doors["sync_first, no loop"] >= 10, doors
+    assert doors["sync_first, entered"] >= 3, doors
+    assert doors["loop, entered"] >= 1, doors
+    assert doors["loop, no loop"] == 0, doors
 
 
 def test_generation_is_deterministic() -> None:
