@@ -63,6 +63,7 @@ __all__ = [
     "WorkerEnv",
     "WorkerSession",
     "on_task",
+    "shielded",
 ]
 
 T = TypeVar("T")
@@ -82,6 +83,28 @@ def on_task(error: errors.OpError, task: str) -> errors.OpError:
     tagged = type(error)(error.node_name, None, f"{error.message} (on task {task})")
     tagged.__cause__ = error
     return tagged
+
+
+async def shielded(cf: Future[T]) -> T:
+    """Await ``cf`` (a concurrent future others share) without cancelling it.
+
+    ``asyncio.shield`` alone forgets its inner future when the waiter is cancelled
+    first: an exception the shared work ends with later is then never retrieved, and
+    asyncio logs "Future exception was never retrieved" when it is collected (a
+    registration failing after the step waiting for it gave up).  So a cancelled
+    waiter retrieves that outcome once it comes.
+    """
+    waiter = asyncio.wrap_future(cf)
+    try:
+        return await asyncio.shield(waiter)
+    except asyncio.CancelledError:
+        waiter.add_done_callback(_retrieve)
+        raise
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 class TaskDevice(LocalDevice):
@@ -118,7 +141,7 @@ class TaskDevice(LocalDevice):
         except asyncio.CancelledError:
             if not cf.cancel():
                 if len(self._stuck) >= self.max_stuck:
-                    await asyncio.shield(asyncio.wrap_future(cf))  # bounded: wait now
+                    await shielded(cf)  # bounded: wait now
                 else:
                     self._abandon(pool, cf)
             raise
