@@ -350,6 +350,63 @@ async def test_reset_drops_what_masters_past_their_lease_left() -> None:
     tasks.close()
 
 
+async def test_a_push_is_written_by_the_sending_kernel_unless_it_suspends() -> None:
+    # A push that never suspends (the common case: an open idle connection) runs in
+    # the producer's _Send, in the task running its partition: no task of its own and
+    # no turn of the loop before the producer answers.  One that suspends (a connect)
+    # goes on as a task of the step: it still delivers, and is cancelled with it.
+    tasks = Tasks()
+    gate = asyncio.Event()
+    seen: list[tuple[str, str]] = []
+
+    def where() -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        return str(getattr(task.get_coro(), "__name__", ""))
+
+    async def push(task: str, step_id: int, key: str, value: Any, dead: bool) -> None:
+        seen.append(("start", where()))
+        try:
+            if step_id > 1:
+                await gate.wait()  # (a connect)
+        except asyncio.CancelledError:
+            seen.append(("cancelled", where()))
+            raise
+        seen.append(("written", where()))
+        tasks.envs[task].send_tensor(step_id, key, value, dead)
+
+    tasks.envs[A].rendezvous._push = push
+    g, b = _two_task_graph()
+    handles, _ = tasks.register(g, [b])
+    env_a, env_b = tasks.envs[A], tasks.envs[B]
+    assert await env_a.run_graph("s", handles[A], 1, []) == ([], None)
+    assert len(seen) == 2
+    assert seen[0] == ("start", seen[1][1])
+    assert seen[1][0] == "written"
+    assert seen[1][1] != "_pushing"  # the partition's own task
+    assert (await env_b.run_graph("s", handles[B], 1, []))[0] == [6.0]
+
+    seen.clear()
+    run = asyncio.ensure_future(env_a.run_graph("s", handles[A], 2, []))
+    await asyncio.sleep(0.01)
+    assert [what for what, _ in seen] == ["start"]
+    assert not run.done()  # it waits for its push
+    gate.set()
+    assert await run == ([], None)
+    assert seen[1] == ("written", "_pushing")  # went on as a task of the step
+    assert (await env_b.run_graph("s", handles[B], 2, []))[0] == [6.0]
+
+    gate.clear()
+    seen.clear()
+    run = asyncio.ensure_future(env_a.run_graph("s", handles[A], 3, []))
+    await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert [what for what, _ in seen] == ["start", "cancelled"]
+    tasks.close()
+
+
 async def test_a_failed_push_fails_the_producers_step() -> None:
     # The consumer will never get the value: the producer's run says so (naming the
     # consumer), instead of succeeding while its peer waits.

@@ -175,7 +175,7 @@ class RendezvousMgr:
         as unclaimed until it does)."""
         rdv = self._table.get(step_id)
         if rdv is None:
-            rdv = RemoteRendezvous(self._task, step_id, None, self._push)
+            rdv = RemoteRendezvous(self._task, step_id, None, self._push, push_now=True)
             if step_id in self._finished:
                 rdv.abort(
                     errors.AbortedError(None, None, f"step {step_id} is over on task {self._task}")
