@@ -637,3 +637,16 @@ async def test_the_handshake_at_connect_waits_out_the_connect_timeout() -> None:
         await cluster._hello(A, "w-0", "tcp://a")
     assert await cluster._hello(A, "w-0", "tcp://a", wait_s=5.0) == ("x", "tcp://a:1")
     assert cluster.epoch[A] == 3  # the stalls it heard of, for its runs
+
+
+async def test_a_push_outside_a_step_is_an_internal_error_and_never_starts() -> None:
+    pushed: list[str] = []
+
+    async def push(task: str, step_id: int, key: str, value: Any, dead: bool) -> None:
+        pushed.append(key)
+
+    rdv = RemoteRendezvous(A, 9, None, push, push_now=True)  # (no step attached)
+    key = f"{A}/device:CPU:0;1;{B}/device:CPU:0;a:0;0:0"
+    with pytest.raises(af.errors.InternalError, match="outside a step"):
+        rdv.send(key, 1.0)
+    assert pushed == []

@@ -114,6 +114,7 @@ class RemoteRendezvous(LocalRendezvous):
                 if self._aborted is not None:
                     raise self._abort_error(key)
                 self._sent += 1
+                self._group()  # (before the push starts: it belongs to the step)
                 pushing = push(dst, self._step_id, key, value, is_dead)
                 if self._push_now and isinstance(pushing, Coroutine):
                     self._push_started(pushing)
@@ -177,13 +178,21 @@ class RemoteRendezvous(LocalRendezvous):
             if not fut.done():
                 fut.set_exception(self._abort_error("(remote recv)"))
 
-    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+    def _group(self) -> asyncio.TaskGroup:
+        """The step's task group; an ``InternalError`` outside a step."""
         tg = self._tg
         if tg is None:
-            coro.close()
             raise errors.InternalError(
                 None, None, f"step {self._step_id}: a cross-task transfer outside a step"
             )
+        return tg
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        try:
+            tg = self._group()
+        except errors.InternalError:
+            coro.close()
+            raise
         return tg.create_task(coro)
 
     async def _pulling(self, src: str, key: str, fut: asyncio.Future[Item]) -> None:
