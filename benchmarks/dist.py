@@ -10,7 +10,10 @@ repeat, beside Dask's own anchor on the same workers through the same client:
   give Dask's own client→worker round trip (one message to a worker handler and its
   answer), both from the benchmark's loop through a connection pool of that loop (as
   a step's messages go) and through the Dask client's loop (a hop to its thread and
-  back, as any call from another loop pays), and the step's ratio to each.
+  back, as any call from another loop pays), and the step's ratio to each; and
+  Dask's floor for the step's own shape (the same five messages, three in a row,
+  between handlers of Dask's own worker servers that compute nothing), and for an
+  rpc relayed through worker 0 to worker 1 (four in a row), with the step's ratios.
   Dask's functions are ``operator`` functions, pickled by reference (as a deployed
   module's would be), never shipped by value on each call.
 * ``dist.bytes`` — a 64 MiB float32 tensor made on task 0 and summed on task 1, in
@@ -179,14 +182,17 @@ class _Bench:
         async def dask_rtt_here() -> Any:
             return await pool(w0).identity()
 
+        shape, relay = await _relays(self.cluster, pool, w0, self.w1)
         try:
             assert await self.sess.run(b, {x: 1.0}) == 4.0
-            ours, anchor, rtt, rtt_here = await _interleaved(
+            ours, anchor, rtt, rtt_here, same, nested = await _interleaved(
                 [
                     lambda: self.sess.run(b, {x: 1.0}),
                     self.on_client(self.dask_chain),
                     self.on_client(dask_rtt),
                     dask_rtt_here,
+                    shape,
+                    relay,
                 ],
                 self.n_steps,
                 self.repeats,
@@ -204,7 +210,26 @@ class _Bench:
                 f"Dask's client->worker round trip ({what}; rpc to the worker's "
                 f"identity handler, median of {self.repeats} interleaved repeats): "
                 f"{rtt_ms:.2f} ms (best {min(times) * 1e3:.2f}); a step "
-                f"{step_ms:.2f} ms costs {step_ms / rtt_ms:.1f}x it (medians)"
+                f"{step_ms:.2f} ms costs {step_ms / rtt_ms:.1f}x it (medians), "
+                f"{min(ours) / min(times):.1f}x (best repeats)"
+            )
+        for what, times in (
+            (
+                "the step's own shape on Dask's comms: five messages, three in a row "
+                "(an rpc to worker 0's handler, which pushes one way to worker 1 and "
+                "answers; an rpc to worker 1's handler, answered when the push came)",
+                same,
+            ),
+            (
+                "an rpc relayed: worker 0's handler makes an rpc to worker 1 and "
+                "answers with its answer (four messages in a row)",
+                nested,
+            ),
+        ):
+            row.notes.append(
+                f"Dask's floor for {what}, from this loop: {_median(times) * 1e3:.2f} ms "
+                f"(best {min(times) * 1e3:.2f}); a step costs {step_ms / (_median(times) * 1e3):.2f}x "
+                f"it (medians), {min(ours) / min(times):.2f}x (best repeats)"
             )
         pull = await _dask_pull(self.cluster, w0, self.w1, self.n_steps)
         row.notes.append(
@@ -241,6 +266,65 @@ class _Bench:
 
     async def kill(self, row: Row) -> None:
         row.ours = await _kill(self.af, self.cluster, self.sess, self.w0) * 1e3
+
+
+async def _relays(
+    cluster: Any, pool: Any, w0: str, w1: str
+) -> tuple[Callable[[], Awaitable[object]], Callable[[], Awaitable[object]]]:
+    """Dask's own floors for a step's shape: handlers of Dask's own worker servers
+    (on Dask's loop, with Dask's comms), called from this loop through ``pool``.
+
+    ``shape``: what a 2-task step sends, with nothing computed: the caller writes an
+    rpc to worker 0, whose handler sends 8 bytes one way to worker 1 and answers, and
+    an rpc to worker 1, whose handler answers once those bytes arrived.  ``relay``:
+    worker 0's handler makes an rpc to worker 1 and answers with its answer.
+    """
+
+    def install(dask_worker: Any) -> None:
+        arrived: dict[int, asyncio.Future[Any]] = {}
+
+        def slot(key: int) -> asyncio.Future[Any]:
+            if key not in arrived:
+                arrived[key] = asyncio.get_running_loop().create_future()
+            return arrived[key]
+
+        async def wait(comm: Any, key: int) -> Any:
+            try:
+                return await slot(key)
+            finally:
+                del arrived[key]
+
+        async def put(comm: Any, key: int, value: Any) -> None:
+            slot(key).set_result(value)
+
+        async def push(comm: Any, key: int, peer: str, value: Any) -> Any:
+            await dask_worker.rpc(peer).asyncflow_bench_put(key=key, value=value, reply=False)
+            return value
+
+        async def relay(comm: Any, peer: str) -> Any:
+            return await dask_worker.rpc(peer).identity()
+
+        for name, handler in (("wait", wait), ("put", put), ("push", push), ("relay", relay)):
+            dask_worker.handlers[f"asyncflow_bench_{name}"] = handler
+
+    async def run_install() -> None:
+        await cluster.client.run(install, workers=[w0, w1])
+
+    await cluster._call(run_install())
+    keys = iter(range(1 << 62))
+    value = np.float64(1.0).tobytes()
+
+    async def shape() -> object:
+        key = next(keys)
+        return await asyncio.gather(
+            pool(w0).asyncflow_bench_push(key=key, peer=w1, value=value),
+            pool(w1).asyncflow_bench_wait(key=key),
+        )
+
+    async def relay() -> object:
+        return await pool(w0).asyncflow_bench_relay(peer=w1)
+
+    return shape, relay
 
 
 def _median(times: list[float]) -> float:

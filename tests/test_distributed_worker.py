@@ -350,6 +350,63 @@ async def test_reset_drops_what_masters_past_their_lease_left() -> None:
     tasks.close()
 
 
+async def test_a_push_is_written_by_the_sending_kernel_unless_it_suspends() -> None:
+    # A push that never suspends (the common case: an open idle connection) runs in
+    # the producer's _Send, in the task running the step (a task's one partition runs
+    # in the task that called run_graph, as a session runs one): no task of its own
+    # and no turn of the loop before the producer answers.  One that suspends (a connect)
+    # goes on as a task of the step: it still delivers, and is cancelled with it.
+    tasks = Tasks()
+    gate = asyncio.Event()
+    seen: list[tuple[str, str]] = []
+
+    def where() -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        return str(getattr(task.get_coro(), "__name__", ""))
+
+    async def push(task: str, step_id: int, key: str, value: Any, dead: bool) -> None:
+        seen.append(("start", where()))
+        try:
+            if step_id > 1:
+                await gate.wait()  # (a connect)
+        except asyncio.CancelledError:
+            seen.append(("cancelled", where()))
+            raise
+        seen.append(("written", where()))
+        tasks.envs[task].send_tensor(step_id, key, value, dead)
+
+    tasks.envs[A].rendezvous._push = push
+    g, b = _two_task_graph()
+    handles, _ = tasks.register(g, [b])
+    env_a, env_b = tasks.envs[A], tasks.envs[B]
+    assert await env_a.run_graph("s", handles[A], 1, []) == ([], None)
+    # In the task that called run_graph: the one partition runs there as well.
+    here = where()
+    assert seen == [("start", here), ("written", here)]
+    assert (await env_b.run_graph("s", handles[B], 1, []))[0] == [6.0]
+
+    seen.clear()
+    run = asyncio.ensure_future(env_a.run_graph("s", handles[A], 2, []))
+    await asyncio.sleep(0.01)
+    assert [what for what, _ in seen] == ["start"]
+    assert not run.done()  # it waits for its push
+    gate.set()
+    assert await run == ([], None)
+    assert seen[1] == ("written", "_pushing")  # went on as a task of the step
+    assert (await env_b.run_graph("s", handles[B], 2, []))[0] == [6.0]
+
+    gate.clear()
+    seen.clear()
+    run = asyncio.ensure_future(env_a.run_graph("s", handles[A], 3, []))
+    await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert [what for what, _ in seen] == ["start", "cancelled"]
+    tasks.close()
+
+
 async def test_a_failed_push_fails_the_producers_step() -> None:
     # The consumer will never get the value: the producer's run says so (naming the
     # consumer), instead of succeeding while its peer waits.
@@ -580,3 +637,16 @@ async def test_the_handshake_at_connect_waits_out_the_connect_timeout() -> None:
         await cluster._hello(A, "w-0", "tcp://a")
     assert await cluster._hello(A, "w-0", "tcp://a", wait_s=5.0) == ("x", "tcp://a:1")
     assert cluster.epoch[A] == 3  # the stalls it heard of, for its runs
+
+
+async def test_a_push_outside_a_step_is_an_internal_error_and_never_starts() -> None:
+    pushed: list[str] = []
+
+    async def push(task: str, step_id: int, key: str, value: Any, dead: bool) -> None:
+        pushed.append(key)
+
+    rdv = RemoteRendezvous(A, 9, None, push, push_now=True)  # (no step attached)
+    key = f"{A}/device:CPU:0;1;{B}/device:CPU:0;a:0;0:0"
+    with pytest.raises(af.errors.InternalError, match="outside a step"):
+        rdv.send(key, 1.0)
+    assert pushed == []

@@ -47,6 +47,7 @@ from asyncflow.compiler.plan import Plan
 from asyncflow.config import StepStats
 from asyncflow.distributed._dask import unwire, unwire_value, wire
 from asyncflow.distributed.rendezvous import LOCAL_TASK, RemoteRendezvous, task_of
+from asyncflow.distributed.worker import shielded
 from asyncflow.framework.graph import Tensor
 from asyncflow.runtime.barrier import ExecutorBarrier
 from asyncflow.runtime.call_frame import CallFrame
@@ -190,7 +191,7 @@ class DistributedCall(CompiledCall):
             return cf.result()  # registered: no lock, no loop round trip
         # Shielded: a step cancelled (or past its deadline) while waiting does not
         # cancel the registration other steps of this plan share.
-        return await asyncio.shield(asyncio.wrap_future(self.register()))
+        return await shielded(self.register())
 
     async def _register(self) -> dict[str, str]:
         master = self.master

@@ -11,20 +11,27 @@ process (``/job:localhost``) is no server: it pushes its sends too, but *pulls*
 
 Transfers are tasks of the step's task group (:meth:`attach`); a recv that is
 cancelled (its step failed) cancels its pull, and :meth:`abort` fails every pending
-transfer at once, so no remote wait outlives its step.
+transfer at once, so no remote wait outlives its step.  A task's push
+(``push_now``) starts right in its ``_Send``: on an open idle connection it is
+written without ever suspending (a write never waits for the socket to drain), so it
+needs no task and no turn of the loop, and the task's answer to the session follows
+at once; only a push that does suspend (a connect) goes on as a task of the group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
-from typing import Any
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, TypeVar
 
 from asyncflow import errors
 from asyncflow.runtime.rendezvous import Item, LocalRendezvous, Waiter
 
 __all__ = ["LOCAL_TASK", "PullFn", "PushFn", "RemoteRendezvous", "task_of"]
+
+T = TypeVar("T")
 
 #: The task of the session's own process.
 LOCAL_TASK = "/job:localhost/replica:0/task:0"
@@ -49,6 +56,7 @@ class RemoteRendezvous(LocalRendezvous):
         "_pull",
         "_push",
         "_push_error",
+        "_push_now",
         "_step_id",
         "_task",
         "_tg",
@@ -62,12 +70,16 @@ class RemoteRendezvous(LocalRendezvous):
         pull: PullFn | None,
         push: PushFn | None = None,
         on_error: Callable[[errors.OpError], None] | None = None,
+        push_now: bool = False,
     ) -> None:
         super().__init__()
         self._task = task
         self._step_id = step_id
         self._pull = pull
         self._push = push
+        # Pushes start in the sending kernel (``push`` must not depend on the task it
+        # runs in: a task's one-way send does not, the session's calls register theirs).
+        self._push_now = push_now
         self._on_error = on_error
         self._tg: asyncio.TaskGroup | None = None
         self._push_error: errors.OpError | None = None
@@ -102,7 +114,12 @@ class RemoteRendezvous(LocalRendezvous):
                 if self._aborted is not None:
                     raise self._abort_error(key)
                 self._sent += 1
-                self._spawn(self._pushing(push, dst, key, value, is_dead))
+                self._group()  # (before the push starts: it belongs to the step)
+                pushing = push(dst, self._step_id, key, value, is_dead)
+                if self._push_now and isinstance(pushing, Coroutine):
+                    self._push_started(pushing)
+                else:
+                    self._spawn(self._pushing(pushing))
                 return
         super().send(key, value, is_dead)
 
@@ -161,13 +178,21 @@ class RemoteRendezvous(LocalRendezvous):
             if not fut.done():
                 fut.set_exception(self._abort_error("(remote recv)"))
 
-    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+    def _group(self) -> asyncio.TaskGroup:
+        """The step's task group; an ``InternalError`` outside a step."""
         tg = self._tg
         if tg is None:
-            coro.close()
             raise errors.InternalError(
                 None, None, f"step {self._step_id}: a cross-task transfer outside a step"
             )
+        return tg
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        try:
+            tg = self._group()
+        except errors.InternalError:
+            coro.close()
+            raise
         return tg.create_task(coro)
 
     async def _pulling(self, src: str, key: str, fut: asyncio.Future[Item]) -> None:
@@ -182,9 +207,22 @@ class RemoteRendezvous(LocalRendezvous):
             self._received += 1
             fut.set_result(item)
 
-    async def _pushing(self, push: PushFn, dst: str, key: str, value: Any, is_dead: bool) -> None:
+    def _push_started(self, pushing: Coroutine[Any, Any, None]) -> None:
+        """Run a push here until it first suspends; what is left (if anything) goes on
+        as a task of the step.  Its failure is reported by that task, never from
+        inside the sending kernel."""
         try:
-            await push(dst, self._step_id, key, value, is_dead)
+            suspended_on = pushing.send(None)
+        except StopIteration:
+            return  # written
+        except Exception as exc:
+            self._spawn(self._pushing(_raising(exc)))
+            return
+        self._spawn(self._pushing(_resumed(pushing, suspended_on)))
+
+    async def _pushing(self, pushing: Awaitable[None]) -> None:
+        try:
+            await pushing
         except Exception as exc:
             error = exc if isinstance(exc, errors.OpError) else errors.from_exception(exc)
             if self._push_error is None:
@@ -192,6 +230,33 @@ class RemoteRendezvous(LocalRendezvous):
             if self._on_error is not None:
                 self._on_error(error)
             self.abort(error)
+
+
+async def _raising(exc: Exception) -> None:
+    raise exc
+
+
+@types.coroutine
+def _resumed(coro: Coroutine[Any, Any, T], suspended_on: Any) -> Generator[Any, Any, T]:
+    """The rest of ``coro``, which was run by hand until it suspended on
+    ``suspended_on`` (what it awaits), as an awaitable a task can go on with: what
+    awaiting ``coro`` would have done from there on, cancellation included."""
+    while True:
+        try:
+            sent = yield suspended_on
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # thrown in by the task (its cancellation)
+            try:
+                suspended_on = coro.throw(exc)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            continue
+        try:
+            suspended_on = coro.send(sent)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
 
 def _forward(waiter: Waiter, fut: asyncio.Future[Item]) -> None:

@@ -10,7 +10,8 @@ TensorFlow's ``distributed_runtime`` shapes, on one event loop:
   container, or its own with ``isolate_session_state``) and its :class:`GraphMgr`.
 * :class:`GraphMgr` — ``register`` a task's partitions once (kernels bound here) →
   a handle; ``run`` executes them by handle and step id (one
-  :class:`~asyncflow.runtime.barrier.ExecutorBarrier` over the task's partitions).
+  :class:`~asyncflow.runtime.barrier.ExecutorBarrier` over the task's partitions, or
+  the one partition's :class:`~asyncflow.runtime.step.Step`, as a session runs it).
 * :class:`RendezvousMgr` — step id → :class:`RemoteRendezvous`, created by whichever
   comes first (the step, a peer's push, the session's push or pull).  After a step
   that succeeded here it is removed as soon as the session has pulled every value
@@ -49,11 +50,12 @@ from asyncflow import errors
 from asyncflow.compiler.plan import Plan
 from asyncflow.config import StepStats
 from asyncflow.distributed.rendezvous import PushFn, RemoteRendezvous
-from asyncflow.runtime.barrier import ExecutorBarrier
+from asyncflow.runtime.barrier import ExecutorBarrier, StepRunner
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.devices import LocalDevice
 from asyncflow.runtime.resources import ResourceMgr
+from asyncflow.runtime.step import Step
 
 __all__ = [
     "GraphMgr",
@@ -63,6 +65,7 @@ __all__ = [
     "WorkerEnv",
     "WorkerSession",
     "on_task",
+    "shielded",
 ]
 
 T = TypeVar("T")
@@ -82,6 +85,28 @@ def on_task(error: errors.OpError, task: str) -> errors.OpError:
     tagged = type(error)(error.node_name, None, f"{error.message} (on task {task})")
     tagged.__cause__ = error
     return tagged
+
+
+async def shielded(cf: Future[T]) -> T:
+    """Await ``cf`` (a concurrent future others share) without cancelling it.
+
+    ``asyncio.shield`` alone forgets its inner future when the waiter is cancelled
+    first: an exception the shared work ends with later is then never retrieved, and
+    asyncio logs "Future exception was never retrieved" when it is collected (a
+    registration failing after the step waiting for it gave up).  So a cancelled
+    waiter retrieves that outcome once it comes.
+    """
+    waiter = asyncio.wrap_future(cf)
+    try:
+        return await asyncio.shield(waiter)
+    except asyncio.CancelledError:
+        waiter.add_done_callback(_retrieve)
+        raise
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 class TaskDevice(LocalDevice):
@@ -118,7 +143,7 @@ class TaskDevice(LocalDevice):
         except asyncio.CancelledError:
             if not cf.cancel():
                 if len(self._stuck) >= self.max_stuck:
-                    await asyncio.shield(asyncio.wrap_future(cf))  # bounded: wait now
+                    await shielded(cf)  # bounded: wait now
                 else:
                     self._abandon(pool, cf)
             raise
@@ -152,7 +177,7 @@ class RendezvousMgr:
         as unclaimed until it does)."""
         rdv = self._table.get(step_id)
         if rdv is None:
-            rdv = RemoteRendezvous(self._task, step_id, None, self._push)
+            rdv = RemoteRendezvous(self._task, step_id, None, self._push, push_now=True)
             if step_id in self._finished:
                 rdv.abort(
                     errors.AbortedError(None, None, f"step {step_id} is over on task {self._task}")
@@ -365,8 +390,8 @@ class WorkerEnv:
         self.declared = Declared()
         self.sessions = SessionMgr(self)
         self.rendezvous = RendezvousMgr(task, push)
-        #: step id → (its barrier, set when it ended, its session's handle)
-        self._running: dict[int, tuple[ExecutorBarrier, asyncio.Event, str]] = {}
+        #: step id → (its runner, set when it ended, its session's handle)
+        self._running: dict[int, tuple[StepRunner, asyncio.Event, str]] = {}
 
     def device(self, name: str) -> TaskDevice:
         device = self._device_of.get(name)
@@ -406,11 +431,16 @@ class WorkerEnv:
         except errors.OpError as exc:
             raise on_task(exc, self.task) from None
         rdv = self.rendezvous.find_or_create(step_id)
-        barrier = ExecutorBarrier(
-            item.bound, item.retval_map, CallFrame(list(args)), trace=trace, rendezvous=rdv
+        frame = CallFrame(list(args))
+        # One partition (the common case) runs as the session runs one: its Step in
+        # this task, without the barrier's task group, task and turns of the loop.
+        runner: StepRunner = (
+            Step(item.bound[0], frame, trace, rdv)
+            if len(item.bound) == 1
+            else ExecutorBarrier(item.bound, item.retval_map, frame, trace=trace, rendezvous=rdv)
         )
         finished = asyncio.Event()
-        self._running[step_id] = (barrier, finished, session)
+        self._running[step_id] = (runner, finished, session)
         try:
             if rdv.aborted is not None:  # aborted (or cleaned up) before it started
                 cause = rdv.aborted
@@ -425,7 +455,7 @@ class WorkerEnv:
             async with asyncio.TaskGroup() as tg:  # the step's transfers
                 rdv.attach(tg)
                 try:
-                    values = await barrier.run()
+                    values = await runner.run()
                 except errors.OpError as exc:
                     failed = exc  # raised below: not as an ExceptionGroup of the transfers
                 finally:
@@ -441,7 +471,7 @@ class WorkerEnv:
         finally:
             self._running.pop(step_id, None)
             finished.set()
-        return values, barrier.stats
+        return values, runner.stats
 
     async def recv_tensor(self, step_id: int, key: str) -> tuple[Any, bool]:
         """The session's pull: wait for this task's send of ``key`` in step ``step_id``."""
@@ -471,8 +501,9 @@ class WorkerEnv:
         """The step is over everywhere: stop it here if it still runs, forget its rendezvous."""
         running = self._running.get(step_id)
         if running is not None:
-            running[0].abort(
-                errors.CancelledError(None, None, f"step {step_id} was stopped by the session")
+            self.abort_step(
+                step_id,
+                errors.CancelledError(None, None, f"step {step_id} was stopped by the session"),
             )
             await running[1].wait()
         self.rendezvous.cleanup(step_id)
@@ -510,9 +541,9 @@ class WorkerEnv:
                 f"the master of session {handle} on task {self.task} went "
                 f"silent past its lease: its steps are aborted",
             )
-            for step_id, (barrier, _, owner) in list(self._running.items()):
+            for step_id, (runner, _, owner) in list(self._running.items()):
                 if owner == handle:
-                    barrier.abort(error)
+                    runner.abort(error)
                     self.rendezvous.find_or_create(step_id).abort(error)
             self.sessions.delete(handle)
         return gone
