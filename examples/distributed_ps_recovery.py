@@ -48,6 +48,10 @@ class Deployment:
                 "--port",
                 "0",
                 "--no-dashboard",
+                # Dask still serves HTTP (health, metrics) without its dashboard, on all
+                # interfaces unless told: keep it on loopback like everything else here.
+                "--dashboard-address",
+                "127.0.0.1:0",
                 "--scheduler-file",
                 str(path),
             ],
@@ -76,6 +80,10 @@ class Deployment:
                 "1",
                 "--no-nanny",
                 "--no-dashboard",
+                # Dask still serves HTTP (health, metrics) without its dashboard, on all
+                # interfaces unless told: keep it on loopback like everything else here.
+                "--dashboard-address",
+                "127.0.0.1:0",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

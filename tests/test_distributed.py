@@ -459,7 +459,7 @@ def dask_cluster() -> Iterator[Any]:
     import distributed
 
     with distributed.LocalCluster(  # type: ignore[no-untyped-call]
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
     ) as dc:
         yield dc
     gc.collect()

@@ -54,6 +54,18 @@ class Procs:
         self._procs.append(proc)
         return proc
 
+    def outside_loopback(self) -> list[str]:
+        """Every listening socket of these processes bound beyond 127.0.0.1."""
+        import psutil  # type: ignore[import-untyped]  # Dask's own dependency, untyped
+
+        found = []
+        for proc in self._procs:
+            if proc.poll() is None:
+                for conn in psutil.Process(proc.pid).net_connections(kind="inet"):
+                    if conn.status == psutil.CONN_LISTEN and conn.laddr.ip != "127.0.0.1":
+                        found.append(f"pid {proc.pid}: {conn.laddr.ip}:{conn.laddr.port}")
+        return found
+
     def python(self, code: str, *args: str) -> subprocess.Popen[bytes]:
         """``python -c code args...`` whose stdout the test reads (a master process)."""
         proc = subprocess.Popen(
@@ -74,6 +86,10 @@ class Procs:
                 "--port",
                 str(port),
                 "--no-dashboard",
+                # Dask still serves HTTP (health, metrics) without its dashboard, on all
+                # interfaces unless told: keep it on loopback like everything else here.
+                "--dashboard-address",
+                "127.0.0.1:0",
                 "--scheduler-file",
                 str(path),
                 *extra,
@@ -107,6 +123,10 @@ class Procs:
                 "1",
                 "--no-nanny",
                 "--no-dashboard",
+                # Dask still serves HTTP (health, metrics) without its dashboard, on all
+                # interfaces unless told: keep it on loopback like everything else here.
+                "--dashboard-address",
+                "127.0.0.1:0",
                 *extra,
             ],
             env=env,
@@ -232,6 +252,9 @@ async def test_tasks_are_bound_by_worker_name_and_never_move(procs: Procs) -> No
         async with af.Session(named, graph=g) as sess:
             await sess.run(v.initializer)
             assert await sess.run(bump) == 2.0
+    # The scheduler and the workers serve nothing beyond loopback (Dask's HTTP server
+    # listens on every interface unless given an address, dashboard or not).
+    assert procs.outside_loopback() == []
 
 
 async def test_a_worker_back_under_its_name_takes_its_task_back(procs: Procs) -> None:
