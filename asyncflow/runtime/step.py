@@ -63,6 +63,7 @@ from asyncflow import errors
 from asyncflow.config import StepStats
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel, SendKernel
+from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.cancellation import CancellationManager, running_step
 from asyncflow.runtime.handoff import (
     HandoffQueue,
@@ -89,7 +90,6 @@ from asyncflow.runtime.propagators import (
 from asyncflow.runtime.resources import WOULD_BLOCK
 
 if TYPE_CHECKING:
-    from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.devices import LocalDevice
     from asyncflow.runtime.rendezvous import Rendezvous
 
@@ -147,7 +147,6 @@ class Step:
         "_done",
         "_error",
         "_finished",
-        "_frame",
         "_handoffs",
         "_loop",
         "_nodes",
@@ -156,6 +155,7 @@ class Step:
         "_prop",
         "_recvs",
         "_rendezvous",
+        "_results",
         "_spare",
         "_spawn",
         "_stopped",
@@ -173,7 +173,10 @@ class Step:
         handoffs: HandoffQueue | None = None,
     ) -> None:
         self._bound = bound
-        self._frame = frame
+        # The fetched values once the step finished (the frame itself is not kept: its
+        # args are in the propagator's values now, and one object less per step in
+        # flight).
+        self._results: list[Any] | None = None
         self._rendezvous = rendezvous
         self._cm = cancellation
         # Shared by the partitions of the step (None: waits are futures, see module doc).
@@ -368,7 +371,7 @@ class Step:
         arrived after its last node ran, maybe before ``run`` handed them out: a
         hand-off finishes a partition on a peer's stack, and its own task may be
         cancelled before it resumes)."""
-        retvals = self._frame.retvals
+        retvals = self._results
         if retvals is None:
             assert self._finished
             retvals = self._retvals()
@@ -441,8 +444,11 @@ class Step:
 
     @property
     def frame(self) -> CallFrame:
-        """The step's call frame (its retvals are set when it finishes)."""
-        return self._frame
+        """The step's results as a call frame (its retvals are set when it finished;
+        its args are not kept by the step)."""
+        frame = CallFrame(())
+        frame.retvals = self._results
+        return frame
 
     @property
     def stats(self) -> StepStats | None:
@@ -1047,7 +1053,7 @@ class Step:
     def _retvals(self) -> list[Any]:
         """The fetched values (the _Retval nodes); marks the step finished."""
         try:
-            retvals = self._frame.retvals = self._prop.retvals()
+            retvals = self._results = self._prop.retvals()
         except errors.OpError as error:  # a fetched tensor is dead
             self._finished = False
             self._error = error

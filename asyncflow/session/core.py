@@ -445,6 +445,7 @@ class Session:
         if step is None:
             trace = options is not None and _wants_trace(options, run_metadata)
             step = self._runner(call, frame, trace)
+        del frame  # (the step has its args: not kept while it is in flight)
         if call.inline_first:
             result = self._inline_phase(call, step, slice_s, options, run_metadata)
             if result is not _LEFT:
