@@ -130,3 +130,38 @@ async def test_a_lone_async_node_costs_few_calls_in_the_executor() -> None:
     assert per_node <= CALLS_PER_LONE_NODE, (
         f"{per_node:.1f} calls in the executor per lone async node: {dict(calls)}"
     )
+
+
+@contextmanager
+def _builtin_calls() -> Iterator[Counter[str]]:
+    """Count the builtins called meanwhile, by name (``lock.__exit__``: the lock's)."""
+    calls: Counter[str] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_call":
+            owner = getattr(arg, "__self__", None)
+            prefix = "lock." if type(owner).__name__ == "lock" else ""
+            calls[prefix + arg.__name__] += 1
+
+    sys.setprofile(profile)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
+
+
+async def test_a_step_asks_for_the_loop_twice_and_takes_the_sessions_lock_thrice() -> None:
+    """Asking for the running loop costs a system call (CPython checks the process id),
+    so the driver asks once and the step once; the session's lock is taken to count the
+    plan-cache hit, to register and count the step, and to unregister and count it."""
+
+    async def io(v: Any) -> Any:
+        return v
+
+    g, x, y = _graph(io)
+    async with af.Session(graph=g) as sess:
+        assert await sess.run(y, {x: 1.0}) == 2.0
+        with _builtin_calls() as calls:
+            assert await sess.run(y, {x: 1.0}) == 2.0
+    assert calls["get_running_loop"] <= 2, dict(calls)
+    assert calls["lock.__exit__"] <= 3, dict(calls)

@@ -299,7 +299,8 @@ class Step:
                     try:
                         parked = self._take_parked()
                         if parked is not None:
-                            task = asyncio.current_task()
+                            # (Given the loop: asking for it again costs a system call.)
+                            task = asyncio.current_task(self._loop)
                             # Its cancel requests before the first node: one more when
                             # a kernel returns means the caller was cancelled meanwhile.
                             cancels = task.cancelling()  # type: ignore[union-attr]
@@ -837,7 +838,7 @@ class Step:
             self._finish(token, i, v)
         finally:
             if not keep and self._tasks is not None:
-                self._tasks.discard(asyncio.current_task())
+                self._tasks.discard(asyncio.current_task(self._loop))
 
     def _kernel_raised(self, i: int, exc: BaseException, alone: bool) -> tuple[bool, bool]:
         """THE rule for an awaited kernel (async or thread node ``i``) that raised:
@@ -1013,7 +1014,11 @@ class Step:
 
     def _cancel_tasks(self) -> None:
         alone = self._alone
-        if alone is not None and not self._alone_aborted and alone is not asyncio.current_task():
+        if (
+            alone is not None
+            and not self._alone_aborted
+            and alone is not asyncio.current_task(self._loop)
+        ):
             self._alone_aborted = True  # the lone node awaited in the step's own task
             alone.cancel()  # (see _alone_raised)
         for task in self._tasks or ():
