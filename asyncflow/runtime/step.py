@@ -345,7 +345,17 @@ class Step:
                             await self._join()
                         raise
                     if not self._settled() or self._tasks:
-                        await self._run_tasks()
+                        if self._bound.options.own_task_group:
+                            # The step's own group, run here: no coroutine level of
+                            # its own (see _join).
+                            self._start_deferred(self._loop.create_task)
+                            try:
+                                await self._drive(self._loop)
+                            finally:
+                                if self._tasks:  # (most often empty: no coroutine to make)
+                                    await self._join()
+                        else:
+                            await self._in_task_group()
                 finally:
                     self._stopped = True
                     self._spawn = None
@@ -467,23 +477,16 @@ class Step:
             or (not self._outstanding and not self._prop.has_ready())
         )
 
-    async def _run_tasks(self) -> None:
-        """Run the step's remaining work in a task group until it is done, fails or
-        stops (``run`` sets the loop and resets the step's state after)."""
+    async def _in_task_group(self) -> None:
+        """Run the step's remaining work in an ``asyncio.TaskGroup`` (the general path,
+        ``ExecutorOptions(own_task_group=False)``) until it is done, fails or stops
+        (``run`` sets the loop and resets the step's state after)."""
         loop = self._loop
         assert loop is not None
         try:
-            if self._bound.options.own_task_group:
-                self._start_deferred(loop.create_task)
-                try:
-                    await self._drive(loop)
-                finally:
-                    if self._tasks:  # (most often empty: no coroutine to make)
-                        await self._join()
-            else:
-                async with asyncio.TaskGroup() as tg:
-                    self._start_deferred(tg.create_task)
-                    await self._drive(loop)
+            async with asyncio.TaskGroup() as tg:
+                self._start_deferred(tg.create_task)
+                await self._drive(loop)
         except BaseExceptionGroup as group:
             # Only a BaseException that is not an Exception gets here (kernel errors
             # are caught in the tasks): re-raise it as itself, never as a group.
