@@ -328,16 +328,17 @@ async def test_a_step_awaiting_one_kernel_keeps_few_objects(
         ours, coros = await _in_flight(500, step)
     # The driver and Step.run, which awaits the lone node's kernel in its own frame:
     # two levels above the kernel (six before the session had one driver, three
-    # before the lone node was awaited in Step.run), and 20 tracked objects per step
-    # (32 before, 22-24 with that third level and the context's Tokens held; a task of
-    # a plain coroutine awaiting the same keeps about 8).
+    # before the lone node was awaited in Step.run), and 17 tracked objects per step
+    # (32 before, 22-24 with that third level and the context's Tokens held, 19 while
+    # the step kept its call frame and so its args; a task of a plain coroutine
+    # awaiting the same keeps about 9).
     assert coros["Session._drive"] == 500
     assert coros["Step.run"] == 500
     assert coros["Step._await_alone"] == 0
     assert coros["Step._run_node"] == 0
-    assert coros["Step._run_tasks"] == 0
+    assert coros["Step._in_task_group"] == 0
     assert coros["Session.run"] == 0
-    assert ours < 21, ours
+    assert ours < 18, ours
 
 
 async def test_a_step_awaiting_two_kernels_keeps_one_task_and_few_objects(
@@ -364,13 +365,52 @@ async def test_a_step_awaiting_two_kernels_keeps_one_task_and_few_objects(
 
         ours, coros = await _in_flight(500, step)
     # The first kernel awaited in Step.run's frame, the other in one task of the step's
-    # own group: 31 tracked objects per step (42 when each kernel had a task and its
-    # _run_node coroutine, and the step its task-group loop and a wake-up future).
+    # own group: 29 tracked objects per step (42 when each kernel had a task and its
+    # _run_node coroutine, and the step its task-group loop and a wake-up future; 31
+    # while the step kept its call frame and so its args).
     assert coros["Step.run"] == 500
     assert coros["Step._run_node"] == 500
-    assert coros["Step._run_tasks"] == 0
+    assert coros["Step._in_task_group"] == 0
     assert coros["Step._drive"] == 0
-    assert ours < 33, ours
+    assert ours < 30, ours
+
+
+async def test_a_step_waiting_for_its_task_after_its_first_kernel_has_no_group_level(
+    graph: af.Graph, collector_off: None
+) -> None:
+    """The first kernel returned, the other still runs in the step's own group: the
+    step waits for it in Step.run's frame through its waiting loop (Step._drive), with
+    no coroutine level for the group itself."""
+    callers: set[asyncio.Task[Any] | None] = set()
+    gate = asyncio.Event()
+
+    async def io(v: Any) -> Any:
+        # The kernel awaited in the caller's task returns at once, the one in a task
+        # of the step's group waits for the gate.
+        if asyncio.current_task() not in callers:
+            await gate.wait()
+        return v
+
+    x = af.placeholder(af.float32, shape=(), name="x")
+    y = (af.py_func(io, [x], af.float32) + af.py_func(io, [x + 1.0], af.float32)) * 2.0
+    async with af.Session(graph=graph) as sess:
+        gate.set()
+        assert await sess.run(y, {x: 1.0}) == 6.0
+        gate.clear()
+        tasks = [asyncio.ensure_future(sess.run(y, {x: 1.0})) for _ in range(50)]
+        callers.update(tasks)
+        for _ in range(4):
+            await asyncio.sleep(0)
+        coros = collections.Counter(
+            o.cr_code.co_qualname for o in gc.get_objects() if inspect.iscoroutine(o)
+        )
+        gate.set()
+        assert await asyncio.gather(*tasks) == [6.0] * 50
+    assert coros["Step.run"] == 50
+    assert coros["Step._run_node"] == 50  # the waiting kernel's task
+    assert coros["Step._drive"] == 50  # the step waits for it
+    assert coros["Step._run_tasks"] == 0
+    assert coros["Step._in_task_group"] == 0
 
 
 async def test_a_refused_run_raises_when_awaited_as_from_an_async_def(graph: af.Graph) -> None:

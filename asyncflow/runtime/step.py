@@ -63,6 +63,7 @@ from asyncflow import errors
 from asyncflow.config import StepStats
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel, SendKernel
+from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.cancellation import CancellationManager, running_step
 from asyncflow.runtime.handoff import (
     HandoffQueue,
@@ -89,7 +90,6 @@ from asyncflow.runtime.propagators import (
 from asyncflow.runtime.resources import WOULD_BLOCK
 
 if TYPE_CHECKING:
-    from asyncflow.runtime.call_frame import CallFrame
     from asyncflow.runtime.devices import LocalDevice
     from asyncflow.runtime.rendezvous import Rendezvous
 
@@ -139,7 +139,6 @@ class Step:
     __slots__ = (
         "_alone",
         "_alone_aborted",
-        "_alone_cancels",
         "_alone_node",
         "_bound",
         "_cm",
@@ -148,14 +147,15 @@ class Step:
         "_done",
         "_error",
         "_finished",
-        "_frame",
         "_handoffs",
         "_loop",
         "_nodes",
         "_outstanding",
+        "_parked",
         "_prop",
         "_recvs",
         "_rendezvous",
+        "_results",
         "_spare",
         "_spawn",
         "_stopped",
@@ -173,7 +173,10 @@ class Step:
         handoffs: HandoffQueue | None = None,
     ) -> None:
         self._bound = bound
-        self._frame = frame
+        # The fetched values once the step finished (the frame itself is not kept: its
+        # args are in the propagator's values now, and one object less per step in
+        # flight).
+        self._results: list[Any] | None = None
         self._rendezvous = rendezvous
         self._cm = cancellation
         # Shared by the partitions of the step (None: waits are futures, see module doc).
@@ -190,13 +193,16 @@ class Step:
         # else None; plain fields, not a list: no object per step for it.
         self._alone: asyncio.Task[Any] | None = None
         self._alone_aborted = False  # the lone node's task was cancelled by the step's abort
-        self._alone_cancels = 0  # that task's cancel requests before the node started
         self._alone_node = -1
         self._loop: asyncio.AbstractEventLoop | None = None
         self._done: asyncio.Future[None] | None = None
         # Dispatched, unfinished nodes: tasks (and deferred ones) and waiting recvs.
         self._outstanding = 0
-        # Nodes dispatched before the step had a task group, made by the first one.
+        # The first node dispatched before the step had a task group, when it is async:
+        # (token, i, args), what ``run`` awaits in its own frame when it is the step's
+        # only work (no list, no search per run: the common step of a service).
+        self._parked: tuple[Any, int, list[Any]] | None = None
+        # The others dispatched before the step had a task group, made by the first one.
         self._deferred: list[tuple[Any, int, list[Any]]] | None = None
         # The step's tasks, made by the first one (a step that awaits one lone node, the
         # common step of a service, never makes the set).
@@ -259,8 +265,8 @@ class Step:
         every task the step started has finished.
 
         While the step's only work is async nodes, the first one's kernel is awaited
-        right in this frame (:meth:`_start_alone`), the others run as tasks beside it
-        (:meth:`_take_first`): for one node no task group, no task, no wake-up future,
+        right in this frame, the others run as tasks beside it
+        (:meth:`_take_parked`): for one node no task group, no task, no wake-up future,
         no coroutine level of its own — the common step of a service (a few inline
         kernels around one I/O call) costs one await.  The task group takes what is
         left.  What is held across that await is kept to locals of this
@@ -291,33 +297,65 @@ class Step:
                 self._loop = asyncio.get_running_loop()
                 try:
                     try:
-                        while self._alone_next():
-                            token, i, args = self._take_first()
+                        parked = self._take_parked()
+                        if parked is not None:
+                            # (Given the loop: asking for it again costs a system call.)
+                            task = asyncio.current_task(self._loop)
+                            # Its cancel requests before the first node: one more when
+                            # a kernel returns means the caller was cancelled meanwhile.
+                            cancels = task.cancelling()  # type: ignore[union-attr]
+                        while parked is not None:
+                            token, i, args = parked
+                            del parked
+                            assert task is not None
                             try:
                                 # (A kernel that raises as it is called fails its node too.)
-                                work, convert = self._start_alone(i, args)
+                                self._alone, self._alone_aborted, self._alone_node = task, False, i
+                                work, convert = self._async_work(self._nodes[i].kernel, args)
                                 del args  # (not kept while the kernel runs)
                                 v = await work
                                 del work
                                 if convert is not None:
                                     v = convert(v)
-                                self._check_alone_cancelled()
+                                if not self._alone_aborted and task.cancelling() > cancels:
+                                    # Returned although the caller was cancelled meanwhile:
+                                    # as with a task group, the cancellation wins and no
+                                    # further node starts.
+                                    raise asyncio.CancelledError
                             except BaseException as exc:
                                 if self._alone_raised(i, exc):
                                     raise
                             else:
-                                self._alone_returned(token, i, v)
+                                # Finished (a late value of an aborted step is dropped
+                                # there, and the abort's cancel of this task taken back).
+                                self._outstanding -= 1
+                                self._finish(token, i, v)
+                                if self._alone_aborted:
+                                    task.uncancel()
                             finally:
                                 self._alone = None
                             if self._alone_aborted:  # the step's abort, taken back
                                 break
+                            parked = self._take_parked()
+                        task = None  # (not kept by this frame while it awaits a group)
                     except BaseException:
+                        task = None  # (not kept by this frame in the traceback: a cycle)
                         if self._tasks:  # started beside the kernel: stopped, joined first
                             self._cancel_tasks()
                             await self._join()
                         raise
                     if not self._settled() or self._tasks:
-                        await self._run_tasks()
+                        if self._bound.options.own_task_group:
+                            # The step's own group, run here: no coroutine level of
+                            # its own (see _join).
+                            self._start_deferred(self._loop.create_task)
+                            try:
+                                await self._drive(self._loop)
+                            finally:
+                                if self._tasks:  # (most often empty: no coroutine to make)
+                                    await self._join()
+                        else:
+                            await self._in_task_group()
                 finally:
                     self._stopped = True
                     self._spawn = None
@@ -344,7 +382,7 @@ class Step:
         arrived after its last node ran, maybe before ``run`` handed them out: a
         hand-off finishes a partition on a peer's stack, and its own task may be
         cancelled before it resumes)."""
-        retvals = self._frame.retvals
+        retvals = self._results
         if retvals is None:
             assert self._finished
             retvals = self._retvals()
@@ -417,8 +455,11 @@ class Step:
 
     @property
     def frame(self) -> CallFrame:
-        """The step's call frame (its retvals are set when it finishes)."""
-        return self._frame
+        """The step's results as a call frame (its retvals are set when it finished;
+        its args are not kept by the step)."""
+        frame = CallFrame(())
+        frame.retvals = self._results
+        return frame
 
     @property
     def stats(self) -> StepStats | None:
@@ -428,19 +469,6 @@ class Step:
 
     # -- waiting for tasks ----------------------------------------------------------------
 
-    def _first_async(self) -> bool:
-        """The step waits only on nodes dispatched before it had a task group, the
-        first of them async: that one is awaited in the step's own frame (see
-        :meth:`run`), the others (``ExecutorOptions.own_task_group``: the step's own
-        group, which needs no ``async with``) run as tasks beside it."""
-        deferred = self._deferred
-        return (
-            bool(deferred)
-            and len(deferred) == self._outstanding  # type: ignore[arg-type]
-            and self._nodes[deferred[0][1]].flow == _ASYNC  # type: ignore[index]
-            and (len(deferred) == 1 or self._bound.options.own_task_group)  # type: ignore[arg-type]
-        )
-
     def _settled(self) -> bool:
         """Nothing is left for the task group: failed, stopped, or every node ran."""
         return (
@@ -449,23 +477,16 @@ class Step:
             or (not self._outstanding and not self._prop.has_ready())
         )
 
-    async def _run_tasks(self) -> None:
-        """Run the step's remaining work in a task group until it is done, fails or
-        stops (``run`` sets the loop and resets the step's state after)."""
+    async def _in_task_group(self) -> None:
+        """Run the step's remaining work in an ``asyncio.TaskGroup`` (the general path,
+        ``ExecutorOptions(own_task_group=False)``) until it is done, fails or stops
+        (``run`` sets the loop and resets the step's state after)."""
         loop = self._loop
         assert loop is not None
         try:
-            if self._bound.options.own_task_group:
-                self._start_deferred(loop.create_task)
-                try:
-                    await self._drive(loop)
-                finally:
-                    if self._tasks:  # (most often empty: no coroutine to make)
-                        await self._join()
-            else:
-                async with asyncio.TaskGroup() as tg:
-                    self._start_deferred(tg.create_task)
-                    await self._drive(loop)
+            async with asyncio.TaskGroup() as tg:
+                self._start_deferred(tg.create_task)
+                await self._drive(loop)
         except BaseExceptionGroup as group:
             # Only a BaseException that is not an Exception gets here (kernel errors
             # are caught in the tasks): re-raise it as itself, never as a group.
@@ -477,6 +498,10 @@ class Step:
         """Start the nodes dispatched before the step had a group; from now on
         ``dispatch`` starts tasks with ``spawn`` (the group's ``create_task``)."""
         self._spawn = spawn
+        parked = self._parked  # (not taken by run: it was dispatched first)
+        if parked is not None:
+            self._parked = None
+            self._start_task(spawn, *parked)
         deferred = self._deferred
         if deferred:
             for token, i, args in deferred:
@@ -551,49 +576,24 @@ class Step:
 
     # -- the lone async node, awaited in the step's own frame (see ``run``) ------------------
 
-    def _alone_next(self) -> bool:
-        """Whether ``run`` awaits an async node in its frame next: the step's only
-        work is async nodes (see :meth:`_first_async`), nothing is ready, nothing
-        failed."""
-        return self._error is None and self._first_async() and not self._prop.has_ready()
-
-    def _take_first(self) -> tuple[Any, int, list[Any]]:
-        """Take the first deferred node off the list, for ``run`` to await in its own
-        frame; the others start as tasks of the step's own group, beside it."""
+    def _take_parked(self) -> tuple[Any, int, list[Any]] | None:
+        """The parked node (see ``_parked``), taken for ``run`` to await in its own
+        frame, when the step's only work is async nodes dispatched before it had a task
+        group, nothing is ready and nothing failed; the others (with
+        ``ExecutorOptions.own_task_group``: the step's own group, which needs no
+        ``async with``) start as tasks beside it.  None: the task group takes it all."""
+        parked = self._parked
+        if parked is None or self._error is not None or self._prop.has_ready():
+            return None
         deferred = self._deferred
-        assert deferred
-        first = deferred.pop(0) if len(deferred) > 1 else deferred.pop()
-        if deferred:  # the others: tasks of the step's own group, beside this one
+        n = len(deferred) if deferred else 0
+        if self._outstanding != n + 1 or (n and not self._bound.options.own_task_group):
+            return None  # a recv or a task is outstanding too, or no own group
+        self._parked = None
+        if n:  # the others: tasks of the step's own group, beside this one
             self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]
         self._deferred = None  # (empty: not kept while the node runs)
-        return first
-
-    def _start_alone(self, i: int, args: list[Any]) -> tuple[Any, Callable[[Any], Any] | None]:
-        """Start node ``i``'s kernel in the step's own task: (what ``run`` awaits, the
-        conversion of its result or None).  The task is noted (an abort of the step
-        cancels it: :meth:`_cancel_tasks`) with its cancel requests so far."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._alone, self._alone_aborted = task, False
-        self._alone_cancels, self._alone_node = task.cancelling(), i
-        # run set current_step to this step: _start_kernel has nothing to reset.
-        work, convert, _ = self._start_kernel(self._nodes[i], args, self._label())
-        return work, convert
-
-    def _check_alone_cancelled(self) -> None:
-        """The lone kernel returned although the caller was cancelled meanwhile: as
-        with a task group, the cancellation wins and no further node starts."""
-        task = self._alone
-        if task is not None and not self._alone_aborted and task.cancelling() > self._alone_cancels:
-            raise asyncio.CancelledError
-
-    def _alone_returned(self, token: Any, i: int, v: Any) -> None:
-        """The lone node ``i`` returned ``v``: finish it (a late value of an aborted
-        step is dropped there, and the abort's cancel of this task taken back)."""
-        self._outstanding -= 1
-        self._finish(token, i, v)
-        if self._alone_aborted:
-            self._alone.uncancel()  # type: ignore[union-attr]
+        return parked
 
     def _alone_raised(self, i: int, exc: BaseException) -> bool:
         """The lone node ``i`` ended with ``exc``: True when ``run`` raises it on.
@@ -673,6 +673,9 @@ class Step:
         self._outstanding += 1
         spawn = self._spawn
         if spawn is None:
+            if kind == _ASYNC and self._parked is None and not self._deferred:
+                self._parked = (token, i, args)  # (see run)
+                return
             deferred = self._deferred
             if deferred is None:
                 deferred = self._deferred = []
@@ -838,7 +841,7 @@ class Step:
             self._finish(token, i, v)
         finally:
             if not keep and self._tasks is not None:
-                self._tasks.discard(asyncio.current_task())
+                self._tasks.discard(asyncio.current_task(self._loop))
 
     def _kernel_raised(self, i: int, exc: BaseException, alone: bool) -> tuple[bool, bool]:
         """THE rule for an awaited kernel (async or thread node ``i``) that raised:
@@ -881,14 +884,20 @@ class Step:
         reset = None
         if current_step.get() is not self:  # (the task's context has it)
             reset = current_step.set(self)  # undone after: the caller's task
-        kernel = node.kernel
-        # An async kernel with ``parts``, ``(func, convert)`` (a py_func:
-        # ``convert(await func(*args))``), runs as those: a coroutine less.
+        work, convert = self._async_work(node.kernel, args)
+        return work, convert, reset
+
+    def _async_work(
+        self, kernel: Callable[..., Any], args: list[Any]
+    ) -> tuple[Any, Callable[[Any], Any] | None]:
+        """(what to await, the conversion of its result or None) for an async kernel.
+        One with ``parts``, ``(func, convert)`` (a py_func:
+        ``convert(await func(*args))``), runs as those: a coroutine less."""
         parts = getattr(kernel, "parts", None) if self._bound.options.kernel_parts else None
         if parts is None:
-            return kernel(*args), None, reset
+            return kernel(*args), None
         func, convert = parts
-        return func(*args), convert, reset
+        return func(*args), convert
 
     def _stop_for_base_exception(self, alone: bool) -> bool:
         """A kernel raised neither an error nor a cancellation (KeyboardInterrupt,
@@ -1008,7 +1017,11 @@ class Step:
 
     def _cancel_tasks(self) -> None:
         alone = self._alone
-        if alone is not None and not self._alone_aborted and alone is not asyncio.current_task():
+        if (
+            alone is not None
+            and not self._alone_aborted
+            and alone is not asyncio.current_task(self._loop)
+        ):
             self._alone_aborted = True  # the lone node awaited in the step's own task
             alone.cancel()  # (see _alone_raised)
         for task in self._tasks or ():
@@ -1048,7 +1061,7 @@ class Step:
     def _retvals(self) -> list[Any]:
         """The fetched values (the _Retval nodes); marks the step finished."""
         try:
-            retvals = self._frame.retvals = self._prop.retvals()
+            retvals = self._results = self._prop.retvals()
         except errors.OpError as error:  # a fetched tensor is dead
             self._finished = False
             self._error = error

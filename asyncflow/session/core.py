@@ -148,13 +148,15 @@ class Session:
         self._device_names = tuple(d.name for d in self._devices)
         self._cache: dict[Any, CompiledCall] = {}
         self._compile_lock = threading.Lock()
-        self._counter_lock = threading.Lock()  # guards the three counters below
+        # Guards the counters below and the steps in flight (one lock: a step's count
+        # and registration take it once).
+        self._counter_lock = threading.Lock()
         self._compiles = 0
         self._hits = 0
         self._steps = 0
         #: Steps running on a loop; the future (made when close waits) is set when one ends.
         self._in_flight: dict[StepRunner, Future[None] | None] = {}
-        self._in_flight_lock = threading.Lock()
+        self._in_flight_lock = self._counter_lock
         self._closed = False
         # Rendezvous keys carry this session's incarnation (TF: a random 64-bit id
         # per device incarnation), so keys of different sessions never match.
@@ -452,6 +454,7 @@ class Session:
         if step is None:
             trace = options is not None and _wants_trace(options, run_metadata)
             step = self._runner(call, frame, trace)
+        del frame  # (the step has its args: not kept while it is in flight)
         if call.inline_first:
             result = self._inline_phase(call, step, slice_s, options, run_metadata)
             if result is not _LEFT:
@@ -467,11 +470,9 @@ class Session:
                 values = await step.run()
         except BaseException:
             self._count_failed(call)
-            raise
-        finally:
             self._leave(step)
-        with self._counter_lock:
-            self._completed += 1
+            raise
+        self._leave(step, completed=True)
         if started and (took := time.perf_counter() - started) >= SLOW_STEP_SECONDS:
             logger.debug(
                 "slow step: %s took %.3f s (over %.3g s)", call.signature, took, SLOW_STEP_SECONDS
@@ -665,16 +666,18 @@ class Session:
 
     def _enter(self, step: StepRunner) -> None:
         """Count ``step`` and register it in flight (``close`` aborts and waits for it)."""
-        with self._counter_lock:
-            self._steps += 1
         with self._in_flight_lock:
+            self._steps += 1
             self._check_open()
             self._in_flight[step] = None
 
-    def _leave(self, step: StepRunner) -> None:
-        """``step`` is over: unregister it (waking a ``close`` waiting for it), release it."""
+    def _leave(self, step: StepRunner, completed: bool = False) -> None:
+        """``step`` is over: unregister it (waking a ``close`` waiting for it), count it
+        when it ``completed``, release it."""
         with self._in_flight_lock:
             done = self._in_flight.pop(step, None)
+            if completed:
+                self._completed += 1
         if done is not None:  # close() waits for this step
             done.set_result(None)
         step.release()

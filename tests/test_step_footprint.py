@@ -1,0 +1,167 @@
+"""What a step costs while it waits: the objects it keeps for the cycle collector and
+the Python calls it makes around its one async kernel.
+
+A service has many steps in flight, each awaiting one I/O kernel; every object such
+a step keeps is one more for each collection to walk, times the steps in flight, and
+every call around the await is paid per step.  The bounds are relative to a plain
+coroutine doing the same work in the same process (its task, context, coroutines,
+future), so they hold on any CPython that runs the suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+import asyncflow as af
+
+#: Steps (and plain coroutines) in flight at once while their objects are counted.
+N = 400
+
+#: GC-tracked objects a waiting step may keep beyond a plain coroutine awaiting the
+#: same kernel: its Step and propagator with its value, pending-count and ready lists,
+#: the context holding the running step and numpy's quiet error state, and the
+#: session driver's coroutine.
+EXTRA_OBJECTS = 8
+
+
+def _graph(kernel: Callable[[Any], Awaitable[Any]]) -> tuple[af.Graph, af.Tensor, af.Tensor]:
+    """``kernel(x) * 2``: one async kernel between inline ones (a service's step)."""
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        y = af.multiply(af.py_func(kernel, [x], af.float32, name="io"), np.float32(2.0))
+    return g, x, y
+
+
+def _tracked() -> int:
+    gc.collect()
+    return len(gc.get_objects())
+
+
+async def _kept_per_task(start: Callable[[], Awaitable[Any]], gate: asyncio.Event) -> float:
+    """GC-tracked objects per task while ``N`` tasks of ``start()`` wait on ``gate``
+    (the tasks are gone before it returns: the next count starts from none of them)."""
+    before = _tracked()
+    tasks = [asyncio.ensure_future(start()) for _ in range(N)]
+    await asyncio.sleep(0)  # every task runs to its kernel's wait
+    await asyncio.sleep(0)
+    after = _tracked()
+    gate.set()
+    await asyncio.gather(*tasks)
+    del tasks
+    await asyncio.sleep(0)
+    gate.clear()
+    return (after - before) / N
+
+
+async def test_a_waiting_step_keeps_few_objects_beyond_a_plain_coroutine() -> None:
+    gate = asyncio.Event()
+
+    async def io(v: Any) -> Any:
+        await gate.wait()
+        return v
+
+    two = np.float32(2.0)
+
+    async def plain() -> Any:
+        return np.multiply(await io(np.float32(1.0)), two)
+
+    g, x, y = _graph(io)
+    async with af.Session(graph=g) as sess:
+        gate.set()
+        assert await sess.run(y, {x: 1.0}) == 2.0  # compiled, caches warm
+        assert await plain() == 2.0
+        gate.clear()
+        theirs = await _kept_per_task(plain, gate)
+        ours = await _kept_per_task(lambda: sess.run(y, {x: 1.0}), gate)
+    # (Rounded: a few objects per batch are the event loop's, not any task's.)
+    assert round(ours) - round(theirs) <= EXTRA_OBJECTS, (
+        f"a waiting step keeps {ours:.2f} GC-tracked objects, a plain coroutine "
+        f"{theirs:.2f}: more than {EXTRA_OBJECTS} extra"
+    )
+
+
+@contextmanager
+def _calls_in(module: str) -> Iterator[Counter[str]]:
+    """Count the Python functions of ``module`` (a file name's tail) called meanwhile."""
+    calls: Counter[str] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.endswith(module):
+            calls[frame.f_code.co_name] += 1
+
+    sys.setprofile(profile)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
+
+
+#: Python calls of the executor module per async kernel awaited in the step's own
+#: frame, the step made and run around it (a function call's body runs as such a step
+#: per call): the kernel's start, its completion and drain, the check for the next.
+CALLS_PER_LONE_NODE = 8
+
+
+async def test_a_lone_async_node_costs_few_calls_in_the_executor() -> None:
+    async def io(v: Any) -> Any:
+        return v
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        t = x
+        for k in range(20):  # twenty async nodes, one after the other
+            t = af.py_func(io, [t], af.float32, name=f"io{k}")
+    async with af.Session(graph=g) as sess:
+        assert await sess.run(t, {x: 1.0}) == 1.0
+        with _calls_in("asyncflow/runtime/step.py") as calls:
+            assert await sess.run(t, {x: 1.0}) == 1.0
+    per_node = sum(calls.values()) / 20
+    assert per_node <= CALLS_PER_LONE_NODE, (
+        f"{per_node:.1f} calls in the executor per lone async node: {dict(calls)}"
+    )
+
+
+@contextmanager
+def _builtin_calls() -> Iterator[Counter[str]]:
+    """Count the builtins called meanwhile, by name (``lock.__exit__``: the lock's)."""
+    calls: Counter[str] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_call":
+            owner = getattr(arg, "__self__", None)
+            prefix = "lock." if type(owner).__name__ == "lock" else ""
+            calls[prefix + arg.__name__] += 1
+
+    sys.setprofile(profile)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
+
+
+async def test_a_step_asks_for_the_loop_twice_and_takes_the_sessions_lock_thrice() -> None:
+    """Asking for the running loop costs a system call (CPython checks the process id),
+    so the driver asks once and the step once; the session's lock is taken to count the
+    plan-cache hit, to register and count the step, and to unregister and count it."""
+
+    async def io(v: Any) -> Any:
+        return v
+
+    g, x, y = _graph(io)
+    async with af.Session(graph=g) as sess:
+        assert await sess.run(y, {x: 1.0}) == 2.0
+        with _builtin_calls() as calls:
+            assert await sess.run(y, {x: 1.0}) == 2.0
+    assert calls["get_running_loop"] <= 2, dict(calls)
+    assert calls["lock.__exit__"] <= 3, dict(calls)
