@@ -46,6 +46,7 @@ from asyncflow.compiler.control_flow import (
     CF_EXIT,
     CF_MERGE,
     CF_NEXT,
+    CF_NONE,
     CF_SWITCH,
     FrameInfo,
 )
@@ -58,17 +59,20 @@ __all__ = [
     "I_CONST",
     "I_EXIT",
     "I_KERNEL",
+    "I_LOOP",
     "I_MERGE",
     "I_SWITCH",
     "MAX_NODES",
     "Instr",
     "LoopSchedule",
+    "root_runs_straight_line",
     "runs_straight_line",
     "schedule_loops",
 ]
 
-#: Instruction kinds.
-I_KERNEL, I_CONST, I_SWITCH, I_MERGE, I_EXIT = range(5)
+#: Instruction kinds.  ``I_LOOP``: a whole loop frame as one instruction of its
+#: parent's program (see :func:`root_runs_straight_line`).
+I_KERNEL, I_CONST, I_SWITCH, I_MERGE, I_EXIT, I_LOOP = range(6)
 
 #: A frame with more nodes keeps the general propagator: the fast path yields to the
 #: event loop only between iterations, so an iteration must stay well within a slice.
@@ -106,6 +110,34 @@ def runs_straight_line(nodes: Iterable[Any], hops: bool = False) -> bool:
         or (hops and n.flow == registry.ASYNC and getattr(n.kernel, "offloads", False) is True)
         for n in nodes
     )
+
+
+def root_runs_straight_line(
+    info: FrameInfo | None, schedules: Sequence[LoopSchedule | None], nodes: Sequence[Any]
+) -> bool:
+    """Whether a whole partition runs as ONE straight-line program (the rule's
+    structural half; the kernel kinds are :func:`runs_straight_line`'s).
+
+    Without control flow (``info`` None) that is the kernels' rule alone.  With
+    loops, the root frame's program holds each loop frame as one instruction
+    (``I_LOOP``: the frame's own schedule, run to its end) when nothing in the root
+    frame can be dead or wait: the root frame routes nothing (no Switch, Merge or
+    other control flow but the loops' Enters), every loop frame is a child of the
+    root with a :attr:`LoopSchedule.closed` schedule (its Exits always deliver live
+    values, it never hands back to the general path), the loops' kernels run inline
+    and the root's run inline or hop.  Anything else keeps the general propagator
+    (whose loop frames may still take their own schedules)."""
+    if info is None:
+        return runs_straight_line(nodes, hops=True)
+    if len(info.frames) < 2 or any(s is None or not s.closed for s in schedules[1:]):
+        return False
+    if any(f.parent != 0 for f in info.frames[1:]):
+        return False
+    if any(f == 0 and k not in (CF_NONE, CF_ENTER) for k, f in zip(info.kind, info.frame)):
+        return False
+    root = [n for n, f in zip(nodes, info.frame) if f == 0]
+    loops = [n for n, f in zip(nodes, info.frame) if f != 0]
+    return runs_straight_line(root, hops=True) and runs_straight_line(loops)
 
 
 _LIVE, _MAYBE, _DEAD = 0, 1, 2
@@ -151,6 +183,11 @@ class LoopSchedule:
     index_slots: tuple[tuple[int, int, int], ...]
     #: Per Exit: the loop Switch it reads (its dead origin in a true iteration).
     exits: tuple[tuple[int, int], ...]
+    #: Nothing of the loop's interface is ever dead: its predicate and the values
+    #: its NextIterations carry are statically live, so every run that starts with
+    #: live Enters ends in ``final`` with every Exit live (it never hands back to
+    #: the general path): the frame can be one instruction of a root program.
+    closed: bool = False
 
 
 def schedule_loops(
@@ -459,14 +496,25 @@ class _Builder:
         true, true_status, true_alias = self._program(
             body_nodes, head_status, head_alias, True, position
         )
-        final, _, _ = self._program(body_nodes, head_status, head_alias, False, position)
+        final, final_status, final_alias = self._program(
+            body_nodes, head_status, head_alias, False, position
+        )
         carries = []
         for n in self.nexts:
             src = self._resolve(true_alias, self.inputs[n][0])
             if true_status.get(src, _LIVE) == _DEAD:
                 raise _Ineligible("a NextIteration that is always dead")
             carries.append((n, src, self.out[self.next_merge[n]]))
-        return self._lower(head, true, final, carries, pred)
+        exits_live = all(
+            final_status.get(self._resolve(final_alias, self.inputs[e][0]), _LIVE) == _LIVE
+            for e in self.exits
+        )
+        closed = (
+            head_status.get(pred, _LIVE) == _LIVE
+            and exits_live
+            and all(true_status.get(src, _LIVE) == _LIVE for _, src, _ in carries)
+        )
+        return self._lower(head, true, final, carries, pred, closed)
 
     def _resolve(self, alias: dict[int, int], g: int) -> int:
         while g in alias:
@@ -586,6 +634,7 @@ class _Builder:
         final: list[tuple[Any, ...]],
         carries: list[tuple[int, int, int]],
         pred: int,
+        closed: bool,
     ) -> LoopSchedule:
         """Local slots and last-use frees for the three programs."""
         enters = self._enter_targets()
@@ -626,6 +675,7 @@ class _Builder:
             carry_frees=tuple(sorted({s for s in carry_reads if s not in keep})),
             index_slots=index_slots,
             exits=tuple((e, self.exit_switch[e]) for e in self.exits),
+            closed=closed,
         )
 
     def _enter_targets(self) -> list[tuple[int, tuple[int, ...]]]:
