@@ -61,8 +61,10 @@ if TYPE_CHECKING:
 __all__ = [
     "BInstr",
     "BoundProgram",
+    "LoopsOf",
     "Op",
     "ProgramPropagator",
+    "RunLoop",
     "bind_instr",
     "closure",
     "execute",
@@ -673,7 +675,7 @@ class ProgramPropagator:
             for e, _ in signal.entered:
                 now = time.time()
                 trace.record(e, "control", now, now, ())
-        if not run.begin():  # a value entered dead: the plan's rule said it cannot
+        if not run.begin():  # a value entered dead: the plan's rule says it cannot
             e = signal.entered[0][0]
             self._next = self._end
             self._step.fail(e, errors.InternalError(None, None, "a dead value entered a loop"))
@@ -686,30 +688,33 @@ class ProgramPropagator:
         assert run is not None
         step = self._step
         outcome = run.advance(until, step)
-        trace = step._trace
-        if trace is not None:
-            trace.label = None  # root nodes run in no frame
         if outcome == RUNNING:
             return False
         self._loop = None
-        if outcome == FAILED:
-            self._next = self._end
+        if outcome == DONE:
+            self._exits(run.exits)
             return True
-        if outcome != DONE:  # a hand-off: the plan's rule said a closed loop never does
-            self._next = self._end
+        self._next = self._end
+        if outcome != FAILED:  # a hand-off: the plan's rule says a closed loop never does
             e = run.exits[0][0] if run.exits else -1
             step.fail(e, errors.InternalError(None, None, "a loop handed off in a program"))
-            return True
+        return True
+
+    def _exits(self, exits: list[tuple[int, Any]]) -> None:
+        """The loop is done: its Exits' values into the root frame's slots (traced: as
+        control records of its last iteration; streamed: told as they arrive)."""
         vals, out = self._vals, self._bound.plan.out
         on_exit = self._bound.derived.get("on_exit")
-        for e, v in run.exits:
+        trace = self._step._trace
+        for e, v in exits:
             vals[out[e]] = v
             if trace is not None:
                 now = time.time()
                 trace.record(e, "control", now, now, ())
             if on_exit is not None:
                 on_exit(e, v)
-        return True
+        if trace is not None:
+            trace.label = None  # root nodes run in no frame
 
     def complete(self, token: Any, value: Any) -> None:
         """The hopped node's value: stored, and the program resumes after it."""
