@@ -1,14 +1,16 @@
 """The straight-line interpreter: the one engine that runs instruction programs.
 
 The compiler lowers what a fixed order can express into programs of
-:class:`~asyncflow.compiler.loop_schedule.Instr` (a frame-free partition of
-synchronous kernels: :func:`asyncflow.runtime.static_order.lower_static_order`; a
-simple loop frame's iteration: :mod:`asyncflow.compiler.loop_schedule`).  Here an
+:class:`~asyncflow.compiler.loop_schedule.Instr` (a partition of synchronous kernels
+whose root frame routes nothing, its loops one instruction each:
+:func:`asyncflow.runtime.static_order.lower_static_order`; a simple loop frame's
+iteration: :mod:`asyncflow.compiler.loop_schedule`).  Here an
 instruction is bound to its kernel as a closure over its slots (one call per node:
 no unpacking, no dispatch on its kind) and programs run over one flat value list,
 freeing each slot after its last reader.  :class:`ProgramPropagator` runs a
-frame-free partition's program; :mod:`asyncflow.runtime.loop_fastpath` runs a loop
-frame's programs iteration after iteration.  Everything else runs on the general
+partition's program; :mod:`asyncflow.runtime.loop_fastpath` runs a loop frame's
+programs iteration after iteration (for a program's loop instruction, or for the
+general propagator).  Everything else runs on the general
 propagators.
 
 The rules are the engines' shared ones: a dead input makes a node dead, a Switch
@@ -439,11 +441,11 @@ def execute(  # noqa: C901
             vals[s] = None
 
 
-# -- frame-free partitions -------------------------------------------------------------------
+# -- partition programs ----------------------------------------------------------------------
 
 
 class BoundProgram:
-    """A frame-free partition's program bound to the kernels of one bound plan, in
+    """A partition's program bound to the kernels of one bound plan, in
     blocks of :data:`CHECK_EVERY` instructions (the points where a step looks at the
     clock).  A block is lowered and its closures made when a step first reaches it:
     a large program is made over its first run's time slices (a deadline or a

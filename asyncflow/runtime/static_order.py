@@ -1,7 +1,11 @@
 """The static order of a bound plan: which node runs when, fixed for all its steps.
 
 A partition made only of inline kernels, without control flow, always runs its nodes
-in the same order: nothing waits, nothing is dead, every node runs exactly once.
+in the same order: nothing waits, nothing is dead, every node runs exactly once.  So
+does one whose root frame routes nothing and whose loops are closed
+(``loop_schedule.root_runs_straight_line``): there each loop frame is one unit of
+the order (:func:`root_order`), one ``I_LOOP`` instruction that runs the frame's own
+programs to the loop's end.
 :func:`static_order` computes that order once — the very order the plain
 propagator's ready stack would produce (LIFO, a node's first newly ready consumer
 next), so values are freed as early as on the general path — and the executor
