@@ -659,6 +659,9 @@ class ProgramPropagator:
             self._next = end
             return None
         except (Hop, RunLoop) as signal:
+            # The signal outlives this frame (the runner acts on it): without its
+            # traceback it holds no frame, and no frame holds it (no cycle per step).
+            signal.__traceback__ = None
             self._next, self._pos = b, ops.index(f) + 1
             if self._pos == len(ops):
                 self._next, self._pos = b + 1, 0
