@@ -427,3 +427,39 @@ async def test_a_streamed_loop_output_is_told_when_its_loop_ends(
         assert engines == engine
         assert seen == {looped[1].name: 10.0, later.name: 30.0}
         assert events == ["exit 10.0", "later"]  # told as the loop ended, before later ran
+
+
+def test_a_hopping_decode_before_a_loop_in_one_program(
+    engines: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The decode of a large image hops to the step's dispatch; the program waits for
+    # it, then runs the loop over its rows and the nodes after.
+    pytest.importorskip("PIL")
+    import io
+
+    from PIL import Image
+
+    from asyncflow.runtime.step import Step
+
+    dispatched: list[str] = []
+    dispatch = Step.dispatch
+
+    def counted(self: Step, token: Any, i: int, node: Any, *args: Any, **kwargs: Any) -> None:
+        dispatched.append(f"{self._bound.ops[i].name} {type(self._prop).__name__}")
+        dispatch(self, token, i, node, *args, **kwargs)
+
+    monkeypatch.setattr(Step, "dispatch", counted)
+
+    image = np.random.default_rng(7).integers(0, 256, (160, 120, 3), np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(image, "RGB").save(buf, format="PNG")
+
+    def build() -> tuple[Any, dict[Any, Any]]:
+        data = af.placeholder(af.string, (), name="data")
+        pixels = af.cast(af.image.decode_png(data, name="decode"), af.float32)
+        rows = af.map_fn(lambda row: af.reduce_sum(row), pixels)
+        return af.reduce_max(rows, name="out"), {data: buf.getvalue()}
+
+    got = run_both(build, engines, ["program", "loop"])
+    assert got == image.astype(np.float32).sum(axis=(1, 2)).max()
+    assert dispatched == ["decode ProgramPropagator", "decode PropagatorState"]
