@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
+from asyncflow.runtime.interpreter import ProgramPropagator
 from asyncflow.runtime.propagators import PropagatorState
 from tests.ordering import wait_in_flight
 
@@ -50,8 +51,12 @@ async def test_propagator_is_chosen_at_bind_time(graph: af.Graph) -> None:
         # A cond needs dead tensors but no frames.
         assert isinstance(step_of(with_cond, {"x:0": 1.0, "p:0": True}), PropagatorState)
         assert step_of(with_cond, {"x:0": 1.0, "p:0": True})._root is None
-        assert isinstance(step_of(looped, {}), PropagatorState)
-        assert step_of(looped, {})._root is not None
+        looped_first = step_of(looped, {})
+        assert isinstance(looped_first, PropagatorState)
+        assert looped_first._root is not None
+        # From its second run, a plan whose root frame routes nothing runs its loop as
+        # one instruction of its straight-line program (the loop a closed one).
+        assert isinstance(step_of(looped, {}), ProgramPropagator)
         assert await sess.run(with_cond, {"x:0": 1.0, "p:0": True}) == 4.0
         assert await sess.run(with_cond, {"x:0": 1.0, "p:0": False}) == 1.0
         assert await sess.run(looped) == 10.0

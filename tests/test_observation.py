@@ -56,10 +56,14 @@ def test_a_traced_loop_runs_its_straight_line_program() -> None:
         )
     with af.Session(graph=graph) as sess:
         bound = sess._prepare(out, {}).bound[0]
-        for trace in (False, True):
+        # The plan's first step: the general propagator, the loop on its programs; from
+        # the second on (traced or not), one program holding the loop as one instruction.
+        first = Step(bound, CallFrame([]))._prop
+        assert isinstance(first, PropagatorState)
+        assert any(loop is not None for loop in first._loops)
+        for trace in (True, False):
             prop = Step(bound, CallFrame([]), trace=trace)._prop
-            assert isinstance(prop, PropagatorState)
-            assert any(loop is not None for loop in prop._loops), trace
+            assert isinstance(prop, ProgramPropagator), trace
         md = af.RunMetadata()
         full = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
         assert sess.run_sync(out, options=full, run_metadata=md) == [6, 64.0]

@@ -46,6 +46,7 @@ from asyncflow.compiler.control_flow import (
     CF_EXIT,
     CF_MERGE,
     CF_NEXT,
+    CF_NONE,
     CF_SWITCH,
     FrameInfo,
 )
@@ -58,17 +59,20 @@ __all__ = [
     "I_CONST",
     "I_EXIT",
     "I_KERNEL",
+    "I_LOOP",
     "I_MERGE",
     "I_SWITCH",
     "MAX_NODES",
     "Instr",
     "LoopSchedule",
+    "root_runs_straight_line",
     "runs_straight_line",
     "schedule_loops",
 ]
 
-#: Instruction kinds.
-I_KERNEL, I_CONST, I_SWITCH, I_MERGE, I_EXIT = range(5)
+#: Instruction kinds.  ``I_LOOP``: a whole loop frame as one instruction of its
+#: parent's program (see :func:`root_runs_straight_line`).
+I_KERNEL, I_CONST, I_SWITCH, I_MERGE, I_EXIT, I_LOOP = range(6)
 
 #: A frame with more nodes keeps the general propagator: the fast path yields to the
 #: event loop only between iterations, so an iteration must stay well within a slice.
@@ -108,7 +112,39 @@ def runs_straight_line(nodes: Iterable[Any], hops: bool = False) -> bool:
     )
 
 
+def root_runs_straight_line(
+    info: FrameInfo | None, schedules: Sequence[LoopSchedule | None], nodes: Sequence[Any]
+) -> bool:
+    """Whether a whole partition runs as ONE straight-line program (the rule's
+    structural half; the kernel kinds are :func:`runs_straight_line`'s).
+
+    Without control flow (``info`` None) that is the kernels' rule alone.  With
+    loops, the root frame's program holds each loop frame as one instruction
+    (``I_LOOP``: the frame's own schedule, run to its end) when nothing in the root
+    frame can be dead or wait: the root frame routes nothing (no Switch, Merge or
+    other control flow but the loops' Enters), every loop frame is a child of the
+    root with a :attr:`LoopSchedule.closed` schedule (its Exits always deliver live
+    values, it never hands back to the general path), the loops' kernels run inline
+    and the root's run inline or hop.  Anything else keeps the general propagator
+    (whose loop frames may still take their own schedules)."""
+    if info is None:
+        return runs_straight_line(nodes, hops=True)
+    if len(info.frames) < 2 or any(s is None or not s.closed for s in schedules[1:]):
+        return False
+    if any(f.parent != 0 for f in info.frames[1:]):
+        return False
+    if any(f == 0 and k not in (CF_NONE, CF_ENTER) for k, f in zip(info.kind, info.frame)):
+        return False
+    root = [n for n, f in zip(nodes, info.frame) if f == 0]
+    loops = [n for n, f in zip(nodes, info.frame) if f != 0]
+    return runs_straight_line(root, hops=True) and runs_straight_line(loops)
+
+
 _LIVE, _MAYBE, _DEAD = 0, 1, 2
+#: Where a may-be-dead value is live: the conjunction of (predicate slot, side) of the
+#: ``cond`` Switches above it (its value is live exactly when each predicate took its
+#: side, the Switches' data being live then).
+Branch = frozenset[tuple[int, int]]
 _ALIASES = frozenset({"Identity", "LoopCond"})
 
 
@@ -151,6 +187,11 @@ class LoopSchedule:
     index_slots: tuple[tuple[int, int, int], ...]
     #: Per Exit: the loop Switch it reads (its dead origin in a true iteration).
     exits: tuple[tuple[int, int], ...]
+    #: Nothing of the loop's interface is ever dead: its predicate and the values
+    #: its NextIterations carry are statically live, so every run that starts with
+    #: live Enters ends in ``final`` with every Exit live (it never hands back to
+    #: the general path): the frame can be one instruction of a root program.
+    closed: bool = False
 
 
 def schedule_loops(
@@ -452,21 +493,34 @@ class _Builder:
         alias: dict[int, int] = {}
         head_nodes = [i for i in order if i not in down]
         body_nodes = [i for i in order if i in down]
-        head, head_status, head_alias = self._program(head_nodes, status, alias, None, position)
+        head, head_status, head_alias, head_tags = self._program(
+            head_nodes, status, alias, {}, None, position
+        )
         pred = self._resolve(head_alias, self.out[self.loop_cond])
         if head_status.get(pred, _LIVE) == _DEAD:
             raise _Ineligible("a predicate that is always dead")
-        true, true_status, true_alias = self._program(
-            body_nodes, head_status, head_alias, True, position
+        true, true_status, true_alias, _ = self._program(
+            body_nodes, head_status, head_alias, head_tags, True, position
         )
-        final, _, _ = self._program(body_nodes, head_status, head_alias, False, position)
+        final, final_status, final_alias, _ = self._program(
+            body_nodes, head_status, head_alias, head_tags, False, position
+        )
         carries = []
         for n in self.nexts:
             src = self._resolve(true_alias, self.inputs[n][0])
             if true_status.get(src, _LIVE) == _DEAD:
                 raise _Ineligible("a NextIteration that is always dead")
             carries.append((n, src, self.out[self.next_merge[n]]))
-        return self._lower(head, true, final, carries, pred)
+        exits_live = all(
+            final_status.get(self._resolve(final_alias, self.inputs[e][0]), _LIVE) == _LIVE
+            for e in self.exits
+        )
+        closed = (
+            head_status.get(pred, _LIVE) == _LIVE
+            and exits_live
+            and all(true_status.get(src, _LIVE) == _LIVE for _, src, _ in carries)
+        )
+        return self._lower(head, true, final, carries, pred, closed)
 
     def _resolve(self, alias: dict[int, int], g: int) -> int:
         while g in alias:
@@ -483,12 +537,13 @@ class _Builder:
         order: list[int],
         status_in: dict[int, int],
         alias_in: dict[int, int],
+        tags_in: dict[int, Branch],
         pred: bool | None,
         position: dict[int, int],
-    ) -> tuple[list[tuple[Any, ...]], dict[int, int], dict[int, int]]:
+    ) -> tuple[list[tuple[Any, ...]], dict[int, int], dict[int, int], dict[int, Branch]]:
         """The raw instructions of ``order`` (global slots) when the loop predicate is
         ``pred`` (None: the head, which does not depend on it)."""
-        t = _Trace(dict(status_in), dict(alias_in), position)
+        t = _Trace(dict(status_in), dict(alias_in), dict(tags_in), position)
         for i in order:
             ins = [self._resolve(t.alias, s) for s in self.inputs[i]]
             if i in self.loop_switches:
@@ -497,7 +552,7 @@ class _Builder:
                 self._merge(t, i, ins)
             else:
                 self._node(t, i, ins, pred)
-        return t.prog, t.status, t.alias
+        return t.prog, t.status, t.alias, t.tags
 
     def _combine(self, t: _Trace, slots: list[int]) -> tuple[int, list[int]]:
         """The worst status of ``slots`` and those that may be dead (the checks), in
@@ -509,9 +564,33 @@ class _Builder:
         )
         return worst, checks
 
-    def _set_outputs(self, t: _Trace, i: int, value: int) -> None:
+    def _set_outputs(self, t: _Trace, i: int, value: int, tag: Branch | None = None) -> None:
+        """Node ``i``'s outputs are ``value`` (``_MAYBE``: live exactly when ``tag``
+        holds, when it is known)."""
         for k in range(len(self.nodes[i].outputs)):
             t.status[self.out[i] + k] = value
+            if value == _MAYBE and tag is not None:
+                t.tags[self.out[i] + k] = tag
+
+    def _tag(self, t: _Trace, checks: list[int]) -> Branch | None:
+        """When the may-be-dead slots ``checks`` are all live: the conjunction of their
+        branches, or None when one of them has none."""
+        tag: set[tuple[int, int]] = set()
+        for s in checks:
+            c = t.tags.get(s)
+            if c is None:
+                return None
+            tag |= c
+        return frozenset(tag)
+
+    def _switch(self, t: _Trace, i: int, ins: list[int], tag: Branch | None) -> None:
+        """A Switch in the body (a ``cond``'s): its false side is live exactly when its
+        inputs are (``tag``) and the predicate is false, its true side when it is true."""
+        out = self.out[i]
+        t.status[out] = t.status[out + 1] = _MAYBE
+        if tag is not None:
+            t.tags[out] = tag | {(ins[1], 0)}
+            t.tags[out + 1] = tag | {(ins[1], 1)}
 
     def _loop_switch(self, t: _Trace, i: int, ins: list[int], pred: bool | None) -> None:
         """A loop Switch: with the predicate known true its data passes to the true
@@ -536,8 +615,12 @@ class _Builder:
         if not cands:
             self._set_outputs(t, i, _DEAD)
             return
-        value = _LIVE if any(t.st(s) == _LIVE for _, s in cands) else _MAYBE
-        self._set_outputs(t, i, value)
+        if any(t.st(s) == _LIVE for _, s in cands):
+            self._set_outputs(t, i, _LIVE)
+        else:  # live when some candidate is: always, for both sides of a cond
+            tags = [t.tags.get(s) for _, s in cands]
+            either = _disjunction(tags) if None not in tags else None  # type: ignore[arg-type]
+            self._set_outputs(t, i, _LIVE if either == frozenset() else _MAYBE, either)
         positions = tuple(pos for pos, _ in cands)
         t.prog.append((I_MERGE, i, [s for _, s in cands], self.out[i], 2, [], positions))
 
@@ -546,10 +629,11 @@ class _Builder:
         instruction (or an alias: NextIteration, identities)."""
         node, kind = self.nodes[i], self.info.kind[i]
         worst, checks = self._combine(t, ins + self._witnesses(i, t.alias))
+        tag = self._tag(t, checks)
         if worst == _DEAD:
             self._set_outputs(t, i, _DEAD)
         elif kind == CF_SWITCH:
-            self._set_outputs(t, i, _MAYBE)
+            self._switch(t, i, ins, tag)
             t.prog.append((I_SWITCH, i, ins, self.out[i], 2, checks))
         elif kind == CF_EXIT:
             t.prog.append((I_EXIT, i, ins, -1, 0, checks))
@@ -560,13 +644,13 @@ class _Builder:
         elif node.op in _ALIASES and len(ins) == 1 and not node.control_inputs:
             t.alias[self.out[i]] = ins[0]
         elif node.op == "Const":
-            self._const(t, i, node.attrs["value"], checks)
+            self._const(t, i, node.attrs["value"], checks, tag)
         else:
-            self._set_outputs(t, i, worst)
+            self._set_outputs(t, i, worst, tag)
             nout = len(node.outputs)
             t.prog.append((I_KERNEL, i, ins, self.out[i] if nout else -1, nout, checks))
 
-    def _const(self, t: _Trace, i: int, value: Any, checks: list[int]) -> None:
+    def _const(self, t: _Trace, i: int, value: Any, checks: list[int], tag: Branch | None) -> None:
         """A Const in the frame: in the template when always live, else an instruction
         (it may be dead through its control inputs)."""
         g = self.out[i]
@@ -576,7 +660,7 @@ class _Builder:
             if self.local[g] == len(self.template):
                 self.template.append(value[()] if value.ndim == 0 else value)
             return
-        self._set_outputs(t, i, _MAYBE)
+        self._set_outputs(t, i, _MAYBE, tag)
         t.prog.append((I_CONST, i, [], g, 1, checks, value[()] if value.ndim == 0 else value))
 
     def _lower(
@@ -586,6 +670,7 @@ class _Builder:
         final: list[tuple[Any, ...]],
         carries: list[tuple[int, int, int]],
         pred: int,
+        closed: bool,
     ) -> LoopSchedule:
         """Local slots and last-use frees for the three programs."""
         enters = self._enter_targets()
@@ -626,6 +711,7 @@ class _Builder:
             carry_frees=tuple(sorted({s for s in carry_reads if s not in keep})),
             index_slots=index_slots,
             exits=tuple((e, self.exit_switch[e]) for e in self.exits),
+            closed=closed,
         )
 
     def _enter_targets(self) -> list[tuple[int, tuple[int, ...]]]:
@@ -700,18 +786,45 @@ class _Builder:
 class _Trace:
     """The state of lowering one program: per global slot its status (``_LIVE``,
     ``_MAYBE`` dead, ``_DEAD``; a slot not in it is live: preloaded constants and
-    constant Enters), the slots standing for others (aliases), the raw instructions,
-    and every node's position in the frame's order."""
+    constant Enters), for a may-be-dead slot the branch it is live in when known
+    (``tags``), the slots standing for others (aliases), the raw instructions, and
+    every node's position in the frame's order."""
 
-    __slots__ = ("alias", "position", "prog", "status")
+    __slots__ = ("alias", "position", "prog", "status", "tags")
 
     def __init__(
-        self, status: dict[int, int], alias: dict[int, int], position: dict[int, int]
+        self,
+        status: dict[int, int],
+        alias: dict[int, int],
+        tags: dict[int, Branch],
+        position: dict[int, int],
     ) -> None:
         self.status = status
         self.alias = alias
+        self.tags = tags
         self.position = position
         self.prog: list[tuple[Any, ...]] = []
 
     def st(self, g: int) -> int:
         return self.status.get(g, _LIVE)
+
+
+def _disjunction(tags: Sequence[Branch]) -> Branch | None:
+    """A branch equal to "one of ``tags`` holds", or None when none is found: the
+    branches resolve pairwise (``C and p`` or ``C and not p`` is ``C``: a ``cond``'s two
+    sides merge into what holds around it, the empty branch being "always"), and the
+    answer is a resolvent every one of ``tags`` implies."""
+    known = set(tags)
+    grown = True
+    while grown:
+        grown = False
+        for a in list(known):
+            for b in list(known):
+                only_a, only_b = a - b, b - a
+                if len(only_a) == 1 == len(only_b):
+                    ((p, x),), ((q, y),) = only_a, only_b
+                    if p == q and x != y and (a & b) not in known:
+                        known.add(a & b)
+                        grown = True
+    found = [c for c in known if all(c <= tag for tag in tags)]
+    return min(found, key=len) if found else None

@@ -139,7 +139,11 @@ define_op("Select", _select_v1_shape)
 def _select_v1_kernel(cond: Any, x: Any, y: Any) -> Any:
     # TF 1.x Select: no broadcasting, but a vector condition picks whole rows; which
     # case applies is known only from the values' ranks (often unknown in a loop).
-    c, a, b = np.asarray(cond), np.asarray(x), np.asarray(y)
+    # (Arrays, the common inputs, skip asarray: an LSTM step selects three times an
+    # iteration.)
+    c = cond if cond.__class__ is np.ndarray else np.asarray(cond)
+    a = x if x.__class__ is np.ndarray else np.asarray(x)
+    b = y if y.__class__ is np.ndarray else np.asarray(y)
     if a.shape != b.shape:
         raise errors.InvalidArgumentError(
             None,
@@ -151,7 +155,7 @@ def _select_v1_kernel(cond: Any, x: Any, y: Any) -> Any:
     if c.size == 1 and a.size and (c.ndim == 0 or (c.ndim == 1 and a.ndim and len(a) == 1)):
         # One condition for the whole value (a batch of one: an RNN's
         # ``time >= sequence_length`` each step): the chosen input itself, no copy.
-        return a if c.reshape(-1)[0] else b
+        return a if c.item() else b
     if c.ndim == 1 and a.ndim > 1:
         if c.shape[0] != a.shape[0]:
             raise errors.InvalidArgumentError(

@@ -26,7 +26,7 @@ import numpy as np
 from asyncflow import errors
 from asyncflow.compiler.ir import FUNCTION_ATTR
 from asyncflow.compiler.keys import frame_key
-from asyncflow.compiler.loop_schedule import runs_straight_line
+from asyncflow.compiler.loop_schedule import root_runs_straight_line
 from asyncflow.config import ExecutorOptions
 from asyncflow.framework import registry
 
@@ -85,9 +85,10 @@ class BoundPlan:
     all_inline: bool
     #: Loops in the partition: readiness propagates through frames and iterations.
     frames: bool
-    #: Only inline kernels and no control flow (no dead tensor, no frame): untraced
-    #: steps may run its static order in the straight-line interpreter
-    #: (:mod:`asyncflow.runtime.interpreter`).
+    #: Only inline kernels and no control flow but loops that run as one instruction
+    #: each (no dead tensor, nothing routed in the root frame): steps may run its
+    #: static order in the straight-line interpreter
+    #: (:mod:`asyncflow.runtime.interpreter`; ``root_runs_straight_line``).
     schedulable: bool = False
     #: Some node is a ``_Recv`` (its value arrives from another partition).
     receives: bool = False
@@ -225,11 +226,11 @@ def bind(
                 )
             )
         )
-    # Without control-flow info there is no Switch / Merge (no CONTROL or SPECIAL kind).
-    # A frame-free program hands a node to the step's dispatch when its kernel's
-    # ``nowait`` twin cannot finish it inline (see ``runs_straight_line``).
-    schedulable = (
-        options.straight_line and plan.frames is None and runs_straight_line(nodes, hops=True)
+    # One program for the partition: frame-free, or loops as instructions of the root
+    # frame's program (see ``root_runs_straight_line``).  A program hands a node to the
+    # step's dispatch when its kernel's ``nowait`` twin cannot finish it inline.
+    schedulable = options.straight_line and root_runs_straight_line(
+        plan.frames, plan.loop_schedules, nodes
     )
     return BoundPlan(
         plan,

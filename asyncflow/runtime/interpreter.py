@@ -1,14 +1,16 @@
 """The straight-line interpreter: the one engine that runs instruction programs.
 
 The compiler lowers what a fixed order can express into programs of
-:class:`~asyncflow.compiler.loop_schedule.Instr` (a frame-free partition of
-synchronous kernels: :func:`asyncflow.runtime.static_order.lower_static_order`; a
-simple loop frame's iteration: :mod:`asyncflow.compiler.loop_schedule`).  Here an
+:class:`~asyncflow.compiler.loop_schedule.Instr` (a partition of synchronous kernels
+whose root frame routes nothing, its loops one instruction each:
+:func:`asyncflow.runtime.static_order.lower_static_order`; a simple loop frame's
+iteration: :mod:`asyncflow.compiler.loop_schedule`).  Here an
 instruction is bound to its kernel as a closure over its slots (one call per node:
 no unpacking, no dispatch on its kind) and programs run over one flat value list,
 freeing each slot after its last reader.  :class:`ProgramPropagator` runs a
-frame-free partition's program; :mod:`asyncflow.runtime.loop_fastpath` runs a loop
-frame's programs iteration after iteration.  Everything else runs on the general
+partition's program; :mod:`asyncflow.runtime.loop_fastpath` runs a loop frame's
+programs iteration after iteration (for a program's loop instruction, or for the
+general propagator).  Everything else runs on the general
 propagators.
 
 The rules are the engines' shared ones: a dead input makes a node dead, a Switch
@@ -27,10 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from asyncflow import errors
 from asyncflow.compiler.loop_schedule import (
     I_CONST,
     I_EXIT,
     I_KERNEL,
+    I_LOOP,
     I_MERGE,
     I_SWITCH,
     Instr,
@@ -40,6 +44,9 @@ from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.observe.trace import current_trace, traced_op
 from asyncflow.runtime.propagators import (
     CHECK_EVERY,
+    DONE,
+    FAILED,
+    RUNNING,
     Dead,
     check_outputs,
     first_dead,
@@ -51,13 +58,15 @@ from asyncflow.runtime.static_order import StaticProgram, lower_static_order
 
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundNode, BoundPlan
-    from asyncflow.runtime.propagators import Step
+    from asyncflow.runtime.propagators import FastLoop, FastRun, Step
 
 __all__ = [
     "BInstr",
     "BoundProgram",
+    "LoopsOf",
     "Op",
     "ProgramPropagator",
+    "RunLoop",
     "bind_instr",
     "closure",
     "execute",
@@ -194,6 +203,33 @@ class Hop(Exception):  # (a signal between a closure and its runner, not an erro
     def store(self, vals: list[Any], value: Any) -> None:
         """The node's value arrived: its outputs into ``vals``, its inputs freed."""
         _store(vals, value, self.out, self.nout, self.frees)
+
+
+class RunLoop(Exception):  # (a signal between a closure and its runner, not an error)
+    """A program reached a loop frame's instruction (``I_LOOP``): its runner starts the
+    frame's :class:`~asyncflow.runtime.propagators.FastRun` on ``entered`` (the Enters'
+    values, read here: their slots ``frees`` are free already) and goes on after it
+    when the loop is done."""
+
+    def __init__(self, loop: FastLoop, entered: list[tuple[int, Any]]) -> None:
+        super().__init__(loop)
+        self.loop, self.entered = loop, entered
+
+
+def _loop_closure(loop: FastLoop, enters: tuple[int, ...], x: Instr) -> Op:
+    """Loop frame instruction ``x`` bound to the frame's fast path ``loop``: it hands
+    the Enters' values to the runner (:class:`RunLoop`), which runs the frame (a loop
+    yields to the event loop between iterations, which one closure call cannot)."""
+    pairs = tuple(zip(enters, x.ins, strict=True))
+    frees = x.frees
+
+    def run_loop(vals: list[Any]) -> None:
+        entered = [(e, vals[s]) for e, s in pairs]
+        for r in frees:
+            vals[r] = None
+        raise RunLoop(loop, entered)
+
+    return run_loop
 
 
 def _store(vals: list[Any], value: Any, out: int, nout: int, frees: tuple[int, ...]) -> None:
@@ -405,23 +441,29 @@ def execute(  # noqa: C901
             vals[s] = None
 
 
-# -- frame-free partitions -------------------------------------------------------------------
+# -- partition programs ----------------------------------------------------------------------
 
 
 class BoundProgram:
-    """A frame-free partition's program bound to the kernels of one bound plan, in
+    """A partition's program bound to the kernels of one bound plan, in
     blocks of :data:`CHECK_EVERY` instructions (the points where a step looks at the
     clock).  A block is lowered and its closures made when a step first reaches it:
     a large program is made over its first run's time slices (a deadline or a
     cancellation lands between two blocks), and costs nothing again."""
 
-    __slots__ = ("_nodes", "args", "blocks", "program")
+    __slots__ = ("_loops", "_nodes", "args", "blocks", "program")
 
     def __init__(
-        self, program: StaticProgram, nodes: Sequence[BoundNode], args: tuple[tuple[int, int], ...]
+        self,
+        program: StaticProgram,
+        nodes: Sequence[BoundNode],
+        args: tuple[tuple[int, int], ...],
+        loops: Sequence[FastLoop | None] = (),
     ) -> None:
         self.program = program
         self._nodes = nodes
+        #: Per static loop frame: its fast path (what a loop instruction runs).
+        self._loops = loops
         #: Per block: its closures, or None until a step first runs it.
         self.blocks: list[tuple[Op, ...] | None] = [None] * (-(-len(program) // CHECK_EVERY))
         #: (slot, feed index) of every _Arg node.
@@ -433,10 +475,16 @@ class BoundProgram:
         if ops is None:
             with gc_paused(promote_after=0):  # new objects, none cyclic, kept with the plan
                 instrs = self.program.instrs(b * CHECK_EVERY, (b + 1) * CHECK_EVERY)
-                bound = [bind_instr(x, self._nodes, ()) for x in instrs]
-                ops = tuple(closure(x) for x in bound)
+                ops = tuple(self._closure(x) for x in instrs)
             self.blocks[b] = ops
         return ops
+
+    def _closure(self, x: Instr) -> Op:
+        if x.kind == I_LOOP:
+            loop = self._loops[x.value]
+            assert loop is not None  # (root_runs_straight_line: every loop has one)
+            return _loop_closure(loop, self.program.enters(x.value), x)
+        return closure(bind_instr(x, self._nodes, ()))
 
     def node_at(self, b: int, f: Op) -> int:
         """The node of closure ``f`` of block ``b`` (what a failing closure names:
@@ -444,32 +492,44 @@ class BoundProgram:
         ops = self.blocks[b]
         if ops is None or f not in ops:
             return -1
-        return self.program.order[b * CHECK_EVERY + ops.index(f)]
+        return max(-1, self.program.order[b * CHECK_EVERY + ops.index(f)])
 
 
-def program_of(bound: BoundPlan) -> BoundProgram | None:
+#: What a program's loop instructions run: per static frame of a bound plan, its fast
+#: path (``loop_fastpath.fast_loops``, given by the step: it lives above this module).
+LoopsOf = Callable[["BoundPlan"], Sequence["FastLoop | None"]]
+
+
+def _no_loops(bound: BoundPlan) -> Sequence[FastLoop | None]:
+    return ()
+
+
+def program_of(bound: BoundPlan, loops_of: LoopsOf = _no_loops) -> BoundProgram | None:
     """The program ``bound``'s steps run, or None while its plan runs on the general
     path: the plan is lowered after ``ExecutorOptions.schedule_after`` runs (by
     default its first run pays nothing for it), once.  An observed copy of a plan
-    binds the plan's program to its own kernels."""
+    binds the plan's program to its own kernels (and its loops to its own loop
+    programs, ``loops_of``)."""
     derived = bound.derived
     program = derived.get("program")
     if program is not None:
         return program  # type: ignore[no-any-return]
     ref = derived.get("base")  # an observed copy's plan, weakly (see observe.hook.observed)
     base = ref() if ref is not None else None
-    plan_program = _lowered(base if base is not None else bound)
+    plan_program = _lowered(base if base is not None else bound, loops_of)
     if plan_program is None:
         return None
     if base is None:
         program = plan_program
     else:
-        program = BoundProgram(plan_program.program, bound.nodes, plan_program.args)
+        program = BoundProgram(
+            plan_program.program, bound.nodes, plan_program.args, loops_of(bound)
+        )
     derived["program"] = program
     return program
 
 
-def _lowered(bound: BoundPlan) -> BoundProgram | None:
+def _lowered(bound: BoundPlan, loops_of: LoopsOf) -> BoundProgram | None:
     """The plan's own program, made once it has run enough (counts a run)."""
     derived = bound.derived
     program = derived.get("program")
@@ -485,23 +545,36 @@ def _lowered(bound: BoundPlan) -> BoundProgram | None:
         derived["unlowered"] = True  # some node never becomes ready: the general path
         return None
     args = tuple((s, k) for s, (k, _) in zip(plan.arg_slots, plan.partition.args))
-    program = derived["program"] = BoundProgram(lowered, bound.nodes, args)
+    program = derived["program"] = BoundProgram(lowered, bound.nodes, args, loops_of(bound))
     return program
 
 
 class ProgramPropagator:
     """Runs a :class:`BoundProgram`: every node once, in the plan's fixed order, no
     pending counts and no ready stack — what the general propagator computes for the
-    partitions it takes (synchronous kernels, no control flow: nothing is dead or
-    waited for).  Everything else the step does (first error, yielding on the clock,
-    retvals) is unchanged.
+    partitions it takes (synchronous kernels, no routing in the root frame: nothing
+    is dead or waited for).  Everything else the step does (first error, yielding on
+    the clock, retvals) is unchanged.
 
     A node whose ``nowait`` twin cannot finish it inline (:class:`Hop`) is the one
     thing dispatched: the step runs it as the general engine would (a task, a worker
     thread), the program waits, and :meth:`complete` stores its value and resumes
-    right after it."""
+    right after it.  A loop frame's instruction (:class:`RunLoop`) runs the frame's
+    own programs (:mod:`asyncflow.runtime.loop_fastpath`) until it is done — across
+    drains when the clock runs out between iterations — then the program goes on
+    after it with the Exits' values."""
 
-    __slots__ = ("_bound", "_end", "_next", "_pos", "_program", "_step", "_vals", "_waiting")
+    __slots__ = (
+        "_bound",
+        "_end",
+        "_loop",
+        "_next",
+        "_pos",
+        "_program",
+        "_step",
+        "_vals",
+        "_waiting",
+    )
 
     def __init__(
         self, step: Step, bound: BoundPlan, program: BoundProgram, args: Sequence[Any]
@@ -514,24 +587,39 @@ class ProgramPropagator:
             vals[s] = args[k]
         self._vals = vals
         self._next = 0  # the next block to run
-        self._pos = 0  # where in it (after a hop: the closure after the hopped node's)
+        self._pos = 0  # where in it (after a hop or a loop: the closure after its own)
         self._end = len(program.blocks)
         self._waiting: Hop | None = None  # the dispatched node, until its value arrives
+        self._loop: FastRun | None = None  # the loop frame running now, until it is done
 
     def has_ready(self) -> bool:
-        return self._waiting is None and self._next < self._end
+        return self._waiting is None and (self._next < self._end or self._loop is not None)
 
     def clear(self) -> None:
         self._next = self._end
+        self._loop = None
 
     def drain(self, until: float) -> bool:
         """Run the program's blocks until the end or a hop (True) or until the clock
-        passes ``until`` after a block (False: the step yields, then drains again)."""
+        passes ``until`` after a block or a loop iteration (False: the step yields,
+        then drains again)."""
         step = self._step
-        while step._error is None and self._waiting is None and self._next < self._end:
-            hop = self._run(until)
-            if hop is None:
-                return self._next >= self._end or step._error is not None
+        while step._error is None and self._waiting is None:
+            if self._loop is not None:
+                if not self._advance(until):
+                    return False
+                continue
+            if self._next >= self._end:
+                break
+            signal = self._run(until)
+            if signal is None:
+                if self._next < self._end and step._error is None:
+                    return False  # the clock: the step yields to the loop, then goes on
+                continue
+            if signal.__class__ is RunLoop:
+                self._start(signal)
+                continue
+            hop: Hop = signal  # type: ignore[assignment]
             self._waiting = hop
             # (A twin that finishes this time completes at once: the loop goes on.)
             try:
@@ -542,10 +630,10 @@ class ProgramPropagator:
         return True
 
     # The per-node hot loop: one closure call per node.
-    def _run(self, until: float) -> Hop | None:
+    def _run(self, until: float) -> Hop | RunLoop | None:
         """Run from the current position to the end (None; ``_next`` is the end), to
-        the clock (None; ``_next`` is the next block) or to a hop (the Hop; ``_next``
-        and ``_pos`` say where to resume)."""
+        the clock (None; ``_next`` is the next block) or to a hop or a loop (its
+        signal; ``_next`` and ``_pos`` say where to resume)."""
         step = self._step
         program = self._program
         blocks = program.blocks
@@ -555,7 +643,7 @@ class ProgramPropagator:
         f: Op | None = None
         ops: tuple[Op, ...] = ()
         try:
-            if self._pos:  # resuming after a hop, in the middle of block b
+            if self._pos:  # resuming after a hop or a loop, in the middle of block b
                 ops = blocks[b] or program.block(b)
                 for f in ops[self._pos :]:
                     f(vals)
@@ -570,15 +658,68 @@ class ProgramPropagator:
                     return None  # the step yields to the loop, then goes on
             self._next = end
             return None
-        except Hop as hop:
+        except (Hop, RunLoop) as signal:
+            # The signal outlives this frame (the runner acts on it): without its
+            # traceback it holds no frame, and no frame holds it (no cycle per step).
+            signal.__traceback__ = None
             self._next, self._pos = b, ops.index(f) + 1
             if self._pos == len(ops):
                 self._next, self._pos = b + 1, 0
-            return hop
+            return signal
         except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
             self._next = end
             step.fail(program.node_at(b, f) if f is not None else -1, exc)
         return None
+
+    def _start(self, signal: RunLoop) -> None:
+        """A loop instruction: its frame starts on the Enters' values."""
+        run = signal.loop.start()
+        run.entered = signal.entered
+        trace = self._step._trace
+        if trace is not None:  # the Enters route (recorded as control, as in general form)
+            for e, _ in signal.entered:
+                now = time.time()
+                trace.record(e, "control", now, now, ())
+        if not run.begin():  # a value entered dead: the plan's rule says it cannot
+            e = signal.entered[0][0]
+            self._next = self._end
+            self._step.fail(e, errors.InternalError(None, None, "a dead value entered a loop"))
+            return
+        self._loop = run
+
+    def _advance(self, until: float) -> bool:
+        """Run the current loop frame; False when the clock passed ``until`` first."""
+        run = self._loop
+        assert run is not None
+        step = self._step
+        outcome = run.advance(until, step)
+        if outcome == RUNNING:
+            return False
+        self._loop = None
+        if outcome == DONE:
+            self._exits(run.exits)
+            return True
+        self._next = self._end
+        if outcome != FAILED:  # a hand-off: the plan's rule says a closed loop never does
+            e = run.exits[0][0] if run.exits else -1
+            step.fail(e, errors.InternalError(None, None, "a loop handed off in a program"))
+        return True
+
+    def _exits(self, exits: list[tuple[int, Any]]) -> None:
+        """The loop is done: its Exits' values into the root frame's slots (traced: as
+        control records of its last iteration; streamed: told as they arrive)."""
+        vals, out = self._vals, self._bound.plan.out
+        on_exit = self._bound.derived.get("on_exit")
+        trace = self._step._trace
+        for e, v in exits:
+            vals[out[e]] = v
+            if trace is not None:
+                now = time.time()
+                trace.record(e, "control", now, now, ())
+            if on_exit is not None:
+                on_exit(e, v)
+        if trace is not None:
+            trace.label = None  # root nodes run in no frame
 
     def complete(self, token: Any, value: Any) -> None:
         """The hopped node's value: stored, and the program resumes after it."""

@@ -9,9 +9,13 @@ body of an iteration that goes on become closures of the straight-line interpret
 instance of such a frame in a step: one flat value list, reused from iteration to
 iteration, and the iteration counter.
 
-The :class:`~asyncflow.runtime.propagators.PropagatorState` stays in charge of
-frames: it creates a ``LoopRun`` when the frame is entered, gives it the Enters'
-values, calls :meth:`LoopRun.advance` from its drain (resumable between iterations,
+A partition that runs as one program (``loop_schedule.root_runs_straight_line``)
+holds each loop frame as one instruction: its
+:class:`~asyncflow.runtime.interpreter.ProgramPropagator` starts a ``LoopRun`` on the
+Enters' values, advances it (resumable, as below) and stores its Exits' values; such
+a loop is closed (it never hands back).  Elsewhere the
+:class:`~asyncflow.runtime.propagators.PropagatorState` stays in charge of frames:
+it creates a ``LoopRun`` when the frame is entered, gives it the Enters' values, calls :meth:`LoopRun.advance` from its drain (resumable between iterations,
 so the step still yields to the event loop on its time slice), and afterwards
 delivers the Exits.  When a run meets what the straight-line programs do not model
 (a loop variable entering dead, or NextIterations of one iteration not all live),

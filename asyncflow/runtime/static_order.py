@@ -1,7 +1,11 @@
 """The static order of a bound plan: which node runs when, fixed for all its steps.
 
 A partition made only of inline kernels, without control flow, always runs its nodes
-in the same order: nothing waits, nothing is dead, every node runs exactly once.
+in the same order: nothing waits, nothing is dead, every node runs exactly once.  So
+does one whose root frame routes nothing and whose loops are closed
+(``loop_schedule.root_runs_straight_line``): there each loop frame is one unit of
+the order (:func:`root_order`), one ``I_LOOP`` instruction that runs the frame's own
+programs to the loop's end.
 :func:`static_order` computes that order once — the very order the plain
 propagator's ready stack would produce (LIFO, a node's first newly ready consumer
 next), so values are freed as early as on the general path — and the executor
@@ -19,7 +23,8 @@ nothing for it.  It reads the plan's tables and writes nothing back.
 
 from __future__ import annotations
 
-from asyncflow.compiler.loop_schedule import I_KERNEL, Instr
+from asyncflow.compiler.control_flow import CF_ENTER
+from asyncflow.compiler.loop_schedule import I_KERNEL, I_LOOP, Instr
 from asyncflow.compiler.plan import Plan
 
 __all__ = ["StaticProgram", "lower_static_order", "static_order"]
@@ -27,7 +32,11 @@ __all__ = ["StaticProgram", "lower_static_order", "static_order"]
 
 def static_order(plan: Plan) -> tuple[int, ...] | None:
     """Every scheduled node of ``plan`` once, producers before consumers (None when
-    some node never becomes ready: the general path then reports what waits)."""
+    some node never becomes ready: the general path then reports what waits).  With
+    loops (``root_runs_straight_line``): the root frame's nodes, and each loop frame
+    ``f`` once as ``-f`` (see :func:`root_order`)."""
+    if plan.frames is not None:
+        return root_order(plan)
     pending = list(plan.initial_pending)
     consumers = plan.consumers
     ready = list(plan.initial_ready)
@@ -53,6 +62,43 @@ def static_order(plan: Plan) -> tuple[int, ...] | None:
     return tuple(order) if len(order) == len(plan.nodes) else None
 
 
+def _unit_of(plan: Plan) -> list[int]:
+    """Per node, what the root program runs it as: itself (a root node) or ``-f``
+    (its loop frame ``f``: the frame's nodes and the Enters into it)."""
+    info = plan.frames
+    assert info is not None
+    return [
+        -c if k == CF_ENTER else (-f if f else i)
+        for i, (k, f, c) in enumerate(zip(info.kind, info.frame, info.child))
+    ]
+
+
+def root_order(plan: Plan) -> tuple[int, ...] | None:
+    """The root frame's program order, each loop frame one unit ``-f``: the order the
+    plain propagator's ready stack would take over the graph of units (a unit's
+    producers are its nodes' producers outside it)."""
+    unit = _unit_of(plan)
+    units = list(dict.fromkeys(unit))
+    succ: dict[int, list[int]] = {u: [] for u in units}
+    pending = dict.fromkeys(units, 0)
+    for p, cs in enumerate(plan.consumers):
+        u = unit[p]
+        for v in dict.fromkeys(unit[c] for c in cs):
+            if v != u and v not in succ[u]:
+                succ[u].append(v)
+                pending[v] += 1
+    ready = [u for u in reversed(units) if not pending[u]]
+    order: list[int] = []
+    while ready:
+        u = ready.pop()
+        order.append(u)
+        for v in reversed(succ[u]):
+            pending[v] -= 1
+            if not pending[v]:
+                ready.append(v)
+    return tuple(order) if len(order) == len(units) else None
+
+
 class StaticProgram:
     """A plan's static order as an instruction program over the plan's slots, lowered
     a range at a time (:meth:`instrs`): a large partition's program is made as its
@@ -62,16 +108,23 @@ class StaticProgram:
     producers of unread outputs) free what they free anyway, and a value read by
     several is freed by the last of them in the order."""
 
-    __slots__ = ("_extra", "_plan", "order")
+    __slots__ = ("_enters", "_extra", "_plan", "order")
 
     def __init__(self, plan: Plan, order: tuple[int, ...]) -> None:
         self._plan = plan
         self.order = order
+        #: Loop frame -> its Enters (a loop unit reads and frees what they do).
+        self._enters: dict[int, list[int]] = {}
+        if plan.frames is not None:
+            for i, u in enumerate(_unit_of(plan)):
+                if u < 0 and plan.frames.kind[i] == CF_ENTER:
+                    self._enters.setdefault(-u, []).append(i)
         last: dict[int, int] = {}  # a counted slot -> its last reader in the order
         counted = plan.counted
         for i in order:
-            for s in counted[i]:
-                last[s] = i
+            for j in self._enters.get(-i, ()) if i < 0 else (i,):
+                for s in counted[j]:
+                    last[s] = i
         self._extra: dict[int, list[int]] = {}
         for s, i in last.items():
             self._extra.setdefault(i, []).append(s)
@@ -87,6 +140,9 @@ class StaticProgram:
         make = tuple.__new__  # an Instr without its Python-level __new__ (one per node)
         program = []
         for i in self.order[start:end]:
+            if i < 0:
+                program.append(self._loop(-i))
+                continue
             nout = len(nodes[i].outputs)
             free = frees[i]
             more = extra.get(i)
@@ -99,6 +155,20 @@ class StaticProgram:
                 )
             )
         return tuple(program)
+
+    def enters(self, f: int) -> tuple[int, ...]:
+        """The Enters into loop frame ``f``, in the order its instruction reads them."""
+        return tuple(self._enters[f])
+
+    def _loop(self, f: int) -> Instr:
+        """Loop frame ``f`` as one instruction: it reads its Enters' inputs (in the
+        Enters' order), frees what they free, and names its first Enter."""
+        plan = self._plan
+        enters = self._enters[f]
+        frees = [s for e in enters for s in plan.frees[e]]
+        frees.extend(self._extra.get(-f, ()))
+        ins = tuple(plan.inputs[e][0] for e in enters)
+        return Instr(I_LOOP, enters[0], ins, -1, 0, (), tuple(dict.fromkeys(frees)), (), f)
 
 
 def lower_static_order(plan: Plan) -> StaticProgram | None:

@@ -224,7 +224,7 @@ class Step:
         prop: Propagator
         program = None
         if bound.schedulable:  # the straight-line interpreter, once the plan is lowered
-            program = bound.derived.get("program") or program_of(bound)
+            program = bound.derived.get("program") or program_of(bound, fast_loops)
         if program is not None:
             prop = ProgramPropagator(self, bound, program, frame.args)
         else:  # the general propagator; simple loop frames as straight-line programs

@@ -119,6 +119,30 @@ def _build_while(n: Node, a: list[Any], api: _Api) -> Any:
     return acc
 
 
+def _build_ta_loop(n: Node, a: list[Any], api: _Api) -> Any:
+    """See ``_Gen.ta_loop``: the rows of ``x`` through two TensorArrays (carried as
+    their flows, as ``dynamic_rnn`` carries them)."""
+    m, at = api.m, n.attrs
+    x, y = a
+    rows, dt = n.shape[0], n.dtype
+    op = api.fn(at["op"])
+    row = list(n.shape[1:])
+    xs = m.TensorArray(dt, size=rows, element_shape=row).unstack(x)
+    out = m.TensorArray(dt, size=rows, element_shape=row)
+
+    def body(i: Any, h: Any, flow: Any) -> Any:
+        v = op(h, xs.read(i)) if at["mode"] == "scan" else op(xs.read(i), y)
+        ta = m.TensorArray(dt, handle=out.handle, flow=flow).write(i, v)
+        return m.add(i, 1), v if at["mode"] == "scan" else h, ta.flow
+
+    _, _, flow = m.while_loop(
+        lambda i, h, flow: m.less(i, rows),
+        body,
+        [m.constant(0, dtype="int32"), y, out.flow],
+    )
+    return m.TensorArray(dt, handle=out.handle, flow=flow).stack()
+
+
 def _build_case(n: Node, a: list[Any], api: _Api) -> Any:
     m, at = api.m, n.attrs
     *preds, x = a
@@ -235,6 +259,7 @@ _BUILDERS: dict[str, Callable[[Node, list[Any], _Api], Any]] = {
     "cond": _build_cond,
     "cond_unary": _build_cond_unary,
     "while": _build_while,
+    "ta_loop": _build_ta_loop,
     "case": _build_case,
     "defun": _build_step_node,
     "call": _build_step_node,
@@ -586,6 +611,7 @@ _NOT_REFERENCE = frozenset(
         "cond",
         "cond_unary",
         "while",
+        "ta_loop",
         "case",
         "defun",
         "call",
@@ -837,6 +863,14 @@ def _control(n: Node, args: list[Any]) -> Any:
         return np.asarray(NP_UNARY[at["false"]](args[1]))
     if k == "cond_unary":
         return np.logical_not(args[1]) if args[0] else args[1]
+    if k == "ta_loop":
+        x, h = args
+        out = []
+        for row in x:
+            v = NP_BINARY[at["op"]](h, row) if at["mode"] == "scan" else NP_BINARY[at["op"]](row, h)
+            out.append(np.asarray(v).astype(x.dtype))
+            h = out[-1] if at["mode"] == "scan" else h
+        return np.stack(out)
     acc = args[1]
     for _ in range(int(args[0])):
         acc = np.asarray(NP_BINARY[at["op"]](acc, args[2])).astype(acc.dtype)
@@ -881,7 +915,7 @@ class _NumpyInterpreter:
             return _shaped(n, [v(i) for i in n.args])
         if k in _STRUCTURAL:
             return self.structural(n, [v(i) for i in n.args])
-        if k in ("cond", "cond_unary", "while"):
+        if k in ("cond", "cond_unary", "while", "ta_loop"):
             # The operands are made outside the branch / loop, so they are computed
             # whichever branch is taken and however many iterations run (as TF).
             return _control(n, [v(i) for i in n.args])

@@ -45,6 +45,7 @@ CATEGORIES = (
     "callables",
     "deadlines",
     "duplicates",
+    "loops",
 )
 
 #: Of the constant leaves, the share made by decoding a PNG image (an async kernel run
@@ -554,25 +555,54 @@ class _Gen:
         zero = self.add("const", (), {"value": np.zeros((), dt)}, dt, ())
         return self.add("compare", (xid, zero), {"op": self.rng.choice(COMPARE)}, "bool", ())
 
+    def while_loop(self) -> int:
+        """A ``while_loop`` combining a value with an operand a fed or constant number
+        of times (zero included)."""
+        rng = self.rng
+        x = self.expr()
+        node = self.nodes[x]
+        if node.dtype not in NUMERIC:
+            x = self.leaf("float32", (3,))
+            node = self.nodes[x]
+        assert node.dtype is not None
+        y = self.operand(node.dtype, node.shape if rng.random() < 0.7 else ())
+        n = self.leaf("int32", (), feed=rng.random() < 0.5)
+        iters = np.array(rng.randint(0, 4), np.int32)
+        if n in self.feeds:
+            self.feeds[n] = iters
+        else:
+            self.nodes[n].attrs["value"] = iters
+        op = rng.choice(("add", "subtract", "multiply", "maximum", "floordiv"))
+        return self.add("while", (n, x, y), {"op": op}, node.dtype, node.shape)
+
+    def ta_loop(self) -> int:
+        """A loop over the rows of a value through TensorArrays, as ``dynamic_rnn`` and
+        ``map_fn`` build it: the rows scattered into one array, read one per iteration,
+        combined with an operand (``map``) or with the value the row before made
+        (``scan``), written to a second array, gathered after the loop."""
+        rng = self.rng
+        x = self.expr()
+        node = self.nodes[x]
+        if node.dtype not in NUMERIC or not node.shape or not node.shape[0]:
+            x = self.leaf(rng.choice(NUMERIC), (rng.randint(1, 4), *rng.choice(((), (2,)))))
+            node = self.nodes[x]
+        assert node.dtype is not None
+        mode = rng.choice(("map", "scan"))
+        row = node.shape[1:]
+        if mode == "scan":
+            y = self.operand(node.dtype, row, exact=True)
+        else:
+            y = self.operand(node.dtype, row if rng.random() < 0.7 else ())
+        op = rng.choice(("add", "subtract", "multiply", "maximum"))
+        return self.add("ta_loop", (x, y), {"op": op, "mode": mode}, node.dtype, node.shape)
+
     def control_flow(self) -> int:
         rng = self.rng
-        kind = rng.choice(("cond", "cond", "while", "case"))
+        kind = rng.choice(("cond", "cond", "while", "ta_loop", "case"))
         if kind == "while":
-            x = self.expr()
-            node = self.nodes[x]
-            if node.dtype not in NUMERIC:
-                x = self.leaf("float32", (3,))
-                node = self.nodes[x]
-            assert node.dtype is not None
-            y = self.operand(node.dtype, node.shape if rng.random() < 0.7 else ())
-            n = self.leaf("int32", (), feed=rng.random() < 0.5)
-            iters = np.array(rng.randint(0, 4), np.int32)
-            if n in self.feeds:
-                self.feeds[n] = iters
-            else:
-                self.nodes[n].attrs["value"] = iters
-            op = rng.choice(("add", "subtract", "multiply", "maximum", "floordiv"))
-            return self.add("while", (n, x, y), {"op": op}, node.dtype, node.shape)
+            return self.while_loop()
+        if kind == "ta_loop":
+            return self.ta_loop()
         if kind == "case":
             preds = [self.scalar_pred() for _ in range(rng.randint(1, 3))]
             x = self.expr()
@@ -623,6 +653,11 @@ class _Gen:
             for _ in range(rng.randint(1, 3)):
                 self.control_flow()
                 self.expr()
+        loops = []
+        if self.category == "loops":  # loops in a root frame that routes nothing
+            for _ in range(rng.randint(1, 3)):
+                loops.append(self.ta_loop() if rng.random() < 0.6 else self.while_loop())
+                self.expr()
         if self.category == "variables":
             self.variables()
         elif self.category == "queues":
@@ -630,8 +665,11 @@ class _Gen:
         else:
             outputs = [n.id for n in self.pure()]
             fetches = rng.sample(outputs, min(len(outputs), rng.randint(1, 4)))
+            fetches += [i for i in loops if i not in fetches]  # (fetched, never pruned)
             needed = self.feeds_for(fetches)
             self.runs.append(Run(fetches, needed))
+            if self.category == "loops":  # a plan's second run takes its program
+                self.runs.append(Run(fetches, needed))
         return Program(self.seed, self.category, self.nodes, self.runs)
 
     def feeds_for(self, fetches: list[int]) -> dict[int, np.ndarray]:

@@ -36,7 +36,7 @@ def _kinds() -> collections.Counter[str]:
             seen[f"kind:{n.kind}"] += 1
             if n.kind == "defun" and n.attrs["assert"] and not n.attrs["flag"]:
                 seen["function that fails when called"] += 1
-            if n.kind == "while_call" and not nodes[n.args[1]].attrs.get("value", 1):
+            if n.kind == "while_call" and not _count_of(p, n.args[1]):
                 seen["loop that never iterates"] += 1
         for r in p.runs:
             seen[f"mode:{r.mode}"] += 1
@@ -66,6 +66,15 @@ def _kinds() -> collections.Counter[str]:
             ):
                 seen["fetched duplicates"] += 1
     return seen
+
+
+def _count_of(p: programs.Program, nid: int) -> int:
+    """A loop's iteration count: its constant, or the least value any run feeds it."""
+    value = p.nodes[nid].attrs.get("value")
+    if value is not None:
+        return int(value)
+    fed = [int(r.feeds[nid]) for r in p.runs if nid in r.feeds]
+    return min(fed, default=1)
 
 
 def _placeholders(p: programs.Program, nid: int) -> set[int]:
