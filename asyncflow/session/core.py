@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from asyncflow import errors
-from asyncflow._backend import require_asyncio
+from asyncflow._backend import require_asyncio, running_loop
 from asyncflow.compiler.ir import GraphIR, graph_ir, ref_of
 from asyncflow.compiler.optimize import OptimizerStats
 from asyncflow.compiler.pipeline import Compiled, compile_signature
@@ -449,8 +449,8 @@ class Session:
         what is left: the step is registered in flight (``close`` aborts and waits for
         it) and awaited on the loop, under ``timeout_ms`` when positive.
         """
-        if slice_s is not None:
-            require_asyncio("Session.run")
+        if slice_s is not None and running_loop() is None:
+            require_asyncio("Session.run")  # raises, saying what to do instead
         if step is None:
             trace = options is not None and _wants_trace(options, run_metadata)
             step = self._runner(call, frame, trace)
@@ -503,7 +503,11 @@ class Session:
         with self._counter_lock:
             self._steps += 1
             self._completed += 1
-        result = self._finished(call, step, values, options, run_metadata)
+        result = (
+            call.results(values)  # (nothing to fill in: one call less per step)
+            if run_metadata is None
+            else self._finished(call, step, values, options, run_metadata)
+        )
         step.release()
         return result
 
@@ -704,7 +708,8 @@ class Session:
         if self._closed:
             raise RuntimeError("Attempted to use a closed Session.")
         feed_keys = tuple(feed_dict) if feed_dict else ()
-        key = (fetch_key(fetches), feed_keys)
+        # (A tensor is its own fetch key: asked here, one call less per run.)
+        key = (fetches if type(fetches) is Tensor else fetch_key(fetches), feed_keys)
         call = self._cache.get(key)
         if call is None:
             with self._compile_lock:
