@@ -168,6 +168,22 @@ async def test_a_step_asks_for_the_loop_twice_and_takes_the_sessions_lock_thrice
     assert calls["lock.__exit__"] <= 3, dict(calls)
 
 
+@contextmanager
+def _asyncflow_calls() -> Iterator[Counter[str]]:
+    """Count the Python functions of asyncflow called meanwhile, by name."""
+    calls: Counter[str] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and "/asyncflow/" in frame.f_code.co_filename:
+            calls[frame.f_code.co_name] += 1
+
+    sys.setprofile(profile)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
+
+
 #: Python functions of asyncflow a tiny all-inline run calls (a fetch, a feed, two
 #: inline kernels): the session's door and plan lookup, the feed's conversion, the
 #: driver, the step and its program, the result's conversion, the step's release.
@@ -180,21 +196,36 @@ async def test_a_tiny_run_makes_few_python_calls() -> None:
     with g.as_default():
         x = af.placeholder(af.float32, shape=(), name="x")
         y = af.multiply(af.add(x, 1.0), 2.0)
-    calls: Counter[str] = Counter()
-
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and "/asyncflow/" in frame.f_code.co_filename:
-            calls[frame.f_code.co_name] += 1
-
     async with af.Session(graph=g) as sess:
         for _ in range(3):  # compiled, the program lowered, caches warm
             assert await sess.run(y, feed_dict={x: 1.0}) == 4.0
-        sys.setprofile(profile)
-        try:
+        with _asyncflow_calls() as calls:
             value = await sess.run(y, feed_dict={x: 1.0})
-        finally:
-            sys.setprofile(None)
     assert value == 4.0
     assert sum(calls.values()) <= CALLS_PER_TINY_RUN, (
         f"{sum(calls.values())} Python calls per tiny run: {dict(calls)}"
+    )
+
+
+#: Python functions of asyncflow a service's step calls (one async kernel between
+#: inline ones, the step waiting for it once): the tiny run's, the driver's second
+#: phase (register, await, unregister) and the step's await of its lone kernel (a
+#: coroutine resumed counts as a call again).
+CALLS_PER_WAITING_STEP = 42
+
+
+async def test_a_step_awaiting_one_kernel_makes_few_python_calls() -> None:
+    async def io(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v
+
+    g, x, y = _graph(io)
+    async with af.Session(graph=g) as sess:
+        for _ in range(3):
+            assert await sess.run(y, {x: 1.0}) == 2.0
+        with _asyncflow_calls() as calls:
+            value = await sess.run(y, {x: 1.0})
+    assert value == 2.0
+    assert sum(calls.values()) <= CALLS_PER_WAITING_STEP, (
+        f"{sum(calls.values())} Python calls per waiting step: {dict(calls)}"
     )

@@ -47,8 +47,9 @@ try:
         _extobj_contextvar.set(_QUIET)
         return before
 
-    def restore_numpy_held(before: Any) -> None:
-        _extobj_contextvar.set(before)
+    #: ``restore_numpy_held(before)``: numpy's error state back to ``before`` (the
+    #: context variable's own ``set``, no Python call; its token is dropped at once).
+    restore_numpy_held: Callable[[Any], Any] = _extobj_contextvar.set
 except ImportError:  # pragma: no cover - older numpy
 
     def _quiet_errstate() -> Any:
@@ -65,8 +66,10 @@ except ImportError:  # pragma: no cover - older numpy
     def quiet_numpy_held() -> Any:
         return quiet_numpy()
 
-    def restore_numpy_held(before: Any) -> None:
+    def _restore_held(before: Any) -> None:
         restore_numpy(before)
+
+    restore_numpy_held = _restore_held
 
 
 def call_in_thread(ctx: contextvars.Context, kernel: Callable[..., Any], args: list[Any]) -> Any:

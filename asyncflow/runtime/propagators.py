@@ -342,9 +342,7 @@ _NO_MERGES: dict[int, list[Any]] = {}
 
 
 def _shuffler(bound: BoundPlan) -> Any:
-    """The shuffle of a step's ready batches (``ExecutorOptions.shuffle_seed``), or None."""
-    if bound.options.shuffle_seed is None:
-        return None
+    """The shuffle of a step's ready batches (``ExecutorOptions.shuffle_seed`` is set)."""
     return bound.options.shuffler().shuffle  # type: ignore[union-attr]
 
 
@@ -421,7 +419,8 @@ class PropagatorState:
         # Merge node -> its state (see merge_arrive)
         # (no Merge without control flow: then one shared, always empty dict)
         self._merges: dict[int, list[Any]] = {} if info is not None else _NO_MERGES
-        self._shuffle = _shuffler(bound)
+        # (Tests only: asked only when they shuffle, no call per step otherwise.)
+        self._shuffle = _shuffler(bound) if bound.options.shuffle_seed is not None else None
         self._init_frames(bound, loops)
 
     def _init_frames(self, bound: BoundPlan, loops: Sequence[FastLoop | None]) -> None:
@@ -742,7 +741,9 @@ class PropagatorState:
 
     def retvals(self) -> list[Any]:
         vals = self._vals
-        out = [vals[s] for s in self._bound.plan.retval_slots]  # the _Retval nodes
+        slots = self._bound.plan.retval_slots  # the _Retval nodes
+        # (One fetch, most runs: no comprehension, one call less.)
+        out = [vals[slots[0]]] if len(slots) == 1 else [vals[s] for s in slots]
         if self._dead is not None:
             for k, v in enumerate(out):
                 if isinstance(v, Dead):

@@ -477,7 +477,9 @@ class Session:
             logger.debug(
                 "slow step: %s took %.3f s (over %.3g s)", call.signature, took, SLOW_STEP_SECONDS
             )
-        return self._finished(call, step, values, options, run_metadata)
+        if run_metadata is not None:
+            self._fill_metadata(call, step, options, run_metadata)
+        return call.results(values)
 
     def _inline_phase(
         self,
@@ -503,11 +505,9 @@ class Session:
         with self._counter_lock:
             self._steps += 1
             self._completed += 1
-        result = (
-            call.results(values)  # (nothing to fill in: one call less per step)
-            if run_metadata is None
-            else self._finished(call, step, values, options, run_metadata)
-        )
+        if run_metadata is not None:
+            self._fill_metadata(call, step, options, run_metadata)
+        result = call.results(values)
         step.release()
         return result
 
@@ -605,22 +605,21 @@ class Session:
                 _one_line(exc),
             )
 
-    def _finished(
+    def _fill_metadata(
         self,
         call: CompiledCall,
         step: StepRunner,
-        values: list[Any],
         options: RunOptions | None,
-        run_metadata: RunMetadata | None,
-    ) -> Any:
-        if run_metadata is not None:
-            run_metadata.clear()
-            stats = step.stats
-            if stats is not None:
-                run_metadata.step_stats = stats
-            if options is not None and options.output_partition_graphs:
-                run_metadata.partition_graphs = call.graph_defs()
-        return call.results(values)
+        run_metadata: RunMetadata,
+    ) -> None:
+        """What a finished step tells the caller's ``RunMetadata`` (asked only when the
+        caller passed one: no call per step otherwise)."""
+        run_metadata.clear()
+        stats = step.stats
+        if stats is not None:
+            run_metadata.step_stats = stats
+        if options is not None and options.output_partition_graphs:
+            run_metadata.partition_graphs = call.graph_defs()
 
     def _runner(
         self,
@@ -672,7 +671,8 @@ class Session:
         """Count ``step`` and register it in flight (``close`` aborts and waits for it)."""
         with self._in_flight_lock:
             self._steps += 1
-            self._check_open()
+            if self._closed:  # (the rule's message is _check_open's: no call otherwise)
+                self._check_open()
             self._in_flight[step] = None
 
     def _leave(self, step: StepRunner, completed: bool = False) -> None:
@@ -706,7 +706,7 @@ class Session:
 
     def _prepare(self, fetches: Any, feed_dict: Mapping[Any, Any] | None) -> CompiledCall:
         if self._closed:
-            raise RuntimeError("Attempted to use a closed Session.")
+            self._check_open()
         feed_keys = tuple(feed_dict) if feed_dict else ()
         # (A tensor is its own fetch key: asked here, one call less per run.)
         key = (fetches if type(fetches) is Tensor else fetch_key(fetches), feed_keys)
