@@ -27,10 +27,10 @@ import asyncflow as af
 N = 400
 
 #: GC-tracked objects a waiting step may keep beyond a plain coroutine awaiting the
-#: same kernel: its Step and propagator with its value, pending-count and ready lists,
-#: the context holding the running step and numpy's quiet error state, and the
-#: session driver's coroutine.
-EXTRA_OBJECTS = 8
+#: same kernel: its Step and propagator with its value and ready lists (a plan
+#: without joins shares its pending counts), the context holding the running step and
+#: numpy's quiet error state, and the session driver's coroutine.
+EXTRA_OBJECTS = 7
 
 
 def _graph(kernel: Callable[[Any], Awaitable[Any]]) -> tuple[af.Graph, af.Tensor, af.Tensor]:

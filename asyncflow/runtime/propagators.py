@@ -6,7 +6,10 @@ TensorFlow's executor delegates readiness to a propagator; here there is one,
 
 * The root frame: values in one list indexed by slot; ``pending[i]`` counts node
   ``i``'s unfinished producers; a node at zero is pushed on the ``ready`` stack
-  (LIFO: finishing a chain first frees its values sooner).  Cheap kernels run right
+  (LIFO: finishing a chain first frees its values sooner).  A count is written only
+  while it stays above zero (each producer finishes once, so a count at zero is
+  never read again): a plan without joins (no node with two producers) never writes
+  one, and its steps share the plan's counts instead of copying them.  Cheap kernels run right
   inside :meth:`PropagatorState._drain_root`, the per-node hot loop.  ``cond``
   needs no frames: a Switch, a Merge, the producers of a Merge's inputs, dead nodes
   and Enters leave the hot path for :meth:`PropagatorState._special`, which
@@ -346,6 +349,14 @@ def _shuffler(bound: BoundPlan) -> Any:
     return bound.options.shuffler().shuffle  # type: ignore[union-attr]
 
 
+def _has_joins(bound: BoundPlan) -> bool:
+    """Whether a node of the root frame waits for two producers or more (then its
+    steps count down pending counts of their own); worked out once per plan, kept in
+    ``bound.derived["joins"]``."""
+    joins = bound.derived["joins"] = any(p > 1 for p in bound.plan.initial_pending)
+    return joins
+
+
 #: The frame-token queue of every step of a plan without loops: always empty.
 _NO_FRAMES: deque[Any] = deque(maxlen=0)
 
@@ -408,7 +419,13 @@ class PropagatorState:
         for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
             vals[s] = args[k]
         self._vals = vals
-        self._pending = list(plan.initial_pending)
+        # (Shared when never written, see the module doc: one list less per step.)
+        joins = bound.derived.get("joins")
+        if joins is None:
+            joins = _has_joins(bound)
+        self._pending: list[int] = (
+            list(plan.initial_pending) if joins else plan.initial_pending  # type: ignore[assignment]
+        )
         self._ready = list(plan.initial_ready)
         self._refs = list(plan.initial_refs) if plan.initial_refs is not None else None
         info = plan.frames
@@ -537,12 +554,12 @@ class PropagatorState:
                     nxt = -1
                     for c in cons:
                         p = pending[c] - 1
-                        pending[c] = p
-                        if not p:
-                            if nxt < 0:
-                                nxt = c
-                            else:
-                                push(c)
+                        if p:  # (a count reaching zero is never read again: not written)
+                            pending[c] = p
+                        elif nxt < 0:
+                            nxt = c
+                        else:
+                            push(c)
                     budget -= 1
                     if not budget:
                         if slice_over(until):
@@ -595,8 +612,9 @@ class PropagatorState:
                     self._merge_input(c, node.out, node.out + nout)
                     continue
                 p = pending[c] - 1
-                pending[c] = p
-                if not p:
+                if p:
+                    pending[c] = p
+                else:
                     push(c)
         self._release(node)
         if self._dead is not None:
@@ -605,8 +623,9 @@ class PropagatorState:
         push = self._ready.append
         for c in node.consumers:
             p = pending[c] - 1
-            pending[c] = p
-            if not p:
+            if p:
+                pending[c] = p
+            else:
                 push(c)
 
     # -- the root frame off the hot path: dispatch, dead tensors, Enter -----------------------------------------
@@ -703,8 +722,9 @@ class PropagatorState:
                     vals[s] for s in nodes[c].inputs if first <= s < end
                 )
             p = pending[c] - 1
-            pending[c] = p
-            if not p:
+            if p:
+                pending[c] = p
+            else:
                 push(c)
         if release:
             self._release(node)
