@@ -599,6 +599,9 @@ class ProgramPropagator:
         self._next = self._end
         self._loop = None
 
+    def idle(self) -> None:
+        pass  # (a program keeps nothing that only running needs)
+
     def drain(self, until: float) -> bool:
         """Run the program's blocks until the end or a hop (True) or until the clock
         passes ``until`` after a block or a loop iteration (False: the step yields,

@@ -209,6 +209,10 @@ class Propagator(Protocol):
     def clear(self) -> None:
         """The step failed: forget everything ready."""
 
+    def idle(self) -> None:
+        """The step waits for a node with nothing ready: let go of what only running
+        needs (one object less per step in flight); :meth:`complete` takes it back."""
+
     def retvals(self) -> list[Any]:
         """The fetched values, in plan order (``InvalidArgumentError`` for a dead one)."""
 
@@ -464,8 +468,16 @@ class PropagatorState:
         return bool(self._ready or self._fready)
 
     def clear(self) -> None:
-        self._ready.clear()
+        if self._ready:  # (an idle step's is the empty tuple)
+            self._ready.clear()
         self._fready.clear()
+
+    def idle(self) -> None:
+        # Invariant: ``_ready`` is ``()`` only while idle, and every node that becomes
+        # ready after it arrives through :meth:`complete`, which makes a new stack first
+        # (a push onto the tuple would fail loudly, never corrupt a shared stack).
+        if not self._ready and not self._fready:
+            self._ready = ()  # type: ignore[assignment]
 
     def drain(self, until: float) -> bool:
         """Run ready nodes until none is left (True), or until the clock passes ``until``
@@ -583,6 +595,8 @@ class PropagatorState:
     def complete(self, token: Any, v: Any) -> None:  # noqa: C901
         """Store node ``token``'s outputs, release its inputs, and ready its consumers
         (a root node's token is its index, a loop frame node's a tuple)."""
+        if self._ready.__class__ is tuple:  # type: ignore[comparison-overlap] # idle (see ``idle``)
+            self._ready = []
         if token.__class__ is not int:
             self._complete_token(token, v)
             return
