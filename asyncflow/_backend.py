@@ -12,21 +12,23 @@ from __future__ import annotations
 import asyncio
 import sys
 
-__all__ = ["require_asyncio"]
+__all__ = ["require_asyncio", "running_loop"]
+
+#: This thread's running event loop, or None (asks once, raises nothing): the check a
+#: per-step path makes before :func:`require_asyncio`, without a Python call.
+running_loop = asyncio._get_running_loop
 
 
-def require_asyncio(what: str = "asyncflow") -> None:
-    """Return when an asyncio event loop runs this thread; else ``RuntimeError`` saying why.
+def require_asyncio(what: str = "asyncflow") -> asyncio.AbstractEventLoop:
+    """The asyncio event loop running this thread; else ``RuntimeError`` saying why.
 
     Called at the start of asyncflow's coroutines (``Session.run`` and friends),
-    before any asyncio object is made.  Costs one ``get_running_loop`` call.
+    before any asyncio object is made.  Costs one ``get_running_loop`` call (a system
+    call in CPython: a caller that needs the loop takes it from here).
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        return
+    loop = running_loop()
+    if loop is not None:
+        return loop
     library = _current_async_library()
     if library is None:
         raise RuntimeError(

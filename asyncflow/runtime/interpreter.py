@@ -599,6 +599,9 @@ class ProgramPropagator:
         self._next = self._end
         self._loop = None
 
+    def idle(self) -> None:
+        pass  # (a program keeps nothing that only running needs)
+
     def drain(self, until: float) -> bool:
         """Run the program's blocks until the end or a hop (True) or until the clock
         passes ``until`` after a block or a loop iteration (False: the step yields,
@@ -730,5 +733,7 @@ class ProgramPropagator:
         hop.store(self._vals, value)
 
     def retvals(self) -> list[Any]:
-        vals = self._vals
-        return [vals[s] for s in self._bound.plan.retval_slots]  # the _Retval nodes
+        vals, slots = self._vals, self._bound.plan.retval_slots  # the _Retval nodes
+        if len(slots) == 1:  # one fetch (most runs): no comprehension, one call less
+            return [vals[slots[0]]]
+        return [vals[s] for s in slots]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -30,11 +31,12 @@ try:
 
     _QUIET = _make_extobj(all="ignore")
 
-    def quiet_numpy() -> Any:
-        return _extobj_contextvar.set(_QUIET)
-
-    def restore_numpy(token: Any) -> None:
-        _extobj_contextvar.reset(token)
+    # The context variable's own methods, not functions around them: no Python call
+    # per step for either (a tiny run makes ~40 calls, each one counts).
+    #: ``quiet_numpy()``: numpy quiet from now on; returns the token ``restore_numpy`` takes.
+    quiet_numpy: Callable[[], Any] = functools.partial(_extobj_contextvar.set, _QUIET)
+    #: ``restore_numpy(token)``: numpy's error state as before ``quiet_numpy``.
+    restore_numpy: Callable[[Any], None] = _extobj_contextvar.reset
 
     # Across awaits (a step waiting for I/O): the state before, not the context
     # variable's Token, is what the caller keeps; a Token is one more object per step
@@ -45,23 +47,29 @@ try:
         _extobj_contextvar.set(_QUIET)
         return before
 
-    def restore_numpy_held(before: Any) -> None:
-        _extobj_contextvar.set(before)
+    #: ``restore_numpy_held(before)``: numpy's error state back to ``before`` (the
+    #: context variable's own ``set``, no Python call; its token is dropped at once).
+    restore_numpy_held: Callable[[Any], Any] = _extobj_contextvar.set
 except ImportError:  # pragma: no cover - older numpy
 
-    def quiet_numpy() -> Any:
+    def _quiet_errstate() -> Any:
         state = np.errstate(all="ignore")
         state.__enter__()
         return state
 
-    def restore_numpy(token: Any) -> None:
+    def _restore_errstate(token: Any) -> None:
         token.__exit__(None, None, None)
+
+    quiet_numpy = _quiet_errstate
+    restore_numpy = _restore_errstate
 
     def quiet_numpy_held() -> Any:
         return quiet_numpy()
 
-    def restore_numpy_held(before: Any) -> None:
+    def _restore_held(before: Any) -> None:
         restore_numpy(before)
+
+    restore_numpy_held = _restore_held
 
 
 def call_in_thread(ctx: contextvars.Context, kernel: Callable[..., Any], args: list[Any]) -> Any:

@@ -6,7 +6,10 @@ TensorFlow's executor delegates readiness to a propagator; here there is one,
 
 * The root frame: values in one list indexed by slot; ``pending[i]`` counts node
   ``i``'s unfinished producers; a node at zero is pushed on the ``ready`` stack
-  (LIFO: finishing a chain first frees its values sooner).  Cheap kernels run right
+  (LIFO: finishing a chain first frees its values sooner).  A count is written only
+  while it stays above zero (each producer finishes once, so a count at zero is
+  never read again): a plan without joins (no node with two producers) never writes
+  one, and its steps share the plan's counts instead of copying them.  Cheap kernels run right
   inside :meth:`PropagatorState._drain_root`, the per-node hot loop.  ``cond``
   needs no frames: a Switch, a Merge, the producers of a Merge's inputs, dead nodes
   and Enters leave the hot path for :meth:`PropagatorState._special`, which
@@ -206,6 +209,10 @@ class Propagator(Protocol):
     def clear(self) -> None:
         """The step failed: forget everything ready."""
 
+    def idle(self) -> None:
+        """The step waits for a node with nothing ready: let go of what only running
+        needs (one object less per step in flight); :meth:`complete` takes it back."""
+
     def retvals(self) -> list[Any]:
         """The fetched values, in plan order (``InvalidArgumentError`` for a dead one)."""
 
@@ -342,10 +349,16 @@ _NO_MERGES: dict[int, list[Any]] = {}
 
 
 def _shuffler(bound: BoundPlan) -> Any:
-    """The shuffle of a step's ready batches (``ExecutorOptions.shuffle_seed``), or None."""
-    if bound.options.shuffle_seed is None:
-        return None
+    """The shuffle of a step's ready batches (``ExecutorOptions.shuffle_seed`` is set)."""
     return bound.options.shuffler().shuffle  # type: ignore[union-attr]
+
+
+def _has_joins(bound: BoundPlan) -> bool:
+    """Whether a node of the root frame waits for two producers or more (then its
+    steps count down pending counts of their own); worked out once per plan, kept in
+    ``bound.derived["joins"]``."""
+    joins = bound.derived["joins"] = any(p > 1 for p in bound.plan.initial_pending)
+    return joins
 
 
 #: The frame-token queue of every step of a plan without loops: always empty.
@@ -410,7 +423,13 @@ class PropagatorState:
         for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
             vals[s] = args[k]
         self._vals = vals
-        self._pending = list(plan.initial_pending)
+        # (Shared when never written, see the module doc: one list less per step.)
+        joins = bound.derived.get("joins")
+        if joins is None:
+            joins = _has_joins(bound)
+        self._pending: list[int] = (
+            list(plan.initial_pending) if joins else plan.initial_pending  # type: ignore[assignment]
+        )
         self._ready = list(plan.initial_ready)
         self._refs = list(plan.initial_refs) if plan.initial_refs is not None else None
         info = plan.frames
@@ -421,7 +440,8 @@ class PropagatorState:
         # Merge node -> its state (see merge_arrive)
         # (no Merge without control flow: then one shared, always empty dict)
         self._merges: dict[int, list[Any]] = {} if info is not None else _NO_MERGES
-        self._shuffle = _shuffler(bound)
+        # (Tests only: asked only when they shuffle, no call per step otherwise.)
+        self._shuffle = _shuffler(bound) if bound.options.shuffle_seed is not None else None
         self._init_frames(bound, loops)
 
     def _init_frames(self, bound: BoundPlan, loops: Sequence[FastLoop | None]) -> None:
@@ -448,8 +468,16 @@ class PropagatorState:
         return bool(self._ready or self._fready)
 
     def clear(self) -> None:
-        self._ready.clear()
+        if self._ready:  # (an idle step's is the empty tuple)
+            self._ready.clear()
         self._fready.clear()
+
+    def idle(self) -> None:
+        # Invariant: ``_ready`` is ``()`` only while idle, and every node that becomes
+        # ready after it arrives through :meth:`complete`, which makes a new stack first
+        # (a push onto the tuple would fail loudly, never corrupt a shared stack).
+        if not self._ready and not self._fready:
+            self._ready = ()  # type: ignore[assignment]
 
     def drain(self, until: float) -> bool:
         """Run ready nodes until none is left (True), or until the clock passes ``until``
@@ -538,12 +566,12 @@ class PropagatorState:
                     nxt = -1
                     for c in cons:
                         p = pending[c] - 1
-                        pending[c] = p
-                        if not p:
-                            if nxt < 0:
-                                nxt = c
-                            else:
-                                push(c)
+                        if p:  # (a count reaching zero is never read again: not written)
+                            pending[c] = p
+                        elif nxt < 0:
+                            nxt = c
+                        else:
+                            push(c)
                     budget -= 1
                     if not budget:
                         if slice_over(until):
@@ -567,6 +595,8 @@ class PropagatorState:
     def complete(self, token: Any, v: Any) -> None:  # noqa: C901
         """Store node ``token``'s outputs, release its inputs, and ready its consumers
         (a root node's token is its index, a loop frame node's a tuple)."""
+        if self._ready.__class__ is tuple:  # type: ignore[comparison-overlap] # idle (see ``idle``)
+            self._ready = []
         if token.__class__ is not int:
             self._complete_token(token, v)
             return
@@ -596,8 +626,9 @@ class PropagatorState:
                     self._merge_input(c, node.out, node.out + nout)
                     continue
                 p = pending[c] - 1
-                pending[c] = p
-                if not p:
+                if p:
+                    pending[c] = p
+                else:
                     push(c)
         self._release(node)
         if self._dead is not None:
@@ -606,8 +637,9 @@ class PropagatorState:
         push = self._ready.append
         for c in node.consumers:
             p = pending[c] - 1
-            pending[c] = p
-            if not p:
+            if p:
+                pending[c] = p
+            else:
                 push(c)
 
     # -- the root frame off the hot path: dispatch, dead tensors, Enter -----------------------------------------
@@ -704,8 +736,9 @@ class PropagatorState:
                     vals[s] for s in nodes[c].inputs if first <= s < end
                 )
             p = pending[c] - 1
-            pending[c] = p
-            if not p:
+            if p:
+                pending[c] = p
+            else:
                 push(c)
         if release:
             self._release(node)
@@ -742,7 +775,9 @@ class PropagatorState:
 
     def retvals(self) -> list[Any]:
         vals = self._vals
-        out = [vals[s] for s in self._bound.plan.retval_slots]  # the _Retval nodes
+        slots = self._bound.plan.retval_slots  # the _Retval nodes
+        # (One fetch, most runs: no comprehension, one call less.)
+        out = [vals[slots[0]]] if len(slots) == 1 else [vals[s] for s in slots]
         if self._dead is not None:
             for k, v in enumerate(out):
                 if isinstance(v, Dead):

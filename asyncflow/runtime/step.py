@@ -313,6 +313,7 @@ class Step:
                                 self._alone, self._alone_aborted, self._alone_node = task, False, i
                                 work, convert = self._async_work(self._nodes[i].kernel, args)
                                 del args  # (not kept while the kernel runs)
+                                self._prop.idle()  # (nothing ready: one object less held)
                                 v = await work
                                 del work
                                 if convert is not None:

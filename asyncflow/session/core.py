@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from asyncflow import errors
-from asyncflow._backend import require_asyncio
+from asyncflow._backend import require_asyncio, running_loop
 from asyncflow.compiler.ir import GraphIR, graph_ir, ref_of
 from asyncflow.compiler.optimize import OptimizerStats
 from asyncflow.compiler.pipeline import Compiled, compile_signature
@@ -449,8 +449,8 @@ class Session:
         what is left: the step is registered in flight (``close`` aborts and waits for
         it) and awaited on the loop, under ``timeout_ms`` when positive.
         """
-        if slice_s is not None:
-            require_asyncio("Session.run")
+        if slice_s is not None and running_loop() is None:
+            require_asyncio("Session.run")  # raises, saying what to do instead
         if step is None:
             trace = options is not None and _wants_trace(options, run_metadata)
             step = self._runner(call, frame, trace)
@@ -477,7 +477,9 @@ class Session:
             logger.debug(
                 "slow step: %s took %.3f s (over %.3g s)", call.signature, took, SLOW_STEP_SECONDS
             )
-        return self._finished(call, step, values, options, run_metadata)
+        if run_metadata is not None:
+            self._fill_metadata(call, step, options, run_metadata)
+        return call.results(values)
 
     def _inline_phase(
         self,
@@ -503,7 +505,9 @@ class Session:
         with self._counter_lock:
             self._steps += 1
             self._completed += 1
-        result = self._finished(call, step, values, options, run_metadata)
+        if run_metadata is not None:
+            self._fill_metadata(call, step, options, run_metadata)
+        result = call.results(values)
         step.release()
         return result
 
@@ -601,22 +605,21 @@ class Session:
                 _one_line(exc),
             )
 
-    def _finished(
+    def _fill_metadata(
         self,
         call: CompiledCall,
         step: StepRunner,
-        values: list[Any],
         options: RunOptions | None,
-        run_metadata: RunMetadata | None,
-    ) -> Any:
-        if run_metadata is not None:
-            run_metadata.clear()
-            stats = step.stats
-            if stats is not None:
-                run_metadata.step_stats = stats
-            if options is not None and options.output_partition_graphs:
-                run_metadata.partition_graphs = call.graph_defs()
-        return call.results(values)
+        run_metadata: RunMetadata,
+    ) -> None:
+        """What a finished step tells the caller's ``RunMetadata`` (asked only when the
+        caller passed one: no call per step otherwise)."""
+        run_metadata.clear()
+        stats = step.stats
+        if stats is not None:
+            run_metadata.step_stats = stats
+        if options is not None and options.output_partition_graphs:
+            run_metadata.partition_graphs = call.graph_defs()
 
     def _runner(
         self,
@@ -668,7 +671,8 @@ class Session:
         """Count ``step`` and register it in flight (``close`` aborts and waits for it)."""
         with self._in_flight_lock:
             self._steps += 1
-            self._check_open()
+            if self._closed:  # (the rule's message is _check_open's: no call otherwise)
+                self._check_open()
             self._in_flight[step] = None
 
     def _leave(self, step: StepRunner, completed: bool = False) -> None:
@@ -702,9 +706,10 @@ class Session:
 
     def _prepare(self, fetches: Any, feed_dict: Mapping[Any, Any] | None) -> CompiledCall:
         if self._closed:
-            raise RuntimeError("Attempted to use a closed Session.")
+            self._check_open()
         feed_keys = tuple(feed_dict) if feed_dict else ()
-        key = (fetch_key(fetches), feed_keys)
+        # (A tensor is its own fetch key: asked here, one call less per run.)
+        key = (fetches if type(fetches) is Tensor else fetch_key(fetches), feed_keys)
         call = self._cache.get(key)
         if call is None:
             with self._compile_lock:
