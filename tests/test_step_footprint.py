@@ -58,7 +58,7 @@ async def _kept_per_task(
     # Each task in a context of its own that holds nothing yet: the context a step
     # makes (the running step, numpy's quiet state) is a copy of its task's, whose
     # size grows with the context variables the process set before (the suite's
-    # earlier tests: 17 objects a step here, 19 once 17 variables are set).
+    # earlier tests: two objects more a step once 17 variables are set).
     loop = asyncio.get_running_loop()
     tasks = [loop.create_task(start(), context=contextvars.Context()) for _ in range(N)]
     await asyncio.sleep(0)  # every task runs to its kernel's wait
