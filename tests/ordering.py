@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import asyncflow as af
 
@@ -42,3 +43,41 @@ def block_until(holds: Callable[[], bool], what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"still waiting after {LIMIT_SECONDS} s for {what}")
         time.sleep(0.0005)
+
+
+async def check_long_step_yields(sess: af.Session, fetch: Any, feed: Mapping[Any, Any]) -> None:
+    """A step that would run for hours (``sess.run(fetch, feed)``) shares the event
+    loop: its 100 ms deadline lands (well within 30 s), the loop turns again and again
+    while it runs (20 turns, waited for by count, not by the clock: a loaded machine
+    gives the process few slices in 100 ms), and cancelling it ends it."""
+    turns = 0
+
+    async def turning() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    async with asyncio.TaskGroup() as tg:
+        turner = tg.create_task(turning())
+        start = time.perf_counter()
+        try:
+            await sess.run(fetch, feed, options=af.RunOptions(timeout_in_ms=100))
+        except af.errors.DeadlineExceededError:
+            pass
+        else:
+            raise AssertionError("the 100 ms deadline did not land")
+        assert time.perf_counter() - start < 30
+        assert turns > 1  # the loop turned while the step ran
+        run = tg.create_task(sess.run(fetch, feed))
+        turns = 0
+        await wait_until(lambda: turns > 20, "20 turns of the loop during the step")
+        assert not run.done()
+        run.cancel()
+        try:
+            await run
+        except asyncio.CancelledError:
+            pass
+        else:
+            raise AssertionError("a cancelled step finished")
+        turner.cancel()
