@@ -334,10 +334,11 @@ async def test_a_step_awaiting_one_kernel_keeps_few_objects(
         ours, coros = await _in_flight(500, step)
     # The driver and Step.run, which awaits the lone node's kernel in its own frame:
     # two levels above the kernel (six before the session had one driver, three
-    # before the lone node was awaited in Step.run), and 17 tracked objects per step
+    # before the lone node was awaited in Step.run), and 15 tracked objects per step
     # (32 before, 22-24 with that third level and the context's Tokens held, 19 while
-    # the step kept its call frame and so its args; a task of a plain coroutine
-    # awaiting the same keeps about 9).
+    # the step kept its call frame and so its args, 17 while it kept its own pending
+    # counts and an idle ready stack; a task of a plain coroutine awaiting the same
+    # keeps about 9).
     assert coros["Session._drive"] == 500
     assert coros["Step.run"] == 500
     assert coros["Step._await_alone"] == 0
