@@ -17,6 +17,7 @@ from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
 
 import asyncflow as af
 from asyncflow.runtime.devices import BlasGovernor, available_cores, blas_governor
+from tests.ordering import block_until
 
 pytestmark = pytest.mark.skipif(
     not any(lib["user_api"] == "blas" for lib in threadpool_info()),
@@ -46,7 +47,8 @@ def _seen(
             barrier.wait(timeout=30)
         if not boost:
             return np.int32(look())
-        with blas_governor().boost():
+        with blas_governor().boost() as ready:
+            ready()  # (as a convolution calls it before its GEMM)
             return np.int32(look())
 
     g = af.Graph()
@@ -102,36 +104,72 @@ def test_the_governor_grants_every_core_to_a_kernel_alone() -> None:
     gov.exit()
 
 
+@pytest.mark.skipif(available_cores() < 2, reason="needs two cores to boost")
+def test_a_kernel_alone_gets_every_core_in_each_of_two_open_sessions() -> None:
+    # OpenBLAS takes a size only from the first live thread that set one: a boost set
+    # by the second session's worker thread, while the first session's worker (which
+    # boosted first) was alive, used to run on one thread.
+    (g1, (out1,)), (g2, (out2,)) = _seen(1), _seen(1)
+    with af.Session(graph=g1) as first, af.Session(graph=g2) as second:
+        assert first.run_sync(out1) == available_cores()
+        assert second.run_sync(out2) == available_cores()
+        assert first.run_sync(out1) == available_cores()
+        assert _blas_threads() == 1  # back at rest between the boosts
+
+
+def test_the_sizing_thread_stops_with_the_last_device() -> None:
+    g, (out,) = _seen(1)
+    with af.Session(graph=g) as first:
+        with af.Session(graph=g) as second:
+            second.run_sync(out)
+            assert "asyncflow-blas" in [t.name for t in threading.enumerate()]
+        assert "asyncflow-blas" in [t.name for t in threading.enumerate()]  # first is open
+        first.run_sync(out)
+    assert "asyncflow-blas" not in [t.name for t in threading.enumerate()]
+    assert _blas_threads() == 1
+
+
 def test_the_setting_is_not_rewritten_when_unchanged() -> None:
-    calls: list[int] = []
+    calls: list[tuple[int, str]] = []
 
     class Lib:
         def set_num_threads(self, n: int) -> None:
-            calls.append(n)
+            calls.append((n, threading.current_thread().name))
 
     gov = BlasGovernor(2)
     gov._libs = [Lib()]
-    gov.rest()
-    gov.rest()
-    assert calls == [1]
+    gov.add_user()
+    gov.add_user()
+    assert [n for n, _ in calls] == [1]
 
     def kernels() -> None:
         for _ in range(3):
             gov.enter(2)
             gov.exit()
-        assert calls == [1]  # small kernels: no call at all
+        assert [n for n, _ in calls] == [1]  # small kernels: no call at all
         gov.enter(2)
-        with gov.boost():
-            assert calls == [1, 2]
+        with gov.boost() as ready:
+            ready()
+            assert [n for n, _ in calls] == [1, 2]  # set once ready() returns
         gov.exit()
 
-    worker = threading.Thread(target=kernels)
-    worker.start()
-    worker.join()
-    assert calls == [1, 2, 1]
-    with gov.boost():  # the main thread never sets the size
-        pass
-    assert calls == [1, 2, 1]
+    for _ in range(2):  # on two threads: both boosts are made by the one sizing thread
+        worker = threading.Thread(target=kernels)
+        worker.start()
+        worker.join()
+        # (the rest after a boost is not waited for: it comes later, in order)
+        block_until(lambda: len(calls) == 3, "the rest after the boost")
+        assert [n for n, _ in calls] == [1, 2, 1]
+        del calls[1:]
+    gov.remove_user()
+    gov.remove_user()  # the last device: the sizing thread stops
+    assert calls == [(1, "asyncflow-blas")]
+    assert not [t for t in threading.enumerate() if t.name == "asyncflow-blas"]
+    with gov.boost() as ready:  # a caller outside any device's worker threads boosts too
+        ready()
+        assert [n for n, _ in calls] == [1, 2]
+    assert [n for n, _ in calls] == [1, 2, 1]
+    assert {name for _, name in calls} == {"asyncflow-blas"}
 
 
 def test_no_environment_variable_is_set() -> None:

@@ -10,9 +10,9 @@ Geometry follows TensorFlow exactly: ``VALID`` uses no padding; ``SAME`` gives
 ``explicit_paddings`` (8 ints, ``[before, after]`` per dimension in data format order).
 
 A convolution worth a thread hop (``_EXPENSIVE_MACS`` multiply-adds or more) runs on a
-worker thread of its device; numpy's BLAS releases the GIL meanwhile, and a GEMM that
-large gets more BLAS threads when its kernel runs alone (:func:`_gemm`).  Smaller ones
-run inline.  The static shapes decide when they are known; a graph with an unknown
+worker thread of its device; numpy's BLAS releases the GIL meanwhile.  Smaller ones
+run inline.  Wherever it runs, a GEMM of ``_BOOST_MACS`` or more gets more BLAS threads
+when its kernel runs alone (:func:`_gemm_threads`).  The static shapes decide when they are known; a graph with an unknown
 batch (every exported model) is sized by its fed input at run time instead
 (:class:`_RunTimeSized`), so the same graph runs batch 1 inline and batch 8 threaded.
 A 1x1 convolution is a plain GEMM of the pixels; a depthwise convolution one
@@ -23,6 +23,7 @@ A 1x1 convolution is a plain GEMM of the pixels; a depthwise convolution one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import threading
@@ -39,23 +40,26 @@ from asyncflow.framework.shapes import TensorShape
 from asyncflow.ops._base import define_op, make_op
 from asyncflow.ops.nn_ops import channel_rows
 from asyncflow.runtime.cancellation import running_step
-from asyncflow.runtime.devices import LocalDevice, available_cores, blas_governor
+from asyncflow.runtime.devices import LocalDevice, available_cores, blas_governor, ready_now
 from asyncflow.runtime.resources import WOULD_BLOCK
 
 __all__ = ["avg_pool", "conv2d", "conv2d_transpose", "depthwise_conv2d", "max_pool"]
 
 Specs = list[tuple[dtypes.DType, Any]]
 
-#: GEMMs with at least this many multiply-adds (~1 ms on one core) get more than one
-#: BLAS thread; smaller ones lose more waiting for BLAS helper threads on a busy machine.
-_BOOST_MACS = 1 << 24
+#: GEMMs with at least this many multiply-adds (~0.15 ms on one core) get every core's
+#: BLAS thread when their kernel runs alone, inline kernels too: a batch-8 ResNet
+#: block's 9.4M and 18.9M multiply-add GEMMs took its step from 2.26 to 1.94 ms
+#: (median; 2**24 gave 2.05).  Smaller ones gain less than the BLAS helper threads and
+#: the governor's sizing thread (~30 us, overlapped with the window copy) cost.
+_BOOST_MACS = 1 << 23
 
 #: Convolutions with at least this many multiply-adds run on a worker thread (where a
 #: large GEMM can get BLAS threads).  Smaller ones run inline: on real models (ResNet50,
 #: MobileNetV2, a v1 ResNet block) a thread hop per convolution cost more than the
 #: convolution (batch-1 latency 0.76 -> 0.41 ms, batch-8 time 68 -> 18 ms measured
 #: against 2**20), and under load each hop may wait for a core.
-_EXPENSIVE_MACS = _BOOST_MACS
+_EXPENSIVE_MACS = 1 << 24
 
 #: A convolution with a free batch is sized at run time only when this batch of its
 #: images would reach ``_EXPENSIVE_MACS``; smaller ones stay inline whatever the batch.
@@ -296,12 +300,20 @@ def _tap(x: np.ndarray, i: int, j: int, oh: int, ow: int, s: tuple[int, int]) ->
 
 
 def _gemm(a: np.ndarray, b: np.ndarray) -> Any:
-    """``a @ b``; a product large enough to gain from BLAS threads gets its share of the
-    cores for the call (see :class:`asyncflow.runtime.devices.BlasGovernor`)."""
-    if a.shape[0] * a.shape[1] * b.shape[1] < _BOOST_MACS or getattr(_part, "active", False):
+    """``a @ b``, with BLAS threads as :func:`_gemm_threads` says."""
+    with _gemm_threads(a.shape[0] * a.shape[1] * b.shape[1]) as ready:
+        ready()
         return a @ b
-    with blas_governor().boost():
-        return a @ b
+
+
+def _gemm_threads(macs: int) -> contextlib.AbstractContextManager[Callable[[], object]]:
+    """A product of ``macs`` multiply-adds large enough to gain from BLAS threads gets
+    its share of the cores inside the block (see
+    :class:`asyncflow.runtime.devices.BlasGovernor`); the block calls what it is given
+    right before its BLAS call."""
+    if macs < _BOOST_MACS or getattr(_part, "active", False):
+        return contextlib.nullcontext(ready_now)
+    return blas_governor().boost()
 
 
 def _windows(
@@ -526,8 +538,12 @@ def _conv2d(
     # im2col with the channels innermost (the copy reads x nearly in order; about
     # twice as fast as tensordot's own transpose), then one BLAS matmul.
     n, oh, ow = win.shape[:3]
-    cols = win.transpose(0, 1, 2, 4, 5, 3).reshape(n * oh * ow, kh * kw * c)
-    return _gemm(cols, f.reshape(kh * kw * c, o)).reshape(n, oh, ow, o)
+    rows, depth = n * oh * ow, kh * kw * c
+    with _gemm_threads(rows * depth * o) as ready:  # (BLAS is sized while cols are copied)
+        cols = win.transpose(0, 1, 2, 4, 5, 3).reshape(rows, depth)
+        ready()
+        y = cols @ f.reshape(depth, o)
+    return y.reshape(n, oh, ow, o)
 
 
 @registry.register_kernel_factory("DepthwiseConv2dNative")

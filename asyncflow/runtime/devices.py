@@ -17,6 +17,16 @@ thread at rest (from the first session on), and every core (at most TF's
 through ``threadpoolctl``'s library controllers, found once, and only when it
 changes: a ``threadpool_limits`` block costs ~200 us per call (it looks the libraries
 up again), a controller's ``set_num_threads`` ~0.6 us.
+
+OpenBLAS (0.3.31, numpy's wheels) takes a size only from the first live thread that
+set one: once a thread has set it, sizes set from any other thread are ignored until
+that thread exits (measured: a boost on a device's second worker thread, or in a
+second session, ran on one thread).  So while a boost may come, one thread of the
+governor's own (``asyncflow-blas``) makes every change: it starts with the first boost
+and stops when the last open device closes (a session never closed keeps it, as it
+keeps its worker threads).  A program that sizes BLAS from its own
+long-lived thread (``threadpoolctl`` on the main thread) keeps that size: OpenBLAS
+ignores the governor then.
 """
 
 from __future__ import annotations
@@ -24,12 +34,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["BlasGovernor", "LocalDevice", "available_cores", "blas_governor"]
+__all__ = ["BlasGovernor", "LocalDevice", "available_cores", "blas_governor", "ready_now"]
 
 T = TypeVar("T")
 
@@ -52,16 +63,32 @@ class BlasGovernor:
     took 10-40 ms.  A boost by a kernel running alone gets ``min(intra_op_threads,
     cores)`` threads; with other kernels running every kernel keeps one thread, so
     kernels * BLAS threads never exceeds the cores (concurrent steps share the cores
-    as one thread each).  Shares are not re-balanced while a boost runs: OpenBLAS
-    (0.3.31) ignores a smaller size set from another thread right after a thread
-    raised it, so only the boosting thread lowers it again, when its GEMM is done.
+    as one thread each).  Shares are not re-balanced while a boost runs.
+
+    Every size is set by one thread (see the module's docstring): the ``asyncflow-blas``
+    thread while open devices (``add_user`` / ``remove_user``) may boost, else a
+    thread made for the one change, so that no thread of ours holds OpenBLAS's size
+    when no device is open.  A boost waits for its size to be set (~30 us); going back
+    to rest after it does not wait.
 
     Invariant (under ``_lock``): ``_running`` kernels are on worker threads,
-    ``_boosted`` says a boost holds more than the resting size, and the BLAS libraries
-    were last set to ``_current`` threads (None: never set by us).
+    ``_boosted`` says a boost holds more than the resting size, the BLAS libraries
+    were last set (or are about to be set, in order) to ``_current`` threads (None:
+    never set by us), ``_users`` devices are open, and ``_setter`` is the sizing
+    thread (None: not running).
     """
 
-    __slots__ = ("_boosted", "_cores", "_current", "_libs", "_lock", "_running")
+    __slots__ = (
+        "_boosted",
+        "_cores",
+        "_current",
+        "_libs",
+        "_lock",
+        "_requests",
+        "_running",
+        "_setter",
+        "_users",
+    )
 
     #: The BLAS threads outside boosts.
     resting = 1
@@ -69,28 +96,33 @@ class BlasGovernor:
     def __init__(self, cores: int) -> None:
         self._cores = cores
         self._running = 0
+        self._users = 0
         self._boosted = False
         self._current: int | None = None
         self._libs: list[Any] | None = None  # threadpoolctl's BLAS controllers, found once
         self._lock = threading.Lock()
+        self._setter: threading.Thread | None = None
+        # (threads, done) for the sizing thread; None stops it.
+        self._requests: queue.SimpleQueue[tuple[int, threading.Lock] | None] = queue.SimpleQueue()
 
-    def rest(self) -> None:
-        """Put BLAS at its resting size, once per process (when a session starts).
-
-        Done on a thread of its own: OpenBLAS ignores sizes set from other threads once
-        the main thread has set one (measured with OpenBLAS 0.3.31), so the governor
-        never sets the size from the main thread.
-        """
-        if self._current is not None:
-            return
-        setter = threading.Thread(target=self._rest, name="asyncflow-blas-rest")
-        setter.start()
-        setter.join()
-
-    def _rest(self) -> None:
+    def add_user(self) -> None:
+        """A device opened: BLAS goes to its resting size (once per process)."""
         with self._lock:
-            if not self._boosted:
+            self._users += 1
+            if self._current is None and not self._boosted:
                 self._set_locked(self.resting)
+
+    def remove_user(self) -> None:
+        """A device closed (or was collected): the last one stops the sizing thread,
+        which leaves BLAS at rest."""
+        with self._lock:
+            self._users -= 1
+            setter = self._setter if self._users <= 0 else None
+            if setter is not None:
+                self._setter = None
+                self._requests.put(None)
+        if setter is not None and setter is not threading.current_thread():
+            setter.join()
 
     def enter(self, cap: int) -> None:
         """A kernel allowed ``cap`` BLAS threads starts on a worker thread."""
@@ -110,42 +142,70 @@ class BlasGovernor:
         return max(1, min(cap, self._cores))
 
     @contextlib.contextmanager
-    def boost(self) -> Iterator[None]:
+    def boost(self) -> Iterator[Callable[[], object]]:
         """Give the BLAS call inside the block every core when its kernel runs alone.
 
-        Only on worker threads (see :meth:`rest`); on the main thread it changes nothing.
+        The size is set meanwhile, on the sizing thread: the block calls the function
+        it is given right before its BLAS call, which waits until the size is set (a
+        convolution builds its window matrix meanwhile).
         """
-        if threading.current_thread() is threading.main_thread():
-            yield
-            return
+        done: threading.Lock | None = None
         with self._lock:
             threads = self.grant(getattr(_local, "cap", self._cores))
             boosted = threads > self.resting
             if boosted:
                 self._boosted = True
-                self._set_locked(threads)
+                done = self._set_locked(threads, wait=False)
         try:
-            yield
+            yield ready_now if done is None else done.acquire
         finally:
             if boosted:
                 with self._lock:
                     self._boosted = False
-                    self._set_locked(self.resting)
+                    self._set_locked(self.resting, wait=False)
 
-    def _set_locked(self, threads: int) -> None:
+    def _set_locked(self, threads: int, wait: bool = True) -> threading.Lock | None:
+        """Size BLAS to ``threads`` from the one sizing thread.  Returns once it is set
+        (``wait``), else at once with a lock that is released when it is (None: set
+        already); the requests are taken in order."""
         if threads == self._current:
-            return
-        libs = self._libs
-        if libs is None:
-            libs = self._libs = _blas_controllers()
-        for lib in libs:
-            lib.set_num_threads(threads)
+            return None
+        if self._libs is None:
+            self._libs = _blas_controllers()
         self._current = threads
+        if self._setter is None and self._users <= 0:
+            setter = threading.Thread(target=self._set, args=(threads,), name="asyncflow-blas")
+            setter.start()
+            setter.join()
+            return None
+        if self._setter is None:
+            self._setter = threading.Thread(target=self._serve, name="asyncflow-blas", daemon=True)
+            self._setter.start()
+        done = threading.Lock()
+        done.acquire()
+        self._requests.put((threads, done))
+        if not wait:
+            return done
+        done.acquire()
+        return None
+
+    def _set(self, threads: int) -> None:
+        for lib in self._libs or ():
+            lib.set_num_threads(threads)
+
+    def _serve(self) -> None:
+        """The sizing thread: each request in order, until told to stop."""
+        while (request := self._requests.get()) is not None:
+            threads, done = request
+            try:
+                self._set(threads)
+            finally:
+                done.release()
 
     def __repr__(self) -> str:
         return (
             f"<BlasGovernor cores={self._cores} running={self._running} "
-            f"boosted={self._boosted} threads={self._current}>"
+            f"boosted={self._boosted} threads={self._current} users={self._users}>"
         )
 
 
@@ -153,6 +213,10 @@ def _blas_controllers() -> list[Any]:
     from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
 
     return [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+
+
+def ready_now() -> None:
+    """What a boost that changed no size gives its block: nothing to wait for."""
 
 
 _local = threading.local()  # .cap: the BLAS threads this worker's kernel may use
@@ -191,7 +255,7 @@ class LocalDevice:
         self.index = index
         self.max_threads = max_threads
         self.blas_threads = intra_op_threads or available_cores()
-        _GOVERNOR.rest()
+        _GOVERNOR.add_user()  # (until its close)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -227,10 +291,12 @@ class LocalDevice:
     def close(self) -> None:
         """Stop the threads (waits for running kernels; idempotent)."""
         with self._lock:
-            self._closed = True
+            closing, self._closed = not self._closed, True
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        if closing:
+            _GOVERNOR.remove_user()
 
     def __repr__(self) -> str:
         return (
