@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
+from asyncflow.runtime.devices import blas_governor
 
 if TYPE_CHECKING:
     from tests.conftest import AsyncHang, Hangs
@@ -156,6 +157,7 @@ def test_async_with_session_under_trio_is_the_clear_error() -> None:
         async with af.Session(graph=g) as sess:
             await sess.run(c)
 
+    open_devices = blas_governor()._users
     with pytest.raises(
         RuntimeError,
         match=r"async with af.Session\(...\) needs the asyncio "
@@ -163,6 +165,7 @@ def test_async_with_session_under_trio_is_the_clear_error() -> None:
         r"backend='asyncio'",
     ):
         anyio.run(main, backend="trio")
+    assert blas_governor()._users == open_devices  # the refused session was closed
 
     sess = af.Session(graph=g)
 

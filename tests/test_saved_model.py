@@ -18,6 +18,7 @@ import pytest
 import asyncflow as af
 from asyncflow.compat import load_saved_model
 from asyncflow.compat.tensor_bundle import BundleReader, _crc32c_python, crc32c, read_table
+from asyncflow.runtime.devices import blas_governor
 
 MODELS = pathlib.Path(__file__).parent / "fixtures" / "tf" / "saved_models"
 NAMES = ["conv", "transformer"]
@@ -161,8 +162,10 @@ def test_a_missing_variable_is_not_found(conv_copy: pathlib.Path, tmp_path: path
     # Swap in the transformer's checkpoint: none of the conv variables is there.
     shutil.rmtree(conv_copy / "variables")
     shutil.copytree(MODELS / "transformer" / "variables", conv_copy / "variables")
+    open_devices = blas_governor()._users
     with pytest.raises(af.errors.NotFoundError, match="tensor 'conv/b1' not found"):
         load_saved_model(conv_copy)
+    assert blas_governor()._users == open_devices  # the session it made is closed
 
 
 # -- the table format -------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from asyncflow.distributed.master import Master
 from asyncflow.framework.graph import Tensor
 from asyncflow.runtime.barrier import StepRunner
 from asyncflow.runtime.call_frame import CallFrame
+from asyncflow.runtime.devices import blas_governor
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.step import Step
 from asyncflow.session import core
@@ -227,8 +228,10 @@ async def test_a_master_plugs_in_through_the_protocol(graph: af.Graph, driven: l
 
 def test_a_master_that_is_not_a_session_master_is_refused(graph: af.Graph) -> None:
     target = _Target(lambda session: object())
+    open_devices = blas_governor()._users
     with pytest.raises(TypeError, match=r"not an asyncflow\.session\.seam\.SessionMaster"):
         af.Session(target, graph=graph)
+    assert blas_governor()._users == open_devices  # its devices were closed
 
 
 # -- the seam for other modules ---------------------------------------------------------

@@ -117,27 +117,55 @@ def test_a_kernel_alone_gets_every_core_in_each_of_two_open_sessions() -> None:
         assert _blas_threads() == 1  # back at rest between the boosts
 
 
+class _Recorded:
+    """A BLAS library controller that records the sizes set, and by which thread."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, str]] = []
+
+    def set_num_threads(self, n: int) -> None:
+        self.calls.append((n, threading.current_thread().name))
+
+
+def _sizing_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "asyncflow-blas"]
+
+
 def test_the_sizing_thread_stops_with_the_last_device() -> None:
-    g, (out,) = _seen(1)
-    with af.Session(graph=g) as first:
-        with af.Session(graph=g) as second:
-            second.run_sync(out)
-            assert "asyncflow-blas" in [t.name for t in threading.enumerate()]
-        assert "asyncflow-blas" in [t.name for t in threading.enumerate()]  # first is open
-        first.run_sync(out)
-    assert "asyncflow-blas" not in [t.name for t in threading.enumerate()]
-    assert _blas_threads() == 1
+    gov, lib = BlasGovernor(2), _Recorded()
+    gov._libs = [lib]
+    before = _sizing_threads()
+    gov.add_user()
+    gov.add_user()
+    with gov.boost() as ready:
+        ready()
+    assert len(_sizing_threads()) == len(before) + 1
+    gov.remove_user()
+    assert len(_sizing_threads()) == len(before) + 1  # a device is still open
+    gov.remove_user()
+    assert _sizing_threads() == before
+    assert [n for n, _ in lib.calls] == [1, 2, 1]
+
+
+def test_the_sizing_thread_stops_when_idle_and_the_next_boost_starts_one() -> None:
+    gov, lib = BlasGovernor(2, idle_s=0.05), _Recorded()
+    gov._libs = [lib]
+    before = _sizing_threads()
+    gov.add_user()  # a device never closed
+    for _ in range(2):
+        with gov.boost() as ready:
+            ready()
+        block_until(lambda: _sizing_threads() == before, "the idle sizing thread to exit")
+    assert [n for n, _ in lib.calls] == [1, 2, 1, 2, 1]
+    assert {name for _, name in lib.calls} == {"asyncflow-blas"}
 
 
 def test_the_setting_is_not_rewritten_when_unchanged() -> None:
-    calls: list[tuple[int, str]] = []
-
-    class Lib:
-        def set_num_threads(self, n: int) -> None:
-            calls.append((n, threading.current_thread().name))
+    lib = _Recorded()
+    calls = lib.calls
 
     gov = BlasGovernor(2)
-    gov._libs = [Lib()]
+    gov._libs = [lib]
     gov.add_user()
     gov.add_user()
     assert [n for n, _ in calls] == [1]
@@ -164,7 +192,6 @@ def test_the_setting_is_not_rewritten_when_unchanged() -> None:
     gov.remove_user()
     gov.remove_user()  # the last device: the sizing thread stops
     assert calls == [(1, "asyncflow-blas")]
-    assert not [t for t in threading.enumerate() if t.name == "asyncflow-blas"]
     with gov.boost() as ready:  # a caller outside any device's worker threads boosts too
         ready()
         assert [n for n, _ in calls] == [1, 2]

@@ -178,15 +178,26 @@ def load_saved_model(
 
     path = os.fspath(export_dir)
     meta = _meta_graph(path, tuple(tags))
-    if session is None:
-        session = Session(graph=Graph())
-    elif not isinstance(session, Session):
-        raise TypeError(f"session must be an af.Session, got {type(session).__name__}")
-    elif session.internals.distributed:
-        # Variables live in the cluster's workers; restoring there needs a step.
-        raise errors.UnimplementedError(
-            None, None, "load_saved_model into a distributed session is not supported"
-        )
+    if session is not None:
+        if not isinstance(session, Session):
+            raise TypeError(f"session must be an af.Session, got {type(session).__name__}")
+        if session.internals.distributed:
+            # Variables live in the cluster's workers; restoring there needs a step.
+            raise errors.UnimplementedError(
+                None, None, "load_saved_model into a distributed session is not supported"
+            )
+        return _load(path, meta, tuple(tags), session)
+    session = Session(graph=Graph())
+    try:
+        return _load(path, meta, tuple(tags), session)
+    except BaseException:
+        session.close_sync()  # (made here for the model: nobody else would close it)
+        raise
+
+
+def _load(path: str, meta: Any, tags: tuple[str, ...], session: Any) -> SavedModel:
+    """The model of ``meta`` (read from ``path``) imported into ``session`` and its
+    variables restored there; all or nothing (nothing changes when a value is bad)."""
     graph: Graph = session.graph
     signature_defs = {key: meta.signature_def[key] for key in sorted(meta.signature_def)}
     names = sorted(
@@ -221,7 +232,7 @@ def load_saved_model(
         )
         for key, sig in signature_defs.items()
     }
-    return SavedModel(path, session, tuple(tags), _Signatures(path, signatures), var_ops)
+    return SavedModel(path, session, tags, _Signatures(path, signatures), var_ops)
 
 
 # -- reading ----------------------------------------------------------------------------------

@@ -23,10 +23,9 @@ set one: once a thread has set it, sizes set from any other thread are ignored u
 that thread exits (measured: a boost on a device's second worker thread, or in a
 second session, ran on one thread).  So while a boost may come, one thread of the
 governor's own (``asyncflow-blas``) makes every change: it starts with the first boost
-and stops when the last open device closes (a session never closed keeps it, as it
-keeps its worker threads).  A program that sizes BLAS from its own
-long-lived thread (``threadpoolctl`` on the main thread) keeps that size: OpenBLAS
-ignores the governor then.
+and stops when the last open device closes, or after a second without a boost.  A
+program that sizes BLAS from its own long-lived thread (``threadpoolctl`` on the main
+thread) keeps that size: OpenBLAS ignores the governor then.
 """
 
 from __future__ import annotations
@@ -66,10 +65,10 @@ class BlasGovernor:
     as one thread each).  Shares are not re-balanced while a boost runs.
 
     Every size is set by one thread (see the module's docstring): the ``asyncflow-blas``
-    thread while open devices (``add_user`` / ``remove_user``) may boost, else a
-    thread made for the one change, so that no thread of ours holds OpenBLAS's size
-    when no device is open.  A boost waits for its size to be set (~30 us); going back
-    to rest after it does not wait.
+    thread while open devices (``add_user`` / ``remove_user``) boost, else a thread
+    made for the one change, so that no thread of ours holds OpenBLAS's size when no
+    device is open or none boosted for ``idle_s`` seconds.  A boost waits for its size
+    to be set (~30 us); going back to rest after it does not wait.
 
     Invariant (under ``_lock``): ``_running`` kernels are on worker threads,
     ``_boosted`` says a boost holds more than the resting size, the BLAS libraries
@@ -82,6 +81,7 @@ class BlasGovernor:
         "_boosted",
         "_cores",
         "_current",
+        "_idle_s",
         "_libs",
         "_lock",
         "_requests",
@@ -93,8 +93,9 @@ class BlasGovernor:
     #: The BLAS threads outside boosts.
     resting = 1
 
-    def __init__(self, cores: int) -> None:
+    def __init__(self, cores: int, idle_s: float = 1.0) -> None:
         self._cores = cores
+        self._idle_s = idle_s  # without a request, the sizing thread exits
         self._running = 0
         self._users = 0
         self._boosted = False
@@ -194,8 +195,21 @@ class BlasGovernor:
             lib.set_num_threads(threads)
 
     def _serve(self) -> None:
-        """The sizing thread: each request in order, until told to stop."""
-        while (request := self._requests.get()) is not None:
+        """The sizing thread: each request in order, until told to stop or idle for
+        ``idle_s`` (a session never closed does not keep it: the next boost starts
+        another, which OpenBLAS obeys once this one has exited)."""
+        while True:
+            try:
+                request = self._requests.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:  # (requests are put under the lock: none is lost)
+                    if not self._requests.empty():
+                        continue
+                    if self._setter is threading.current_thread():
+                        self._setter = None
+                    return
+            if request is None:
+                return
             threads, done = request
             try:
                 self._set(threads)

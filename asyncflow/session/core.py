@@ -184,14 +184,24 @@ class Session:
         #: The distributed master (None in process): the cluster's devices follow ours.
         self._master: SessionMaster | None = None
         if make_master is not None:
+            self._master = self._made_master(make_master, target)
+            self._device_names += self._master.device_names
+
+    def _made_master(self, make_master: Callable[[Session], Any], target: Any) -> SessionMaster:
+        """The master ``target`` makes for this session; when it cannot, the devices
+        are closed before the error propagates (no session: nobody else would)."""
+        try:
             master = make_master(self)
             if not isinstance(master, SessionMaster):
                 raise TypeError(
                     f"target {target!r} made {master!r} as this session's master: it is "
                     f"not an asyncflow.session.seam.SessionMaster"
                 )
-            self._master = master
-            self._device_names += master.device_names
+        except BaseException:
+            for d in self._devices:
+                d.close()
+            raise
+        return master
 
     # -- properties ------------------------------------------------------------------
 
@@ -887,8 +897,13 @@ class Session:
 
     async def __aenter__(self) -> Session:
         # Refused at the door under another event loop (trio), before any step: a plan
-        # of inline kernels would otherwise run, and the exit fail obscurely.
-        require_asyncio("async with af.Session(...)")
+        # of inline kernels would otherwise run, and the exit fail obscurely.  No exit
+        # follows a refused entry: the session is closed here.
+        try:
+            require_asyncio("async with af.Session(...)")
+        except RuntimeError:
+            self.close_sync()
+            raise
         return self
 
     async def __aexit__(
