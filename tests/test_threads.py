@@ -7,6 +7,7 @@ that must overlap wait for each other on a ``threading.Barrier``.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -158,6 +159,34 @@ def test_the_sizing_thread_stops_when_idle_and_the_next_boost_starts_one() -> No
         block_until(lambda: _sizing_threads() == before, "the idle sizing thread to exit")
     assert [n for n, _ in lib.calls] == [1, 2, 1, 2, 1]
     assert {name for _, name in lib.calls} == {"asyncflow-blas"}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_boosts_without_the_parent_sizing_thread() -> None:
+    # A forked child has no copy of the parent's sizing thread: before the governor
+    # was reset at fork, a boost there waited forever for it.
+    gov = blas_governor()
+    gov.add_user()  # (as an open session's device)
+    try:
+        with gov.boost() as ready:
+            ready()
+        assert _sizing_threads()  # running in the parent as it forks
+        pid = os.fork()
+        if pid == 0:  # the child: only this thread was copied
+            code = 3  # (also after 20 s: bounded)
+            try:
+                threading.Timer(20, os._exit, (3,)).start()
+                gov.add_user()
+                with gov.boost() as ready:
+                    ready()
+                gov.remove_user()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        gov.remove_user()
 
 
 def test_the_setting_is_not_rewritten_when_unchanged() -> None:

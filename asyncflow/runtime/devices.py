@@ -190,6 +190,17 @@ class BlasGovernor:
         done.acquire()
         return None
 
+    def _after_fork(self) -> None:
+        """In a forked child: no sizing thread (it was not copied), no devices of the
+        parent's, and a fresh lock and queue (a thread of the parent may have held the
+        lock as it forked)."""
+        self._lock = threading.Lock()
+        self._requests = queue.SimpleQueue()
+        self._setter = None
+        self._users = 0
+        self._running = 0
+        self._boosted = False
+
     def _set(self, threads: int) -> None:
         for lib in self._libs or ():
             lib.set_num_threads(threads)
@@ -235,6 +246,7 @@ def ready_now() -> None:
 
 _local = threading.local()  # .cap: the BLAS threads this worker's kernel may use
 _GOVERNOR = BlasGovernor(available_cores())
+os.register_at_fork(after_in_child=_GOVERNOR._after_fork)
 
 
 def blas_governor() -> BlasGovernor:
