@@ -68,7 +68,8 @@ class BlasGovernor:
     thread while open devices (``add_user`` / ``remove_user``) boost, else a thread
     made for the one change, so that no thread of ours holds OpenBLAS's size when no
     device is open or none boosted for ``idle_s`` seconds.  A boost waits for its size
-    to be set (~30 us); going back to rest after it does not wait.
+    to be set (~30 us, overlapped with the kernel's own work up to its BLAS call), and
+    for the rest after it (so that outside a boost BLAS is at rest, always).
 
     Invariant (under ``_lock``): ``_running`` kernels are on worker threads,
     ``_boosted`` says a boost holds more than the resting size, the BLAS libraries
@@ -85,6 +86,7 @@ class BlasGovernor:
         "_libs",
         "_lock",
         "_requests",
+        "_retired",
         "_running",
         "_setter",
         "_users",
@@ -103,6 +105,9 @@ class BlasGovernor:
         self._libs: list[Any] | None = None  # threadpoolctl's BLAS controllers, found once
         self._lock = threading.Lock()
         self._setter: threading.Thread | None = None
+        # The last sizing thread, which may still be exiting: OpenBLAS ignores the
+        # next one's sizes until it is gone, so the next one joins it first.
+        self._retired: threading.Thread | None = None
         # (threads, done) for the sizing thread; None stops it.
         self._requests: queue.SimpleQueue[tuple[int, threading.Lock] | None] = queue.SimpleQueue()
 
@@ -114,13 +119,14 @@ class BlasGovernor:
                 self._set_locked(self.resting)
 
     def remove_user(self) -> None:
-        """A device closed (or was collected): the last one stops the sizing thread,
-        which leaves BLAS at rest."""
+        """A device closed: the last one stops the sizing thread (after the requests
+        before it)."""
         with self._lock:
             self._users -= 1
             setter = self._setter if self._users <= 0 else None
             if setter is not None:
                 self._setter = None
+                self._retired = setter
                 self._requests.put(None)
         if setter is not None and setter is not threading.current_thread():
             setter.join()
@@ -163,7 +169,7 @@ class BlasGovernor:
             if boosted:
                 with self._lock:
                     self._boosted = False
-                    self._set_locked(self.resting, wait=False)
+                    self._set_locked(self.resting)
 
     def _set_locked(self, threads: int, wait: bool = True) -> threading.Lock | None:
         """Size BLAS to ``threads`` from the one sizing thread.  Returns once it is set
@@ -174,13 +180,18 @@ class BlasGovernor:
         if self._libs is None:
             self._libs = _blas_controllers()
         self._current = threads
+        retired, self._retired = self._retired, None
         if self._setter is None and self._users <= 0:
-            setter = threading.Thread(target=self._set, args=(threads,), name="asyncflow-blas")
+            setter = threading.Thread(
+                target=self._set, args=(threads, retired), name="asyncflow-blas"
+            )
             setter.start()
             setter.join()
             return None
         if self._setter is None:
-            self._setter = threading.Thread(target=self._serve, name="asyncflow-blas", daemon=True)
+            self._setter = threading.Thread(
+                target=self._serve, args=(retired,), name="asyncflow-blas", daemon=True
+            )
             self._setter.start()
         done = threading.Lock()
         done.acquire()
@@ -197,18 +208,23 @@ class BlasGovernor:
         self._lock = threading.Lock()
         self._requests = queue.SimpleQueue()
         self._setter = None
+        self._retired = None
         self._users = 0
         self._running = 0
         self._boosted = False
 
-    def _set(self, threads: int) -> None:
+    def _set(self, threads: int, retired: threading.Thread | None = None) -> None:
+        if retired is not None:
+            retired.join()  # (exiting: OpenBLAS obeys this thread once it is gone)
         for lib in self._libs or ():
             lib.set_num_threads(threads)
 
-    def _serve(self) -> None:
+    def _serve(self, retired: threading.Thread | None) -> None:
         """The sizing thread: each request in order, until told to stop or idle for
         ``idle_s`` (a session never closed does not keep it: the next boost starts
         another, which OpenBLAS obeys once this one has exited)."""
+        if retired is not None:
+            retired.join()
         while True:
             try:
                 request = self._requests.get(timeout=self._idle_s)
@@ -218,6 +234,7 @@ class BlasGovernor:
                         continue
                     if self._setter is threading.current_thread():
                         self._setter = None
+                        self._retired = threading.current_thread()
                     return
             if request is None:
                 return
