@@ -334,15 +334,17 @@ def _windows(
     if (oh - 1) * s[0] + ek[0] > hp or (ow - 1) * s[1] + ek[1] > wp:  # (never: the pads fit)
         raise ValueError(f"{oh}x{ow} windows of {ek} do not fit a {hp}x{wp} input")
     # The strided, dilated window view built directly: sliding_window_view and slicing
-    # it cost 15 us of Python per call, as_strided 2.5 (a ResNet block's six
-    # convolutions at batch 1 spent 15% of their time there).
+    # it cost 15 us of Python per call, as_strided 2.3, the ndarray constructor over a
+    # contiguous x's buffer 0.5 (a ResNet block's six convolutions at batch 1 spent 15%
+    # of their time in the first).
     sn, sh, sw, sc = x.strides
-    return as_strided(
-        x,
-        (n, oh, ow, c, k[0], k[1]),
-        (sn, sh * s[0], sw * s[1], sc, sh * d[0], sw * d[1]),
-        writeable=False,
-    )
+    shape = (n, oh, ow, c, k[0], k[1])
+    strides = (sn, sh * s[0], sw * s[1], sc, sh * d[0], sw * d[1])
+    if not x.flags.c_contiguous:
+        return as_strided(x, shape, strides, writeable=False)
+    view = np.ndarray(shape, x.dtype, x, 0, strides)
+    view.flags.writeable = False
+    return view
 
 
 def _geometry(op: Operation, ksize_attr: str | None) -> tuple[bool, Any]:

@@ -75,7 +75,8 @@ def channel_rows(x: np.ndarray, *vectors: np.ndarray) -> tuple[np.ndarray, list[
     if x.ndim != 4 or x.shape[3] >= ROW_CHANNELS or not x.flags.c_contiguous:
         return None
     n, h, w, c = x.shape
-    return x.reshape(n * h, w * c), [np.tile(v, w) for v in vectors]
+    # (``np.tile``'s result, by ndarray methods: 0.6 us a vector where tile took 2.2)
+    return x.reshape(n * h, w * c), [v.reshape(1, -1).repeat(w, 0).reshape(-1) for v in vectors]
 
 
 # -- Relu ------------------------------------------------------------------------------
