@@ -1,8 +1,9 @@
 """Convolution and pooling: Conv2D, DepthwiseConv2dNative, MaxPool, AvgPool (``af.nn``).
 
 The kernels are numpy vectorized: the padded input is viewed as strided, dilated
-windows (``as_strided``, no copy), then contracted with the filter by ``tensordot`` (an im2col + one BLAS matmul) or reduced
-(pooling).  Everything runs in NHWC; NCHW inputs are transposed in and out.
+windows (a strided view, no copy), then copied into columns (im2col) and multiplied
+by the filter in one BLAS matmul, or reduced (pooling).  Everything runs in NHWC;
+NCHW inputs are transposed in and out.
 
 Geometry follows TensorFlow exactly: ``VALID`` uses no padding; ``SAME`` gives
 ``ceil(in / stride)`` outputs with the padding split as ``(total // 2, total - total // 2)``
@@ -11,10 +12,11 @@ Geometry follows TensorFlow exactly: ``VALID`` uses no padding; ``SAME`` gives
 
 A convolution worth a thread hop (``_EXPENSIVE_MACS`` multiply-adds or more) runs on a
 worker thread of its device; numpy's BLAS releases the GIL meanwhile.  Smaller ones
-run inline.  Wherever it runs, a GEMM of ``_BOOST_MACS`` or more gets more BLAS threads
-when its kernel runs alone (:func:`_gemm_threads`).  The static shapes decide when they are known; a graph with an unknown
-batch (every exported model) is sized by its fed input at run time instead
-(:class:`_RunTimeSized`), so the same graph runs batch 1 inline and batch 8 threaded.
+run inline.  Wherever it runs, a GEMM of ``_BOOST_MACS`` or more gets more BLAS
+threads when its kernel runs alone (:func:`_gemm_threads`).  The static shapes decide
+when they are known; a graph with an unknown batch (every exported model) is sized by
+its fed input at run time instead (:class:`_RunTimeSized`), so the same graph runs
+batch 1 inline and batch 8 threaded.
 A 1x1 convolution is a plain GEMM of the pixels; a depthwise convolution one
 ``einsum`` over the window view; ``_FusedConv2D`` (made by the optimizer, see
 ``asyncflow.compiler.fold_batchnorm``) adds the bias and clamps in place.

@@ -112,11 +112,12 @@ class BlasGovernor:
         self._requests: queue.SimpleQueue[tuple[int, threading.Lock] | None] = queue.SimpleQueue()
 
     def add_user(self) -> None:
-        """A device opened: BLAS goes to its resting size (once per process)."""
+        """A device opened: BLAS goes to its resting size (once per process, before the
+        device counts: by a thread made for it, not the sizing thread)."""
         with self._lock:
-            self._users += 1
             if self._current is None and not self._boosted:
                 self._set_locked(self.resting)
+            self._users += 1
 
     def remove_user(self) -> None:
         """A device closed: the last one stops the sizing thread (after the requests
