@@ -314,27 +314,41 @@ async def _in_flight(
     return per_step, coros
 
 
+class _Gated:
+    """An async kernel (for ``py_func``) that returns its input once ``gate`` is set
+    (open at first: a step runs through)."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def __call__(self, v: Any) -> Any:
+        await self.gate.wait()
+        return v
+
+
+async def _held_steps(
+    graph: af.Graph, io: _Gated, fetch: Any, feed: dict[Any, Any], expected: float
+) -> tuple[float, collections.Counter[str]]:
+    """One step of ``fetch`` through (its value ``expected``), then :func:`_in_flight`
+    of 500 steps held at ``io``'s gate."""
+    async with af.Session(graph=graph) as sess:
+        assert await sess.run(fetch, feed) == expected
+
+        def step(gate: asyncio.Event) -> Coroutine[Any, Any, Any]:
+            io.gate = gate
+            return sess.run(fetch, feed)
+
+        return await _in_flight(500, step)
+
+
 async def test_a_step_awaiting_one_kernel_keeps_few_objects(
     graph: af.Graph, collector_off: None
 ) -> None:
-    gates: list[asyncio.Event] = []
-
-    async def io(v: Any) -> Any:
-        await gates[-1].wait()
-        return v
-
+    io = _Gated()
     x = af.placeholder(af.float32, shape=(), name="x")
     y = af.multiply(af.py_func(io, [x], af.float32, name="io"), np.float32(2.0))
-    async with af.Session(graph=graph) as sess:
-        gates.append(asyncio.Event())
-        gates[-1].set()
-        assert await sess.run(y, {x: 1.0}) == 2.0
-
-        def step(gate: asyncio.Event) -> Coroutine[Any, Any, Any]:
-            gates.append(gate)
-            return sess.run(y, {x: 1.0})
-
-        ours, coros = await _in_flight(500, step)
+    ours, coros = await _held_steps(graph, io, y, {x: 1.0}, 2.0)
     # The driver and Step.run, which awaits the lone node's kernel in its own frame:
     # two levels above the kernel (six before the session had one driver, three
     # before the lone node was awaited in Step.run), and 15 tracked objects per step
@@ -354,26 +368,12 @@ async def test_a_step_awaiting_one_kernel_keeps_few_objects(
 async def test_a_step_awaiting_two_kernels_keeps_one_task_and_few_objects(
     graph: af.Graph, collector_off: None
 ) -> None:
-    gates: list[asyncio.Event] = []
-
-    async def io(v: Any) -> Any:
-        await gates[-1].wait()
-        return v
-
+    io = _Gated()
     x = af.placeholder(af.float32, shape=(), name="x")
     a = af.py_func(io, [x], af.float32, name="a")
     b = af.py_func(io, [x + 1.0], af.float32, name="b")
     y = (a + b) * np.float32(2.0)
-    async with af.Session(graph=graph) as sess:
-        gates.append(asyncio.Event())
-        gates[-1].set()
-        assert await sess.run(y, {x: 1.0}) == 6.0
-
-        def step(gate: asyncio.Event) -> Coroutine[Any, Any, Any]:
-            gates.append(gate)
-            return sess.run(y, {x: 1.0})
-
-        ours, coros = await _in_flight(500, step)
+    ours, coros = await _held_steps(graph, io, y, {x: 1.0}, 6.0)
     # The first kernel awaited in Step.run's frame, the other in one task of the step's
     # own group: 29 tracked objects per step (42 when each kernel had a task and its
     # _run_node coroutine, and the step its task-group loop and a wake-up future; 31
