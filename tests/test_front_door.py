@@ -157,7 +157,7 @@ def test_async_with_session_under_trio_is_the_clear_error() -> None:
         async with af.Session(graph=g) as sess:
             await sess.run(c)
 
-    open_devices = blas_governor()._users
+    open_devices = blas_governor().users
     with pytest.raises(
         RuntimeError,
         match=r"async with af.Session\(...\) needs the asyncio "
@@ -165,7 +165,7 @@ def test_async_with_session_under_trio_is_the_clear_error() -> None:
         r"backend='asyncio'",
     ):
         anyio.run(main, backend="trio")
-    assert blas_governor()._users == open_devices  # the refused session was closed
+    assert blas_governor().users == open_devices  # the refused session was closed
 
     sess = af.Session(graph=g)
 

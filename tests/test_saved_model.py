@@ -162,10 +162,10 @@ def test_a_missing_variable_is_not_found(conv_copy: pathlib.Path, tmp_path: path
     # Swap in the transformer's checkpoint: none of the conv variables is there.
     shutil.rmtree(conv_copy / "variables")
     shutil.copytree(MODELS / "transformer" / "variables", conv_copy / "variables")
-    open_devices = blas_governor()._users
+    open_devices = blas_governor().users
     with pytest.raises(af.errors.NotFoundError, match="tensor 'conv/b1' not found"):
         load_saved_model(conv_copy)
-    assert blas_governor()._users == open_devices  # the session it made is closed
+    assert blas_governor().users == open_devices  # the session it made is closed
 
 
 # -- the table format -------------------------------------------------------------------------

@@ -228,10 +228,10 @@ async def test_a_master_plugs_in_through_the_protocol(graph: af.Graph, driven: l
 
 def test_a_master_that_is_not_a_session_master_is_refused(graph: af.Graph) -> None:
     target = _Target(lambda session: object())
-    open_devices = blas_governor()._users
+    open_devices = blas_governor().users
     with pytest.raises(TypeError, match=r"not an asyncflow\.session\.seam\.SessionMaster"):
         af.Session(target, graph=graph)
-    assert blas_governor()._users == open_devices  # its devices were closed
+    assert blas_governor().users == open_devices  # its devices were closed
 
 
 # -- the seam for other modules ---------------------------------------------------------

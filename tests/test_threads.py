@@ -31,11 +31,14 @@ def _blas_threads() -> int:
 
 
 def _seen(
-    kernels: int, barrier: threading.Barrier | None = None, boost: bool = True
+    kernels: int,
+    barrier: threading.Barrier | None = None,
+    boost: bool = True,
+    expensive: bool = True,
 ) -> tuple[af.Graph, list[af.Tensor]]:
-    """``kernels`` expensive kernels that each report the BLAS threads seen inside a
-    boost (or outside one); with a barrier, every kernel runs before any boosts and
-    none leaves before every one looked."""
+    """``kernels`` expensive kernels (or inline ones) that each report the BLAS threads
+    seen inside a boost (or outside one); with a barrier, every kernel runs before any
+    boosts and none leaves before every one looked."""
 
     def look() -> int:
         seen = _blas_threads()
@@ -56,7 +59,8 @@ def _seen(
     with g.as_default():
         x = af.constant(np.ones((4, 4), np.float32))
         outs = [
-            af.py_func(kernel, [x], af.int32, expensive=True, name=f"k{i}") for i in range(kernels)
+            af.py_func(kernel, [x], af.int32, expensive=expensive, name=f"k{i}")
+            for i in range(kernels)
         ]
     return g, outs
 
@@ -73,6 +77,17 @@ def test_intra_op_threads_cap_a_kernel(intra: int) -> None:
     config = af.SessionConfig(intra_op_parallelism_threads=intra)
     with af.Session(graph=g, config=config) as sess:
         assert sess.run_sync(out) == min(intra, available_cores())
+
+
+@pytest.mark.parametrize("intra", [0, 1, 2])
+def test_intra_op_threads_cap_an_inline_kernel(intra: int) -> None:
+    # A kernel on the event loop's (or caller's) thread boosts too (a convolution's
+    # GEMM), within what the open sessions allow.
+    g, (out,) = _seen(1, expensive=False)
+    config = af.SessionConfig(intra_op_parallelism_threads=intra)
+    with af.Session(graph=g, config=config) as sess:
+        assert sess.run_sync(out) == min(intra or available_cores(), available_cores())
+        assert _blas_threads() == 1
 
 
 @pytest.mark.skipif(available_cores() < 2, reason="needs two cores to run two kernels")
@@ -136,14 +151,14 @@ def test_the_sizing_thread_stops_with_the_last_device() -> None:
     gov, lib = BlasGovernor(2), _Recorded()
     gov._libs = [lib]
     before = _sizing_threads()
-    gov.add_user()
-    gov.add_user()
+    gov.add_user(2)
+    gov.add_user(2)
     with gov.boost() as ready:
         ready()
     assert len(_sizing_threads()) == len(before) + 1
-    gov.remove_user()
+    gov.remove_user(2)
     assert len(_sizing_threads()) == len(before) + 1  # a device is still open
-    gov.remove_user()
+    gov.remove_user(2)
     assert _sizing_threads() == before
     assert [n for n, _ in lib.calls] == [1, 2, 1]
 
@@ -152,7 +167,7 @@ def test_the_sizing_thread_stops_when_idle_and_the_next_boost_starts_one() -> No
     gov, lib = BlasGovernor(2, idle_s=0.05), _Recorded()
     gov._libs = [lib]
     before = _sizing_threads()
-    gov.add_user()  # a device never closed
+    gov.add_user(2)  # a device never closed
     for _ in range(2):
         with gov.boost() as ready:
             ready()
@@ -176,7 +191,7 @@ def test_a_forked_child_boosts_without_the_parent_sizing_thread() -> None:
     # A forked child has no copy of the parent's sizing thread: before the governor
     # was reset at fork, a boost there waited forever for it.
     gov = blas_governor()
-    gov.add_user()  # (as an open session's device)
+    gov.add_user(2)  # (as an open session's device)
     try:
         with gov.boost() as ready:
             ready()
@@ -186,17 +201,17 @@ def test_a_forked_child_boosts_without_the_parent_sizing_thread() -> None:
             code = 3  # (also after 20 s: bounded)
             try:
                 threading.Timer(20, os._exit, (3,)).start()
-                gov.add_user()
+                gov.add_user(2)
                 with gov.boost() as ready:
                     ready()
-                gov.remove_user()
+                gov.remove_user(2)
                 code = 0
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
-        gov.remove_user()
+        gov.remove_user(2)
 
 
 def test_the_setting_is_not_rewritten_when_unchanged() -> None:
@@ -205,8 +220,8 @@ def test_the_setting_is_not_rewritten_when_unchanged() -> None:
 
     gov = BlasGovernor(2)
     gov._libs = [lib]
-    gov.add_user()
-    gov.add_user()
+    gov.add_user(2)
+    gov.add_user(2)
     assert [n for n, _ in calls] == [1]
 
     def kernels() -> None:
@@ -226,8 +241,8 @@ def test_the_setting_is_not_rewritten_when_unchanged() -> None:
         worker.join()
         assert [n for n, _ in calls] == [1, 2, 1]  # at rest once the boost's block ended
         del calls[1:]
-    gov.remove_user()
-    gov.remove_user()  # the last device: the sizing thread stops
+    gov.remove_user(2)
+    gov.remove_user(2)  # the last device: the sizing thread stops
     assert calls == [(1, "asyncflow-blas")]
     with gov.boost() as ready:  # a caller outside any device's worker threads boosts too
         ready()

@@ -74,12 +74,13 @@ class BlasGovernor:
     Invariant (under ``_lock``): ``_running`` kernels are on worker threads,
     ``_boosted`` says a boost holds more than the resting size, the BLAS libraries
     were last set (or are about to be set, in order) to ``_current`` threads (None:
-    never set by us), ``_users`` devices are open, and ``_setter`` is the sizing
-    thread (None: not running).
+    never set by us), ``_caps`` holds the intra-op cap of each open device, and
+    ``_setter`` is the sizing thread (None: not running).
     """
 
     __slots__ = (
         "_boosted",
+        "_caps",
         "_cores",
         "_current",
         "_idle_s",
@@ -89,7 +90,6 @@ class BlasGovernor:
         "_retired",
         "_running",
         "_setter",
-        "_users",
     )
 
     #: The BLAS threads outside boosts.
@@ -99,7 +99,7 @@ class BlasGovernor:
         self._cores = cores
         self._idle_s = idle_s  # without a request, the sizing thread exits
         self._running = 0
-        self._users = 0
+        self._caps: list[int] = []
         self._boosted = False
         self._current: int | None = None
         self._libs: list[Any] | None = None  # threadpoolctl's BLAS controllers, found once
@@ -111,20 +111,27 @@ class BlasGovernor:
         # (threads, done) for the sizing thread; None stops it.
         self._requests: queue.SimpleQueue[tuple[int, threading.Lock] | None] = queue.SimpleQueue()
 
-    def add_user(self) -> None:
-        """A device opened: BLAS goes to its resting size (once per process, before the
-        device counts: by a thread made for it, not the sizing thread)."""
+    @property
+    def users(self) -> int:
+        """The open devices."""
+        return len(self._caps)
+
+    def add_user(self, cap: int) -> None:
+        """A device allowed ``cap`` BLAS threads a kernel opened: BLAS goes to its
+        resting size (once per process, before the device counts: by a thread made for
+        it, not the sizing thread)."""
         with self._lock:
             if self._current is None and not self._boosted:
                 self._set_locked(self.resting)
-            self._users += 1
+            self._caps.append(cap)
 
-    def remove_user(self) -> None:
-        """A device closed: the last one stops the sizing thread (after the requests
+    def remove_user(self, cap: int) -> None:
+        """That device closed: the last one stops the sizing thread (after the requests
         before it)."""
         with self._lock:
-            self._users -= 1
-            setter = self._setter if self._users <= 0 else None
+            if cap in self._caps:
+                self._caps.remove(cap)
+            setter = self._setter if not self._caps else None
             if setter is not None:
                 self._setter = None
                 self._retired = setter
@@ -151,7 +158,9 @@ class BlasGovernor:
 
     @contextlib.contextmanager
     def boost(self) -> Iterator[Callable[[], object]]:
-        """Give the BLAS call inside the block every core when its kernel runs alone.
+        """Give the BLAS call inside the block every core when its kernel runs alone
+        (as many as its device allows; for a kernel not on a worker thread, inline,
+        as many as every open device allows).
 
         The size is set meanwhile, on the sizing thread: the block calls the function
         it is given right before its BLAS call, which waits until the size is set (a
@@ -159,7 +168,8 @@ class BlasGovernor:
         """
         done: threading.Lock | None = None
         with self._lock:
-            threads = self.grant(getattr(_local, "cap", self._cores))
+            cap = getattr(_local, "cap", None)
+            threads = self.grant(min(self._caps, default=self._cores) if cap is None else cap)
             boosted = threads > self.resting
             if boosted:
                 self._boosted = True
@@ -182,7 +192,7 @@ class BlasGovernor:
             self._libs = _blas_controllers()
         self._current = threads
         retired, self._retired = self._retired, None
-        if self._setter is None and self._users <= 0:
+        if self._setter is None and not self._caps:
             setter = threading.Thread(
                 target=self._set, args=(threads, retired), name="asyncflow-blas"
             )
@@ -210,7 +220,7 @@ class BlasGovernor:
         self._requests = queue.SimpleQueue()
         self._setter = None
         self._retired = None
-        self._users = 0
+        self._caps = []
         self._running = 0
         self._boosted = False
 
@@ -248,7 +258,7 @@ class BlasGovernor:
     def __repr__(self) -> str:
         return (
             f"<BlasGovernor cores={self._cores} running={self._running} "
-            f"boosted={self._boosted} threads={self._current} users={self._users}>"
+            f"boosted={self._boosted} threads={self._current} users={self.users}>"
         )
 
 
@@ -299,7 +309,7 @@ class LocalDevice:
         self.index = index
         self.max_threads = max_threads
         self.blas_threads = intra_op_threads or available_cores()
-        _GOVERNOR.add_user()  # (until its close)
+        _GOVERNOR.add_user(self.blas_threads)  # (until its close)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -340,7 +350,7 @@ class LocalDevice:
         if pool is not None:
             pool.shutdown(wait=True)
         if closing:
-            _GOVERNOR.remove_user()
+            _GOVERNOR.remove_user(self.blas_threads)
 
     def __repr__(self) -> str:
         return (
