@@ -8,9 +8,11 @@ that must overlap wait for each other on a ``threading.Barrier``.
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -174,6 +176,51 @@ def test_the_sizing_thread_stops_when_idle_and_the_next_boost_starts_one() -> No
         block_until(lambda: _sizing_threads() == before, "the idle sizing thread to exit")
     assert [n for n, _ in lib.calls] == [1, 2, 1, 2, 1]
     assert {name for _, name in lib.calls} == {"asyncflow-blas"}
+
+
+class _TimesOutAsARequestComes:
+    """The sizing thread's request queue, whose second wait times out just as a request
+    is put (the thread then goes idle while a boost waits for its answer)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._waits = 0
+        self._put = threading.Event()
+
+    def put(self, item: Any) -> None:
+        self._queue.put(item)
+        self._put.set()
+
+    def get(self, timeout: float | None = None) -> Any:
+        self._waits += 1
+        if self._waits == 2:
+            self._put.clear()
+            self._put.wait(timeout=30)
+            raise queue.Empty
+        return self._queue.get(timeout=timeout)
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+
+def test_a_boost_answered_as_the_sizing_thread_goes_idle_returns() -> None:
+    # The return to rest used to wait for the sizing thread while holding the
+    # governor's lock, which the sizing thread takes as it goes idle: a deadlock.
+    gov, lib = BlasGovernor(2), _Recorded()
+    gov._libs = [lib]
+    gov._requests = _TimesOutAsARequestComes()  # type: ignore[assignment]
+    gov.add_user(2)
+
+    def boost() -> None:
+        with gov.boost() as ready:
+            ready()
+
+    booster = threading.Thread(target=boost, daemon=True)
+    booster.start()
+    booster.join(timeout=10)
+    assert not booster.is_alive(), "the boost never returned"
+    gov.remove_user(2)
+    assert [n for n, _ in lib.calls] == [1, 2, 1]
 
 
 @pytest.mark.skipif(available_cores() < 2, reason="needs two cores to boost")

@@ -120,10 +120,13 @@ class BlasGovernor:
         """A device allowed ``cap`` BLAS threads a kernel opened: BLAS goes to its
         resting size (once per process, before the device counts: by a thread made for
         it, not the sizing thread)."""
+        done = None
         with self._lock:
             if self._current is None and not self._boosted:
-                self._set_locked(self.resting)
+                done = self._set_locked(self.resting)
             self._caps.append(cap)
+        if done is not None:
+            done.acquire()
 
     def remove_user(self, cap: int) -> None:
         """That device closed: the last one stops the sizing thread (after the requests
@@ -173,19 +176,22 @@ class BlasGovernor:
             boosted = threads > self.resting
             if boosted:
                 self._boosted = True
-                done = self._set_locked(threads, wait=False)
+                done = self._set_locked(threads)
         try:
             yield ready_now if done is None else done.acquire
         finally:
             if boosted:
                 with self._lock:
                     self._boosted = False
-                    self._set_locked(self.resting)
+                    done = self._set_locked(self.resting)
+                if done is not None:
+                    done.acquire()
 
-    def _set_locked(self, threads: int, wait: bool = True) -> threading.Lock | None:
-        """Size BLAS to ``threads`` from the one sizing thread.  Returns once it is set
-        (``wait``), else at once with a lock that is released when it is (None: set
-        already); the requests are taken in order."""
+    def _set_locked(self, threads: int) -> threading.Lock | None:
+        """Size BLAS to ``threads`` from the one sizing thread: a lock released once it
+        is set (None: set already), to wait for *after* ``_lock`` is released (the
+        sizing thread takes ``_lock`` as it goes idle); the requests are taken in
+        order."""
         if threads == self._current:
             return None
         if self._libs is None:
@@ -207,10 +213,7 @@ class BlasGovernor:
         done = threading.Lock()
         done.acquire()
         self._requests.put((threads, done))
-        if not wait:
-            return done
-        done.acquire()
-        return None
+        return done
 
     def _after_fork(self) -> None:
         """In a forked child: no sizing thread (it was not copied), no devices of the
