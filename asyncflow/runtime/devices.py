@@ -117,7 +117,7 @@ class BlasGovernor:
         return len(self._caps)
 
     def add_user(self, cap: int) -> None:
-        """A device allowed ``cap`` BLAS threads a kernel opened: BLAS goes to its
+        """A device whose kernels may use ``cap`` BLAS threads opened: BLAS goes to its
         resting size (once per process, before the device counts: by a thread made for
         it, not the sizing thread)."""
         done = None
