@@ -133,9 +133,7 @@ def test_the_governor_grants_every_core_to_a_kernel_alone() -> None:
     assert gov.grant(8) == 1  # two kernels: one thread each
     gov.exit()
     assert gov.grant(8) == 4  # the one left may have them all again
-    assert gov.grant(8, worker=False) == 1  # an inline kernel beside it: one thread
     gov.exit()
-    assert gov.grant(8, worker=False) == 4  # an inline kernel alone
 
 
 @pytest.mark.skipif(available_cores() < 2, reason="needs two cores to boost")
