@@ -12,8 +12,6 @@ import queue
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -28,18 +26,6 @@ pytestmark = pytest.mark.skipif(
     not any(lib["user_api"] == "blas" for lib in threadpool_info()),
     reason="numpy is linked to no BLAS library threadpoolctl can see",
 )
-
-
-@pytest.fixture(autouse=True)
-def _every_boost_made() -> Iterator[None]:
-    """The tests here check which boosts are granted: the back-off of boosts that did
-    not pay (the kernels here make no BLAS call worth judging) is off meanwhile."""
-    gov = blas_governor()
-    gov.adaptive = False
-    try:
-        yield
-    finally:
-        gov.adaptive = True
 
 
 def _blas_threads() -> int:
@@ -67,7 +53,7 @@ def _seen(
             barrier.wait(timeout=30)
         if not boost:
             return np.int32(look())
-        with blas_governor().boost(1 << 24) as ready:
+        with blas_governor().boost() as ready:
             ready()  # (as a convolution calls it before its GEMM)
             return np.int32(look())
 
@@ -164,12 +150,12 @@ def _sizing_threads() -> list[threading.Thread]:
 
 
 def test_the_sizing_thread_stops_with_the_last_device() -> None:
-    gov, lib = BlasGovernor(2, adaptive=False), _Recorded()
+    gov, lib = BlasGovernor(2), _Recorded()
     gov._libs = [lib]
     before = _sizing_threads()
     gov.add_user(2)
     gov.add_user(2)
-    with gov.boost(1 << 24) as ready:
+    with gov.boost() as ready:
         ready()
     assert len(_sizing_threads()) == len(before) + 1
     gov.remove_user(2)
@@ -180,12 +166,12 @@ def test_the_sizing_thread_stops_with_the_last_device() -> None:
 
 
 def test_the_sizing_thread_stops_when_idle_and_the_next_boost_starts_one() -> None:
-    gov, lib = BlasGovernor(2, idle_s=0.05, adaptive=False), _Recorded()
+    gov, lib = BlasGovernor(2, idle_s=0.05), _Recorded()
     gov._libs = [lib]
     before = _sizing_threads()
     gov.add_user(2)  # a device never closed
     for _ in range(2):
-        with gov.boost(1 << 24) as ready:
+        with gov.boost() as ready:
             ready()
         block_until(lambda: _sizing_threads() == before, "the idle sizing thread to exit")
     assert [n for n, _ in lib.calls] == [1, 2, 1, 2, 1]
@@ -220,13 +206,13 @@ class _TimesOutAsARequestComes:
 def test_a_boost_answered_as_the_sizing_thread_goes_idle_returns() -> None:
     # The return to rest used to wait for the sizing thread while holding the
     # governor's lock, which the sizing thread takes as it goes idle: a deadlock.
-    gov, lib = BlasGovernor(2, adaptive=False), _Recorded()
+    gov, lib = BlasGovernor(2), _Recorded()
     gov._libs = [lib]
     gov._requests = _TimesOutAsARequestComes()  # type: ignore[assignment]
     gov.add_user(2)
 
     def boost() -> None:
-        with gov.boost(1 << 24) as ready:
+        with gov.boost() as ready:
             ready()
 
     booster = threading.Thread(target=boost, daemon=True)
@@ -254,7 +240,7 @@ def test_a_forked_child_boosts_without_the_parent_sizing_thread() -> None:
     gov = blas_governor()
     gov.add_user(2)  # (as an open session's device)
     try:
-        with gov.boost(1 << 24) as ready:
+        with gov.boost() as ready:
             ready()
         assert _sizing_threads()  # running in the parent as it forks
         pid = os.fork()
@@ -263,7 +249,7 @@ def test_a_forked_child_boosts_without_the_parent_sizing_thread() -> None:
             try:
                 threading.Timer(20, os._exit, (3,)).start()
                 gov.add_user(2)
-                with gov.boost(1 << 24) as ready:
+                with gov.boost() as ready:
                     ready()
                 gov.remove_user(2)
                 code = 0
@@ -275,40 +261,11 @@ def test_a_forked_child_boosts_without_the_parent_sizing_thread() -> None:
         gov.remove_user(2)
 
 
-def test_boosts_that_do_not_pay_back_off_and_resume_once_they_pay() -> None:
-    # The first boost-worthy call runs at rest (the rest cost); boosts no cheaper than
-    # that make the next calls run at rest: 1, then 2, then 4 ... of them before one
-    # tries again; once boosts are cheaper again, on average, they resume.
-    gov, lib = BlasGovernor(2), _Recorded()
-    gov._libs = [lib]
-    gov.add_user(2)
-    boosted: list[bool] = []
-
-    def call(rest_s: float, boosted_s: float) -> None:
-        with gov.boost(1 << 24) as ready:
-            ready()
-            boosted.append(gov._boosted)
-            time.sleep(boosted_s if gov._boosted else rest_s)  # (the call's length)
-
-    for _ in range(7):
-        call(0.001, 0.005)  # boosted, five times slower: no boost pays
-    assert boosted == [False, True, False, True, False, False, True]
-    del boosted[:]
-    for _ in range(200):  # boosted, six times as fast: boosts pay again
-        call(0.006, 0.001)
-        if boosted[-3:] == [True] * 3:
-            break
-    assert boosted[-3:] == [True] * 3, boosted
-    assert gov._backoff <= 1
-    gov.remove_user(2)
-    assert {n for n, _ in lib.calls} == {1, 2}
-
-
 def test_the_setting_is_not_rewritten_when_unchanged() -> None:
     lib = _Recorded()
     calls = lib.calls
 
-    gov = BlasGovernor(2, adaptive=False)
+    gov = BlasGovernor(2)
     gov._libs = [lib]
     gov.add_user(2)
     gov.add_user(2)
@@ -320,7 +277,7 @@ def test_the_setting_is_not_rewritten_when_unchanged() -> None:
             gov.exit()
         assert [n for n, _ in calls] == [1]  # small kernels: no call at all
         gov.enter(2)
-        with gov.boost(1 << 24) as ready:
+        with gov.boost() as ready:
             ready()
             assert [n for n, _ in calls] == [1, 2]  # set once ready() returns
         gov.exit()
@@ -334,7 +291,7 @@ def test_the_setting_is_not_rewritten_when_unchanged() -> None:
     gov.remove_user(2)
     gov.remove_user(2)  # the last device: the sizing thread stops
     assert calls == [(1, "asyncflow-blas")]
-    with gov.boost(1 << 24) as ready:  # a caller outside any device's worker threads boosts too
+    with gov.boost() as ready:  # a caller outside any device's worker threads boosts too
         ready()
         assert [n for n, _ in calls] == [1, 2]
     assert [n for n, _ in calls] == [1, 2, 1]

@@ -315,7 +315,7 @@ def _gemm_threads(macs: int) -> contextlib.AbstractContextManager[Callable[[], o
     right before its BLAS call."""
     if macs < _BOOST_MACS or getattr(_part, "active", False):
         return contextlib.nullcontext(ready_now)
-    return blas_governor().boost(macs)
+    return blas_governor().boost()
 
 
 def _windows(

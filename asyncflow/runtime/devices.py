@@ -35,7 +35,6 @@ import contextlib
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -80,8 +79,6 @@ class BlasGovernor:
     """
 
     __slots__ = (
-        "_backoff",
-        "_boost_cost",
         "_boosted",
         "_caps",
         "_cores",
@@ -89,49 +86,21 @@ class BlasGovernor:
         "_idle_s",
         "_libs",
         "_lock",
-        "_paid",
         "_requests",
-        "_rest_cost",
         "_retired",
         "_running",
         "_setter",
-        "_skip",
-        "adaptive",
     )
 
     #: The BLAS threads outside boosts.
     resting = 1
 
-    #: Boosts of ``n`` threads pay when their calls run at least this share of ``n``
-    #: times as fast as at rest (measured: 1.9x on two idle cores, below 1x with one
-    #: busy process beside it).
-    PAYS = 0.65
-
-    #: One boost-worthy call in this many (after boosts that paid) runs at rest, to
-    #: measure the rest cost again.
-    REFRESH = 32
-
-    #: The most boosts run at rest after boosts that did not pay (see ``boost``).
-    MAX_BACKOFF = 64
-
-    def __init__(self, cores: int, idle_s: float = 1.0, adaptive: bool = True) -> None:
+    def __init__(self, cores: int, idle_s: float = 1.0) -> None:
         self._cores = cores
         self._idle_s = idle_s  # without a request, the sizing thread exits
         self._running = 0
         self._caps: list[int] = []
         self._boosted = False
-        # Boost-worthy calls to run at rest (the first: to measure the rest cost), the
-        # last pause after a boost that did not pay (doubled while boosts do not pay,
-        # halved when one does), the running means of a multiply-add's cost at rest and
-        # boosted (seconds), and the boosts that paid.
-        self._skip = 1
-        self._backoff = 0
-        self._rest_cost: float | None = None
-        self._boost_cost: float | None = None
-        self._paid = 0
-        #: Boosts back off when they do not pay (False: every boost granted is made,
-        #: for tests of the grant rule itself).
-        self.adaptive = adaptive
         self._current: int | None = None
         self._libs: list[Any] | None = None  # threadpoolctl's BLAS controllers, found once
         self._lock = threading.Lock()
@@ -184,78 +153,39 @@ class BlasGovernor:
         with self._lock:
             self._running -= 1
 
-    def grant(self, cap: int, worker: bool = True) -> int:
-        """The BLAS threads a boost of a kernel allowed ``cap`` threads gets now: every
-        core it may use when it runs alone (a kernel on a worker thread counts itself;
-        one inline does not), else the resting size."""
-        if self._running > (1 if worker else 0) or self._boosted:
+    def grant(self, cap: int) -> int:
+        """The BLAS threads a boost of a kernel allowed ``cap`` threads gets now."""
+        if self._running > 1 or self._boosted:
             return self.resting
         return max(1, min(cap, self._cores))
 
     @contextlib.contextmanager
-    def boost(self, macs: int) -> Iterator[Callable[[], object]]:
-        """Give the BLAS call inside the block (of ``macs`` multiply-adds) every core
-        when its kernel runs alone (as many as its device allows; for a kernel not on a
-        worker thread, inline, as many as every open device allows).
+    def boost(self) -> Iterator[Callable[[], object]]:
+        """Give the BLAS call inside the block every core when its kernel runs alone
+        (as many as its device allows; for a kernel not on a worker thread, inline,
+        as many as every open device allows).
 
         The size is set meanwhile, on the sizing thread: the block calls the function
         it is given right before its BLAS call, which waits until the size is set (a
         convolution builds its window matrix meanwhile).
-
-        Boosts must pay: boosted calls must cost ``PAYS * threads`` times less a
-        multiply-add than calls at rest, measured now and then (the first call, then
-        one in ``REFRESH``), on average.  While they do not (other processes hold the
-        cores, and the helper threads wait for them: a ResNet block's step median went
-        from 2.4 to 3.9 ms with one busy process beside it), the next calls run at
-        rest, 1, 2, 4 ... up to ``MAX_BACKOFF`` of them, before one tries again.
         """
+        done: threading.Lock | None = None
         with self._lock:
             cap = getattr(_local, "cap", None)
-            threads = self.grant(
-                min(self._caps, default=self._cores) if cap is None else cap, cap is not None
-            )
-            sample = threads > self.resting and self.adaptive and self._skip > 0
-            if sample:  # at rest: a measure of the rest rate, or a pause after a loss
-                self._skip -= 1
-                threads = self.resting
+            threads = self.grant(min(self._caps, default=self._cores) if cap is None else cap)
             boosted = threads > self.resting
-            done = self._set_locked(threads) if boosted else None
-            self._boosted = boosted
-        if not boosted and not sample:
-            yield ready_now
-            return
-        call = _TimedCall(done)
+            if boosted:
+                self._boosted = True
+                done = self._set_locked(threads)
         try:
-            yield call.ready
+            yield ready_now if done is None else done.acquire
         finally:
-            with self._lock:
-                self._boosted = False
-                cost = call.cost(macs) if self.adaptive else None
-                if cost is not None:
-                    self._judge(cost, threads)
-                done = self._set_locked(self.resting) if boosted else None
-            if done is not None:
-                done.acquire()
-
-    def _judge(self, cost: float, threads: int) -> None:
-        """Learn from a call's ``cost`` (seconds a multiply-add) on ``threads``: the
-        costs at rest and boosted are running means (a quarter of the way to each new
-        call: a call that waited milliseconds for a core weighs in by its length);
-        while the boosted mean is not ``PAYS * threads`` times cheaper, boosts pause."""
-        if threads == self.resting:
-            rest = self._rest_cost
-            self._rest_cost = cost if rest is None else rest + (cost - rest) / 4
-            return
-        boosted = self._boost_cost
-        boosted = self._boost_cost = cost if boosted is None else boosted + (cost - boosted) / 4
-        if self._rest_cost is None or boosted * self.PAYS * threads <= self._rest_cost:
-            self._backoff //= 2
-            self._paid += 1
-            if self._paid % self.REFRESH == 0:
-                self._skip = 1  # the next call measures the rest cost again
-        else:
-            self._backoff = min(max(1, 2 * self._backoff), self.MAX_BACKOFF)
-            self._skip = self._backoff
+            if boosted:
+                with self._lock:
+                    self._boosted = False
+                    done = self._set_locked(self.resting)
+                if done is not None:
+                    done.acquire()
 
     def _set_locked(self, threads: int) -> threading.Lock | None:
         """Size BLAS to ``threads`` from the one sizing thread: a lock released once it
@@ -339,30 +269,6 @@ def _blas_controllers() -> list[Any]:
     from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
 
     return [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
-
-
-class _TimedCall:
-    """The BLAS call of one boost (or of a measure at rest): ``ready`` waits for its
-    size and starts the clock; ``cost`` is its seconds a multiply-add."""
-
-    __slots__ = ("_done", "_start")
-
-    def __init__(self, done: threading.Lock | None) -> None:
-        self._done = done
-        self._start = 0.0
-
-    def ready(self) -> None:
-        if self._done is not None:
-            self._done.acquire()
-        self._start = time.perf_counter()
-
-    def cost(self, macs: int) -> float | None:
-        """Seconds a multiply-add; None: never ready (the block failed first), or too
-        short to tell."""
-        if not self._start:
-            return None
-        seconds = time.perf_counter() - self._start
-        return seconds / macs if seconds >= 2e-5 else None
 
 
 def ready_now() -> None:
