@@ -12,7 +12,7 @@ Geometry follows TensorFlow exactly: ``VALID`` uses no padding; ``SAME`` gives
 
 A convolution worth a thread hop (``_EXPENSIVE_MACS`` multiply-adds or more) runs on a
 worker thread of its device; numpy's BLAS releases the GIL meanwhile.  Smaller ones
-run inline.  Wherever it runs, a GEMM of ``_BOOST_MACS`` or more gets more BLAS
+run inline.  On a worker thread, a GEMM of ``_BOOST_MACS`` or more gets more BLAS
 threads when its kernel runs alone (:func:`_gemm_threads`).  The static shapes decide
 when they are known; a graph with an unknown batch (every exported model) is sized by
 its fed input at run time instead (:class:`_RunTimeSized`), so the same graph runs
@@ -49,19 +49,17 @@ __all__ = ["avg_pool", "conv2d", "conv2d_transpose", "depthwise_conv2d", "max_po
 
 Specs = list[tuple[dtypes.DType, Any]]
 
-#: GEMMs with at least this many multiply-adds (~0.15 ms on one core) get every core's
-#: BLAS thread when their kernel runs alone, inline kernels too: a batch-8 ResNet
-#: block's 9.4M and 18.9M multiply-add GEMMs took its step from 2.26 to 1.94 ms
-#: (median; 2**24 gave 2.05).  Smaller ones gain less than the BLAS helper threads and
-#: the governor's sizing thread (~30 us, overlapped with the window copy) cost.
-_BOOST_MACS = 1 << 23
+#: GEMMs with at least this many multiply-adds (~0.3 ms on one core) of a kernel on a
+#: worker thread get more than one BLAS thread when it runs alone; smaller ones lose
+#: more waiting for BLAS helper threads on a busy machine.
+_BOOST_MACS = 1 << 24
 
 #: Convolutions with at least this many multiply-adds run on a worker thread (where a
 #: large GEMM can get BLAS threads).  Smaller ones run inline: on real models (ResNet50,
 #: MobileNetV2, a v1 ResNet block) a thread hop per convolution cost more than the
 #: convolution (batch-1 latency 0.76 -> 0.41 ms, batch-8 time 68 -> 18 ms measured
 #: against 2**20), and under load each hop may wait for a core.
-_EXPENSIVE_MACS = 1 << 24
+_EXPENSIVE_MACS = _BOOST_MACS
 
 #: A convolution with a free batch is sized at run time only when this batch of its
 #: images would reach ``_EXPENSIVE_MACS``; smaller ones stay inline whatever the batch.
