@@ -106,11 +106,10 @@ class SessionConfig:
     * ``device_count`` — local devices per type, e.g. ``{"CPU": 2}`` (default one CPU).
     * ``inter_op_parallelism_threads`` — worker threads per device for expensive
       kernels; 0 means one per core.
-    * ``intra_op_parallelism_threads`` — BLAS threads a large GEMM (of a convolution,
-      inline or on a worker thread) may use while its kernel runs alone; 0 means one
-      per core.  Otherwise BLAS runs one thread, so by default kernels * BLAS threads
-      never exceeds the cores (set through ``threadpoolctl``, never environment
-      variables).
+    * ``intra_op_parallelism_threads`` — BLAS threads a large GEMM of an expensive
+      kernel (on a worker thread) may use while it runs alone; 0 means one per core.
+      Otherwise BLAS runs one thread, so by default kernels * BLAS threads never
+      exceeds the cores (set through ``threadpoolctl``, never environment variables).
     * ``operation_timeout_in_ms`` — default deadline of every run (0: none); a
       run's own ``RunOptions.timeout_in_ms`` wins.
     * ``allow_soft_placement`` — an op asking for an unknown device runs on the
