@@ -23,18 +23,37 @@ from typing import Any
 import numpy as np
 
 import asyncflow as af
+from asyncflow.runtime.kernel_env import quiet_numpy
+from asyncflow.runtime.step import current_step
 
 #: Steps (and plain coroutines) in flight at once while their objects are counted.
 N = 400
 
 #: GC-tracked objects a waiting step may keep beyond a plain coroutine awaiting the
-#: same kernel: its Step and propagator with its value list (a plan without joins
-#: shares its pending counts; an idle step lets go of its ready stack), the context
-#: holding the running step and numpy's quiet error state, and the session driver's
-#: coroutine: 6 where measured, one more allowed because one full-suite run in a fresh
-#: install counted 7 (once in several; the breakdown by type in the failure message
-#: is there to find out which).  The previous design kept 8.
-EXTRA_OBJECTS = 7
+#: same kernel, besides its context's map (``_context_map_objects``): its Step and
+#: propagator with its value list (a plan without joins shares its pending counts; an
+#: idle step lets go of its ready stack), and the session driver's coroutine.  The
+#: previous design kept 8 in all.
+EXTRA_OBJECTS = 4
+
+
+def _context_map_objects() -> int:
+    """GC-tracked objects of the map of a fresh context holding what a step sets in its
+    task's context (the running step, numpy's quiet error state): 2 most often, more
+    when the two variables' hashes (random per process) collide in the map's first
+    levels.  (A full-suite run counted one more per step, once in several, before this
+    was measured rather than assumed.)"""
+
+    def set_both() -> contextvars.Context:
+        current_step.set(None)
+        quiet_numpy()
+        return contextvars.copy_context()
+
+    before = _tracked()
+    kept = [contextvars.Context().run(set_both) for _ in range(N)]
+    after = _tracked()
+    del kept
+    return round(sum(after[k] - before[k] for k in after if k.startswith("hamt")) / N)
 
 
 def _graph(kernel: Callable[[Any], Awaitable[Any]]) -> tuple[af.Graph, af.Tensor, af.Tensor]:
@@ -98,9 +117,10 @@ async def test_a_waiting_step_keeps_few_objects_beyond_a_plain_coroutine() -> No
         theirs, their_types = await _kept_per_task(plain, gate)
         ours, our_types = await _kept_per_task(lambda: sess.run(y, {x: 1.0}), gate)
     # (Rounded: a few objects per batch are the event loop's, not any task's.)
-    assert round(ours) - round(theirs) <= EXTRA_OBJECTS, (
+    allowed = EXTRA_OBJECTS + _context_map_objects()
+    assert round(ours) - round(theirs) <= allowed, (
         f"a waiting step keeps {ours:.2f} GC-tracked objects, a plain coroutine "
-        f"{theirs:.2f}: more than {EXTRA_OBJECTS} extra (a step's: {our_types}; "
+        f"{theirs:.2f}: more than {allowed} extra (a step's: {our_types}; "
         f"a coroutine's: {their_types})"
     )
 
