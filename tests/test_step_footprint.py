@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import gc
 import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -23,37 +22,17 @@ from typing import Any
 import numpy as np
 
 import asyncflow as af
-from asyncflow.runtime.kernel_env import quiet_numpy
-from asyncflow.runtime.step import current_step
+from tests.footprint import context_map_objects, tracked
 
 #: Steps (and plain coroutines) in flight at once while their objects are counted.
 N = 400
 
 #: GC-tracked objects a waiting step may keep beyond a plain coroutine awaiting the
-#: same kernel, besides its context's map (``_context_map_objects``): its Step and
+#: same kernel, besides its context's map (``tests.footprint.context_map_objects``): its Step and
 #: propagator with its value list (a plan without joins shares its pending counts; an
 #: idle step lets go of its ready stack), and the session driver's coroutine.  The
 #: previous design kept 8 in all.
 EXTRA_OBJECTS = 4
-
-
-def _context_map_objects() -> int:
-    """GC-tracked objects of the map of a fresh context holding what a step sets in its
-    task's context (the running step, numpy's quiet error state): 2 most often, more
-    when the two variables' hashes (random per process) collide in the map's first
-    levels.  (A full-suite run counted one more per step, once in several, before this
-    was measured rather than assumed.)"""
-
-    def set_both() -> contextvars.Context:
-        current_step.set(None)
-        quiet_numpy()
-        return contextvars.copy_context()
-
-    before = _tracked()
-    kept = [contextvars.Context().run(set_both) for _ in range(N)]
-    after = _tracked()
-    del kept
-    return round(sum(after[k] - before[k] for k in after if k.startswith("hamt")) / N)
 
 
 def _graph(kernel: Callable[[Any], Awaitable[Any]]) -> tuple[af.Graph, af.Tensor, af.Tensor]:
@@ -65,19 +44,13 @@ def _graph(kernel: Callable[[Any], Awaitable[Any]]) -> tuple[af.Graph, af.Tensor
     return g, x, y
 
 
-def _tracked() -> Counter[str]:
-    """The GC-tracked objects now, by type name."""
-    gc.collect()
-    return Counter(type(o).__name__ for o in gc.get_objects())
-
-
 async def _kept_per_task(
     start: Callable[[], Coroutine[Any, Any, Any]], gate: asyncio.Event
 ) -> tuple[float, dict[str, float]]:
     """GC-tracked objects per task while ``N`` tasks of ``start()`` wait on ``gate``,
     in all and by type (the types at least one task in two keeps); the tasks are gone
     before it returns: the next count starts from none of them."""
-    before = _tracked()
+    before = tracked()
     # Each task in a context of its own that holds nothing yet: the context a step
     # makes (the running step, numpy's quiet state) is a copy of its task's, whose
     # size grows with the context variables the process set before (the suite's
@@ -86,7 +59,7 @@ async def _kept_per_task(
     tasks = [loop.create_task(start(), context=contextvars.Context()) for _ in range(N)]
     await asyncio.sleep(0)  # every task runs to its kernel's wait
     await asyncio.sleep(0)
-    after = _tracked()
+    after = tracked()
     gate.set()
     await asyncio.gather(*tasks)
     del tasks
@@ -117,7 +90,7 @@ async def test_a_waiting_step_keeps_few_objects_beyond_a_plain_coroutine() -> No
         theirs, their_types = await _kept_per_task(plain, gate)
         ours, our_types = await _kept_per_task(lambda: sess.run(y, {x: 1.0}), gate)
     # (Rounded: a few objects per batch are the event loop's, not any task's.)
-    allowed = EXTRA_OBJECTS + _context_map_objects()
+    allowed = EXTRA_OBJECTS + context_map_objects()
     assert round(ours) - round(theirs) <= allowed, (
         f"a waiting step keeps {ours:.2f} GC-tracked objects, a plain coroutine "
         f"{theirs:.2f}: more than {allowed} extra (a step's: {our_types}; "
