@@ -30,6 +30,7 @@ import pytest
 
 from asyncflow.config import SessionConfig
 from asyncflow.framework.graph import Graph
+from asyncflow.runtime.devices import SIZING_THREAD
 from asyncflow.session import Session
 
 __all__ = ["af_graph", "af_session", "af_session_factory"]
@@ -59,7 +60,12 @@ class _Snapshot:
 
 
 def _worker_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("asyncflow-")}
+    """The sessions' worker threads (not the process's BLAS sizing thread)."""
+    return {
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("asyncflow-") and t.name != SIZING_THREAD
+    }
 
 
 async def _close_and_check(sessions: list[Session], before: _Snapshot) -> None:

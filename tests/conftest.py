@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import asyncflow as af
+from asyncflow.runtime.devices import SIZING_THREAD
 
 pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py runs pytest on sample suites
 
@@ -38,7 +39,11 @@ def graph() -> Iterator[af.Graph]:
 def no_leaked_threads() -> Iterator[None]:
     """Fails the test if it leaves asyncflow worker threads running."""
     yield
-    alive = [t.name for t in threading.enumerate() if t.name.startswith("asyncflow-")]
+    alive = [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("asyncflow-") and t.name != SIZING_THREAD
+    ]
     assert not alive, f"leaked worker threads: {alive}"
 
 

@@ -165,6 +165,43 @@ def test_tasks_of_wider_fixtures_are_not_leaks(pytester: pytest.Pytester, mode: 
     result.assert_outcomes(passed=2)
 
 
+BOOSTING_SUITE = """
+import numpy as np
+import pytest
+import asyncflow as af
+from asyncflow.runtime.devices import blas_governor
+
+@pytest.fixture(scope="module")
+def outer():
+    with af.Session(graph=af.Graph()) as sess:  # a device open around the test
+        yield sess
+
+def _boosted(x):
+    with blas_governor().boost() as ready:  # as a large convolution's GEMM
+        ready()
+        return x
+
+def test_boosts(outer, af_graph, af_session):
+    y = af.py_func(_boosted, [af.constant(1.0)], af.float32, expensive=True)
+    assert af_session.run_sync(y) == 1.0
+"""
+
+
+def test_the_blas_sizing_thread_is_not_a_leak(pytester: pytest.Pytester) -> None:
+    # The governor's sizing thread is the process's (like BLAS's own threads): it lives
+    # while any device is open (here the module's session) or a boost came in the last
+    # second, not with the test's session.
+    pytester.makeini("""
+        [pytest]
+        asyncio_mode = strict
+        asyncio_default_fixture_loop_scope = function
+        filterwarnings = error
+    """)
+    pytester.makepyfile(test_user=BOOSTING_SUITE)
+    result = pytester.runpytest(*_plugin_args(), "-q")
+    result.assert_outcomes(passed=1)
+
+
 @pytest.mark.parametrize("suite", ["auto", "strict"], indirect=True)
 def test_leaks_fail_the_test(suite: pytest.Pytester, request: pytest.FixtureRequest) -> None:
     mode = request.node.callspec.params["suite"]

@@ -21,7 +21,12 @@ import pytest
 from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
 
 import asyncflow as af
-from asyncflow.runtime.devices import BlasGovernor, available_cores, blas_governor
+from asyncflow.runtime.devices import (
+    SIZING_THREAD,
+    BlasGovernor,
+    available_cores,
+    blas_governor,
+)
 from tests.ordering import block_until
 
 pytestmark = pytest.mark.skipif(
@@ -158,7 +163,7 @@ def _worker_boost(gov: BlasGovernor) -> Iterator[None]:
 
 
 def _sizing_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "asyncflow-blas"]
+    return [t for t in threading.enumerate() if t.name == SIZING_THREAD]
 
 
 def test_the_sizing_thread_stops_with_the_last_device() -> None:

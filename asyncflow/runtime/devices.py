@@ -39,7 +39,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["BlasGovernor", "LocalDevice", "available_cores", "blas_governor", "ready_now"]
+__all__ = [
+    "SIZING_THREAD",
+    "BlasGovernor",
+    "LocalDevice",
+    "available_cores",
+    "blas_governor",
+    "ready_now",
+]
 
 T = TypeVar("T")
 
@@ -209,15 +216,13 @@ class BlasGovernor:
         self._current = threads
         retired, self._retired = self._retired, None
         if self._setter is None and self._users <= 0:
-            setter = threading.Thread(
-                target=self._set, args=(threads, retired), name="asyncflow-blas"
-            )
+            setter = threading.Thread(target=self._set, args=(threads, retired), name=SIZING_THREAD)
             setter.start()
             setter.join()
             return None
         if self._setter is None:
             self._setter = threading.Thread(
-                target=self._serve, args=(retired,), name="asyncflow-blas", daemon=True
+                target=self._serve, args=(retired,), name=SIZING_THREAD, daemon=True
             )
             self._setter.start()
         done = threading.Lock()
@@ -284,6 +289,11 @@ def _blas_controllers() -> list[Any]:
 def ready_now() -> None:
     """What a boost that changed no size gives its block: nothing to wait for."""
 
+
+#: The name of the governor's sizing thread: the process's, like BLAS's own threads
+#: (it lives while a device is open or a boost came in the last second), so not a
+#: session's worker thread to count as leaked when a session closes.
+SIZING_THREAD = "asyncflow-blas"
 
 _local = threading.local()  # .cap: the BLAS threads this worker's kernel may use
 _GOVERNOR = BlasGovernor(available_cores())
