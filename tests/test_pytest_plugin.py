@@ -166,7 +166,6 @@ def test_tasks_of_wider_fixtures_are_not_leaks(pytester: pytest.Pytester, mode: 
 
 
 BOOSTING_SUITE = """
-import numpy as np
 import pytest
 import asyncflow as af
 from asyncflow.runtime.devices import blas_governor
@@ -187,19 +186,12 @@ def test_boosts(outer, af_graph, af_session):
 """
 
 
-def test_the_blas_sizing_thread_is_not_a_leak(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("suite", ["strict"], indirect=True)
+def test_the_blas_sizing_thread_is_not_a_leak(suite: pytest.Pytester) -> None:
     # The governor's sizing thread is the process's (like BLAS's own threads): it lives
     # while any device is open (here the module's session) or a boost came in the last
     # second, not with the test's session.
-    pytester.makeini("""
-        [pytest]
-        asyncio_mode = strict
-        asyncio_default_fixture_loop_scope = function
-        filterwarnings = error
-    """)
-    pytester.makepyfile(test_user=BOOSTING_SUITE)
-    result = pytester.runpytest(*_plugin_args(), "-q")
-    result.assert_outcomes(passed=1)
+    _run(suite, BOOSTING_SUITE, "strict").assert_outcomes(passed=1)
 
 
 @pytest.mark.parametrize("suite", ["auto", "strict"], indirect=True)
