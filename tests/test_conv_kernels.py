@@ -5,11 +5,15 @@ The references loop over output pixels and compute TF's geometry on their own
 (SAME: ``ceil(in / stride)`` outputs, the extra padding after), so the kernels'
 im2col / 1x1 GEMM / einsum / strided-view paths are checked against independent code
 on random shapes, strides, dilations and paddings.
+
+This module checks numpy's kernels: oneDNN (the ``asyncflow[onednn]`` extra) is off
+while it runs.  ``tests/test_onednn.py`` checks oneDNN's against the same references.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,6 +27,7 @@ from asyncflow.compiler.ir import graph_ir, ref_of
 from asyncflow.compiler.optimize import optimize
 from asyncflow.compiler.placement import place
 from asyncflow.compiler.prune import prune
+from asyncflow.ops import onednn
 
 DEVICES = ("/job:localhost/replica:0/task:0/device:CPU:0",)
 L0 = af.SessionConfig(
@@ -30,6 +35,16 @@ L0 = af.SessionConfig(
         optimizer_options=af.OptimizerOptions(opt_level=af.OptimizerOptions.L0)
     )
 )
+
+
+@pytest.fixture(autouse=True)
+def _numpy_kernels() -> Iterator[None]:
+    """numpy's convolution kernels, whether or not oneDNN is installed."""
+    before = onednn.set_enabled(False)
+    try:
+        yield
+    finally:
+        onednn.set_enabled(before)
 
 
 # -- references -------------------------------------------------------------------------
@@ -294,6 +309,67 @@ def test_batch_norm_folds_and_bias_activation_fuse(
         )
 
 
+def _residual_graph(
+    dtype: Any, projection: bool, activation: Any
+) -> tuple[af.Graph, af.Tensor, af.Tensor]:
+    """A ResNet block's end: conv -> batch norm -> ``Add`` of the shortcut -> activation,
+    the shortcut the block's input or (``projection``) a 1x1 convolution of it with its
+    own batch norm, as ResNets' first blocks have."""
+    rng = np.random.default_rng(3)
+    graph = af.Graph()
+    np_dtype = np.dtype(dtype.as_numpy_dtype)
+
+    def bn(h: af.Tensor, o: int) -> af.Tensor:  # (as Keras exports it, any float dtype)
+        scale, beta, mean = (rng.standard_normal(o).astype(np_dtype) for _ in range(3))
+        return (h - af.constant(mean)) * af.constant(scale) + af.constant(beta)
+
+    with graph.as_default():
+        x = af.placeholder(dtype, [None, 7, 7, 6], name="x")
+        f = rng.standard_normal((3, 3, 6, 6)).astype(np_dtype)
+        main = bn(af.nn.conv2d(x, af.constant(f), 1, "SAME"), 6)
+        shortcut = x
+        if projection:
+            p = rng.standard_normal((1, 1, 6, 6)).astype(np_dtype)
+            shortcut = bn(af.nn.conv2d(x, af.constant(p), 1, "SAME"), 6)
+        y = activation(af.add(main, shortcut, name="residual"))
+    return graph, x, y
+
+
+@pytest.mark.parametrize("projection", [False, True])
+@pytest.mark.parametrize("activation", [af.nn.relu, af.nn.relu6, af.identity])
+def test_a_residual_add_fuses_into_the_convolution(projection: bool, activation: Any) -> None:
+    """The shortcut's ``Add`` (and the activation after it) joins one convolution's
+    ``_FusedConv2D``, as TF's remapper fuses it; an ``Add`` of two convolutions joins one
+    of them only.  The values are the unfused graph's."""
+    graph, x, y = _residual_graph(af.float32, projection, activation)
+    types = _optimized_types(y)
+    assert not {"AddV2", "Add", "Relu", "Relu6"} & set(types), types
+    assert types.count(FUSED_CONV) == 1 + projection, types
+    feed = {x: np.random.default_rng(1).standard_normal((2, 7, 7, 6)).astype(np.float32)}
+    with af.Session(graph=graph) as fast, af.Session(graph=graph, config=L0) as plain:
+        np.testing.assert_allclose(
+            fast.run_sync(y, feed), plain.run_sync(y, feed), rtol=1e-5, atol=1e-5
+        )
+
+
+def test_an_add_that_broadcasts_is_not_fused() -> None:
+    """An ``Add`` whose other input broadcasts the sum to a larger shape is no residual."""
+    rng = np.random.default_rng(4)
+    with af.Graph().as_default() as graph:
+        x = af.placeholder(af.float32, [1, 5, 5, 2], name="x")
+        big = af.placeholder(af.float32, [3, 5, 5, 2], name="big")
+        conv = af.nn.conv2d(
+            x, af.constant(rng.standard_normal((3, 3, 2, 2)).astype(np.float32)), 1, "SAME"
+        )
+        y = af.nn.relu(af.add(af.nn.bias_add(conv, np.ones(2, np.float32)), big))
+    types = _optimized_types(y)
+    assert "Add" in types, types
+    assert types.count(FUSED_CONV) == 1, types
+    feed = {x: np.ones((1, 5, 5, 2), np.float32), big: np.ones((3, 5, 5, 2), np.float32)}
+    with af.Session(graph=graph) as fast, af.Session(graph=graph, config=L0) as plain:
+        np.testing.assert_allclose(fast.run_sync(y, feed), plain.run_sync(y, feed), rtol=1e-6)
+
+
 def test_nothing_folds_through_a_fetched_value() -> None:
     graph, x, bn, y = _conv_bn_graph(False, False, af.nn.relu)
     conv = bn.op.inputs[0]
@@ -465,6 +541,24 @@ def test_run_time_sized_convolutions_match_the_static_ones(
     finally:
         conv_ops._EXPENSIVE_MACS = saved
     np.testing.assert_allclose(got, static, rtol=1e-12, atol=1e-12)
+
+
+def test_a_split_batch_splits_its_residual(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fused convolution with a residual, split across the device's threads, cuts the
+    residual along the batch with its input (each part adds its own images' shortcut)."""
+    from asyncflow.ops import conv_ops
+    from asyncflow.runtime.devices import available_cores
+
+    graph, x, y = _residual_graph(af.float64, False, af.nn.relu)
+    feed = {x: np.random.default_rng(2).standard_normal((8, 7, 7, 6))}
+    with af.Session(graph=graph, config=L0) as sess:
+        expected = sess.run_sync(y, feed)
+    monkeypatch.setattr(conv_ops, "_EXPENSIVE_MACS", 1)
+    calls = _calls(monkeypatch)
+    with af.Session(graph=graph, config=TWO_THREADS) as sess:
+        np.testing.assert_allclose(sess.run_sync(y, feed), expected, rtol=1e-12)
+    if available_cores() >= 2:
+        assert [batch for _, batch, _ in calls] == [4, 4]
 
 
 def test_run_time_sizing_keeps_static_decisions() -> None:

@@ -15,9 +15,10 @@ rewrite them:
   ``BiasAdd``: ``conv(x, W) * a + b == conv(x, W * a) + b``.
 * :func:`fold_pads`: a zero ``Pad`` of height and width before a ``VALID``
   convolution becomes the convolution's explicit padding.
-* :func:`fuse_conv_bias_activation`: a convolution, its ``BiasAdd`` and an optional
-  ``Relu`` / ``Relu6`` become one ``_FusedConv2D`` node whose kernel adds the bias and
-  clamps in place on the GEMM's output.
+* :func:`fuse_conv_bias_activation`: a convolution, its ``BiasAdd``, an optional
+  residual ``Add`` (a ResNet's shortcut) and an optional ``Relu`` / ``Relu6`` become
+  one ``_FusedConv2D`` node whose kernel adds the bias (and the residual) and clamps
+  on the convolution's output.
 
 A chain is only rewritten through values nothing else sees: every intermediate has
 exactly one consumer, is neither fed nor fetched, and has no control edges.  The last
@@ -270,6 +271,25 @@ def fold_batch_norms(
     return _rebuilt(nodes, placement, before, replace, drop, g)
 
 
+def _residual(add: NodeDef, bias: NodeDef) -> int | None:
+    """Which input of ``add`` is the residual summed onto ``bias``'s output (a ResNet's
+    shortcut), when ``add`` is an ``Add`` / ``AddV2`` of two tensors of one shape (no
+    broadcast: its output has the convolution's shape): TF's remapper fuses it the same
+    way (``_FusedConv2D`` with ``fused_ops=["BiasAdd", "Add", ...]``)."""
+    if add.op not in ("Add", "AddV2") or len(add.inputs) != 2:
+        return None
+    mine = (bias.name, 0)
+    if add.inputs.count(mine) != 1:
+        return None
+    other = 1 - add.inputs.index(mine)
+    out, conv_out = add.outputs[0], bias.outputs[0]
+    if out.dtype != conv_out.dtype or out.shape.rank != 4 or conv_out.shape.rank != 4:
+        return None
+    if out.shape.as_list() != conv_out.shape.as_list():
+        return None  # (the other input broadcasts the sum to a larger shape)
+    return other
+
+
 def _rebuilt(
     nodes: Sequence[NodeDef],
     placement: Sequence[int],
@@ -366,7 +386,8 @@ def fuse_conv_bias_activation(
     feeds: Collection[Ref],
     protected: Collection[str],
 ) -> Nodes:
-    """Fuse convolution -> ``BiasAdd`` [-> ``Relu`` / ``Relu6``] into one node."""
+    """Fuse convolution -> ``BiasAdd`` [-> ``Add`` of a residual] [-> ``Relu`` / ``Relu6``]
+    into one node."""
     g = _Graph(nodes, feeds, protected)
     replace: dict[str, NodeDef] = {}
     drop: set[str] = set()
@@ -383,21 +404,34 @@ def fuse_conv_bias_activation(
         ):
             continue
         last, ops = bias, ["BiasAdd"]
-        act = g.sole_consumer(bias.name)
+        inputs, types = [conv.inputs[0], conv.inputs[1], bias.inputs[1]], [bias.input_types[1]]
+        add = g.sole_consumer(bias.name)
+        residual = None
+        if add is not None and add.device == conv.device and add.name not in drop | replace.keys():
+            # (An Add of two convolutions' outputs is fused into the first one met.)
+            residual = _residual(add, bias)
+        if add is not None and residual is not None:
+            last, ops = add, ["BiasAdd", "Add"]
+            inputs.append(add.inputs[residual])
+            types.append(add.input_types[residual])
+        act = g.sole_consumer(last.name)
         if act is not None and act.op in _ACTIVATIONS and act.device == conv.device:
-            last, ops = act, ["BiasAdd", act.op]
+            last, ops = act, [*ops, act.op]
         replace[last.name] = NodeDef(
             last.name,
             FUSED_CONV,
-            (conv.inputs[0], conv.inputs[1], bias.inputs[1]),
+            tuple(inputs),
             conv.control_inputs,
             last.device,
             {**conv.attrs, "conv_op": conv.op, "fused_ops": tuple(ops)},
             last.outputs[:1],
-            (*conv.input_types[:2], bias.input_types[1]),
+            (*conv.input_types[:2], *types),
             traceback=conv.traceback,
         )
-        drop.update({conv.name, bias.name} - {last.name})
+        drop.update({conv.name, bias.name})
+        if add is not None and residual is not None:
+            drop.add(add.name)
+        drop.discard(last.name)
     if not replace:
         return tuple(nodes), tuple(placement), False
     return _rebuilt(nodes, placement, {}, replace, drop, g)

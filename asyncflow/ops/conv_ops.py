@@ -39,6 +39,7 @@ from asyncflow import dtypes
 from asyncflow.framework import registry
 from asyncflow.framework.graph import Operation, Tensor, convert_to_tensor
 from asyncflow.framework.shapes import TensorShape
+from asyncflow.ops import onednn
 from asyncflow.ops._base import define_op, make_op
 from asyncflow.ops.nn_ops import channel_rows
 from asyncflow.runtime.cancellation import running_step
@@ -294,6 +295,32 @@ def _padded(
     return _pad(x, ph, pw, pad_value), oh, ow
 
 
+def _onednn(
+    cache: dict[Any, Any],
+    x: np.ndarray,
+    f: np.ndarray,
+    b: np.ndarray | None,
+    s: tuple[int, int],
+    d: tuple[int, int],
+    padding: str,
+    explicit: tuple[tuple[int, int], tuple[int, int]],
+    depthwise: bool,
+    activation: str | None,
+    residual: np.ndarray | None = None,
+) -> np.ndarray | None:
+    """The convolution through oneDNN (:mod:`asyncflow.ops.onednn`), or None: oneDNN is
+    not there, or does not take these inputs (numpy's kernel runs)."""
+    if not onednn.available() or x.ndim != 4 or f.ndim != 4:
+        return None
+    oh, ph = _out_and_pads(x.shape[1], f.shape[0], s[0], d[0], padding, explicit[0])
+    ow, pw = _out_and_pads(x.shape[2], f.shape[1], s[1], d[1], padding, explicit[1])
+    if not oh or not ow or ph is None or pw is None or not x.size:
+        return None  # (an empty output: numpy's kernel shapes it)
+    return onednn.convolution(
+        cache, x, f, b, s, d, (ph, pw), (oh, ow), depthwise, activation, residual
+    )
+
+
 def _tap(x: np.ndarray, i: int, j: int, oh: int, ow: int, s: tuple[int, int]) -> np.ndarray:
     """The strided view of padded ``x`` that window offset ``(i, j)`` reads (no copy)."""
     return x[:, i : i + (oh - 1) * s[0] + 1 : s[0], j : j + (ow - 1) * s[1] + 1 : s[1], :]
@@ -383,7 +410,11 @@ def _static_macs(op: Operation) -> tuple[int, bool] | None:
 
 
 def _sized(
-    op: Operation, kernel: Callable[..., Any], macs: Callable[..., int], split: bool = True
+    op: Operation,
+    kernel: Callable[..., Any],
+    macs: Callable[..., int],
+    split: bool = True,
+    batched: tuple[int, ...] = (0,),
 ) -> tuple[Callable[..., Any], int]:
     """``kernel`` and its kind: decided now when the static shapes settle it (small: inline;
     large with a batch of 1: a worker thread), else by the inputs' actual size at run
@@ -401,7 +432,7 @@ def _sized(
     batch = op._outputs[0]._shape[0] if op._outputs[0]._shape.rank else None
     if static is not None and static[0] >= _EXPENSIVE_MACS and batch == 1:
         return kernel, registry.EXPENSIVE
-    return _RunTimeSized(kernel, macs, split), registry.ASYNC
+    return _RunTimeSized(kernel, macs, split, batched), registry.ASYNC
 
 
 def _only_batch_free(op: Operation) -> bool:
@@ -430,12 +461,19 @@ class _RunTimeSized:
     A single image is one call, whose large GEMMs may get BLAS threads (:func:`_gemm`).
     """
 
-    __slots__ = ("_kernel", "_macs", "_split")
+    __slots__ = ("_batched", "_kernel", "_macs", "_split")
 
-    def __init__(self, kernel: Callable[..., Any], macs: Callable[..., int], split: bool) -> None:
+    def __init__(
+        self,
+        kernel: Callable[..., Any],
+        macs: Callable[..., int],
+        split: bool,
+        batched: tuple[int, ...] = (0,),
+    ) -> None:
         self._kernel = kernel
         self._macs = macs
         self._split = split
+        self._batched = batched  # the arguments a split cuts along the batch
 
     def nowait(self, *args: Any) -> Any:
         if self._macs(*args) < _EXPENSIVE_MACS:
@@ -449,12 +487,18 @@ class _RunTimeSized:
         parts = _parts(args[0].shape[0] if args[0].ndim else 1, device) if self._split else 1
         if parts <= 1:
             return await device.run_in_thread(self._kernel, *args)
-        x, *rest = args
-        cuts = [len(x) * i // parts for i in range(parts + 1)]
+        cuts = [len(args[0]) * i // parts for i in range(parts + 1)]
+        batched = self._batched
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [
-                    group.create_task(device.run_in_thread(_unboosted, self._kernel, x[a:b], *rest))
+                    group.create_task(
+                        device.run_in_thread(
+                            _unboosted,
+                            self._kernel,
+                            *(v[a:b] if k in batched else v for k, v in enumerate(args)),
+                        )
+                    )
                     for a, b in itertools.pairwise(cuts)
                 ]
         except BaseExceptionGroup as eg:  # the first failure, as one kernel call raises it
@@ -510,8 +554,11 @@ def _backprop_macs(sizes: np.ndarray, f: np.ndarray, dy: np.ndarray) -> int:
 def _conv2d_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     nchw, (_, s, d, padding, explicit) = _geometry(op, None)
 
+    cache: dict[Any, Any] = {}  # oneDNN's primitives, per geometry
+
     def conv2d_kernel(x: np.ndarray, f: np.ndarray) -> Any:
-        return _conv2d(x, f, s, d, padding, explicit)
+        y = _onednn(cache, x, f, None, s, d, padding, explicit, False, None)
+        return _conv2d(x, f, s, d, padding, explicit) if y is None else y
 
     return _sized(op, _in_nhwc(conv2d_kernel, nchw), _conv_macs(s))
 
@@ -552,8 +599,11 @@ def _conv2d(
 def _depthwise_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     nchw, (_, s, d, padding, explicit) = _geometry(op, None)
 
+    cache: dict[Any, Any] = {}  # oneDNN's primitives, per geometry
+
     def depthwise_kernel(x: np.ndarray, f: np.ndarray) -> Any:
-        return _depthwise(x, f, s, d, padding, explicit)
+        y = _onednn(cache, x, f, None, s, d, padding, explicit, True, None)
+        return _depthwise(x, f, s, d, padding, explicit) if y is None else y
 
     return _sized(op, _in_nhwc(depthwise_kernel, nchw), _conv_macs(s))
 
@@ -638,10 +688,18 @@ define_op("_FusedConv2D", _fused_shape)
 @registry.register_kernel_factory("_FusedConv2D")
 def _fused_conv_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     _, (_, s, d, padding, explicit) = _geometry(op, None)
-    conv = _conv2d if op._attrs["conv_op"] == "Conv2D" else _depthwise
-    activation = dict(enumerate(op._attrs["fused_ops"])).get(1)
+    depthwise = op._attrs["conv_op"] != "Conv2D"
+    conv = _depthwise if depthwise else _conv2d
+    fused = op._attrs["fused_ops"]
+    activation = fused[-1] if fused[-1] in ("Relu", "Relu6") else None
+    cache: dict[Any, Any] = {}  # oneDNN's primitives, per geometry
 
-    def fused_conv_kernel(x: np.ndarray, f: np.ndarray, b: np.ndarray) -> Any:
+    def fused_conv_kernel(
+        x: np.ndarray, f: np.ndarray, b: np.ndarray, residual: np.ndarray | None = None
+    ) -> Any:
+        y = _onednn(cache, x, f, b, s, d, padding, explicit, depthwise, activation, residual)
+        if y is not None:
+            return y
         y = conv(x, f, s, d, padding, explicit)  # a fresh array: updated in place
         rows = channel_rows(y, b)
         if rows is None:
@@ -649,13 +707,20 @@ def _fused_conv_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
         else:
             view, (bias_row,) = rows
             view += bias_row  # (a view of y)
+        if residual is not None:
+            if residual.shape == y.shape:
+                y += residual
+            else:  # (broadcast, as the Add it replaced did)
+                y = np.add(y, residual)
         if activation == "Relu":
             np.maximum(y, 0, out=y)
         elif activation == "Relu6":
             np.clip(y, 0, 6, out=y)
         return y
 
-    return _sized(op, fused_conv_kernel, _conv_macs(s))
+    # (A residual is batched like the input: a split batch splits it too.)
+    batched = (0, 3) if "Add" in fused else (0,)
+    return _sized(op, fused_conv_kernel, _conv_macs(s), batched=batched)
 
 
 def _pool_reduce(

@@ -1,0 +1,469 @@
+"""Convolutions through oneDNN, TensorFlow's own CPU kernel library: the optional
+``asyncflow[onednn]`` extra.
+
+With the extra installed (the ``onednn-cpu-gomp`` wheel: oneDNN 3.x built with GNU
+OpenMP, no Python code of its own), ``Conv2D``, ``DepthwiseConv2dNative`` and the
+optimizer's ``_FusedConv2D`` (bias, then ``Relu`` / ``Relu6``) on float32 NHWC tensors
+run as one oneDNN convolution each, called through ``ctypes`` (which releases the GIL
+for the call): the direct convolution TF runs, with the bias and the activation
+applied as the output is written, where numpy needs a window copy (im2col), a GEMM and
+two more passes.  Measured on the zoo's batch-8 ResNet block: the convolution itself
+three to four times faster than numpy's at one thread.  Without the extra, or for
+anything else (other dtypes, an input oneDNN refuses), the numpy kernels run, and give
+the same results to float32 rounding.
+
+Threads: every call runs on one thread, the calling one (the kernel's: inline on the
+event loop, or the device's worker thread).  The calling thread's OpenMP thread count
+is set to 1 for the call and put back after, so OpenMP never starts a thread team of
+its own: parallelism across kernels is the executor's, across a batch the convolution
+kernel's split (``conv_ops._RunTimeSized``), as with numpy.  No thread pool of
+OpenMP's is left behind, and a forked child (Dask's workers, multiprocessing) never
+inherits one.
+
+Each distinct geometry (shapes, strides, padding, activation) is made once per kernel
+into a oneDNN primitive (its code generated for this CPU), then executed with the
+arrays' own buffers: no copies in or out.  Memory objects and the stream are per
+thread, the scratchpad is the caller's (``dnnl_scratchpad_mode_user``), so one kernel
+runs concurrently from several threads (concurrent steps of one plan).
+
+``ASYNCFLOW_ONEDNN=0`` in the environment, or :func:`set_enabled` (``False``), turns it
+off; :func:`available` says whether it is in use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from sys import getrefcount
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["Convolution", "Geometry", "available", "convolution", "set_enabled", "version"]
+
+logger = logging.getLogger("asyncflow.onednn")
+
+# oneDNN 3.x C API constants (dnnl_types.h / dnnl_common_types.h); the major version
+# is checked at load.
+_UNDEF = 0  # dnnl_data_type_undef
+_F32 = 3  # dnnl_f32
+_CPU = 1  # dnnl_cpu
+_IN_ORDER = 1  # dnnl_stream_in_order
+_FORWARD_INFERENCE = 96  # dnnl_forward_inference
+_CONVOLUTION_DIRECT = 1  # dnnl_convolution_direct
+_ELTWISE = {"Relu": 0x20, "Relu6": 0x2E}  # dnnl_eltwise_relu, dnnl_eltwise_clip
+_SCRATCHPAD_USER = 1  # dnnl_scratchpad_mode_user
+_QUERY_IMPL_INFO = 8  # dnnl_query_impl_info_str
+_QUERY_SCRATCHPAD_MD = 136  # dnnl_query_scratchpad_md
+_ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
+_MAX_DIMS = 12  # DNNL_MAX_NDIMS
+#: Output buffers a convolution keeps for reuse (see ``Convolution._output``).
+_SPARES = 2
+
+_Dims = ctypes.c_int64 * _MAX_DIMS
+_Pair = ctypes.c_int64 * 2
+_P = ctypes.c_void_p
+
+
+class _Arg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", _P)]
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [
+        ("major", ctypes.c_int),
+        ("minor", ctypes.c_int),
+        ("patch", ctypes.c_int),
+        ("hash", ctypes.c_char_p),
+        ("cpu_runtime", ctypes.c_uint),
+        ("gpu_runtime", ctypes.c_uint),
+    ]
+
+
+class _Library:
+    """The loaded library, its engine, and the OpenMP runtime it uses."""
+
+    def __init__(self, dnnl: ctypes.CDLL, omp: ctypes.CDLL) -> None:
+        self.dnnl = dnnl
+        dnnl.dnnl_version.restype = ctypes.POINTER(_Version)
+        v = dnnl.dnnl_version().contents
+        self.version = (v.major, v.minor, v.patch)
+        if v.major != 3:
+            raise OSError(f"oneDNN {v.major}.{v.minor} found, asyncflow speaks its 3.x C API")
+        dnnl.dnnl_primitive_desc_query_md.restype = _P
+        dnnl.dnnl_primitive_desc_query_md.argtypes = [_P, ctypes.c_int, ctypes.c_int]
+        dnnl.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
+        dnnl.dnnl_memory_desc_get_size.argtypes = [_P]
+        dnnl.dnnl_memory_set_data_handle.argtypes = [_P, _P]
+        dnnl.dnnl_primitive_execute.argtypes = [_P, _P, ctypes.c_int, _P]
+        dnnl.dnnl_stream_wait.argtypes = [_P]
+        self.engine = _P()
+        _check(dnnl.dnnl_engine_create(ctypes.byref(self.engine), _CPU, 0), "dnnl_engine_create")
+        self.get_threads = omp.omp_get_max_threads
+        self.set_threads = omp.omp_set_num_threads
+        self.local = threading.local()  # .stream: this thread's
+
+    def stream(self) -> _P:
+        stream = getattr(self.local, "stream", None)
+        if stream is None:
+            stream = _P()
+            _check(
+                self.dnnl.dnnl_stream_create(ctypes.byref(stream), self.engine, _IN_ORDER),
+                "dnnl_stream_create",
+            )
+            self.local.stream = stream
+        return stream
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise _Refused(f"{what}: oneDNN status {status}")
+
+
+class _Refused(Exception):
+    """oneDNN refused a call (an unsupported geometry): the numpy kernel runs instead."""
+
+
+def _library_paths() -> list[str]:
+    """Where the extra's wheel puts ``libdnnl.so.3`` (``<prefix>/lib``), then the
+    system's."""
+    paths = [os.path.join(sys.prefix, "lib", "libdnnl.so.3")]
+    found = ctypes.util.find_library("dnnl")
+    if found:
+        paths.append(found)
+    return paths
+
+
+def _load() -> _Library | None:
+    if os.environ.get("ASYNCFLOW_ONEDNN", "1") == "0":
+        return None
+    for path in _library_paths():
+        if not os.path.exists(path) and os.sep in path:
+            continue
+        try:
+            dnnl = ctypes.CDLL(path)
+            omp = ctypes.CDLL("libgomp.so.1")  # (already loaded by libdnnl: its OpenMP)
+            return _Library(dnnl, omp)
+        except (OSError, AttributeError, _Refused) as exc:
+            logger.debug("oneDNN at %s not used: %s", path, exc)
+    return None
+
+
+_lib: _Library | None = _load()
+_enabled = _lib is not None
+
+
+def available() -> bool:
+    """True when convolutions run through oneDNN (the extra installed and enabled)."""
+    return _enabled
+
+
+def version() -> tuple[int, int, int] | None:
+    """oneDNN's version, when loaded."""
+    return _lib.version if _lib is not None else None
+
+
+def set_enabled(enabled: bool) -> bool:
+    """Turn the oneDNN convolutions on or off (off: numpy's kernels); returns the previous
+    setting.  On without the library is a ``RuntimeError``."""
+    global _enabled
+    if enabled and _lib is None:
+        raise RuntimeError(
+            "oneDNN is not installed (pip install 'asyncflow[onednn]'), or "
+            "ASYNCFLOW_ONEDNN=0 kept it from loading"
+        )
+    before, _enabled = _enabled, enabled
+    return before
+
+
+@contextlib.contextmanager
+def _one_thread(lib: _Library) -> Iterator[None]:
+    """This thread's OpenMP thread count is 1 inside the block (see the module doc)."""
+    before = lib.get_threads()
+    if before != 1:
+        lib.set_threads(1)
+    try:
+        yield
+    finally:
+        if before != 1:
+            lib.set_threads(before)
+
+
+def _memory_desc(lib: _Library, dims: list[int], strides: list[int]) -> _P:
+    md = _P()
+    _check(
+        lib.dnnl.dnnl_memory_desc_create_with_strides(
+            ctypes.byref(md), len(dims), _Dims(*dims), _F32, _Dims(*strides)
+        ),
+        "dnnl_memory_desc_create_with_strides",
+    )
+    return md
+
+
+class Geometry(NamedTuple):
+    """What a convolution primitive is made for: the shapes (``x`` NHWC, ``f``
+    ``(kh, kw, c, o)`` or ``(kh, kw, c, multiplier)`` when ``depthwise``), the output's
+    height and width, strides, dilations, ``((top, bottom), (left, right))`` padding,
+    and what is fused after the convolution."""
+
+    x_shape: tuple[int, ...]
+    f_shape: tuple[int, ...]
+    out_hw: tuple[int, int]
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    pads: tuple[tuple[int, int], tuple[int, int]]
+    depthwise: bool
+    bias: bool
+    activation: str | None  # "Relu", "Relu6" or None
+    residual: bool  # a tensor of the output's shape is added (before the activation)
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        n, _, _, c = self.x_shape
+        m = self.f_shape[3]
+        return (n, *self.out_hw, c * m if self.depthwise else m)
+
+
+def _descriptors(lib: _Library, geo: Geometry) -> list[_P]:
+    """The memory descriptors of source, weights, destination (and bias): oneDNN's
+    logical dims ((N, C, H, W), (O, I, KH, KW)) with the strides of numpy's NHWC and
+    HWIO buffers, so oneDNN reads and writes them as they are."""
+    n, h, w, c = geo.x_shape
+    kh, kw, fc, m = geo.f_shape
+    _, oh, ow, o = geo.out_shape
+    mds = [_memory_desc(lib, [n, c, h, w], [h * w * c, 1, w * c, c])]
+    if geo.depthwise:  # groups of one input channel: (G, O/G, I/G, KH, KW)
+        mds.append(_memory_desc(lib, [c, m, 1, kh, kw], [m, 1, 1, kw * fc * m, fc * m]))
+    else:
+        mds.append(_memory_desc(lib, [o, fc, kh, kw], [1, o, kw * fc * o, fc * o]))
+    mds.append(_memory_desc(lib, [n, o, oh, ow], [oh * ow * o, 1, ow * o, o]))
+    if geo.bias:
+        mds.append(_memory_desc(lib, [o], [1]))
+    return mds
+
+
+def _attributes(lib: _Library, geo: Geometry) -> tuple[_P, _P]:
+    """(the primitive's attributes, their post-ops or a null handle): the scratchpad is
+    the caller's; then the residual's sum and the activation, in that order."""
+    dnnl = lib.dnnl
+    attr, post_ops = _P(), _P()
+    _check(dnnl.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr")
+    _check(dnnl.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER), "attr")
+    if geo.activation is None and not geo.residual:
+        return attr, post_ops
+    _check(dnnl.dnnl_post_ops_create(ctypes.byref(post_ops)), "post_ops")
+    if geo.residual:  # dst = conv + bias + dst (the residual, copied in first)
+        _check(dnnl.dnnl_post_ops_append_sum(post_ops, ctypes.c_float(1.0), 0, _UNDEF), "sum")
+    if geo.activation is not None:
+        beta = 6.0 if geo.activation == "Relu6" else 0.0  # (clip to [0, 6]; relu's slope 0)
+        _check(
+            dnnl.dnnl_post_ops_append_eltwise(
+                post_ops, _ELTWISE[geo.activation], ctypes.c_float(0.0), ctypes.c_float(beta)
+            ),
+            "eltwise",
+        )
+    _check(dnnl.dnnl_primitive_attr_set_post_ops(attr, post_ops), "attr")
+    return attr, post_ops
+
+
+class Convolution:
+    """One :class:`Geometry` made into a oneDNN primitive, executed on numpy's buffers."""
+
+    __slots__ = ("_lib", "_local", "_mds", "_outputs", "_prim", "_scratch", "geometry", "impl")
+
+    def __init__(self, lib: _Library, geo: Geometry) -> None:
+        self._lib = lib
+        self.geometry = geo
+        self._local = threading.local()  # .mems: this thread's memory objects
+        self._outputs: list[np.ndarray] = []  # the outputs handed out (see _output)
+        self._prim = _P()
+        self._mds = _descriptors(lib, geo)
+        dnnl = lib.dnnl
+        attr, post_ops = _attributes(lib, geo)
+        pd = _P()
+        (sh, sw), (dh, dw), ((top, bottom), (left, right)) = geo.strides, geo.dilations, geo.pads
+        src, wts, dst = self._mds[:3]
+        try:
+            with _one_thread(lib):  # (its blocking chosen for the one thread it runs on)
+                _check(
+                    dnnl.dnnl_convolution_forward_primitive_desc_create(
+                        ctypes.byref(pd),
+                        lib.engine,
+                        _FORWARD_INFERENCE,
+                        _CONVOLUTION_DIRECT,
+                        src,
+                        wts,
+                        self._mds[3] if geo.bias else None,
+                        dst,
+                        _Pair(sh, sw),
+                        _Pair(dh - 1, dw - 1),  # (oneDNN counts the gaps: 0 is dense)
+                        _Pair(top, left),
+                        _Pair(bottom, right),
+                        attr,
+                    ),
+                    "dnnl_convolution_forward_primitive_desc_create",
+                )
+                self.impl = self._query(pd)
+                _check(dnnl.dnnl_primitive_create(ctypes.byref(self._prim), pd), "primitive")
+        finally:
+            if pd:
+                dnnl.dnnl_primitive_desc_destroy(pd)
+            if post_ops:
+                dnnl.dnnl_post_ops_destroy(post_ops)
+            dnnl.dnnl_primitive_attr_destroy(attr)
+
+    def _query(self, pd: _P) -> str:
+        """The implementation oneDNN chose (its name), and the scratchpad it needs (its
+        descriptor kept, its size in ``_scratch``)."""
+        dnnl = self._lib.dnnl
+        info = ctypes.c_char_p()
+        _check(dnnl.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO, 0, ctypes.byref(info)), "query")
+        scratch_md = dnnl.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0)
+        self._scratch = int(dnnl.dnnl_memory_desc_get_size(scratch_md)) if scratch_md else 0
+        if self._scratch:
+            scratch = _P()
+            _check(dnnl.dnnl_memory_desc_clone(ctypes.byref(scratch), _P(scratch_md)), "md")
+            self._mds.append(scratch)
+        return (info.value or b"").decode()
+
+    def _memories(self) -> list[_P]:
+        """This thread's memory objects, one per descriptor (their buffers set per call)."""
+        mems: list[_P] | None = getattr(self._local, "mems", None)
+        if mems is None:
+            lib = self._lib
+            mems = []
+            for md in self._mds:
+                mem = _P()  # (made with no buffer: a null handle, DNNL_MEMORY_NONE)
+                _check(
+                    lib.dnnl.dnnl_memory_create(ctypes.byref(mem), md, lib.engine, None), "memory"
+                )
+                mems.append(mem)
+            self._local.mems = mems
+        return mems
+
+    def _output(self) -> np.ndarray:
+        """A buffer for the output: one handed out before that nobody holds any more (not
+        even a view of it), else a new one, kept for later calls (``_SPARES`` at most).
+
+        A fresh output of a batched convolution is hundreds of kilobytes: allocated per
+        call, glibc maps it (or grows the heap) and gives it back when it is freed, and
+        every call pays the page faults of writing it again (the zoo's batch-8 ResNet
+        block: its convolutions took 1.8x their time in isolation, its step 1.6 ms
+        instead of 0.9).  TF's allocator keeps its buffers; so does this.
+        """
+        for y in self._outputs:
+            # Held by the list, this loop and the call's argument alone: nobody else can
+            # see it.  (Two threads looking at the same one both see one more, and both
+            # pass it by.)
+            if getrefcount(y) == 3:
+                return y
+        y = np.empty(self.geometry.out_shape, np.float32)
+        if len(self._outputs) < _SPARES:
+            self._outputs.append(y)
+        return y
+
+    def __call__(
+        self, x: np.ndarray, f: np.ndarray, b: np.ndarray | None, residual: np.ndarray | None
+    ) -> np.ndarray:
+        """The convolution of C-contiguous float32 ``x`` by ``f`` (plus ``b``, plus
+        ``residual``, made with ``residual=True``)."""
+        lib = self._lib
+        dnnl = lib.dnnl
+        y = self._output()
+        if residual is not None:
+            np.copyto(y, residual)
+        mems = self._memories()
+        buffers = [x, f, y]
+        kinds = [_ARG_SRC, _ARG_WEIGHTS, _ARG_DST]
+        if b is not None:
+            buffers.append(b)
+            kinds.append(_ARG_BIAS)
+        if self._scratch:
+            buffers.append(np.empty(self._scratch, np.uint8))
+            kinds.append(_ARG_SCRATCHPAD)
+        args = (_Arg * len(kinds))()
+        for k, (mem, buf, kind) in enumerate(zip(mems, buffers, kinds, strict=True)):
+            dnnl.dnnl_memory_set_data_handle(mem, buf.ctypes.data)
+            args[k].arg, args[k].memory = kind, mem
+        stream = lib.stream()
+        with _one_thread(lib):
+            _check(dnnl.dnnl_primitive_execute(self._prim, stream, len(kinds), args), "execute")
+            _check(dnnl.dnnl_stream_wait(stream), "wait")
+        return y
+
+    def __del__(self) -> None:
+        lib = getattr(self, "_lib", None)
+        if lib is None:
+            return
+        with contextlib.suppress(Exception):
+            if self._prim:
+                lib.dnnl.dnnl_primitive_destroy(self._prim)
+            for md in self._mds:
+                lib.dnnl.dnnl_memory_desc_destroy(md)
+
+
+def convolution(
+    cache: dict[Any, Convolution | None],
+    x: np.ndarray,
+    f: np.ndarray,
+    b: np.ndarray | None,
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+    pads: tuple[tuple[int, int], tuple[int, int]],
+    out_hw: tuple[int, int],
+    depthwise: bool,
+    activation: str | None,
+    residual: np.ndarray | None = None,
+) -> np.ndarray | None:
+    """``x`` convolved by ``f`` (plus ``b``, plus ``residual``, then ``activation``)
+    through oneDNN, or None when it is off or cannot take these inputs (the caller runs
+    numpy's kernel).
+
+    ``cache`` is the kernel's own: one primitive per input geometry."""
+    lib = _lib
+    if not _enabled or lib is None:
+        return None
+    if x.dtype != np.float32 or f.dtype != np.float32 or x.ndim != 4 or f.ndim != 4:
+        return None
+    o = f.shape[2] * f.shape[3] if depthwise else f.shape[3]
+    if b is not None and (b.dtype != np.float32 or b.shape != (o,)):
+        return None
+    out_shape = (x.shape[0], *out_hw, o)
+    if residual is not None and (residual.dtype != np.float32 or residual.shape != out_shape):
+        return None  # (a residual that broadcasts: numpy's kernel adds it)
+    key = (x.shape, f.shape)
+    if key in cache:
+        conv = cache[key]
+    else:
+        geo = Geometry(
+            x.shape,
+            f.shape,
+            out_hw,
+            strides,
+            dilations,
+            pads,
+            depthwise,
+            b is not None,
+            activation,
+            residual is not None,
+        )
+        try:
+            conv = Convolution(lib, geo)
+        except _Refused as exc:  # numpy's kernel runs it, and oneDNN is not asked again
+            logger.debug("oneDNN refused %s: %s", geo, exc)
+            conv = None
+        cache[key] = conv
+    if conv is None:
+        return None
+    return conv(
+        np.ascontiguousarray(x),
+        np.ascontiguousarray(f),
+        None if b is None else np.ascontiguousarray(b),
+        residual,
+    )
