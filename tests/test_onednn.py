@@ -46,11 +46,15 @@ def _installed() -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _onednn_on() -> None:
+def _onednn_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN on, for every size (the tests' convolutions are small: below the sizes
+    where it pays, numpy's kernels run them otherwise)."""
     if not onednn.available():
         if _installed() and os.environ.get("ASYNCFLOW_ONEDNN") != "0":
             pytest.fail("onednn-cpu-gomp is installed, but asyncflow did not load it")
         pytest.skip("the asyncflow[onednn] extra is not installed")
+    monkeypatch.setattr(conv_ops, "_ONEDNN_MACS", 0)
+    monkeypatch.setattr(conv_ops, "_ONEDNN_1X1_MACS", 0)
 
 
 class _Counted:
@@ -128,7 +132,8 @@ def test_convolutions_match_the_loop_reference(g: dict[str, Any], o: int, depthw
     with _Counted() as counted:
         got = _nhwc(_run(y, L0), g["nchw"])
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
-    assert counted.calls == (1 if expected.size else 0)  # oneDNN ran it (empty: numpy)
+    # oneDNN ran it (an empty output, and a depthwise one: numpy's kernel)
+    assert counted.calls == (1 if expected.size and not depthwise else 0)
 
 
 @pytest.mark.parametrize("projection", [False, True])
@@ -302,3 +307,28 @@ def test_off_by_environment_or_switch() -> None:
             on = sess.run_sync(y, feed)
         assert counted.calls == 1
     np.testing.assert_allclose(on, off, rtol=1e-5, atol=1e-5)
+
+
+def test_small_and_depthwise_convolutions_stay_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below the sizes where oneDNN's fixed cost per call pays (k x k and 1x1 apart), and
+    for depthwise convolutions (which oneDNN would run as a GEMM per channel), numpy's
+    kernels run; at those sizes oneDNN does."""
+    monkeypatch.undo()  # (the module fixture's thresholds of 0 off: the real ones)
+    rng = np.random.default_rng(10)
+    cases = [  # (input, filter, depthwise, runs on oneDNN)
+        ((1, 8, 8, 4), (3, 3, 4, 4), False, False),
+        ((1, 32, 32, 16), (3, 3, 16, 16), False, True),
+        ((1, 16, 16, 96), (1, 1, 96, 24), False, False),
+        ((1, 32, 32, 32), (1, 1, 32, 64), False, True),
+        ((8, 32, 32, 16), (3, 3, 16, 1), True, False),
+    ]
+    for xs, fs, depthwise, on in cases:
+        with af.Graph().as_default():
+            x = af.constant(rng.standard_normal(xs).astype(np.float32))
+            f = af.constant(rng.standard_normal(fs).astype(np.float32))
+            op = af.nn.depthwise_conv2d if depthwise else af.nn.conv2d
+            y = op(x, f, [1, 1, 1, 1], "SAME")
+        with _Counted() as counted:
+            got = _run(y, L0)
+        assert counted.calls == on, (xs, fs)
+        np.testing.assert_allclose(got, _numpy(y, config=L0), rtol=1e-4, atol=1e-4)

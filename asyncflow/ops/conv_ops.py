@@ -61,6 +61,9 @@ _BOOST_MACS = 1 << 24
 #: convolution (batch-1 latency 0.76 -> 0.41 ms, batch-8 time 68 -> 18 ms measured
 #: against 2**20), and under load each hop may wait for a core.
 _EXPENSIVE_MACS = _BOOST_MACS
+#: From how many multiply-adds a k x k (a 1x1) convolution runs on oneDNN (see _onednn).
+_ONEDNN_MACS = 1 << 18
+_ONEDNN_1X1_MACS = 1 << 20
 
 #: A convolution with a free batch is sized at run time only when this batch of its
 #: images would reach ``_EXPENSIVE_MACS``; smaller ones stay inline whatever the batch.
@@ -309,8 +312,21 @@ def _onednn(
     residual: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """The convolution through oneDNN (:mod:`asyncflow.ops.onednn`), or None: oneDNN is
-    not there, or does not take these inputs (numpy's kernel runs)."""
-    if not onednn.available() or x.ndim != 4 or f.ndim != 4:
+    not there, does not take these inputs, or would not be faster (numpy's kernel runs).
+
+    Measured per call on this project's 2-core machine, bias and ``Relu`` included: a
+    oneDNN call costs ~12 us before any work (its ``ctypes`` calls), so a k x k
+    convolution goes to oneDNN from ``_ONEDNN_MACS`` multiply-adds (at 0.6M 16 us
+    against numpy's 17, at 2.4M 33 against 240), a 1x1 one, which numpy runs as one
+    GEMM without a window copy, from ``_ONEDNN_1X1_MACS`` (at 0.6M 19 us against 12,
+    at 2.1M 29 against 50).  A depthwise convolution stays numpy's: with the filter as
+    numpy holds it oneDNN runs it as one small GEMM per channel (MobileNetV2 at batch
+    8: 3.7 ms of depthwise layers against numpy's ~1)."""
+    if depthwise or not onednn.available() or x.ndim != 4 or f.ndim != 4:
+        return None
+    taps = f.shape[0] * f.shape[1]
+    macs = x.size * taps * f.shape[3] // (s[0] * s[1])
+    if macs < (_ONEDNN_MACS if taps > 1 else _ONEDNN_1X1_MACS):
         return None
     oh, ph = _out_and_pads(x.shape[1], f.shape[0], s[0], d[0], padding, explicit[0])
     ow, pw = _out_and_pads(x.shape[2], f.shape[1], s[1], d[1], padding, explicit[1])

@@ -63,6 +63,10 @@ _QUERY_IMPL_INFO = 8  # dnnl_query_impl_info_str
 _QUERY_SCRATCHPAD_MD = 136  # dnnl_query_scratchpad_md
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _MAX_DIMS = 12  # DNNL_MAX_NDIMS
+#: The implementations taken: oneDNN's generated direct convolutions.  Its fallbacks
+#: (``gemm:*``: a window copy and a GEMM per group, ``ref:*``: loops) are no faster than
+#: numpy's kernels, which run instead.
+_FAST = ("brgconv", "jit")
 #: Output buffers a convolution keeps for reuse (see ``Convolution._output``).
 _SPARES = 2
 
@@ -310,6 +314,8 @@ class Convolution:
                     "dnnl_convolution_forward_primitive_desc_create",
                 )
                 self.impl = self._query(pd)
+                if not self.impl.startswith(_FAST):
+                    raise _Refused(f"oneDNN would run {geo} as {self.impl}")
                 _check(dnnl.dnnl_primitive_create(ctypes.byref(self._prim), pd), "primitive")
         finally:
             if pd:
