@@ -332,3 +332,36 @@ def test_small_and_depthwise_convolutions_stay_numpys(monkeypatch: pytest.Monkey
             got = _run(y, L0)
         assert counted.calls == on, (xs, fs)
         np.testing.assert_allclose(got, _numpy(y, config=L0), rtol=1e-4, atol=1e-4)
+
+
+_FAULTS = """
+import resource, numpy as np
+import asyncflow.ops.onednn
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def step():  # a step's arrays: four of 1 MiB alive at once, written, then freed
+    arrays = [np.ones(1 << 18, np.float32) for _ in range(4)]
+    del arrays
+for _ in range(5):
+    step()
+before = faults()
+for _ in range(50):
+    step()
+print(faults() - before)
+"""
+
+
+@pytest.mark.parametrize("tuned", [True, False])
+def test_freed_memory_is_kept_for_the_next_step(tuned: bool) -> None:
+    """With the extra loaded, the pages of a step's freed arrays serve the next step's
+    (no page faults); ``ASYNCFLOW_MALLOC_TUNING=0`` keeps glibc's thresholds, which give
+    the heap's top back and fault it in again (256 pages per MiB)."""
+    env = {**os.environ, "ASYNCFLOW_MALLOC_TUNING": "1" if tuned else "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS], env=env, timeout=120, capture_output=True, text=True
+    )
+    faults = int(out.stdout.strip().splitlines()[-1])
+    if tuned:
+        assert faults < 50, faults
+    else:
+        assert faults > 50 * 100, faults
