@@ -336,7 +336,12 @@ def test_small_and_depthwise_convolutions_stay_numpys(monkeypatch: pytest.Monkey
 
 _FAULTS = """
 import resource, numpy as np
-import asyncflow.ops.onednn
+import asyncflow as af
+with af.Graph().as_default():
+    x = af.constant(np.ones((1, 32, 32, 16), np.float32))
+    y = af.nn.conv2d(x, af.constant(np.ones((3, 3, 16, 16), np.float32)), 1, "SAME")
+    with af.Session() as sess:
+        sess.run_sync(y)  # the process's first oneDNN convolution
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 def step():  # a step's arrays: four of 1 MiB alive at once, written, then freed
@@ -353,7 +358,7 @@ print(faults() - before)
 
 @pytest.mark.parametrize("tuned", [True, False])
 def test_freed_memory_is_kept_for_the_next_step(tuned: bool) -> None:
-    """With the extra loaded, the pages of a step's freed arrays serve the next step's
+    """After a oneDNN convolution, the pages of a step's freed arrays serve the next step's
     (no page faults); ``ASYNCFLOW_MALLOC_TUNING=0`` keeps glibc's thresholds, which give
     the heap's top back and fault it in again (256 pages per MiB)."""
     env = {**os.environ, "ASYNCFLOW_MALLOC_TUNING": "1" if tuned else "0"}

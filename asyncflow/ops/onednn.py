@@ -27,8 +27,9 @@ thread, the scratchpad is the caller's (``dnnl_scratchpad_mode_user``), so one k
 runs concurrently from several threads (concurrent steps of one plan).
 
 ``ASYNCFLOW_ONEDNN=0`` in the environment, or :func:`set_enabled` (``False``), turns it
-off; :func:`available` says whether it is in use.  Loading it also fixes glibc's malloc
-thresholds (:func:`keep_freed_memory`; ``ASYNCFLOW_MALLOC_TUNING=0`` keeps glibc's).
+off; :func:`available` says whether it is in use.  The first oneDNN convolution of a
+process also fixes glibc's malloc thresholds (:func:`keep_freed_memory`;
+``ASYNCFLOW_MALLOC_TUNING=0`` keeps glibc's).
 """
 
 from __future__ import annotations
@@ -177,8 +178,8 @@ def keep_freed_memory() -> bool:
     32 MiB are mapped on their own, 64 MiB of free heap top is kept before it is given
     back); True when set.
 
-    Done once, when the extra loads (``ASYNCFLOW_MALLOC_TUNING=0`` in the environment
-    keeps glibc's defaults): with oneDNN's convolutions a step makes no large
+    Done once, when the process makes its first oneDNN convolution
+    (``ASYNCFLOW_MALLOC_TUNING=0`` in the environment keeps glibc's defaults): with oneDNN's convolutions a step makes no large
     temporaries any more, glibc then gives the heap's top back to the system after
     every step, and the next step's arrays fault their pages in again.  Measured on the
     conv SavedModel at batch 8: 0.98 ms a step, 0.45 with the thresholds fixed (numpy's
@@ -197,8 +198,7 @@ def keep_freed_memory() -> bool:
 
 _lib: _Library | None = _load()
 _enabled = _lib is not None
-if _lib is not None:
-    keep_freed_memory()
+_tuned = False  # keep_freed_memory ran (at the first primitive made)
 
 
 def available() -> bool:
@@ -497,6 +497,10 @@ def convolution(
             activation,
             residual is not None,
         )
+        global _tuned
+        if not _tuned:
+            _tuned = True
+            keep_freed_memory()
         try:
             conv = Convolution(lib, geo)
         except _Refused as exc:  # numpy's kernel runs it, and oneDNN is not asked again
