@@ -553,8 +553,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def blas_line() -> str:
-    """numpy's BLAS and the kernels it runs: the per-core GEMM speed behind every conv
-    figure.  OpenBLAS runs the kernels ``OPENBLAS_CORETYPE`` names, else those it detects;
+    """numpy's BLAS and the kernels it runs (the per-core GEMM speed behind every conv
+    figure), and whether oneDNN runs the large convolutions.  OpenBLAS runs the kernels ``OPENBLAS_CORETYPE`` names, else those it detects;
     on a Zen 5 EPYC (AVX-512) Haswell's AVX2 GEMM ran at 26-59 GMAC/s on one core,
     SkylakeX's at 83-118, TF's own at 77-124."""
     from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
@@ -565,7 +565,18 @@ def blas_line() -> str:
         if i.get("user_api") == "blas"
     ]
     chosen = os.environ.get("OPENBLAS_CORETYPE")
-    return f"numpy BLAS: {', '.join(libs) or 'none found'}; OPENBLAS_CORETYPE={chosen or 'unset'}"
+    from asyncflow.ops import onednn
+
+    version = onednn.version()
+    dnn = (
+        f"on (oneDNN {'.'.join(map(str, version))})"
+        if onednn.available() and version is not None
+        else "off (pip install 'asyncflow[onednn]')"
+    )
+    return (
+        f"numpy BLAS: {', '.join(libs) or 'none found'}; "
+        f"OPENBLAS_CORETYPE={chosen or 'unset'}; oneDNN convolutions: {dnn}"
+    )
 
 
 if __name__ == "__main__":
