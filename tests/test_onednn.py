@@ -370,3 +370,34 @@ def test_freed_memory_is_kept_for_the_next_step(tuned: bool) -> None:
         assert faults < 50, faults
     else:
         assert faults > 50 * 100, faults
+
+
+def test_a_threads_handles_go_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory objects and the stream a thread made are destroyed when it ends (a
+    closed session's worker threads leave no oneDNN handles behind)."""
+    import gc
+
+    lib = onednn._lib
+    assert lib is not None
+    destroyed: list[str] = []
+    for name in ("dnnl_memory_destroy", "dnnl_stream_destroy"):
+        real = getattr(lib.dnnl, name)
+
+        def spy(handle: Any, _real: Any = real, _name: str = name) -> Any:
+            destroyed.append(_name)
+            return _real(handle)
+
+        monkeypatch.setattr(lib.dnnl, name, spy)
+    rng = np.random.default_rng(11)
+    f = rng.standard_normal((3, 3, 4, 4)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    x = rng.standard_normal((1, 6, 6, 4)).astype(np.float32)
+    cache: dict[Any, Any] = {}
+    t = threading.Thread(target=_direct, args=(cache, x, f, b))
+    t.start()
+    t.join(timeout=60)
+    gc.collect()
+    # source, weights, destination, bias (and a scratchpad when the primitive has one)
+    memories = destroyed.count("dnnl_memory_destroy")
+    assert memories in (4, 5), destroyed
+    assert destroyed.count("dnnl_stream_destroy") == 1

@@ -124,15 +124,33 @@ class _Library:
         self.local = threading.local()  # .stream: this thread's
 
     def stream(self) -> _P:
-        stream = getattr(self.local, "stream", None)
-        if stream is None:
+        """This thread's stream (destroyed with the thread's locals)."""
+        owned: _Owned | None = getattr(self.local, "stream", None)
+        if owned is None:
             stream = _P()
             _check(
                 self.dnnl.dnnl_stream_create(ctypes.byref(stream), self.engine, _IN_ORDER),
                 "dnnl_stream_create",
             )
-            self.local.stream = stream
-        return stream
+            owned = self.local.stream = _Owned(self.dnnl.dnnl_stream_destroy, [stream])
+        return owned.handles[0]
+
+
+class _Owned:
+    """oneDNN handles destroyed when this is: held in a ``threading.local``, a thread's
+    handles go when the thread ends (a session's worker threads) or their owner goes."""
+
+    __slots__ = ("_destroy", "handles")
+
+    def __init__(self, destroy: Any, handles: list[_P]) -> None:
+        self._destroy = destroy
+        self.handles = handles
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            for handle in self.handles:
+                if handle:
+                    self._destroy(handle)
 
 
 def _check(status: int, what: str) -> None:
@@ -378,18 +396,18 @@ class Convolution:
 
     def _memories(self) -> list[_P]:
         """This thread's memory objects, one per descriptor (their buffers set per call)."""
-        mems: list[_P] | None = getattr(self._local, "mems", None)
-        if mems is None:
+        owned: _Owned | None = getattr(self._local, "mems", None)
+        if owned is None:
             lib = self._lib
-            mems = []
+            owned = _Owned(lib.dnnl.dnnl_memory_destroy, [])
             for md in self._mds:
                 mem = _P()  # (made with no buffer: a null handle, DNNL_MEMORY_NONE)
                 _check(
                     lib.dnnl.dnnl_memory_create(ctypes.byref(mem), md, lib.engine, None), "memory"
                 )
-                mems.append(mem)
-            self._local.mems = mems
-        return mems
+                owned.handles.append(mem)
+            self._local.mems = owned
+        return owned.handles
 
     def _output(self) -> np.ndarray:
         """A buffer for the output: one handed out before that nobody holds any more (not
