@@ -401,3 +401,19 @@ def test_a_threads_handles_go_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     memories = destroyed.count("dnnl_memory_destroy")
     assert memories in (4, 5), destroyed
     assert destroyed.count("dnnl_stream_destroy") == 1
+
+
+@pytest.mark.parametrize("activation", [af.nn.relu, af.nn.relu6])
+def test_nan_stays_nan_through_a_fused_activation(activation: Any) -> None:
+    """TF's fused convolution keeps a NaN through its ``Relu`` / ``Relu6``, as numpy's
+    ``maximum`` does; oneDNN's own activations would turn it into 0 (so the clamp is
+    numpy's, after oneDNN's convolution)."""
+    graph, x, y = _residual_graph(af.float32, False, activation)
+    feed = np.random.default_rng(12).standard_normal((1, 7, 7, 6)).astype(np.float32)
+    feed[0, 3, 3, 0] = np.nan
+    with _Counted() as counted, af.Session(graph=graph) as sess:
+        got = sess.run_sync(y, {x: feed})
+    assert counted.calls == 1
+    expected = _numpy(y, {x: feed})
+    assert np.isnan(got).sum() == np.isnan(expected).sum() > 0
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)  # (NaN where NaN)

@@ -5,9 +5,10 @@ With the extra installed (the ``onednn-cpu-gomp`` wheel: oneDNN 3.x built with G
 OpenMP, no Python code of its own), ``Conv2D``, ``DepthwiseConv2dNative`` and the
 optimizer's ``_FusedConv2D`` (bias, then ``Relu`` / ``Relu6``) on float32 NHWC tensors
 run as one oneDNN convolution each, called through ``ctypes`` (which releases the GIL
-for the call): the direct convolution TF runs, with the bias and the activation
-applied as the output is written, where numpy needs a window copy (im2col), a GEMM and
-two more passes.  Measured on the zoo's batch-8 ResNet block: the convolution itself
+for the call): the direct convolution TF runs, with the bias (and a residual) added as
+the output is written, where numpy needs a window copy (im2col), a GEMM and more
+passes.  The activation is numpy's, in place after it: oneDNN's turns NaN into 0,
+where TF's fused convolution keeps it.  Measured on the zoo's batch-8 ResNet block: the convolution itself
 three to four times faster than numpy's at one thread.  Without the extra, or for
 anything else (other dtypes, an input oneDNN refuses), the numpy kernels run, and give
 the same results to float32 rounding.
@@ -20,7 +21,7 @@ kernel's split (``conv_ops._RunTimeSized``), as with numpy.  No thread pool of
 OpenMP's is left behind, and a forked child (Dask's workers, multiprocessing) never
 inherits one.
 
-Each distinct geometry (shapes, strides, padding, activation) is made once per kernel
+Each distinct geometry (shapes, strides, padding, what is fused) is made once per kernel
 into a oneDNN primitive (its code generated for this CPU), then executed with the
 arrays' own buffers: no copies in or out.  Memory objects and the stream are per
 thread, the scratchpad is the caller's (``dnnl_scratchpad_mode_user``), so one kernel
@@ -67,7 +68,6 @@ _CPU = 1  # dnnl_cpu
 _IN_ORDER = 1  # dnnl_stream_in_order
 _FORWARD_INFERENCE = 96  # dnnl_forward_inference
 _CONVOLUTION_DIRECT = 1  # dnnl_convolution_direct
-_ELTWISE = {"Relu": 0x20, "Relu6": 0x2E}  # dnnl_eltwise_relu, dnnl_eltwise_clip
 _SCRATCHPAD_USER = 1  # dnnl_scratchpad_mode_user
 _QUERY_IMPL_INFO = 8  # dnnl_query_impl_info_str
 _QUERY_SCRATCHPAD_MD = 136  # dnnl_query_scratchpad_md
@@ -280,8 +280,7 @@ class Geometry(NamedTuple):
     pads: tuple[tuple[int, int], tuple[int, int]]
     depthwise: bool
     bias: bool
-    activation: str | None  # "Relu", "Relu6" or None
-    residual: bool  # a tensor of the output's shape is added (before the activation)
+    residual: bool  # a tensor of the output's shape is added
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
@@ -310,24 +309,19 @@ def _descriptors(lib: _Library, geo: Geometry) -> list[_P]:
 
 def _attributes(lib: _Library, geo: Geometry) -> tuple[_P, _P]:
     """(the primitive's attributes, their post-ops or a null handle): the scratchpad is
-    the caller's; then the residual's sum and the activation, in that order."""
+    the caller's; a residual is a sum post-op.
+
+    (No activation post-op: oneDNN's ``relu`` and ``clip`` turn NaN into 0, where TF's
+    fused convolution, as numpy's ``maximum``, keeps it; the caller clamps in place.)"""
     dnnl = lib.dnnl
     attr, post_ops = _P(), _P()
     _check(dnnl.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr")
     _check(dnnl.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER), "attr")
-    if geo.activation is None and not geo.residual:
+    if not geo.residual:
         return attr, post_ops
     _check(dnnl.dnnl_post_ops_create(ctypes.byref(post_ops)), "post_ops")
-    if geo.residual:  # dst = conv + bias + dst (the residual, copied in first)
-        _check(dnnl.dnnl_post_ops_append_sum(post_ops, ctypes.c_float(1.0), 0, _UNDEF), "sum")
-    if geo.activation is not None:
-        beta = 6.0 if geo.activation == "Relu6" else 0.0  # (clip to [0, 6]; relu's slope 0)
-        _check(
-            dnnl.dnnl_post_ops_append_eltwise(
-                post_ops, _ELTWISE[geo.activation], ctypes.c_float(0.0), ctypes.c_float(beta)
-            ),
-            "eltwise",
-        )
+    # dst = conv + bias + dst (the residual, copied in first)
+    _check(dnnl.dnnl_post_ops_append_sum(post_ops, ctypes.c_float(1.0), 0, _UNDEF), "sum")
     _check(dnnl.dnnl_primitive_attr_set_post_ops(attr, post_ops), "attr")
     return attr, post_ops
 
@@ -512,7 +506,6 @@ def convolution(
             pads,
             depthwise,
             b is not None,
-            activation,
             residual is not None,
         )
         global _tuned
@@ -527,9 +520,15 @@ def convolution(
         cache[key] = conv
     if conv is None:
         return None
-    return conv(
+    y = conv(
         np.ascontiguousarray(x),
         np.ascontiguousarray(f),
         None if b is None else np.ascontiguousarray(b),
         residual,
     )
+    # Clamped here, in place, as numpy's kernel does (NaN stays NaN, as in TF).
+    if activation == "Relu":
+        np.maximum(y, 0, out=y)
+    elif activation == "Relu6":
+        np.clip(y, 0, 6, out=y)
+    return y
