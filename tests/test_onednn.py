@@ -417,3 +417,30 @@ def test_nan_stays_nan_through_a_fused_activation(activation: Any) -> None:
     expected = _numpy(y, {x: feed})
     assert np.isnan(got).sum() == np.isnan(expected).sum() > 0
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)  # (NaN where NaN)
+
+
+_FORK = """
+import os, numpy as np
+from asyncflow.ops import conv_ops, onednn
+assert onednn.available()
+x = np.ones((8, 32, 32, 16), np.float32)
+f = np.ones((3, 3, 16, 16), np.float32)
+b = np.zeros(16, np.float32)
+args = ((1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), False, "Relu")
+assert conv_ops._onednn({}, x, f, b, *args) is not None
+pid = os.fork()
+if pid == 0:
+    y = conv_ops._onednn({}, x, f, b, *args)
+    os._exit(0 if y is not None and float(y[0, 5, 5, 0]) == 144.0 else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_runs_convolutions() -> None:
+    """No OpenMP team exists to be inherited: a child forked after oneDNN ran (as Dask's
+    nanny and multiprocessing fork) runs its convolutions (bounded: 60 s)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FORK], timeout=60, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "0", out.stderr
