@@ -176,7 +176,7 @@ def test_other_dtypes_and_a_refused_geometry_run_on_numpy() -> None:
 
 def _direct(cache: dict[Any, Any], x: np.ndarray, f: np.ndarray, b: np.ndarray) -> Any:
     """One fused 3x3 SAME convolution with bias and Relu, through the module's own door."""
-    out = conv_ops._onednn(cache, x, f, b, (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), False, "Relu")
+    out = conv_ops._onednn(cache, x, f, b, (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "Relu")
     assert out is not None
     return out
 
@@ -426,7 +426,7 @@ assert onednn.available()
 x = np.ones((8, 32, 32, 16), np.float32)
 f = np.ones((3, 3, 16, 16), np.float32)
 b = np.zeros(16, np.float32)
-args = ((1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), False, "Relu")
+args = ((1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "Relu")
 assert conv_ops._onednn({}, x, f, b, *args) is not None
 pid = os.fork()
 if pid == 0:

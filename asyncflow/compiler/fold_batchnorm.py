@@ -407,7 +407,12 @@ def fuse_conv_bias_activation(
         inputs, types = [conv.inputs[0], conv.inputs[1], bias.inputs[1]], [bias.input_types[1]]
         add = g.sole_consumer(bias.name)
         residual = None
-        if add is not None and add.device == conv.device and add.name not in drop | replace.keys():
+        if (
+            add is not None
+            and add.device == conv.device
+            and add.name not in drop
+            and add.name not in replace
+        ):
             # (An Add of two convolutions' outputs is fused into the first one met.)
             residual = _residual(add, bias)
         if add is not None and residual is not None:
@@ -428,10 +433,10 @@ def fuse_conv_bias_activation(
             (*conv.input_types[:2], *types),
             traceback=conv.traceback,
         )
-        drop.update({conv.name, bias.name})
-        if add is not None and residual is not None:
-            drop.add(add.name)
-        drop.discard(last.name)
+        fused = {conv.name, bias.name} | (
+            {add.name} if add is not None and residual is not None else set()
+        )
+        drop.update(fused - {last.name})
     if not replace:
         return tuple(nodes), tuple(placement), False
     return _rebuilt(nodes, placement, {}, replace, drop, g)

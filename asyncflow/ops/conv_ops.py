@@ -307,11 +307,10 @@ def _onednn(
     d: tuple[int, int],
     padding: str,
     explicit: tuple[tuple[int, int], tuple[int, int]],
-    depthwise: bool,
     activation: str | None,
     residual: np.ndarray | None = None,
 ) -> np.ndarray | None:
-    """The convolution through oneDNN (:mod:`asyncflow.ops.onednn`), or None: oneDNN is
+    """The ``Conv2D`` through oneDNN (:mod:`asyncflow.ops.onednn`), or None: oneDNN is
     not there, does not take these inputs, or would not be faster (numpy's kernel runs).
 
     Measured per call on this project's 2-core machine, bias and ``Relu`` included: a
@@ -319,10 +318,10 @@ def _onednn(
     convolution goes to oneDNN from ``_ONEDNN_MACS`` multiply-adds (at 0.6M 16 us
     against numpy's 17, at 2.4M 33 against 240), a 1x1 one, which numpy runs as one
     GEMM without a window copy, from ``_ONEDNN_1X1_MACS`` (at 0.6M 19 us against 12,
-    at 2.1M 29 against 50).  A depthwise convolution stays numpy's: with the filter as
-    numpy holds it oneDNN runs it as one small GEMM per channel (MobileNetV2 at batch
-    8: 3.7 ms of depthwise layers against numpy's ~1)."""
-    if depthwise or not onednn.available() or x.ndim != 4 or f.ndim != 4:
+    at 2.1M 29 against 50).  Depthwise convolutions stay numpy's (their kernels do not
+    call this): with the filter as numpy holds it oneDNN runs one as a small GEMM per
+    channel (MobileNetV2 at batch 8: 3.7 ms of depthwise layers against numpy's ~1)."""
+    if not onednn.available() or x.ndim != 4 or f.ndim != 4:
         return None
     taps = f.shape[0] * f.shape[1]
     macs = x.size * taps * f.shape[3] // (s[0] * s[1])
@@ -332,9 +331,7 @@ def _onednn(
     ow, pw = _out_and_pads(x.shape[2], f.shape[1], s[1], d[1], padding, explicit[1])
     if not oh or not ow or ph is None or pw is None or not x.size:
         return None  # (an empty output: numpy's kernel shapes it)
-    return onednn.convolution(
-        cache, x, f, b, s, d, (ph, pw), (oh, ow), depthwise, activation, residual
-    )
+    return onednn.convolution(cache, x, f, b, s, d, (ph, pw), (oh, ow), activation, residual)
 
 
 def _tap(x: np.ndarray, i: int, j: int, oh: int, ow: int, s: tuple[int, int]) -> np.ndarray:
@@ -573,7 +570,7 @@ def _conv2d_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     cache: dict[Any, Any] = {}  # oneDNN's primitives, per geometry
 
     def conv2d_kernel(x: np.ndarray, f: np.ndarray) -> Any:
-        y = _onednn(cache, x, f, None, s, d, padding, explicit, False, None)
+        y = _onednn(cache, x, f, None, s, d, padding, explicit, None)
         return _conv2d(x, f, s, d, padding, explicit) if y is None else y
 
     return _sized(op, _in_nhwc(conv2d_kernel, nchw), _conv_macs(s))
@@ -615,11 +612,8 @@ def _conv2d(
 def _depthwise_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     nchw, (_, s, d, padding, explicit) = _geometry(op, None)
 
-    cache: dict[Any, Any] = {}  # oneDNN's primitives, per geometry
-
     def depthwise_kernel(x: np.ndarray, f: np.ndarray) -> Any:
-        y = _onednn(cache, x, f, None, s, d, padding, explicit, True, None)
-        return _depthwise(x, f, s, d, padding, explicit) if y is None else y
+        return _depthwise(x, f, s, d, padding, explicit)
 
     return _sized(op, _in_nhwc(depthwise_kernel, nchw), _conv_macs(s))
 
@@ -713,9 +707,10 @@ def _fused_conv_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     def fused_conv_kernel(
         x: np.ndarray, f: np.ndarray, b: np.ndarray, residual: np.ndarray | None = None
     ) -> Any:
-        y = _onednn(cache, x, f, b, s, d, padding, explicit, depthwise, activation, residual)
-        if y is not None:
-            return y
+        if not depthwise:
+            y = _onednn(cache, x, f, b, s, d, padding, explicit, activation, residual)
+            if y is not None:
+                return y
         y = conv(x, f, s, d, padding, explicit)  # a fresh array: updated in place
         rows = channel_rows(y, b)
         if rows is None:

@@ -2,16 +2,17 @@
 ``asyncflow[onednn]`` extra.
 
 With the extra installed (the ``onednn-cpu-gomp`` wheel: oneDNN 3.x built with GNU
-OpenMP, no Python code of its own), ``Conv2D``, ``DepthwiseConv2dNative`` and the
-optimizer's ``_FusedConv2D`` (bias, then ``Relu`` / ``Relu6``) on float32 NHWC tensors
-run as one oneDNN convolution each, called through ``ctypes`` (which releases the GIL
-for the call): the direct convolution TF runs, with the bias (and a residual) added as
-the output is written, where numpy needs a window copy (im2col), a GEMM and more
-passes.  The activation is numpy's, in place after it: oneDNN's turns NaN into 0,
-where TF's fused convolution keeps it.  Measured on the zoo's batch-8 ResNet block: the convolution itself
-three to four times faster than numpy's at one thread.  Without the extra, or for
-anything else (other dtypes, an input oneDNN refuses), the numpy kernels run, and give
-the same results to float32 rounding.
+OpenMP, no Python code of its own), a large float32 NHWC ``Conv2D``, plain or as the
+optimizer's ``_FusedConv2D`` (bias, residual, ``Relu`` / ``Relu6``), runs as one oneDNN
+convolution, called through ``ctypes`` (which releases the GIL for the call): the
+direct convolution TF runs, with the bias (and a residual) added as the output is
+written, where numpy needs a window copy (im2col), a GEMM and more passes.  The
+activation is numpy's, in place after it: oneDNN's turns NaN into 0, where TF's fused
+convolution keeps it.  Measured on the zoo's batch-8 ResNet block: the convolution
+itself three to four times faster than numpy's at one thread.  Without the extra, for
+small and depthwise convolutions (``conv_ops._onednn`` says which), other dtypes, or an
+input oneDNN refuses, numpy's kernels run, and give the same results to float32
+rounding.
 
 Threads: every call runs on one thread, the calling one (the kernel's: inline on the
 event loop, or the device's worker thread).  The calling thread's OpenMP thread count
@@ -268,9 +269,9 @@ def _memory_desc(lib: _Library, dims: list[int], strides: list[int]) -> _P:
 
 class Geometry(NamedTuple):
     """What a convolution primitive is made for: the shapes (``x`` NHWC, ``f``
-    ``(kh, kw, c, o)`` or ``(kh, kw, c, multiplier)`` when ``depthwise``), the output's
-    height and width, strides, dilations, ``((top, bottom), (left, right))`` padding,
-    and what is fused after the convolution."""
+    ``(kh, kw, c, o)``), the output's height and width, strides, dilations,
+    ``((top, bottom), (left, right))`` padding, and what is fused after the
+    convolution."""
 
     x_shape: tuple[int, ...]
     f_shape: tuple[int, ...]
@@ -278,15 +279,12 @@ class Geometry(NamedTuple):
     strides: tuple[int, int]
     dilations: tuple[int, int]
     pads: tuple[tuple[int, int], tuple[int, int]]
-    depthwise: bool
     bias: bool
     residual: bool  # a tensor of the output's shape is added
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
-        n, _, _, c = self.x_shape
-        m = self.f_shape[3]
-        return (n, *self.out_hw, c * m if self.depthwise else m)
+        return (self.x_shape[0], *self.out_hw, self.f_shape[3])
 
 
 def _descriptors(lib: _Library, geo: Geometry) -> list[_P]:
@@ -294,13 +292,12 @@ def _descriptors(lib: _Library, geo: Geometry) -> list[_P]:
     logical dims ((N, C, H, W), (O, I, KH, KW)) with the strides of numpy's NHWC and
     HWIO buffers, so oneDNN reads and writes them as they are."""
     n, h, w, c = geo.x_shape
-    kh, kw, fc, m = geo.f_shape
+    kh, kw, fc, _ = geo.f_shape
     _, oh, ow, o = geo.out_shape
-    mds = [_memory_desc(lib, [n, c, h, w], [h * w * c, 1, w * c, c])]
-    if geo.depthwise:  # groups of one input channel: (G, O/G, I/G, KH, KW)
-        mds.append(_memory_desc(lib, [c, m, 1, kh, kw], [m, 1, 1, kw * fc * m, fc * m]))
-    else:
-        mds.append(_memory_desc(lib, [o, fc, kh, kw], [1, o, kw * fc * o, fc * o]))
+    mds = [
+        _memory_desc(lib, [n, c, h, w], [h * w * c, 1, w * c, c]),
+        _memory_desc(lib, [o, fc, kh, kw], [1, o, kw * fc * o, fc * o]),
+    ]
     mds.append(_memory_desc(lib, [n, o, oh, ow], [oh * ow * o, 1, ow * o, o]))
     if geo.bias:
         mds.append(_memory_desc(lib, [o], [1]))
@@ -473,7 +470,6 @@ def convolution(
     dilations: tuple[int, int],
     pads: tuple[tuple[int, int], tuple[int, int]],
     out_hw: tuple[int, int],
-    depthwise: bool,
     activation: str | None,
     residual: np.ndarray | None = None,
 ) -> np.ndarray | None:
@@ -487,7 +483,7 @@ def convolution(
         return None
     if x.dtype != np.float32 or f.dtype != np.float32 or x.ndim != 4 or f.ndim != 4:
         return None
-    o = f.shape[2] * f.shape[3] if depthwise else f.shape[3]
+    o = f.shape[3]
     if b is not None and (b.dtype != np.float32 or b.shape != (o,)):
         return None
     out_shape = (x.shape[0], *out_hw, o)
@@ -504,7 +500,6 @@ def convolution(
             strides,
             dilations,
             pads,
-            depthwise,
             b is not None,
             residual is not None,
         )
