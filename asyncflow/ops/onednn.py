@@ -154,6 +154,33 @@ class _Owned:
                     self._destroy(handle)
 
 
+class _ThreadState(_Owned):
+    """One thread's objects for one primitive: a memory object per descriptor (source,
+    weights, destination, [bias], [scratchpad]; destroyed with this), the argument array
+    naming them, the scratchpad's buffer, and what the others point at now."""
+
+    __slots__ = ("args", "bias", "nargs", "scratch", "weights", "x", "y")
+
+    def __init__(self, lib: _Library, mds: list[_P], scratch: int) -> None:
+        super().__init__(lib.dnnl.dnnl_memory_destroy, [])
+        for md in mds:
+            mem = _P()  # (made with no buffer: a null handle, DNNL_MEMORY_NONE)
+            _check(lib.dnnl.dnnl_memory_create(ctypes.byref(mem), md, lib.engine, None), "memory")
+            self.handles.append(mem)
+        kinds = [_ARG_SRC, _ARG_WEIGHTS, _ARG_DST, _ARG_BIAS][: len(mds) - bool(scratch)]
+        if scratch:
+            kinds.append(_ARG_SCRATCHPAD)
+            self.scratch = np.empty(scratch, np.uint8)
+            lib.dnnl.dnnl_memory_set_data_handle(self.handles[-1], self.scratch.ctypes.data)
+        self.nargs = len(kinds)
+        self.args = (_Arg * self.nargs)(
+            *(_Arg(k, m) for k, m in zip(kinds, self.handles, strict=True))
+        )
+        self.x = self.y = 0  # the addresses set (0: none yet)
+        self.weights: np.ndarray | None = None  # the arrays set (held: compared by identity)
+        self.bias: np.ndarray | None = None
+
+
 def _check(status: int, what: str) -> None:
     if status != 0:
         raise _Refused(f"{what}: oneDNN status {status}")
@@ -326,13 +353,24 @@ def _attributes(lib: _Library, geo: Geometry) -> tuple[_P, _P]:
 class Convolution:
     """One :class:`Geometry` made into a oneDNN primitive, executed on numpy's buffers."""
 
-    __slots__ = ("_lib", "_local", "_mds", "_outputs", "_prim", "_scratch", "geometry", "impl")
+    __slots__ = (
+        "_addresses",
+        "_lib",
+        "_local",
+        "_mds",
+        "_outputs",
+        "_prim",
+        "_scratch",
+        "geometry",
+        "impl",
+    )
 
     def __init__(self, lib: _Library, geo: Geometry) -> None:
         self._lib = lib
         self.geometry = geo
         self._local = threading.local()  # .mems: this thread's memory objects
         self._outputs: list[np.ndarray] = []  # the outputs handed out (see _output)
+        self._addresses: list[int] = []  # their buffers' addresses
         self._prim = _P()
         self._mds = _descriptors(lib, geo)
         dnnl = lib.dnnl
@@ -385,24 +423,17 @@ class Convolution:
             self._mds.append(scratch)
         return (info.value or b"").decode()
 
-    def _memories(self) -> list[_P]:
-        """This thread's memory objects, one per descriptor (their buffers set per call)."""
-        owned: _Owned | None = getattr(self._local, "mems", None)
-        if owned is None:
-            lib = self._lib
-            owned = _Owned(lib.dnnl.dnnl_memory_destroy, [])
-            for md in self._mds:
-                mem = _P()  # (made with no buffer: a null handle, DNNL_MEMORY_NONE)
-                _check(
-                    lib.dnnl.dnnl_memory_create(ctypes.byref(mem), md, lib.engine, None), "memory"
-                )
-                owned.handles.append(mem)
-            self._local.mems = owned
-        return owned.handles
+    def _state(self) -> _ThreadState:
+        """This thread's memory objects and argument array (see :class:`_ThreadState`)."""
+        state: _ThreadState | None = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = _ThreadState(self._lib, self._mds, self._scratch)
+        return state
 
-    def _output(self) -> np.ndarray:
-        """A buffer for the output: one handed out before that nobody holds any more (not
-        even a view of it), else a new one, kept for later calls (``_SPARES`` at most).
+    def _output(self) -> tuple[np.ndarray, int]:
+        """A buffer for the output and its address: one handed out before that nobody
+        holds any more (not even a view of it), else a new one, kept for later calls
+        (``_SPARES`` at most).
 
         A fresh output of a batched convolution is hundreds of kilobytes: allocated per
         call, glibc maps it (or grows the heap) and gives it back when it is freed, and
@@ -410,44 +441,57 @@ class Convolution:
         block: its convolutions took 1.8x their time in isolation, its step 1.6 ms
         instead of 0.9).  TF's allocator keeps its buffers; so does this.
         """
-        for y in self._outputs:
-            # Held by the list, this loop and the call's argument alone: nobody else can
+        outputs = self._outputs
+        for k in range(len(outputs)):
+            y = outputs[k]
+            # Held by the list, this frame and the call's argument alone: nobody else can
             # see it.  (Two threads looking at the same one both see one more, and both
             # pass it by.)
             if getrefcount(y) == 3:
-                return y
+                return y, self._addresses[k]
         y = np.empty(self.geometry.out_shape, np.float32)
-        if len(self._outputs) < _SPARES:
-            self._outputs.append(y)
-        return y
+        address = y.ctypes.data
+        if len(outputs) < _SPARES:
+            outputs.append(y)
+            self._addresses.append(address)
+        return y, address
 
     def __call__(
         self, x: np.ndarray, f: np.ndarray, b: np.ndarray | None, residual: np.ndarray | None
     ) -> np.ndarray:
         """The convolution of C-contiguous float32 ``x`` by ``f`` (plus ``b``, plus
-        ``residual``, made with ``residual=True``)."""
+        ``residual``, made with ``residual=True``).
+
+        (A buffer's address is given to its memory object only when it changed since
+        this thread's last call: the filter and bias are the same arrays from call to
+        call, the output one of two; each ``ctypes`` call costs ~0.5 us.)"""
         lib = self._lib
-        dnnl = lib.dnnl
-        y = self._output()
+        y, y_address = self._output()
         if residual is not None:
             np.copyto(y, residual)
-        mems = self._memories()
-        buffers = [x, f, y]
-        kinds = [_ARG_SRC, _ARG_WEIGHTS, _ARG_DST]
-        if b is not None:
-            buffers.append(b)
-            kinds.append(_ARG_BIAS)
-        if self._scratch:
-            buffers.append(np.empty(self._scratch, np.uint8))
-            kinds.append(_ARG_SCRATCHPAD)
-        args = (_Arg * len(kinds))()
-        for k, (mem, buf, kind) in enumerate(zip(mems, buffers, kinds, strict=True)):
-            dnnl.dnnl_memory_set_data_handle(mem, buf.ctypes.data)
-            args[k].arg, args[k].memory = kind, mem
+        state = self._state()
+        mems = state.handles
+        put = lib.dnnl.dnnl_memory_set_data_handle
+        address = x.ctypes.data
+        if state.x != address:
+            put(mems[0], address)
+            state.x = address
+        if state.weights is not f:
+            put(mems[1], f.ctypes.data)
+            state.weights = f
+        if state.y != y_address:
+            put(mems[2], y_address)
+            state.y = y_address
+        if b is not None and state.bias is not b:
+            put(mems[3], b.ctypes.data)
+            state.bias = b
         stream = lib.stream()
         with _one_thread(lib):
-            _check(dnnl.dnnl_primitive_execute(self._prim, stream, len(kinds), args), "execute")
-            _check(dnnl.dnnl_stream_wait(stream), "wait")
+            _check(
+                lib.dnnl.dnnl_primitive_execute(self._prim, stream, state.nargs, state.args),
+                "execute",
+            )
+            _check(lib.dnnl.dnnl_stream_wait(stream), "wait")
         return y
 
     def __del__(self) -> None:
