@@ -37,7 +37,7 @@ def _family(tf_type: str) -> str:
             return f"`numpy.{fn.__name__}`"
         owner = getattr(fn, "__module__", None) or ""
         if fn is not None and not owner.startswith("asyncflow"):
-            return f"`{owner.lstrip('_')}.{fn.__name__}`"   # numpy, operator
+            return f"`{owner.lstrip('_')}.{fn.__name__}`"  # numpy, operator
         module = owner or module
     if module.startswith("asyncflow.ops."):
         return f"`{module.rsplit('.', 1)[1]}`"

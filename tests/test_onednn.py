@@ -317,6 +317,7 @@ def test_small_and_depthwise_convolutions_stay_numpys(monkeypatch: pytest.Monkey
     rng = np.random.default_rng(10)
     cases = [  # (input, filter, depthwise, runs on oneDNN)
         ((1, 8, 8, 4), (3, 3, 4, 4), False, False),
+        ((1, 8, 8, 16), (3, 3, 16, 16), False, True),
         ((1, 32, 32, 16), (3, 3, 16, 16), False, True),
         ((1, 16, 16, 96), (1, 1, 96, 24), False, False),
         ((1, 32, 32, 32), (1, 1, 32, 64), False, True),

@@ -62,7 +62,7 @@ _BOOST_MACS = 1 << 24
 #: against 2**20), and under load each hop may wait for a core.
 _EXPENSIVE_MACS = _BOOST_MACS
 #: From how many multiply-adds a k x k (a 1x1) convolution runs on oneDNN (see _onednn).
-_ONEDNN_MACS = 1 << 18
+_ONEDNN_MACS = 1 << 17
 _ONEDNN_1X1_MACS = 1 << 20
 
 #: A convolution with a free batch is sized at run time only when this batch of its
@@ -314,11 +314,12 @@ def _onednn(
     not there, does not take these inputs, or would not be faster (numpy's kernel runs).
 
     Measured per call on this project's 2-core machine, bias and ``Relu`` included: a
-    oneDNN call costs ~12 us before any work (its ``ctypes`` calls), so a k x k
-    convolution goes to oneDNN from ``_ONEDNN_MACS`` multiply-adds (at 0.6M 16 us
-    against numpy's 17, at 2.4M 33 against 240), a 1x1 one, which numpy runs as one
-    GEMM without a window copy, from ``_ONEDNN_1X1_MACS`` (at 0.6M 19 us against 12,
-    at 2.1M 29 against 50).  Depthwise convolutions stay numpy's (their kernels do not
+    oneDNN call costs ~8 us before any work (its ``ctypes`` calls), so a k x k
+    convolution goes to oneDNN from ``_ONEDNN_MACS`` multiply-adds (at 147K 8.4 us
+    against numpy's 12.3, at 0.6M 11-13 against 17-22), a 1x1 one, which numpy runs as
+    one GEMM without a window copy, from ``_ONEDNN_1X1_MACS`` (at 0.5-0.6M 15-16 us
+    against 12-16, at 1M 35 against 43; a 1x1 to few outputs is numpy's GEMM's at any
+    size: 4.7M to 24 outputs 75 us against 72).  Depthwise convolutions stay numpy's (their kernels do not
     call this): with the filter as numpy holds it oneDNN runs one as a small GEMM per
     channel (MobileNetV2 at batch 8: 3.7 ms of depthwise layers against numpy's ~1)."""
     if not onednn.available() or x.ndim != 4 or f.ndim != 4:
