@@ -567,7 +567,6 @@ def _backprop_macs(sizes: np.ndarray, f: np.ndarray, dy: np.ndarray) -> int:
 @registry.register_kernel_factory("Conv2D")
 def _conv2d_kernel(op: Operation) -> tuple[Callable[..., Any], int]:
     nchw, (_, s, d, padding, explicit) = _geometry(op, None)
-
     cache: dict[Any, Any] = {}  # oneDNN's primitives, per geometry
 
     def conv2d_kernel(x: np.ndarray, f: np.ndarray) -> Any:

@@ -225,9 +225,10 @@ def keep_freed_memory() -> bool:
     back); True when set.
 
     Done once, when the process makes its first oneDNN convolution
-    (``ASYNCFLOW_MALLOC_TUNING=0`` in the environment keeps glibc's defaults): with oneDNN's convolutions a step makes no large
-    temporaries any more, glibc then gives the heap's top back to the system after
-    every step, and the next step's arrays fault their pages in again.  Measured on the
+    (``ASYNCFLOW_MALLOC_TUNING=0`` in the environment keeps glibc's defaults): with
+    oneDNN's convolutions a step makes no large temporaries any more, glibc then gives
+    the heap's top back to the system after every step, and the next step's arrays
+    fault their pages in again.  Measured on the
     conv SavedModel at batch 8: 0.98 ms a step, 0.45 with the thresholds fixed (numpy's
     kernels: 0.65 either way); TF keeps its buffers too.  Not on other C libraries."""
     if os.environ.get("ASYNCFLOW_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith(
@@ -324,8 +325,8 @@ def _descriptors(lib: _Library, geo: Geometry) -> list[_P]:
     mds = [
         _memory_desc(lib, [n, c, h, w], [h * w * c, 1, w * c, c]),
         _memory_desc(lib, [o, fc, kh, kw], [1, o, kw * fc * o, fc * o]),
+        _memory_desc(lib, [n, o, oh, ow], [oh * ow * o, 1, ow * o, o]),
     ]
-    mds.append(_memory_desc(lib, [n, o, oh, ow], [oh * ow * o, 1, ow * o, o]))
     if geo.bias:
         mds.append(_memory_desc(lib, [o], [1]))
     return mds
@@ -354,7 +355,6 @@ class Convolution:
     """One :class:`Geometry` made into a oneDNN primitive, executed on numpy's buffers."""
 
     __slots__ = (
-        "_addresses",
         "_lib",
         "_local",
         "_mds",
@@ -368,9 +368,10 @@ class Convolution:
     def __init__(self, lib: _Library, geo: Geometry) -> None:
         self._lib = lib
         self.geometry = geo
-        self._local = threading.local()  # .mems: this thread's memory objects
-        self._outputs: list[np.ndarray] = []  # the outputs handed out (see _output)
-        self._addresses: list[int] = []  # their buffers' addresses
+        self._local = threading.local()  # .state: this thread's (see _state)
+        # The outputs handed out, with their buffers' addresses (see _output): one list
+        # of pairs, so that two threads adding at once cannot mismatch them.
+        self._outputs: list[tuple[np.ndarray, int]] = []
         self._prim = _P()
         self._mds = _descriptors(lib, geo)
         dnnl = lib.dnnl
@@ -443,17 +444,16 @@ class Convolution:
         """
         outputs = self._outputs
         for k in range(len(outputs)):
-            y = outputs[k]
-            # Held by the list, this frame and the call's argument alone: nobody else can
+            y, address = outputs[k]
+            # Held by its pair, this frame and the call's argument alone: nobody else can
             # see it.  (Two threads looking at the same one both see one more, and both
             # pass it by.)
             if getrefcount(y) == 3:
-                return y, self._addresses[k]
+                return y, address
         y = np.empty(self.geometry.out_shape, np.float32)
         address = y.ctypes.data
         if len(outputs) < _SPARES:
-            outputs.append(y)
-            self._addresses.append(address)
+            outputs.append((y, address))
         return y, address
 
     def __call__(
