@@ -134,6 +134,7 @@ async def test_steps_are_served_on_each_tasks_own_loop_and_sent_from_the_steps(
             "asyncflow_ping",
         ]
         assert cluster.service[task] == info["service"] != address
+        assert info["service"].startswith("aftcp://")  # asyncflow's comm backend
     g, w, y, _ = _ps_graph()
     async with af.Session(cluster, graph=g) as sess:
         await sess.run(w.initializer)

@@ -410,6 +410,8 @@ async def test_tls_local_cluster_and_connect_with_security(tmp_path: Path) -> No
             b = af.reduce_sum(a * a, name="b")
     async with afd.LocalCluster(jobs={"ps": 1, "worker": 1}, security=security) as cluster:
         assert all(addr.startswith("tls://") for addr in cluster.assignment.values())
+        # A step's messages go over asyncflow's comm backend, over TLS too.
+        assert all(addr.startswith("aftls://") for addr in cluster.service.values())
         async with af.Session(cluster, graph=g) as sess:
             assert await sess.run(b) == 5.0
         address = cluster.dask_cluster.scheduler_address

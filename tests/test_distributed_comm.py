@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import struct
 import threading
 import warnings
 from collections.abc import Coroutine
@@ -17,14 +18,21 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("asyncflow.distributed")
 
+from distributed.comm.core import CommClosedError
 from distributed.core import ConnectionPool, Server
+from distributed.protocol.serialize import to_serialize
 from tornado import tcpclient
 
-from asyncflow.distributed._dask import close_pool, send
+from asyncflow.distributed import _comm
+from asyncflow.distributed._comm import _Wire
+from asyncflow.distributed._dask import close_pool, closing_with, send
 from asyncflow.distributed.master import DistributedCall
 
 _CALLS = 4
@@ -96,6 +104,40 @@ async def test_a_call_cancelled_as_its_connect_completes_leaves_no_socket(
         gc.collect()
     leaked = [w for w in caught if issubclass(w.category, ResourceWarning)]
     assert leaked == []
+
+
+async def test_an_asyncflow_comm_connected_as_its_caller_is_cancelled_goes_to_the_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same moment on asyncflow's comm backend: the caller is cancelled as its
+    connect completes; the comm ends in the pool, idle, and closes with it."""
+    server = await _served()
+    victims: list[asyncio.Task[Any]] = []
+    connect = _comm._Connector.connect
+
+    async def cancel_once_connected(self: Any, *args: Any, **kwargs: Any) -> Any:
+        comm = await connect(self, *args, **kwargs)
+        if victims:
+            victims.pop().cancel()
+        return comm
+
+    monkeypatch.setattr(_comm._Connector, "connect", cancel_once_connected)
+    pool = ConnectionPool(limit=8)
+    await pool.start()
+    try:
+        call = asyncio.ensure_future(send(pool, server.address, "echo", x=1))
+        victims.append(call)
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        monkeypatch.undo()
+        await _settled(pool)
+        assert (pool.active, pool.open) == (0, 1), pool
+        assert (await send(pool, server.address, "echo", x=7))["x"] == 7
+        assert pool.open == 1
+    finally:
+        await close_pool(pool)
+        await server.close()
+    assert _open_sockets_to(server.port) == []
 
 
 async def _settled(pool: ConnectionPool) -> None:
@@ -170,3 +212,228 @@ async def test_a_step_that_gave_up_on_a_failing_registration_leaves_no_unretriev
     finally:
         loop.set_exception_handler(None)
     assert logged == []
+
+
+# -- asyncflow's comm backend (aftcp://, aftls://) ------------------------------------------
+
+
+def _stream(messages: list[list[bytes]]) -> bytes:
+    """``messages`` framed as :class:`_Wire` writes them."""
+    out = bytearray()
+    for frames in messages:
+        out += struct.pack(f"<Q{len(frames)}Q", len(frames), *map(len, frames))
+        for frame in frames:
+            out += frame
+    return bytes(out)
+
+
+def _feed(wire: _Wire, data: bytes, cuts: list[int]) -> None:
+    """``data`` into ``wire`` as the socket would read it: into the buffers it asks for,
+    at most ``cuts[k]`` bytes per read (then whatever is left, in reads of 4096)."""
+    at, k = 0, 0
+    while at < len(data):
+        buf = wire.get_buffer(-1)
+        want = cuts[k] if k < len(cuts) else 4096
+        n = max(1, min(want, len(buf), len(data) - at))
+        buf[:n] = data[at : at + n]
+        wire.buffer_updated(n)
+        at, k = at + n, k + 1
+
+
+_frame_sizes = st.one_of(
+    st.integers(0, 64),
+    st.integers(65, 5000),
+    st.sampled_from([(1 << 16) - 17, 1 << 16, (1 << 16) + 1, 200_003]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.lists(_frame_sizes, min_size=0, max_size=4), min_size=1, max_size=5),
+    cuts=st.lists(st.integers(1, 300_000), max_size=40),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_the_wire_reassembles_messages_however_the_socket_splits_them(
+    sizes: list[list[int]], cuts: list[int], seed: int
+) -> None:
+    # Frames smaller and larger than the scratch buffer, empty frames and messages,
+    # several messages per read and a frame table cut anywhere: each message comes
+    # out whole, in order, its frames writable (numpy arrays are made on them).
+    rng = np.random.default_rng(seed)
+    messages = [[rng.bytes(n) for n in frames] for frames in sizes]
+    wire = _Wire()
+    _feed(wire, _stream(messages), cuts)
+    got = list(wire._inbox)
+    assert [[bytes(f) for f in frames] for frames in got] == messages
+    for frames in got:
+        for frame in frames:
+            assert not memoryview(frame).readonly
+    assert wire.error is None
+    assert wire._sizes is None
+
+
+@pytest.mark.parametrize(
+    ("messages", "cuts"),
+    [
+        # Thousands of small messages in reads of 4098 bytes: the scratch buffer fills
+        # to its end with a frame count cut in two, and what is unparsed moves to its
+        # front (the reads and sizes are chosen so that happens).
+        ([[b"x"] for _ in range(6000)], [4098] * 400),
+        # Messages that are all frame table (two empty frames): one larger than what
+        # is left of the scratch buffer moves to its front.
+        ([[b"", b""] for _ in range(5000)], [4099] * 100),
+        # A frame table larger than the scratch buffer (10,000 frames).
+        ([[bytes([k % 251]) for k in range(10_000)], [b"after"]], []),
+    ],
+    ids=["a-count-cut-at-the-scratch-end", "a-table-cut-at-the-scratch-end", "a-wide-table"],
+)
+def test_the_wire_reads_frame_tables_wherever_they_fall(
+    messages: list[list[bytes]], cuts: list[int]
+) -> None:
+    wire = _Wire()
+    _feed(wire, _stream(messages), cuts)
+    assert [[bytes(f) for f in frames] for frames in wire._inbox] == messages
+
+
+def test_a_garbled_frame_table_closes_the_comm() -> None:
+    wire = _Wire()
+    _feed(wire, struct.pack("<Q", 1 << 40), [])
+    assert isinstance(wire.error, CommClosedError)
+    assert "garbled" in str(wire.error)
+
+
+async def _echo_value(comm: Any, x: Any) -> dict[str, Any]:
+    return {"x": to_serialize(x)}  # type: ignore[no-untyped-call]
+
+
+async def _slow(comm: Any) -> dict[str, bool]:
+    await asyncio.sleep(30)
+    return {"ok": True}
+
+
+async def _served(scheme: str = "aftcp", **listen: Any) -> Any:
+    server = Server({"echo": _echo_value, "slow": _slow})  # type: ignore[no-untyped-call]
+    await server
+    await server.listen(f"{scheme}://127.0.0.1:0", **listen)  # type: ignore[no-untyped-call]
+    return server
+
+
+async def test_dask_servers_and_pools_run_over_the_asyncio_backend() -> None:
+    # Dask's own Server, ConnectionPool and send_recv, on the backend: values of every
+    # size (inline, one frame, frames split across reads, a message larger than the
+    # transport's buffer) come back equal, and 20 calls at once share the pool.
+    server = await _served()
+    assert server.address.startswith("aftcp://127.0.0.1:")
+    pool = ConnectionPool(limit=32)
+    await pool.start()
+    try:
+        for n in (0, 1, 1000, 70_000, 6_000_000):
+            value = np.arange(n, dtype=np.float32)
+            wired = to_serialize(value)  # type: ignore[no-untyped-call]
+            back = (await send(pool, server.address, "echo", x=wired))["x"]
+            assert back.dtype == value.dtype
+            assert np.array_equal(back, value)
+            back[...] = 0  # writable
+        replies = await asyncio.gather(
+            *(send(pool, server.address, "echo", x=k) for k in range(20))
+        )
+        assert [r["x"] for r in replies] == list(range(20))
+    finally:
+        await close_pool(pool)
+        await server.close()
+    assert _open_sockets_to(server.port) == []
+
+
+async def test_a_call_cancelled_mid_reply_aborts_its_comm_and_the_pool_goes_on() -> None:
+    server = await _served()
+    pool = ConnectionPool(limit=8)
+    await pool.start()
+    try:
+        call = asyncio.ensure_future(send(pool, server.address, "slow"))
+        await asyncio.sleep(0.05)  # (sent; the handler sleeps)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert pool.open == 0  # its comm was cut, not given back with a reply pending
+        assert (await send(pool, server.address, "echo", x=3))["x"] == 3
+    finally:
+        await close_pool(pool)
+        await server.close()
+
+
+async def test_a_peer_that_goes_away_is_a_comm_closed_error() -> None:
+    server = await _served()
+    pool = ConnectionPool(limit=8)
+    await pool.start()
+    try:
+        call = asyncio.ensure_future(send(pool, server.address, "slow"))
+        await asyncio.sleep(0.05)
+        await server.close()  # (closes its comms)
+        with pytest.raises(CommClosedError):
+            await asyncio.wait_for(call, 10)
+    finally:
+        await close_pool(pool)
+
+
+async def test_unencrypted_asyncflow_comms_are_refused_when_encryption_is_required() -> None:
+    server = Server({})  # type: ignore[no-untyped-call]
+    await server
+    try:
+        with pytest.raises(RuntimeError, match="encryption required"):
+            await server.listen("aftcp://127.0.0.1:0", require_encryption=True)  # type: ignore[no-untyped-call]
+    finally:
+        await server.close()
+
+
+def test_a_pool_of_a_loop_closes_with_the_loop() -> None:
+    # A session's loop ends (asyncio.run returns) with its pool still open: the guard
+    # closed by asyncio's shutdown_asyncgens closes its comms on the loop, so no socket
+    # (and no unclosed transport) outlives it.
+    ready: Future[int] = Future()
+    stop = threading.Event()
+
+    def serve() -> None:
+        async def main() -> None:
+            server = await _served()
+            ready.set_result(server.port)
+            await asyncio.to_thread(stop.wait, 60)
+            await server.close()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        port = ready.result(30)
+
+        async def session_loop() -> None:
+            pool = ConnectionPool(limit=8)
+            await pool.start()
+            guard = closing_with(pool)
+            await anext(guard)
+            _guards.append(guard)  # (held, as the cluster holds it)
+            assert (await send(pool, f"aftcp://127.0.0.1:{port}", "echo", x=1))["x"] == 1
+            assert len(_open_sockets_to(port)) == 1
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            asyncio.run(session_loop())
+            assert _open_sockets_to(port) == []
+            _guards.clear()
+            gc.collect()
+        assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+_guards: list[Any] = []
+
+
+def test_aborting_a_comm_of_a_closed_loop_is_harmless() -> None:
+    loop = asyncio.new_event_loop()
+    wire = _Wire()
+    wire._loop = loop
+    loop.close()
+    wire.abort()
+    assert isinstance(wire.error, CommClosedError)

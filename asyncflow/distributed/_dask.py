@@ -1,19 +1,20 @@
 """The worker service inside a Dask worker process: a ``WorkerPlugin`` that adds
 asyncflow's handlers to the worker's server and hosts the task's own event loop.
 
-Dask's comms carry every message; numpy arrays travel as buffers
+Dask's protocol carries every message; numpy arrays travel as buffers
 (``to_serialize``), partitions, errors and step stats with Dask's pickle (cloudpickle,
 so ``py_func`` bodies ship too).  The task's work runs on an event loop of its own, in
 a thread of its own, so a long step never stalls the worker's heartbeats.
 
-Two servers, both Dask's (``distributed.core.Server``, its comms, protocol and
-security):
+Two servers, both Dask's (``distributed.core.Server``, its protocol and security):
 
 * the Dask worker itself (``worker.handlers``, on Dask's loop) answers ``hello`` (the
   version handshake, which also gives the task service's address), ``ping`` (health
   and lease renewal) and ``client_gone``;
 * the **task service**, a ``Server`` listening on a port of its own on the task's
-  loop, answers everything a step does: ``register_graph``, ``deregister_graph``,
+  loop, on asyncflow's comm backend (``aftcp://`` / ``aftls://``, see
+  :mod:`asyncflow.distributed._comm`: Dask's comms on asyncio's transports), answers
+  everything a step does: ``register_graph``, ``deregister_graph``,
   ``close_session``, ``run_graph``, ``recv_tensor``, ``send_tensor``, ``abort_step``,
   ``cleanup_step`` and ``reset``.  A message is handled where the step runs: no hop
   between threads per message (each hop cost a wake-up of the other loop and a fight
@@ -49,7 +50,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, TypeVar
 
 import numpy as np
@@ -68,6 +69,7 @@ from tornado.ioloop import PeriodicCallback
 
 import asyncflow
 from asyncflow import errors
+from asyncflow.distributed._comm import service_scheme
 from asyncflow.distributed.worker import WorkerEnv
 
 __all__ = [
@@ -78,6 +80,7 @@ __all__ = [
     "AsyncflowWorker",
     "abandon_pool",
     "close_pool",
+    "closing_with",
     "local_identity",
     "send",
     "unavailable",
@@ -236,6 +239,16 @@ def abandon_pool(pool: ConnectionPool) -> None:
     comms: list[Any] = [c for d in (pool.available, pool.occupied) for cs in d.values() for c in cs]
     for comm in comms:
         comm.abort()
+
+
+async def closing_with(pool: ConnectionPool) -> AsyncGenerator[None, None]:
+    """Held open while ``pool`` serves its loop; asyncio closes it before the loop
+    closes (``shutdown_asyncgens``), and closing it aborts the pool's comms there.
+    Advance it once on the loop to register it."""
+    try:
+        yield
+    finally:
+        abandon_pool(pool)
 
 
 def unavailable(task: str, address: str, exc: BaseException) -> errors.UnavailableError:
@@ -441,6 +454,7 @@ class AsyncflowWorker(WorkerPlugin):
         )
         await server
         scheme, loc = parse_address(worker.listener.listen_address)
+        scheme = service_scheme(scheme)
         host, _ = parse_host_port(loc)
         await server.listen(  # (allow_offload: as for ``send``, no sizeof per message)
             f"{scheme}://{unparse_host_port(host, 0)}",

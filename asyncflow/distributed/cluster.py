@@ -30,7 +30,7 @@ import asyncio
 import copy
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
@@ -46,6 +46,7 @@ from asyncflow.distributed._dask import (
     AsyncflowWorker,
     abandon_pool,
     close_pool,
+    closing_with,
     local_identity,
     send,
 )
@@ -176,7 +177,8 @@ class Cluster:
         self._calls: dict[str, set[asyncio.Task[Any]]] = {}
         self._severed: set[asyncio.Task[Any]] = set()
         # Loop → the connection pool of calls made on it (see _pool).
-        self._pools: dict[asyncio.AbstractEventLoop, Any] = {}
+        #: Loop → (its connection pool, the guard that closes it with the loop).
+        self._pools: dict[asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[None, None]]] = {}
         self._watchers: list[Callable[[str, errors.UnavailableError], None]] = []
         #: Master session handles of this client (renewed on every task by the pings).
         self.sessions: set[str] = set()
@@ -618,32 +620,40 @@ class Cluster:
     async def _pool(self) -> Any:
         """The connection pool for calls made on the running loop: the client's own on
         its loop, a pool configured like it on any other loop (a session's), so a step
-        talks to the tasks without hopping to the client's thread and back."""
+        talks to the tasks without hopping to the client's thread and back.
+
+        A pool of another loop closes with that loop: a guard (:func:`closing_with`)
+        that asyncio's ``shutdown_asyncgens`` closes (``asyncio.run``, ``Runner``,
+        pytest-asyncio) aborts its comms on the loop before the loop closes; a
+        transport cannot be closed once its loop is."""
         loop = asyncio.get_running_loop()
         if loop is self._loop:
             return self.client.rpc
-        pool = self._pools.get(loop)
-        if pool is None:
-            own = self.client.rpc
-            pool = _dask.core.ConnectionPool(
-                limit=own.limit,
-                serializers=own.serializers,
-                deserializers=own.deserializers,
-                connection_args=own.connection_args,
-                timeout=own.timeout,
-            )
-            await pool.start()  # never suspends: no second pool is made meanwhile
-            with self._lock:
-                self._drop_pools(lambda other: other.is_closed())
-                self._pools[loop] = pool
+        held = self._pools.get(loop)
+        if held is not None:
+            return held[0]
+        own = self.client.rpc
+        pool = _dask.core.ConnectionPool(
+            limit=own.limit,
+            serializers=own.serializers,
+            deserializers=own.deserializers,
+            connection_args=own.connection_args,
+            timeout=own.timeout,
+        )
+        await pool.start()  # never suspends: no second pool is made meanwhile
+        guard = closing_with(pool)
+        await anext(guard)  # (never suspends either: it only registers with the loop)
+        with self._lock:
+            self._drop_pools(lambda other: other.is_closed())
+            self._pools[loop] = (pool, guard)
         return pool
 
     def _drop_pools(self, which: Callable[[asyncio.AbstractEventLoop], bool]) -> None:
         """Close the pools of the loops ``which`` selects (under the lock)."""
         for loop in [loop for loop in self._pools if which(loop)]:
-            pool = self._pools.pop(loop)
+            pool, _ = self._pools.pop(loop)
             if loop.is_closed() or not loop.is_running():
-                abandon_pool(pool)  # nothing runs there: close the sockets here
+                abandon_pool(pool)  # nothing runs there: close what can be closed here
             else:
                 loop.call_soon_threadsafe(abandon_pool, pool)
 
@@ -804,9 +814,10 @@ class Cluster:
     async def close(self) -> None:
         """Close the client (and the Dask cluster it started); idempotent."""
         with self._lock:
-            pool = self._pools.pop(asyncio.get_running_loop(), None)
-        if pool is not None:
-            await close_pool(pool)
+            held = self._pools.pop(asyncio.get_running_loop(), None)
+        if held is not None:
+            await close_pool(held[0])
+            await held[1].aclose()
         if self._own_loop is None and self.client is not None and self.client.asynchronous:
             if not self._closed:  # an asynchronous client of the caller: its loop is ours
                 self._closed = True
