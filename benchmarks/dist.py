@@ -10,7 +10,8 @@ repeat, beside Dask's own anchor on the same workers through the same client:
   give Dask's own client→worker round trip (one message to a worker handler and its
   answer), both from the benchmark's loop through a connection pool of that loop (as
   a step's messages go) and through the Dask client's loop (a hop to its thread and
-  back, as any call from another loop pays), and the step's ratio to each; and
+  back, as any call from another loop pays), and the step's ratio to each (the
+  target: at most 1.5x the second, medians); and
   Dask's floor for the step's own shape (the same five messages, three in a row,
   between handlers of Dask's own worker servers that compute nothing), and for an
   rpc relayed through worker 0 to worker 1 (four in a row), with the step's ratios.
@@ -46,6 +47,8 @@ import numpy as np
 from benchmarks import report
 from benchmarks.report import Row, Target
 
+#: DESIGN §4: a 2-task step at most this many of Dask's own client->worker round trips.
+_RTT_TARGET = 1.5
 W0 = "/job:worker/task:0"
 W1 = "/job:worker/task:1"
 
@@ -201,6 +204,12 @@ class _Bench:
             await pool.close()
         row.record(ours, anchor, per=lambda t: t * 1e3)
         step_ms = _median(ours) * 1e3
+        ratio = step_ms / (_median(rtt) * 1e3)
+        row.notes.append(
+            f"target: a step <= {_RTT_TARGET}x Dask's client->worker round trip through "
+            f"the Dask client's loop (medians): {ratio:.2f}x, "
+            + ("met" if ratio <= _RTT_TARGET else "NOT met")
+        )
         for what, times in (
             ("from this loop, a pool of its own", rtt_here),
             ("through the Dask client's loop", rtt),
