@@ -306,9 +306,22 @@ async def _echo_value(comm: Any, x: Any) -> dict[str, Any]:
     return {"x": to_serialize(x)}  # type: ignore[no-untyped-call]
 
 
+#: Set by ``_slow`` once it runs (the servers of these tests run on the test's loop).
+_slow_started: list[asyncio.Event] = []
+
+
 async def _slow(comm: Any) -> dict[str, bool]:
+    _slow_started[-1].set()
     await asyncio.sleep(30)
     return {"ok": True}
+
+
+async def _call_slow(pool: ConnectionPool, address: str) -> asyncio.Future[Any]:
+    """A call of ``_slow``, once its handler runs (the request sent and read)."""
+    _slow_started.append(asyncio.Event())
+    call = asyncio.ensure_future(send(pool, address, "slow"))
+    await asyncio.wait_for(_slow_started[-1].wait(), 10)
+    return call
 
 
 async def _served(scheme: str = "aftcp", **listen: Any) -> Any:
@@ -349,8 +362,7 @@ async def test_a_call_cancelled_mid_reply_aborts_its_comm_and_the_pool_goes_on()
     pool = ConnectionPool(limit=8)
     await pool.start()
     try:
-        call = asyncio.ensure_future(send(pool, server.address, "slow"))
-        await asyncio.sleep(0.05)  # (sent; the handler sleeps)
+        call = await _call_slow(pool, server.address)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
@@ -366,8 +378,7 @@ async def test_a_peer_that_goes_away_is_a_comm_closed_error() -> None:
     pool = ConnectionPool(limit=8)
     await pool.start()
     try:
-        call = asyncio.ensure_future(send(pool, server.address, "slow"))
-        await asyncio.sleep(0.05)
+        call = await _call_slow(pool, server.address)
         await server.close()  # (closes its comms)
         with pytest.raises(CommClosedError):
             await asyncio.wait_for(call, 10)
