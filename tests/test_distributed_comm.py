@@ -8,12 +8,13 @@ landed at the exact moment that used to lose a socket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import socket
 import struct
 import threading
 import warnings
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
@@ -331,15 +332,26 @@ async def _served(scheme: str = "aftcp", **listen: Any) -> Any:
     return server
 
 
+@contextlib.asynccontextmanager
+async def _server_and_pool(limit: int = 8) -> AsyncIterator[tuple[Any, ConnectionPool]]:
+    """A server on asyncflow's backend and a pool to call it; both closed after (a
+    server the test closed itself closes again harmlessly)."""
+    server = await _served()
+    pool = ConnectionPool(limit=limit)
+    await pool.start()
+    try:
+        yield server, pool
+    finally:
+        await close_pool(pool)
+        await server.close()
+
+
 async def test_dask_servers_and_pools_run_over_the_asyncio_backend() -> None:
     # Dask's own Server, ConnectionPool and send_recv, on the backend: values of every
     # size (inline, one frame, frames split across reads, a message larger than the
     # transport's buffer) come back equal, and 20 calls at once share the pool.
-    server = await _served()
-    assert server.address.startswith("aftcp://127.0.0.1:")
-    pool = ConnectionPool(limit=32)
-    await pool.start()
-    try:
+    async with _server_and_pool(limit=32) as (server, pool):
+        assert server.address.startswith("aftcp://127.0.0.1:")
         for n in (0, 1, 1000, 70_000, 6_000_000):
             value = np.arange(n, dtype=np.float32)
             wired = to_serialize(value)  # type: ignore[no-untyped-call]
@@ -351,39 +363,25 @@ async def test_dask_servers_and_pools_run_over_the_asyncio_backend() -> None:
             *(send(pool, server.address, "echo", x=k) for k in range(20))
         )
         assert [r["x"] for r in replies] == list(range(20))
-    finally:
-        await close_pool(pool)
-        await server.close()
     assert _open_sockets_to(server.port) == []
 
 
 async def test_a_call_cancelled_mid_reply_aborts_its_comm_and_the_pool_goes_on() -> None:
-    server = await _served()
-    pool = ConnectionPool(limit=8)
-    await pool.start()
-    try:
+    async with _server_and_pool() as (server, pool):
         call = await _call_slow(pool, server.address)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
         assert pool.open == 0  # its comm was cut, not given back with a reply pending
         assert (await send(pool, server.address, "echo", x=3))["x"] == 3
-    finally:
-        await close_pool(pool)
-        await server.close()
 
 
 async def test_a_peer_that_goes_away_is_a_comm_closed_error() -> None:
-    server = await _served()
-    pool = ConnectionPool(limit=8)
-    await pool.start()
-    try:
+    async with _server_and_pool() as (server, pool):
         call = await _call_slow(pool, server.address)
         await server.close()  # (closes its comms)
         with pytest.raises(CommClosedError):
             await asyncio.wait_for(call, 10)
-    finally:
-        await close_pool(pool)
 
 
 async def test_unencrypted_asyncflow_comms_are_refused_when_encryption_is_required() -> None:
