@@ -1,12 +1,14 @@
-"""Shared fixtures: a fresh default graph per test, a check that nothing leaks, and
+"""Shared fixtures: a fresh default graph per test, a check that nothing leaks,
 kernels that hang until released or cancelled (one definition for every test that
-needs a step held open)."""
+needs a step held open), and Dask TLS security with a certificate made for the test."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -127,3 +129,42 @@ def hanging_kernel() -> Iterator[Hangs]:
     hangs = Hangs()
     yield hangs
     hangs.release_all()
+
+
+@pytest.fixture
+def tls_security(tmp_path: Path) -> Any:
+    """Dask ``Security`` with a self-signed certificate made here (openssl), for every
+    role (what ``Security.temporary()`` does with the ``cryptography`` package), TLS
+    required."""
+    from distributed.security import Security
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-subj",
+            "/CN=asyncflow-test",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    files = {
+        f"tls_{role}_{kind}": str(path)
+        for role in ("client", "scheduler", "worker")
+        for kind, path in (("cert", cert), ("key", key))
+    }
+    return Security(tls_ca_file=str(cert), require_encryption=True, **files)  # type: ignore[no-untyped-call]

@@ -363,45 +363,8 @@ async def test_version_mismatch_missing_asyncflow_and_removed_plugin_name_the_wo
         await afd.Cluster.connect(address, jobs={"ps": ["late-0"]}, timeout_s=3)
 
 
-def _tls(tmp: Path) -> Any:
-    """Dask ``Security`` with a self-signed certificate made here (openssl), for every
-    role (what ``Security.temporary()`` does with the ``cryptography`` package)."""
-    from distributed.security import Security
-
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-subj",
-            "/CN=asyncflow-test",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    files = {
-        f"tls_{role}_{kind}": str(path)
-        for role in ("client", "scheduler", "worker")
-        for kind, path in (("cert", cert), ("key", key))
-    }
-    return Security(tls_ca_file=str(cert), require_encryption=True, **files)  # type: ignore[no-untyped-call]
-
-
-async def test_tls_local_cluster_and_connect_with_security(tmp_path: Path) -> None:
-    security = _tls(tmp_path)
+async def test_tls_local_cluster_and_connect_with_security(tls_security: Any) -> None:
+    security = tls_security
     g = af.Graph()
     with g.as_default():
         with af.device(PS):

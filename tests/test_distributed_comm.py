@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import socket
+import ssl
 import struct
 import threading
 import warnings
@@ -382,6 +383,40 @@ async def test_a_peer_that_goes_away_is_a_comm_closed_error() -> None:
         await server.close()  # (closes its comms)
         with pytest.raises(CommClosedError):
             await asyncio.wait_for(call, 10)
+
+
+async def test_aftls_carries_messages_over_tls_with_dasks_security(tls_security: Any) -> None:
+    # The TLS twin: Dask's Security makes the contexts (mutual TLS, as Dask's tls://),
+    # small and large messages come back equal, and a client without a certificate
+    # is refused.
+    listen = tls_security.get_listen_args("worker")
+    connect = tls_security.get_connection_args("client")
+    server = await _served("aftls", **listen)
+    assert server.address.startswith("aftls://127.0.0.1:")
+    pool = ConnectionPool(limit=8, connection_args=connect, timeout=10)
+    await pool.start()
+    try:
+        for n in (1, 3_000_000):
+            value = np.arange(n, dtype=np.float64)
+            wired = to_serialize(value)  # type: ignore[no-untyped-call]
+            back = (await send(pool, server.address, "echo", x=wired))["x"]
+            assert np.array_equal(back, value)
+        location = server.address.split("://")[1]
+        with pytest.raises(TypeError, match="ssl_context"):
+            await _comm._Connector("aftls://").connect(location)
+        # Trusting the server but without a certificate of its own: refused.
+        anonymous = ssl.create_default_context(cafile=tls_security.tls_ca_file)
+        anonymous.check_hostname = False
+        stranger = ConnectionPool(limit=1, connection_args={"ssl_context": anonymous})
+        await stranger.start()
+        try:
+            with pytest.raises(CommClosedError, match="closed"):
+                await asyncio.wait_for(send(stranger, server.address, "echo", x=1), 20)
+        finally:
+            await close_pool(stranger)
+    finally:
+        await close_pool(pool)
+        await server.close()
 
 
 async def test_unencrypted_asyncflow_comms_are_refused_when_encryption_is_required() -> None:
