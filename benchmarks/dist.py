@@ -47,7 +47,8 @@ import numpy as np
 from benchmarks import report
 from benchmarks.report import Row, Target
 
-#: DESIGN §4: a 2-task step at most this many of Dask's own client->worker round trips.
+#: The target: a 2-task step costs at most this many of Dask's own client->worker
+#: round trips (through the Dask client's loop, medians).
 _RTT_TARGET = 1.5
 W0 = "/job:worker/task:0"
 W1 = "/job:worker/task:1"
