@@ -2,7 +2,7 @@
 caller's task (no task group, no task); everything else — results, errors naming the
 node, deadlines, caller cancellation, aborts (``Session.close``, a failure on another
 device) — behaves as on the task-group path, and the caller's task is left exactly
-as it was (no stray cancellation, ``current_step`` reset)."""
+as it was (no stray cancellation, its context untouched)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
+from asyncflow.runtime.cancellation import awaiting, running
 from asyncflow.runtime.step import current_step
 
 if TYPE_CHECKING:
@@ -161,17 +162,22 @@ async def test_failure_on_another_device_aborts_the_lone_kernel(hanging_kernel: 
 
 
 @pytest.mark.parametrize("fails", [False, True])
-async def test_lone_kernel_sees_numpy_quiet_and_its_step_and_the_caller_gets_its_own_back(
+async def test_lone_kernel_runs_in_its_callers_context_and_finds_its_step(
     fails: bool,
 ) -> None:
-    """The step holds the context's previous values across the kernel's await (no
-    ``Token``): the kernel runs with numpy's warnings off and ``current_step`` set, and
-    the caller's values are back afterwards, whether the step returned or failed."""
+    """The step sets nothing in its caller's context while it waits (a context variable
+    set is a new context map, two objects per step in flight): the kernel runs in the
+    caller's context, numpy's error state and ``current_step`` as the caller has them,
+    and finds its own step through ``running()`` (its cancellation manager too); the
+    caller's values are the same objects afterwards, whether the step returned or
+    failed, and nothing stays registered for the task."""
     seen: list[Any] = []
 
     async def look(v: Any) -> Any:
         await asyncio.sleep(0)
-        seen.append((np.geterr()["divide"], current_step.get()))
+        seen.append(
+            (np.geterr()["divide"], current_step.get(), running(), af.get_cancellation_manager())
+        )
         if fails:
             raise ValueError("kernel says no")
         return v
@@ -192,9 +198,34 @@ async def test_lone_kernel_sees_numpy_quiet_and_its_step_and_the_caller_gets_its
             finally:
                 current_step.reset(outer)
     assert len(seen) == 1
-    assert seen[0][0] == "ignore"
-    assert seen[0][1] is not None
-    assert seen[0][1] is not marker
+    divide, in_context, step, manager = seen[0]
+    assert divide == "warn"  # the caller's, as any coroutine it awaits sees it
+    assert in_context is marker
+    assert step is not None
+    assert step is not marker
+    assert manager is step.cancellation_manager()
+    assert awaiting == {}
+    assert running() is None
+
+
+async def test_inline_kernels_run_with_numpy_quiet_on_either_side_of_the_await() -> None:
+    """The step's own code (the inline kernels it drains, before and after the kernel
+    it awaits) runs with numpy's warnings off, as TF's kernels never warn."""
+
+    async def later(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, shape=(), name="x")
+        zero = af.constant(np.float32(0.0))
+        before = af.divide(x, zero)  # inf, divide by zero: before the await
+        waited = af.py_func(later, [before], af.float32, name="io")
+        y = af.divide(af.minimum(waited, x), zero)  # 1 / 0 again, after it
+    async with af.Session(graph=g) as sess:
+        with np.errstate(all="raise"):
+            assert await sess.run(y, {x: 1.0}) == np.inf
 
 
 async def test_lone_kernel_raising_as_it_is_called_fails_its_node() -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
-from asyncflow.runtime.cancellation import get_cancellation_manager
+from asyncflow.runtime.cancellation import awaiting, get_cancellation_manager, running
 from asyncflow.runtime.step import current_step
 
 if TYPE_CHECKING:
@@ -317,8 +317,8 @@ async def test_cancellation_manager_fires_before_a_thread_kernel_is_cancelled(
     _assert_clean(before)
 
 
-async def test_current_step_is_the_kernels_own_partition(group: af.ExecutorOptions) -> None:
-    """Async kernels see their own step as ``current_step`` (what a function call
+async def test_the_running_step_is_the_kernels_own_partition(group: af.ExecutorOptions) -> None:
+    """Async kernels find their own step through ``running()`` (what a function call
     joins for tracing), in a task or in the caller's task, on either device, also
     when a hand-off from the other device started them; none is left set after."""
     seen: dict[str, list[Any]] = {"a": [], "b": [], "c": []}
@@ -326,7 +326,7 @@ async def test_current_step_is_the_kernels_own_partition(group: af.ExecutorOptio
     def probe(name: str) -> Any:
         async def kernel(v: Any) -> Any:
             await asyncio.sleep(0)
-            seen[name].append(current_step.get())
+            seen[name].append(running())
             return v
 
         return kernel
@@ -344,6 +344,7 @@ async def test_current_step_is_the_kernels_own_partition(group: af.ExecutorOptio
         assert await sess.run(y, {x: 1.0}) == np.float32(1.0 + 2.0 + 2.0)
         assert await sess.run(a + b, {x: 1.0}) == np.float32(3.0)
     assert current_step.get() is None
+    assert awaiting == {}
     first_a, first_b, first_c = seen["a"][0], seen["b"][0], seen["c"][0]
     assert first_a is not None
     assert first_a is first_b  # one partition, one step

@@ -42,7 +42,7 @@ from asyncflow.framework.shapes import TensorShape
 from asyncflow.ops import onednn
 from asyncflow.ops._base import define_op, make_op
 from asyncflow.ops.nn_ops import channel_rows
-from asyncflow.runtime.cancellation import running_step
+from asyncflow.runtime.cancellation import running
 from asyncflow.runtime.devices import LocalDevice, available_cores, blas_governor, ready_now
 from asyncflow.runtime.resources import WOULD_BLOCK
 
@@ -544,7 +544,7 @@ def _unboosted(kernel: Callable[..., Any], *args: Any) -> Any:
 
 def _step_device() -> LocalDevice | None:
     """The device whose step is running this kernel (None outside a step)."""
-    device = getattr(running_step.get(), "device", None)
+    device = getattr(running(), "device", None)
     return device if isinstance(device, LocalDevice) else None
 
 

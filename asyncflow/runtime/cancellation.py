@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+from asyncio import current_task
+from asyncio.events import _get_running_loop
 from collections.abc import Callable
 from typing import Any
 
@@ -21,12 +23,30 @@ __all__ = ["CancellationManager", "get_cancellation_manager"]
 
 logger = logging.getLogger("asyncflow.cancellation")
 
-#: The step running in this context (``asyncflow.runtime.step.current_step``, set by
-#: ``Step.run`` and inherited by its tasks and threads): a kernel's manager is its
-#: step's, so one context variable is set per step for both.
+#: The step of work that runs outside a step's tasks (``asyncflow.runtime.step.
+#: current_step``): set in the context a thread kernel or a hand-off callback runs in.
 running_step: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "asyncflow_current_step", default=None
 )
+
+#: The step awaiting a kernel in a task, by task: an async kernel runs in its task's
+#: own context, with no context variable set for it (setting one makes a new context
+#: map, two more objects for the cycle collector per step in flight), and finds its
+#: step here.  Set around the await, the previous entry put back after (a function
+#: call's nested step awaits in its caller's task); an entry never outlives its await.
+awaiting: dict[Any, Any] = {}
+
+
+def running() -> Any:
+    """The step running the calling kernel, or None: the one awaiting the current
+    task's kernel, else the context's (a thread kernel's, a hand-off's)."""
+    if awaiting:
+        loop = _get_running_loop()
+        if loop is not None:
+            step = awaiting.get(current_task(loop))
+            if step is not None:
+                return step
+    return running_step.get()
 
 
 #: Guards every manager's callbacks: registering and cancelling are rare and short,
@@ -94,5 +114,5 @@ class CancellationManager:
 
 def get_cancellation_manager() -> CancellationManager | None:
     """The running step's cancellation manager (``None`` outside a kernel)."""
-    step = running_step.get()
+    step = running()
     return step.cancellation_manager() if step is not None else None

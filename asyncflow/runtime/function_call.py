@@ -28,9 +28,9 @@ from asyncflow.config import ExecutorOptions, OptimizerOptions
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import BoundPlan, bind
 from asyncflow.runtime.call_frame import CallFrame
-from asyncflow.runtime.cancellation import get_cancellation_manager
+from asyncflow.runtime.cancellation import get_cancellation_manager, running
 from asyncflow.runtime.devices import LocalDevice
-from asyncflow.runtime.step import SLICE, Step, current_step
+from asyncflow.runtime.step import SLICE, Step
 
 __all__ = ["compile_body", "make_call_kernel"]
 
@@ -96,7 +96,7 @@ def make_call_kernel(
     bound, retval_map = body.bound, body.retval_map
 
     async def call(*args: Any) -> Any:
-        caller = current_step.get()
+        caller = running()
         trace = caller is not None and caller.tracing
         step = Step(bound, CallFrame(args), trace, None, get_cancellation_manager())
         try:

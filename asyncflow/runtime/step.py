@@ -64,7 +64,7 @@ from asyncflow.config import StepStats
 from asyncflow.framework import registry
 from asyncflow.runtime.bind import SEND_TOKEN, BoundNode, BoundPlan, RecvKernel, SendKernel
 from asyncflow.runtime.call_frame import CallFrame
-from asyncflow.runtime.cancellation import CancellationManager, running_step
+from asyncflow.runtime.cancellation import CancellationManager, awaiting, running_step
 from asyncflow.runtime.handoff import (
     HandoffQueue,
     RecvWaiter,
@@ -76,9 +76,7 @@ from asyncflow.runtime.interpreter import ProgramPropagator, program_of
 from asyncflow.runtime.kernel_env import (
     call_in_thread,
     quiet_numpy,
-    quiet_numpy_held,
     restore_numpy,
-    restore_numpy_held,
 )
 from asyncflow.runtime.loop_fastpath import fast_loops
 from asyncflow.runtime.observe.trace import StepTrace, observe_trace
@@ -112,12 +110,20 @@ _CM_LOCK = threading.Lock()
 
 _ASYNC = registry.ASYNC
 
-#: The step running in this context: set by ``Step.run`` for its duration (its tasks
-#: inherit it) and by an async node whose task was made elsewhere (a hand-off drains
-#: a step on another's stack): a function call kernel runs its body as a nested step
-#: that joins this one's tracing, and kernels find their cancellation manager through
-#: it (:func:`~asyncflow.runtime.cancellation.get_cancellation_manager`).
+#: The step of the work running in this context, for work outside the step's tasks:
+#: a thread kernel's context and a hand-off callback's (:meth:`Step._kernel_context`).
+#: An async kernel finds its step through ``cancellation.awaiting`` instead, and every
+#: kernel through :func:`~asyncflow.runtime.cancellation.running` (a function call
+#: kernel's nested step joins its caller's tracing; kernels find their cancellation
+#: manager, :func:`~asyncflow.runtime.cancellation.get_cancellation_manager`).
 current_step: contextvars.ContextVar[Step | None] = running_step
+
+
+def _enter_context(step: Step) -> None:
+    current_step.set(step)
+    quiet_numpy()
+
+
 _SEND = registry.SEND
 _RECV = registry.RECV
 
@@ -278,20 +284,15 @@ class Step:
         frame, and a helper coroutine around that await would be the coroutine level
         per step in flight this avoids.)
         """
-        before = current_step.get()
-        current_step.set(self)  # its tasks and kernels inherit it (and its manager)
         # Traced kernels (shared by every traced step of the plan) find their step here;
-        # tasks and recv callbacks made during the step inherit it.
+        # tasks and recv callbacks made during the step inherit it.  Nothing else is
+        # set in the caller's context: the kernels awaited find their step through
+        # ``awaiting``, and numpy is quiet while the step's own code drains.
         tracing = self._trace.on() if self._trace is not None else None
-        quiet = quiet_numpy_held()
         try:
             # (Nothing ready, the common case after the driver's inline slice: no drain.)
             prop = self._prop
-            finished = (
-                self._error is not None
-                or not prop.has_ready()
-                or prop.drain(time.perf_counter() + SLICE)
-            )
+            finished = self._error is not None or not prop.has_ready() or self._drain_quiet(prop)
             del prop
             if self._error is None and (not finished or self._outstanding):
                 self._loop = asyncio.get_running_loop()
@@ -311,10 +312,18 @@ class Step:
                             try:
                                 # (A kernel that raises as it is called fails its node too.)
                                 self._alone, self._alone_aborted, self._alone_node = task, False, i
-                                work, convert = self._async_work(self._nodes[i].kernel, args)
-                                del args  # (not kept while the kernel runs)
-                                self._prop.idle()  # (nothing ready: one object less held)
-                                v = await work
+                                outer = awaiting.get(task)  # (a function call's caller)
+                                awaiting[task] = self  # the kernel's step, see running()
+                                try:
+                                    work, convert = self._async_work(self._nodes[i].kernel, args)
+                                    del args  # (not kept while the kernel runs)
+                                    self._prop.idle()  # (nothing ready: one object less held)
+                                    v = await work
+                                finally:
+                                    if outer is None:
+                                        del awaiting[task]
+                                    else:
+                                        awaiting[task] = outer
                                 del work
                                 if convert is not None:
                                     v = convert(v)
@@ -365,10 +374,8 @@ class Step:
             clear_frames(exc)  # the task group's frames hold it: no cycle left behind
             raise
         finally:
-            restore_numpy_held(quiet)
             if tracing is not None:
                 StepTrace.off(tracing)
-            current_step.set(before)
         if self._error is not None:
             raise self._error
         return self._retvals()
@@ -520,7 +527,7 @@ class Step:
                 if prop.has_ready():
                     if self._trace is not None:
                         self._trace.boundary()
-                    if not prop.drain(time.perf_counter() + SLICE):
+                    if not self._drain_quiet(prop):
                         await asyncio.sleep(0)  # deadlines, cancels and tasks run
                     continue
                 if not self._outstanding:
@@ -638,8 +645,24 @@ class Step:
             return
         if self._trace is not None:
             self._trace.boundary()
-        if not self._prop.drain(time.perf_counter() + SLICE):
+        if not self._drain_quiet(self._prop):
             self._wake()
+
+    def _drain_quiet(self, prop: Propagator) -> bool:
+        """``prop.drain`` for one time slice, numpy quiet meanwhile (the step's code
+        sets it only while it drains: a context holds nothing of a waiting step)."""
+        quiet = quiet_numpy()
+        try:
+            return prop.drain(time.perf_counter() + SLICE)
+        finally:
+            restore_numpy(quiet)
+
+    def _kernel_context(self) -> contextvars.Context:
+        """A context for work that runs outside the step's tasks (a thread kernel, a
+        hand-off callback): the caller's, with this step running and numpy quiet."""
+        ctx = contextvars.copy_context()
+        ctx.run(_enter_context, self)
+        return ctx
 
     # -- dispatching (called by the propagator) ---------------------------------------------
 
@@ -789,7 +812,7 @@ class Step:
             self._spare = None  # the rendezvous holds it now
             self._outstanding += 1
             if self._ctx is None:
-                self._ctx = contextvars.copy_context()
+                self._ctx = self._kernel_context()
         return item
 
     def _start_task(
@@ -825,12 +848,12 @@ class Step:
         keep = False  # a task leaves _tasks as its body ends, unless it raises (below)
         try:
             try:
-                work, convert, reset = self._start_kernel(self._nodes[i], args, label)
+                outer = self._awaits_here()
                 try:
+                    work, convert = self._start_kernel(self._nodes[i], args, label)
                     v = await work
                 finally:
-                    if reset is not None:
-                        current_step.reset(reset)
+                    self._awaited_here(outer)
                 if convert is not None:
                     v = convert(v)
             except BaseException as exc:
@@ -843,6 +866,22 @@ class Step:
         finally:
             if not keep and self._tasks is not None:
                 self._tasks.discard(asyncio.current_task(self._loop))
+
+    def _awaits_here(self) -> Step | None:
+        """This step awaits a kernel in the current task (``running()`` finds it); the
+        step that did before, if any, to put back after.  (The task is asked for, not
+        kept in the awaiting frame: a failure's traceback would hold a cycle.)"""
+        task = asyncio.current_task(self._loop)
+        outer: Step | None = awaiting.get(task)
+        awaiting[task] = self
+        return outer
+
+    def _awaited_here(self, outer: Step | None) -> None:
+        task = asyncio.current_task(self._loop)
+        if outer is None:
+            del awaiting[task]
+        else:
+            awaiting[task] = outer
 
     def _kernel_raised(self, i: int, exc: BaseException, alone: bool) -> tuple[bool, bool]:
         """THE rule for an awaited kernel (async or thread node ``i``) that raised:
@@ -869,24 +908,19 @@ class Step:
 
     def _start_kernel(
         self, node: BoundNode, args: list[Any], label: tuple[str, int] | None
-    ) -> tuple[Any, Callable[[Any], Any] | None, Any]:
-        """(what to await, the conversion of its result or None, the ``current_step``
-        token to reset after or None) for an async or thread node."""
+    ) -> tuple[Any, Callable[[Any], Any] | None]:
+        """(what to await, the conversion of its result or None) for an async or
+        thread node."""
         if node.flow != _ASYNC:
             return (
                 self._bound.device.run_in_thread(
-                    call_in_thread, contextvars.copy_context(), node.kernel, args
+                    call_in_thread, self._kernel_context(), node.kernel, args
                 ),
-                None,
                 None,
             )
         if label is not None:  # what a traced kernel records (frame, iteration)
             self._trace.label = label  # type: ignore[union-attr]
-        reset = None
-        if current_step.get() is not self:  # (the task's context has it)
-            reset = current_step.set(self)  # undone after: the caller's task
-        work, convert = self._async_work(node.kernel, args)
-        return work, convert, reset
+        return self._async_work(node.kernel, args)
 
     def _async_work(
         self, kernel: Callable[..., Any], args: list[Any]
@@ -1008,7 +1042,7 @@ class Step:
             return
         if self._trace is not None:
             self._trace.boundary()
-        if not prop.drain(time.perf_counter() + SLICE):
+        if not self._drain_quiet(prop):
             self._wake()  # the waiting loop goes on draining after a yield
         elif self._error is not None:
             self._wake()
