@@ -97,6 +97,11 @@ _CLEANUP_TIMEOUT = 10.0
 _ABORT_GRACE = 5.0
 
 
+def _receives(plans: Sequence[Plan]) -> bool:
+    """Whether these partitions of a task receive a value from another task."""
+    return any(node.op == "_Recv" for plan in plans for node in plan.partition.nodes)
+
+
 class DistributedCall(CompiledCall):
     """A compiled signature over local and remote partitions."""
 
@@ -140,6 +145,10 @@ class DistributedCall(CompiledCall):
             offsets[p] = sum(len(q.partition.retvals) for q in mine)
             where[p] = (task, len(mine))
             mine.append(plan)
+        # Tasks that receive nothing from another task first: a step's first message
+        # goes to a producer (whose push and answer are the step's critical path), the
+        # consumers' after it (they wait for the push anyway).
+        self.remote = dict(sorted(self.remote.items(), key=lambda item: _receives(item[1])))
         #: fetch k → ("", feed index) | (LOCAL_TASK, local partition, index) |
         #: (task, flat index into that task's returned values)
         self.sources: list[tuple[str, int, int]] = []
