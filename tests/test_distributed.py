@@ -105,6 +105,39 @@ def test_devices_and_tasks_bound_by_worker_name(cluster: Any) -> None:
     }
 
 
+async def test_a_tasks_loop_packs_messages_without_mapping_memory_each_time(
+    cluster: Any,
+) -> None:
+    # Dask's nanny sets MALLOC_TRIM_THRESHOLD_ in its workers, which freezes glibc's mmap
+    # threshold at 128 KiB: a 256 KiB buffer (msgpack packs every message into one)
+    # was mapped, or given back and faulted in, every time.  The plugin raises both
+    # thresholds: on the task's loop, 200 such buffers fault no page in.
+    def faults(dask_worker: Any) -> dict[str, Any]:
+        import resource
+
+        async def churn() -> int:
+            before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            for _ in range(200):
+                buffer = bytearray(256 << 10)  # zeroed: every page written
+                del buffer
+            return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+        loop = dask_worker.plugins["asyncflow"]._task_loop.loop
+        churn_once = asyncio.run_coroutine_threadsafe(churn(), loop).result(30)  # (warm)
+        return {
+            "faults": asyncio.run_coroutine_threadsafe(churn(), loop).result(30),
+            "first": churn_once,
+            "env": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+        }
+
+    async def run() -> dict[str, dict[str, Any]]:
+        return await cluster.client.run(faults)  # type: ignore[no-any-return]
+
+    for found in (await cluster._call(run())).values():
+        assert found["env"] is not None  # (Dask's setting, which made it matter)
+        assert found["faults"] < 50, found  # 200 x 64 pages when each was mapped
+
+
 async def test_steps_are_served_on_each_tasks_own_loop_and_sent_from_the_steps(
     cluster: Any,
 ) -> None:

@@ -71,6 +71,7 @@ import asyncflow
 from asyncflow import errors
 from asyncflow.distributed._comm import service_scheme
 from asyncflow.distributed.worker import WorkerEnv
+from asyncflow.runtime.malloc import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, raise_to
 
 __all__ = [
     "EVENT_TOPIC",
@@ -124,6 +125,9 @@ _STALL_S = 0.5
 _GIVEN_UP = 0.75
 #: How many stalls a task remembers.
 _STALLS_KEPT = 64
+#: In a worker hosting a task, blocks below this come from the heap, and this much free
+#: heap top is kept (see ``setup``).
+_MALLOC_THRESHOLDS = 1 << 20
 
 
 def local_identity() -> tuple[str, int]:
@@ -424,6 +428,13 @@ class AsyncflowWorker(WorkerPlugin):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def setup(self, worker: Any) -> None:
+        # Dask's nanny sets MALLOC_TRIM_THRESHOLD_ (64 KiB), which also freezes glibc's
+        # mmap threshold at 128 KiB: msgpack's 256 KiB packing buffer was mapped and
+        # unmapped for every message the task packed, or, from the heap, given back and
+        # faulted in again (Dask's dumps: 8.5-10.8 us on the task's loop, 1.3 with both
+        # thresholds at 1 MiB; see asyncflow.runtime.malloc).
+        raise_to(M_MMAP_THRESHOLD, _MALLOC_THRESHOLDS)
+        raise_to(M_TRIM_THRESHOLD, _MALLOC_THRESHOLDS)
         self._worker = worker
         self.incarnation = uuid.uuid4().hex
         self.stalls.start(f"asyncflow-watchdog-{worker.address}")

@@ -49,6 +49,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from asyncflow.runtime.malloc import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, raise_to
+
 __all__ = [
     "Convolution",
     "Geometry",
@@ -215,10 +217,6 @@ def _load() -> _Library | None:
     return None
 
 
-#: glibc's ``mallopt`` parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
 def keep_freed_memory() -> bool:
     """Fix glibc malloc's thresholds at the ceilings its dynamic ones reach (blocks from
     32 MiB are mapped on their own, 64 MiB of free heap top is kept before it is given
@@ -231,16 +229,7 @@ def keep_freed_memory() -> bool:
     fault their pages in again.  Measured on the
     conv SavedModel at batch 8: 0.98 ms a step, 0.45 with the thresholds fixed (numpy's
     kernels: 0.65 either way); TF keeps its buffers too.  Not on other C libraries."""
-    if os.environ.get("ASYNCFLOW_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith(
-        "linux"
-    ):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 64 << 20))
+    return raise_to(M_MMAP_THRESHOLD, 32 << 20) and raise_to(M_TRIM_THRESHOLD, 64 << 20)
 
 
 _lib: _Library | None = _load()
