@@ -312,6 +312,8 @@ class Step:
                             try:
                                 # (A kernel that raises as it is called fails its node too.)
                                 self._alone, self._alone_aborted, self._alone_node = task, False, i
+                                # _awaits_here / _awaited_here, written out: this frame
+                                # has its task, and the step's calls are counted.
                                 outer = awaiting.get(task)  # (a function call's caller)
                                 awaiting[task] = self  # the kernel's step, see running()
                                 try:
