@@ -33,7 +33,9 @@ running_step: contextvars.ContextVar[Any] = contextvars.ContextVar(
 #: own context, with no context variable set for it (setting one makes a new context
 #: map, two more objects for the cycle collector per step in flight), and finds its
 #: step here.  Set around the await, the previous entry put back after (a function
-#: call's nested step awaits in its caller's task); an entry never outlives its await.
+#: call's nested step awaits in its caller's task); an entry never outlives its await
+#: (a task left pending on a loop that is dropped without cancelling it keeps its
+#: entry, as it keeps everything else it holds).
 awaiting: dict[Any, Any] = {}
 
 
