@@ -39,10 +39,11 @@ PACKAGE = pathlib.Path(af.__file__).parent
 @pytest.fixture
 def driven(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Each step the session drives, by the signature of its call: through ``_drive``,
-    or through its first phase alone (``run_sync`` of an all-inline plan, on no loop),
-    marked ``"phase 1: "``."""
+    or through its first phase alone (``run_sync`` of an all-inline plan, on no loop:
+    the step run in its inline phase, or run without being made), marked
+    ``"phase 1: "``."""
     seen: list[str] = []
-    drive, inline = core.Session._drive, core.Session._inline_phase
+    drive, inline, through = core.Session._drive, core.Session._inline_phase, core.Session._through
 
     def counted_drive(self: af.Session, call: CompiledCall, *args: Any, **kwargs: Any) -> Any:
         seen.append(call.signature)
@@ -53,7 +54,14 @@ def driven(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             seen.append(f"phase 1: {call.signature}")
         return inline(self, call, *args, **kwargs)
 
+    def counted_through(self: af.Session, call: CompiledCall, *args: Any, **kwargs: Any) -> Any:
+        result = through(self, call, *args, **kwargs)
+        if result is not core._LEFT and sys._getframe(1).f_code is not drive.__code__:
+            seen.append(f"phase 1: {call.signature}")
+        return result
+
     monkeypatch.setattr(core.Session, "_drive", counted_drive)
+    monkeypatch.setattr(core.Session, "_through", counted_through)
     monkeypatch.setattr(core.Session, "_inline_phase", counted_inline)
     return seen
 

@@ -70,6 +70,7 @@ __all__ = [
     "bind_instr",
     "closure",
     "execute",
+    "lowering_due",
     "merge_pick",
     "program_of",
     "run_program",
@@ -451,7 +452,7 @@ class BoundProgram:
     a large program is made over its first run's time slices (a deadline or a
     cancellation lands between two blocks), and costs nothing again."""
 
-    __slots__ = ("_loops", "_nodes", "args", "blocks", "program")
+    __slots__ = ("_loops", "_nodes", "args", "blocks", "program", "through")
 
     def __init__(
         self,
@@ -468,6 +469,12 @@ class BoundProgram:
         self.blocks: list[tuple[Op, ...] | None] = [None] * (-(-len(program) // CHECK_EVERY))
         #: (slot, feed index) of every _Arg node.
         self.args = args
+        #: The program is one block without a loop instruction or a node that may hop:
+        #: a step of it cannot suspend, so it runs without being made
+        #: (:func:`asyncflow.runtime.step.run_through`).
+        self.through = False
+        if len(self.blocks) == 1:  # made now (a step would make it at once): known now
+            self.block(0)
 
     def block(self, b: int) -> tuple[Op, ...]:
         """Block ``b``'s closures (lowered and bound on first use)."""
@@ -477,6 +484,11 @@ class BoundProgram:
                 instrs = self.program.instrs(b * CHECK_EVERY, (b + 1) * CHECK_EVERY)
                 ops = tuple(self._closure(x) for x in instrs)
             self.blocks[b] = ops
+            self.through = len(self.blocks) == 1 and all(
+                x.kind != I_LOOP
+                and (x.kind != I_KERNEL or self._nodes[x.node].flow != registry.ASYNC)
+                for x in instrs
+            )
         return ops
 
     def _closure(self, x: Instr) -> Op:
@@ -529,14 +541,23 @@ def program_of(bound: BoundPlan, loops_of: LoopsOf = _no_loops) -> BoundProgram 
     return program
 
 
+def lowering_due(bound: BoundPlan) -> bool:
+    """The next run of ``bound``'s plan is lowered (:func:`program_of` would make its
+    program now): it has run ``ExecutorOptions.schedule_after`` times, and its plan
+    was not found to need the general path."""
+    derived = bound.derived
+    return derived.get("runs", 0) >= bound.options.schedule_after and not derived.get("unlowered")
+
+
 def _lowered(bound: BoundPlan, loops_of: LoopsOf) -> BoundProgram | None:
     """The plan's own program, made once it has run enough (counts a run)."""
     derived = bound.derived
     program = derived.get("program")
     if program is not None:
         return program  # type: ignore[no-any-return]
-    runs = derived["runs"] = derived.get("runs", 0) + 1
-    if runs <= bound.options.schedule_after or derived.get("unlowered"):
+    due = lowering_due(bound)
+    derived["runs"] = derived.get("runs", 0) + 1
+    if not due:
         return None
     plan = bound.plan
     with gc_paused():  # ~10x faster for a large plan in a large heap

@@ -72,7 +72,7 @@ from asyncflow.runtime.handoff import (
     later,
     run_handoffs,
 )
-from asyncflow.runtime.interpreter import ProgramPropagator, program_of
+from asyncflow.runtime.interpreter import ProgramPropagator, lowering_due, program_of
 from asyncflow.runtime.kernel_env import (
     call_in_thread,
     quiet_numpy,
@@ -99,6 +99,7 @@ __all__ = [
     "clear_frames",
     "current_step",
     "format_node_error",
+    "run_through",
 ]
 
 #: How long (seconds) a step drains before it yields to the event loop: long inline
@@ -136,6 +137,56 @@ def format_node_error(exc: BaseException, op: Any) -> errors.OpError:
         op,
         f"{base.message}\n\t [[node {op.name} (op {op.type}, defined at {op.traceback})]]",
     )
+
+
+def run_through(bound: BoundPlan, frame: CallFrame) -> list[Any] | None:
+    """A step of ``bound`` over ``frame`` run to its end without making it, when it
+    cannot suspend: its plan's program is ``through`` (one block of synchronous
+    kernels, no loop; see :class:`~asyncflow.runtime.interpreter.BoundProgram`), so
+    the step has nothing to keep between two calls — no clock to look at, no node to
+    dispatch, nothing to cancel.  Returns its retvals, or None when the plan's steps
+    must be made (not lowered yet, or a program that may suspend).  A kernel that
+    raises fails the step as :meth:`Step.fail` says: the step is made then, and its
+    error raised."""
+    program = bound.derived.get("program")
+    if program is None:
+        # The run that lowers the plan may be this one (a step made next must not
+        # count the run again, so only then).
+        if not (bound.schedulable and lowering_due(bound)):
+            return None
+        program = program_of(bound, fast_loops)
+    if program is None or not program.through:
+        return None
+    vals = list(bound.plan.initial_values)
+    args = frame.args
+    for s, k in program.args:  # the _Arg nodes
+        vals[s] = args[k]
+    quiet = quiet_numpy()
+    f: Any = None
+    try:
+        for f in program.blocks[0]:  # type: ignore[union-attr]  # (made: it is through)
+            f(vals)
+    except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
+        raise _failed_step(
+            bound, frame, program.node_at(0, f) if f is not None else -1, exc
+        ) from exc
+    finally:
+        restore_numpy(quiet)
+    slots = bound.plan.retval_slots  # the _Retval nodes
+    if len(slots) == 1:  # one fetch (most runs): no comprehension
+        return [vals[slots[0]]]
+    return [vals[s] for s in slots]
+
+
+def _failed_step(bound: BoundPlan, frame: CallFrame, i: int, exc: BaseException) -> errors.OpError:
+    """The error of a step of ``bound`` whose node ``i`` raised ``exc`` (the step made
+    and failed only now; released, and not kept by the frame that raises it)."""
+    step = Step(bound, frame)
+    step.fail(i, exc)
+    error = step.error
+    step.release()
+    assert error is not None
+    return error
 
 
 class Step:

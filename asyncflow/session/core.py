@@ -19,6 +19,7 @@ in-flight steps) holds nothing bound to an event loop, so one session serves
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import sys
@@ -51,7 +52,7 @@ from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.observe.progress import ProgressObserver
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
-from asyncflow.runtime.step import SLICE, Step
+from asyncflow.runtime.step import SLICE, Step, run_through
 from asyncflow.session.admission import Admission
 from asyncflow.session.call import CompiledCall
 from asyncflow.session.callables import SessionCallable
@@ -152,8 +153,12 @@ class Session:
         # and registration take it once).
         self._counter_lock = threading.Lock()
         self._compiles = 0
-        self._hits = 0
         self._steps = 0
+        # The two counts every run bumps, without the lock (see _Tally): plan-cache
+        # hits, and steps that completed within the driver's inline phase (started and
+        # completed at once, counted in both).
+        self._hits = _Tally()
+        self._inline_done = _Tally()
         #: Steps running on a loop; the future (made when close waits) is set when one ends.
         self._in_flight: dict[StepRunner, Future[None] | None] = {}
         self._in_flight_lock = self._counter_lock
@@ -228,16 +233,17 @@ class Session:
     def statistics(self) -> SessionStatistics:
         """A frozen snapshot: steps started, compiles (in all and per signature), plan-cache
         hits, cached plans, steps in flight / waiting for a slot / completed / failed."""
+        inline = self._inline_done.value()  # (read once: one count in both figures)
         return SessionStatistics(
-            steps_started=self._steps,
+            steps_started=self._steps + inline,
             compiles=self._compiles,
-            cache_hits=self._hits,
+            cache_hits=self._hits.value(),
             cached_plans=len(self._cache),
             in_flight=len(self._in_flight),
             closed=self._closed,
             optimizer=tuple(c.compiled.optimizer for c in list(self._cache.values())),
             waiting=self._admission.waiting if self._admission is not None else 0,
-            completed=self._completed,
+            completed=self._completed + inline,
             failed=self._failed,
             compiles_per_plan=dict(self._plan_compiles),
         )
@@ -271,7 +277,11 @@ class Session:
             frame = call.frame(feed_dict)
         except Exception as exc:
             return _raising(exc)
-        return self._start(call, frame, options, run_metadata)
+        if options is None and self._admission is None:  # _start's first door, inline
+            return self._drive(
+                call, frame, self._config.operation_timeout_in_ms, None, run_metadata
+            )
+        return self._doors(call, frame, options, run_metadata)
 
     def run_sync(
         self,
@@ -316,7 +326,12 @@ class Session:
             # The driver's first phase, called as it is (stepping the driver's coroutine
             # once would do the same, and cost a coroutine and a StopIteration per
             # call): an all-inline step is that phase run to its end.
-            step = self._runner(call, frame, _wants_trace(options, run_metadata))
+            trace = _wants_trace(options, run_metadata)
+            if call.fast and not trace and run_metadata is None and self._master is None:
+                result = self._through(call, frame)
+                if result is not _LEFT:
+                    return result
+            step = self._runner(call, frame, trace)
             if call.fast:
                 return self._inline_phase(call, step, None, options, run_metadata)
             result = self._inline_phase(call, step, SLICE, options, run_metadata)
@@ -450,7 +465,9 @@ class Session:
 
         The step of ``call`` over ``frame`` is made here, when the driver first runs
         (a step whose coroutine never ran was never made), unless the caller made it
-        (``step``: a partial run's, with its own rendezvous).  Phase 1, the inline time
+        (``step``: a partial run's, with its own rendezvous) — or not at all: a step
+        that cannot suspend (one block of synchronous kernels, :func:`run_through`) runs
+        to its end without being made, as phase 1 would run it.  Phase 1, the inline time
         slice (``call.inline_first``): the step runs right here, synchronously, for
         ``slice_s`` seconds (``None``: to its end, for a caller with no loop) — no loop
         registration, no task; a step that finishes so returns without suspending
@@ -463,6 +480,10 @@ class Session:
             require_asyncio("Session.run")  # raises, saying what to do instead
         if step is None:
             trace = options is not None and _wants_trace(options, run_metadata)
+            if call.fast and not trace and run_metadata is None and self._master is None:
+                result = self._through(call, frame)
+                if result is not _LEFT:
+                    return result
             step = self._runner(call, frame, trace)
         del frame  # (the step has its args: not kept while it is in flight)
         if call.inline_first:
@@ -491,6 +512,21 @@ class Session:
             self._fill_metadata(call, step, options, run_metadata)
         return call.results(values)
 
+    def _through(self, call: CompiledCall, frame: CallFrame) -> Any:
+        """A step that cannot suspend, run without making it (:func:`run_through`);
+        ``_LEFT`` when its step must be made."""
+        try:
+            values = run_through(call.bound[0], frame)
+        except BaseException:
+            with self._counter_lock:
+                self._steps += 1
+            self._count_failed(call)
+            raise
+        if values is None:
+            return _LEFT
+        self._inline_done.bump()
+        return call.results(values)
+
     def _inline_phase(
         self,
         call: CompiledCall,
@@ -512,9 +548,7 @@ class Session:
         if values is None:
             assert slice_s is not None, "an all-inline step run to its end left work"
             return _LEFT
-        with self._counter_lock:
-            self._steps += 1
-            self._completed += 1
+        self._inline_done.bump()
         if run_metadata is not None:
             self._fill_metadata(call, step, options, run_metadata)
         result = call.results(values)
@@ -736,8 +770,7 @@ class Session:
                         label = call.signature
                         self._plan_compiles[label] = self._plan_compiles.get(label, 0) + 1
                     return call
-        with self._counter_lock:
-            self._hits += 1
+        self._hits.bump()
         return call
 
     def _graph_ir(self) -> GraphIR:
@@ -1032,6 +1065,23 @@ def _wants_trace(options: RunOptions | None, run_metadata: RunMetadata | None) -
         and run_metadata is not None
         and options.trace_level >= RunOptions.FULL_TRACE
     )
+
+
+class _Tally:
+    """A count that any thread bumps without a lock: ``itertools.count``'s
+    ``__next__`` is one C call, atomic under the GIL (a ``+=`` is three bytecodes, so
+    two threads may lose one; a lock round costs four times the call).  Its value is
+    read from the count's ``repr``, ``count(n)``; reads are rare (``statistics``)."""
+
+    __slots__ = ("_count", "bump")
+
+    def __init__(self) -> None:
+        self._count = itertools.count()
+        #: Add one.
+        self.bump: Callable[[], int] = self._count.__next__
+
+    def value(self) -> int:
+        return int(repr(self._count)[6:-1])
 
 
 async def _raising(exc: Exception) -> Any:

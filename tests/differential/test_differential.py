@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
+from asyncflow.runtime import step as step_module
 from asyncflow.session import core as session_module
 from asyncflow.session.runners import SyncRunners
 
@@ -265,6 +266,38 @@ def test_root_programs_run_loops_in_the_straight_line_variants(
             assert len(started) >= 10, name
         else:
             assert not started, name
+
+
+def test_step_less_runs_in_the_straight_line_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Plans that cannot suspend run without a step once lowered (``run_through``):
+    # results and kernel errors both, from the first run where plans are lowered at
+    # once (schedule_after=0); the general variants never do.
+    programs = [generate(seed) for seed in range(40)]
+    outcomes: collections.Counter[str] = collections.Counter()
+    through = step_module.run_through
+
+    def counted(bound: Any, frame: Any) -> Any:
+        try:
+            values = through(bound, frame)
+        except af.errors.OpError:
+            outcomes["raised"] += 1
+            raise
+        outcomes["made" if values is None else "ran"] += 1
+        return values
+
+    monkeypatch.setattr(session_module, "run_through", counted)
+    for name, config, traced in VARIANTS:
+        if not config.executor_options.handoffs or traced:
+            continue
+        outcomes.clear()
+        for p in programs:
+            assert compare(run_asyncflow(p, config=config), _expected(p)) is None, (p.seed, name)
+        options = config.executor_options
+        if options.straight_line and options.schedule_after == 0:
+            assert outcomes["ran"] >= 20, (name, outcomes)
+            assert outcomes["raised"] >= 1, (name, outcomes)
+        elif not options.straight_line:
+            assert outcomes["ran"] == outcomes["raised"] == 0, (name, outcomes)
 
 
 def test_generation_is_deterministic() -> None:
