@@ -484,15 +484,18 @@ class Session:
                 result = self._through(call, frame)
                 if result is not _LEFT:
                     return result
-            step = self._runner(call, frame, trace)
+            if call.single and self._master is None:  # (_runner's first case: no call)
+                step = Step(call.bound[0], frame, trace)
+            else:
+                step = self._runner(call, frame, trace)
         del frame  # (the step has its args: not kept while it is in flight)
         if call.inline_first:
             result = self._inline_phase(call, step, slice_s, options, run_metadata)
             if result is not _LEFT:
                 return result
-        # Steps that reach the loop are the ones that can be slow: timed only when the
-        # DEBUG log would show it (one check otherwise).
-        started = time.perf_counter() if logger.isEnabledFor(logging.DEBUG) else 0.0
+        # Steps that reach the loop are the ones that can be slow: timed (two clock
+        # reads, cheaper than asking the logger first), logged when the DEBUG log shows it.
+        started = time.perf_counter()
         self._enter(step)
         try:
             if timeout_ms > 0:
@@ -504,7 +507,9 @@ class Session:
             self._leave(step)
             raise
         self._leave(step, completed=True)
-        if started and (took := time.perf_counter() - started) >= SLOW_STEP_SECONDS:
+        if (took := time.perf_counter() - started) >= SLOW_STEP_SECONDS and logger.isEnabledFor(
+            logging.DEBUG
+        ):
             logger.debug(
                 "slow step: %s took %.3f s (over %.3g s)", call.signature, took, SLOW_STEP_SECONDS
             )
