@@ -44,7 +44,7 @@ async def test_propagator_is_chosen_at_bind_time(graph: af.Graph) -> None:
             from asyncflow.runtime.call_frame import CallFrame
             from asyncflow.runtime.step import Step
 
-            return Step(bound, CallFrame([1.0, True][: len(feeds)]))._prop
+            return Step(bound, CallFrame([1.0, True][: len(feeds)]))
 
         # One general propagator; a plan without loops never makes a frame.
         assert step_of(plain, {"x:0": 1.0})._root is None

@@ -33,7 +33,8 @@ def test_a_traced_step_replays_the_plans_schedule() -> None:
         bound = sess._prepare(y, {x: 0.0}).bound[0]
         plain = Step(bound, CallFrame([0.0]))
         traced = Step(bound, CallFrame([0.0]), trace=True)
-        assert type(plain._prop) is type(traced._prop) is ProgramPropagator
+        assert isinstance(plain, ProgramPropagator)
+        assert isinstance(traced, ProgramPropagator)
         md = af.RunMetadata()
         full = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
         assert sess.run_sync(y, {x: 0.0}, options=full, run_metadata=md) == 5.0
@@ -58,11 +59,11 @@ def test_a_traced_loop_runs_its_straight_line_program() -> None:
         bound = sess._prepare(out, {}).bound[0]
         # The plan's first step: the general propagator, the loop on its programs; from
         # the second on (traced or not), one program holding the loop as one instruction.
-        first = Step(bound, CallFrame([]))._prop
+        first = Step(bound, CallFrame([]))
         assert isinstance(first, PropagatorState)
         assert any(loop is not None for loop in first._loops)
         for trace in (True, False):
-            prop = Step(bound, CallFrame([]), trace=trace)._prop
+            prop = Step(bound, CallFrame([]), trace=trace)
             assert isinstance(prop, ProgramPropagator), trace
         md = af.RunMetadata()
         full = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)

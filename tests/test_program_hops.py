@@ -21,6 +21,7 @@ import asyncflow as af
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.interpreter import ProgramPropagator
 from asyncflow.runtime.step import Step
+from tests.engines import engine_name
 
 pytest.importorskip("PIL")
 
@@ -44,7 +45,7 @@ def dispatched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     dispatch = Step.dispatch
 
     def counted(self: Step, token: Any, i: int, node: Any, *args: Any, **kwargs: Any) -> None:
-        seen.append((self._bound.ops[i].name, type(self._prop).__name__))
+        seen.append((self._bound.ops[i].name, engine_name(self)))
         dispatch(self, token, i, node, *args, **kwargs)
 
     monkeypatch.setattr(Step, "dispatch", counted)
@@ -72,7 +73,7 @@ def test_a_small_decode_runs_inside_the_program(dispatched: list[tuple[str, str]
         got = sess.run_sync(out, {data: encoded})
         bound = sess._prepare(out, {data: encoded}).bound[0]
     assert bound.schedulable
-    assert type(Step(bound, CallFrame([encoded]))._prop) is ProgramPropagator
+    assert isinstance(Step(bound, CallFrame([encoded])), ProgramPropagator)
     np.testing.assert_allclose(got, expected(image), rtol=1e-6)
     assert dispatched == []  # inline: nothing handed to the step
 

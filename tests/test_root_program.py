@@ -18,6 +18,7 @@ import pytest
 
 import asyncflow as af
 from asyncflow.runtime import interpreter, propagators
+from tests.engines import engine_name
 from tests.ordering import check_long_step_yields
 
 Build = Callable[[], tuple[Any, dict[Any, Any]]]
@@ -31,8 +32,8 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """What ran, in order: ``program`` / ``general`` per step, ``loop`` per loop
     instruction a program started."""
     seen: list[str] = []
-    program_init = interpreter.ProgramPropagator.__init__
-    general_init = propagators.PropagatorState.__init__
+    program_init = interpreter.ProgramPropagator._init_program
+    general_init = propagators.PropagatorState._init_general
     start = interpreter.ProgramPropagator._start
 
     def program(self: interpreter.ProgramPropagator, *args: Any) -> None:
@@ -47,8 +48,8 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append("loop")
         start(self, signal)
 
-    monkeypatch.setattr(interpreter.ProgramPropagator, "__init__", program)
-    monkeypatch.setattr(propagators.PropagatorState, "__init__", general)
+    monkeypatch.setattr(interpreter.ProgramPropagator, "_init_program", program)
+    monkeypatch.setattr(propagators.PropagatorState, "_init_general", general)
     monkeypatch.setattr(interpreter.ProgramPropagator, "_start", loop)
     return seen
 
@@ -424,7 +425,7 @@ def test_a_hopping_decode_before_a_loop_in_one_program(
     dispatch = Step.dispatch
 
     def counted(self: Step, token: Any, i: int, node: Any, *args: Any, **kwargs: Any) -> None:
-        dispatched.append(f"{self._bound.ops[i].name} {type(self._prop).__name__}")
+        dispatched.append(f"{self._bound.ops[i].name} {engine_name(self)}")
         dispatch(self, token, i, node, *args, **kwargs)
 
     monkeypatch.setattr(Step, "dispatch", counted)

@@ -60,7 +60,12 @@ if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundNode, BoundPlan
     from asyncflow.runtime.propagators import FastLoop, FastRun, Step
 
+    _StepSide = Step  # (what the engine asks of the step it is a part of)
+else:
+    _StepSide = object
+
 __all__ = [
+    "PROGRAM_SLOTS",
     "BInstr",
     "BoundProgram",
     "LoopsOf",
@@ -570,8 +575,14 @@ def _lowered(bound: BoundPlan, loops_of: LoopsOf) -> BoundProgram | None:
     return program
 
 
-class ProgramPropagator:
-    """Runs a :class:`BoundProgram`: every node once, in the plan's fixed order, no
+#: The straight-line engine's state, per step (slots of the step's class).
+PROGRAM_SLOTS = ("_end", "_loop_run", "_next", "_pos", "_program", "_vals", "_waiting")
+
+
+class ProgramPropagator(_StepSide):
+    """The straight-line engine of a step (a mixin of it: the step of such a plan *is*
+    its propagator, one object per step in flight, see
+    :class:`asyncflow.runtime.step.Step`).  Runs a :class:`BoundProgram`: every node once, in the plan's fixed order, no
     pending counts and no ready stack — what the general propagator computes for the
     partitions it takes (synchronous kernels, no routing in the root frame: nothing
     is dead or waited for).  Everything else the step does (first error, yielding on
@@ -585,23 +596,12 @@ class ProgramPropagator:
     drains when the clock runs out between iterations — then the program goes on
     after it with the Exits' values."""
 
-    __slots__ = (
-        "_bound",
-        "_end",
-        "_loop",
-        "_next",
-        "_pos",
-        "_program",
-        "_step",
-        "_vals",
-        "_waiting",
-    )
+    __slots__ = ()  # (its step's class declares them: PROGRAM_SLOTS)
+    _bound: BoundPlan
 
-    def __init__(
-        self, step: Step, bound: BoundPlan, program: BoundProgram, args: Sequence[Any]
-    ) -> None:
-        self._step = step
-        self._bound = bound
+    def _init_program(self, bound: BoundPlan, program: BoundProgram, args: Sequence[Any]) -> None:
+        """The engine's state for a step of ``bound`` over ``args`` (the step's
+        ``_bound`` is set by the step)."""
         self._program = program
         vals = list(bound.plan.initial_values)
         for s, k in program.args:  # the _Arg nodes
@@ -611,14 +611,14 @@ class ProgramPropagator:
         self._pos = 0  # where in it (after a hop or a loop: the closure after its own)
         self._end = len(program.blocks)
         self._waiting: Hop | None = None  # the dispatched node, until its value arrives
-        self._loop: FastRun | None = None  # the loop frame running now, until it is done
+        self._loop_run: FastRun | None = None  # the loop frame running now, until it is done
 
     def has_ready(self) -> bool:
-        return self._waiting is None and (self._next < self._end or self._loop is not None)
+        return self._waiting is None and (self._next < self._end or self._loop_run is not None)
 
     def clear(self) -> None:
         self._next = self._end
-        self._loop = None
+        self._loop_run = None
 
     def idle(self) -> None:
         pass  # (a program keeps nothing that only running needs)
@@ -627,9 +627,9 @@ class ProgramPropagator:
         """Run the program's blocks until the end or a hop (True) or until the clock
         passes ``until`` after a block or a loop iteration (False: the step yields,
         then drains again)."""
-        step = self._step
+        step = self
         while step._error is None and self._waiting is None:
-            if self._loop is not None:
+            if self._loop_run is not None:
                 if not self._advance(until):
                     return False
                 continue
@@ -658,7 +658,7 @@ class ProgramPropagator:
         """Run from the current position to the end (None; ``_next`` is the end), to
         the clock (None; ``_next`` is the next block) or to a hop or a loop (its
         signal; ``_next`` and ``_pos`` say where to resume)."""
-        step = self._step
+        step = self
         program = self._program
         blocks = program.blocks
         vals = self._vals
@@ -699,7 +699,7 @@ class ProgramPropagator:
         """A loop instruction: its frame starts on the Enters' values."""
         run = signal.loop.start()
         run.entered = signal.entered
-        trace = self._step._trace
+        trace = self._trace
         if trace is not None:  # the Enters route (recorded as control, as in general form)
             for e, _ in signal.entered:
                 now = time.time()
@@ -707,19 +707,19 @@ class ProgramPropagator:
         if not run.begin():  # a value entered dead: the plan's rule says it cannot
             e = signal.entered[0][0]
             self._next = self._end
-            self._step.fail(e, errors.InternalError(None, None, "a dead value entered a loop"))
+            self.fail(e, errors.InternalError(None, None, "a dead value entered a loop"))
             return
-        self._loop = run
+        self._loop_run = run
 
     def _advance(self, until: float) -> bool:
         """Run the current loop frame; False when the clock passed ``until`` first."""
-        run = self._loop
+        run = self._loop_run
         assert run is not None
-        step = self._step
+        step = self
         outcome = run.advance(until, step)
         if outcome == RUNNING:
             return False
-        self._loop = None
+        self._loop_run = None
         if outcome == DONE:
             self._exits(run.exits)
             return True
@@ -734,7 +734,7 @@ class ProgramPropagator:
         control records of its last iteration; streamed: told as they arrive)."""
         vals, out = self._vals, self._bound.plan.out
         on_exit = self._bound.derived.get("on_exit")
-        trace = self._step._trace
+        trace = self._trace
         for e, v in exits:
             vals[out[e]] = v
             if trace is not None:

@@ -64,6 +64,7 @@ __all__ = [
     "CHECK_EVERY",
     "DONE",
     "FAILED",
+    "GENERAL_SLOTS",
     "HANDOFF",
     "RUNNING",
     "Dead",
@@ -365,8 +366,36 @@ def _has_joins(bound: BoundPlan) -> bool:
 _NO_FRAMES: deque[Any] = deque(maxlen=0)
 
 
-class PropagatorState:
-    """THE general engine: readiness by pending counts, dead tensors, and the frames
+if TYPE_CHECKING:
+    _StepSide = Step  # (what the engine asks of the step it is a part of)
+else:
+    _StepSide = object
+
+#: The general engine's state, per step (slots of the step's class).
+GENERAL_SLOTS = (
+    "_dead",
+    "_fready",
+    "_info",
+    "_initial",
+    "_initial_pending",
+    "_initial_refs",
+    "_kinds",
+    "_loops",
+    "_merges",
+    "_on_exit",
+    "_pending",
+    "_pick",
+    "_ready",
+    "_refs",
+    "_root",
+    "_shuffle",
+    "_vals",
+)
+
+
+class PropagatorState(_StepSide):
+    """THE general engine (a mixin of the step: the step of such a plan *is* its
+    propagator, one object per step in flight, see :class:`asyncflow.runtime.step.Step`): readiness by pending counts, dead tensors, and the frames
     and iterations of loops (TensorFlow's ``PropagatorState``).
 
     The root frame (its one iteration) is flat lists indexed by slot or node —
@@ -382,43 +411,22 @@ class PropagatorState:
     of a loop frame.
     """
 
-    __slots__ = (
-        "_bound",
-        "_dead",
-        "_fready",
-        "_info",
-        "_initial",
-        "_initial_pending",
-        "_initial_refs",
-        "_kinds",
-        "_loops",
-        "_merges",
-        "_nodes",
-        "_on_exit",
-        "_pending",
-        "_pick",
-        "_ready",
-        "_refs",
-        "_root",
-        "_shuffle",
-        "_step",
-        "_vals",
-    )
+    __slots__ = ()  # (its step's class declares them: GENERAL_SLOTS)
+    _bound: BoundPlan
+    _nodes: Sequence[BoundNode]
     _loops: Sequence[FastLoop | None]
     _info: FrameInfo  # (read by the loop side only: set whenever there are loops)
 
-    def __init__(
+    def _init_general(
         self,
-        step: Step,
         bound: BoundPlan,
-        nodes: Sequence[BoundNode],
         args: Sequence[Any],
         loops: Sequence[FastLoop | None] = (),
     ) -> None:
+        """The engine's state for a step of ``bound`` over ``args`` (the step's
+        ``_bound`` and ``_nodes`` are set by the step)."""
         plan = bound.plan
-        self._step = step
-        self._bound = bound
-        self._nodes = nodes
+        nodes = self._nodes
         vals = list(plan.initial_values)
         for s, (k, _) in zip(plan.arg_slots, plan.partition.args):  # the _Arg nodes
             vals[s] = args[k]
@@ -481,7 +489,7 @@ class PropagatorState:
         (False: the step yields to the event loop, then drains again): the root
         frame's in the hot loop, then the loop frames' tokens, in turn until neither
         has work (an Exit readies root nodes, a root Enter frame tokens)."""
-        step = self._step
+        step = self
         trace = step._trace
         while True:
             if trace is not None:
@@ -507,7 +515,7 @@ class PropagatorState:
         ``complete`` for nodes completed by tasks; keep the two in sync.
         """
         ready = self._ready
-        step = self._step
+        step = self
         if not ready or step._error is not None:
             return True
         nodes = self._nodes
@@ -644,7 +652,7 @@ class PropagatorState:
     def _special(self, i: int) -> None:
         node = self._nodes[i]
         vals = self._vals
-        step = self._step
+        step = self
         kinds = self._kinds
         # No control flow, nothing dead: a node to dispatch (with cross-device edges,
         # mostly a live send or recv).
@@ -662,7 +670,7 @@ class PropagatorState:
             outs = merge_outputs(m, node.inputs, vals.__getitem__, self._bound, i)
             self._store(node, outs)
             self._propagate(i, node, outs[1] if outs[1].__class__ is Dead else None)
-            if self._step._trace is not None:
+            if self._trace is not None:
                 self._trace_control(i)
             return
         dead = self._dead[i] if self._dead is not None else None
@@ -690,7 +698,7 @@ class PropagatorState:
                 node, switch_outputs(data, vals[node.inputs[1]], Dead(step._bound.ops[i].name))
             )
             self._propagate(i, node, None)
-            if self._step._trace is not None:
+            if self._trace is not None:
                 self._trace_control(i)
             return
         args = [vals[s] for s in node.inputs]
@@ -768,7 +776,7 @@ class PropagatorState:
         import time
 
         now = time.time()
-        self._step.record(i, "control", now, now, ())
+        self.record(i, "control", now, now, ())
 
     def retvals(self) -> list[Any]:
         vals = self._vals
@@ -783,7 +791,7 @@ class PropagatorState:
 
     # -- loop frames ---------------------------------------------------------------------
 
-    def release(self) -> None:
+    def release_frames(self) -> None:
         """The step is over: unlink the frame instances a failed or cancelled step left
         (each holds its parent, which holds it), so they are freed without the cycle
         collector.  A finished step has removed them all already."""
@@ -805,7 +813,7 @@ class PropagatorState:
     def _drain_frames(self, until: float) -> bool:
         """Run the loop frames' ready tokens (see :meth:`drain`)."""
         ready = self._fready
-        step = self._step
+        step = self
         kinds = self._info.kind
         budget = CHECK_EVERY
         while ready and step._error is None:
@@ -835,7 +843,7 @@ class PropagatorState:
     def _execute(self, i: int, frame: _Frame, it: int, node: BoundNode, kind: int) -> None:
         """Run node ``i`` of iteration ``it`` of ``frame``: by its control-flow kind."""
         st = frame.iters[it]
-        trace = self._step._trace
+        trace = self._trace
         if trace is not None:  # traced: kernels record their frame and iteration
             trace.label = (self._info.frames[frame.static].name, it)
         if kind == CF_NONE and node.flow == _INLINE and i not in st.dead:
@@ -874,7 +882,7 @@ class PropagatorState:
             outs = (v,) if nout == 1 else tuple(check_outputs(v, nout) if nout else ())
             self._complete(i, frame, it, outs, None)
         else:  # (transfers run dead too: the peer learns the deadness)
-            self._step.dispatch(
+            self.dispatch(
                 (i, frame, it),
                 i,
                 node,
@@ -890,7 +898,7 @@ class PropagatorState:
             st.merges.pop(i), node.inputs, lambda s: self._read(st, s), self._bound, i
         )
         self._complete(i, frame, it, outs, outs[1] if outs[1].__class__ is Dead else None)
-        if self._step._trace is not None:
+        if self._trace is not None:
             self._trace_control(i)
 
     def _route(
@@ -900,7 +908,7 @@ class PropagatorState:
         dead = st.dead.get(i)
         value = dead if dead is not None else self._read(st, node.inputs[0])
         self._release_in(st, node)
-        if self._step._trace is not None:
+        if self._trace is not None:
             self._trace_control(i)
         if kind == CF_ENTER:
             self._enter(i, frame, it, value)
@@ -1133,7 +1141,7 @@ class PropagatorState:
         """Advance a fast frame instance; False when the clock passed ``until``."""
         run = frame.fast
         assert run is not None
-        outcome = run.advance(until, self._step)
+        outcome = run.advance(until, self)
         if outcome == RUNNING:
             return False
         if outcome == FAILED:
@@ -1144,7 +1152,7 @@ class PropagatorState:
         assert parent is not None
         if outcome == DONE:  # the last iteration's Exits
             for e, v in run.exits:
-                if self._step._trace is not None:
+                if self._trace is not None:
                     self._trace_control(e)
                 self._exit(e, v, frame)
             self._frame_done(frame)

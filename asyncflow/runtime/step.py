@@ -72,7 +72,12 @@ from asyncflow.runtime.handoff import (
     later,
     run_handoffs,
 )
-from asyncflow.runtime.interpreter import ProgramPropagator, lowering_due, program_of
+from asyncflow.runtime.interpreter import (
+    PROGRAM_SLOTS,
+    ProgramPropagator,
+    lowering_due,
+    program_of,
+)
 from asyncflow.runtime.kernel_env import (
     call_in_thread,
     quiet_numpy,
@@ -81,8 +86,8 @@ from asyncflow.runtime.kernel_env import (
 from asyncflow.runtime.loop_fastpath import fast_loops
 from asyncflow.runtime.observe.trace import StepTrace, observe_trace
 from asyncflow.runtime.propagators import (
+    GENERAL_SLOTS,
     Dead,
-    Propagator,
     PropagatorState,
 )
 from asyncflow.runtime.resources import WOULD_BLOCK
@@ -191,7 +196,18 @@ def _failed_step(bound: BoundPlan, frame: CallFrame, i: int, exc: BaseException)
 
 class Step:
     """One run of one partition: dispatch, tasks, first error, tracing; readiness is
-    the propagator's."""
+    its engine's.
+
+    A step *is* its engine: ``Step(...)`` makes a step of the plan's engine class,
+    :class:`_ProgramStep` (the straight-line interpreter,
+    :class:`~asyncflow.runtime.interpreter.ProgramPropagator`) or
+    :class:`_GeneralStep` (the pending-count propagator,
+    :class:`~asyncflow.runtime.propagators.PropagatorState`), whose state are slots of
+    the same object: one object per step in flight, not two (every object a waiting
+    step keeps is one more for the cycle collector, times the steps in flight).  The
+    engine calls the step's side (``dispatch``, ``fail``, ``record``) on itself; the
+    step calls the engine's (``drain``, ``complete``, ``has_ready``, ``clear``,
+    ``idle``, ``retvals``) on itself."""
 
     __slots__ = (
         "_alone",
@@ -209,7 +225,6 @@ class Step:
         "_nodes",
         "_outstanding",
         "_parked",
-        "_prop",
         "_recvs",
         "_rendezvous",
         "_results",
@@ -219,76 +234,118 @@ class Step:
         "_tasks",
         "_trace",
     )
+    _alone: asyncio.Task[Any] | None
+    _alone_aborted: bool
+    _alone_node: int
+    _bound: BoundPlan
+    _cm: CancellationManager | None
+    _ctx: contextvars.Context | None
+    _deferred: list[tuple[Any, int, list[Any]]] | None
+    _done: asyncio.Future[None] | None
+    _error: errors.OpError | None
+    _finished: bool
+    _handoffs: HandoffQueue | None
+    _loop: asyncio.AbstractEventLoop | None
+    _nodes: Sequence[BoundNode]
+    _outstanding: int
+    _parked: tuple[Any, int, list[Any]] | None
+    _recvs: set[asyncio.Future[Any]] | None
+    _rendezvous: Rendezvous | None
+    _results: list[Any] | None
+    _spare: RecvWaiter | None
+    _spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None
+    _stopped: bool
+    _tasks: set[asyncio.Task[None]] | None
+    _trace: StepTrace | None
 
-    def __init__(
-        self,
+    if TYPE_CHECKING:  # the engine's side (Propagator), on the step's engine class
+
+        def drain(self, until: float) -> bool:
+            raise NotImplementedError
+
+        def complete(self, token: Any, value: Any) -> None:
+            raise NotImplementedError
+
+        def has_ready(self) -> bool:
+            raise NotImplementedError
+
+        def clear(self) -> None:
+            raise NotImplementedError
+
+        def idle(self) -> None:
+            raise NotImplementedError
+
+        def retvals(self) -> list[Any]:
+            raise NotImplementedError
+
+    def __new__(
+        cls,
         bound: BoundPlan,
         frame: CallFrame,
         trace: bool = False,
         rendezvous: Rendezvous | None = None,
         cancellation: CancellationManager | None = None,
         handoffs: HandoffQueue | None = None,
-    ) -> None:
-        self._bound = bound
-        # The fetched values once the step finished (the frame itself is not kept: its
-        # args are in the propagator's values now, and one object less per step in
-        # flight).
-        self._results: list[Any] | None = None
-        self._rendezvous = rendezvous
-        self._cm = cancellation
-        # Shared by the partitions of the step (None: waits are futures, see module doc).
-        self._handoffs = handoffs
-        # A waiter the last recv offered but did not use (its value was there): the
-        # next recv offers it again, so only a recv that waits allocates one.
-        self._spare: RecvWaiter | None = None
-        # The step's context (numpy quiet, cancellation, tracing), for hand-offs run
-        # from the event loop; taken at the first recv that waits.
-        self._ctx: contextvars.Context | None = None
-        # The group's create_task while the step has a task group (see _run_tasks).
-        self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
-        # The step's own task while an async node is awaited in it (see run),
-        # else None; plain fields, not a list: no object per step for it.
-        self._alone: asyncio.Task[Any] | None = None
-        self._alone_aborted = False  # the lone node's task was cancelled by the step's abort
-        self._alone_node = -1
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._done: asyncio.Future[None] | None = None
-        # Dispatched, unfinished nodes: tasks (and deferred ones) and waiting recvs.
-        self._outstanding = 0
-        # The first node dispatched before the step had a task group, when it is async:
-        # (token, i, args), what ``run`` awaits in its own frame when it is the step's
-        # only work (no list, no search per run: the common step of a service).
-        self._parked: tuple[Any, int, list[Any]] | None = None
-        # The others dispatched before the step had a task group, made by the first one.
-        self._deferred: list[tuple[Any, int, list[Any]]] | None = None
-        # The step's tasks, made by the first one (a step that awaits one lone node, the
-        # common step of a service, never makes the set).
-        self._tasks: set[asyncio.Task[None]] | None = None
-        # Futures of waiting recvs (no hand-off queue), made by the first one.
-        self._recvs: set[asyncio.Future[Any]] | None = None
-        self._error: errors.OpError | None = None  # the first error; written once
-        self._stopped = False  # no new node may start, late results are dropped
-        # Every node ran and nothing failed: the step's outcome is its results, whatever
-        # deadline, close or abort arrives after this (written once, on the loop thread).
-        self._finished = False
-        # A traced step's records (the observation layer's; None: nobody traces).  A
-        # traced step runs the plan's traced copy: the same engine, other kernels.
-        self._trace: StepTrace | None = None
+    ) -> Step:
+        # A traced step runs the plan's traced copy: the same engine, other kernels.
+        step_trace = None
         if trace:
-            bound = self._bound = observe_trace(bound)
-            self._trace = StepTrace(bound)
-        self._nodes = nodes = bound.nodes
-        prop: Propagator
+            bound = observe_trace(bound)
+            step_trace = StepTrace(bound)
         program = None
         if bound.schedulable:  # the straight-line interpreter, once the plan is lowered
             program = bound.derived.get("program") or program_of(bound, fast_loops)
+        step: Step = object.__new__(_GeneralStep if program is None else _ProgramStep)
+        step._bound = bound
+        step._nodes = bound.nodes
+        # The step's records (the observation layer's; None: nobody traces).
+        step._trace = step_trace
+        # The fetched values once the step finished (the frame itself is not kept: its
+        # args are in the engine's values now, and one object less per step in flight).
+        step._results = None
+        step._rendezvous = rendezvous
+        step._cm = cancellation
+        # Shared by the partitions of the step (None: waits are futures, see module doc).
+        step._handoffs = handoffs
+        # A waiter the last recv offered but did not use (its value was there): the
+        # next recv offers it again, so only a recv that waits allocates one.
+        step._spare = None
+        # The step's context (numpy quiet, cancellation, tracing), for hand-offs run
+        # from the event loop; taken at the first recv that waits.
+        step._ctx = None
+        # The group's create_task while the step has a task group (see _run_tasks).
+        step._spawn = None
+        # The step's own task while an async node is awaited in it (see run),
+        # else None; plain fields, not a list: no object per step for it.
+        step._alone = None
+        step._alone_aborted = False  # the lone node's task was cancelled by the step's abort
+        step._alone_node = -1
+        step._loop = None
+        step._done = None
+        # Dispatched, unfinished nodes: tasks (and deferred ones) and waiting recvs.
+        step._outstanding = 0
+        # The first node dispatched before the step had a task group, when it is async:
+        # (token, i, args), what ``run`` awaits in its own frame when it is the step's
+        # only work (no list, no search per run: the common step of a service).
+        step._parked = None
+        # The others dispatched before the step had a task group, made by the first one.
+        step._deferred = None
+        # The step's tasks, made by the first one (a step that awaits one lone node, the
+        # common step of a service, never makes the set).
+        step._tasks = None
+        # Futures of waiting recvs (no hand-off queue), made by the first one.
+        step._recvs = None
+        step._error = None  # the first error; written once
+        step._stopped = False  # no new node may start, late results are dropped
+        # Every node ran and nothing failed: the step's outcome is its results, whatever
+        # deadline, close or abort arrives after this (written once, on the loop thread).
+        step._finished = False
         if program is not None:
-            prop = ProgramPropagator(self, bound, program, frame.args)
+            step._init_program(bound, program, frame.args)  # type: ignore[attr-defined]
         else:  # the general propagator; simple loop frames as straight-line programs
-            prop = PropagatorState(
-                self, bound, nodes, frame.args, fast_loops(bound) if bound.frames else ()
-            )
-        self._prop = prop
+            loops = fast_loops(bound) if bound.frames else ()
+            step._init_general(bound, frame.args, loops)  # type: ignore[attr-defined]
+        return step
 
     # -- public -------------------------------------------------------------------------
 
@@ -302,9 +359,7 @@ class Step:
         quiet = quiet_numpy()
         tracing = self._trace.on() if self._trace is not None else None
         try:
-            finished = self._prop.drain(
-                math.inf if slice_s is None else time.perf_counter() + slice_s
-            )
+            finished = self.drain(math.inf if slice_s is None else time.perf_counter() + slice_s)
         finally:
             if tracing is not None:
                 StepTrace.off(tracing)
@@ -342,9 +397,7 @@ class Step:
         tracing = self._trace.on() if self._trace is not None else None
         try:
             # (Nothing ready, the common case after the driver's inline slice: no drain.)
-            prop = self._prop
-            finished = self._error is not None or not prop.has_ready() or self._drain_quiet(prop)
-            del prop
+            finished = self._error is not None or not self.has_ready() or self._drain_quiet()
             if self._error is None and (not finished or self._outstanding):
                 self._loop = asyncio.get_running_loop()
                 try:
@@ -370,7 +423,7 @@ class Step:
                                 try:
                                     work, convert = self._async_work(self._nodes[i].kernel, args)
                                     del args  # (not kept while the kernel runs)
-                                    self._prop.idle()  # (nothing ready: one object less held)
+                                    self.idle()  # (nothing ready: one object less held)
                                     v = await work
                                 finally:
                                     if outer is None:
@@ -455,9 +508,8 @@ class Step:
 
     def release(self) -> None:
         """The caller is done with the step (results taken, error read): break its
-        reference cycles (step <-> propagator, step -> error -> traceback -> frames ->
-        step) so it is freed by reference counting, not by the cycle collector."""
-        self._prop._step = None  # type: ignore[assignment]
+        reference cycles (step -> error -> traceback -> frames -> step, a loop's frame
+        tree) so it is freed by reference counting, not by the cycle collector."""
         self._error = None
         # (The manager stays: a thread kernel still running reads it off the step.)
         # A recv still waiting (the step was cancelled) holds the step from the
@@ -468,8 +520,8 @@ class Step:
         self._rendezvous = None
         self._ctx = None
         self._spare = None  # (it holds the step)
-        if isinstance(self._prop, PropagatorState):
-            self._prop.release()  # the frame tree of a step that failed inside a loop
+        if isinstance(self, PropagatorState):
+            self.release_frames()  # the frame tree of a step that failed inside a loop
 
     def abort_threadsafe(self, error: errors.OpError) -> None:
         """Fail the step from any thread (used by ``Session.close``)."""
@@ -535,7 +587,7 @@ class Step:
         return (
             self._error is not None
             or self._stopped
-            or (not self._outstanding and not self._prop.has_ready())
+            or (not self._outstanding and not self.has_ready())
         )
 
     async def _in_task_group(self) -> None:
@@ -574,13 +626,13 @@ class Step:
     async def _drive(self, loop: asyncio.AbstractEventLoop) -> None:
         """Drain what becomes ready and wait for the tasks and recvs, until the step is
         done, fails or stops; then cancel what is left (the group waits for it)."""
-        prop = self._prop
+        prop = self
         try:
             while self._error is None and not self._stopped:
                 if prop.has_ready():
                     if self._trace is not None:
                         self._trace.boundary()
-                    if not self._drain_quiet(prop):
+                    if not self._drain_quiet():
                         await asyncio.sleep(0)  # deadlines, cancels and tasks run
                     continue
                 if not self._outstanding:
@@ -644,7 +696,7 @@ class Step:
         ``ExecutorOptions.own_task_group``: the step's own group, which needs no
         ``async with``) start as tasks beside it.  None: the task group takes it all."""
         parked = self._parked
-        if parked is None or self._error is not None or self._prop.has_ready():
+        if parked is None or self._error is not None or self.has_ready():
             return None
         deferred = self._deferred
         n = len(deferred) if deferred else 0
@@ -694,19 +746,19 @@ class Step:
         """From the event loop (in the context of the task that yielded): go on
         draining, as the waiting loop of :meth:`_drive` would, while the step's own
         frame awaits a kernel beside its tasks."""
-        if self._error is not None or self._stopped or not self._prop.has_ready():
+        if self._error is not None or self._stopped or not self.has_ready():
             return
         if self._trace is not None:
             self._trace.boundary()
-        if not self._drain_quiet(self._prop):
+        if not self._drain_quiet():
             self._wake()
 
-    def _drain_quiet(self, prop: Propagator) -> bool:
-        """``prop.drain`` for one time slice, numpy quiet meanwhile (the step's code
-        sets it only while it drains: a context holds nothing of a waiting step)."""
+    def _drain_quiet(self) -> bool:
+        """``drain`` for one time slice, numpy quiet meanwhile (the step's code sets it
+        only while it drains: a context holds nothing of a waiting step)."""
         quiet = quiet_numpy()
         try:
-            return prop.drain(time.perf_counter() + SLICE)
+            return self.drain(time.perf_counter() + SLICE)
         finally:
             restore_numpy(quiet)
 
@@ -745,7 +797,7 @@ class Step:
             if nowait is not None:
                 v = nowait(*args)
                 if v is not WOULD_BLOCK:
-                    self._prop.complete(token, v)
+                    self.complete(token, v)
                     return
         self._outstanding += 1
         spawn = self._spawn
@@ -814,7 +866,7 @@ class Step:
             kernel(self._rendezvous, frame_id, iter_id, *args, is_dead)
         if trace is not None:
             trace.transfer(i, start, frame_id, iter_id)
-        self._prop.complete(token, None)
+        self.complete(token, None)
 
     def _recv(self, token: Any, i: int, node: BoundNode, frame_id: int, iter_id: int) -> None:
         """A ``_Recv``: its value now, or a wait the matching send (or an abort) ends."""
@@ -840,7 +892,7 @@ class Step:
         value, dead = item
         if self._trace is not None:
             self._trace.transfer(i, start, frame_id, iter_id)
-        self._prop.complete(token, Dead(self._bound.ops[i].name) if dead else value)
+        self.complete(token, Dead(self._bound.ops[i].name) if dead else value)
 
     def _recv_or_wait(
         self, token: Any, i: int, node: BoundNode, frame_id: int, iter_id: int, start: float
@@ -1037,7 +1089,7 @@ class Step:
         if self._trace is not None:
             self._trace.transfer(i, *waiter.trace)  # type: ignore[attr-defined]
         try:
-            self._prop.complete(waiter.token, Dead(self._bound.ops[i].name) if dead else value)
+            self.complete(waiter.token, Dead(self._bound.ops[i].name) if dead else value)
         except Exception as exc:
             self._fail(i, exc)
 
@@ -1051,7 +1103,7 @@ class Step:
             return  # late result of a failed or cancelled step: discarded
         value, dead = waiter.result  # type: ignore[misc]
         i = waiter.i
-        prop = self._prop
+        prop = self
         tracing = None
         if self._trace is not None:
             self._trace.transfer(i, *waiter.trace)  # type: ignore[attr-defined]
@@ -1087,7 +1139,7 @@ class Step:
         if self._error is not None or self._stopped:
             self._wake()
             return  # late result of a failed or cancelled step: discarded
-        prop = self._prop
+        prop = self
         try:
             prop.complete(token, v)
         except Exception as exc:
@@ -1095,7 +1147,7 @@ class Step:
             return
         if self._trace is not None:
             self._trace.boundary()
-        if not self._drain_quiet(prop):
+        if not self._drain_quiet():
             self._wake()  # the waiting loop goes on draining after a yield
         elif self._error is not None:
             self._wake()
@@ -1139,7 +1191,7 @@ class Step:
         if self._error is not None or self._finished:
             return  # the first error wins; this one is derived, late, or the step is done
         self._error = error
-        self._prop.clear()
+        self.clear()
         self._cancel_manager()  # kernels polling or with callbacks stop too
         self._cancel_tasks()
         self._wake()
@@ -1149,7 +1201,7 @@ class Step:
     def _retvals(self) -> list[Any]:
         """The fetched values (the _Retval nodes); marks the step finished."""
         try:
-            retvals = self._results = self._prop.retvals()
+            retvals = self._results = self.retvals()
         except errors.OpError as error:  # a fetched tensor is dead
             self._finished = False
             self._error = error
@@ -1216,3 +1268,15 @@ def clear_frames(exc: BaseException | None) -> None:
 def _being_cancelled() -> bool:
     task = asyncio.current_task()
     return task is None or task.cancelling() > 0
+
+
+class _GeneralStep(Step, PropagatorState):
+    """A step its plan's general propagator runs (see :class:`Step`)."""
+
+    __slots__ = GENERAL_SLOTS
+
+
+class _ProgramStep(Step, ProgramPropagator):
+    """A step its plan's straight-line program runs (see :class:`Step`)."""
+
+    __slots__ = PROGRAM_SLOTS
