@@ -70,7 +70,6 @@ __all__ = [
     "Dead",
     "FastLoop",
     "FastRun",
-    "Propagator",
     "PropagatorState",
     "Step",
     "check_outputs",
@@ -170,7 +169,9 @@ class Dead:
 
 
 class Step(Protocol):
-    """What a propagator asks of its step (:class:`asyncflow.runtime.step.Step`)."""
+    """What an engine asks of the step it is a part of (:class:`asyncflow.runtime.step.Step`,
+    whose engine class mixes in :class:`PropagatorState` or the straight-line
+    interpreter's ``ProgramPropagator``)."""
 
     _error: errors.OpError | None
     _bound: BoundPlan
@@ -192,30 +193,6 @@ class Step(Protocol):
     def record(
         self, i: int, kind: str, start: float, end: float, outputs: Sequence[Any], key: str = ""
     ) -> None: ...
-
-
-class Propagator(Protocol):
-    """What a step asks of its propagator."""
-
-    def drain(self, until: float) -> bool:
-        """Run ready nodes until none is left (True) or the clock passes ``until``
-        (``time.perf_counter()`` seconds; checked every :data:`CHECK_EVERY` nodes)."""
-
-    def complete(self, token: Any, value: Any) -> None:
-        """A dispatched node finished with ``value`` (a :class:`Dead` when it is dead)."""
-
-    def has_ready(self) -> bool:
-        """Whether nodes are ready to run."""
-
-    def clear(self) -> None:
-        """The step failed: forget everything ready."""
-
-    def idle(self) -> None:
-        """The step waits for a node with nothing ready: let go of what only running
-        needs (one object less per step in flight); :meth:`complete` takes it back."""
-
-    def retvals(self) -> list[Any]:
-        """The fetched values, in plan order (``InvalidArgumentError`` for a dead one)."""
 
 
 def check_outputs(v: Any, nout: int) -> Any:

@@ -258,24 +258,33 @@ class Step:
     _tasks: set[asyncio.Task[None]] | None
     _trace: StepTrace | None
 
-    if TYPE_CHECKING:  # the engine's side (Propagator), on the step's engine class
+    if TYPE_CHECKING:  # the engine's side, defined by the step's engine class
 
         def drain(self, until: float) -> bool:
+            """Run ready nodes until none is left (True) or the clock passes ``until``
+            (``time.perf_counter()`` seconds; checked every ``CHECK_EVERY`` nodes)."""
             raise NotImplementedError
 
         def complete(self, token: Any, value: Any) -> None:
+            """A dispatched node finished with ``value`` (a ``Dead`` when it is dead)."""
             raise NotImplementedError
 
         def has_ready(self) -> bool:
+            """Whether nodes are ready to run."""
             raise NotImplementedError
 
         def clear(self) -> None:
+            """The step failed: forget everything ready."""
             raise NotImplementedError
 
         def idle(self) -> None:
+            """The step waits for a node with nothing ready: let go of what only running
+            needs (one object less per step in flight); ``complete`` takes it back."""
             raise NotImplementedError
 
         def retvals(self) -> list[Any]:
+            """The fetched values, in plan order (``InvalidArgumentError`` for a dead
+            one)."""
             raise NotImplementedError
 
     def __new__(

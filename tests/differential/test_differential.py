@@ -239,6 +239,16 @@ def test_the_sync_door_agrees_and_starts_image_programs_on_no_loop(
     assert doors["loop, no loop"] == 0, doors
 
 
+def _untraced_variants() -> list[tuple[str, af.SessionConfig]]:
+    """One variant per engine, optimizer level and shuffle: untraced, with hand-offs."""
+    return [(n, c) for n, c, traced in VARIANTS if c.executor_options.handoffs and not traced]
+
+
+def _agree(programs: list[Program], name: str, config: af.SessionConfig) -> None:
+    for p in programs:
+        assert compare(run_asyncflow(p, config=config), _expected(p)) is None, (p.seed, name)
+
+
 def test_root_programs_run_loops_in_the_straight_line_variants(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -256,12 +266,9 @@ def test_root_programs_run_loops_in_the_straight_line_variants(
         start(prop, signal)
 
     monkeypatch.setattr(interpreter.ProgramPropagator, "_start", counted)
-    for name, config, traced in VARIANTS:
-        if not config.executor_options.handoffs or traced:
-            continue
+    for name, config in _untraced_variants():
         started.clear()
-        for p in programs:
-            assert compare(run_asyncflow(p, config=config), _expected(p)) is None, (p.seed, name)
+        _agree(programs, name, config)
         if config.executor_options.straight_line:
             assert len(started) >= 10, name
         else:
@@ -286,12 +293,9 @@ def test_step_less_runs_in_the_straight_line_variants(monkeypatch: pytest.Monkey
         return values
 
     monkeypatch.setattr(session_module, "run_through", counted)
-    for name, config, traced in VARIANTS:
-        if not config.executor_options.handoffs or traced:
-            continue
+    for name, config in _untraced_variants():
         outcomes.clear()
-        for p in programs:
-            assert compare(run_asyncflow(p, config=config), _expected(p)) is None, (p.seed, name)
+        _agree(programs, name, config)
         options = config.executor_options
         if options.straight_line and options.schedule_after == 0:
             assert outcomes["ran"] >= 20, (name, outcomes)
