@@ -529,7 +529,7 @@ class Step:
         self._rendezvous = None
         self._ctx = None
         self._spare = None  # (it holds the step)
-        if isinstance(self, PropagatorState):
+        if isinstance(self, PropagatorState) and self._root is not None:
             self.release_frames()  # the frame tree of a step that failed inside a loop
 
     def abort_threadsafe(self, error: errors.OpError) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from asyncflow.compiler.loop_schedule import runs_straight_line
 from asyncflow.compiler.partition import partition_graph_def
 from asyncflow.compiler.pipeline import Compiled
+from asyncflow.framework import registry
 from asyncflow.framework.graph import Tensor
 from asyncflow.runtime.bind import BoundPlan
 from asyncflow.runtime.call_frame import CallFrame
@@ -77,10 +78,16 @@ class CompiledCall:
         self.fast = self.single and self.bound[0].all_inline
         #: Run the first time slice synchronously, before any loop registration: the
         #: fast path, and one partition whose async kernels may finish at once (queue
-        #: ops with a ``nowait`` twin; a lone async node is then awaited in the caller's
-        #: task); what is left goes on awaited.  Not with receives (their callbacks
-        #: would outrun the step's registration).
-        self.inline_first = self.single and not any(b.receives for b in self.bound)
+        #: ops, image decodes: a ``nowait`` twin); what is left goes on awaited.  Not
+        #: with receives (their callbacks would outrun the step's registration), nor
+        #: when an async or thread kernel has no twin: such a step awaits (its lone
+        #: async node in the caller's task), and ``Step.run`` drains first what the
+        #: slice would have.
+        self.inline_first = (
+            self.single
+            and not any(b.receives for b in self.bound)
+            and _may_finish_inline(self.bound[0])
+        )
         #: The synchronous door (``run_sync``, a callable's ``run_sync``) runs that first
         #: slice on the caller's thread, with no event loop, and enters the thread's
         #: loop only for what is left: the fast path, and one partition whose only
@@ -117,6 +124,18 @@ class CompiledCall:
         twin = copy.copy(self)
         twin.bound = tuple(bound)
         return twin
+
+
+def _may_finish_inline(bound: BoundPlan) -> bool:
+    """Whether a step of ``bound`` may finish without awaiting: every async or thread
+    kernel of it has a ``nowait`` twin (which finishes it inline when it can)."""
+    return bound.all_inline or all(
+        n.flow not in _AWAITED or getattr(n.kernel, "nowait", None) is not None for n in bound.nodes
+    )
+
+
+#: The kernel kinds a step awaits (on the loop or a worker thread).
+_AWAITED = (registry.ASYNC, registry.EXPENSIVE)
 
 
 def feed_name(key: Any) -> str:
