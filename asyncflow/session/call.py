@@ -40,6 +40,7 @@ class CompiledCall:
         "retval_converters",
         "signature",
         "single",
+        "step_less",
         "sync_first",
     )
 
@@ -76,6 +77,10 @@ class CompiledCall:
         #: synchronously (no task, no task group) unless it is traced or outlasts
         #: its first time slice.
         self.fast = self.single and self.bound[0].all_inline
+        #: Its steps may run without being made once the plan is lowered
+        #: (:func:`~asyncflow.runtime.step.run_through`): the fast path, run by this
+        #: session (set by the session for its own calls; a master makes its steps).
+        self.step_less = False
         #: Run the first time slice synchronously, before any loop registration: the
         #: fast path, and one partition whose async kernels may finish at once (queue
         #: ops, image decodes: a ``nowait`` twin); what is left goes on awaited.  Not

@@ -327,7 +327,7 @@ class Session:
             # once would do the same, and cost a coroutine and a StopIteration per
             # call): an all-inline step is that phase run to its end.
             trace = _wants_trace(options, run_metadata)
-            if call.fast and not trace and run_metadata is None and self._master is None:
+            if call.step_less and not trace and run_metadata is None:
                 result = self._through(call, frame)
                 if result is not _LEFT:
                     return result
@@ -480,7 +480,7 @@ class Session:
             require_asyncio("Session.run")  # raises, saying what to do instead
         if step is None:
             trace = options is not None and _wants_trace(options, run_metadata)
-            if call.fast and not trace and run_metadata is None and self._master is None:
+            if call.step_less and not trace and run_metadata is None:
                 result = self._through(call, frame)
                 if result is not _LEFT:
                     return result
@@ -842,7 +842,9 @@ class Session:
         if self._master is not None:
             return self._master.prepared(compiled, fetches, feed_keys, converters, rebuild)
         bound = [self._bind(plan) for plan in compiled.plans]
-        return CompiledCall(compiled, bound, fetches, feed_keys, converters, rebuild)
+        call = CompiledCall(compiled, bound, fetches, feed_keys, converters, rebuild)
+        call.step_less = call.fast
+        return call
 
     def _bind(self, plan: Plan) -> BoundPlan:
         """``plan``'s kernels bound to its device here and this session's resources."""
