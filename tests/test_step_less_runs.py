@@ -137,10 +137,14 @@ def test_step_counts_are_exact_when_threads_run_at_once() -> None:
         before = sess.statistics()
         start = threading.Barrier(threads)
 
+        wrong: list[Any] = []
+
         def runner() -> None:
             start.wait(timeout=10)
-            for _ in range(runs):
-                sess.run_sync(y, {x: 1.0})
+            for k in range(runs):  # (each thread its own feeds, through the same block)
+                got = sess.run_sync(y, {x: float(k)})
+                if got != (k + 1.0) * 2.0:
+                    wrong.append((k, got))
 
         workers = [threading.Thread(target=runner) for _ in range(threads)]
         for t in workers:
@@ -148,6 +152,7 @@ def test_step_counts_are_exact_when_threads_run_at_once() -> None:
         for t in workers:
             t.join(timeout=60)
         after = sess.statistics()
+    assert wrong == []
     total = threads * runs
     assert after.steps_started - before.steps_started == total
     assert after.completed - before.completed == total
