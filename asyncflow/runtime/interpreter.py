@@ -582,10 +582,10 @@ PROGRAM_SLOTS = ("_end", "_loop_run", "_next", "_pos", "_program", "_vals", "_wa
 class ProgramPropagator(_StepSide):
     """The straight-line engine of a step (a mixin of it: the step of such a plan *is*
     its propagator, one object per step in flight, see
-    :class:`asyncflow.runtime.step.Step`).  Runs a :class:`BoundProgram`: every node once, in the plan's fixed order, no
-    pending counts and no ready stack — what the general propagator computes for the
-    partitions it takes (synchronous kernels, no routing in the root frame: nothing
-    is dead or waited for).  Everything else the step does (first error, yielding on
+    :class:`asyncflow.runtime.step.Step`).  Runs a :class:`BoundProgram`: every node
+    once, in the plan's fixed order, no pending counts and no ready stack — what the
+    general propagator computes for the partitions it takes (synchronous kernels, no
+    routing in the root frame: nothing is dead or waited for).  Everything else the step does (first error, yielding on
     the clock, retvals) is unchanged.
 
     A node whose ``nowait`` twin cannot finish it inline (:class:`Hop`) is the one

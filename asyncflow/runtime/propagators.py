@@ -372,8 +372,9 @@ GENERAL_SLOTS = (
 
 class PropagatorState(_StepSide):
     """THE general engine (a mixin of the step: the step of such a plan *is* its
-    propagator, one object per step in flight, see :class:`asyncflow.runtime.step.Step`): readiness by pending counts, dead tensors, and the frames
-    and iterations of loops (TensorFlow's ``PropagatorState``).
+    propagator, one object per step in flight, see
+    :class:`asyncflow.runtime.step.Step`): readiness by pending counts, dead tensors,
+    and the frames and iterations of loops (TensorFlow's ``PropagatorState``).
 
     The root frame (its one iteration) is flat lists indexed by slot or node —
     ``_vals``, ``_pending``, ``_refs``, ``_dead``, ``_merges`` — and its ready nodes
