@@ -48,6 +48,7 @@ from asyncflow.runtime.propagators import (
     FAILED,
     RUNNING,
     Dead,
+    StepSide,
     check_outputs,
     first_dead,
     slice_over,
@@ -59,10 +60,6 @@ from asyncflow.runtime.static_order import StaticProgram, lower_static_order
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundNode, BoundPlan
     from asyncflow.runtime.propagators import FastLoop, FastRun, Step
-
-    _StepSide = Step  # (what the engine asks of the step it is a part of)
-else:
-    _StepSide = object
 
 __all__ = [
     "PROGRAM_SLOTS",
@@ -579,14 +576,14 @@ def _lowered(bound: BoundPlan, loops_of: LoopsOf) -> BoundProgram | None:
 PROGRAM_SLOTS = ("_end", "_loop_run", "_next", "_pos", "_program", "_vals", "_waiting")
 
 
-class ProgramPropagator(_StepSide):
+class ProgramPropagator(StepSide):
     """The straight-line engine of a step (a mixin of it: the step of such a plan *is*
     its propagator, one object per step in flight, see
     :class:`asyncflow.runtime.step.Step`).  Runs a :class:`BoundProgram`: every node
     once, in the plan's fixed order, no pending counts and no ready stack — what the
     general propagator computes for the partitions it takes (synchronous kernels, no
-    routing in the root frame: nothing is dead or waited for).  Everything else the step does (first error, yielding on
-    the clock, retvals) is unchanged.
+    routing in the root frame: nothing is dead or waited for).  Everything else the
+    step does (first error, yielding on the clock, retvals) is unchanged.
 
     A node whose ``nowait`` twin cannot finish it inline (:class:`Hop`) is the one
     thing dispatched: the step runs it as the general engine would (a task, a worker

@@ -72,6 +72,7 @@ __all__ = [
     "FastRun",
     "PropagatorState",
     "Step",
+    "StepSide",
     "check_outputs",
     "first_dead",
     "merge_arrive",
@@ -343,10 +344,13 @@ def _has_joins(bound: BoundPlan) -> bool:
 _NO_FRAMES: deque[Any] = deque(maxlen=0)
 
 
+#: The base of an engine class: the step's side it asks for (the ``Step`` protocol),
+#: for the type checker; at run time the step's own class, which the engine is a
+#: mixin of, has it.
 if TYPE_CHECKING:
-    _StepSide = Step  # (what the engine asks of the step it is a part of)
+    StepSide = Step
 else:
-    _StepSide = object
+    StepSide = object
 
 #: The general engine's state, per step (slots of the step's class).
 GENERAL_SLOTS = (
@@ -370,7 +374,7 @@ GENERAL_SLOTS = (
 )
 
 
-class PropagatorState(_StepSide):
+class PropagatorState(StepSide):
     """THE general engine (a mixin of the step: the step of such a plan *is* its
     propagator, one object per step in flight, see
     :class:`asyncflow.runtime.step.Step`): readiness by pending counts, dead tensors,

@@ -162,6 +162,8 @@ def run_through(bound: BoundPlan, frame: CallFrame) -> list[Any] | None:
         program = program_of(bound, fast_loops)
     if program is None or not program.through:
         return None
+    # (The program's own start and retvals, written out as ``ProgramPropagator`` has
+    # them: this is every tiny run's path, and each call is ~60 ns of it.)
     vals = list(bound.plan.initial_values)
     args = frame.args
     for s, k in program.args:  # the _Arg nodes

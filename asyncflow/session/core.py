@@ -523,9 +523,7 @@ class Session:
         try:
             values = run_through(call.bound[0], frame)
         except BaseException:
-            with self._counter_lock:
-                self._steps += 1
-            self._count_failed(call)
+            self._count_failed(call, started=True)
             raise
         if values is None:
             return _LEFT
@@ -546,9 +544,7 @@ class Session:
             values = step.run_inline(slice_s)  # type: ignore[union-attr]
         except BaseException:
             step.release()
-            with self._counter_lock:
-                self._steps += 1
-            self._count_failed(call)
+            self._count_failed(call, started=True)
             raise
         if values is None:
             assert slice_s is not None, "an all-inline step run to its end left work"
@@ -641,11 +637,14 @@ class Session:
         finally:
             admission.release()
 
-    def _count_failed(self, call: CompiledCall | None = None) -> None:
+    def _count_failed(self, call: CompiledCall | None = None, started: bool = False) -> None:
         """Count a failed step (called where its exception is being handled) and log it
-        at DEBUG."""
+        at DEBUG; ``started``: count it started too (a step that failed in the driver's
+        first phase, never registered)."""
         with self._counter_lock:
             self._failed += 1
+            if started:
+                self._steps += 1
         if logger.isEnabledFor(logging.DEBUG):
             exc = sys.exc_info()[1]
             logger.debug(
