@@ -357,21 +357,23 @@ async def test_a_step_awaiting_one_kernel_keeps_few_objects(
     x = af.placeholder(af.float32, shape=(), name="x")
     y = af.multiply(af.py_func(io, [x], af.float32, name="io"), np.float32(2.0))
     ours, coros = await _held_steps(graph, io, y, {x: 1.0}, 2.0)
-    # The driver and Step.run, which awaits the lone node's kernel in its own frame:
-    # two levels above the kernel (six before the session had one driver, three
-    # before the lone node was awaited in Step.run), and 12 tracked objects per step
-    # (32 before, 22-24 with that third level and the context's Tokens held, 19 while
-    # the step kept its call frame and so its args, 17 while it kept its own pending
-    # counts and an idle ready stack, 15 while it set the running step and numpy's
-    # quiet state in its task's context, 13 while the step and its propagator were two
-    # objects; a task of a plain coroutine awaiting the same keeps about 9).
+    # The driver, which awaits the lone node's kernel in its own frame (Step.run's
+    # loop, written out there): one level above the kernel (six before the session had
+    # one driver, three before the lone node was awaited in Step.run, two while
+    # Step.run awaited it under the driver), and 11 tracked objects per step (32
+    # before, 22-24 with that third level and the context's Tokens held, 19 while the
+    # step kept its call frame and so its args, 17 while it kept its own pending counts
+    # and an idle ready stack, 15 while it set the running step and numpy's quiet state
+    # in its task's context, 13 while the step and its propagator were two objects, 12
+    # while Step.run was a level of its own; a task of a plain coroutine awaiting the
+    # same keeps about 9).
     assert coros["Session._drive"] == 500
-    assert coros["Step.run"] == 500
+    assert coros["Step.run"] == 0
     assert coros["Step._await_alone"] == 0
     assert coros["Step._run_node"] == 0
     assert coros["Step._in_task_group"] == 0
     assert coros["Session.run"] == 0
-    assert ours < 13, ours
+    assert ours < 12, ours
 
 
 async def test_a_step_awaiting_two_kernels_keeps_one_task_and_few_objects(
@@ -383,25 +385,27 @@ async def test_a_step_awaiting_two_kernels_keeps_one_task_and_few_objects(
     b = af.py_func(io, [x + 1.0], af.float32, name="b")
     y = (a + b) * np.float32(2.0)
     ours, coros = await _held_steps(graph, io, y, {x: 1.0}, 6.0)
-    # The first kernel awaited in Step.run's frame, the other in one task of the step's
-    # own group: 25 tracked objects per step (42 when each kernel had a task and its
-    # _run_node coroutine, and the step its task-group loop and a wake-up future; 31
-    # while the step kept its call frame and so its args; 29 while the step set the
+    # The first kernel awaited in the driver's frame, the other in one task of the
+    # step's own group: 24 tracked objects per step (42 when each kernel had a task and
+    # its _run_node coroutine, and the step its task-group loop and a wake-up future;
+    # 31 while the step kept its call frame and so its args; 29 while the step set the
     # running step and numpy's quiet state in the contexts of its task and the other;
-    # 26 while the step and its propagator were two objects).
-    assert coros["Step.run"] == 500
+    # 26 while the step and its propagator were two objects; 25 while Step.run was a
+    # level of its own).
+    assert coros["Session._drive"] == 500
+    assert coros["Step.run"] == 0
     assert coros["Step._run_node"] == 500
     assert coros["Step._in_task_group"] == 0
     assert coros["Step._drive"] == 0
-    assert ours < 26, ours
+    assert ours < 25, ours
 
 
 async def test_a_step_waiting_for_its_task_after_its_first_kernel_has_no_group_level(
     graph: af.Graph, collector_off: None
 ) -> None:
     """The first kernel returned, the other still runs in the step's own group: the
-    step waits for it in Step.run's frame through its waiting loop (Step._drive), with
-    no coroutine level for the group itself."""
+    driver waits for it through the step's rest (Step.run_rest) and its waiting loop
+    (Step._drive), with no coroutine level for the group itself."""
     callers: set[asyncio.Task[Any] | None] = set()
     gate = asyncio.Event()
 
@@ -427,7 +431,8 @@ async def test_a_step_waiting_for_its_task_after_its_first_kernel_has_no_group_l
         )
         gate.set()
         assert await asyncio.gather(*tasks) == [6.0] * 50
-    assert coros["Step.run"] == 50
+    assert coros["Step.run"] == 0  # (its loop is the driver's)
+    assert coros["Step.run_rest"] == 50
     assert coros["Step._run_node"] == 50  # the waiting kernel's task
     assert coros["Step._drive"] == 50  # the step waits for it
     assert coros["Step._run_tasks"] == 0

@@ -29,11 +29,12 @@ N = 400
 
 #: GC-tracked objects a waiting step may keep beyond a plain coroutine awaiting the
 #: same kernel: its Step (which is its propagator) with its value list (a plan without
-#: joins shares its pending counts; an idle step lets go of its ready stack), and the
-#: session driver's coroutine.  Nothing in its task's context (no context map: the
-#: kernel finds its step through ``cancellation.awaiting``).  Earlier designs kept 8,
-#: then 4 plus a context map of 2, then 4 (a Step and its propagator).
-EXTRA_OBJECTS = 3
+#: joins shares its pending counts; an idle step lets go of its ready stack); the
+#: session driver's coroutine awaits the kernel itself, as the plain coroutine does.
+#: Nothing in its task's context (no context map: the kernel finds its step through
+#: ``cancellation.awaiting``).  Earlier designs kept 8, then 4 plus a context map of 2,
+#: then 4 (a Step and its propagator), then 3 (``Step.run`` a coroutine of its own).
+EXTRA_OBJECTS = 2
 
 
 def _graph(kernel: Callable[[Any], Awaitable[Any]]) -> tuple[af.Graph, af.Tensor, af.Tensor]:

@@ -97,6 +97,7 @@ if TYPE_CHECKING:
     from asyncflow.runtime.rendezvous import Rendezvous
 
 __all__ = [
+    "RAISE_ON",
     "SLICE",
     "HandoffQueue",
     "Step",
@@ -110,6 +111,10 @@ __all__ = [
 #: How long (seconds) a step drains before it yields to the event loop: long inline
 #: work still honours deadlines and cancellation, and other tasks keep running.
 SLICE = 0.001
+
+#: What :meth:`Step.await_raised` answers when the frame awaiting the step's lone kernel
+#: raises the kernel's exception on (a cancellation of the caller, a ``BaseException``).
+RAISE_ON: Any = object()
 
 #: Guards making a step's cancellation manager (kernels on threads may ask at once).
 _CM_LOCK = threading.Lock()
@@ -214,7 +219,11 @@ class Step:
     __slots__ = (
         "_alone",
         "_alone_aborted",
+        "_alone_cancels",
+        "_alone_convert",
         "_alone_node",
+        "_alone_outer",
+        "_alone_token",
         "_bound",
         "_cm",
         "_ctx",
@@ -238,7 +247,11 @@ class Step:
     )
     _alone: asyncio.Task[Any] | None
     _alone_aborted: bool
+    _alone_cancels: int
+    _alone_convert: Callable[[Any], Any] | None
     _alone_node: int
+    _alone_outer: Step | None
+    _alone_token: Any
     _bound: BoundPlan
     _cm: CancellationManager | None
     _ctx: contextvars.Context | None
@@ -331,6 +344,14 @@ class Step:
         step._alone = None
         step._alone_aborted = False  # the lone node's task was cancelled by the step's abort
         step._alone_node = -1
+        step._alone_token = None
+        # While the lone node's kernel runs: the step awaiting in that task before (a
+        # function call's caller), the caller's cancel requests when it started (one
+        # more when the kernel returns: the caller was cancelled meanwhile), the
+        # conversion of the kernel's result (``_async_work``).
+        step._alone_outer = None
+        step._alone_cancels = 0
+        step._alone_convert = None
         step._loop = None
         step._done = None
         # Dispatched, unfinished nodes: tasks (and deferred ones) and waiting recvs.
@@ -381,25 +402,23 @@ class Step:
             return None
         return self._retvals()
 
-    async def run(self) -> list[Any]:  # noqa: C901, PLR0915 - the per-step hot path, see below
+    async def run(self) -> list[Any]:
         """Run the step; returns the frame's retvals (the fetched values, in plan order).
 
         Raises the step's first error as an ``OpError``.  Returns or raises only after
         every task the step started has finished.
 
         While the step's only work is async nodes, the first one's kernel is awaited
-        right in this frame, the others run as tasks beside it
-        (:meth:`_take_parked`): for one node no task group, no task, no wake-up future,
-        no coroutine level of its own — the common step of a service (a few inline
-        kernels around one I/O call) costs one await.  The task group takes what is
-        left.  What is held across that await is kept to locals of this
-        frame, and the context's previous values (not ``Token`` objects): every object
-        a waiting step keeps is one more for the cycle collector, times the steps in
-        flight.
+        right in the frame that awaits the step (:meth:`start_waiting`), the others run
+        as tasks beside it: for one node no task group, no task, no wake-up future, no
+        coroutine level of its own — the common step of a service (a few inline kernels
+        around one I/O call) costs one await.  The task group takes what is left
+        (:meth:`run_rest`).
 
-        (Longer than the house's limits on purpose: the kernel is awaited in this
-        frame, and a helper coroutine around that await would be the coroutine level
-        per step in flight this avoids.)
+        The loop below is the step's *await protocol*, every rule of it in the methods
+        it calls; the session's driver writes the same loop in its own frame for the
+        steps it makes (one coroutine level less per step in flight), everyone else
+        awaits this.
         """
         # Traced kernels (shared by every traced step of the plan) find their step here;
         # tasks and recv callbacks made during the step inherit it.  Nothing else is
@@ -407,95 +426,152 @@ class Step:
         # ``awaiting``, and numpy is quiet while the step's own code drains.
         tracing = self._trace.on() if self._trace is not None else None
         try:
-            # (Nothing ready, the common case after the driver's inline slice: no drain.)
-            finished = self._error is not None or not self.has_ready() or self._drain_quiet()
-            if self._error is None and (not finished or self._outstanding):
-                self._loop = asyncio.get_running_loop()
-                try:
+            try:
+                work = self.start_waiting()
+                while work is not None:
                     try:
-                        parked = self._take_parked()
-                        if parked is not None:
-                            # (Given the loop: asking for it again costs a system call.)
-                            task = asyncio.current_task(self._loop)
-                            # Its cancel requests before the first node: one more when
-                            # a kernel returns means the caller was cancelled meanwhile.
-                            cancels = task.cancelling()  # type: ignore[union-attr]
-                        while parked is not None:
-                            token, i, args = parked
-                            del parked
-                            assert task is not None
-                            try:
-                                # (A kernel that raises as it is called fails its node too.)
-                                self._alone, self._alone_aborted, self._alone_node = task, False, i
-                                # _awaits_here / _awaited_here, written out: this frame
-                                # has its task, and the step's calls are counted.
-                                outer = awaiting.get(task)  # (a function call's caller)
-                                awaiting[task] = self  # the kernel's step, see running()
-                                try:
-                                    work, convert = self._async_work(self._nodes[i].kernel, args)
-                                    del args  # (not kept while the kernel runs)
-                                    self.idle()  # (nothing ready: one object less held)
-                                    v = await work
-                                finally:
-                                    if outer is None:
-                                        del awaiting[task]
-                                    else:
-                                        awaiting[task] = outer
-                                del work
-                                if convert is not None:
-                                    v = convert(v)
-                                if not self._alone_aborted and task.cancelling() > cancels:
-                                    # Returned although the caller was cancelled meanwhile:
-                                    # as with a task group, the cancellation wins and no
-                                    # further node starts.
-                                    raise asyncio.CancelledError
-                            except BaseException as exc:
-                                if self._alone_raised(i, exc):
-                                    raise
-                            else:
-                                # Finished (a late value of an aborted step is dropped
-                                # there, and the abort's cancel of this task taken back).
-                                self._outstanding -= 1
-                                self._finish(token, i, v)
-                                if self._alone_aborted:
-                                    task.uncancel()
-                            finally:
-                                self._alone = None
-                            if self._alone_aborted:  # the step's abort, taken back
-                                break
-                            parked = self._take_parked()
-                        task = None  # (not kept by this frame while it awaits a group)
-                    except BaseException:
-                        task = None  # (not kept by this frame in the traceback: a cycle)
-                        if self._tasks:  # started beside the kernel: stopped, joined first
-                            self._cancel_tasks()
-                            await self._join()
-                        raise
-                    if not self._settled() or self._tasks:
-                        if self._bound.options.own_task_group:
-                            # The step's own group, run here: no coroutine level of
-                            # its own (see _join).
-                            self._start_deferred(self._loop.create_task)
-                            try:
-                                await self._drive(self._loop)
-                            finally:
-                                if self._tasks:  # (most often empty: no coroutine to make)
-                                    await self._join()
-                        else:
-                            await self._in_task_group()
-                finally:
-                    self._stopped = True
-                    self._spawn = None
-                    self._loop = None
-        except asyncio.CancelledError as exc:
-            clear_frames(exc)  # the task group's frames hold it: no cycle left behind
-            raise
+                        v = await work
+                    except BaseException as exc:
+                        if (work := self.await_raised(exc)) is RAISE_ON:
+                            raise
+                    else:
+                        work = self.awaited(v)
+                values = self.outcome()
+                if values is None:  # work left for the task group
+                    values = await self.run_rest()
+            except BaseException as exc:
+                await self.unwind(exc)
+                raise
         finally:
             if tracing is not None:
                 StepTrace.off(tracing)
+        return values
+
+    # -- the await protocol (``run``'s loop; the session's driver writes it out too) ------
+
+    def start_waiting(self) -> Any:
+        """The start of an awaited run: drain what is ready, take the running loop;
+        then what the awaiting frame awaits first — the lone async node's kernel,
+        started in the caller's task (see :meth:`_alone_start`) — or None."""
+        # (Nothing ready, the common case after the driver's inline slice: no drain.)
+        finished = self._error is not None or not self.has_ready() or self._drain_quiet()
+        if self._error is not None or (finished and not self._outstanding):
+            return None
+        loop = self._loop = asyncio.get_running_loop()
+        if self._parked is None:
+            return None
+        # (Given the loop: asking for it again costs a system call.)
+        task = asyncio.current_task(loop)
+        assert task is not None
+        # Its cancel requests before the first node: one more when a kernel returns
+        # means the caller was cancelled meanwhile.
+        self._alone_cancels = task.cancelling()
+        return self._alone_start(task)
+
+    def awaited(self, v: Any) -> Any:
+        """The lone node's kernel returned ``v``: finish the node (and drain what it
+        readies); what to await next (the next lone node's kernel) or None."""
+        task = self._alone
+        assert task is not None
+        # (_awaited_by, written out: every waiting step's path.)
+        outer = self._alone_outer
+        if outer is None:
+            del awaiting[task]
+        else:
+            self._alone_outer = None
+            awaiting[task] = outer
+        try:
+            try:
+                convert = self._alone_convert
+                if convert is not None:
+                    self._alone_convert = None
+                    v = convert(v)
+                if not self._alone_aborted and task.cancelling() > self._alone_cancels:
+                    # Returned although the caller was cancelled meanwhile: as with a
+                    # task group, the cancellation wins and no further node starts.
+                    raise asyncio.CancelledError
+            except BaseException as exc:
+                if self._alone_raised(self._alone_node, exc):
+                    raise
+            else:
+                # Finished (a late value of an aborted step is dropped there, and the
+                # abort's cancel of this task taken back).
+                self._outstanding -= 1
+                self._finish(self._alone_token, self._alone_node, v)
+                if self._alone_aborted:
+                    task.uncancel()
+        finally:
+            self._alone = None
+        if self._alone_aborted or self._parked is None:  # the step's abort, taken back
+            return None
+        return self._alone_start(task)
+
+    def await_raised(self, exc: BaseException) -> Any:
+        """The lone node's kernel raised ``exc``: ``RAISE_ON`` when the awaiting frame
+        raises it on (:meth:`_alone_raised`), else what to await next, or None."""
+        task = self._alone
+        assert task is not None
+        self._awaited_by(task)
+        try:
+            if self._alone_raised(self._alone_node, exc):
+                return RAISE_ON
+        finally:
+            self._alone = None
+        return None if self._alone_aborted else self._alone_start(task)
+
+    def outcome(self) -> list[Any] | None:
+        """The end of an awaited run: None while work is left for the task group
+        (:meth:`run_rest`); else the step's retvals, or its first error raised."""
+        if self._loop is not None:
+            if not self._settled() or self._tasks:
+                return None
+            # (_close, written out: every waiting step's path.)
+            self._stopped = True
+            self._spawn = None
+            self._loop = None
         if self._error is not None:
             raise self._error
         return self._retvals()
+
+    async def run_rest(self) -> list[Any]:
+        """What the lone await left: the step's task group, until the step is done,
+        fails or stops; then the step's :meth:`outcome`."""
+        try:
+            if self._bound.options.own_task_group:
+                # The step's own group, run here: no coroutine level of its own (see
+                # _join).
+                self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]
+                try:
+                    await self._drive(self._loop)  # type: ignore[arg-type]
+                finally:
+                    if self._tasks:  # (most often empty: no coroutine to make)
+                        await self._join()
+            else:
+                await self._in_task_group()
+        finally:
+            self._close()
+        values = self.outcome()
+        assert values is not None  # (closed: nothing is left)
+        return values
+
+    def _close(self) -> None:
+        """The awaited run is over: nothing new starts, no loop or group is kept."""
+        self._stopped = True
+        self._spawn = None
+        self._loop = None
+
+    async def unwind(self, exc: BaseException) -> None:
+        """An awaited run raises ``exc`` (a cancellation, a ``BaseException`` of a
+        kernel, the step's error): the tasks started beside a lone kernel are stopped
+        and joined first, and the step is closed."""
+        try:
+            if self._tasks:
+                self._cancel_tasks()
+                await self._join()
+        finally:
+            self._close()
+            if isinstance(exc, asyncio.CancelledError):
+                clear_frames(exc)  # the task group's frames hold it: no cycle left behind
 
     @property
     def finished(self) -> bool:
@@ -698,14 +774,16 @@ class Step:
         if cancelled is not None:
             raise cancelled
 
-    # -- the lone async node, awaited in the step's own frame (see ``run``) ------------------
+    # -- the lone async node, awaited in the caller's frame (see ``run``) ----------------------
 
-    def _take_parked(self) -> tuple[Any, int, list[Any]] | None:
-        """The parked node (see ``_parked``), taken for ``run`` to await in its own
-        frame, when the step's only work is async nodes dispatched before it had a task
-        group, nothing is ready and nothing failed; the others (with
-        ``ExecutorOptions.own_task_group``: the step's own group, which needs no
-        ``async with``) start as tasks beside it.  None: the task group takes it all."""
+    def _alone_start(self, task: asyncio.Task[Any]) -> Any:
+        """The parked node (see ``_parked``) taken and its kernel started in ``task``
+        (the caller's), for the awaiting frame to await, when the step's only work is
+        async nodes dispatched before it had a task group, nothing is ready and nothing
+        failed; the others (with ``ExecutorOptions.own_task_group``: the step's own
+        group, which needs no ``async with``) start as tasks beside it.  None: the task
+        group takes it all (or the kernel raised as it was called, failing its node,
+        and nothing is left to await here)."""
         parked = self._parked
         if parked is None or self._error is not None or self.has_ready():
             return None
@@ -717,7 +795,31 @@ class Step:
         if n:  # the others: tasks of the step's own group, beside this one
             self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]
         self._deferred = None  # (empty: not kept while the node runs)
-        return parked
+        token, i, args = parked
+        self._alone, self._alone_aborted, self._alone_node = task, False, i
+        self._alone_token = token
+        # The kernel's step, for ``running()`` and the kernel (_awaits_here, written
+        # out: the caller has the task); the step there before (a function call's
+        # caller) is put back after.
+        self._alone_outer = awaiting.get(task)
+        awaiting[task] = self
+        try:
+            work, self._alone_convert = self._async_work(self._nodes[i].kernel, args)
+        except BaseException as exc:  # raised as it was called: fails its node too
+            if (work := self.await_raised(exc)) is RAISE_ON:
+                raise
+            return work
+        self.idle()  # (nothing ready: one object less held while the kernel runs)
+        return work
+
+    def _awaited_by(self, task: asyncio.Task[Any]) -> None:
+        """The lone node's kernel is over: ``task`` is no longer awaiting it."""
+        outer = self._alone_outer
+        if outer is None:
+            del awaiting[task]
+        else:
+            self._alone_outer = None
+            awaiting[task] = outer
 
     def _alone_raised(self, i: int, exc: BaseException) -> bool:
         """The lone node ``i`` ended with ``exc``: True when ``run`` raises it on.

@@ -52,7 +52,7 @@ from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.observe.progress import ProgressObserver
 from asyncflow.runtime.rendezvous import LocalRendezvous
 from asyncflow.runtime.resources import ResourceMgr
-from asyncflow.runtime.step import SLICE, Step, run_through
+from asyncflow.runtime.step import RAISE_ON, SLICE, Step, run_through
 from asyncflow.session.admission import Admission
 from asyncflow.session.call import CompiledCall
 from asyncflow.session.callables import SessionCallable
@@ -450,7 +450,7 @@ class Session:
             return await self._admitted(call, frame, options, run_metadata)
         return await self._drive(call, frame, self._timeout_ms(options), options, run_metadata)
 
-    async def _drive(
+    async def _drive(  # noqa: C901, PLR0915 - the per-step hot path, see below
         self,
         call: CompiledCall,
         frame: CallFrame,
@@ -474,10 +474,17 @@ class Session:
         (``run_sync`` of an all-inline plan, on no loop at all, is this phase run to
         its end: :meth:`_inline_phase`, called directly).  Phase 2,
         what is left: the step is registered in flight (``close`` aborts and waits for
-        it) and awaited on the loop, under ``timeout_ms`` when positive.
+        it) and awaited on the loop, under ``timeout_ms`` when positive.  A step made
+        here, untraced and with no deadline, is awaited through its await protocol
+        written out in this frame (``Step.run``'s loop): its lone kernel is awaited by
+        the driver itself.
+
+        (Longer than the house's limits on purpose: a helper coroutine around that
+        await would be the coroutine level per step in flight this avoids.)
         """
         if slice_s is not None and running_loop() is None:
             require_asyncio("Session.run")  # raises, saying what to do instead
+        here: Step | None = None  # a step whose lone kernel this frame awaits itself
         if step is None:
             trace = options is not None and _wants_trace(options, run_metadata)
             if call.step_less and not trace and run_metadata is None:
@@ -486,6 +493,8 @@ class Session:
                     return result
             if call.single and self._master is None:  # (_runner's first case: no call)
                 step = Step(call.bound[0], frame, trace)
+                if not trace and timeout_ms <= 0:
+                    here = step
             else:
                 step = self._runner(call, frame, trace)
         del frame  # (the step has its args: not kept while it is in flight)
@@ -498,7 +507,28 @@ class Session:
         started = time.perf_counter()
         self._enter(step)
         try:
-            if timeout_ms > 0:
+            if here is not None:
+                # ``Step.run``'s loop, written out in this frame for the step made here
+                # (untraced, no deadline): the lone kernel is awaited by the driver
+                # itself, one coroutine level less per step in flight.  Every rule is
+                # in the step's methods; ``Step.run`` is the reference.
+                try:
+                    work = here.start_waiting()
+                    while work is not None:
+                        try:
+                            v = await work
+                        except BaseException as exc:
+                            if (work := here.await_raised(exc)) is RAISE_ON:
+                                raise
+                        else:
+                            work = here.awaited(v)
+                    values = here.outcome()
+                    if values is None:  # work left for the step's task group
+                        values = await here.run_rest()
+                except BaseException as exc:
+                    await here.unwind(exc)
+                    raise
+            elif timeout_ms > 0:
                 values = await self._within(step, timeout_ms)
             else:
                 values = await step.run()
