@@ -539,8 +539,9 @@ class Step:
         try:
             if self._bound.options.own_task_group:
                 # The step's own group, run here: no coroutine level of its own (see
-                # _join).
-                self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]
+                # _join); started already when tasks were started beside the lone kernel.
+                if self._spawn is None:
+                    self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]
                 try:
                     await self._drive(self._loop)  # type: ignore[arg-type]
                 finally:
@@ -798,9 +799,10 @@ class Step:
         token, i, args = parked
         self._alone, self._alone_aborted, self._alone_node = task, False, i
         self._alone_token = token
-        # The kernel's step, for ``running()`` and the kernel (_awaits_here, written
-        # out: the caller has the task); the step there before (a function call's
-        # caller) is put back after.
+        # The kernel's step, for ``running()`` and the kernel, in the task's entry of
+        # ``awaiting`` (:meth:`_awaits_here`, written out: the caller has the task); the
+        # step there before (a function call's caller) is put back after
+        # (:meth:`_awaited_by`).
         self._alone_outer = awaiting.get(task)
         awaiting[task] = self
         try:
@@ -1048,7 +1050,8 @@ class Step:
         tasks = self._tasks
         if tasks is None:
             tasks = self._tasks = set()
-        tasks.add(spawn(self._run_node(token, i, args, self._label())))
+        label = self._label() if self._trace is not None else None
+        tasks.add(spawn(self._run_node(token, i, args, label)))
 
     async def _run_node(
         self,
