@@ -390,15 +390,24 @@ async def _drive_partial(r: Run, built: dict[int, Any], runner: _Runner) -> Outc
     return outcome
 
 
-def _run_options(af_: Any, run: Run, base: af.RunOptions | None) -> af.RunOptions:
-    """``base`` (or the defaults) with the run's deadline, else 20 s: nothing hangs."""
+def _run_options(af_: Any, run: Run, base: af.RunOptions | None) -> af.RunOptions | None:
+    """``base`` with the run's own deadline, if it has one.  A run without one passes
+    none (or ``base`` as it is): the session's default path, whose driver awaits a
+    step's lone kernel in its own frame; the caller bounds its wait instead
+    (:meth:`_AsyncflowRunner._caller`), so nothing hangs."""
+    if not run.timeout_ms:
+        return base
     options = base if base is not None else af_.RunOptions()
-    timeout = run.timeout_ms or options.timeout_in_ms or 20_000
-    return dataclasses.replace(options, timeout_in_ms=timeout)
+    return dataclasses.replace(options, timeout_in_ms=run.timeout_ms)
 
 
-#: How long the synchronous door's caller waits for one ``run_sync`` (its thread).
+#: How long a caller waits for one run (a ``run_sync`` on its thread, an awaited run
+#: without a deadline of its own) before the run counts as hung.
 SYNC_WAIT_S = 20.0
+
+
+class Hung(AssertionError):
+    """A run did not finish within ``SYNC_WAIT_S``."""
 
 
 class _AsyncflowRunner(_Runner):
@@ -417,14 +426,21 @@ class _AsyncflowRunner(_Runner):
         ``run_options``) passes no options, so that the door may start the step on no
         loop at all; instead the wait for the thread is bounded (a step still waiting
         then fails this run, and the session's close cancels it)."""
-        options = _run_options(self.af, run, self.base) if run.timeout_ms or self.base else None
+        options = _run_options(self.af, run, self.base)
         work = asyncio.to_thread(call, *args, options=options)
         return await asyncio.wait_for(work, SYNC_WAIT_S)
 
     async def _caller(self, run: Run, step: Awaitable[Any]) -> Any:
-        """``step``, given up on after ``run.cancel_ms`` (a cancelled caller)."""
+        """``step``, given up on after ``run.cancel_ms`` (a cancelled caller), or after
+        ``SYNC_WAIT_S`` (a hung run: the test fails)."""
         if not run.cancel_ms:
-            return await step
+            try:
+                async with asyncio.timeout(SYNC_WAIT_S):
+                    return await step
+            except TimeoutError as exc:
+                if isinstance(exc, self.af.errors.OpError):  # the step's own deadline
+                    raise
+                raise Hung(f"a run did not finish in {SYNC_WAIT_S} s") from None
         try:
             async with asyncio.timeout(run.cancel_ms / 1000):
                 return await step

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import datetime
 import itertools
+import sys
 from typing import Any
 
 import numpy as np
@@ -302,6 +303,37 @@ def test_step_less_runs_in_the_straight_line_variants(monkeypatch: pytest.Monkey
             assert outcomes["raised"] >= 1, (name, outcomes)
         elif not options.straight_line:
             assert outcomes["ran"] == outcomes["raised"] == 0, (name, outcomes)
+
+
+def test_the_driver_awaits_lone_kernels_itself_in_the_plain_variants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A step the driver made (untraced, no deadline of its own) is awaited through
+    # ``Step.run``'s loop written out in the driver's frame: its lone kernels returning
+    # and raising (a dequeue the caller gives up on, a closed queue) there; runs with a
+    # deadline take ``Step.run`` itself.  Both agree with the reference.
+    programs = [
+        generate(seed, c) for c in ("queues", "deadlines", "functions") for seed in range(12)
+    ]
+    seen: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def counted(name: str) -> Any:
+        method = getattr(step_module.Step, name)
+
+        def call(step: Any, *args: Any) -> Any:
+            seen[(sys._getframe(1).f_code.co_qualname, name)] += 1
+            return method(step, *args)
+
+        return call
+
+    for name in ("awaited", "await_raised"):
+        monkeypatch.setattr(step_module.Step, name, counted(name))
+    for name, config in _untraced_variants():
+        seen.clear()
+        _agree(programs, name, config)
+        assert seen[("Session._drive", "awaited")] >= 5, (name, seen)
+        assert seen[("Session._drive", "await_raised")] >= 1, (name, seen)
+        assert seen[("Step.run", "awaited")] >= 5, (name, seen)
 
 
 def test_generation_is_deterministic() -> None:
