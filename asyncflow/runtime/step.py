@@ -449,15 +449,18 @@ class Step:
 
     # -- the await protocol (``run``'s loop; the session's driver writes it out too) ------
 
-    def start_waiting(self) -> Any:
-        """The start of an awaited run: drain what is ready, take the running loop;
+    def start_waiting(self, loop: asyncio.AbstractEventLoop | None = None) -> Any:
+        """The start of an awaited run: drain what is ready, take the running loop
+        (``loop``, when the caller asked for it already: asking costs a system call);
         then what the awaiting frame awaits first — the lone async node's kernel,
         started in the caller's task (see :meth:`_alone_start`) — or None."""
         # (Nothing ready, the common case after the driver's inline slice: no drain.)
         finished = self._error is not None or not self.has_ready() or self._drain_quiet()
         if self._error is not None or (finished and not self._outstanding):
             return None
-        loop = self._loop = asyncio.get_running_loop()
+        if loop is None:
+            loop = asyncio.get_running_loop()
+        self._loop = loop
         if self._parked is None:
             return None
         # (Given the loop: asking for it again costs a system call.)

@@ -482,7 +482,10 @@ class Session:
         (Longer than the house's limits on purpose: a helper coroutine around that
         await would be the coroutine level per step in flight this avoids.)
         """
-        if slice_s is not None and running_loop() is None:
+        # (Asking for the running loop costs a system call, CPython checking the process
+        # id: asked once here, and handed to the step that awaits here.)
+        loop = running_loop()
+        if loop is None and slice_s is not None:
             require_asyncio("Session.run")  # raises, saying what to do instead
         here: Step | None = None  # a step whose lone kernel this frame awaits itself
         if step is None:
@@ -513,7 +516,7 @@ class Session:
                 # itself, one coroutine level less per step in flight.  Every rule is
                 # in the step's methods; ``Step.run`` is the reference.
                 try:
-                    work = here.start_waiting()
+                    work = here.start_waiting(loop)
                     while work is not None:
                         try:
                             v = await work
