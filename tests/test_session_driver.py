@@ -404,8 +404,8 @@ async def test_a_step_waiting_for_its_task_after_its_first_kernel_has_no_group_l
     graph: af.Graph, collector_off: None
 ) -> None:
     """The first kernel returned, the other still runs in the step's own group: the
-    driver waits for it through the step's rest (Step.run_rest) and its waiting loop
-    (Step._drive), with no coroutine level for the group itself."""
+    driver awaits the step's waiting loop (Step._drive, what ``Step.run_rest`` hands
+    it) directly, with no coroutine level for the group itself."""
     callers: set[asyncio.Task[Any] | None] = set()
     gate = asyncio.Event()
 
@@ -432,7 +432,7 @@ async def test_a_step_waiting_for_its_task_after_its_first_kernel_has_no_group_l
         gate.set()
         assert await asyncio.gather(*tasks) == [6.0] * 50
     assert coros["Step.run"] == 0  # (its loop is the driver's)
-    assert coros["Step.run_rest"] == 50
+    assert coros["Step.run_rest"] == 0  # (not a coroutine: it hands the loop over)
     assert coros["Step._run_node"] == 50  # the waiting kernel's task
     assert coros["Step._drive"] == 50  # the step waits for it
     assert coros["Step._run_tasks"] == 0

@@ -437,8 +437,9 @@ class Step:
                     else:
                         work = self.awaited(v)
                 values = self.outcome()
-                if values is None:  # work left for the task group
-                    values = await self.run_rest()
+                while values is None:  # work left for the task group
+                    await self.run_rest()
+                    values = self.outcome()
             except BaseException as exc:
                 await self.unwind(exc)
                 raise
@@ -476,13 +477,7 @@ class Step:
         readies); what to await next (the next lone node's kernel) or None."""
         task = self._alone
         assert task is not None
-        # (_awaited_by, written out: every waiting step's path.)
-        outer = self._alone_outer
-        if outer is None:
-            del awaiting[task]
-        else:
-            self._alone_outer = None
-            awaiting[task] = outer
+        self._awaited_by(task)
         try:
             try:
                 convert = self._alone_convert
@@ -526,9 +521,10 @@ class Step:
         """The end of an awaited run: None while work is left for the task group
         (:meth:`run_rest`); else the step's retvals, or its first error raised."""
         if self._loop is not None:
-            if not self._settled() or self._tasks:
+            # (A finished step is settled: no call to ask, on every waiting step's path.)
+            if not (self._finished or self._settled()) or self._tasks:
                 return None
-            # (_close, written out: every waiting step's path.)
+            # Closed: nothing new starts, no loop or group is kept.
             self._stopped = True
             self._spawn = None
             self._loop = None
@@ -536,33 +532,19 @@ class Step:
             raise self._error
         return self._retvals()
 
-    async def run_rest(self) -> list[Any]:
-        """What the lone await left: the step's task group, until the step is done,
-        fails or stops; then the step's :meth:`outcome`."""
-        try:
-            if self._bound.options.own_task_group:
-                # The step's own group, run here: no coroutine level of its own (see
-                # _join); started already when tasks were started beside the lone kernel.
-                if self._spawn is None:
-                    self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]
-                try:
-                    await self._drive(self._loop)  # type: ignore[arg-type]
-                finally:
-                    if self._tasks:  # (most often empty: no coroutine to make)
-                        await self._join()
-            else:
-                await self._in_task_group()
-        finally:
-            self._close()
-        values = self.outcome()
-        assert values is not None  # (closed: nothing is left)
-        return values
-
-    def _close(self) -> None:
-        """The awaited run is over: nothing new starts, no loop or group is kept."""
-        self._stopped = True
-        self._spawn = None
-        self._loop = None
+    def run_rest(self) -> Coroutine[Any, Any, None]:
+        """What the awaiting frame awaits while work is left for the step's task group
+        (:meth:`outcome` None; it asks again after): the step's waiting loop, in its
+        own group (no coroutine level for the group, see :meth:`_join`) or an
+        ``asyncio.TaskGroup``, until the step is done, fails or stops; once it failed
+        or stopped, the join of its tasks still stopping."""
+        if self._settled():
+            return self._join()
+        if not self._bound.options.own_task_group:
+            return self._in_task_group()
+        if self._spawn is None:  # (started already when tasks started beside the kernel)
+            self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]
+        return self._drive(self._loop)  # type: ignore[arg-type]
 
     async def unwind(self, exc: BaseException) -> None:
         """An awaited run raises ``exc`` (a cancellation, a ``BaseException`` of a
@@ -573,7 +555,10 @@ class Step:
                 self._cancel_tasks()
                 await self._join()
         finally:
-            self._close()
+            # Closed: nothing new starts, no loop or group is kept (as ``outcome``).
+            self._stopped = True
+            self._spawn = None
+            self._loop = None
             if isinstance(exc, asyncio.CancelledError):
                 clear_frames(exc)  # the task group's frames hold it: no cycle left behind
 

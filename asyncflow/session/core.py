@@ -526,8 +526,9 @@ class Session:
                         else:
                             work = here.awaited(v)
                     values = here.outcome()
-                    if values is None:  # work left for the step's task group
-                        values = await here.run_rest()
+                    while values is None:  # work left for the step's task group
+                        await here.run_rest()
+                        values = here.outcome()
                 except BaseException as exc:
                     await here.unwind(exc)
                     raise
