@@ -5,6 +5,7 @@ needs a step held open), and Dask TLS security with a certificate made for the t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -119,6 +120,42 @@ class Hangs:
     def release_all(self) -> None:
         for kernel in self._threads:
             kernel.release()
+
+
+@pytest.fixture(params=["driver", "Step.run"])
+def awaited_both_ways(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """Run the test twice: its steps awaited by the session driver's own loop (the
+    default: no deadline), and by ``Step.run`` (every session made with a deadline far
+    away, ``operation_timeout_in_ms``, so the driver awaits ``Step.run`` under it).
+    The second checks that ``Step.run`` did run."""
+    if request.param == "driver":
+        yield request.param
+        return
+    from asyncflow.runtime.step import Step
+
+    runs: list[int] = []
+    run = Step.run
+    init = af.Session.__init__
+
+    def counted(step: Step) -> Any:
+        runs.append(1)
+        return run(step)
+
+    def with_deadline(
+        sess: af.Session,
+        target: Any = "",
+        graph: af.Graph | None = None,
+        config: af.SessionConfig | None = None,
+    ) -> None:
+        base = config if config is not None else af.SessionConfig()
+        init(sess, target, graph, dataclasses.replace(base, operation_timeout_in_ms=600_000))
+
+    monkeypatch.setattr(Step, "run", counted)
+    monkeypatch.setattr(af.Session, "__init__", with_deadline)
+    yield request.param
+    assert runs, "no step was awaited through Step.run"
 
 
 @pytest.fixture

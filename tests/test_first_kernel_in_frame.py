@@ -20,6 +20,9 @@ from asyncflow.runtime.step import SLICE
 if TYPE_CHECKING:
     from tests.conftest import Hangs
 
+#: Every test twice: awaited by the driver's own loop and by ``Step.run``.
+pytestmark = pytest.mark.usefixtures("awaited_both_ways")
+
 
 def _two(a: Any, b: Any) -> tuple[af.Graph, af.Tensor, af.Tensor]:
     """``(a(x) + b(x + 1)) * 2``: two async kernels, both ready at once."""

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 TWO = af.SessionConfig(device_count={"CPU": 2})
 
+#: Every test twice: awaited by the driver's own loop and by ``Step.run``.
+pytestmark = pytest.mark.usefixtures("awaited_both_ways")
+
 
 def _graph(kernel: Any) -> tuple[af.Graph, af.Tensor, af.Tensor]:
     g = af.Graph()
