@@ -499,10 +499,10 @@ def run_asyncflow(
     place ops on ``/cpu:1``, so a given config needs two CPU devices too) and
     ``run_options`` (default: none) for every run and callable call (partial runs take
     no run options); each run's deadline is the program's, else ``run_options``'s,
-    else 20 s, so that nothing hangs.  ``sync``: runs and callable calls go through
-    the synchronous door (``run_sync``, on a worker thread; a run whose caller gives
-    up keeps the async form), with no deadline unless the run or ``run_options`` has
-    one (the wait for the thread is bounded instead)."""
+    else none: the caller's wait is bounded instead (``SYNC_WAIT_S``), so that nothing
+    hangs.  ``sync``: runs and callable calls go through the synchronous door
+    (``run_sync``, on a worker thread; a run whose caller gives up keeps the async
+    form), the wait for the thread bounded the same way."""
     import asyncflow as af
 
     api = asyncflow_api()

@@ -88,6 +88,19 @@ def _variants() -> list[tuple[str, af.SessionConfig, bool]]:
 VARIANTS = _variants()
 _TRACE = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE, timeout_in_ms=20_000)
 
+#: The plain variants pass no deadline of their own (their steps are awaited by the
+#: session driver's own loop); these run every program under one, so an untraced
+#: ``Step.run`` under the driver's deadline runs them too: one per engine.
+DEADLINE_VARIANTS = [
+    (f"{name}/deadline", config)
+    for name, config, traced in VARIANTS
+    if not traced
+    and config.executor_options.handoffs
+    and config.executor_options.shuffle_seed == 0
+    and config.graph_options.optimizer_options.opt_level == af.OptimizerOptions.L1
+]
+_DEADLINE = af.RunOptions(timeout_in_ms=20_000)
+
 
 def _expected(program: Program) -> Outcome:
     return run_numpy(program)
@@ -107,6 +120,10 @@ def _check(program: Program, expected: Outcome, traced_steps: list[int]) -> list
         if traced and any(o[0] == "ok" for o in ours) and len(traced_steps) == before:
             failures.append(f"seed {program.seed} [{name}]: no step was traced")
         why = compare(ours, expected)
+        if why is not None:
+            failures.append(f"seed {program.seed} ({program.category}) [{name}]: {why}")
+    for name, config in DEADLINE_VARIANTS:
+        why = compare(run_asyncflow(program, config=config, run_options=_DEADLINE), expected)
         if why is not None:
             failures.append(f"seed {program.seed} ({program.category}) [{name}]: {why}")
     return failures
@@ -334,6 +351,14 @@ def test_the_driver_awaits_lone_kernels_itself_in_the_plain_variants(
         assert seen[("Session._drive", "awaited")] >= 5, (name, seen)
         assert seen[("Session._drive", "await_raised")] >= 1, (name, seen)
         assert seen[("Step.run", "awaited")] >= 5, (name, seen)
+    assert len(DEADLINE_VARIANTS) == 2  # one per engine
+    for name, config in DEADLINE_VARIANTS:
+        seen.clear()
+        for p in programs:
+            ours = run_asyncflow(p, config=config, run_options=_DEADLINE)
+            assert compare(ours, _expected(p)) is None, (p.seed, name)
+        assert seen[("Session._drive", "awaited")] == 0, (name, seen)
+        assert seen[("Step.run", "awaited")] >= 10, (name, seen)
 
 
 def test_generation_is_deterministic() -> None:
