@@ -277,7 +277,7 @@ def service(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
     """An ASGI app under load: ``await sess.run`` vs ``asyncio.gather`` of the same
     coroutines, endpoint beside endpoint in one server (see :mod:`benchmarks.service`)."""
     del af  # served from a child process
-    ids = ("service.cpu", "service.p50", "service.p99")
+    ids = ("service.cpu", "service.p50", "service.p99", "service.ops")
     missing = svc.missing_modules()
     if missing:
         for row_id in ids:
@@ -329,3 +329,14 @@ def service(af: Af, s: Sizes, rows: dict[str, Row]) -> None:
         f"process CPU time / requests; latency at the client"
     )
     rows["service.cpu"].notes.append(f"best repeats: {summary('run')}; {summary('gather')}")
+
+    counts = svc.census(s.service_census_requests)
+    ops = rows["service.ops"]
+    ops.record([counts["run"]["all"]], [counts["gather"]["all"]])
+    ops.notes.append(
+        f"the same app driven through ASGI in this process (no HTTP), one request at a "
+        f"time, asyncio.sleep(0) as the I/O; bytecodes counted with sys.settrace over "
+        f"{s.service_census_requests} requests per endpoint (the same count every run): "
+        f"asyncflow's own {counts['run']['asyncflow']:,.0f} of /run's "
+        f"{counts['run']['all']:,.0f}; /gather runs {counts['gather']['all']:,.0f}"
+    )

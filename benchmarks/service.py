@@ -32,6 +32,7 @@ import gc
 import importlib
 import importlib.util
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -263,6 +264,102 @@ def measure(requests: int, concurrency: int, sleep: float, repeats: int) -> list
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+# --------------------------------------------------------------------------- census
+
+
+def census(requests: int) -> dict[str, dict[str, float]]:
+    """Bytecodes per request of each endpoint, counted in this process (``sys.settrace``
+    with opcode events): the app is driven through its ASGI interface, no HTTP, one
+    request at a time, with ``asyncio.sleep(0)`` as its I/O stand-in, so the counts are
+    the same from run to run (a figure the machine's noise does not move).  Per
+    endpoint: every bytecode the request runs (the app, Starlette, asyncio), and
+    asyncflow's own among them."""
+    return asyncio.run(_census(requests))
+
+
+async def _census(requests: int) -> dict[str, dict[str, float]]:
+    import asyncflow
+
+    root = os.path.dirname(asyncflow.__file__) + os.sep
+    app = create_app(0.0)
+    async with _lifespan(app):
+        return {endpoint: await _count(app, endpoint, requests, root) for endpoint in ENDPOINTS}
+
+
+async def _count(app: Any, endpoint: str, requests: int, root: str) -> dict[str, float]:
+    """The bytecodes per request of ``endpoint``: all, and those of files under ``root``."""
+    for _ in range(max(10, requests // 10)):  # warm-up: the plan's compilation
+        await _asgi_get(app, endpoint)
+    counts = {"all": 0, "asyncflow": 0}
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            counts["all"] += 1
+            if frame.f_code.co_filename.startswith(root):
+                counts["asyncflow"] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        for _ in range(requests):
+            await _asgi_get(app, endpoint)
+    finally:
+        sys.settrace(None)
+    return {k: v / requests for k, v in counts.items()}
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: Any) -> AsyncIterator[None]:
+    """The app's ASGI lifespan (its session open) around the block."""
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    scope = {"type": "lifespan", "asgi": {"version": "3.0"}}
+    task = asyncio.create_task(app(scope, inbox.get, outbox.put))
+    try:
+        await inbox.put({"type": "lifespan.startup"})
+        started = await asyncio.wait_for(outbox.get(), 30.0)
+        if started["type"] != "lifespan.startup.complete":
+            raise RuntimeError(f"the app did not start: {started}")
+        yield
+    finally:
+        await inbox.put({"type": "lifespan.shutdown"})
+        await asyncio.wait_for(task, 30.0)
+
+
+async def _asgi_get(app: Any, endpoint: str) -> None:
+    """One ``GET /endpoint?x=1`` through the app's ASGI interface; checks the answer."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": f"/{endpoint}",
+        "raw_path": f"/{endpoint}".encode(),
+        "query_string": b"x=1",
+        "root_path": "",
+        "headers": [(b"host", b"127.0.0.1")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    status = sent[0].get("status")
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    if status != 200 or body != EXPECTED.encode():
+        raise AssertionError(
+            f"/{endpoint} answered {status} {body[:200]!r}, expected 200 {EXPECTED!r}"
+        )
 
 
 def main(argv: list[str]) -> int:

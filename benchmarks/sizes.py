@@ -76,6 +76,7 @@ class Sizes:
     service_requests: int = 2_000  # HTTP requests per endpoint per repeat
     service_concurrency: int = 50  # requests in flight
     service_sleep: float = 0.001  # seconds the endpoints' async kernel sleeps (I/O)
+    service_census_requests: int = 200  # requests per endpoint whose bytecodes are counted
     # Repeats per endpoint, alternating endpoints (a median of 3 swung by more than
     # the target's margin from run to run).
     service_repeats: int = 5
@@ -109,6 +110,7 @@ QUICK = Sizes(
     service_requests=200,
     service_concurrency=20,
     service_repeats=1,
+    service_census_requests=20,
     loop_n=2_000,
     loop_cond_n=1_000,
     queue_n=1_000,
