@@ -396,8 +396,16 @@ class PropagatorState(StepSide):
     __slots__ = ()  # (its step's class declares them: GENERAL_SLOTS)
     _bound: BoundPlan
     _nodes: Sequence[BoundNode]
+    _info: FrameInfo  # (read by control flow only: set whenever there is some)
+    _fready: deque[tuple[int, _Frame, int]]
+    _root: _Frame | None
+    # The loop side's (set only in a plan with loops, see ``_init_general``).
     _loops: Sequence[FastLoop | None]
-    _info: FrameInfo  # (read by the loop side only: set whenever there are loops)
+    _initial: Sequence[Any]
+    _initial_pending: Sequence[int]
+    _initial_refs: Sequence[int] | None
+    _pick: Callable[[int], int] | None
+    _on_exit: Any
 
     def _init_general(
         self,
@@ -431,25 +439,31 @@ class PropagatorState(StepSide):
         # (no Merge without control flow: then one shared, always empty dict)
         self._merges: dict[int, list[Any]] = {} if info is not None else _NO_MERGES
         # (Tests only: asked only when they shuffle, no call per step otherwise.)
-        self._shuffle = _shuffler(bound) if bound.options.shuffle_seed is not None else None
-        # The loop side (written here, not in a helper: one call less per step): the
-        # root frame instance (only with loops) and its helpers.
+        shuffled = bound.options.shuffle_seed is not None
+        self._shuffle = _shuffler(bound) if shuffled else None
         self._info = info  # type: ignore[assignment]
+        if not bound.frames:
+            # No loops: frame tokens never exist, so one shared deque that stays empty
+            # (nothing but frame code appends to it) and no root frame.  The loop
+            # side's other slots are never read: left unset, five writes less per step.
+            self._fready = _NO_FRAMES
+            self._root = None
+            return
+        # The loop side (written here, not in a helper: one call less per step): the
+        # root frame instance and its helpers.
         self._initial = plan.initial_values
         self._initial_pending = plan.initial_pending
         self._initial_refs = plan.initial_refs
         self._loops = loops  # the fast path per static frame (none: the general form)
-        # Frame tokens exist only in a plan with loops: without, one shared deque that
-        # stays empty (nothing but frame code appends to it), not one per step.
-        self._fready: deque[tuple[int, _Frame, int]] = deque() if bound.frames else _NO_FRAMES
+        self._fready = deque()
         # The frame tree's root; its values are the flat lists above, its iteration
-        # only counts the child frames it holds.  None: a plan without loops.
-        self._root: _Frame | None = _Frame(0, "", None, 0, 0) if bound.frames else None
+        # only counts the child frames it holds.
+        self._root = _Frame(0, "", None, 0, 0)
         # (Tests only, ExecutorOptions.shuffle_seed: which ready frame token runs next.)
-        rng = bound.options.shuffler() if bound.options.shuffle_seed is not None else None
+        rng = bound.options.shuffler() if shuffled else None
         self._pick = rng.randrange if rng is not None else None
         # A streaming step's hook: an Exit delivered a fetched value (None: nobody streams).
-        self._on_exit: Any = bound.derived.get("on_exit")
+        self._on_exit = bound.derived.get("on_exit")
 
     def has_ready(self) -> bool:
         return bool(self._ready or self._fready)
