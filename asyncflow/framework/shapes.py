@@ -214,5 +214,8 @@ def broadcast_shapes(a: TensorShape, b: TensorShape) -> TensorShape:
 
 
 def shape_of_value(shape: Iterable[int]) -> TensorShape:
-    """A fully defined TensorShape from a concrete numpy shape tuple."""
-    return TensorShape._from_tuple(tuple(shape))
+    """A fully defined TensorShape from a concrete numpy shape tuple (a scalar's is the
+    one shared scalar shape: an op on two scalars then finds one shape object on both
+    sides and needs no broadcast)."""
+    dims = tuple(shape)
+    return TensorShape._from_tuple(dims) if dims else _SCALAR
