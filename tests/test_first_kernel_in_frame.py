@@ -7,8 +7,9 @@ every kernel, and no task or cancellation left behind."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -193,3 +194,159 @@ async def test_with_an_asyncio_task_group_every_kernel_is_a_task() -> None:
         assert await sess.run(y, {x: 1.0}) == 6.0
         assert asyncio.current_task() not in where
         assert len(where) == 2
+
+
+# -- the first kernel returned, the other still runs: the frame awaits the step's wake-up
+
+
+class _Phase(NamedTuple):
+    """A step whose in-frame kernel returns at once while its task kernel hangs."""
+
+    graph: af.Graph
+    x: af.Tensor
+    y: af.Tensor
+    returned: asyncio.Event  # set as the in-frame kernel returns
+    where: dict[str, asyncio.Task[Any] | None]  # the task each kernel ran in
+
+
+def _first_returns(hang: Any) -> _Phase:
+    """``_two`` whose in-frame kernel (``second``, the one the ready stack dispatches
+    first) returns at once and whose task kernel (``first``) is ``hang``.  Once
+    ``returned`` is set, the caller's task goes on, without yielding, into awaiting
+    the step's wake-up future: by the time anything else runs after the event, the
+    step waits for its task there."""
+    returned = asyncio.Event()
+    where: dict[str, asyncio.Task[Any] | None] = {}
+
+    async def returns(v: Any) -> Any:
+        where["second"] = asyncio.current_task()
+        await asyncio.sleep(0)
+        returned.set()
+        return v
+
+    async def hangs(v: Any) -> Any:
+        where["first"] = asyncio.current_task()
+        return await hang(v)
+
+    g, x, y = _two(hangs, returns)
+    return _Phase(g, x, y, returned, where)
+
+
+def _awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """What ``task`` is suspended in: its coroutines' names, outermost first, then the
+    type of what the innermost awaits."""
+    chain: list[str] = []
+    at: Any = task.get_coro()
+    while inspect.iscoroutine(at):
+        chain.append(at.cr_code.co_qualname)
+        at = at.cr_await
+    return [*chain, type(at).__name__]
+
+
+@pytest.mark.parametrize("swallow", [False, True])
+async def test_cancelling_the_caller_while_it_waits_for_the_task_stops_it(
+    hanging_kernel: Hangs, swallow: bool
+) -> None:
+    hang = hanging_kernel.async_kernel(swallow=swallow)
+    g, x, y, returned, where = _first_returns(hang)
+    async with af.Session(graph=g) as sess:
+        caller = asyncio.ensure_future(sess.run(y, {x: 1.0}))
+        await returned.wait()
+        await hang.started.wait()
+        assert where["second"] is caller  # the in-frame kernel, returned
+        assert where["first"] is not caller  # the one in the step's task, hanging
+        # The awaiting frame (the driver's, or Step.run's under a deadline) awaits the
+        # step's wake-up future itself: no coroutine of the step's waiting loop.
+        chain = _awaiting(caller)
+        assert chain[-2] in ("Session._drive", "Step.run"), chain
+        assert chain[-1] == "FutureIter", chain
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert hang.ended == ["cancelled"]  # stopped before the caller's cancel ended
+        assert not _others()
+        assert sess.statistics().in_flight == 0
+        assert await sess.run(x, {x: 1.0}) == 1.0
+
+
+async def test_a_deadline_while_the_caller_waits_for_the_task_names_that_kernel(
+    hanging_kernel: Hangs,
+) -> None:
+    hang = hanging_kernel.async_kernel()
+    g, x, y, returned, _ = _first_returns(hang)
+    async with af.Session(graph=g) as sess:
+        with pytest.raises(af.errors.DeadlineExceededError, match="first") as info:
+            await sess.run(y, {x: 1.0}, options=af.RunOptions(timeout_in_ms=50))
+        assert returned.is_set()
+        assert "'second'" not in str(info.value)  # it had returned
+        assert hang.ended == ["cancelled"]
+        assert not _others()
+
+
+async def test_the_callers_cancel_reaches_the_cancellation_manager_before_the_task() -> None:
+    """A kernel that watches the step's cancellation manager (a thread kernel would
+    poll it) finds it cancelled by the time its own task is cancelled."""
+    seen: list[bool] = []
+    watching = asyncio.Event()
+
+    async def watches(v: Any) -> Any:
+        manager = af.get_cancellation_manager()
+        assert manager is not None
+        watching.set()
+        try:
+            async with asyncio.timeout(10):
+                await asyncio.Event().wait()  # until its task is cancelled
+        finally:
+            seen.append(manager.is_cancelled)
+        return v
+
+    g, x, y, returned, _ = _first_returns(watches)
+    async with af.Session(graph=g) as sess:
+        caller = asyncio.ensure_future(sess.run(y, {x: 1.0}))
+        await returned.wait()
+        await watching.wait()
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert seen == [True]
+        assert not _others()
+
+
+@pytest.mark.parametrize("swallow", [False, True])
+async def test_close_while_the_caller_waits_for_the_task_fails_the_step_not_the_caller(
+    hanging_kernel: Hangs, swallow: bool
+) -> None:
+    hang = hanging_kernel.async_kernel(swallow=swallow)
+    g, x, y, returned, _ = _first_returns(hang)
+    sess = af.Session(graph=g)
+    outcome: list[Any] = []
+
+    async def caller() -> None:
+        try:
+            await sess.run(y, {x: 1.0})
+        except af.errors.CancelledError as exc:
+            outcome.append(exc)
+        me = asyncio.current_task()
+        assert me is not None
+        assert me.cancelling() == 0
+        outcome.append("went on")
+
+    task = asyncio.ensure_future(caller())
+    await returned.wait()
+    await hang.started.wait()
+    await sess.close()
+    await task
+    assert isinstance(outcome[0], af.errors.CancelledError)
+    assert "closed" in str(outcome[0])
+    assert outcome[1] == "went on"
+    assert hang.ended == ["cancelled"]
+
+
+async def test_the_task_failing_while_the_caller_waits_for_it_names_its_node() -> None:
+    g, x, y, returned, _ = _first_returns(_fails)
+    async with af.Session(graph=g) as sess:
+        with pytest.raises(af.errors.InvalidArgumentError, match="first"):
+            await sess.run(y, {x: 1.0})
+        assert returned.is_set()
+        assert not _others()
+        assert await sess.run(x, {x: 1.0}) == 1.0  # the session stays usable

@@ -403,9 +403,10 @@ async def test_a_step_awaiting_two_kernels_keeps_one_task_and_few_objects(
 async def test_a_step_waiting_for_its_task_after_its_first_kernel_has_no_group_level(
     graph: af.Graph, collector_off: None
 ) -> None:
-    """The first kernel returned, the other still runs in the step's own group: the
-    driver awaits the step's waiting loop (Step._drive, what ``Step.run_rest`` hands
-    it) directly, with no coroutine level for the group itself."""
+    """The first kernel returned, the other still runs in the step's own group, and
+    nothing is ready: the driver awaits the step's wake-up future itself (what
+    ``Step.run_rest`` hands it), with no coroutine of the step's waiting loop and none
+    for the group."""
     callers: set[asyncio.Task[Any] | None] = set()
     gate = asyncio.Event()
 
@@ -434,7 +435,7 @@ async def test_a_step_waiting_for_its_task_after_its_first_kernel_has_no_group_l
     assert coros["Step.run"] == 0  # (its loop is the driver's)
     assert coros["Step.run_rest"] == 0  # (not a coroutine: it hands the loop over)
     assert coros["Step._run_node"] == 50  # the waiting kernel's task
-    assert coros["Step._drive"] == 50  # the step waits for it
+    assert coros["Step._drive"] == 0  # the driver awaits the wake-up future, not a loop
     assert coros["Step._run_tasks"] == 0
     assert coros["Step._in_task_group"] == 0
 

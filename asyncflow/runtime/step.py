@@ -56,7 +56,7 @@ import math
 import threading
 import time
 import traceback
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncflow import errors
@@ -532,25 +532,39 @@ class Step:
             raise self._error
         return self._retvals()
 
-    def run_rest(self) -> Coroutine[Any, Any, None]:
+    def run_rest(self) -> Awaitable[None]:
         """What the awaiting frame awaits while work is left for the step's task group
-        (:meth:`outcome` None; it asks again after): the step's waiting loop, in its
-        own group (no coroutine level for the group, see :meth:`_join`) or an
-        ``asyncio.TaskGroup``, until the step is done, fails or stops; once it failed
-        or stopped, the join of its tasks still stopping."""
+        (:meth:`outcome` None; it asks again after): with nothing ready, the step's
+        wake-up future itself (a task or recv that finishes, fails or stops the step
+        sets it, see :meth:`_wake`: no coroutine of a waiting loop around it); with
+        nodes ready, the step's waiting loop (:meth:`_drive`), in its own group (no
+        coroutine level for the group, see :meth:`_join`) or an ``asyncio.TaskGroup``,
+        until the step is done, fails or stops; once it failed or stopped, the join of
+        its tasks still stopping.  A cancellation of the caller while it awaits any of
+        them is :meth:`unwind`'s."""
         if self._settled():
             return self._join()
         if not self._bound.options.own_task_group:
             return self._in_task_group()
         if self._spawn is None:  # (started already when tasks started beside the kernel)
             self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]
-        return self._drive(self._loop)  # type: ignore[arg-type]
+        if self.has_ready():
+            return self._drive(self._loop)  # type: ignore[arg-type]
+        done = self._done = self._loop.create_future()  # type: ignore[union-attr]
+        return done
 
     async def unwind(self, exc: BaseException) -> None:
         """An awaited run raises ``exc`` (a cancellation, a ``BaseException`` of a
         kernel, the step's error): the tasks started beside a lone kernel are stopped
-        and joined first, and the step is closed."""
+        and joined first, and the step is closed.  A cancellation that the step has
+        not seen yet (the caller's, or its deadline, while the awaiting frame awaited
+        the step's wake-up) stops it first: nothing new may start, kernels that poll
+        the step's cancellation manager see it, recvs are cancelled too."""
         try:
+            if isinstance(exc, asyncio.CancelledError) and not self._stopped:
+                self._stopped = True
+                self._cancel_manager()
+                self._cancel_tasks()
             if self._tasks:
                 self._cancel_tasks()
                 await self._join()
