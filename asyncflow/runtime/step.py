@@ -270,7 +270,7 @@ class Step:
     _spare: RecvWaiter | None
     _spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None
     _stopped: bool
-    _tasks: set[asyncio.Task[None]] | None
+    _tasks: dict[asyncio.Task[None], int] | None
     _trace: StepTrace | None
 
     if TYPE_CHECKING:  # the engine's side, defined by the step's engine class
@@ -363,7 +363,7 @@ class Step:
         # The others dispatched before the step had a task group, made by the first one.
         step._deferred = None
         # The step's tasks, made by the first one (a step that awaits one lone node, the
-        # common step of a service, never makes the set).
+        # common step of a service, never makes the dict).
         step._tasks = None
         # Futures of waiting recvs (no hand-off queue), made by the first one.
         step._recvs = None
@@ -624,13 +624,10 @@ class Step:
 
     def running(self) -> list[str]:
         """The names of the async and thread nodes started and not finished: what a
-        deadline landing now interrupts (TF names the pending op).  Read from the
-        running tasks' frames, so the hot path pays nothing for it."""
+        deadline landing now interrupts (TF names the pending op): the lone node, and
+        the nodes of the tasks not done."""
         found = [self._alone_node] if self._alone is not None else []
-        for task in self._tasks or ():
-            frame = getattr(task.get_coro(), "cr_frame", None)  # _run_node's, until it ends
-            if frame is not None and isinstance(frame.f_locals.get("i"), int):
-                found.append(frame.f_locals["i"])
+        found += [i for task, i in (self._tasks or {}).items() if not task.done()]
         ops = self._bound.ops
         return sorted(getattr(ops[i], "name", str(i)) for i in found)
 
@@ -802,7 +799,7 @@ class Step:
         self._alone, self._alone_aborted, self._alone_node = task, False, i
         self._alone_token = token
         # The kernel's step, for ``running()`` and the kernel, in the task's entry of
-        # ``awaiting`` (:meth:`_awaits_here`, written out: the caller has the task); the
+        # ``awaiting`` (as a task of the step does in :meth:`_run_node`); the
         # step there before (a function call's caller) is put back after
         # (:meth:`_awaited_by`).
         self._alone_outer = awaiting.get(task)
@@ -1049,11 +1046,12 @@ class Step:
             return
         # The task leaves _tasks itself when its body ends (no done callback to schedule);
         # one cancelled before it started stays until the step, which is failing, ends.
+        # Its node beside it: what ``running`` names.
         tasks = self._tasks
         if tasks is None:
-            tasks = self._tasks = set()
+            tasks = self._tasks = {}
         label = self._label() if self._trace is not None else None
-        tasks.add(spawn(self._run_node(token, i, args, label)))
+        tasks[spawn(self._run_node(token, i, args, label))] = i
 
     async def _run_node(
         self,
@@ -1068,15 +1066,18 @@ class Step:
         The kernel's coroutine is made here, inside the task, so a task cancelled
         before it starts leaves no coroutine that was never awaited.
         """
+        task = asyncio.current_task(self._loop)
         keep = False  # a task leaves _tasks as its body ends, unless it raises (below)
         try:
             try:
-                outer = self._awaits_here()
+                # The kernel's step, for the kernel (its cancellation manager, a function
+                # call's caller): a task of the step's own, so none was there before.
+                awaiting[task] = self
                 try:
                     work, convert = self._start_kernel(self._nodes[i], args, label)
                     v = await work
                 finally:
-                    self._awaited_here(outer)
+                    del awaiting[task]
                 if convert is not None:
                     v = convert(v)
             except BaseException as exc:
@@ -1088,23 +1089,10 @@ class Step:
             self._finish(token, i, v)
         finally:
             if not keep and self._tasks is not None:
-                self._tasks.discard(asyncio.current_task(self._loop))
-
-    def _awaits_here(self) -> Step | None:
-        """This step awaits a kernel in the current task (``running()`` finds it); the
-        step that did before, if any, to put back after.  (The task is asked for, not
-        kept in the awaiting frame: a failure's traceback would hold a cycle.)"""
-        task = asyncio.current_task(self._loop)
-        outer: Step | None = awaiting.get(task)
-        awaiting[task] = self
-        return outer
-
-    def _awaited_here(self, outer: Step | None) -> None:
-        task = asyncio.current_task(self._loop)
-        if outer is None:
-            del awaiting[task]
-        else:
-            awaiting[task] = outer
+                self._tasks.pop(task, None)  # type: ignore[arg-type]
+            # (A failure's traceback keeps this frame: not the task too, whose
+            # cancellation error would keep the traceback, a cycle.)
+            del task
 
     def _kernel_raised(self, i: int, exc: BaseException, alone: bool) -> tuple[bool, bool]:
         """THE rule for an awaited kernel (async or thread node ``i``) that raised:
