@@ -342,16 +342,13 @@ class Step:
         # The step's own task while an async node is awaited in it (see run),
         # else None; plain fields, not a list: no object per step for it.
         step._alone = None
-        step._alone_aborted = False  # the lone node's task was cancelled by the step's abort
-        step._alone_node = -1
-        step._alone_token = None
-        # While the lone node's kernel runs: the step awaiting in that task before (a
-        # function call's caller), the caller's cancel requests when it started (one
-        # more when the kernel returns: the caller was cancelled meanwhile), the
-        # conversion of the kernel's result (``_async_work``).
-        step._alone_outer = None
-        step._alone_cancels = 0
-        step._alone_convert = None
+        # The lone await's own fields are left unset until it starts (written by
+        # ``start_waiting`` and ``_alone_start`` before anything reads them, which is
+        # only while ``_alone`` is set): whether the step's abort cancelled the
+        # awaiting task, the node and its token; while its kernel runs, the step
+        # awaiting in that task before (a function call's caller), the caller's cancel
+        # requests when it started (one more when the kernel returns: the caller was
+        # cancelled meanwhile), the conversion of the kernel's result (``_async_work``).
         step._loop = None
         step._done = None
         # Dispatched, unfinished nodes: tasks (and deferred ones) and waiting recvs.
@@ -897,13 +894,7 @@ class Step:
     ) -> None:
         """Start node ``i`` (``token`` to the propagator), which does not run inline."""
         kind = node.flow
-        if kind == _SEND:
-            self._send(token, i, node, args, frame_id, iter_id, is_dead)
-            return
-        if kind == _RECV:
-            self._recv(token, i, node, frame_id, iter_id)
-            return
-        if kind == _ASYNC:
+        if kind == _ASYNC:  # (the common one first)
             # An async kernel with a ``nowait`` twin (queue ops) first tries to finish
             # at once, like an inline node: no task, no future.  Its error fails node i
             # through the drain.
@@ -913,6 +904,12 @@ class Step:
                 if v is not WOULD_BLOCK:
                     self.complete(token, v)
                     return
+        elif kind == _SEND:
+            self._send(token, i, node, args, frame_id, iter_id, is_dead)
+            return
+        elif kind == _RECV:
+            self._recv(token, i, node, frame_id, iter_id)
+            return
         self._outstanding += 1
         spawn = self._spawn
         if spawn is None:
