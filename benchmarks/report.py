@@ -21,11 +21,16 @@ class Target:
     # overhead in the overlap workload) and ours is within 10% of the anchor, the
     # target cannot be judged on this machine: "inconclusive", not "met".
     anchor_must_meet: bool = False
+    # Judged on the medians of the repeats, not on the best of each side (a figure
+    # whose best repeats swing with the machine more than the target's margin: the
+    # service's CPU per request).
+    median: bool = False
 
     def text(self, unit: str) -> str:
+        of = " (medians)" if self.median else ""
         if self.relative:
-            return f"{self.op} {_num(self.value)}x anchor"
-        return f"{self.op} {_num(self.value)} {unit}"
+            return f"{self.op} {_num(self.value)}x anchor{of}"
+        return f"{self.op} {_num(self.value)} {unit}{of}"
 
     def met(self, ours: float, anchor: float | None) -> bool | None:
         if self.relative:
@@ -111,7 +116,7 @@ class Row:
             return "skipped"
         if self.error is not None or self.ours is None:
             return "NOT met (error)"
-        met = self.target.met(self.ours, self.anchor)
+        met = self.target.met(*self.judged())
         if met is None:
             return "unknown"
         if (
@@ -139,6 +144,14 @@ class Row:
         if met is None:
             return "unknown"
         return "met" if met else "NOT met"
+
+    def judged(self) -> tuple[float, float | None]:
+        """(ours, anchor) as the target judges them: the best repeats, or their
+        medians for a target on the medians (when the repeats have them)."""
+        assert self.ours is not None
+        if self.target is not None and self.target.median and self.ours_median is not None:
+            return self.ours_median, self.anchor_median
+        return self.ours, self.anchor
 
     def _near_anchor(self, tolerance: float = 1.1) -> bool:
         """Whether ours is within ``tolerance`` of the anchor (in the target's
@@ -331,7 +344,12 @@ def render_targets(rows: list[Row]) -> str:
         if r.target is not None:
             what = f"{r.id}: asyncflow {ours} {r.unit}"
             if r.target.relative and r.ours is not None and r.anchor:
-                what += f" = {r.ours / r.anchor:.2f}x anchor ({_num(r.anchor)} {r.unit})"
+                mine, theirs = r.judged()
+                if mine is not r.ours:  # judged on the medians
+                    what = f"{r.id}: asyncflow median {_num(mine)} {r.unit}"
+                if theirs:
+                    of = " median" if mine is not r.ours else ""
+                    what += f" = {mine / theirs:.2f}x anchor{of} ({_num(theirs)} {r.unit})"
             status = r.status
             line = f"[{status:^7}] {what}; target {r.target.text(r.unit)}"
             if status == "inconclusive":
