@@ -17,6 +17,7 @@ import pytest
 import asyncflow as af
 from asyncflow.runtime.propagators import CHECK_EVERY
 from asyncflow.runtime.step import SLICE
+from tests.closing import assert_closed, closed_run
 
 if TYPE_CHECKING:
     from tests.conftest import Hangs
@@ -319,26 +320,11 @@ async def test_close_while_the_caller_waits_for_the_task_fails_the_step_not_the_
     hang = hanging_kernel.async_kernel(swallow=swallow)
     g, x, y, returned, _ = _first_returns(hang)
     sess = af.Session(graph=g)
-    outcome: list[Any] = []
-
-    async def caller() -> None:
-        try:
-            await sess.run(y, {x: 1.0})
-        except af.errors.CancelledError as exc:
-            outcome.append(exc)
-        me = asyncio.current_task()
-        assert me is not None
-        assert me.cancelling() == 0
-        outcome.append("went on")
-
-    task = asyncio.ensure_future(caller())
+    task = asyncio.ensure_future(closed_run(sess, y, {x: 1.0}))
     await returned.wait()
     await hang.started.wait()
     await sess.close()
-    await task
-    assert isinstance(outcome[0], af.errors.CancelledError)
-    assert "closed" in str(outcome[0])
-    assert outcome[1] == "went on"
+    assert_closed(await task)
     assert hang.ended == ["cancelled"]
 
 

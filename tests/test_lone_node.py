@@ -15,6 +15,7 @@ import pytest
 import asyncflow as af
 from asyncflow.runtime.cancellation import awaiting, running
 from asyncflow.runtime.step import current_step
+from tests.closing import assert_closed, closed_run
 
 if TYPE_CHECKING:
     from tests.conftest import Hangs
@@ -119,26 +120,10 @@ async def test_close_aborts_the_lone_kernel_without_cancelling_the_caller(
     )  # a kernel that swallows the cancellation still ends the step
     g, x, y = _graph(hang)
     sess = af.Session(graph=g)
-    outcome: list[Any] = []
-
-    async def caller() -> None:
-        try:
-            await sess.run(y, {x: 1.0})
-        except af.errors.CancelledError as exc:
-            outcome.append(exc)
-        me = asyncio.current_task()
-        assert me is not None
-        assert me.cancelling() == 0
-        await asyncio.sleep(0.01)  # nothing pending: this task goes on normally
-        outcome.append("went on")
-
-    task = asyncio.ensure_future(caller())
+    task = asyncio.ensure_future(closed_run(sess, y, {x: 1.0}))
     await hang.started.wait()
     await sess.close()
-    await task
-    assert isinstance(outcome[0], af.errors.CancelledError)
-    assert "closed" in str(outcome[0])
-    assert outcome[1] == "went on"
+    assert_closed(await task)
 
 
 async def test_failure_on_another_device_aborts_the_lone_kernel(hanging_kernel: Hangs) -> None:

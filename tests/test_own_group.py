@@ -19,6 +19,7 @@ import pytest
 import asyncflow as af
 from asyncflow.runtime.cancellation import awaiting, get_cancellation_manager, running
 from asyncflow.runtime.step import current_step
+from tests.closing import assert_closed, closed_run
 
 if TYPE_CHECKING:
     from tests.conftest import Hangs
@@ -231,28 +232,12 @@ async def test_close_aborts_the_step_without_cancelling_the_caller(
     a, b = hanging_kernel.async_kernel(swallow), hanging_kernel.async_kernel()
     g, x, y = _pair(a, b)
     sess = af.Session(graph=g, config=_config(group))
-    outcome: list[Any] = []
-
-    async def caller() -> None:
-        try:
-            await sess.run(y, {x: 1.0})
-        except af.errors.CancelledError as exc:
-            outcome.append(exc)
-        me = asyncio.current_task()
-        assert me is not None
-        assert me.cancelling() == 0
-        await asyncio.sleep(0.01)  # nothing pending: this task goes on normally
-        outcome.append("went on")
-
     before = asyncio.all_tasks()
-    task = asyncio.ensure_future(caller())
+    task = asyncio.ensure_future(closed_run(sess, y, {x: 1.0}))
     await a.started.wait()
     await b.started.wait()
     await sess.close()
-    await task
-    assert isinstance(outcome[0], af.errors.CancelledError)
-    assert "closed" in str(outcome[0])
-    assert outcome[1] == "went on"
+    assert_closed(await task)
     assert a.ended == b.ended == ["cancelled"]
     _assert_clean(before)
 
