@@ -561,9 +561,10 @@ class Step:
             if isinstance(exc, asyncio.CancelledError) and not self._stopped:
                 self._stopped = True
                 self._cancel_manager()
+                self._cancel_tasks()  # (and its recvs)
+            elif self._tasks:
                 self._cancel_tasks()
             if self._tasks:
-                self._cancel_tasks()
                 await self._join()
         finally:
             # Closed: nothing new starts, no loop or group is kept (as ``outcome``).
