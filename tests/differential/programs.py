@@ -895,14 +895,31 @@ class _Gen:
         self.runs.append(Run(fetches, mode="callable", feed_list=feed_list, calls=calls))
 
     def make_deadlines(self) -> None:
-        """Slow async kernels over the devices, run under random deadlines and by
-        callers that give up at random times."""
+        """Slow async kernels over the devices (or all on one: the step is then one
+        partition, which the session's driver awaits in its own frame), some side by
+        side, run under random deadlines and by callers that give up at random times."""
         rng = self.rng
-        devices = ("/cpu:0", "/cpu:1")
+        devices = ("/cpu:0",) if rng.random() < 0.5 else ("/cpu:0", "/cpu:1")
         dt = rng.choice(NUMERIC)
         shape = rng.choice(((), (3,)))
-        x = self.leaf(dt, shape)
+        x = self.on(self.leaf(dt, shape), devices[0])
         for _ in range(rng.randint(2, 5)):
+            if rng.random() < 0.4:
+                # Two side by side on one device: the first dispatched is awaited in the
+                # caller's frame, the other in a task of the step, and whichever ends
+                # first, the step then waits for the other.
+                device = rng.choice(devices)
+                a, b = (
+                    self.on(
+                        self.add("sleep", (x,), {"ms": rng.choice((0, 1, 2, 4))}, dt, shape),
+                        device,
+                    )
+                    for _ in range(2)
+                )
+                x = self.on(
+                    self.add("binary", (a, b), {"op": rng.choice(SAFE_BINARY)}, dt, shape), device
+                )
+                continue
             x = self.on(
                 self.add("sleep", (x,), {"ms": rng.choice((0, 1, 2, 4))}, dt, shape),
                 rng.choice(devices),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import inspect
 import itertools
 import sys
 from typing import Any
@@ -359,6 +360,35 @@ def test_the_driver_awaits_lone_kernels_itself_in_the_plain_variants(
             assert compare(ours, _expected(p)) is None, (p.seed, name)
         assert seen[("Session._drive", "awaited")] == 0, (name, seen)
         assert seen[("Step.run", "awaited")] >= 10, (name, seen)
+
+
+def test_steps_wait_for_their_tasks_on_the_wake_up_future_in_both_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What is left after a step's first kernel (``Step.run_rest``) with nothing ready is
+    # the step's wake-up future itself, awaited by the driver's frame (a one-partition
+    # step, two slow kernels side by side) and by ``Step.run``'s (a partition waiting
+    # for its recvs); the random programs take both and agree with the reference.
+    programs = [
+        generate(seed, c)
+        for c in ("queues", "deadlines", "functions", "devices", "partial_runs")
+        for seed in range(12)
+    ]
+    seen: collections.Counter[tuple[str, str]] = collections.Counter()
+    run_rest = step_module.Step.run_rest
+
+    def counted(step: Any) -> Any:
+        rest = run_rest(step)
+        kind = type(rest).__name__ if not inspect.iscoroutine(rest) else rest.cr_code.co_name
+        seen[(sys._getframe(1).f_code.co_qualname, kind)] += 1
+        return rest
+
+    monkeypatch.setattr(step_module.Step, "run_rest", counted)
+    for name, config in _untraced_variants():
+        seen.clear()
+        _agree(programs, name, config)
+        assert seen[("Session._drive", "Future")] >= 3, (name, seen)
+        assert seen[("Step.run", "Future")] >= 3, (name, seen)
 
 
 def test_generation_is_deterministic() -> None:
