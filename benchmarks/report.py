@@ -145,12 +145,17 @@ class Row:
             return "unknown"
         return "met" if met else "NOT met"
 
+    @property
+    def on_medians(self) -> bool:
+        """The target judges the medians of the repeats (and the repeats have them)."""
+        return self.target is not None and self.target.median and self.ours_median is not None
+
     def judged(self) -> tuple[float, float | None]:
         """(ours, anchor) as the target judges them: the best repeats, or their
-        medians for a target on the medians (when the repeats have them)."""
+        medians (:attr:`on_medians`)."""
+        if self.on_medians:
+            return self.ours_median, self.anchor_median  # type: ignore[return-value]
         assert self.ours is not None
-        if self.target is not None and self.target.median and self.ours_median is not None:
-            return self.ours_median, self.anchor_median
         return self.ours, self.anchor
 
     def _near_anchor(self, tolerance: float = 1.1) -> bool:
@@ -345,10 +350,10 @@ def render_targets(rows: list[Row]) -> str:
             what = f"{r.id}: asyncflow {ours} {r.unit}"
             if r.target.relative and r.ours is not None and r.anchor:
                 mine, theirs = r.judged()
-                if mine is not r.ours:  # judged on the medians
+                of = " median" if r.on_medians else ""
+                if r.on_medians:
                     what = f"{r.id}: asyncflow median {_num(mine)} {r.unit}"
                 if theirs:
-                    of = " median" if mine is not r.ours else ""
                     what += f" = {mine / theirs:.2f}x anchor{of} ({_num(theirs)} {r.unit})"
             status = r.status
             line = f"[{status:^7}] {what}; target {r.target.text(r.unit)}"
