@@ -86,7 +86,8 @@ async def test_a_waiting_step_keeps_few_objects_beyond_a_plain_coroutine() -> No
     g, x, y = _graph(io)
     async with af.Session(graph=g) as sess:
         gate.set()
-        assert await sess.run(y, {x: 1.0}) == 2.0  # compiled, caches warm
+        for _ in range(3):  # compiled, the program lowered, caches warm
+            assert await sess.run(y, {x: 1.0}) == 2.0
         assert await plain() == 2.0
         gate.clear()
         theirs, their_types = await _kept_per_task(plain, gate)
@@ -172,7 +173,8 @@ async def test_a_step_asks_for_the_loop_once_and_takes_the_sessions_lock_twice()
 
     g, x, y = _graph(io)
     async with af.Session(graph=g) as sess:
-        assert await sess.run(y, {x: 1.0}) == 2.0
+        for _ in range(3):  # compiled, the program lowered, caches warm
+            assert await sess.run(y, {x: 1.0}) == 2.0
         with _builtin_calls() as calls:
             assert await sess.run(y, {x: 1.0}) == 2.0
     # (The driver asks through asyncio's check that raises nothing: the same call.)

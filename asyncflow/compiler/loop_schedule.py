@@ -65,9 +65,11 @@ __all__ = [
     "MAX_NODES",
     "Instr",
     "LoopSchedule",
+    "program_starts",
     "root_runs_straight_line",
     "runs_straight_line",
     "schedule_loops",
+    "started",
 ]
 
 #: Instruction kinds.  ``I_LOOP``: a whole loop frame as one instruction of its
@@ -112,13 +114,65 @@ def runs_straight_line(nodes: Iterable[Any], hops: bool = False) -> bool:
     )
 
 
+def started(node: Any) -> bool:
+    """Whether a frame-free program *starts* ``node`` (hands it to the step's dispatch
+    and goes on) and joins it before its first consumer, instead of running it: an
+    async kernel with no ``nowait`` twin (a database or HTTP call, an async
+    ``py_func``) and at least one output (its first output slot says whether its value
+    arrived).  A queue's kernels (a twin that may wait for another node of the step)
+    and kernels of other kinds keep the general engine."""
+    return (
+        node.flow == registry.ASYNC
+        and getattr(node.kernel, "nowait", None) is None
+        and getattr(node, "num_outputs", 0) > 0
+    )
+
+
+def program_starts(
+    nodes: Sequence[Any], consumers: Sequence[Iterable[int]]
+) -> frozenset[int] | None:
+    """The nodes a frame-free partition's program starts (:func:`started`), or None
+    when the partition keeps the general engine: some node is neither straight-line
+    (:func:`runs_straight_line`, with hops) nor started, or a started node depends on
+    another one's value (an I/O chain: a fixed order could start the second call only
+    after an unrelated one, so the general engine, which starts it when its own input
+    arrives, keeps it).  With one level of started nodes, a program starts every one
+    before it waits for any, as early as the general engine would."""
+    starts: list[int] = []
+    for i, n in enumerate(nodes):
+        if runs_straight_line((n,), hops=True):
+            continue
+        if not started(n):
+            return None
+        starts.append(i)
+    if not starts:
+        return frozenset()
+    chosen = frozenset(starts)
+    seen: set[int] = set()
+    stack = [c for s in starts for c in consumers[s]]
+    while stack:
+        c = stack.pop()
+        if c in seen:
+            continue
+        if c in chosen:
+            return None
+        seen.add(c)
+        stack.extend(consumers[c])
+    return chosen
+
+
 def root_runs_straight_line(
-    info: FrameInfo | None, schedules: Sequence[LoopSchedule | None], nodes: Sequence[Any]
+    info: FrameInfo | None,
+    schedules: Sequence[LoopSchedule | None],
+    nodes: Sequence[Any],
+    consumers: Sequence[Iterable[int]] | None = None,
 ) -> bool:
     """Whether a whole partition runs as ONE straight-line program (the rule's
     structural half; the kernel kinds are :func:`runs_straight_line`'s).
 
-    Without control flow (``info`` None) that is the kernels' rule alone.  With
+    Without control flow (``info`` None) that is the kernels' rule alone, and with the
+    partition's ``consumers`` given, async kernels the program starts and joins
+    (:func:`program_starts`).  With
     loops, the root frame's program holds each loop frame as one instruction
     (``I_LOOP``: the frame's own schedule, run to its end) when nothing in the root
     frame can be dead or wait: the root frame routes nothing (no Switch, Merge or
@@ -128,6 +182,8 @@ def root_runs_straight_line(
     and the root's run inline or hop.  Anything else keeps the general propagator
     (whose loop frames may still take their own schedules)."""
     if info is None:
+        if consumers is not None:
+            return program_starts(nodes, consumers) is not None
         return runs_straight_line(nodes, hops=True)
     if len(info.frames) < 2 or any(s is None or not s.closed for s in schedules[1:]):
         return False

@@ -86,7 +86,8 @@ class BoundPlan:
     #: Loops in the partition: readiness propagates through frames and iterations.
     frames: bool
     #: Only inline kernels and no control flow but loops that run as one instruction
-    #: each (no dead tensor, nothing routed in the root frame): steps may run its
+    #: each (no dead tensor, nothing routed in the root frame), or, without control
+    #: flow, one level of async calls the program starts and joins: steps may run its
     #: static order in the straight-line interpreter
     #: (:mod:`asyncflow.runtime.interpreter`; ``root_runs_straight_line``).
     schedulable: bool = False
@@ -228,9 +229,10 @@ def bind(
         )
     # One program for the partition: frame-free, or loops as instructions of the root
     # frame's program (see ``root_runs_straight_line``).  A program hands a node to the
-    # step's dispatch when its kernel's ``nowait`` twin cannot finish it inline.
+    # step's dispatch when its kernel's ``nowait`` twin cannot finish it inline, and
+    # starts the async calls of a frame-free partition (``program_starts``).
     schedulable = options.straight_line and root_runs_straight_line(
-        plan.frames, plan.loop_schedules, nodes
+        plan.frames, plan.loop_schedules, nodes, plan.consumers
     )
     return BoundPlan(
         plan,

@@ -2,7 +2,9 @@
 
 The compiler lowers what a fixed order can express into programs of
 :class:`~asyncflow.compiler.loop_schedule.Instr` (a partition of synchronous kernels
-whose root frame routes nothing, its loops one instruction each:
+whose root frame routes nothing, its loops one instruction each, or without control
+flow with one level of async calls, each started (:class:`Start`: the step's
+dispatch) and joined before its first reader (:class:`Join`):
 :func:`asyncflow.runtime.static_order.lower_static_order`; a simple loop frame's
 iteration: :mod:`asyncflow.compiler.loop_schedule`).  Here an
 instruction is bound to its kernel as a closure over its slots (one call per node:
@@ -38,12 +40,12 @@ from asyncflow.compiler.loop_schedule import (
     I_MERGE,
     I_SWITCH,
     Instr,
+    program_starts,
 )
 from asyncflow.framework import registry
 from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.observe.trace import current_trace, traced_op
 from asyncflow.runtime.propagators import (
-    CHECK_EVERY,
     DONE,
     FAILED,
     RUNNING,
@@ -55,7 +57,7 @@ from asyncflow.runtime.propagators import (
     switch_outputs,
 )
 from asyncflow.runtime.resources import WOULD_BLOCK
-from asyncflow.runtime.static_order import StaticProgram, lower_static_order
+from asyncflow.runtime.static_order import JOIN, START, StaticProgram, lower_static_order
 
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundNode, BoundPlan
@@ -206,6 +208,35 @@ class Hop(Exception):  # (a signal between a closure and its runner, not an erro
     def store(self, vals: list[Any], value: Any) -> None:
         """The node's value arrived: its outputs into ``vals``, its inputs freed."""
         _store(vals, value, self.out, self.nout, self.frees)
+
+
+#: The first output slot of a started node whose value has not arrived yet.
+_PENDING: Any = type("_Pending", (), {"__repr__": lambda self: "<pending>"})()
+
+
+class Start:
+    """A started node (an async kernel the program dispatches and goes on): its input
+    slots, what it frees when it starts (its inputs' last reads), and where its value
+    goes when it arrives (:meth:`store`, from the step's ``complete``)."""
+
+    __slots__ = ("frees", "ins", "node", "nout", "out", "own")
+
+    def __init__(self, x: Instr) -> None:
+        self.node, self.ins, self.out, self.nout = x.node, x.ins, x.out, x.num_outputs
+        mine = range(x.out, x.out + x.num_outputs)
+        self.frees = tuple(r for r in x.frees if r not in mine)
+        #: Its unread outputs, freed as they arrive (``ProgramPropagator.complete``).
+        self.own = tuple(r for r in x.frees if r in mine)
+
+
+class Join:
+    """The program waits here until started ``node``'s value arrived (its first output
+    slot ``slot`` holds no :data:`_PENDING`)."""
+
+    __slots__ = ("node", "slot")
+
+    def __init__(self, node: int, slot: int) -> None:
+        self.node, self.slot = node, slot
 
 
 class RunLoop(Exception):  # (a signal between a closure and its runner, not an error)
@@ -454,7 +485,7 @@ class BoundProgram:
     a large program is made over its first run's time slices (a deadline or a
     cancellation lands between two blocks), and costs nothing again."""
 
-    __slots__ = ("_loops", "_nodes", "args", "blocks", "program", "through")
+    __slots__ = ("_loops", "_nodes", "args", "blocks", "program", "started", "through")
 
     def __init__(
         self,
@@ -467,8 +498,11 @@ class BoundProgram:
         self._nodes = nodes
         #: Per static loop frame: its fast path (what a loop instruction runs).
         self._loops = loops
-        #: Per block: its closures, or None until a step first runs it.
-        self.blocks: list[tuple[Op, ...] | None] = [None] * (-(-len(program) // CHECK_EVERY))
+        #: Per block (``program.spans``): its closures, a :class:`Start` or a
+        #: :class:`Join`, or None until a step first runs it.
+        self.blocks: list[tuple[Op, ...] | Start | Join | None] = [None] * len(program.spans)
+        #: Per started node: its :class:`Start` (made with its block).
+        self.started: dict[int, Start] = {}
         #: (slot, feed index) of every _Arg node.
         self.args = args
         #: The program is one block without a loop instruction or a node that may hop:
@@ -478,19 +512,28 @@ class BoundProgram:
         if len(self.blocks) == 1:  # made now (a step would make it at once): known now
             self.block(0)
 
-    def block(self, b: int) -> tuple[Op, ...]:
-        """Block ``b``'s closures (lowered and bound on first use)."""
+    def block(self, b: int) -> tuple[Op, ...] | Start | Join:
+        """Block ``b`` (lowered and bound on first use): its closures, or the node it
+        starts or joins."""
         ops = self.blocks[b]
-        if ops is None:
+        if ops is not None:
+            return ops
+        lo, hi, kind, node = self.program.spans[b]
+        if kind == JOIN:
+            ops = Join(node, self.program.out_of(node))
+        elif kind == START:
+            (x,) = self.program.instrs(lo, hi)
+            ops = self.started[node] = Start(x)
+        else:
             with gc_paused(promote_after=0):  # new objects, none cyclic, kept with the plan
-                instrs = self.program.instrs(b * CHECK_EVERY, (b + 1) * CHECK_EVERY)
+                instrs = self.program.instrs(lo, hi)
                 ops = tuple(self._closure(x) for x in instrs)
-            self.blocks[b] = ops
             self.through = len(self.blocks) == 1 and all(
                 x.kind != I_LOOP
                 and (x.kind != I_KERNEL or self._nodes[x.node].flow != registry.ASYNC)
                 for x in instrs
             )
+        self.blocks[b] = ops
         return ops
 
     def _closure(self, x: Instr) -> Op:
@@ -504,9 +547,9 @@ class BoundProgram:
         """The node of closure ``f`` of block ``b`` (what a failing closure names:
         found from its position, not kept in a map of every closure)."""
         ops = self.blocks[b]
-        if ops is None or f not in ops:
+        if not isinstance(ops, tuple) or f not in ops:
             return -1
-        return max(-1, self.program.order[b * CHECK_EVERY + ops.index(f)])
+        return max(-1, self.program.order[self.program.spans[b][0] + ops.index(f)])
 
 
 #: What a program's loop instructions run: per static frame of a bound plan, its fast
@@ -562,8 +605,9 @@ def _lowered(bound: BoundPlan, loops_of: LoopsOf) -> BoundProgram | None:
     if not due:
         return None
     plan = bound.plan
+    starts = program_starts(bound.nodes, plan.consumers) if plan.frames is None else frozenset()
     with gc_paused():  # ~10x faster for a large plan in a large heap
-        lowered = lower_static_order(plan)
+        lowered = lower_static_order(plan, starts) if starts is not None else None
     if lowered is None:
         derived["unlowered"] = True  # some node never becomes ready: the general path
         return None
@@ -588,7 +632,10 @@ class ProgramPropagator(StepSide):
     A node whose ``nowait`` twin cannot finish it inline (:class:`Hop`) is the one
     thing dispatched: the step runs it as the general engine would (a task, a worker
     thread), the program waits, and :meth:`complete` stores its value and resumes
-    right after it.  A loop frame's instruction (:class:`RunLoop`) runs the frame's
+    right after it.  A started call (:class:`Start`) is dispatched the same way but
+    the program goes on; its value is pending in its first output slot until
+    :meth:`complete` stores it, and a :class:`Join` before its first reader waits
+    for that (the step's wake-up: ``has_ready`` is false while a join waits).  A loop frame's instruction (:class:`RunLoop`) runs the frame's
     own programs (:mod:`asyncflow.runtime.loop_fastpath`) until it is done — across
     drains when the clock runs out between iterations — then the program goes on
     after it with the Exits' values."""
@@ -607,7 +654,8 @@ class ProgramPropagator(StepSide):
         self._next = 0  # the next block to run
         self._pos = 0  # where in it (after a hop or a loop: the closure after its own)
         self._end = len(program.blocks)
-        self._waiting: Hop | None = None  # the dispatched node, until its value arrives
+        # The hopped or joined node, until its value arrives.
+        self._waiting: Hop | Join | None = None
         self._loop_run: FastRun | None = None  # the loop frame running now, until it is done
 
     def has_ready(self) -> bool:
@@ -637,8 +685,11 @@ class ProgramPropagator(StepSide):
                 if self._next < self._end and step._error is None:
                     return False  # the clock: the step yields to the loop, then goes on
                 continue
-            if signal.__class__ is RunLoop:
-                self._start(signal)
+            cls = signal.__class__
+            if cls is Join:  # (waiting: its node's value resumes the program)
+                continue
+            if cls is RunLoop:
+                self._start(signal)  # type: ignore[arg-type]
                 continue
             hop: Hop = signal  # type: ignore[assignment]
             self._waiting = hop
@@ -650,11 +701,13 @@ class ProgramPropagator(StepSide):
                 step.fail(hop.node, exc)
         return True
 
-    # The per-node hot loop: one closure call per node.
-    def _run(self, until: float) -> Hop | RunLoop | None:
+    # The per-node hot loop: one closure call per node, and the starts and joins of a
+    # program's calls written out in it (one call less per call): kept in one piece.
+    def _run(self, until: float) -> Hop | RunLoop | Join | None:  # noqa: C901, PLR0915
         """Run from the current position to the end (None; ``_next`` is the end), to
-        the clock (None; ``_next`` is the next block) or to a hop or a loop (its
-        signal; ``_next`` and ``_pos`` say where to resume)."""
+        the clock (None; ``_next`` is the next block) or to a hop, a loop or a join
+        whose node's value has not arrived (its signal; ``_next`` and ``_pos`` say
+        where to resume).  Started nodes are started on the way."""
         step = self
         program = self._program
         blocks = program.blocks
@@ -662,7 +715,7 @@ class ProgramPropagator(StepSide):
         b = self._next
         end = self._end
         f: Op | None = None
-        ops: tuple[Op, ...] = ()
+        ops: Any = ()  # a block: its closures, or a Start or a Join
         try:
             if self._pos:  # resuming after a hop or a loop, in the middle of block b
                 ops = blocks[b] or program.block(b)
@@ -671,7 +724,40 @@ class ProgramPropagator(StepSide):
                 self._pos = 0
                 b += 1
             while b < end:
-                for f in (ops := blocks[b] or program.block(b)):
+                ops = blocks[b] or program.block(b)
+                if ops.__class__ is not tuple:  # a node to start or to join
+                    b += 1
+                    self._next = b
+                    if ops.__class__ is Join:
+                        if vals[ops.slot] is _PENDING:
+                            self._waiting = ops
+                            return ops
+                        continue
+                    # Start the node (written out here: one call less per call started):
+                    # its inputs read and their last reads freed, its value pending, the
+                    # node handed to the step's dispatch; the program goes on.
+                    start: Start = ops
+                    ins = start.ins
+                    n = len(ins)
+                    args = (
+                        [vals[ins[0]]]
+                        if n == 1
+                        else [vals[ins[0]], vals[ins[1]]]
+                        if n == 2
+                        else [vals[s] for s in ins]
+                    )
+                    for r in start.frees:
+                        vals[r] = None
+                    vals[start.out] = _PENDING
+                    node = start.node
+                    try:
+                        step.dispatch(node, node, self._bound.nodes[node], args)
+                    except Exception as exc:  # a twin's (a traced copy's kernel has none)
+                        self._next = end
+                        step.fail(node, exc)
+                        return None
+                    continue
+                for f in ops:
                     f(vals)
                 b += 1
                 if b < end and slice_over(until):
@@ -743,12 +829,25 @@ class ProgramPropagator(StepSide):
             trace.label = None  # root nodes run in no frame
 
     def complete(self, token: Any, value: Any) -> None:
-        """The hopped node's value: stored, and the program resumes after it."""
-        hop = self._waiting
-        if hop is None or token != hop.node:
+        """A dispatched node's value: stored; the program resumes after the hop, or
+        after the join, that waited for it."""
+        waiting = self._waiting
+        if waiting.__class__ is Hop and token == waiting.node:
+            self._waiting = None
+            waiting.store(self._vals, value)
+            return
+        start = self._program.started.get(token)
+        if start is None:
             raise AssertionError(f"a program dispatched no node {token}")
-        self._waiting = None
-        hop.store(self._vals, value)
+        vals = self._vals
+        if start.nout == 1:  # (Start.store written out: two calls less per call)
+            vals[start.out] = value
+        else:
+            vals[start.out : start.out + start.nout] = check_outputs(value, start.nout)
+        for r in start.own:
+            vals[r] = None
+        if waiting is not None and token == waiting.node:
+            self._waiting = None
 
     def retvals(self) -> list[Any]:
         vals, slots = self._vals, self._bound.plan.retval_slots  # the _Retval nodes

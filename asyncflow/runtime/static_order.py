@@ -2,6 +2,9 @@
 
 A partition made only of inline kernels, without control flow, always runs its nodes
 in the same order: nothing waits, nothing is dead, every node runs exactly once.  So
+does one with one level of async calls (``loop_schedule.program_starts``), in the
+order :func:`start_order` gives it: its program starts each call and joins it before
+its first reader.  So
 does one whose root frame routes nothing and whose loops are closed
 (``loop_schedule.root_runs_straight_line``): there each loop frame is one unit of
 the order (:func:`root_order`), one ``I_LOOP`` instruction that runs the frame's own
@@ -26,8 +29,17 @@ from __future__ import annotations
 from asyncflow.compiler.control_flow import CF_ENTER
 from asyncflow.compiler.loop_schedule import I_KERNEL, I_LOOP, Instr
 from asyncflow.compiler.plan import Plan
+from asyncflow.runtime.propagators import CHECK_EVERY
 
-__all__ = ["StaticProgram", "lower_static_order", "static_order"]
+__all__ = [
+    "JOIN",
+    "RUN",
+    "START",
+    "StaticProgram",
+    "lower_static_order",
+    "start_order",
+    "static_order",
+]
 
 
 def static_order(plan: Plan) -> tuple[int, ...] | None:
@@ -99,6 +111,47 @@ def root_order(plan: Plan) -> tuple[int, ...] | None:
     return tuple(order) if len(order) == len(units) else None
 
 
+def start_order(
+    plan: Plan, order: tuple[int, ...], starts: frozenset[int]
+) -> tuple[tuple[int, ...], dict[int, int]]:
+    """``order`` rearranged for a program that starts the async nodes ``starts`` (one
+    level of them, ``loop_schedule.program_starts``), and where it joins each: first
+    what the started nodes need and the starts themselves, then what needs none of
+    their values (run while the calls are in flight), then what does, each started
+    node joined right before its first consumer.  Every part keeps ``order``'s own
+    order, so the whole stays a topological order.  Returns the order and, per
+    started node that has consumers, the position it is joined before."""
+    consumers = plan.consumers
+    downstream: set[int] = set()
+    stack = [c for s in starts for c in consumers[s]]
+    while stack:
+        c = stack.pop()
+        if c not in downstream:
+            downstream.add(c)
+            stack.extend(consumers[c])
+    producers: list[list[int]] = [[] for _ in plan.nodes]
+    for p, cs in enumerate(consumers):
+        for c in cs:
+            producers[c].append(p)
+    upstream: set[int] = set(starts)
+    stack = [p for s in starts for p in producers[s]]
+    while stack:
+        p = stack.pop()
+        if p not in upstream:
+            upstream.add(p)
+            stack.extend(producers[p])
+    first = [i for i in order if i in upstream]
+    beside = [i for i in order if i not in upstream and i not in downstream]
+    after = [i for i in order if i in downstream]
+    rearranged = (*first, *beside, *after)
+    joins: dict[int, int] = {}
+    for pos in range(len(first) + len(beside), len(rearranged)):
+        for p in producers[rearranged[pos]]:
+            if p in starts and p not in joins:
+                joins[p] = pos
+    return rearranged, joins
+
+
 class StaticProgram:
     """A plan's static order as an instruction program over the plan's slots, lowered
     a range at a time (:meth:`instrs`): a large partition's program is made as its
@@ -108,11 +161,22 @@ class StaticProgram:
     producers of unread outputs) free what they free anyway, and a value read by
     several is freed by the last of them in the order."""
 
-    __slots__ = ("_enters", "_extra", "_plan", "order")
+    __slots__ = ("_enters", "_extra", "_plan", "order", "spans", "starts")
 
-    def __init__(self, plan: Plan, order: tuple[int, ...]) -> None:
+    def __init__(
+        self, plan: Plan, order: tuple[int, ...], starts: frozenset[int] = frozenset()
+    ) -> None:
         self._plan = plan
+        joins: dict[int, int] = {}
+        if starts:
+            order, joins = start_order(plan, order, starts)
         self.order = order
+        #: The async nodes the program starts (dispatches and goes on) and joins.
+        self.starts = starts
+        #: The program's blocks: ``(start, end, kind, node)`` over positions of the
+        #: order: ``RUN`` a range of at most ``CHECK_EVERY`` instructions, ``START``
+        #: the started node at ``start``, ``JOIN`` a wait for started ``node``'s value.
+        self.spans = _spans(order, starts, joins)
         #: Loop frame -> its Enters (a loop unit reads and frees what they do).
         self._enters: dict[int, list[int]] = {}
         if plan.frames is not None:
@@ -156,6 +220,10 @@ class StaticProgram:
             )
         return tuple(program)
 
+    def out_of(self, node: int) -> int:
+        """Node ``node``'s first output slot."""
+        return self._plan.out[node]
+
     def enters(self, f: int) -> tuple[int, ...]:
         """The Enters into loop frame ``f``, in the order its instruction reads them."""
         return tuple(self._enters[f])
@@ -171,8 +239,39 @@ class StaticProgram:
         return Instr(I_LOOP, enters[0], ins, -1, 0, (), tuple(dict.fromkeys(frees)), (), f)
 
 
-def lower_static_order(plan: Plan) -> StaticProgram | None:
-    """``plan``'s static order as a :class:`StaticProgram` (None when some node never
-    becomes ready: the general path then reports what waits)."""
+#: Kinds of a program's blocks (:attr:`StaticProgram.spans`).
+RUN, START, JOIN = range(3)
+
+
+def _spans(
+    order: tuple[int, ...], starts: frozenset[int], joins: dict[int, int]
+) -> tuple[tuple[int, int, int, int], ...]:
+    """The blocks of a program over ``order``: runs of at most ``CHECK_EVERY``
+    instructions (where a step looks at the clock), cut at each start and join."""
+    before: dict[int, list[int]] = {}
+    for node, pos in joins.items():
+        before.setdefault(pos, []).append(node)
+    spans: list[tuple[int, int, int, int]] = []
+    lo = 0
+    for pos, i in enumerate(order):
+        waits = before.get(pos)
+        if i in starts or waits is not None or pos - lo == CHECK_EVERY:
+            if pos > lo:
+                spans.append((lo, pos, RUN, -1))
+            lo = pos
+        for node in waits or ():
+            spans.append((pos, pos, JOIN, node))
+        if i in starts:
+            spans.append((pos, pos + 1, START, i))
+            lo = pos + 1
+    if len(order) > lo:
+        spans.append((lo, len(order), RUN, -1))
+    return tuple(spans)
+
+
+def lower_static_order(plan: Plan, starts: frozenset[int] = frozenset()) -> StaticProgram | None:
+    """``plan``'s static order as a :class:`StaticProgram` that starts ``starts``
+    (None when some node never becomes ready: the general path then reports what
+    waits)."""
     order = static_order(plan)
-    return None if order is None else StaticProgram(plan, order)
+    return None if order is None else StaticProgram(plan, order, starts)

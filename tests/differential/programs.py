@@ -903,6 +903,38 @@ class _Gen:
         dt = rng.choice(NUMERIC)
         shape = rng.choice(((), (3,)))
         x = self.on(self.leaf(dt, shape), devices[0])
+        if rng.random() < 0.35:
+            # One level of calls, fanned out from the leaf and joined by inline ops
+            # (no call reads another's value): a one-device step of it runs as a
+            # straight-line program that starts every call, then joins each before
+            # its first reader.
+            device = rng.choice(devices)
+            calls = [
+                self.on(
+                    self.add("sleep", (x,), {"ms": rng.choice((0, 1, 2, 4))}, dt, shape),
+                    device,
+                )
+                for _ in range(rng.randint(1, 4))
+            ]
+            x = calls[0]
+            for other in calls[1:]:
+                x = self.on(
+                    self.add("binary", (x, other), {"op": rng.choice(SAFE_BINARY)}, dt, shape),
+                    device,
+                )
+            if rng.random() < 0.5:
+                x = self.safe_exprs([x, self.leaf(dt, shape)], 1, devices=False)[-1]
+                self.on(x, device)
+            self.runs.append(Run([x, calls[-1]] if rng.random() < 0.5 else [x]))
+            for _ in range(rng.randint(2, 4)):
+                self.runs.append(
+                    Run(
+                        [x],
+                        timeout_ms=rng.choice((0, 1, 2, 5, 20)),
+                        cancel_ms=rng.choice((0.0, 0.0, 1.0, 3.0, 10.0)),
+                    )
+                )
+            return
         for _ in range(rng.randint(2, 5)):
             if rng.random() < 0.4:
                 # Two side by side on one device: the first dispatched is awaited in the

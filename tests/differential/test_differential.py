@@ -294,6 +294,33 @@ def test_root_programs_run_loops_in_the_straight_line_variants(
             assert not started, name
 
 
+def test_programs_start_and_join_calls_in_the_straight_line_variants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One level of async calls on one device runs as a straight-line program that
+    # starts each call and joins it before its first reader, under deadlines and
+    # callers that give up too; the general variants never start a node.
+    from asyncflow.runtime import interpreter
+
+    programs = [generate(seed, "deadlines") for seed in range(24)]
+    started: list[int] = []  # a started node's value arrived
+    complete = interpreter.ProgramPropagator.complete
+
+    def counted(prop: interpreter.ProgramPropagator, token: Any, value: Any) -> None:
+        if token in prop._program.started:
+            started.append(1)
+        complete(prop, token, value)
+
+    monkeypatch.setattr(interpreter.ProgramPropagator, "complete", counted)
+    for name, config in _untraced_variants():
+        started.clear()
+        _agree(programs, name, config)
+        if config.executor_options.straight_line:
+            assert len(started) >= 10, name
+        else:
+            assert not started, name
+
+
 def test_step_less_runs_in_the_straight_line_variants(monkeypatch: pytest.MonkeyPatch) -> None:
     # Plans that cannot suspend run without a step once lowered (``run_through``):
     # results and kernel errors both, from the first run where plans are lowered at

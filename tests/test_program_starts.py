@@ -1,0 +1,283 @@
+"""A straight-line program starts its async calls and joins each before its first reader.
+
+A frame-free partition whose async kernels (no ``nowait`` twin, at least one output)
+never read one another's values — one level of calls, the common step of a service:
+a few inline ops around a database or HTTP call or two — runs as one straight-line
+program.  The program starts every call as soon as its inputs are there (the step's
+dispatch: the first is awaited in the caller's frame, the others run as tasks), runs
+what needs none of their values while they are in flight, and joins each call right
+before the first node that reads it (a data or a control edge).  A chain of calls (a
+call reading another's value) keeps the general engine, which starts the second call
+when its own input arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncflow as af
+from asyncflow.runtime.call_frame import CallFrame
+from asyncflow.runtime.interpreter import ProgramPropagator
+from asyncflow.runtime.propagators import PropagatorState
+from asyncflow.runtime.step import Step
+
+FROM_FIRST_RUN = af.SessionConfig(executor_options=af.ExecutorOptions(schedule_after=0))
+GENERAL = af.SessionConfig(executor_options=af.ExecutorOptions(straight_line=False))
+BOUNDED = af.RunOptions(timeout_in_ms=5_000)  # a program that waited wrongly would hang
+
+
+def engine_of(sess: af.Session, fetches: Any, feeds: Any) -> type:
+    """The engine class a step of this call runs on."""
+    bound = sess._prepare(fetches, feeds).bound[0]
+    step = Step(bound, CallFrame(list(feeds.values())))
+    try:
+        return ProgramPropagator if isinstance(step, ProgramPropagator) else PropagatorState
+    finally:
+        step.release()
+
+
+def handshake() -> tuple[Any, Any]:
+    """Two async kernels that finish only when both have started: they never finish
+    when run one after the other."""
+    a_in, b_in = asyncio.Event(), asyncio.Event()
+
+    async def a(v: Any) -> Any:
+        a_in.set()
+        await b_in.wait()
+        return v + np.float32(1)
+
+    async def b(v: Any) -> Any:
+        b_in.set()
+        await a_in.wait()
+        return v * np.float32(10)
+
+    return a, b
+
+
+@pytest.mark.parametrize("config", [FROM_FIRST_RUN, GENERAL], ids=["program", "general"])
+def test_two_calls_run_side_by_side(config: af.SessionConfig) -> None:
+    async def main() -> list[float]:
+        a_fn, b_fn = handshake()
+        g = af.Graph()
+        with g.as_default():
+            x = af.placeholder(af.float32, (), name="x")
+            a = af.py_func(a_fn, [x], af.float32, name="a")
+            b = af.py_func(b_fn, [x + 1.0], af.float32, name="b")
+            y = af.multiply(a + b, 2.0, name="y")
+        async with af.Session(graph=g, config=config) as sess:
+            got = [float(await sess.run(y, {x: float(v)}, options=BOUNDED)) for v in range(3)]
+            engine = engine_of(sess, y, {x: 0.0})
+        assert engine is (ProgramPropagator if config is FROM_FIRST_RUN else PropagatorState)
+        return got
+
+    assert asyncio.run(main()) == [(v + 1 + (v + 1) * 10) * 2 for v in range(3)]
+
+
+def test_a_chain_of_calls_keeps_the_general_engine() -> None:
+    async def twice(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v * np.float32(2)
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, (), name="x")
+        y = af.py_func(twice, [af.py_func(twice, [x], af.float32)], af.float32) + 1.0
+    with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+        assert sess.run_sync(y, {x: 3.0}) == 13.0
+        assert not sess._prepare(y, {x: 3.0}).bound[0].schedulable
+        assert engine_of(sess, y, {x: 3.0}) is PropagatorState
+
+
+def test_inline_work_that_reads_no_call_runs_while_the_calls_are_in_flight() -> None:
+    # The call waits for an event only an inline node beside it sets: a program that
+    # joined the call before running that node would wait until the deadline.
+    async def main() -> tuple[float, float]:
+        ready = asyncio.Event()
+
+        async def call(v: Any) -> Any:
+            await ready.wait()
+            return v + np.float32(1)
+
+        def beside(v: Any) -> Any:
+            ready.set()
+            return v * np.float32(3)
+
+        g = af.Graph()
+        with g.as_default():
+            x = af.placeholder(af.float32, (), name="x")
+            c = af.py_func(call, [x], af.float32, name="call")
+            s = af.py_func(beside, [x], af.float32, name="beside")
+            y = c + 1.0
+        async with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+            got = await sess.run([y, s], {x: 2.0}, options=BOUNDED)
+            assert engine_of(sess, [y, s], {x: 2.0}) is ProgramPropagator
+        return float(got[0]), float(got[1])
+
+    assert asyncio.run(main()) == (4.0, 6.0)
+
+
+def test_a_control_edge_joins_the_call_before_its_reader() -> None:
+    async def main() -> list[str]:
+        events: list[str] = []
+
+        async def write(v: Any) -> Any:
+            await asyncio.sleep(0.01)
+            events.append("written")
+            return v
+
+        def read(v: Any) -> Any:
+            events.append("read")
+            return v
+
+        g = af.Graph()
+        with g.as_default():
+            x = af.placeholder(af.float32, (), name="x")
+            w = af.py_func(write, [x], af.float32, name="write")
+            with g.control_dependencies([w]):
+                r = af.py_func(read, [x], af.float32, name="read")
+        async with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+            assert float(await sess.run(r, {x: 1.0})) == 1.0
+            assert engine_of(sess, r, {x: 1.0}) is ProgramPropagator
+        return events
+
+    assert asyncio.run(main()) == ["written", "read"]
+
+
+def test_a_fetched_call_with_no_reader_and_several_outputs() -> None:
+    async def pair(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v + np.float32(1), v - np.float32(1)
+
+    async def one(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v * np.float32(2)
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, (), name="x")
+        hi, lo = af.py_func(pair, [x], [af.float32, af.float32], name="pair")
+        unread, _ = af.py_func(pair, [x * 2.0], [af.float32, af.float32], name="half_read")
+        alone = af.py_func(one, [x], af.float32, name="alone")  # fetched, read by nobody
+        total = hi * lo + unread
+    with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+        for v in (1.0, 2.0):
+            got = sess.run_sync([total, alone, lo], {x: v})
+            assert [float(t) for t in got] == [(v + 1) * (v - 1) + 2 * v + 1, 2 * v, v - 1]
+        assert engine_of(sess, [total, alone, lo], {x: 1.0}) is ProgramPropagator
+
+
+@pytest.mark.parametrize("failing", ["first", "second"])
+def test_a_failing_call_fails_the_step_and_stops_the_other(failing: str) -> None:
+    async def main() -> None:
+        stopped = asyncio.Event()
+
+        async def fails(v: Any) -> Any:
+            await asyncio.sleep(0)
+            raise ValueError("no such row")
+
+        async def waits(v: Any) -> Any:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                stopped.set()
+            return v
+
+        first, second = (fails, waits) if failing == "first" else (waits, fails)
+        g = af.Graph()
+        with g.as_default():
+            x = af.placeholder(af.float32, (), name="x")
+            a = af.py_func(first, [x], af.float32, name="first")
+            b = af.py_func(second, [x], af.float32, name="second")
+            y = a + b
+        async with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+            for _ in range(2):
+                stopped.clear()
+                with pytest.raises(af.errors.InvalidArgumentError, match="no such row") as info:
+                    await sess.run(y, {x: 1.0}, options=BOUNDED)
+                assert info.value.node_name == failing
+                assert stopped.is_set()
+            assert engine_of(sess, y, {x: 1.0}) is ProgramPropagator
+
+    asyncio.run(main())
+
+
+def test_a_deadline_names_the_call_still_running() -> None:
+    async def main() -> None:
+        async def quick(v: Any) -> Any:
+            return v
+
+        async def slow(v: Any) -> Any:
+            await asyncio.Event().wait()
+            return v
+
+        g = af.Graph()
+        with g.as_default():
+            x = af.placeholder(af.float32, (), name="x")
+            y = af.py_func(quick, [x], af.float32, name="quick") + af.py_func(
+                slow, [x], af.float32, name="slow"
+            )
+        async with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+            with pytest.raises(af.errors.DeadlineExceededError, match="'slow'") as info:
+                await sess.run(y, {x: 1.0}, options=af.RunOptions(timeout_in_ms=50))
+            assert "quick" not in str(info.value)
+            assert engine_of(sess, y, {x: 1.0}) is ProgramPropagator
+            assert sess.statistics().in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_caller_stops_every_call() -> None:
+    async def main() -> None:
+        started: list[int] = []
+        stopped: list[int] = []
+        both = asyncio.Event()
+
+        async def waits(v: Any) -> Any:
+            started.append(1)
+            if len(started) == 2:
+                both.set()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                stopped.append(1)
+            return v
+
+        g = af.Graph()
+        with g.as_default():
+            x = af.placeholder(af.float32, (), name="x")
+            y = af.py_func(waits, [x], af.float32) * af.py_func(waits, [x], af.float32)
+        async with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+            run = asyncio.ensure_future(sess.run(y, {x: 1.0}))
+            await asyncio.wait_for(both.wait(), 5)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            assert stopped == [1, 1]
+            assert sess.statistics().in_flight == 0
+            assert engine_of(sess, y, {x: 1.0}) is ProgramPropagator
+
+    asyncio.run(main())
+
+
+def test_a_traced_program_records_its_calls() -> None:
+    async def call(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, (), name="x")
+        y = af.py_func(call, [x], af.float32, name="c1") + af.py_func(
+            call, [x], af.float32, name="c2"
+        )
+    options = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
+    with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+        meta = af.RunMetadata()
+        assert sess.run_sync(y, {x: 2.0}, options=options, run_metadata=meta) == 4.0
+        names = {n.node_name for d in meta.step_stats.dev_stats for n in d.node_stats}
+        assert {"c1", "c2"} <= names
+        assert engine_of(sess, y, {x: 2.0}) is ProgramPropagator
