@@ -24,6 +24,7 @@ from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.interpreter import ProgramPropagator
 from asyncflow.runtime.propagators import PropagatorState
 from asyncflow.runtime.step import Step
+from tests.closing import assert_closed, closed_run
 
 FROM_FIRST_RUN = af.SessionConfig(executor_options=af.ExecutorOptions(schedule_after=0))
 GENERAL = af.SessionConfig(executor_options=af.ExecutorOptions(straight_line=False))
@@ -281,3 +282,30 @@ def test_a_traced_program_records_its_calls() -> None:
         names = {n.node_name for d in meta.step_stats.dev_stats for n in d.node_stats}
         assert {"c1", "c2"} <= names
         assert engine_of(sess, y, {x: 2.0}) is ProgramPropagator
+
+
+def test_closing_the_session_aborts_a_program_waiting_at_a_join() -> None:
+    async def main() -> None:
+        started: list[int] = []
+        both = asyncio.Event()
+
+        async def waits(v: Any) -> Any:
+            started.append(1)
+            if len(started) == 2:
+                both.set()
+            await asyncio.Event().wait()
+            return v
+
+        g = af.Graph()
+        with g.as_default():
+            x = af.placeholder(af.float32, (), name="x")
+            y = af.py_func(waits, [x], af.float32) - af.py_func(waits, [x], af.float32)
+        sess = af.Session(graph=g, config=FROM_FIRST_RUN)
+        assert engine_of(sess, y, {x: 1.0}) is ProgramPropagator
+        caller = asyncio.ensure_future(closed_run(sess, y, {x: 1.0}))
+        await asyncio.wait_for(both.wait(), 5)
+        await sess.close()
+        assert_closed(await asyncio.wait_for(caller, 5))
+        assert sess.statistics().in_flight == 0
+
+    asyncio.run(main())
