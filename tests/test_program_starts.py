@@ -59,7 +59,18 @@ def handshake() -> tuple[Any, Any]:
     return a, b
 
 
-@pytest.mark.parametrize("config", [FROM_FIRST_RUN, GENERAL], ids=["program", "general"])
+#: A program's steps with asyncio's own TaskGroup for their tasks, and with each
+#: py_func's coroutine run as one (no kernel parts): the step's other ways to run them.
+ASYNCIO_GROUP = af.SessionConfig(
+    executor_options=af.ExecutorOptions(schedule_after=0, own_task_group=False, kernel_parts=False)
+)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [FROM_FIRST_RUN, ASYNCIO_GROUP, GENERAL],
+    ids=["program", "program-asyncio-group", "general"],
+)
 def test_two_calls_run_side_by_side(config: af.SessionConfig) -> None:
     async def main() -> list[float]:
         a_fn, b_fn = handshake()
@@ -72,7 +83,7 @@ def test_two_calls_run_side_by_side(config: af.SessionConfig) -> None:
         async with af.Session(graph=g, config=config) as sess:
             got = [float(await sess.run(y, {x: float(v)}, options=BOUNDED)) for v in range(3)]
             engine = engine_of(sess, y, {x: 0.0})
-        assert engine is (ProgramPropagator if config is FROM_FIRST_RUN else PropagatorState)
+        assert engine is (PropagatorState if config is GENERAL else ProgramPropagator)
         return got
 
     assert asyncio.run(main()) == [(v + 1 + (v + 1) * 10) * 2 for v in range(3)]
@@ -171,8 +182,11 @@ def test_a_fetched_call_with_no_reader_and_several_outputs() -> None:
         assert engine_of(sess, [total, alone, lo], {x: 1.0}) is ProgramPropagator
 
 
+@pytest.mark.parametrize("config", [FROM_FIRST_RUN, ASYNCIO_GROUP], ids=["own", "asyncio"])
 @pytest.mark.parametrize("failing", ["first", "second"])
-def test_a_failing_call_fails_the_step_and_stops_the_other(failing: str) -> None:
+def test_a_failing_call_fails_the_step_and_stops_the_other(
+    failing: str, config: af.SessionConfig
+) -> None:
     async def main() -> None:
         stopped = asyncio.Event()
 
@@ -194,7 +208,7 @@ def test_a_failing_call_fails_the_step_and_stops_the_other(failing: str) -> None
             a = af.py_func(first, [x], af.float32, name="first")
             b = af.py_func(second, [x], af.float32, name="second")
             y = a + b
-        async with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+        async with af.Session(graph=g, config=config) as sess:
             for _ in range(2):
                 stopped.clear()
                 with pytest.raises(af.errors.InvalidArgumentError, match="no such row") as info:
