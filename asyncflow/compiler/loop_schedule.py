@@ -66,6 +66,7 @@ __all__ = [
     "Instr",
     "LoopSchedule",
     "program_starts",
+    "reachable",
     "root_runs_straight_line",
     "runs_straight_line",
     "schedule_loops",
@@ -128,6 +129,19 @@ def started(node: Any) -> bool:
     )
 
 
+def reachable(seeds: Iterable[int], edges: Sequence[Iterable[int]]) -> set[int]:
+    """The nodes reached from ``seeds`` along ``edges`` (per node, its successors), in
+    one step or more: the seeds themselves only when a path leads back to them."""
+    seen: set[int] = set()
+    stack = [n for s in seeds for n in edges[s]]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(edges[n])
+    return seen
+
+
 def program_starts(
     nodes: Sequence[Any], consumers: Sequence[Iterable[int]]
 ) -> frozenset[int] | None:
@@ -148,16 +162,8 @@ def program_starts(
     if not starts:
         return frozenset()
     chosen = frozenset(starts)
-    seen: set[int] = set()
-    stack = [c for s in starts for c in consumers[s]]
-    while stack:
-        c = stack.pop()
-        if c in seen:
-            continue
-        if c in chosen:
-            return None
-        seen.add(c)
-        stack.extend(consumers[c])
+    if not chosen.isdisjoint(reachable(chosen, consumers)):
+        return None
     return chosen
 
 

@@ -27,7 +27,7 @@ nothing for it.  It reads the plan's tables and writes nothing back.
 from __future__ import annotations
 
 from asyncflow.compiler.control_flow import CF_ENTER
-from asyncflow.compiler.loop_schedule import I_KERNEL, I_LOOP, Instr
+from asyncflow.compiler.loop_schedule import I_KERNEL, I_LOOP, Instr, reachable
 from asyncflow.compiler.plan import Plan
 from asyncflow.runtime.propagators import CHECK_EVERY
 
@@ -122,24 +122,12 @@ def start_order(
     order, so the whole stays a topological order.  Returns the order and, per
     started node that has consumers, the position it is joined before."""
     consumers = plan.consumers
-    downstream: set[int] = set()
-    stack = [c for s in starts for c in consumers[s]]
-    while stack:
-        c = stack.pop()
-        if c not in downstream:
-            downstream.add(c)
-            stack.extend(consumers[c])
+    downstream = reachable(starts, consumers)
     producers: list[list[int]] = [[] for _ in plan.nodes]
     for p, cs in enumerate(consumers):
         for c in cs:
             producers[c].append(p)
-    upstream: set[int] = set(starts)
-    stack = [p for s in starts for p in producers[s]]
-    while stack:
-        p = stack.pop()
-        if p not in upstream:
-            upstream.add(p)
-            stack.extend(producers[p])
+    upstream = reachable(starts, producers) | starts
     first = [i for i in order if i in upstream]
     beside = [i for i in order if i not in upstream and i not in downstream]
     after = [i for i in order if i in downstream]

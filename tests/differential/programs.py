@@ -926,14 +926,7 @@ class _Gen:
                 x = self.safe_exprs([x, self.leaf(dt, shape)], 1, devices=False)[-1]
                 self.on(x, device)
             self.runs.append(Run([x, calls[-1]] if rng.random() < 0.5 else [x]))
-            for _ in range(rng.randint(2, 4)):
-                self.runs.append(
-                    Run(
-                        [x],
-                        timeout_ms=rng.choice((0, 1, 2, 5, 20)),
-                        cancel_ms=rng.choice((0.0, 0.0, 1.0, 3.0, 10.0)),
-                    )
-                )
+            self.deadline_runs(x)
             return
         for _ in range(rng.randint(2, 5)):
             if rng.random() < 0.4:
@@ -960,6 +953,11 @@ class _Gen:
                 x = self.safe_exprs([x, self.leaf(dt, shape)], 1, devices=False)[-1]
                 self.on(x, rng.choice(devices))
         self.runs.append(Run([x]))
+        self.deadline_runs(x)
+
+    def deadline_runs(self, x: int) -> None:
+        """A few runs of ``x`` under random deadlines, by callers that give up at random."""
+        rng = self.rng
         for _ in range(rng.randint(2, 4)):
             self.runs.append(
                 Run(
