@@ -828,14 +828,15 @@ class ProgramPropagator(StepSide):
         if trace is not None:
             trace.label = None  # root nodes run in no frame
 
-    def complete(self, token: Any, value: Any) -> None:
+    def complete(self, token: Any, value: Any) -> bool:
         """A dispatched node's value: stored; the program resumes after the hop, or
-        after the join, that waited for it."""
+        after the join, that waited for it.  False when the program still waits (a
+        join for another node): nothing is ready, the step need not drain."""
         waiting = self._waiting
         if waiting.__class__ is Hop and token == waiting.node:
             self._waiting = None
             waiting.store(self._vals, value)
-            return
+            return True
         start = self._program.started.get(token)
         if start is None:
             raise AssertionError(f"a program dispatched no node {token}")
@@ -848,6 +849,8 @@ class ProgramPropagator(StepSide):
             vals[r] = None
         if waiting is not None and token == waiting.node:
             self._waiting = None
+            return True
+        return waiting is None
 
     def retvals(self) -> list[Any]:
         vals, slots = self._vals, self._bound.plan.retval_slots  # the _Retval nodes

@@ -280,8 +280,11 @@ class Step:
             (``time.perf_counter()`` seconds; checked every ``CHECK_EVERY`` nodes)."""
             raise NotImplementedError
 
-        def complete(self, token: Any, value: Any) -> None:
-            """A dispatched node finished with ``value`` (a ``Dead`` when it is dead)."""
+        def complete(self, token: Any, value: Any) -> Any:
+            """A dispatched node finished with ``value`` (a ``Dead`` when it is dead).
+            False when that readied nothing and nothing else is ready (a program
+            still waiting at a join for another node): the step need not drain.
+            (``Any``: the general propagator returns None, the program a bool.)"""
             raise NotImplementedError
 
         def has_ready(self) -> bool:
@@ -1245,12 +1248,14 @@ class Step:
             return  # late result of a failed or cancelled step: discarded
         prop = self
         try:
-            prop.complete(token, v)
+            readied = prop.complete(token, v)
         except Exception as exc:
             self._fail(i, exc)
             return
         if self._trace is not None:
             self._trace.boundary()
+        if readied is False:
+            return  # still waiting for another node, which wakes the step when it ends
         if not self._drain_quiet():
             self._wake()  # the waiting loop goes on draining after a yield
         elif self._error is not None:
