@@ -682,12 +682,12 @@ class ProgramPropagator(StepSide):
                 break
             signal = self._run(until)
             if signal is None:
-                if self._next < self._end and step._error is None:
-                    return False  # the clock: the step yields to the loop, then goes on
-                continue
+                # The end, a failure, or the clock (False: the step yields to the loop,
+                # then goes on).
+                return self._next >= self._end or step._error is not None
             cls = signal.__class__
             if cls is Join:  # (waiting: its node's value resumes the program)
-                continue
+                return True
             if cls is RunLoop:
                 self._start(signal)  # type: ignore[arg-type]
                 continue
