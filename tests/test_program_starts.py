@@ -1,14 +1,16 @@
 """A straight-line program starts its async calls and joins each before its first reader.
 
-A frame-free partition whose async kernels (no ``nowait`` twin, at least one output)
-never read one another's values — one level of calls, the common step of a service:
-a few inline ops around a database or HTTP call or two — runs as one straight-line
-program.  The program starts every call as soon as its inputs are there (the step's
-dispatch: the first is awaited in the caller's frame, the others run as tasks), runs
-what needs none of their values while they are in flight, and joins each call right
-before the first node that reads it (a data or a control edge).  A chain of calls (a
-call reading another's value) keeps the general engine, which starts the second call
-when its own input arrives.
+A frame-free partition whose async kernels (no ``nowait`` twin, at least one output: a
+database or HTTP call, an async ``py_func``) a fixed order can start as early as the
+general engine would runs as one straight-line program: one level of calls (the
+common step of a service: a few inline ops around a call or two), or stages of them
+where each call still to start needs every call in flight (a chain; layers that each
+read the whole layer before).  The program starts every call as soon as its inputs
+are there (the step's dispatch: the first is awaited in the caller's frame, the
+others run as tasks), runs what needs none of their values while they are in
+flight, and joins each call right before the first node that reads it (a data or a
+control edge).  A call that needs only some of the calls in flight keeps the general
+engine, which starts it when its own inputs arrive.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 
 import asyncflow as af
+from asyncflow.compiler.loop_schedule import MAX_STARTS
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.interpreter import ProgramPropagator
 from asyncflow.runtime.propagators import PropagatorState
@@ -89,19 +92,71 @@ def test_two_calls_run_side_by_side(config: af.SessionConfig) -> None:
     assert asyncio.run(main()) == [(v + 1 + (v + 1) * 10) * 2 for v in range(3)]
 
 
-def test_a_chain_of_calls_keeps_the_general_engine() -> None:
-    async def twice(v: Any) -> Any:
-        await asyncio.sleep(0)
-        return v * np.float32(2)
+def test_stages_of_calls_run_as_a_program() -> None:
+    # A call, then two calls side by side that read it, then one that reads both: each
+    # call still to start needs every call in flight, so a fixed order starts each as
+    # early as the general engine would.  The middle two wait for each other.
+    async def main() -> list[float]:
+        a_fn, b_fn = handshake()
 
-    g = af.Graph()
-    with g.as_default():
-        x = af.placeholder(af.float32, (), name="x")
-        y = af.py_func(twice, [af.py_func(twice, [x], af.float32)], af.float32) + 1.0
-    with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
-        assert sess.run_sync(y, {x: 3.0}) == 13.0
-        assert not sess._prepare(y, {x: 3.0}).bound[0].schedulable
-        assert engine_of(sess, y, {x: 3.0}) is PropagatorState
+        async def first(v: Any) -> Any:
+            await asyncio.sleep(0)
+            return v + np.float32(1)
+
+        async def last(v: Any) -> Any:
+            await asyncio.sleep(0)
+            return v * np.float32(2)
+
+        g = af.Graph()
+        with g.as_default():
+            x = af.placeholder(af.float32, (), name="x")
+            f = af.py_func(first, [x], af.float32, name="first")
+            a = af.py_func(a_fn, [f], af.float32, name="a")
+            b = af.py_func(b_fn, [f * 3.0], af.float32, name="b")
+            y = af.py_func(last, [a - b], af.float32, name="last")
+        async with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+            got = [float(await sess.run(y, {x: float(v)}, options=BOUNDED)) for v in range(3)]
+            assert engine_of(sess, y, {x: 0.0}) is ProgramPropagator
+        return got
+
+    def expected(v: float) -> float:
+        f = v + 1
+        return ((f + 1) - (f * 3) * 10) * 2
+
+    assert asyncio.run(main()) == [expected(v) for v in range(3)]
+
+
+def test_a_call_that_needs_only_some_calls_in_flight_keeps_the_general_engine() -> None:
+    # ``then`` reads ``quick`` only: the general engine starts it when ``quick`` ends,
+    # while ``slow`` still runs; a fixed order that waited for both first would start
+    # it late.  ``slow`` ends only once ``then`` started.
+    async def main() -> float:
+        then_started = asyncio.Event()
+
+        async def quick(v: Any) -> Any:
+            return v + np.float32(1)
+
+        async def slow(v: Any) -> Any:
+            await then_started.wait()
+            return v
+
+        async def then(v: Any) -> Any:
+            then_started.set()
+            return v * np.float32(2)
+
+        g = af.Graph()
+        with g.as_default():
+            x = af.placeholder(af.float32, (), name="x")
+            q = af.py_func(quick, [x], af.float32, name="quick")
+            s = af.py_func(slow, [x], af.float32, name="slow")
+            y = af.py_func(then, [q], af.float32, name="then") + s
+        async with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+            got = float(await sess.run(y, {x: 3.0}, options=BOUNDED))
+            assert not sess._prepare(y, {x: 3.0}).bound[0].schedulable
+            assert engine_of(sess, y, {x: 3.0}) is PropagatorState
+        return got
+
+    assert asyncio.run(main()) == 11.0
 
 
 def test_inline_work_that_reads_no_call_runs_while_the_calls_are_in_flight() -> None:
@@ -323,3 +378,31 @@ def test_closing_the_session_aborts_a_program_waiting_at_a_join() -> None:
         assert sess.statistics().in_flight == 0
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("layers", "width", "engine"),
+    [(6, 5, ProgramPropagator), (1, MAX_STARTS + 1, PropagatorState)],
+    ids=["stages", "too-many-calls"],
+)
+def test_layers_of_calls_each_reading_the_whole_layer_before(
+    layers: int, width: int, engine: type
+) -> None:
+    # Each layer's calls read the sum of the layer before (a barrier per layer): a
+    # program, up to MAX_STARTS calls (the rule's check walks what each call leads to).
+    async def inc(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v + np.float32(1)
+
+    g = af.Graph()
+    with g.as_default():
+        x = af.placeholder(af.float32, (), name="x")
+        b = x
+        for _ in range(layers):
+            b = af.add_n([af.py_func(inc, [b], af.float32) for _ in range(width)])
+    expected = 0.0
+    for _ in range(layers):
+        expected = width * (expected + 1)
+    with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
+        assert sess.run_sync(b, {x: 0.0}) == expected
+        assert engine_of(sess, b, {x: 0.0}) is engine

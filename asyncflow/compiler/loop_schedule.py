@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from asyncflow.compiler.control_flow import (
     CF_ENTER,
@@ -63,13 +63,16 @@ __all__ = [
     "I_MERGE",
     "I_SWITCH",
     "MAX_NODES",
+    "MAX_STARTS",
     "Instr",
     "LoopSchedule",
+    "StartGraph",
     "program_starts",
     "reachable",
     "root_runs_straight_line",
     "runs_straight_line",
     "schedule_loops",
+    "start_schedule",
     "started",
 ]
 
@@ -142,16 +145,27 @@ def reachable(seeds: Iterable[int], edges: Sequence[Iterable[int]]) -> set[int]:
     return seen
 
 
-def program_starts(
-    nodes: Sequence[Any], consumers: Sequence[Iterable[int]]
-) -> frozenset[int] | None:
+class StartGraph(Protocol):
+    """What :func:`start_schedule` reads of a plan (:class:`asyncflow.compiler.plan.Plan`)."""
+
+    @property
+    def consumers(self) -> Sequence[Iterable[int]]: ...
+    @property
+    def initial_pending(self) -> Sequence[int]: ...
+    @property
+    def initial_ready(self) -> Sequence[int]: ...
+
+
+#: A partition with more started nodes keeps the general engine (the rule's check
+#: walks what each call in flight leads to: kept small).
+MAX_STARTS = 64
+
+
+def program_starts(nodes: Sequence[Any], graph: StartGraph) -> frozenset[int] | None:
     """The nodes a frame-free partition's program starts (:func:`started`), or None
     when the partition keeps the general engine: some node is neither straight-line
-    (:func:`runs_straight_line`, with hops) nor started, or a started node depends on
-    another one's value (an I/O chain: a fixed order could start the second call only
-    after an unrelated one, so the general engine, which starts it when its own input
-    arrives, keeps it).  With one level of started nodes, a program starts every one
-    before it waits for any, as early as the general engine would."""
+    (:func:`runs_straight_line`, with hops) nor started, or no fixed order starts every
+    call as early as the general engine would (:func:`start_schedule`)."""
     starts: list[int] = []
     for i, n in enumerate(nodes):
         if runs_straight_line((n,), hops=True):
@@ -162,23 +176,109 @@ def program_starts(
     if not starts:
         return frozenset()
     chosen = frozenset(starts)
-    if not chosen.isdisjoint(reachable(chosen, consumers)):
+    if len(chosen) > MAX_STARTS or start_schedule(graph, chosen) is None:
         return None
     return chosen
+
+
+def start_schedule(
+    graph: StartGraph, starts: frozenset[int]
+) -> tuple[tuple[int, ...], dict[int, int]] | None:
+    """THE order of a program that starts the async nodes ``starts`` (dispatches each
+    and goes on), and where it joins each (waits for its value): the order, and per
+    started node that has readers, the position it is joined before (its first
+    reader's).  None when a fixed order would start a call later than the general
+    engine does.
+
+    The program runs what is ready, what leads to a call first (so calls start as
+    early as their inputs allow), the calls as they come (started, their readers not
+    yet ready), then the rest.  When nothing is left to run but calls in flight, it
+    waits for them all; that costs no call its start only when every call still to
+    start needs every call in flight (an I/O chain, or stages of calls that each
+    read the whole stage before: the general engine cannot start them earlier
+    either).  A call still to start that needs only some of them keeps the general
+    engine, which starts it when its own inputs arrive.  Joins then move down to
+    each call's first reader, so what reads one call runs while the others are still
+    in flight."""
+    consumers = graph.consumers
+    n = len(consumers)
+    urgent = reachable(starts, _producers(consumers)) | starts  # what calls need, and them
+    pending = list(graph.initial_pending)
+    first: list[int] = []  # ready, leading to a call
+    rest: list[int] = []  # ready, the others
+    for i in graph.initial_ready:
+        (first if i in urgent else rest).append(i)
+
+    def arrived(i: int) -> None:  # node i's value is there: its readers may be ready
+        for c in consumers[i]:
+            pending[c] -= 1
+            if not pending[c]:
+                (first if c in urgent else rest).append(c)
+
+    order: list[int] = []
+    in_flight: list[int] = []
+    left = set(starts)  # not started yet
+    leads_to: dict[int, set[int]] = {}
+    while True:
+        while first or rest:
+            i = (first or rest).pop()
+            order.append(i)
+            if i in starts:
+                left.discard(i)
+                in_flight.append(i)
+            else:
+                arrived(i)
+        if not in_flight:
+            break
+        if not _needed_by_all(in_flight, left, consumers, leads_to):
+            return None
+        for f in in_flight:  # joined: what reads them may run
+            arrived(f)
+        in_flight.clear()
+    if len(order) != n:
+        return None  # some node never becomes ready: the general path says what waits
+    position = {i: k for k, i in enumerate(order)}
+    joins = {s: min(position[c] for c in consumers[s]) for s in starts if consumers[s]}
+    return tuple(order), joins
+
+
+def _needed_by_all(
+    in_flight: list[int],
+    left: set[int],
+    consumers: Sequence[Iterable[int]],
+    leads_to: dict[int, set[int]],
+) -> bool:
+    """Whether every call still to start (``left``) needs every call in flight
+    (``leads_to`` keeps what each call leads to, walked once)."""
+    for f in in_flight:
+        if f not in leads_to:
+            leads_to[f] = reachable((f,), consumers)
+        if not leads_to[f].issuperset(left):
+            return False
+    return True
+
+
+def _producers(consumers: Sequence[Iterable[int]]) -> list[list[int]]:
+    """Per node, the nodes it is a consumer of."""
+    producers: list[list[int]] = [[] for _ in consumers]
+    for p, cs in enumerate(consumers):
+        for c in cs:
+            producers[c].append(p)
+    return producers
 
 
 def root_runs_straight_line(
     info: FrameInfo | None,
     schedules: Sequence[LoopSchedule | None],
     nodes: Sequence[Any],
-    consumers: Sequence[Iterable[int]] | None = None,
+    graph: StartGraph | None = None,
 ) -> bool:
     """Whether a whole partition runs as ONE straight-line program (the rule's
     structural half; the kernel kinds are :func:`runs_straight_line`'s).
 
     Without control flow (``info`` None) that is the kernels' rule alone, and with the
-    partition's ``consumers`` given, async kernels the program starts and joins
-    (:func:`program_starts`).  With
+    partition's ``graph`` given (its plan), async kernels the program starts and
+    joins (:func:`program_starts`).  With
     loops, the root frame's program holds each loop frame as one instruction
     (``I_LOOP``: the frame's own schedule, run to its end) when nothing in the root
     frame can be dead or wait: the root frame routes nothing (no Switch, Merge or
@@ -188,8 +288,8 @@ def root_runs_straight_line(
     and the root's run inline or hop.  Anything else keeps the general propagator
     (whose loop frames may still take their own schedules)."""
     if info is None:
-        if consumers is not None:
-            return program_starts(nodes, consumers) is not None
+        if graph is not None:
+            return program_starts(nodes, graph) is not None
         return runs_straight_line(nodes, hops=True)
     if len(info.frames) < 2 or any(s is None or not s.closed for s in schedules[1:]):
         return False

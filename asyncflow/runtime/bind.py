@@ -87,7 +87,8 @@ class BoundPlan:
     frames: bool
     #: Only inline kernels and no control flow but loops that run as one instruction
     #: each (no dead tensor, nothing routed in the root frame), or, without control
-    #: flow, one level of async calls the program starts and joins: steps may run its
+    #: flow, async calls the program starts and joins (``program_starts``): steps may
+    #: run its
     #: static order in the straight-line interpreter
     #: (:mod:`asyncflow.runtime.interpreter`; ``root_runs_straight_line``).
     schedulable: bool = False
@@ -232,7 +233,7 @@ def bind(
     # step's dispatch when its kernel's ``nowait`` twin cannot finish it inline, and
     # starts the async calls of a frame-free partition (``program_starts``).
     schedulable = options.straight_line and root_runs_straight_line(
-        plan.frames, plan.loop_schedules, nodes, plan.consumers
+        plan.frames, plan.loop_schedules, nodes, plan
     )
     return BoundPlan(
         plan,

@@ -3,8 +3,8 @@
 The compiler lowers what a fixed order can express into programs of
 :class:`~asyncflow.compiler.loop_schedule.Instr` (a partition of synchronous kernels
 whose root frame routes nothing, its loops one instruction each, or without control
-flow with one level of async calls, each started (:class:`Start`: the step's
-dispatch) and joined before its first reader (:class:`Join`):
+flow with async calls, each started (:class:`Start`: the step's dispatch) and joined
+before its first reader (:class:`Join`; ``loop_schedule.start_schedule``):
 :func:`asyncflow.runtime.static_order.lower_static_order`; a simple loop frame's
 iteration: :mod:`asyncflow.compiler.loop_schedule`).  Here an
 instruction is bound to its kernel as a closure over its slots (one call per node:
@@ -605,7 +605,7 @@ def _lowered(bound: BoundPlan, loops_of: LoopsOf) -> BoundProgram | None:
     if not due:
         return None
     plan = bound.plan
-    starts = program_starts(bound.nodes, plan.consumers) if plan.frames is None else frozenset()
+    starts = program_starts(bound.nodes, plan) if plan.frames is None else frozenset()
     with gc_paused():  # ~10x faster for a large plan in a large heap
         lowered = lower_static_order(plan, starts) if starts is not None else None
     if lowered is None:

@@ -2,9 +2,10 @@
 
 A partition made only of inline kernels, without control flow, always runs its nodes
 in the same order: nothing waits, nothing is dead, every node runs exactly once.  So
-does one with one level of async calls (``loop_schedule.program_starts``), in the
-order :func:`start_order` gives it: its program starts each call and joins it before
-its first reader.  So
+does one with async calls that a fixed order starts as early as the general engine
+would (``loop_schedule.program_starts``), in the order
+``loop_schedule.start_schedule`` gives it: its program starts each call and joins it
+before its first reader.  So
 does one whose root frame routes nothing and whose loops are closed
 (``loop_schedule.root_runs_straight_line``): there each loop frame is one unit of
 the order (:func:`root_order`), one ``I_LOOP`` instruction that runs the frame's own
@@ -27,7 +28,7 @@ nothing for it.  It reads the plan's tables and writes nothing back.
 from __future__ import annotations
 
 from asyncflow.compiler.control_flow import CF_ENTER
-from asyncflow.compiler.loop_schedule import I_KERNEL, I_LOOP, Instr, reachable
+from asyncflow.compiler.loop_schedule import I_KERNEL, I_LOOP, Instr, start_schedule
 from asyncflow.compiler.plan import Plan
 from asyncflow.runtime.propagators import CHECK_EVERY
 
@@ -37,7 +38,6 @@ __all__ = [
     "START",
     "StaticProgram",
     "lower_static_order",
-    "start_order",
     "static_order",
 ]
 
@@ -111,35 +111,6 @@ def root_order(plan: Plan) -> tuple[int, ...] | None:
     return tuple(order) if len(order) == len(units) else None
 
 
-def start_order(
-    plan: Plan, order: tuple[int, ...], starts: frozenset[int]
-) -> tuple[tuple[int, ...], dict[int, int]]:
-    """``order`` rearranged for a program that starts the async nodes ``starts`` (one
-    level of them, ``loop_schedule.program_starts``), and where it joins each: first
-    what the started nodes need and the starts themselves, then what needs none of
-    their values (run while the calls are in flight), then what does, each started
-    node joined right before its first consumer.  Every part keeps ``order``'s own
-    order, so the whole stays a topological order.  Returns the order and, per
-    started node that has consumers, the position it is joined before."""
-    consumers = plan.consumers
-    downstream = reachable(starts, consumers)
-    producers: list[list[int]] = [[] for _ in plan.nodes]
-    for p, cs in enumerate(consumers):
-        for c in cs:
-            producers[c].append(p)
-    upstream = reachable(starts, producers) | starts
-    first = [i for i in order if i in upstream]
-    beside = [i for i in order if i not in upstream and i not in downstream]
-    after = [i for i in order if i in downstream]
-    rearranged = (*first, *beside, *after)
-    joins: dict[int, int] = {}
-    for pos in range(len(first) + len(beside), len(rearranged)):
-        for p in producers[rearranged[pos]]:
-            if p in starts and p not in joins:
-                joins[p] = pos
-    return rearranged, joins
-
-
 class StaticProgram:
     """A plan's static order as an instruction program over the plan's slots, lowered
     a range at a time (:meth:`instrs`): a large partition's program is made as its
@@ -156,8 +127,10 @@ class StaticProgram:
     ) -> None:
         self._plan = plan
         joins: dict[int, int] = {}
-        if starts:
-            order, joins = start_order(plan, order, starts)
+        if starts:  # (the rule found the schedule when the plan was bound)
+            scheduled = start_schedule(plan, starts)
+            assert scheduled is not None
+            order, joins = scheduled
         self.order = order
         #: The async nodes the program starts (dispatches and goes on) and joins.
         self.starts = starts

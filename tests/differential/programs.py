@@ -907,7 +907,8 @@ class _Gen:
             # One level of calls, fanned out from the leaf and joined by inline ops
             # (no call reads another's value): a one-device step of it runs as a
             # straight-line program that starts every call, then joins each before
-            # its first reader.
+            # its first reader (as do the chains and pairs below, unless a call reads
+            # only one of a pair).
             device = rng.choice(devices)
             calls = [
                 self.on(
@@ -941,6 +942,12 @@ class _Gen:
                     )
                     for _ in range(2)
                 )
+                if rng.random() < 0.3:
+                    # A call that reads only one of the two in flight: a program would
+                    # start it late, so the step keeps the general engine.
+                    a = self.on(
+                        self.add("sleep", (a,), {"ms": rng.choice((0, 1, 2))}, dt, shape), device
+                    )
                 x = self.on(
                     self.add("binary", (a, b), {"op": rng.choice(SAFE_BINARY)}, dt, shape), device
                 )

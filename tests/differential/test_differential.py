@@ -306,8 +306,9 @@ def _reached_in_straight_line_variants(
 def test_programs_start_and_join_calls_in_the_straight_line_variants(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # One level of async calls on one device runs as a straight-line program that
-    # starts each call and joins it before its first reader, under deadlines and
+    # Async calls on one device that a fixed order starts as early as the general
+    # engine (one level, chains, pairs read together) run as a straight-line program
+    # that starts each call and joins it before its first reader, under deadlines and
     # callers that give up too; the general variants never start a node.
     from asyncflow.runtime import interpreter
 
