@@ -166,6 +166,8 @@ def program_starts(nodes: Sequence[Any], graph: StartGraph) -> frozenset[int] | 
     when the partition keeps the general engine: some node is neither straight-line
     (:func:`runs_straight_line`, with hops) nor started, or no fixed order starts every
     call as early as the general engine would (:func:`start_schedule`)."""
+    if runs_straight_line(nodes, hops=True):
+        return frozenset()  # (the common case, one pass: a large plan's bind pays little)
     starts: list[int] = []
     for i, n in enumerate(nodes):
         if runs_straight_line((n,), hops=True):
@@ -173,8 +175,6 @@ def program_starts(nodes: Sequence[Any], graph: StartGraph) -> frozenset[int] | 
         if not started(n):
             return None
         starts.append(i)
-    if not starts:
-        return frozenset()
     chosen = frozenset(starts)
     if len(chosen) > MAX_STARTS or start_schedule(graph, chosen) is None:
         return None
