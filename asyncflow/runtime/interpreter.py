@@ -217,7 +217,7 @@ _PENDING: Any = type("_Pending", (), {"__repr__": lambda self: "<pending>"})()
 class Start:
     """A started node (an async kernel the program dispatches and goes on): its input
     slots, what it frees when it starts (its inputs' last reads), and where its value
-    goes when it arrives (:meth:`store`, from the step's ``complete``)."""
+    goes when it arrives (:meth:`ProgramPropagator.complete`)."""
 
     __slots__ = ("frees", "ins", "node", "nout", "out", "own")
 
@@ -609,7 +609,9 @@ def _lowered(bound: BoundPlan, loops_of: LoopsOf) -> BoundProgram | None:
     with gc_paused():  # ~10x faster for a large plan in a large heap
         lowered = lower_static_order(plan, starts) if starts is not None else None
     if lowered is None:
-        derived["unlowered"] = True  # some node never becomes ready: the general path
+        # Some node never becomes ready (the general path says what waits), or the
+        # calls keep the general engine.
+        derived["unlowered"] = True
         return None
     args = tuple((s, k) for s, (k, _) in zip(plan.arg_slots, plan.partition.args))
     program = derived["program"] = BoundProgram(lowered, bound.nodes, args, loops_of(bound))
@@ -629,14 +631,14 @@ class ProgramPropagator(StepSide):
     routing in the root frame: nothing is dead or waited for).  Everything else the
     step does (first error, yielding on the clock, retvals) is unchanged.
 
-    A node whose ``nowait`` twin cannot finish it inline (:class:`Hop`) is the one
-    thing dispatched: the step runs it as the general engine would (a task, a worker
+    A node whose ``nowait`` twin cannot finish it inline (:class:`Hop`) is
+    dispatched: the step runs it as the general engine would (a task, a worker
     thread), the program waits, and :meth:`complete` stores its value and resumes
     right after it.  A started call (:class:`Start`) is dispatched the same way but
     the program goes on; its value is pending in its first output slot until
     :meth:`complete` stores it, and a :class:`Join` before its first reader waits
-    for that (the step's wake-up: ``has_ready`` is false while a join waits).  A loop frame's instruction (:class:`RunLoop`) runs the frame's
-    own programs (:mod:`asyncflow.runtime.loop_fastpath`) until it is done — across
+    for that (``has_ready`` is false while a join waits).  A loop frame's
+    instruction (:class:`RunLoop`) runs the frame's own programs (:mod:`asyncflow.runtime.loop_fastpath`) until it is done — across
     drains when the clock runs out between iterations — then the program goes on
     after it with the Exits' values."""
 
@@ -752,7 +754,7 @@ class ProgramPropagator(StepSide):
                     node = start.node
                     try:
                         step.dispatch(node, node, self._bound.nodes[node], args)
-                    except Exception as exc:  # a twin's (a traced copy's kernel has none)
+                    except Exception as exc:  # the dispatch's: the node fails, as a hop's
                         self._next = end
                         step.fail(node, exc)
                         return None
