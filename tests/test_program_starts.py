@@ -16,13 +16,16 @@ engine, which starts it when its own inputs arrive.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import asyncflow as af
-from asyncflow.compiler.loop_schedule import MAX_STARTS
+from asyncflow.compiler.loop_schedule import MAX_STARTS, reachable, start_schedule
 from asyncflow.runtime.call_frame import CallFrame
 from asyncflow.runtime.interpreter import ProgramPropagator
 from asyncflow.runtime.propagators import PropagatorState
@@ -406,3 +409,69 @@ def test_layers_of_calls_each_reading_the_whole_layer_before(
     with af.Session(graph=g, config=FROM_FIRST_RUN) as sess:
         assert sess.run_sync(b, {x: 0.0}) == expected
         assert engine_of(sess, b, {x: 0.0}) is engine
+
+
+@dataclasses.dataclass
+class _Graph:
+    """A DAG as ``start_schedule`` reads a plan."""
+
+    consumers: list[list[int]]
+    initial_pending: list[int]
+    initial_ready: list[int]
+
+
+@st.composite
+def _dags(draw: st.DrawFn) -> tuple[_Graph, frozenset[int]]:
+    """A random DAG (edges go from lower to higher nodes) and a random set of calls."""
+    n = draw(st.integers(1, 14))
+    consumers: list[list[int]] = [[] for _ in range(n)]
+    pending = [0] * n
+    for c in range(1, n):
+        for p in draw(st.sets(st.integers(0, c - 1), max_size=3)):
+            consumers[p].append(c)
+            pending[c] += 1
+    starts = frozenset(draw(st.sets(st.integers(0, n - 1), max_size=n)))
+    ready = [i for i in range(n) if not pending[i]]
+    return _Graph(consumers, pending, ready), starts
+
+
+@settings(max_examples=300, deadline=None)
+@given(_dags())
+def test_the_schedule_is_a_topological_order_that_joins_before_every_reader(
+    case: tuple[_Graph, frozenset[int]],
+) -> None:
+    graph, starts = case
+    scheduled = start_schedule(graph, starts)
+    n = len(graph.consumers)
+    if scheduled is None:
+        # Refused only when a call reads some call but not another one that may be in
+        # flight when it is due: calls f, g and r, r reached from g and not from f.
+        reach = {c: reachable((c,), graph.consumers) for c in starts}
+        assert any(
+            r in reach[g] and r not in reach[f] and f not in reach[r]
+            for f in starts
+            for g in starts
+            for r in starts
+            if len({f, g, r}) == 3
+        ), (graph, starts)
+        return
+    order, joins = scheduled
+    assert sorted(order) == list(range(n))
+    position = {i: k for k, i in enumerate(order)}
+    for p, cs in enumerate(graph.consumers):
+        for c in cs:
+            assert position[p] < position[c]  # producers first
+    for s in starts:
+        readers = graph.consumers[s]
+        assert (s in joins) == bool(readers)
+        if readers:  # joined after its start, at its first reader
+            assert position[s] < joins[s] == min(position[c] for c in readers)
+
+
+def test_a_call_reading_one_of_two_calls_in_flight_is_refused_and_a_chain_is_not() -> None:
+    # 0 and 1 are calls from the feed; 2 is a call that reads 0 only; 3 reads 1 and 2.
+    side = _Graph([[2], [3], [3], []], [0, 0, 1, 2], [0, 1])
+    assert start_schedule(side, frozenset({0, 1, 2})) is None
+    assert start_schedule(side, frozenset({0, 1})) is not None  # 2 inline: no call waits
+    chain = _Graph([[1], [2], []], [0, 1, 1], [0])
+    assert start_schedule(chain, frozenset({0, 1, 2})) == ((0, 1, 2), {0: 1, 1: 2})
