@@ -40,7 +40,7 @@ from asyncflow.compiler.loop_schedule import (
     I_MERGE,
     I_SWITCH,
     Instr,
-    program_starts,
+    started,
 )
 from asyncflow.framework import registry
 from asyncflow.runtime.gc_pause import gc_paused
@@ -605,13 +605,18 @@ def _lowered(bound: BoundPlan, loops_of: LoopsOf) -> BoundProgram | None:
     if not due:
         return None
     plan = bound.plan
-    starts = program_starts(bound.nodes, plan) if plan.frames is None else frozenset()
+    # The calls its program starts (the plan is schedulable: the rule took them when
+    # the plan was bound, ``loop_schedule.program_starts``; none in a plan of
+    # synchronous kernels, asked in one look).
+    starts = (
+        frozenset()
+        if plan.frames is not None or bound.all_inline
+        else frozenset(i for i, n in enumerate(bound.nodes) if started(n))
+    )
     with gc_paused():  # ~10x faster for a large plan in a large heap
-        lowered = lower_static_order(plan, starts) if starts is not None else None
+        lowered = lower_static_order(plan, starts)
     if lowered is None:
-        # Some node never becomes ready (the general path says what waits), or the
-        # calls keep the general engine.
-        derived["unlowered"] = True
+        derived["unlowered"] = True  # some node never becomes ready: the general path
         return None
     args = tuple((s, k) for s, (k, _) in zip(plan.arg_slots, plan.partition.args))
     program = derived["program"] = BoundProgram(lowered, bound.nodes, args, loops_of(bound))

@@ -123,21 +123,20 @@ class StaticProgram:
     __slots__ = ("_enters", "_extra", "_plan", "order", "spans", "starts")
 
     def __init__(
-        self, plan: Plan, order: tuple[int, ...], starts: frozenset[int] = frozenset()
+        self,
+        plan: Plan,
+        order: tuple[int, ...],
+        starts: frozenset[int] = frozenset(),
+        joins: dict[int, int] | None = None,
     ) -> None:
         self._plan = plan
-        joins: dict[int, int] = {}
-        if starts:  # (the rule found the schedule when the plan was bound)
-            scheduled = start_schedule(plan, starts)
-            assert scheduled is not None
-            order, joins = scheduled
         self.order = order
         #: The async nodes the program starts (dispatches and goes on) and joins.
         self.starts = starts
         #: The program's blocks: ``(start, end, kind, node)`` over positions of the
         #: order: ``RUN`` a range of at most ``CHECK_EVERY`` instructions, ``START``
         #: the started node at ``start``, ``JOIN`` a wait for started ``node``'s value.
-        self.spans = _spans(order, starts, joins)
+        self.spans = _spans(order, starts, joins or {})
         #: Loop frame -> its Enters (a loop unit reads and frees what they do).
         self._enters: dict[int, list[int]] = {}
         if plan.frames is not None:
@@ -231,8 +230,13 @@ def _spans(
 
 
 def lower_static_order(plan: Plan, starts: frozenset[int] = frozenset()) -> StaticProgram | None:
-    """``plan``'s static order as a :class:`StaticProgram` that starts ``starts``
-    (None when some node never becomes ready: the general path then reports what
-    waits)."""
+    """``plan``'s static order as a :class:`StaticProgram` that starts ``starts`` and
+    joins each before its first reader (None when some node never becomes ready: the
+    general path then reports what waits)."""
+    if starts:  # the calls' order (``loop_schedule.start_schedule``)
+        scheduled = start_schedule(plan, starts)
+        if scheduled is None:
+            return None
+        return StaticProgram(plan, scheduled[0], starts, scheduled[1])
     order = static_order(plan)
-    return None if order is None else StaticProgram(plan, order, starts)
+    return None if order is None else StaticProgram(plan, order)
