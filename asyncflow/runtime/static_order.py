@@ -120,7 +120,7 @@ class StaticProgram:
     producers of unread outputs) free what they free anyway, and a value read by
     several is freed by the last of them in the order."""
 
-    __slots__ = ("_enters", "_extra", "_plan", "order", "spans", "starts")
+    __slots__ = ("_enters", "_extra", "_plan", "order", "spans")
 
     def __init__(
         self,
@@ -131,11 +131,11 @@ class StaticProgram:
     ) -> None:
         self._plan = plan
         self.order = order
-        #: The async nodes the program starts (dispatches and goes on) and joins.
-        self.starts = starts
         #: The program's blocks: ``(start, end, kind, node)`` over positions of the
         #: order: ``RUN`` a range of at most ``CHECK_EVERY`` instructions, ``START``
-        #: the started node at ``start``, ``JOIN`` a wait for started ``node``'s value.
+        #: the started node at ``start`` (one of ``starts``: dispatched, and the
+        #: program goes on), ``JOIN`` a wait for started ``node``'s value before
+        #: position ``start`` (``joins``).
         self.spans = _spans(order, starts, joins or {})
         #: Loop frame -> its Enters (a loop unit reads and frees what they do).
         self._enters: dict[int, list[int]] = {}
