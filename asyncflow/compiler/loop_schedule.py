@@ -128,7 +128,7 @@ def started(node: Any) -> bool:
     return (
         node.flow == registry.ASYNC
         and getattr(node.kernel, "nowait", None) is None
-        and getattr(node, "num_outputs", 0) > 0
+        and node.num_outputs > 0
     )
 
 
