@@ -129,18 +129,26 @@ def http_impl() -> str:
 
 
 def serve(fd: int, sleep: float) -> None:
-    """Serve the app on the listening socket ``fd`` (inherited from the parent)."""
+    """Serve the app on the listening socket ``fd`` (inherited from the parent).
+
+    The socket is handed to uvicorn as a socket object whose family, type and protocol
+    are read from ``fd`` itself (TCP), as when uvicorn binds a host and port: asyncio
+    then sets ``TCP_NODELAY`` on each accepted connection.  (``uvicorn.run(fd=...)``
+    wraps the descriptor as an ``AF_UNIX`` socket, so asyncio leaves Nagle's algorithm
+    on; the response's body, written after its headers, then waits for the client's
+    delayed ACK: ~40 ms per request, the server idle meanwhile.)
+    """
     import uvicorn
 
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(sleep),
-        fd=fd,
         loop="asyncio",
         http=http_impl(),
         log_level="warning",
         access_log=False,
         lifespan="on",
     )
+    uvicorn.Server(config).run(sockets=[socket.socket(fileno=fd)])
 
 
 # --------------------------------------------------------------------------- load side
