@@ -493,3 +493,92 @@ def test_run_sync_counts_one_lookup(graph: af.Graph) -> None:
         sess.run_sync(y)
         stats = sess.statistics()
     assert (stats.compiles, stats.cache_hits, stats.steps_started) == (1, 0, 1)
+
+
+def test_close_while_threads_start_and_end_steps_waits_for_every_step(
+    graph: af.Graph, no_leaked_threads: None
+) -> None:
+    """Steps register and leave without a lock; a close landing among them still lists
+    or refuses each one, and waits for every step it listed: no thread hangs, nothing
+    stays in flight, and every step started is counted completed or failed."""
+
+    async def io(v: Any) -> Any:
+        await asyncio.sleep(0)
+        return v
+
+    y = af.py_func(io, [af.constant(1.0)], af.float32) * 2.0
+    sess = af.Session(graph=graph)
+    outcomes: list[str] = []
+    many = threading.Barrier(5)
+
+    def worker() -> None:
+        many.wait(5)
+        for _ in range(2_000):  # bounded: the close lands well before
+            try:
+                assert sess.run_sync(y) == 2.0
+            except af.errors.CancelledError:
+                outcomes.append("cancelled")
+            except RuntimeError as exc:
+                outcomes.append("refused" if "closed" in str(exc) else repr(exc))
+                return
+        outcomes.append("ran out")
+
+    workers = [threading.Thread(target=worker) for _ in range(4)]
+    for t in workers:
+        t.start()
+    many.wait(5)
+    deadline = time.monotonic() + 5
+    while sess.statistics().completed < 200 and time.monotonic() < deadline:
+        time.sleep(0.001)  # (polling a count, not ordering events)
+    closer = threading.Thread(target=sess.close_sync)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive(), "close hung waiting for a step"
+    for t in workers:
+        t.join(10)
+    assert not any(t.is_alive() for t in workers)
+    assert outcomes.count("refused") == 4, outcomes
+    stats = sess.statistics()
+    assert stats.in_flight == 0
+    assert stats.steps_started == stats.completed + stats.failed
+    assert stats.completed >= 200
+
+
+def test_a_step_leaving_while_close_lists_it_wakes_close(graph: af.Graph) -> None:
+    """The window the lock-free registration leaves: a step ends right after close
+    listed it, before close made the future it waits on.  The step's leave sees the
+    session closed, waits for close's lock and sets that future: close returns."""
+
+    class FakeStep:
+        def __init__(self) -> None:
+            self.aborted: list[BaseException] = []
+
+        def release(self) -> None:
+            pass
+
+        def abort_threadsafe(self, error: BaseException) -> None:
+            self.aborted.append(error)
+
+    sess = af.Session(graph=graph)
+    step = FakeStep()
+    leaving: list[threading.Thread] = []
+
+    class LeavesWhileListed(dict):  # type: ignore[type-arg]
+        def get(self, key: Any, default: Any = None) -> Any:
+            # The step ends here, on another thread, while close holds its lock.
+            leaver = threading.Thread(target=sess._leave, args=(key, True))
+            leaver.start()
+            leaver.join(0.2)
+            leaving.append(leaver)
+            return super().get(key, default)
+
+    sess._in_flight = LeavesWhileListed()
+    sess._enter(step)  # type: ignore[arg-type]
+    closer = threading.Thread(target=sess.close_sync, daemon=True)  # (hung: not joined at exit)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive(), "close waits on a future the leaving step never set"
+    assert len(leaving) == 1
+    assert not leaving[0].is_alive()
+    assert sess.statistics().in_flight == 0
+    assert sess.statistics().completed == 1

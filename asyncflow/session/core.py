@@ -149,16 +149,18 @@ class Session:
         self._device_names = tuple(d.name for d in self._devices)
         self._cache: dict[Any, CompiledCall] = {}
         self._compile_lock = threading.Lock()
-        # Guards the counters below and the steps in flight (one lock: a step's count
-        # and registration take it once).
+        # Guards the compile counters below, and close's waits on the steps in flight
+        # (see _leave).
         self._counter_lock = threading.Lock()
         self._compiles = 0
-        self._steps = 0
-        # The two counts every run bumps, without the lock (see _Tally): plan-cache
-        # hits, and steps that completed within the driver's inline phase (started and
-        # completed at once, counted in both).
+        # The counts steps bump, without a lock (see _Tally): plan-cache hits, steps
+        # that completed within the driver's inline phase (started and completed at
+        # once, counted in both), and the others' starts and outcomes.
         self._hits = _Tally()
         self._inline_done = _Tally()
+        self._steps = _Tally()
+        self._completed = _Tally()
+        self._failed = _Tally()
         #: Steps running on a loop; the future (made when close waits) is set when one ends.
         self._in_flight: dict[StepRunner, Future[None] | None] = {}
         self._in_flight_lock = self._counter_lock
@@ -177,8 +179,6 @@ class Session:
         self._admission = (
             Admission(config.max_concurrent_steps) if config.max_concurrent_steps else None
         )
-        self._completed = 0
-        self._failed = 0
         self._plan_compiles: dict[str, int] = {}
         #: run_sync of an all-inline plan may skip the event loop (see _run_sync).
         self._loop_free = not config.operation_timeout_in_ms and self._admission is None
@@ -235,7 +235,7 @@ class Session:
         hits, cached plans, steps in flight / waiting for a slot / completed / failed."""
         inline = self._inline_done.value()  # (read once: one count in both figures)
         return SessionStatistics(
-            steps_started=self._steps + inline,
+            steps_started=self._steps.value() + inline,
             compiles=self._compiles,
             cache_hits=self._hits.value(),
             cached_plans=len(self._cache),
@@ -243,8 +243,8 @@ class Session:
             closed=self._closed,
             optimizer=tuple(c.compiled.optimizer for c in list(self._cache.values())),
             waiting=self._admission.waiting if self._admission is not None else 0,
-            completed=self._completed + inline,
-            failed=self._failed,
+            completed=self._completed.value() + inline,
+            failed=self._failed.value(),
             compiles_per_plan=dict(self._plan_compiles),
         )
 
@@ -526,9 +526,6 @@ class Session:
                         else:
                             work = here.awaited(v)
                     values = here.outcome()
-                    while values is None:  # work left for the step's task group
-                        await here.run_rest()
-                        values = here.outcome()
                 except BaseException as exc:
                     await here.unwind(exc)
                     raise
@@ -675,10 +672,9 @@ class Session:
         """Count a failed step (called where its exception is being handled) and log it
         at DEBUG; ``started``: count it started too (a step that failed in the driver's
         first phase, never registered)."""
-        with self._counter_lock:
-            self._failed += 1
-            if started:
-                self._steps += 1
+        self._failed.bump()
+        if started:
+            self._steps.bump()
         if logger.isEnabledFor(logging.DEBUG):
             exc = sys.exc_info()[1]
             logger.debug(
@@ -750,20 +746,29 @@ class Session:
         )
 
     def _enter(self, step: StepRunner) -> None:
-        """Count ``step`` and register it in flight (``close`` aborts and waits for it)."""
-        with self._in_flight_lock:
-            self._steps += 1
-            if self._closed:  # (the rule's message is _check_open's: no call otherwise)
-                self._check_open()
-            self._in_flight[step] = None
+        """Count ``step`` and register it in flight (``close`` aborts and waits for it).
+
+        No lock (any thread's steps, atomic under the GIL): the step is registered
+        before ``_closed`` is read, and ``close`` sets ``_closed`` before it lists the
+        steps in flight, so either close lists this step or this step sees it closed."""
+        in_flight = self._in_flight
+        in_flight[step] = None
+        if self._closed:  # (the rule's message is _check_open's: no call otherwise)
+            del in_flight[step]
+            self._check_open()
+        self._steps.bump()
 
     def _leave(self, step: StepRunner, completed: bool = False) -> None:
         """``step`` is over: unregister it (waking a ``close`` waiting for it), count it
         when it ``completed``, release it."""
-        with self._in_flight_lock:
-            done = self._in_flight.pop(step, None)
-            if completed:
-                self._completed += 1
+        done = self._in_flight.pop(step, None)
+        if done is None and self._closed:
+            # A close listed this step and may be making its future right now (it
+            # holds the lock while it does, see _begin_close): that future, if any.
+            with self._in_flight_lock:
+                done = self._in_flight.pop(step, None)
+        if completed:
+            self._completed.bump()
         if done is not None:  # close() waits for this step
             done.set_result(None)
         step.release()
@@ -926,10 +931,16 @@ class Session:
 
     def _begin_close(self) -> list[Future[None]]:
         with self._in_flight_lock:
-            self._closed = True
+            self._closed = True  # (before the steps are listed: see _enter)
             steps = []
-            for step, done in self._in_flight.items():
-                if done is None:  # made only now: a step that ends sets it (see _leave)
+            for step in list(self._in_flight):  # (a step may leave meanwhile)
+                if step not in self._in_flight:
+                    continue  # it left
+                done = self._in_flight.get(step)
+                if done is None:
+                    # Made only now: a step that ends sets it.  One that left since
+                    # the line above (seeing the session closed) waits for this lock
+                    # and takes this future (see _leave).
                     done = self._in_flight[step] = Future()
                 steps.append((step, done))
         for step, _ in steps:
