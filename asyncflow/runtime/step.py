@@ -412,8 +412,8 @@ class Step:
         right in the frame that awaits the step (:meth:`start_waiting`), the others run
         as tasks beside it: for one node no task group, no task, no wake-up future, no
         coroutine level of its own — the common step of a service (a few inline kernels
-        around one I/O call) costs one await.  The task group takes what is left
-        (:meth:`run_rest`).
+        around one I/O call) costs one await.  The task group takes what is left (the
+        same loop awaits it: :meth:`_next_wait`).
 
         The loop below is the step's *await protocol*, every rule of it in the methods
         it calls; the session's driver writes the same loop in its own frame for the
@@ -437,9 +437,6 @@ class Step:
                     else:
                         work = self.awaited(v)
                 values = self.outcome()
-                while values is None:  # work left for the task group
-                    await self.run_rest()
-                    values = self.outcome()
             except BaseException as exc:
                 await self.unwind(exc)
                 raise
@@ -454,7 +451,9 @@ class Step:
         """The start of an awaited run: drain what is ready, take the running loop
         (``loop``, when the caller asked for it already: asking costs a system call);
         then what the awaiting frame awaits first — the lone async node's kernel,
-        started in the caller's task (see :meth:`_alone_start`) — or None."""
+        started in the caller's task (see :meth:`_alone_start`), or what the step's
+        task group waits on (:meth:`_next_wait`) — or None: nothing is left to await
+        (:meth:`outcome`)."""
         # (Nothing ready, the common case after the driver's inline slice: no drain.)
         finished = self._error is not None or not self.has_ready() or self._drain_quiet()
         if self._error is not None or (finished and not self._outstanding):
@@ -463,7 +462,7 @@ class Step:
             loop = asyncio.get_running_loop()
         self._loop = loop
         if self._parked is None:
-            return None
+            return self._next_wait()
         # (Given the loop: asking for it again costs a system call.)
         task = asyncio.current_task(loop)
         assert task is not None
@@ -473,10 +472,13 @@ class Step:
         return self._alone_start(task)
 
     def awaited(self, v: Any) -> Any:
-        """The lone node's kernel returned ``v``: finish the node (and drain what it
-        readies); what to await next (the next lone node's kernel) or None."""
+        """What the awaiting frame awaited is over: the lone node's kernel returned
+        ``v`` (the node is finished, and what it readies drained), or the step's task
+        group woke it.  What to await next (the next lone node's kernel, or the task
+        group again), or None: nothing is left (:meth:`outcome`)."""
         task = self._alone
-        assert task is not None
+        if task is None:  # a wake-up of the task group's (see _next_wait)
+            return self._next_wait()
         self._awaited_by(task)
         try:
             try:
@@ -501,29 +503,29 @@ class Step:
         finally:
             self._alone = None
         if self._alone_aborted or self._parked is None:  # the step's abort, taken back
-            return None
+            # (A finished step has nothing left: no call to ask, on the common path.)
+            return None if self._finished and not self._tasks else self._next_wait()
         return self._alone_start(task)
 
     def await_raised(self, exc: BaseException) -> Any:
-        """The lone node's kernel raised ``exc``: ``RAISE_ON`` when the awaiting frame
-        raises it on (:meth:`_alone_raised`), else what to await next, or None."""
+        """What the awaiting frame awaited raised ``exc``: ``RAISE_ON`` when the frame
+        raises it on — the task group's wait raised it, or the lone node's kernel did
+        and :meth:`_alone_raised` says so — else what to await next, or None."""
         task = self._alone
-        assert task is not None
+        if task is None:  # the task group's wait (a cancellation: see unwind)
+            return RAISE_ON
         self._awaited_by(task)
         try:
             if self._alone_raised(self._alone_node, exc):
                 return RAISE_ON
         finally:
             self._alone = None
-        return None if self._alone_aborted else self._alone_start(task)
+        return self._next_wait() if self._alone_aborted else self._alone_start(task)
 
-    def outcome(self) -> list[Any] | None:
-        """The end of an awaited run: None while work is left for the task group
-        (:meth:`run_rest`); else the step's retvals, or its first error raised."""
+    def outcome(self) -> list[Any]:
+        """The end of an awaited run (nothing left to await): the step's retvals, or
+        its first error raised."""
         if self._loop is not None:
-            # (A finished step is settled: no call to ask, on every waiting step's path.)
-            if not (self._finished or self._settled()) or self._tasks:
-                return None
             # Closed: nothing new starts, no loop or group is kept.
             self._stopped = True
             self._spawn = None
@@ -532,18 +534,19 @@ class Step:
             raise self._error
         return self._retvals()
 
-    def run_rest(self) -> Awaitable[None]:
+    def _next_wait(self) -> Awaitable[None] | None:
         """What the awaiting frame awaits while work is left for the step's task group
-        (:meth:`outcome` None; it asks again after): with nothing ready, the step's
-        wake-up future itself (a task or recv that finishes, fails or stops the step
-        sets it, see :meth:`_wake`: no coroutine of a waiting loop around it); with
-        nodes ready, the step's waiting loop (:meth:`_drive`), in its own group (no
-        coroutine level for the group, see :meth:`_join`) or an ``asyncio.TaskGroup``,
-        until the step is done, fails or stops; once it failed or stopped, the join of
-        its tasks still stopping.  A cancellation of the caller while it awaits any of
-        them is :meth:`unwind`'s."""
-        if self._settled():
-            return self._join()
+        (it asks again after, :meth:`awaited`): with nothing ready, the step's wake-up
+        future itself (a task or recv that finishes, fails or stops the step sets it,
+        see :meth:`_wake`: no coroutine of a waiting loop around it); with nodes ready,
+        the step's waiting loop (:meth:`_drive`), in its own group (no coroutine level
+        for the group, see :meth:`_join`) or an ``asyncio.TaskGroup``, until the step
+        is done, fails or stops; once it failed or stopped, the join of its tasks still
+        stopping.  None: nothing is left (every node ran, or the step failed or stopped
+        and its tasks are joined).  A cancellation of the caller while the frame awaits
+        any of them is :meth:`unwind`'s."""
+        if self._finished or self._settled():
+            return self._join() if self._tasks else None
         if not self._bound.options.own_task_group:
             return self._in_task_group()
         if self._spawn is None:  # (started already when tasks started beside the kernel)
@@ -782,16 +785,16 @@ class Step:
         (the caller's), for the awaiting frame to await, when the step's only work is
         async nodes dispatched before it had a task group, nothing is ready and nothing
         failed; the others (with ``ExecutorOptions.own_task_group``: the step's own
-        group, which needs no ``async with``) start as tasks beside it.  None: the task
-        group takes it all (or the kernel raised as it was called, failing its node,
-        and nothing is left to await here)."""
+        group, which needs no ``async with``) start as tasks beside it.  Else the task
+        group takes it all (:meth:`_next_wait`; so too when the kernel raised as it was
+        called, failing its node)."""
         parked = self._parked
         if parked is None or self._error is not None or self.has_ready():
-            return None
+            return self._next_wait()
         deferred = self._deferred
         n = len(deferred) if deferred else 0
         if self._outstanding != n + 1 or (n and not self._bound.options.own_task_group):
-            return None  # a recv or a task is outstanding too, or no own group
+            return self._next_wait()  # a recv or a task is outstanding too, or no own group
         self._parked = None
         if n:  # the others: tasks of the step's own group, beside this one
             self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]

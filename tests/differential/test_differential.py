@@ -396,25 +396,32 @@ def test_the_driver_awaits_lone_kernels_itself_in_the_plain_variants(
 def test_steps_wait_for_their_tasks_on_the_wake_up_future_in_both_frames(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # What is left after a step's first kernel (``Step.run_rest``) with nothing ready is
-    # the step's wake-up future itself, awaited by the driver's frame (a one-partition
-    # step, two slow kernels side by side) and by ``Step.run``'s (a partition waiting
-    # for its recvs); the random programs take both and agree with the reference.
+    # What is left after a step's first kernel (``Step._next_wait``) with nothing ready
+    # is the step's wake-up future itself, awaited by the driver's frame (a
+    # one-partition step, two slow kernels side by side) and by ``Step.run``'s (a
+    # partition waiting for its recvs); the random programs take both and agree with
+    # the reference.
     programs = [
         generate(seed, c)
         for c in ("queues", "deadlines", "functions", "devices", "partial_runs")
         for seed in range(12)
     ]
     seen: collections.Counter[tuple[str, str]] = collections.Counter()
-    run_rest = step_module.Step.run_rest
+    next_wait = step_module.Step._next_wait
+    awaiting_frames = ("Session._drive", "Step.run")
 
     def counted(step: Any) -> Any:
-        rest = run_rest(step)
+        rest = next_wait(step)
+        if rest is None:
+            return rest
         kind = type(rest).__name__ if not inspect.iscoroutine(rest) else rest.cr_code.co_name
-        seen[(sys._getframe(1).f_code.co_qualname, kind)] += 1
+        frame = sys._getframe(1)
+        while frame.f_code.co_qualname not in awaiting_frames:  # the frame that awaits it
+            frame = frame.f_back  # type: ignore[assignment]
+        seen[(frame.f_code.co_qualname, kind)] += 1
         return rest
 
-    monkeypatch.setattr(step_module.Step, "run_rest", counted)
+    monkeypatch.setattr(step_module.Step, "_next_wait", counted)
     for name, config in _untraced_variants():
         seen.clear()
         _agree(programs, name, config)
