@@ -3,7 +3,7 @@
 The compiler lowers what a fixed order can express into programs of
 :class:`~asyncflow.compiler.loop_schedule.Instr` (a partition of synchronous kernels
 whose root frame routes nothing, its loops one instruction each, or without control
-flow with async calls, each started (:class:`Start`: the step's dispatch) and joined
+flow with async calls, each started (:class:`Start`: ``Step.start``) and joined
 before its first reader (:class:`Join`; ``loop_schedule.start_schedule``):
 :func:`asyncflow.runtime.static_order.lower_static_order`; a simple loop frame's
 iteration: :mod:`asyncflow.compiler.loop_schedule`).  Here an
@@ -485,7 +485,7 @@ class BoundProgram:
     a large program is made over its first run's time slices (a deadline or a
     cancellation lands between two blocks), and costs nothing again."""
 
-    __slots__ = ("_loops", "_nodes", "args", "blocks", "program", "started", "through")
+    __slots__ = ("_loops", "_nodes", "args", "blocks", "program", "through")
 
     def __init__(
         self,
@@ -501,8 +501,6 @@ class BoundProgram:
         #: Per block (``program.spans``): its closures, a :class:`Start` or a
         #: :class:`Join`, or None until a step first runs it.
         self.blocks: list[tuple[Op, ...] | Start | Join | None] = [None] * len(program.spans)
-        #: Per started node: its :class:`Start` (made with its block).
-        self.started: dict[int, Start] = {}
         #: (slot, feed index) of every _Arg node.
         self.args = args
         #: The program is one block without a loop instruction or a node that may hop:
@@ -523,7 +521,7 @@ class BoundProgram:
             ops = Join(node, self.program.out_of(node))
         elif kind == START:
             (x,) = self.program.instrs(lo, hi)
-            ops = self.started[node] = Start(x)
+            ops = Start(x)
         else:
             with gc_paused(promote_after=0):  # new objects, none cyclic, kept with the plan
                 instrs = self.program.instrs(lo, hi)
@@ -639,8 +637,9 @@ class ProgramPropagator(StepSide):
     A node whose ``nowait`` twin cannot finish it inline (:class:`Hop`) is
     dispatched: the step runs it as the general engine would (a task, a worker
     thread), the program waits, and :meth:`complete` stores its value and resumes
-    right after it.  A started call (:class:`Start`) is dispatched the same way but
-    the program goes on; its value is pending in its first output slot until
+    right after it.  A started call (:class:`Start`) is started the same way (by
+    ``Step.start``, where the dispatch hands such a node) but the program goes on,
+    the Start its token; its value is pending in its first output slot until
     :meth:`complete` stores it, and a :class:`Join` before its first reader waits
     for that (``has_ready`` is false while a join waits).  A loop frame's
     instruction (:class:`RunLoop`) runs the frame's own programs (:mod:`asyncflow.runtime.loop_fastpath`) until it is done — across
@@ -710,7 +709,7 @@ class ProgramPropagator(StepSide):
 
     # The per-node hot loop: one closure call per node, and the starts and joins of a
     # program's calls written out in it (one call less per call): kept in one piece.
-    def _run(self, until: float) -> Hop | RunLoop | Join | None:  # noqa: C901, PLR0915
+    def _run(self, until: float) -> Hop | RunLoop | Join | None:  # noqa: C901
         """Run from the current position to the end (None; ``_next`` is the end), to
         the clock (None; ``_next`` is the next block) or to a hop, a loop or a join
         whose node's value has not arrived (its signal; ``_next`` and ``_pos`` say
@@ -742,7 +741,9 @@ class ProgramPropagator(StepSide):
                         continue
                     # Start the node (written out here: one call less per call started):
                     # its inputs read and their last reads freed, its value pending, the
-                    # node handed to the step's dispatch; the program goes on.
+                    # node handed to the step (``Step.start``: an async kernel with no
+                    # twin, which the dispatch would hand there too), the Start itself
+                    # its token (what ``complete`` stores by); the program goes on.
                     start: Start = ops
                     ins = start.ins
                     n = len(ins)
@@ -756,12 +757,11 @@ class ProgramPropagator(StepSide):
                     for r in start.frees:
                         vals[r] = None
                     vals[start.out] = _PENDING
-                    node = start.node
                     try:
-                        step.dispatch(node, node, self._bound.nodes[node], args)
-                    except Exception as exc:  # the dispatch's: the node fails, as a hop's
+                        step.start(start, start.node, args, True)
+                    except Exception as exc:  # the start's: the node fails, as a hop's
                         self._next = end
-                        step.fail(node, exc)
+                        step.fail(start.node, exc)
                         return None
                     continue
                 for f in ops:
@@ -836,17 +836,18 @@ class ProgramPropagator(StepSide):
             trace.label = None  # root nodes run in no frame
 
     def complete(self, token: Any, value: Any) -> bool:
-        """A dispatched node's value: stored; the program resumes after the hop, or
-        after the join, that waited for it.  False when the program still waits (a
-        join for another node): nothing is ready, the step need not drain."""
+        """A dispatched node's value (``token``: the hopped node, or the :class:`Start`
+        of a started one): stored; the program resumes after the hop, or after the
+        join, that waited for it.  False when the program still waits (a join for
+        another node): nothing is ready, the step need not drain."""
         waiting = self._waiting
-        if waiting.__class__ is Hop and token == waiting.node:
+        if token.__class__ is not Start:
+            if waiting.__class__ is not Hop or token != waiting.node:
+                raise AssertionError(f"a program dispatched no node {token}")
             self._waiting = None
             waiting.store(self._vals, value)
             return True
-        start = self._program.started.get(token)
-        if start is None:
-            raise AssertionError(f"a program dispatched no node {token}")
+        start: Start = token
         vals = self._vals
         if start.nout == 1:  # (Start.store written out: two calls less per call)
             vals[start.out] = value
@@ -854,7 +855,7 @@ class ProgramPropagator(StepSide):
             vals[start.out : start.out + start.nout] = check_outputs(value, start.nout)
         for r in start.own:
             vals[r] = None
-        if waiting is not None and token == waiting.node:
+        if waiting is not None and start.node == waiting.node:
             self._waiting = None
             return True
         return waiting is None

@@ -917,10 +917,18 @@ class Step:
         elif kind == _RECV:
             self._recv(token, i, node, frame_id, iter_id)
             return
+        self.start(token, i, args, kind == _ASYNC)
+
+    def start(self, token: Any, i: int, args: list[Any], parkable: bool) -> None:
+        """Start node ``i`` (``token`` to the engine), an async kernel (``parkable``)
+        or a thread kernel: a task of the step's group, or, before the step has a
+        group, noted for it (:meth:`_start_deferred`) — the first async one parked, for
+        the awaiting frame to await (see :meth:`run`).  The dispatch hands such nodes
+        here; a program's started calls come here directly (async, no twin)."""
         self._outstanding += 1
         spawn = self._spawn
         if spawn is None:
-            if kind == _ASYNC and self._parked is None and not self._deferred:
+            if parkable and self._parked is None and not self._deferred:
                 self._parked = (token, i, args)  # (see run)
                 return
             deferred = self._deferred
