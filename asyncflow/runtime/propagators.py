@@ -595,21 +595,23 @@ class PropagatorState(StepSide):
         return True
 
     # Hot: every task-completed node of the root frame comes through here.
-    def complete(self, token: Any, v: Any) -> None:  # noqa: C901
+    def complete(self, token: Any, v: Any) -> bool | None:  # noqa: C901
         """Store node ``token``'s outputs, release its inputs, and ready its consumers
-        (a root node's token is its index, a loop frame node's a tuple)."""
+        (a root node's token is its index, a loop frame node's a tuple).  False when a
+        live root node readied nothing and nothing else is ready (the step need not
+        drain: most completions of a wide layer of async nodes); else None."""
         if self._ready.__class__ is tuple:  # type: ignore[comparison-overlap] # idle (see ``idle``)
             self._ready = []
         if token.__class__ is not int:
             self._complete_token(token, v)
-            return
+            return None
         i: int = token
         node = self._nodes[i]
         nout = node.num_outputs
         if isinstance(v, Dead):
             self._store(node, (v,) * nout)
             self._propagate(i, node, v)
-            return
+            return None
         vals = self._vals
         if nout == 1:
             vals[node.out] = v
@@ -618,7 +620,7 @@ class PropagatorState(StepSide):
         if self._dead is not None:
             if nout > 1:  # a live node's outputs may still be dead: look at each
                 self._propagate(i, node, None)
-                return
+                return None
             # One live output (or none: a send): no consumer turns dead through it,
             # only a Merge counts it.  ``_propagate``, with the dead scan left out.
             kinds = self._kinds
@@ -635,15 +637,19 @@ class PropagatorState(StepSide):
                     push(c)
         self._release(node)
         if self._dead is not None:
-            return  # consumers readied above
+            return None  # consumers readied above
         pending = self._pending
-        push = self._ready.append
+        ready = self._ready
+        push = ready.append
         for c in node.consumers:
             p = pending[c] - 1
             if p:
                 pending[c] = p
             else:
                 push(c)
+        if not ready and not self._fready:
+            return False
+        return None
 
     # -- the root frame off the hot path: dispatch, dead tensors, Enter -----------------------------------------
 

@@ -283,8 +283,10 @@ class Step:
         def complete(self, token: Any, value: Any) -> Any:
             """A dispatched node finished with ``value`` (a ``Dead`` when it is dead).
             False when that readied nothing and nothing else is ready (a program
-            still waiting at a join for another node): the step need not drain.
-            (``Any``: the general propagator returns None, the program a bool.)"""
+            still waiting at a join for another node; a node of a wide layer whose
+            consumer waits for the others): the step need not drain while another
+            node runs.  (``Any``: the general propagator returns None or False, the
+            program a bool.)"""
             raise NotImplementedError
 
         def has_ready(self) -> bool:
@@ -1086,7 +1088,11 @@ class Step:
                 # call's caller): a task of the step's own, so none was there before.
                 awaiting[task] = self
                 try:
-                    work, convert = self._start_kernel(self._nodes[i], args, label)
+                    node = self._nodes[i]
+                    if node.flow == _ASYNC and label is None:  # (the common kind)
+                        work, convert = self._async_work(node.kernel, args)
+                    else:
+                        work, convert = self._start_kernel(node, args, label)
                     v = await work
                 finally:
                     del awaiting[task]
@@ -1265,8 +1271,8 @@ class Step:
             return
         if self._trace is not None:
             self._trace.boundary()
-        if readied is False:
-            return  # still waiting for another node, which wakes the step when it ends
+        if readied is False and self._outstanding:
+            return  # nothing to drain: another node is running, which wakes the step
         if not self._drain_quiet():
             self._wake()  # the waiting loop goes on draining after a yield
         elif self._error is not None:
