@@ -733,9 +733,9 @@ class ProgramPropagator(StepSide):
                 ops = blocks[b] or program.block(b)
                 if ops.__class__ is not tuple:  # a node to start or to join
                     b += 1
-                    self._next = b
                     if ops.__class__ is Join:
                         if vals[ops.slot] is _PENDING:
+                            self._next = b  # (resumes after the join)
                             self._waiting = ops
                             return ops
                         continue
