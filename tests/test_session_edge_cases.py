@@ -582,3 +582,43 @@ def test_a_step_leaving_while_close_lists_it_wakes_close(graph: af.Graph) -> Non
     assert not leaving[0].is_alive()
     assert sess.statistics().in_flight == 0
     assert sess.statistics().completed == 1
+
+
+def test_a_step_refused_after_close_listed_it_wakes_close(graph: af.Graph) -> None:
+    """The other window: a step is put in flight, a close lands and lists it (and makes
+    the future it waits on) before the step reads that the session is closed.  The
+    refused step leaves as it raises: close returns."""
+
+    class FakeStep:
+        def __init__(self) -> None:
+            self.released = False
+
+        def release(self) -> None:
+            self.released = True
+
+        def abort_threadsafe(self, error: BaseException) -> None:
+            pass
+
+    sess = af.Session(graph=graph)
+    step = FakeStep()
+    closing: list[threading.Thread] = []
+
+    class ClosesWhenEntered(dict):  # type: ignore[type-arg]
+        def __setitem__(self, key: Any, value: Any) -> None:
+            super().__setitem__(key, value)
+            if value is None and not closing:  # the step's entry: close lands now
+                closer = threading.Thread(target=sess.close_sync, daemon=True)
+                closing.append(closer)
+                closer.start()
+                deadline = time.monotonic() + 5
+                while super().get(key) is None and time.monotonic() < deadline:
+                    time.sleep(0.001)  # (polling for close's future: no event to wait on)
+
+    sess._in_flight = ClosesWhenEntered()
+    with pytest.raises(RuntimeError, match="closed"):
+        sess._enter(step)  # type: ignore[arg-type]
+    closing[0].join(10)
+    assert not closing[0].is_alive(), "close waits on a step that was refused"
+    assert step.released
+    assert sess.statistics().in_flight == 0
+    assert sess.statistics().steps_started == 0

@@ -751,10 +751,10 @@ class Session:
         No lock (any thread's steps, atomic under the GIL): the step is registered
         before ``_closed`` is read, and ``close`` sets ``_closed`` before it lists the
         steps in flight, so either close lists this step or this step sees it closed."""
-        in_flight = self._in_flight
-        in_flight[step] = None
+        self._in_flight[step] = None
         if self._closed:  # (the rule's message is _check_open's: no call otherwise)
-            del in_flight[step]
+            # A close may have listed this step meanwhile, and waits for it: it leaves.
+            self._leave(step)
             self._check_open()
         self._steps.bump()
 
