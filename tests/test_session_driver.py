@@ -405,7 +405,7 @@ async def test_a_step_waiting_for_its_task_after_its_first_kernel_has_no_group_l
 ) -> None:
     """The first kernel returned, the other still runs in the step's own group, and
     nothing is ready: the driver awaits the step's wake-up future itself (what
-    ``Step.run_rest`` hands it), with no coroutine of the step's waiting loop and none
+    ``Step._next_wait`` hands it), with no coroutine of the step's waiting loop and none
     for the group."""
     callers: set[asyncio.Task[Any] | None] = set()
     gate = asyncio.Event()
@@ -433,7 +433,7 @@ async def test_a_step_waiting_for_its_task_after_its_first_kernel_has_no_group_l
         gate.set()
         assert await asyncio.gather(*tasks) == [6.0] * 50
     assert coros["Step.run"] == 0  # (its loop is the driver's)
-    assert coros["Step.run_rest"] == 0  # (not a coroutine: it hands the loop over)
+    assert coros["Step._next_wait"] == 0  # (not a coroutine: it hands the loop over)
     assert coros["Step._run_node"] == 50  # the waiting kernel's task
     assert coros["Step._drive"] == 0  # the driver awaits the wake-up future, not a loop
     assert coros["Step._run_tasks"] == 0
