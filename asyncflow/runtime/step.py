@@ -799,10 +799,8 @@ class Step:
             return self._next_wait()  # a recv or a task is outstanding too, or no own group
         self._parked = None
         if n:  # the others: tasks of the step's own group, beside this one
-            spawn = self._spawn = self._loop.create_task  # type: ignore[union-attr]
-            for token, i, args in deferred:  # type: ignore[union-attr]
-                self._start_task(spawn, token, i, args)
-        self._deferred = None  # (not kept while the node runs)
+            self._start_deferred(self._loop.create_task)  # type: ignore[union-attr]
+        self._deferred = None  # (empty: not kept while the node runs)
         token, i, args = parked
         self._alone, self._alone_aborted, self._alone_node = task, False, i
         self._alone_token = token
