@@ -1089,10 +1089,15 @@ class Step:
                 awaiting[task] = self
                 try:
                     node = self._nodes[i]
-                    if node.flow == _ASYNC and label is None:  # (the common kind)
+                    if node.flow == _ASYNC:  # (the common kind)
+                        if label is not None:  # what a traced kernel records
+                            self._trace.label = label  # type: ignore[union-attr]
                         work, convert = self._async_work(node.kernel, args)
-                    else:
-                        work, convert = self._start_kernel(node, args, label)
+                    else:  # a thread kernel, in a context made for it
+                        convert = None
+                        work = self._bound.device.run_in_thread(
+                            call_in_thread, self._kernel_context(), node.kernel, args
+                        )
                     v = await work
                 finally:
                     del awaiting[task]
@@ -1134,22 +1139,6 @@ class Step:
         if isinstance(exc, asyncio.CancelledError):
             return True, False
         return True, self._stop_for_base_exception(alone)
-
-    def _start_kernel(
-        self, node: BoundNode, args: list[Any], label: tuple[str, int] | None
-    ) -> tuple[Any, Callable[[Any], Any] | None]:
-        """(what to await, the conversion of its result or None) for an async or
-        thread node."""
-        if node.flow != _ASYNC:
-            return (
-                self._bound.device.run_in_thread(
-                    call_in_thread, self._kernel_context(), node.kernel, args
-                ),
-                None,
-            )
-        if label is not None:  # what a traced kernel records (frame, iteration)
-            self._trace.label = label  # type: ignore[union-attr]
-        return self._async_work(node.kernel, args)
 
     def _async_work(
         self, kernel: Callable[..., Any], args: list[Any]
