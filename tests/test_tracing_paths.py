@@ -182,12 +182,6 @@ async def test_step_stats_are_made_once_and_pickle(graph: af.Graph) -> None:
         hash(lazy)
 
 
-def _closures(block: Any) -> tuple[Any, ...]:
-    """A program block of this plan's: its closures (it starts and joins no call)."""
-    assert isinstance(block, tuple)
-    return block
-
-
 def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Graph) -> None:
     from asyncflow.runtime.interpreter import program_of
     from asyncflow.runtime.observe.trace import observe_trace
@@ -206,38 +200,29 @@ def test_a_traced_program_runs_the_same_order_with_traced_kernels(graph: af.Grap
     assert program is program_of(traced)  # bound once per traced plan
     assert program.program is plan_program.program  # the same order
     assert program.args == plan_program.args
-    blocks = [_closures(program.block(k)) for k in range(len(program.blocks))]
-    plan_blocks = [_closures(plan_program.block(k)) for k in range(len(plan_program.blocks))]
-    assert [len(b) for b in blocks] == [len(b) for b in plan_blocks]
-    # Each closure records its node: the traced kernel's recording fused into the
-    # closure (trace.traced_op, over the node's own kernel), or a call of the
-    # traced kernel; the plan's own closures record nothing.
-    flat = [f for b in blocks for f in b]
-
-    def cells(f: Any) -> set[Any]:
-        """The callables closure ``f`` holds: in its cells, or in the tuple it is bound
-        to (the shortest closures are methods of their node's kernel and slots)."""
-        held = [c.cell_contents for c in f.__closure__ or ()]
-        bound_to = getattr(f, "__self__", None)  # a bound method's tuple (no function's)
-        if isinstance(bound_to, tuple):
-            held.extend(bound_to)
-        return {v for v in held if callable(v)}
-
-    for k, f in ((k, f) for k, b in enumerate(blocks) for f in b):
-        node = program.node_at(k, f)
+    # What each block's lines call, per node: the plan's own blocks call its kernels,
+    # the traced copy's call the traced kernels (or a closure fusing the recording
+    # into the node's own kernel, trace.traced_op), node for node.
+    calls = [c for k in range(len(program.blocks)) for c in program.calls(k)]
+    plan_calls = [c for k in range(len(plan_program.blocks)) for c in plan_program.calls(k)]
+    assert [n for n, _ in calls] == [n for n, _ in plan_calls]
+    assert {bound.ops[n].name for n, _ in calls} >= {"y", "z"}
+    for node, f in plan_calls:
+        assert f is bound.nodes[node].kernel  # the plan's kernel, called on its line
+    fused = 0
+    for node, f in calls:
         traced_kernel = traced.nodes[node].kernel
-        if f.__qualname__ == "traced_op.<locals>.traced":
+        if getattr(f, "__qualname__", "") == "traced_op.<locals>.traced":
+            fused += 1
             assert isinstance(traced_kernel, _TracedKernel)
             assert traced_kernel.compact == (node, bound.nodes[node].kernel)
-            assert bound.nodes[node].kernel in cells(f)
+            held = {c.cell_contents for c in f.__closure__ or ()}
+            assert bound.nodes[node].kernel in held
         else:
-            assert traced_kernel in cells(f)
-    assert any(f.__qualname__ == "traced_op.<locals>.traced" for f in flat)
-    assert not any(
-        f.__qualname__.startswith(("traced_op", "_compact_traced")) for b in plan_blocks for f in b
-    )
+            assert f is traced_kernel
+    assert fused
     traced_kernels = {n.kernel for n in traced.nodes} - {n.kernel for n in bound.nodes}
-    assert not any(traced_kernels & cells(f) for b in plan_blocks for f in b)
+    assert not any(f in traced_kernels for _, f in plan_calls)
 
 
 async def test_tracing_is_the_same_on_every_run_of_a_plan(graph: af.Graph) -> None:

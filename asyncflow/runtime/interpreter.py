@@ -8,12 +8,14 @@ before its first reader (:class:`Join`; ``loop_schedule.start_schedule``):
 :func:`asyncflow.runtime.static_order.lower_static_order`; a simple loop frame's
 iteration: :mod:`asyncflow.compiler.loop_schedule`).  Here an
 instruction is bound to its kernel as a closure over its slots (one call per node:
-no unpacking, no dispatch on its kind) and programs run over one flat value list,
-freeing each slot after its last reader.  :class:`ProgramPropagator` runs a
-partition's program; :mod:`asyncflow.runtime.loop_fastpath` runs a loop frame's
-programs iteration after iteration (for a program's loop instruction, or for the
-general propagator).  Everything else runs on the general
-propagators.
+no unpacking, no dispatch on its kind), and a partition's program is written as one
+Python function per block (:mod:`asyncflow.runtime.block_code`: a plain kernel's
+call and a started node's start written out on its line, any other instruction its
+closure's call); programs run over one flat value list, freeing each slot after its
+last reader.  :class:`ProgramPropagator` runs a partition's program a block at a
+time; :mod:`asyncflow.runtime.loop_fastpath` runs a loop frame's closures iteration
+after iteration (for a program's loop instruction, or for the general propagator).
+Everything else runs on the general propagators.
 
 The rules are the engines' shared ones: a dead input makes a node dead, a Switch
 routes by :func:`~asyncflow.runtime.propagators.switch_outputs`, a Merge takes its
@@ -43,6 +45,7 @@ from asyncflow.compiler.loop_schedule import (
     started,
 )
 from asyncflow.framework import registry
+from asyncflow.runtime.block_code import Block, BlockWriter, calls_of, node_of
 from asyncflow.runtime.gc_pause import gc_paused
 from asyncflow.runtime.observe.trace import current_trace, traced_op
 from asyncflow.runtime.propagators import (
@@ -57,7 +60,7 @@ from asyncflow.runtime.propagators import (
     switch_outputs,
 )
 from asyncflow.runtime.resources import WOULD_BLOCK
-from asyncflow.runtime.static_order import JOIN, START, StaticProgram, lower_static_order
+from asyncflow.runtime.static_order import StaticProgram, lower_static_order
 
 if TYPE_CHECKING:
     from asyncflow.runtime.bind import BoundNode, BoundPlan
@@ -215,18 +218,17 @@ _PENDING: Any = type("_Pending", (), {"__repr__": lambda self: "<pending>"})()
 
 
 class Start:
-    """A started node (an async kernel the program dispatches and goes on): its input
-    slots, what it frees when it starts (its inputs' last reads), and where its value
-    goes when it arrives (:meth:`ProgramPropagator.complete`)."""
+    """A started node (an async kernel the program dispatches and goes on; its line
+    of the block, ``BlockWriter.start``, reads its inputs and frees their last
+    reads): its token, and where its value goes when it arrives
+    (:meth:`ProgramPropagator.complete`)."""
 
-    __slots__ = ("frees", "ins", "node", "nout", "out", "own")
+    __slots__ = ("node", "nout", "out", "own")
 
     def __init__(self, x: Instr) -> None:
-        self.node, self.ins, self.out, self.nout = x.node, x.ins, x.out, x.num_outputs
-        mine = range(x.out, x.out + x.num_outputs)
-        self.frees = tuple(r for r in x.frees if r not in mine)
+        self.node, self.out, self.nout = x.node, x.out, x.num_outputs
         #: Its unread outputs, freed as they arrive (``ProgramPropagator.complete``).
-        self.own = tuple(r for r in x.frees if r in mine)
+        self.own = tuple(r for r in x.frees if x.out <= r < x.out + x.num_outputs)
 
 
 class Join:
@@ -479,13 +481,14 @@ def execute(  # noqa: C901
 
 
 class BoundProgram:
-    """A partition's program bound to the kernels of one bound plan, in
-    blocks of :data:`CHECK_EVERY` instructions (the points where a step looks at the
-    clock).  A block is lowered and its closures made when a step first reaches it:
-    a large program is made over its first run's time slices (a deadline or a
-    cancellation lands between two blocks), and costs nothing again."""
+    """A partition's program bound to the kernels of one bound plan, in blocks (the
+    started nodes a block joins first, then at most :data:`CHECK_EVERY` instructions:
+    the points where a step looks at the clock), each one function
+    (:mod:`asyncflow.runtime.block_code`).  A block is lowered and its function made when a step
+    first reaches it: a large program is made over its first run's time slices (a
+    deadline or a cancellation lands between two blocks), and costs nothing again."""
 
-    __slots__ = ("_loops", "_nodes", "args", "blocks", "program", "through")
+    __slots__ = ("_lines", "_loops", "_nodes", "args", "blocks", "program", "through")
 
     def __init__(
         self,
@@ -498,41 +501,65 @@ class BoundProgram:
         self._nodes = nodes
         #: Per static loop frame: its fast path (what a loop instruction runs).
         self._loops = loops
-        #: Per block (``program.spans``): its closures, a :class:`Start` or a
-        #: :class:`Join`, or None until a step first runs it.
-        self.blocks: list[tuple[Op, ...] | Start | Join | None] = [None] * len(program.spans)
+        #: Per block (``program.spans``): its function, or None until a step first
+        #: runs it.
+        self.blocks: list[Block | None] = [None] * len(program.spans)
+        #: Per block: the node of each line of its function (what a failure names).
+        self._lines: list[tuple[int, ...]] = [()] * len(program.spans)
         #: (slot, feed index) of every _Arg node.
         self.args = args
-        #: The program is one block without a loop instruction or a node that may hop:
-        #: a step of it cannot suspend, so it runs without being made
-        #: (:func:`asyncflow.runtime.step.run_through`).
+        #: The program is one block without a loop instruction or an async node (one
+        #: started or one that may hop): a step of it cannot suspend, so it runs
+        #: without being made (:func:`asyncflow.runtime.step.run_through`).
         self.through = False
         if len(self.blocks) == 1:  # made now (a step would make it at once): known now
             self.block(0)
 
-    def block(self, b: int) -> tuple[Op, ...] | Start | Join:
-        """Block ``b`` (lowered and bound on first use): its closures, or the node it
-        starts or joins."""
-        ops = self.blocks[b]
-        if ops is not None:
-            return ops
-        lo, hi, kind, node = self.program.spans[b]
-        if kind == JOIN:
-            ops = Join(node, self.program.out_of(node))
-        elif kind == START:
-            (x,) = self.program.instrs(lo, hi)
-            ops = Start(x)
-        else:
-            with gc_paused(promote_after=0):  # new objects, none cyclic, kept with the plan
-                instrs = self.program.instrs(lo, hi)
-                ops = tuple(self._closure(x) for x in instrs)
-            self.through = len(self.blocks) == 1 and all(
-                x.kind != I_LOOP
-                and (x.kind != I_KERNEL or self._nodes[x.node].flow != registry.ASYNC)
-                for x in instrs
-            )
-        self.blocks[b] = ops
-        return ops
+    def block(self, b: int) -> Block:
+        """Block ``b``'s function (lowered and made on first use)."""
+        fn = self.blocks[b]
+        if fn is not None:
+            return fn
+        program = self.program
+        lo, hi, joins = program.spans[b]
+        with gc_paused(promote_after=0):  # new objects, none cyclic, kept with the plan
+            instrs = program.instrs(lo, hi)
+            block = BlockWriter(_PENDING)
+            for node in joins:
+                slot = program.out_of(node)
+                block.join(slot, Join(node, slot))
+            for x in instrs:
+                self._write(block, x)
+            fn = block.make()
+        self.through = len(self.blocks) == 1 and all(
+            x.kind != I_LOOP and (x.kind != I_KERNEL or self._nodes[x.node].flow != registry.ASYNC)
+            for x in instrs
+        )
+        self._lines[b] = tuple(block.where)
+        self.blocks[b] = fn
+        return fn
+
+    def _write(self, block: BlockWriter, x: Instr) -> None:
+        """Instruction ``x``'s line: a plain kernel's call or a started node's start
+        written out, any other instruction its closure's call."""
+        if x.kind == I_KERNEL:
+            if x.node in self.program.starts:
+                start = Start(x)
+                frees = tuple(r for r in x.frees if r not in start.own)
+                block.start(x.node, start, x.ins, x.out, frees)
+                return
+            bound = self._nodes[x.node]
+            kernel = bound.kernel
+            # (An async kernel hops, several outputs are checked, a compact traced
+            # kernel records: their closures do.)
+            if (
+                x.num_outputs == 1
+                and bound.flow != registry.ASYNC
+                and getattr(kernel, "compact", None) is None
+            ):
+                block.kernel(x.node, kernel, x.ins, x.out, x.frees)
+                return
+        block.call(x.node, self._closure(x))
 
     def _closure(self, x: Instr) -> Op:
         if x.kind == I_LOOP:
@@ -541,13 +568,15 @@ class BoundProgram:
             return _loop_closure(loop, self.program.enters(x.value), x)
         return closure(bind_instr(x, self._nodes, ()))
 
-    def node_at(self, b: int, f: Op) -> int:
-        """The node of closure ``f`` of block ``b`` (what a failing closure names:
-        found from its position, not kept in a map of every closure)."""
-        ops = self.blocks[b]
-        if not isinstance(ops, tuple) or f not in ops:
-            return -1
-        return max(-1, self.program.order[self.program.spans[b][0] + ops.index(f)])
+    def calls(self, b: int) -> list[tuple[int, Callable[..., Any]]]:
+        """(node, callable) of each line of block ``b`` that calls a kernel or a
+        closure (what the block runs besides starts and joins)."""
+        return calls_of(self.block(b), self._lines[b])
+
+    def node_at(self, b: int, exc: BaseException) -> int:
+        """The node whose line of block ``b`` raised ``exc`` (-1: none found)."""
+        fn = self.blocks[b]
+        return -1 if fn is None else node_of(fn, self._lines[b], exc)
 
 
 #: What a program's loop instructions run: per static frame of a bound plan, its fast
@@ -611,8 +640,15 @@ def _lowered(bound: BoundPlan, loops_of: LoopsOf) -> BoundProgram | None:
         if plan.frames is not None or bound.all_inline
         else frozenset(i for i, n in enumerate(bound.nodes) if started(n))
     )
+    # The nodes that may hop (an async kernel run by its ``nowait`` twin): a block
+    # ends after each.
+    hops = (
+        frozenset()
+        if bound.all_inline
+        else frozenset(i for i, n in enumerate(bound.nodes) if n.flow == registry.ASYNC) - starts
+    )
     with gc_paused():  # ~10x faster for a large plan in a large heap
-        lowered = lower_static_order(plan, starts)
+        lowered = lower_static_order(plan, starts, hops)
     if lowered is None:
         derived["unlowered"] = True  # some node never becomes ready: the general path
         return None
@@ -622,7 +658,7 @@ def _lowered(bound: BoundPlan, loops_of: LoopsOf) -> BoundProgram | None:
 
 
 #: The straight-line engine's state, per step (slots of the step's class).
-PROGRAM_SLOTS = ("_end", "_loop_run", "_next", "_pos", "_program", "_vals", "_waiting")
+PROGRAM_SLOTS = ("_end", "_loop_run", "_next", "_program", "_vals", "_waiting")
 
 
 class ProgramPropagator(StepSide):
@@ -637,11 +673,13 @@ class ProgramPropagator(StepSide):
     A node whose ``nowait`` twin cannot finish it inline (:class:`Hop`) is
     dispatched: the step runs it as the general engine would (a task, a worker
     thread), the program waits, and :meth:`complete` stores its value and resumes
-    right after it.  A started call (:class:`Start`) is started the same way (by
-    ``Step.start``, where the dispatch hands such a node) but the program goes on,
-    the Start its token; its value is pending in its first output slot until
-    :meth:`complete` stores it, and a :class:`Join` before its first reader waits
-    for that (``has_ready`` is false while a join waits).  A loop frame's
+    right after it (a hop ends its block: at the next one).  A started call
+    (:class:`Start`) is started the same way (by ``Step.start``, where the dispatch
+    hands such a node) but the program goes on, the Start its token; its value is
+    pending in its first output slot until :meth:`complete` stores it, and a
+    :class:`Join` at the top of the block of its first reader waits for that
+    (``has_ready`` is false while a join waits; the block runs again when it
+    arrives).  A loop frame's
     instruction (:class:`RunLoop`) runs the frame's own programs (:mod:`asyncflow.runtime.loop_fastpath`) until it is done — across
     drains when the clock runs out between iterations — then the program goes on
     after it with the Exits' values."""
@@ -658,7 +696,6 @@ class ProgramPropagator(StepSide):
             vals[s] = args[k]
         self._vals = vals
         self._next = 0  # the next block to run
-        self._pos = 0  # where in it (after a hop or a loop: the closure after its own)
         self._end = len(program.blocks)
         # The hopped or joined node, until its value arrives.
         self._waiting: Hop | Join | None = None
@@ -707,65 +744,25 @@ class ProgramPropagator(StepSide):
                 step.fail(hop.node, exc)
         return True
 
-    # The per-node hot loop: one closure call per node, and the starts and joins of a
-    # program's calls written out in it (one call less per call): kept in one piece.
-    def _run(self, until: float) -> Hop | RunLoop | Join | None:  # noqa: C901
-        """Run from the current position to the end (None; ``_next`` is the end), to
-        the clock (None; ``_next`` is the next block) or to a hop, a loop or a join
-        whose node's value has not arrived (its signal; ``_next`` and ``_pos`` say
-        where to resume).  Started nodes are started on the way."""
+    # The per-block loop: one call per block (asyncflow.runtime.block_code).
+    def _run(self, until: float) -> Hop | RunLoop | Join | None:
+        """Run from the current block to the end (None; ``_next`` is the end), to the
+        clock (None; ``_next`` is the next block) or to a hop, a loop or a join whose
+        node's value has not arrived (its signal; ``_next`` says where to resume: the
+        block after a hop's or a loop's, the join's own)."""
         step = self
         program = self._program
         blocks = program.blocks
         vals = self._vals
         b = self._next
         end = self._end
-        f: Op | None = None
-        ops: Any = ()  # a block: its closures, or a Start or a Join
         try:
-            if self._pos:  # resuming after a hop or a loop, in the middle of block b
-                ops = blocks[b] or program.block(b)
-                for f in ops[self._pos :]:
-                    f(vals)
-                self._pos = 0
-                b += 1
             while b < end:
-                ops = blocks[b] or program.block(b)
-                if ops.__class__ is not tuple:  # a node to start or to join
-                    b += 1
-                    if ops.__class__ is Join:
-                        if vals[ops.slot] is _PENDING:
-                            self._next = b  # (resumes after the join)
-                            self._waiting = ops
-                            return ops
-                        continue
-                    # Start the node (written out here: one call less per call started):
-                    # its inputs read and their last reads freed, its value pending, the
-                    # node handed to the step (``Step.start``: an async kernel with no
-                    # twin, which the dispatch would hand there too), the Start itself
-                    # its token (what ``complete`` stores by); the program goes on.
-                    start: Start = ops
-                    ins = start.ins
-                    n = len(ins)
-                    args = (
-                        [vals[ins[0]]]
-                        if n == 1
-                        else [vals[ins[0]], vals[ins[1]]]
-                        if n == 2
-                        else [vals[s] for s in ins]
-                    )
-                    for r in start.frees:
-                        vals[r] = None
-                    vals[start.out] = _PENDING
-                    try:
-                        step.start(start, start.node, args, True)
-                    except Exception as exc:  # the start's: the node fails, as a hop's
-                        self._next = end
-                        step.fail(start.node, exc)
-                        return None
-                    continue
-                for f in ops:
-                    f(vals)
+                join: Join | None = (blocks[b] or program.block(b))(vals, step)
+                if join is not None:
+                    self._next = b  # (resumes at the join)
+                    self._waiting = join
+                    return join
                 b += 1
                 if b < end and slice_over(until):
                     self._next = b
@@ -776,13 +773,11 @@ class ProgramPropagator(StepSide):
             # The signal outlives this frame (the runner acts on it): without its
             # traceback it holds no frame, and no frame holds it (no cycle per step).
             signal.__traceback__ = None
-            self._next, self._pos = b, ops.index(f) + 1
-            if self._pos == len(ops):
-                self._next, self._pos = b + 1, 0
+            self._next = b + 1  # (a hop or a loop ends its block)
             return signal
         except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
             self._next = end
-            step.fail(program.node_at(b, f) if f is not None else -1, exc)
+            step.fail(program.node_at(b, exc), exc)
         return None
 
     def _start(self, signal: RunLoop) -> None:

@@ -33,9 +33,6 @@ from asyncflow.compiler.plan import Plan
 from asyncflow.runtime.propagators import CHECK_EVERY
 
 __all__ = [
-    "JOIN",
-    "RUN",
-    "START",
     "StaticProgram",
     "lower_static_order",
     "static_order",
@@ -120,7 +117,7 @@ class StaticProgram:
     producers of unread outputs) free what they free anyway, and a value read by
     several is freed by the last of them in the order."""
 
-    __slots__ = ("_enters", "_extra", "_plan", "order", "spans")
+    __slots__ = ("_enters", "_extra", "_plan", "order", "spans", "starts")
 
     def __init__(
         self,
@@ -128,15 +125,16 @@ class StaticProgram:
         order: tuple[int, ...],
         starts: frozenset[int] = frozenset(),
         joins: dict[int, int] | None = None,
+        hops: frozenset[int] = frozenset(),
     ) -> None:
         self._plan = plan
         self.order = order
-        #: The program's blocks: ``(start, end, kind, node)`` over positions of the
-        #: order: ``RUN`` a range of at most ``CHECK_EVERY`` instructions, ``START``
-        #: the started node at ``start`` (one of ``starts``: dispatched, and the
-        #: program goes on), ``JOIN`` a wait for started ``node``'s value before
-        #: position ``start`` (``joins``).
-        self.spans = _spans(order, starts, joins or {})
+        #: The nodes the program starts (dispatches, and goes on).
+        self.starts = starts
+        #: The program's blocks (:func:`_spans`): the started nodes to join first, then
+        #: a range of the order; a block ends after a node that may hop and after a
+        #: loop.
+        self.spans = _spans(order, joins or {}, hops | frozenset(i for i in order if i < 0))
         #: Loop frame -> its Enters (a loop unit reads and frees what they do).
         self._enters: dict[int, list[int]] = {}
         if plan.frames is not None:
@@ -199,37 +197,38 @@ class StaticProgram:
         return Instr(I_LOOP, enters[0], ins, -1, 0, (), tuple(dict.fromkeys(frees)), (), f)
 
 
-#: Kinds of a program's blocks (:attr:`StaticProgram.spans`).
-RUN, START, JOIN = range(3)
-
-
 def _spans(
-    order: tuple[int, ...], starts: frozenset[int], joins: dict[int, int]
-) -> tuple[tuple[int, int, int, int], ...]:
-    """The blocks of a program over ``order``: runs of at most ``CHECK_EVERY``
-    instructions (where a step looks at the clock), cut at each start and join."""
+    order: tuple[int, ...], joins: dict[int, int], signals: frozenset[int]
+) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """The blocks of a program over ``order``: ``(start, end, joins)``, the started
+    nodes ``joins`` to wait for before position ``start``, then positions ``start`` to
+    ``end`` (at most ``CHECK_EVERY``, where a step looks at the clock).  A block ends
+    before each join and after each of ``signals`` (a node that may hand itself to
+    the step and wait, or a loop ``-f``: the program resumes after it)."""
     before: dict[int, list[int]] = {}
     for node, pos in joins.items():
         before.setdefault(pos, []).append(node)
-    spans: list[tuple[int, int, int, int]] = []
+    spans: list[tuple[int, int, tuple[int, ...]]] = []
     lo = 0
+    waits: tuple[int, ...] = ()
     for pos, i in enumerate(order):
-        waits = before.get(pos)
-        if i in starts or waits is not None or pos - lo == CHECK_EVERY:
-            if pos > lo:
-                spans.append((lo, pos, RUN, -1))
-            lo = pos
-        for node in waits or ():
-            spans.append((pos, pos, JOIN, node))
-        if i in starts:
-            spans.append((pos, pos + 1, START, i))
-            lo = pos + 1
-    if len(order) > lo:
-        spans.append((lo, len(order), RUN, -1))
+        due = before.get(pos)
+        if pos > lo and (due is not None or pos - lo == CHECK_EVERY):
+            spans.append((lo, pos, waits))
+            lo, waits = pos, ()
+        if due is not None:
+            waits = tuple(due)
+        if i in signals:
+            spans.append((lo, pos + 1, waits))
+            lo, waits = pos + 1, ()
+    if len(order) > lo or waits:
+        spans.append((lo, len(order), waits))
     return tuple(spans)
 
 
-def lower_static_order(plan: Plan, starts: frozenset[int] = frozenset()) -> StaticProgram | None:
+def lower_static_order(
+    plan: Plan, starts: frozenset[int] = frozenset(), hops: frozenset[int] = frozenset()
+) -> StaticProgram | None:
     """``plan``'s static order as a :class:`StaticProgram` that starts ``starts`` and
     joins each before its first reader (None when some node never becomes ready: the
     general path then reports what waits)."""
@@ -237,6 +236,6 @@ def lower_static_order(plan: Plan, starts: frozenset[int] = frozenset()) -> Stat
         scheduled = start_schedule(plan, starts)
         if scheduled is None:
             return None
-        return StaticProgram(plan, scheduled[0], starts, scheduled[1])
+        return StaticProgram(plan, scheduled[0], starts, scheduled[1], hops)
     order = static_order(plan)
-    return None if order is None else StaticProgram(plan, order)
+    return None if order is None else StaticProgram(plan, order, hops=hops)

@@ -174,14 +174,10 @@ def run_through(bound: BoundPlan, frame: CallFrame) -> list[Any] | None:
     for s, k in program.args:  # the _Arg nodes
         vals[s] = args[k]
     quiet = quiet_numpy()
-    f: Any = None
     try:
-        for f in program.blocks[0]:  # type: ignore[union-attr]  # (made: it is through)
-            f(vals)
+        program.blocks[0](vals, None)  # type: ignore[misc]  # (made: it is through)
     except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
-        raise _failed_step(
-            bound, frame, program.node_at(0, f) if f is not None else -1, exc
-        ) from exc
+        raise _failed_step(bound, frame, program.node_at(0, exc), exc) from exc
     finally:
         restore_numpy(quiet)
     slots = bound.plan.retval_slots  # the _Retval nodes
