@@ -16,8 +16,10 @@ pending marker ``P``) its parameters' defaults::
 so a node costs the kernel's call and its slots' reads and writes, not a closure's
 call, its unpacking and the loop around it.  The function returns None when the
 block ran, or the join whose value has not arrived (nothing after it ran: the
-program comes back to the same block).  A kernel that raises leaves through its
-line, which names the node (:func:`node_of`).
+program comes back to the same block).  A block followed by one that joins also
+checks that block's first join ahead, on its own last line (the program then
+resumes at the next block: a block that must wait is not called only to wait).  A
+kernel that raises leaves through its line, which names the node (:func:`node_of`).
 
 Writing and compiling Python costs ~10 µs a line, ten closures' worth, so a block's
 code is compiled once per *shape* (what each line is, and how many slots it reads

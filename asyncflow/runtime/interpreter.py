@@ -233,12 +233,15 @@ class Start:
 
 class Join:
     """The program waits here until started ``node``'s value arrived (its first output
-    slot ``slot`` holds no :data:`_PENDING`)."""
+    slot ``slot`` holds no :data:`_PENDING`): at the top of the block that first reads
+    it (``ahead`` 0: the program resumes at that block), or checked ahead at the end
+    of the block before (``ahead`` 1: it resumes at the next block, which checks its
+    joins again; a block that waits is not called once more only to wait)."""
 
-    __slots__ = ("node", "slot")
+    __slots__ = ("ahead", "node", "slot")
 
-    def __init__(self, node: int, slot: int) -> None:
-        self.node, self.slot = node, slot
+    def __init__(self, node: int, slot: int, ahead: int = 0) -> None:
+        self.node, self.slot, self.ahead = node, slot, ahead
 
 
 class RunLoop(Exception):  # (a signal between a closure and its runner, not an error)
@@ -530,6 +533,11 @@ class BoundProgram:
                 block.join(slot, Join(node, slot))
             for x in instrs:
                 self._write(block, x)
+            if b + 1 < len(program.spans) and program.spans[b + 1][2]:
+                # The next block's first join, checked ahead (see Join).
+                node = program.spans[b + 1][2][0]
+                slot = program.out_of(node)
+                block.join(slot, Join(node, slot, 1))
             fn = block.make()
         self.through = len(self.blocks) == 1 and all(
             x.kind != I_LOOP and (x.kind != I_KERNEL or self._nodes[x.node].flow != registry.ASYNC)
@@ -711,74 +719,61 @@ class ProgramPropagator(StepSide):
     def idle(self) -> None:
         pass  # (a program keeps nothing that only running needs)
 
-    def drain(self, until: float) -> bool:
-        """Run the program's blocks until the end or a hop (True) or until the clock
-        passes ``until`` after a block or a loop iteration (False: the step yields,
-        then drains again)."""
+    # The per-block loop of every drain (one call per block, see block_code), and the
+    # signals a block's last line may raise: kept in one piece, no call between.
+    def drain(self, until: float) -> bool:  # noqa: C901
+        """Run the program's blocks until the end, a join whose value has not arrived
+        or a hop (True), or until the clock passes ``until`` after a block or a loop
+        iteration (False: the step yields, then drains again).  ``_next`` says where
+        to resume: a join's own block (or the one after, for a join checked ahead at
+        the end of the block before), the block after a hop's or a loop's."""
         step = self
+        program = self._program
+        blocks = program.blocks
+        vals = self._vals
+        end = self._end
         while step._error is None and self._waiting is None:
             if self._loop_run is not None:
                 if not self._advance(until):
                     return False
                 continue
-            if self._next >= self._end:
+            b = self._next
+            if b >= end:
                 break
-            signal = self._run(until)
-            if signal is None:
-                # The end, a failure, or the clock (False: the step yields to the loop,
-                # then goes on).
-                return self._next >= self._end or step._error is not None
-            cls = signal.__class__
-            if cls is Join:  # (waiting: its node's value resumes the program)
-                return True
-            if cls is RunLoop:
-                self._start(signal)  # type: ignore[arg-type]
-                continue
-            hop: Hop = signal  # type: ignore[assignment]
-            self._waiting = hop
-            # (A twin that finishes this time completes at once: the loop goes on.)
             try:
-                step.dispatch(hop.node, hop.node, self._bound.nodes[hop.node], hop.inputs)
-            except Exception as exc:  # the twin's, called again by the dispatch
-                self._next = self._end
-                step.fail(hop.node, exc)
+                while True:
+                    join: Join | None = (blocks[b] or program.block(b))(vals, step)
+                    if join is not None:
+                        self._next = b + join.ahead
+                        self._waiting = join  # (its node's value resumes the program)
+                        return True
+                    b += 1
+                    if b >= end:
+                        self._next = end
+                        return True
+                    if slice_over(until):
+                        self._next = b
+                        return False  # the step yields to the loop, then goes on
+            except RunLoop as signal:
+                # The signal outlives this frame: without its traceback it holds no
+                # frame, and no frame holds it (no cycle per step).
+                signal.__traceback__ = None
+                self._next = b + 1  # (a loop ends its block)
+                self._start(signal)
+            except Hop as hop:
+                hop.__traceback__ = None
+                self._next = b + 1  # (a hop ends its block)
+                self._waiting = hop
+                # (A twin that finishes this time completes at once: the loop goes on.)
+                try:
+                    step.dispatch(hop.node, hop.node, self._bound.nodes[hop.node], hop.inputs)
+                except Exception as exc:  # the twin's, called again by the dispatch
+                    self._next = end
+                    step.fail(hop.node, exc)
+            except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
+                self._next = end
+                step.fail(program.node_at(b, exc), exc)
         return True
-
-    # The per-block loop: one call per block (asyncflow.runtime.block_code).
-    def _run(self, until: float) -> Hop | RunLoop | Join | None:
-        """Run from the current block to the end (None; ``_next`` is the end), to the
-        clock (None; ``_next`` is the next block) or to a hop, a loop or a join whose
-        node's value has not arrived (its signal; ``_next`` says where to resume: the
-        block after a hop's or a loop's, the join's own)."""
-        step = self
-        program = self._program
-        blocks = program.blocks
-        vals = self._vals
-        b = self._next
-        end = self._end
-        try:
-            while b < end:
-                join: Join | None = (blocks[b] or program.block(b))(vals, step)
-                if join is not None:
-                    self._next = b  # (resumes at the join)
-                    self._waiting = join
-                    return join
-                b += 1
-                if b < end and slice_over(until):
-                    self._next = b
-                    return None  # the step yields to the loop, then goes on
-            self._next = end
-            return None
-        except (Hop, RunLoop) as signal:
-            # The signal outlives this frame (the runner acts on it): without its
-            # traceback it holds no frame, and no frame holds it (no cycle per step).
-            signal.__traceback__ = None
-            self._next = b + 1  # (a hop or a loop ends its block)
-            return signal
-        except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
-            self._next = end
-            step.fail(program.node_at(b, exc), exc)
-        return None
 
     def _start(self, signal: RunLoop) -> None:
         """A loop instruction: its frame starts on the Enters' values."""
