@@ -459,7 +459,7 @@ class Step:
         if loop is None:
             loop = asyncio.get_running_loop()
         self._loop = loop
-        if self._parked is None:
+        if self._parked is None or not finished:  # (not finished: nodes are ready)
             return self._next_wait()
         # (Given the loop: asking for it again costs a system call.)
         task = asyncio.current_task(loop)
@@ -467,7 +467,7 @@ class Step:
         # Its cancel requests before the first node: one more when a kernel returns
         # means the caller was cancelled meanwhile.
         self._alone_cancels = task.cancelling()
-        return self._alone_start(task)
+        return self._alone_start(task, True)  # (nothing failed, nothing is ready)
 
     def awaited(self, v: Any) -> Any:
         """What the awaiting frame awaited is over: the lone node's kernel returned
@@ -778,17 +778,19 @@ class Step:
 
     # -- the lone async node, awaited in the caller's frame (see ``run``) ----------------------
 
-    def _alone_start(self, task: asyncio.Task[Any]) -> Any:
+    def _alone_start(self, task: asyncio.Task[Any], ready_checked: bool = False) -> Any:
         """The parked node (see ``_parked``) taken and its kernel started in ``task``
         (the caller's), for the awaiting frame to await, when the step's only work is
         async nodes dispatched before it had a task group, nothing is ready and nothing
         failed; the others (with ``ExecutorOptions.own_task_group``: the step's own
         group, which needs no ``async with``) start as tasks beside it.  Else the task
         group takes it all (:meth:`_next_wait`; so too when the kernel raised as it was
-        called, failing its node)."""
+        called, failing its node).  ``ready_checked``: the caller knows a node is
+        parked, nothing failed and nothing is ready (a drain just finished)."""
         parked = self._parked
-        if parked is None or self._error is not None or self.has_ready():
+        if not ready_checked and (parked is None or self._error is not None or self.has_ready()):
             return self._next_wait()
+        assert parked is not None
         deferred = self._deferred
         n = len(deferred) if deferred else 0
         if self._outstanding != n + 1 or (n and not self._bound.options.own_task_group):
