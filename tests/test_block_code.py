@@ -96,7 +96,9 @@ def test_a_failing_kernel_in_a_later_block_names_its_node() -> None:
 
 async def test_a_program_starts_its_calls_and_joins_them_in_two_blocks() -> None:
     # The service's step: an op, two calls started in one block, then the block that
-    # joins both at its top and reads them; it runs again when a join waits.
+    # joins both at its top and reads them.  The first block checks the second's first
+    # join ahead, so the second is called once a run, when both values are there (not
+    # once more only to find the first call still running).
     async def io(v: np.ndarray) -> np.ndarray:
         await asyncio.sleep(0)
         return v
@@ -111,6 +113,17 @@ async def test_a_program_starts_its_calls_and_joins_them_in_two_blocks() -> None
         for v in range(3):
             assert await sess.run(y, {x: float(v)}) == (2 * v + 1) * 2
         program = _program(sess, y, {x: 0.0})
+        second = program.block(1)
+        calls: list[int] = []
+
+        def counted(vals: list[Any], step: Any) -> Any:
+            calls.append(1)
+            return second(vals, step)
+
+        program.blocks[1] = counted
+        for v in range(3):
+            assert await sess.run(y, {x: float(v)}) == (2 * v + 1) * 2
+        assert len(calls) == 3
     assert len(program.blocks) == 2
     assert program.program.spans[0][2] == ()  # nothing joined before the starts
     assert len(program.program.spans[1][2]) == 2  # both calls joined at the top
