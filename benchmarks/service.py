@@ -289,15 +289,22 @@ def census(requests: int) -> dict[str, dict[str, float]]:
 
 async def _census(requests: int) -> dict[str, dict[str, float]]:
     import asyncflow
+    from asyncflow.runtime.block_code import FILENAME
 
     root = os.path.dirname(asyncflow.__file__) + os.sep
     app = create_app(0.0)
     async with _lifespan(app):
-        return {endpoint: await _count(app, endpoint, requests, root) for endpoint in ENDPOINTS}
+        return {
+            endpoint: await _count(app, endpoint, requests, root, FILENAME)
+            for endpoint in ENDPOINTS
+        }
 
 
-async def _count(app: Any, endpoint: str, requests: int, root: str) -> dict[str, float]:
-    """The bytecodes per request of ``endpoint``: all, and those of files under ``root``."""
+async def _count(
+    app: Any, endpoint: str, requests: int, root: str, blocks_file: str
+) -> dict[str, float]:
+    """The bytecodes per request of ``endpoint``: all, and asyncflow's (those of files
+    under ``root``, and of programs' blocks, whose file is ``blocks_file``)."""
     for _ in range(max(10, requests // 10)):  # warm-up: the plan's compilation
         await _asgi_get(app, endpoint)
     counts = {"all": 0, "asyncflow": 0}
@@ -306,7 +313,8 @@ async def _count(app: Any, endpoint: str, requests: int, root: str) -> dict[str,
         frame.f_trace_opcodes = True
         if event == "opcode":
             counts["all"] += 1
-            if frame.f_code.co_filename.startswith(root):
+            filename = frame.f_code.co_filename
+            if filename.startswith(root) or filename == blocks_file:  # (a program's code too)
                 counts["asyncflow"] += 1
         return tracer
 

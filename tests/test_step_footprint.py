@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 import asyncflow as af
+from asyncflow.runtime.block_code import FILENAME as BLOCKS
 from tests.footprint import tracked
 
 #: Steps (and plain coroutines) in flight at once while their objects are counted.
@@ -108,11 +109,13 @@ async def test_a_waiting_step_keeps_few_objects_beyond_a_plain_coroutine() -> No
 @contextmanager
 def _calls_in(path: str) -> Iterator[Counter[str]]:
     """Count the Python functions called meanwhile whose file's path holds ``path`` (a
-    module, or ``/asyncflow/`` for the whole package), by name."""
+    module, or ``/asyncflow/`` for the whole package, its programs' blocks too), by
+    name."""
     calls: Counter[str] = Counter()
+    files = (path, BLOCKS) if path == "/asyncflow/" else (path,)
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and path in frame.f_code.co_filename:
+        if event == "call" and any(f in frame.f_code.co_filename for f in files):
             calls[frame.f_code.co_name] += 1
 
     sys.setprofile(profile)

@@ -31,12 +31,12 @@ closures took ~1.4).
 
 from __future__ import annotations
 
-import os
+import threading
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Block", "BlockWriter", "calls_of", "node_of"]
+__all__ = ["FILENAME", "Block", "BlockWriter", "calls_of", "node_of"]
 
 #: A block: ``block(vals, step)`` runs it, or returns the join that waits.
 Block = Callable[[list[Any], Any], Any]
@@ -44,8 +44,10 @@ Block = Callable[[list[Any], Any], Any]
 #: Shape -> (the template's code, per constant of it: the placeholder's number or -1).
 _TEMPLATES: dict[tuple[Any, ...], tuple[types.CodeType, tuple[int, ...]]] = {}
 _MAX_TEMPLATES = 1024
-#: The blocks' file name: asyncflow's, and no file (tracebacks show the line number).
-_FILENAME = os.path.join(os.path.dirname(__file__), "<program block>")
+_TEMPLATES_LOCK = threading.Lock()
+#: The blocks' file name (a traceback names the block and its line; in angle
+#: brackets, as ``<string>``: no file to look for, for linecache or coverage tools).
+FILENAME = "<asyncflow program block>"
 #: A block's globals: it reads none (its callables are its parameters).
 _GLOBALS: dict[str, Any] = {"__builtins__": {}}
 
@@ -109,9 +111,11 @@ class BlockWriter:
         shape = tuple(self._shape)
         template = _TEMPLATES.get(shape)
         if template is None:
-            template = _TEMPLATES[shape] = _compile(shape)
-            if len(_TEMPLATES) > _MAX_TEMPLATES:
-                del _TEMPLATES[next(iter(_TEMPLATES))]  # the oldest
+            template = _compile(shape)
+            with _TEMPLATES_LOCK:  # (steps of several threads may lower programs)
+                _TEMPLATES[shape] = template
+                if len(_TEMPLATES) > _MAX_TEMPLATES:
+                    del _TEMPLATES[next(iter(_TEMPLATES))]  # the oldest
         code, numbers = template
         values = self._values
         consts = tuple(c if k < 0 else values[k] for c, k in zip(code.co_consts, numbers))
@@ -157,7 +161,7 @@ def _compile(shape: tuple[tuple[str, int, int], ...]) -> tuple[types.CodeType, t
             lines.append(f" O{k}(vals)")
     source = "\n".join([f"def block(vals, step, {', '.join(names)}):", *lines, " return None"])
     (code,) = (
-        c for c in compile(source, _FILENAME, "exec").co_consts if isinstance(c, types.CodeType)
+        c for c in compile(source, FILENAME, "exec").co_consts if isinstance(c, types.CodeType)
     )
     numbers = tuple(
         int(c[1:]) if isinstance(c, str) and c.startswith("\0") else -1 for c in code.co_consts
