@@ -175,6 +175,47 @@ def test_inputs_are_numpy_values(g: af.Graph) -> None:
     assert np.asarray(seen[1]).dtype == np.int32
 
 
+async def test_a_0_d_result_flows_on_as_a_numpy_scalar(g: af.Graph) -> None:
+    # A 0-d value between kernels is a numpy scalar, as a fed one is (the kernels'
+    # fast path): what a py_func returns as a 0-d array, a Python number or a scalar of
+    # another type reaches the next kernel as a scalar of its Tout; an array stays one.
+    seen: dict[str, type] = {}
+
+    def recorder(tag: str) -> Any:
+        def record(v: Any) -> Any:
+            seen[tag] = type(v)
+            return v
+
+        return record
+
+    async def as_0_d_array(v: Any) -> Any:
+        return np.asarray(v, np.float64)  # 0-d, of another type
+
+    x = af.placeholder(af.float32, shape=(), name="x")
+    vec = af.placeholder(af.float32, shape=(2,), name="vec")
+    made = {
+        "0-d array": af.py_func(as_0_d_array, [x], af.float32),
+        "number": af.py_func(lambda v: float(v) + 1.0, [x], af.float32),
+        "array": af.py_func(lambda v: v * 2, [vec], af.float32),
+    }
+    first, second = af.py_func(lambda v: (v, v * 2), [x], [af.float32, af.float64])
+    made.update({"first of two": first, "second of two": second})
+    outs = [af.py_func(recorder(tag), [t], t.dtype) for tag, t in made.items()]
+    async with af.Session(graph=g) as sess:
+        for _ in range(3):  # the general engine, then the plan's program
+            seen.clear()
+            got = await sess.run(outs, {x: 2.0, vec: [1.0, 2.0]})
+            assert seen == {
+                "0-d array": np.float32,
+                "number": np.float32,
+                "array": np.ndarray,
+                "first of two": np.float32,
+                "second of two": np.float64,
+            }
+            assert [float(got[0]), float(got[1]), float(got[3]), float(got[4])] == [2, 3, 2, 4]
+            assert got[2].tolist() == [2.0, 4.0]
+
+
 async def test_reference_run_async_kernel_inside_running_loop(g: af.Graph) -> None:
     # reference_run drives the coroutine on its own loop in a helper thread.
     threads: list[str] = []

@@ -45,13 +45,24 @@ def _converter(op: Operation) -> Callable[[Any], Any]:
     def as_output(value: Any, target: np.dtype[Any]) -> Any:
         if target.kind == "O":  # af.string: bytes, str encoded as UTF-8 (as TF)
             return dtypes.as_string_array(value)
-        return np.asarray(value, dtype=target)
+        out = np.asarray(value, dtype=target)
+        return out[()] if not out.ndim else out  # a 0-d value as a numpy scalar
 
     if op._attrs["single"]:
         (target,) = targets
         if target.kind == "O":
             return dtypes.as_string_array
-        return lambda result: np.asarray(result, dtype=target)
+        scalar = target.type
+
+        def single(result: Any) -> Any:
+            # A 0-d value is a numpy scalar, as a fed one is (the kernels' fast path);
+            # one of the output's type already is the output.
+            if type(result) is scalar:
+                return result
+            out = np.asarray(result, dtype=target)
+            return out[()] if not out.ndim else out
+
+        return single
 
     def convert(result: Any) -> Any:
         if n == 0:
@@ -136,9 +147,11 @@ def py_func(
     type checkers see ``Tensor`` for a single DType and ``Any`` for a list).  ``func`` may be ``def``
     (inline, or on a worker thread with ``expensive=True``) or ``async def`` (awaited
     on the event loop; ``expensive=True`` is then a ``ValueError``).  Output shapes
-    are unknown.  ``stateful=False`` (op ``PyFuncStateless``) lets the optimizer fold
-    or deduplicate it.  A wrong number of returned values fails the step with
-    ``InvalidArgumentError``.
+    are unknown.  Each returned value is converted to its ``Tout`` dtype; a 0-d one
+    becomes a numpy scalar (as a fed 0-d value is), so the next kernel gets
+    ``np.float32(3.0)``, not a 0-d array.  ``stateful=False`` (op ``PyFuncStateless``)
+    lets the optimizer fold or deduplicate it.  A wrong number of returned values
+    fails the step with ``InvalidArgumentError``.
     """
     if not callable(func):
         raise TypeError(f"py_func: func must be callable, got {func!r}")
