@@ -1,9 +1,10 @@
-"""A partition's program runs as one Python function per block.
+"""A partition's program, and a loop iteration's, runs as one Python function per block.
 
 A block's function has one line per node (a plain kernel's call and its slots'
-frees written out, a started call's start, a join's check at the top), compiled once
-per shape of block: blocks alike (a long chain's) share the template's code with
-their own constants.  A failing line names its node, in any block of any shape.
+frees written out, a started call's start, a join's check at the top, any other node
+its closure's call), compiled once per shape of block: blocks alike (a long chain's)
+share the template's code with their own constants.  A failing line names its node,
+in any block of any shape.
 """
 
 from __future__ import annotations
@@ -127,3 +128,40 @@ async def test_a_program_starts_its_calls_and_joins_them_in_two_blocks() -> None
     assert len(program.blocks) == 2
     assert program.program.spans[0][2] == ()  # nothing joined before the starts
     assert len(program.program.spans[1][2]) == 2  # both calls joined at the top
+
+
+def test_a_loop_iteration_is_one_block_call_and_a_failing_line_names_its_node() -> None:
+    from asyncflow.runtime.loop_fastpath import fast_loops
+
+    graph = af.Graph()
+    with graph.as_default():
+        n = af.placeholder(af.int32, shape=(), name="n")
+        limit = af.placeholder(af.float32, shape=(), name="limit")
+
+        def check(v: np.ndarray, bound: np.ndarray) -> np.ndarray:
+            if v > bound:
+                raise ValueError(f"{v} is over {bound}")
+            return v
+
+        def body(i: Any, acc: Any) -> tuple[Any, Any]:
+            grown = af.add(acc, af.cast(i, af.float32), name="grow")
+            checked = af.py_func(check, [grown, limit], af.float32, name="over_the_limit")
+            checked.set_shape(())
+            return af.add(i, 1, name="step"), checked
+
+        _, total = af.while_loop(lambda i, acc: i < n, body, [af.constant(0), np.float32(0)])
+    with af.Session(graph=graph) as sess:
+        assert sess.run_sync(total, {n: 5, limit: 1e9}) == 10.0
+        bound = sess._prepare(total, {n: 5, limit: 1e9}).bound[0]
+        (loop,) = (lp for lp in fast_loops(bound) if lp is not None)
+        # The body of an iteration that goes on: one function, its lines calling the
+        # nodes' own kernels (the py_func's too: a plain kernel of one output).
+        called = {
+            bound.ops[node].name for node, _ in block_code.calls_of(loop.true, loop.true_lines)
+        }
+        assert {"grow", "step", "over_the_limit"} <= {name.rsplit("/", 1)[-1] for name in called}
+        with pytest.raises(af.errors.InvalidArgumentError, match="over_the_limit") as info:
+            sess.run_sync(total, {n: 5, limit: 3.0})
+        assert info.value.node_name is not None
+        assert info.value.node_name.rsplit("/", 1)[-1] == "over_the_limit"
+        assert sess.run_sync(total, {n: 4, limit: 1e9}) == 6.0  # the session goes on

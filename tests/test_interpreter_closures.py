@@ -1,8 +1,10 @@
 """The straight-line interpreter's closures: one call per node, whatever its shape.
 
-A loop body runs each node as one closure call per iteration, so every kernel shape
-(three inputs and more, several outputs or none, several slots to free) has a body
-of its own instead of going through the general instruction loop (``execute``).
+A program's block (a partition's, or a loop iteration's) writes a live kernel of one
+output as a call on its line and runs every other node as its closure, one call per
+iteration; so every kernel shape (three inputs and more, several outputs or none,
+several slots to free) has a body of its own instead of going through the general
+instruction loop (``execute``).
 """
 
 from __future__ import annotations
@@ -99,8 +101,9 @@ def test_loop_body_of_three_input_and_multi_output_kernels_runs_no_execute(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A loop whose body has a 3-input Select, a 4-output Split and nodes freeing two
-    slots runs its iterations as closure calls: the general instruction loop runs
-    only the final program (the Switches and Exits), once per run."""
+    slots runs its iterations as block lines and closure calls: the general
+    instruction loop runs only the final program (the Switches and Exits), once per
+    run."""
     calls: list[int] = []
     execute = interpreter.execute
 

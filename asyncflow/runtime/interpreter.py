@@ -81,6 +81,7 @@ __all__ = [
     "merge_pick",
     "program_of",
     "run_program",
+    "write_instr",
 ]
 
 
@@ -354,6 +355,25 @@ def closure(x: BInstr, traced: bool = False) -> Op:
     return checked
 
 
+def write_instr(block: BlockWriter, x: BInstr, traced: bool = False) -> None:
+    """Bound instruction ``x`` as a line of ``block``
+    (:class:`~asyncflow.runtime.block_code.BlockWriter`): a live kernel of one output
+    as its call written out (the block's kernel line), any other instruction (one
+    that may be dead, route, hop, give several outputs, or a compact traced kernel,
+    which records) as its closure's call (:func:`closure`: the rules stay there)."""
+    kind, kernel, ins, out, nout, checks, frees, node, extra = x
+    if (
+        kind == I_KERNEL
+        and nout == 1
+        and not checks
+        and extra is not _HOPS
+        and getattr(kernel, "compact", None) is None
+    ):
+        block.kernel(node, kernel, ins, out, frees)
+    else:
+        block.call(node, closure(x, traced))
+
+
 def _live_closure(
     kind: int,
     kernel: Any,
@@ -548,33 +568,18 @@ class BoundProgram:
         return fn
 
     def _write(self, block: BlockWriter, x: Instr) -> None:
-        """Instruction ``x``'s line: a plain kernel's call or a started node's start
-        written out, any other instruction its closure's call."""
-        if x.kind == I_KERNEL:
-            if x.node in self.program.starts:
-                start = Start(x)
-                frees = tuple(r for r in x.frees if r not in start.own)
-                block.start(x.node, start, x.ins, x.out, frees)
-                return
-            bound = self._nodes[x.node]
-            kernel = bound.kernel
-            # (An async kernel hops, several outputs are checked, a compact traced
-            # kernel records: their closures do.)
-            if (
-                x.num_outputs == 1
-                and bound.flow != registry.ASYNC
-                and getattr(kernel, "compact", None) is None
-            ):
-                block.kernel(x.node, kernel, x.ins, x.out, x.frees)
-                return
-        block.call(x.node, self._closure(x))
-
-    def _closure(self, x: Instr) -> Op:
+        """Instruction ``x``'s line: a started node's start, a loop's closure, any
+        other instruction as :func:`write_instr` writes it."""
         if x.kind == I_LOOP:
             loop = self._loops[x.value]
             assert loop is not None  # (root_runs_straight_line: every loop has one)
-            return _loop_closure(loop, self.program.enters(x.value), x)
-        return closure(bind_instr(x, self._nodes, ()))
+            block.call(x.node, _loop_closure(loop, self.program.enters(x.value), x))
+        elif x.kind == I_KERNEL and x.node in self.program.starts:
+            start = Start(x)
+            frees = tuple(r for r in x.frees if r not in start.own)
+            block.start(x.node, start, x.ins, x.out, frees)
+        else:
+            write_instr(block, bind_instr(x, self._nodes, ()))
 
     def calls(self, b: int) -> list[tuple[int, Callable[..., Any]]]:
         """(node, callable) of each line of block ``b`` that calls a kernel or a

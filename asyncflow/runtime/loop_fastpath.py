@@ -4,8 +4,10 @@
 :class:`~asyncflow.compiler.loop_schedule.LoopSchedule` of each eligible loop frame
 to the plan's kernels (once per bound plan, remembered with it; the step hands them
 to its :class:`~asyncflow.runtime.propagators.PropagatorState`): the head and the
-body of an iteration that goes on become closures of the straight-line interpreter
-(:mod:`asyncflow.runtime.interpreter`), one call per node.  :class:`LoopRun` is one
+body of an iteration that goes on each become one block function
+(:mod:`asyncflow.runtime.block_code`: a live kernel's call written out on its line,
+any other node the straight-line interpreter's closure for it, called on its line;
+:func:`~asyncflow.runtime.interpreter.write_instr`).  :class:`LoopRun` is one
 instance of such a frame in a step: one flat value list, reused from iteration to
 iteration, and the iteration counter.
 
@@ -46,7 +48,9 @@ from asyncflow.compiler.loop_schedule import (
     LoopSchedule,
     runs_straight_line,
 )
-from asyncflow.runtime.interpreter import Op, bind_instr, closure, run_program
+from asyncflow.runtime.block_code import Block, BlockWriter, node_of
+from asyncflow.runtime.gc_pause import gc_paused
+from asyncflow.runtime.interpreter import BInstr, bind_instr, run_program, write_instr
 from asyncflow.runtime.observe.trace import StepTrace
 from asyncflow.runtime.propagators import (
     CHECK_EVERY,
@@ -75,11 +79,11 @@ class BoundLoop:
         "exit_markers",
         "final",
         "head",
+        "head_lines",
         "index_slots",
         "merge_slots",
         "merges",
         "name",
-        "node_of",
         "pred",
         "pred_node",
         "schedule",
@@ -87,6 +91,7 @@ class BoundLoop:
         "template",
         "true",
         "true_frees",
+        "true_lines",
         "work",
     )
 
@@ -110,10 +115,11 @@ class BoundLoop:
         self.pred = schedule.pred
         head = [bind_instr(x, nodes, ops) for x in schedule.head]
         true = [bind_instr(x, nodes, ops) for x in schedule.true]
-        self.head = tuple(closure(x, traced) for x in head)
-        self.true = tuple(closure(x, traced) for x in true)
-        #: What a failing closure of ``head`` / ``true`` names: its node.
-        self.node_of = {f: x[7] for f, x in zip((*self.head, *self.true), (*head, *true))}
+        #: The head and a continuing iteration's body, each one block function
+        #: (``block_code``: a line per node), and the node of each of their lines
+        #: (what a failing line names).
+        self.head, self.head_lines = _block(head, traced)
+        self.true, self.true_lines = _block(true, traced)
         self.final = tuple(bind_instr(x, nodes, ops) for x in schedule.final)
         self.true_frees = schedule.true_frees
         self.carries = schedule.carries
@@ -130,7 +136,7 @@ class BoundLoop:
         # A predicate that is no truth value fails the first loop Switch, which tests it.
         self.pred_node = next((x.node for x in schedule.final if x.kind == I_SWITCH), -1)
         #: Nodes an iteration counts against the step's CHECK_EVERY budget.
-        self.work = max(1, len(self.head) + len(self.true))
+        self.work = max(1, len(head) + len(true))
 
     def start(self) -> LoopRun:
         """A new instance of the frame (its Enters' values come next)."""
@@ -216,16 +222,14 @@ class LoopRun:
         work = loop.work
         budget = CHECK_EVERY
         k = self.iteration
-        f: Op | None = None
         trace = step._trace  # a traced step: its kernels record the iteration
         while True:
             if trace is not None:
                 _record_iteration(trace, loop, k)
             try:
-                for f in head:
-                    f(vals)
+                head(vals, None)
             except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
-                return self._fail(step, f, exc)
+                return self._fail(step, head, loop.head_lines, exc)
             p = vals[pred]
             try:
                 go = p.__class__ is not Dead and bool(p)
@@ -238,10 +242,9 @@ class LoopRun:
             for s in true_frees:
                 vals[s] = None
             try:
-                for f in true:
-                    f(vals)
+                true(vals, None)
             except (Exception, asyncio.CancelledError) as exc:  # the kernel's (Step.fail)
-                return self._fail(step, f, exc)
+                return self._fail(step, true, loop.true_lines, exc)
             carry = sources(vals)
             for s in carry_frees:
                 vals[s] = None
@@ -263,10 +266,19 @@ class LoopRun:
                     self.iteration = k
                     return RUNNING
 
-    def _fail(self, step: Step, f: Op | None, exc: BaseException) -> int:
-        """Closure ``f`` raised ``exc``: its node fails the step."""
-        step.fail(self.loop.node_of[f] if f is not None else -1, exc)
+    def _fail(self, step: Step, block: Block, lines: tuple[int, ...], exc: BaseException) -> int:
+        """A line of ``block`` raised ``exc``: its node fails the step."""
+        step.fail(node_of(block, lines, exc), exc)
         return FAILED
+
+
+def _block(instrs: list[BInstr], traced: bool) -> tuple[Block, tuple[int, ...]]:
+    """A loop program as one block function, and the node of each of its lines."""
+    block = BlockWriter(None)  # (no joins: nothing is pending in a loop frame)
+    with gc_paused(promote_after=0):  # new objects, none cyclic, kept with the plan
+        for x in instrs:
+            write_instr(block, x, traced)
+        return block.make(), tuple(block.where)
 
 
 def _one_getter(slot: int) -> Callable[[list[Any]], tuple[Any, ...]]:
