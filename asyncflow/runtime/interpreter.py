@@ -234,15 +234,15 @@ class Start:
 
 class Join:
     """The program waits here until started ``node``'s value arrived (its first output
-    slot ``slot`` holds no :data:`_PENDING`): at the top of the block that first reads
-    it (``ahead`` 0: the program resumes at that block), or checked ahead at the end
+    slot holds no :data:`_PENDING`, which the block's line checks): at the top of the
+    block that first reads it (``ahead`` 0: the program resumes at that block), or checked ahead at the end
     of the block before (``ahead`` 1: it resumes at the next block, which checks its
     joins again; a block that waits is not called once more only to wait)."""
 
-    __slots__ = ("ahead", "node", "slot")
+    __slots__ = ("ahead", "node")
 
-    def __init__(self, node: int, slot: int, ahead: int = 0) -> None:
-        self.node, self.slot, self.ahead = node, slot, ahead
+    def __init__(self, node: int, ahead: int = 0) -> None:
+        self.node, self.ahead = node, ahead
 
 
 class RunLoop(Exception):  # (a signal between a closure and its runner, not an error)
@@ -550,14 +550,14 @@ class BoundProgram:
             block = BlockWriter(_PENDING)
             for node in joins:
                 slot = program.out_of(node)
-                block.join(slot, Join(node, slot))
+                block.join(slot, Join(node))
             for x in instrs:
                 self._write(block, x)
             if b + 1 < len(program.spans) and program.spans[b + 1][2]:
                 # The next block's first join, checked ahead (see Join).
                 node = program.spans[b + 1][2][0]
                 slot = program.out_of(node)
-                block.join(slot, Join(node, slot, 1))
+                block.join(slot, Join(node, 1))
             fn = block.make()
         self.through = len(self.blocks) == 1 and all(
             x.kind != I_LOOP and (x.kind != I_KERNEL or self._nodes[x.node].flow != registry.ASYNC)
