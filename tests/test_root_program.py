@@ -29,16 +29,22 @@ GENERAL = af.SessionConfig(executor_options=af.ExecutorOptions(straight_line=Fal
 
 @pytest.fixture
 def engines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """What ran, in order: ``program`` / ``general`` per step, ``loop`` per loop
-    instruction a program started."""
+    """What ran, in order: ``program`` / ``general`` per step (a program's step made
+    or kept from an earlier one, ``Step.again``), ``loop`` per loop instruction a
+    program started."""
     seen: list[str] = []
     program_init = interpreter.ProgramPropagator._init_program
+    program_rerun = interpreter.ProgramPropagator._rerun
     general_init = propagators.PropagatorState._init_general
     start = interpreter.ProgramPropagator._start
 
     def program(self: interpreter.ProgramPropagator, *args: Any) -> None:
         seen.append("program")
         program_init(self, *args)
+
+    def rerun(self: interpreter.ProgramPropagator, *args: Any) -> None:
+        seen.append("program")
+        program_rerun(self, *args)
 
     def general(self: propagators.PropagatorState, *args: Any) -> None:
         seen.append("general")
@@ -49,6 +55,7 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         start(self, signal)
 
     monkeypatch.setattr(interpreter.ProgramPropagator, "_init_program", program)
+    monkeypatch.setattr(interpreter.ProgramPropagator, "_rerun", rerun)
     monkeypatch.setattr(propagators.PropagatorState, "_init_general", general)
     monkeypatch.setattr(interpreter.ProgramPropagator, "_start", loop)
     return seen

@@ -714,6 +714,15 @@ class ProgramPropagator(StepSide):
         self._waiting: Hop | Join | None = None
         self._loop_run: FastRun | None = None  # the loop frame running now, until it is done
 
+    def _rerun(self, args: Sequence[Any]) -> None:
+        """The engine's state anew over ``args``, for a step that finished (every block
+        ran, nothing waits: only its values and its first block to set)."""
+        vals = list(self._bound.plan.initial_values)
+        for s, k in self._program.args:
+            vals[s] = args[k]
+        self._vals = vals
+        self._next = 0
+
     def has_ready(self) -> bool:
         return self._waiting is None and (self._next < self._end or self._loop_run is not None)
 

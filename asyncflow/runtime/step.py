@@ -116,6 +116,10 @@ SLICE = 0.001
 #: raises the kernel's exception on (a cancellation of the caller, a ``BaseException``).
 RAISE_ON: Any = object()
 
+#: Finished steps a plan's program keeps for its next steps (:meth:`Step.recycle`): a
+#: service's steps in flight at once; beyond, a finished step is freed.
+SPARE_STEPS = 64
+
 #: Guards making a step's cancellation manager (kernels on threads may ask at once).
 _CM_LOCK = threading.Lock()
 
@@ -235,6 +239,7 @@ class Step:
         "_recvs",
         "_rendezvous",
         "_results",
+        "_soon",
         "_spare",
         "_spawn",
         "_stopped",
@@ -263,6 +268,7 @@ class Step:
     _recvs: set[asyncio.Future[Any]] | None
     _rendezvous: Rendezvous | None
     _results: list[Any] | None
+    _soon: int
     _spare: RecvWaiter | None
     _spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None
     _stopped: bool
@@ -367,6 +373,9 @@ class Step:
         step._recvs = None
         step._error = None  # the first error; written once
         step._stopped = False  # no new node may start, late results are dropped
+        # Drains of the step due from the event loop (``_wake``): a step with one
+        # still due is not kept for its plan's next step (:meth:`recycle`).
+        step._soon = 0
         # Every node ran and nothing failed: the step's outcome is its results, whatever
         # deadline, close or abort arrives after this (written once, on the loop thread).
         step._finished = False
@@ -615,6 +624,43 @@ class Step:
         if isinstance(self, PropagatorState) and self._root is not None:
             self.release_frames()  # the frame tree of a step that failed inside a loop
 
+    @staticmethod
+    def again(bound: BoundPlan, frame: CallFrame, spare: list[Step]) -> Step:
+        """An untraced step of ``bound`` (one partition: no recv, no rendezvous) over
+        ``frame``: one of ``spare``, steps of the plan's program that completed and
+        were kept (:meth:`recycle`), its engine's state made anew (no object made per
+        step, the step's slots not written again), else a new one."""
+        if spare:
+            try:
+                step = spare.pop()
+            except IndexError:  # (another thread's step took the last one)
+                return Step(bound, frame)
+            step._rerun(frame.args)  # type: ignore[attr-defined]
+            return step
+        return Step(bound, frame)
+
+    def recycle(self, spare: list[Step]) -> None:
+        """:meth:`release` a step of :meth:`again` that completed (its outcome taken:
+        no error, no task left) — or, when nothing else holds it, keep it in ``spare``
+        for the plan's next step instead, as ``__new__`` left it (its retvals are the
+        caller's, its values dropped now).  Something may hold it when a kernel took
+        its cancellation manager or a drain is due from the loop (``_wake``); a step of
+        one partition has no recv, no hand-off and no context of its own.  Only a
+        program's step is kept (the general engine's state is not made anew)."""
+        if (
+            not self._soon
+            and self._cm is None
+            and self.__class__ is _ProgramStep
+            and len(spare) < SPARE_STEPS
+        ):
+            program_step: Any = self  # (its engine's values: dropped)
+            program_step._vals = None
+            self._results = self._done = None
+            self._finished = self._stopped = False
+            spare.append(self)
+            return
+        self.release()
+
     def abort_threadsafe(self, error: errors.OpError) -> None:
         """Fail the step from any thread (used by ``Session.close``)."""
         abort_on_loop(self, self._loop, error)
@@ -858,12 +904,14 @@ class Step:
             # The step's own frame awaits its first kernel, beside tasks: no loop of
             # the step waits for this wake-up, so what a yield left is drained from
             # the event loop (the kernel awaited may wait for it).
+            self._soon += 1
             self._loop.call_soon(self._drain_soon)
 
     def _drain_soon(self) -> None:
         """From the event loop (in the context of the task that yielded): go on
         draining, as the waiting loop of :meth:`_drive` would, while the step's own
         frame awaits a kernel beside its tasks."""
+        self._soon -= 1
         if self._error is not None or self._stopped or not self.has_ready():
             return
         if self._trace is not None:

@@ -40,6 +40,7 @@ class CompiledCall:
         "retval_converters",
         "signature",
         "single",
+        "spare",
         "step_less",
         "sync_first",
     )
@@ -73,6 +74,10 @@ class CompiledCall:
         )
         #: One partition whose retvals are the fetches: one Step, no barrier.
         self.single = len(self.bound) == 1 and all(p == 0 for p, _ in compiled.retval_map)
+        #: Steps of this call that finished, kept for its next ones (``Step.again``,
+        #: ``Step.recycle``; here, not with the plan: a step holds its plan, and a
+        #: plan holding its steps would be a cycle).
+        self.spare: list[Any] = []
         #: The fast path, defined once: one partition made only of inline kernels runs
         #: synchronously (no task, no task group) unless it is traced or outlasts
         #: its first time slice.

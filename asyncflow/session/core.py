@@ -495,9 +495,15 @@ class Session:
                 if result is not _LEFT:
                     return result
             if call.single and self._master is None:  # (_runner's first case: no call)
-                step = Step(call.bound[0], frame, trace)
                 if not trace and timeout_ms <= 0:
-                    here = step
+                    # (A step of the call's kept ones, unless metadata will read it.)
+                    step = here = (
+                        Step.again(call.bound[0], frame, call.spare)
+                        if run_metadata is None
+                        else Step(call.bound[0], frame)
+                    )
+                else:
+                    step = Step(call.bound[0], frame, trace)
             else:
                 step = self._runner(call, frame, trace)
         del frame  # (the step has its args: not kept while it is in flight)
@@ -537,7 +543,8 @@ class Session:
             self._count_failed(call)
             self._leave(step)
             raise
-        self._leave(step, completed=True)
+        # (A step made here that no metadata reads is kept for the call's next one.)
+        self._leave(step, True, call.spare if here is not None and run_metadata is None else None)
         if (took := time.perf_counter() - started) >= SLOW_STEP_SECONDS and logger.isEnabledFor(
             logging.DEBUG
         ):
@@ -758,9 +765,13 @@ class Session:
             self._check_open()
         self._steps.bump()
 
-    def _leave(self, step: StepRunner, completed: bool = False) -> None:
+    def _leave(
+        self, step: StepRunner, completed: bool = False, spare: list[Step] | None = None
+    ) -> None:
         """``step`` is over: unregister it (waking a ``close`` waiting for it), count it
-        when it ``completed``, release it."""
+        when it ``completed``, release it — or recycle it into ``spare`` (a step of
+        ``Step.again`` nothing else reads), unless the session is closing (a close may
+        have listed it, and aborts what it listed)."""
         done = self._in_flight.pop(step, None)
         if done is None and self._closed:
             # A close listed this step and may be making its future right now (it
@@ -771,7 +782,10 @@ class Session:
             self._completed.bump()
         if done is not None:  # close() waits for this step
             done.set_result(None)
-        step.release()
+        if spare is not None and not self._closed:  # (open after the pop: never listed)
+            step.recycle(spare)  # type: ignore[union-attr]
+        else:
+            step.release()
 
     def _deadline_error(
         self, timeout_ms: float, pending: Sequence[str]

@@ -8,6 +8,7 @@ here (``python -m tests.differential --tf N`` is the TF run).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import inspect
 import itertools
@@ -323,6 +324,36 @@ def test_programs_start_and_join_calls_in_the_straight_line_variants(
 
     monkeypatch.setattr(interpreter.ProgramPropagator, "complete", counted)
     _reached_in_straight_line_variants(programs, started, 10)
+
+
+def test_completed_steps_run_again_in_the_straight_line_variants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A step the driver made that completed is kept by its call, and the call's next
+    # steps run on it, its program's state made anew (``Step.again``): runs of the
+    # same plan after runs that returned, failed, timed out or were given up on, with
+    # other feeds; the general variants never keep one.
+    from asyncflow.runtime import interpreter
+
+    # Each run three times in a row (the reference too): a plan's later steps run on
+    # its earlier ones', whatever their outcome (lowered from the first run or the
+    # second, by variant).  (Not queue programs: their generator sizes each queue for
+    # its runs once.)
+    programs = [
+        dataclasses.replace(p, runs=[r for r in p.runs for _ in range(3)])
+        for p in (
+            generate(seed, c) for c in ("deadlines", "functions", "loops") for seed in range(16)
+        )
+    ]
+    again: list[int] = []
+    rerun = interpreter.ProgramPropagator._rerun
+
+    def counted(prop: interpreter.ProgramPropagator, args: Any) -> None:
+        again.append(1)
+        rerun(prop, args)
+
+    monkeypatch.setattr(interpreter.ProgramPropagator, "_rerun", counted)
+    _reached_in_straight_line_variants(programs, again, 10)
 
 
 def test_step_less_runs_in_the_straight_line_variants(monkeypatch: pytest.MonkeyPatch) -> None:
