@@ -488,6 +488,7 @@ class Session:
         if loop is None and slice_s is not None:
             require_asyncio("Session.run")  # raises, saying what to do instead
         here: Step | None = None  # a step whose lone kernel this frame awaits itself
+        kept: list[Step] | None = None  # where ``here`` is kept when it completes
         if step is None:
             trace = options is not None and _wants_trace(options, run_metadata)
             if call.step_less and not trace and run_metadata is None:
@@ -496,12 +497,11 @@ class Session:
                     return result
             if call.single and self._master is None:  # (_runner's first case: no call)
                 if not trace and timeout_ms <= 0:
-                    # (A step of the call's kept ones, unless metadata will read it.)
-                    step = here = (
-                        Step.again(call.bound[0], frame, call.spare)
-                        if run_metadata is None
-                        else Step(call.bound[0], frame)
-                    )
+                    if run_metadata is None:  # (metadata reads its step after: not kept)
+                        kept = call.spare
+                        step = here = Step.again(call.bound[0], frame, kept)
+                    else:
+                        step = here = Step(call.bound[0], frame)
                 else:
                     step = Step(call.bound[0], frame, trace)
             else:
@@ -543,8 +543,7 @@ class Session:
             self._count_failed(call)
             self._leave(step)
             raise
-        # (A step made here that no metadata reads is kept for the call's next one.)
-        self._leave(step, True, call.spare if here is not None and run_metadata is None else None)
+        self._leave(step, True, kept)
         if (took := time.perf_counter() - started) >= SLOW_STEP_SECONDS and logger.isEnabledFor(
             logging.DEBUG
         ):
