@@ -170,3 +170,29 @@ def test_steps_on_several_threads_share_the_kept_steps() -> None:
         assert not any(t.is_alive() for t in threads)
         assert failures == []
         assert 1 <= len(_spare(sess, y, x)) <= 4
+
+
+async def test_a_stream_and_a_progress_run_keep_their_steps_apart_from_the_call() -> None:
+    # A stream's or a progress run's plans are the call's with observing kernels: a
+    # step of theirs is never run again as the call's (it would report to a stream
+    # that ended, or count for a progress callback that is gone), nor the reverse.
+    x, y = _service(af.Graph())
+    async with af.Session(graph=y.graph, config=FROM_FIRST_RUN) as sess:
+        assert await sess.run(y, {x: 1.0}) == 6.0
+        spare = _spare(sess, y, x)
+        (kept,) = spare
+        bound = sess._prepare(y, {x: 1.0}).bound[0]
+        a, b = (y.graph.get_tensor_by_name(f"{n}:0") for n in ("io_a", "io_b"))
+        for v in range(3):
+            got = [float(value) async for _, value in sess.run_stream([a, b, y], {x: float(v)})]
+            assert sorted(got) == sorted([v, v + 1.0, (2 * v + 1) * 2.0])
+        for v in range(3):
+            events: list[af.ProgressEvent] = []
+            progress = af.RunOptions(progress=events.append)
+            assert await sess.run(y, {x: float(v)}, options=progress) == (2 * v + 1) * 2.0
+            assert events[-1].finished
+            assert events[-1].nodes_done == events[-1].nodes_total  # its kernels counted
+        assert spare == [kept]
+        assert all(s._bound is bound for s in spare)
+        assert await sess.run(y, {x: 5.0}) == 22.0
+        assert spare == [kept]

@@ -133,6 +133,7 @@ class CompiledCall:
         step (retval watchers for ``run_stream``, counters for progress)."""
         twin = copy.copy(self)
         twin.bound = tuple(bound)
+        twin.spare = []  # (its steps run its plans, never this call's)
         return twin
 
 
