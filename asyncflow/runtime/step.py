@@ -116,8 +116,8 @@ SLICE = 0.001
 #: raises the kernel's exception on (a cancellation of the caller, a ``BaseException``).
 RAISE_ON: Any = object()
 
-#: Finished steps a plan's program keeps for its next steps (:meth:`Step.recycle`): a
-#: service's steps in flight at once; beyond, a finished step is freed.
+#: Completed steps a compiled call keeps for its next steps (:meth:`Step.recycle`): a
+#: service's steps in flight at once; beyond, a completed step is freed.
 SPARE_STEPS = 64
 
 #: Guards making a step's cancellation manager (kernels on threads may ask at once).
@@ -642,7 +642,7 @@ class Step:
     def recycle(self, spare: list[Step]) -> None:
         """:meth:`release` a step of :meth:`again` that completed (its outcome taken:
         no error, no task left) — or, when nothing else holds it, keep it in ``spare``
-        for the plan's next step instead, as ``__new__`` left it (its retvals are the
+        (its call's) for the call's next step, as ``__new__`` left it (its retvals are the
         caller's, its values dropped now).  Something may hold it when a kernel took
         its cancellation manager or a drain is due from the loop (``_wake``); a step of
         one partition has no recv, no hand-off and no context of its own.  Only a
