@@ -326,6 +326,33 @@ def test_programs_start_and_join_calls_in_the_straight_line_variants(
     _reached_in_straight_line_variants(programs, started, 10)
 
 
+def test_programs_hop_large_image_decodes_in_the_straight_line_variants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A decode whose image is too large for its ``nowait`` twin hops: the program hands
+    # that node to the step's dispatch, waits, and resumes at the block after it.
+    # Each run of the image programs three times in a row, so the variants that lower
+    # a plan on its second run hop too; the general variants never run a program.
+    from asyncflow.runtime import interpreter
+
+    programs = [
+        dataclasses.replace(p, runs=[r for r in p.runs for _ in range(3)])
+        for p in (generate(seed, c) for c in ("numerics", "control_flow") for seed in range(120))
+        if any(n.kind == "image" and n.attrs["rows"] > 1 for n in p.nodes)  # (no state)
+    ]
+    assert len(programs) >= 10
+    hopped: list[int] = []
+    complete = interpreter.ProgramPropagator.complete
+
+    def counted(prop: interpreter.ProgramPropagator, token: Any, value: Any) -> bool:
+        if type(token) is not interpreter.Start:
+            hopped.append(1)
+        return complete(prop, token, value)
+
+    monkeypatch.setattr(interpreter.ProgramPropagator, "complete", counted)
+    _reached_in_straight_line_variants(programs, hopped, 15)
+
+
 def test_completed_steps_run_again_in_the_straight_line_variants(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
