@@ -10,8 +10,10 @@ cancellation manager is released instead, and so is every step past the bound.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,18 @@ def _service(graph: af.Graph) -> tuple[af.Tensor, af.Tensor]:
 def _spare(sess: af.Session, y: af.Tensor, x: af.Tensor) -> list[Any]:
     spare: list[Any] = sess._prepare(y, {x: 0.0}).spare
     return spare
+
+
+@contextlib.asynccontextmanager
+async def _one_kept() -> AsyncIterator[tuple[af.Session, af.Tensor, af.Tensor, list[Any]]]:
+    """A session of the service's step that ran it once: (session, x, y, the kept
+    steps: the one it ran)."""
+    x, y = _service(af.Graph())
+    async with af.Session(graph=y.graph, config=FROM_FIRST_RUN) as sess:
+        assert await sess.run(y, {x: 1.0}) == 6.0
+        spare = _spare(sess, y, x)
+        assert len(spare) == 1
+        yield sess, x, y, spare
 
 
 async def test_sequential_steps_run_on_one_kept_step_and_it_holds_no_values() -> None:
@@ -133,10 +147,7 @@ async def test_a_step_whose_kernel_took_its_cancellation_manager_is_not_kept() -
 
 
 async def test_traced_deadlined_and_metadata_runs_make_their_own_steps() -> None:
-    x, y = _service(af.Graph())
-    async with af.Session(graph=y.graph, config=FROM_FIRST_RUN) as sess:
-        assert await sess.run(y, {x: 1.0}) == 6.0
-        spare = _spare(sess, y, x)
+    async with _one_kept() as (sess, x, y, spare):
         (kept,) = spare
         trace = af.RunOptions(trace_level=af.RunOptions.FULL_TRACE)
         metadata = af.RunMetadata()
@@ -176,10 +187,7 @@ async def test_a_stream_and_a_progress_run_keep_their_steps_apart_from_the_call(
     # A stream's or a progress run's plans are the call's with observing kernels: a
     # step of theirs is never run again as the call's (it would report to a stream
     # that ended, or count for a progress callback that is gone), nor the reverse.
-    x, y = _service(af.Graph())
-    async with af.Session(graph=y.graph, config=FROM_FIRST_RUN) as sess:
-        assert await sess.run(y, {x: 1.0}) == 6.0
-        spare = _spare(sess, y, x)
+    async with _one_kept() as (sess, x, y, spare):
         (kept,) = spare
         bound = sess._prepare(y, {x: 1.0}).bound[0]
         a, b = (y.graph.get_tensor_by_name(f"{n}:0") for n in ("io_a", "io_b"))

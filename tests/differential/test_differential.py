@@ -13,6 +13,7 @@ import datetime
 import inspect
 import itertools
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -278,15 +279,31 @@ def test_root_programs_run_loops_in_the_straight_line_variants(
     from asyncflow.runtime import interpreter
 
     programs = [generate(seed, "loops") for seed in range(12)]
-    started: list[int] = []
-    start = interpreter.ProgramPropagator._start
-
-    def counted(prop: interpreter.ProgramPropagator, signal: interpreter.RunLoop) -> None:
-        started.append(1)
-        start(prop, signal)
-
-    monkeypatch.setattr(interpreter.ProgramPropagator, "_start", counted)
+    started = _counted(monkeypatch, interpreter.ProgramPropagator, "_start")
     _reached_in_straight_line_variants(programs, started, 10)
+
+
+def _counted(
+    monkeypatch: pytest.MonkeyPatch, owner: type, name: str, when: Any = None
+) -> list[int]:
+    """A list that gets an entry each time ``owner.name`` is called (with a first
+    argument after the instance that ``when`` accepts, when given)."""
+    calls: list[int] = []
+    method = getattr(owner, name)
+
+    def counted(self: Any, *args: Any) -> Any:
+        if when is None or when(args[0]):
+            calls.append(1)
+        return method(self, *args)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+def _thrice(programs: Iterable[Program]) -> list[Program]:
+    """Each run of each program three times in a row (the reference's too): a plan's
+    later runs find it lowered on its second run in every straight-line variant."""
+    return [dataclasses.replace(p, runs=[r for r in p.runs for _ in range(3)]) for p in programs]
 
 
 def _reached_in_straight_line_variants(
@@ -314,15 +331,12 @@ def test_programs_start_and_join_calls_in_the_straight_line_variants(
     from asyncflow.runtime import interpreter
 
     programs = [generate(seed, "deadlines") for seed in range(24)]
-    started: list[int] = []  # a started node's value arrived
-    complete = interpreter.ProgramPropagator.complete
-
-    def counted(prop: interpreter.ProgramPropagator, token: Any, value: Any) -> None:
-        if type(token) is interpreter.Start:
-            started.append(1)
-        complete(prop, token, value)
-
-    monkeypatch.setattr(interpreter.ProgramPropagator, "complete", counted)
+    started = _counted(  # a started node's value arrived
+        monkeypatch,
+        interpreter.ProgramPropagator,
+        "complete",
+        lambda token: type(token) is interpreter.Start,
+    )
     _reached_in_straight_line_variants(programs, started, 10)
 
 
@@ -335,21 +349,18 @@ def test_programs_hop_large_image_decodes_in_the_straight_line_variants(
     # a plan on its second run hop too; the general variants never run a program.
     from asyncflow.runtime import interpreter
 
-    programs = [
-        dataclasses.replace(p, runs=[r for r in p.runs for _ in range(3)])
+    programs = _thrice(
+        p
         for p in (generate(seed, c) for c in ("numerics", "control_flow") for seed in range(120))
         if any(n.kind == "image" and n.attrs["rows"] > 1 for n in p.nodes)  # (no state)
-    ]
+    )
     assert len(programs) >= 10
-    hopped: list[int] = []
-    complete = interpreter.ProgramPropagator.complete
-
-    def counted(prop: interpreter.ProgramPropagator, token: Any, value: Any) -> bool:
-        if type(token) is not interpreter.Start:
-            hopped.append(1)
-        return complete(prop, token, value)
-
-    monkeypatch.setattr(interpreter.ProgramPropagator, "complete", counted)
+    hopped = _counted(
+        monkeypatch,
+        interpreter.ProgramPropagator,
+        "complete",
+        lambda token: type(token) is not interpreter.Start,
+    )
     _reached_in_straight_line_variants(programs, hopped, 15)
 
 
@@ -366,20 +377,10 @@ def test_completed_steps_run_again_in_the_straight_line_variants(
     # its earlier ones', whatever their outcome (lowered from the first run or the
     # second, by variant).  (Not queue programs: their generator sizes each queue for
     # its runs once.)
-    programs = [
-        dataclasses.replace(p, runs=[r for r in p.runs for _ in range(3)])
-        for p in (
-            generate(seed, c) for c in ("deadlines", "functions", "loops") for seed in range(16)
-        )
-    ]
-    again: list[int] = []
-    rerun = interpreter.ProgramPropagator._rerun
-
-    def counted(prop: interpreter.ProgramPropagator, args: Any) -> None:
-        again.append(1)
-        rerun(prop, args)
-
-    monkeypatch.setattr(interpreter.ProgramPropagator, "_rerun", counted)
+    programs = _thrice(
+        generate(seed, c) for c in ("deadlines", "functions", "loops") for seed in range(16)
+    )
+    again = _counted(monkeypatch, interpreter.ProgramPropagator, "_rerun")
     _reached_in_straight_line_variants(programs, again, 10)
 
 
