@@ -29,20 +29,15 @@ GENERAL = af.SessionConfig(executor_options=af.ExecutorOptions(straight_line=Fal
 
 @pytest.fixture
 def engines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """What ran, in order: ``program`` / ``general`` per step (a program's step made
-    or kept from an earlier one, ``Step.again``), ``loop`` per loop instruction a
-    program started."""
+    """What ran, in order: ``program`` / ``general`` per step (a program's run starts
+    with ``_rerun``, on a new step or on one kept from an earlier run), ``loop`` per
+    loop instruction a program started."""
     seen: list[str] = []
-    program_init = interpreter.ProgramPropagator._init_program
     program_rerun = interpreter.ProgramPropagator._rerun
     general_init = propagators.PropagatorState._init_general
     start = interpreter.ProgramPropagator._start
 
     def program(self: interpreter.ProgramPropagator, *args: Any) -> None:
-        seen.append("program")
-        program_init(self, *args)
-
-    def rerun(self: interpreter.ProgramPropagator, *args: Any) -> None:
         seen.append("program")
         program_rerun(self, *args)
 
@@ -54,8 +49,7 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append("loop")
         start(self, signal)
 
-    monkeypatch.setattr(interpreter.ProgramPropagator, "_init_program", program)
-    monkeypatch.setattr(interpreter.ProgramPropagator, "_rerun", rerun)
+    monkeypatch.setattr(interpreter.ProgramPropagator, "_rerun", program)
     monkeypatch.setattr(propagators.PropagatorState, "_init_general", general)
     monkeypatch.setattr(interpreter.ProgramPropagator, "_start", loop)
     return seen

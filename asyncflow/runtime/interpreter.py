@@ -700,28 +700,25 @@ class ProgramPropagator(StepSide):
     __slots__ = ()  # (its step's class declares them: PROGRAM_SLOTS)
     _bound: BoundPlan
 
-    def _init_program(self, bound: BoundPlan, program: BoundProgram, args: Sequence[Any]) -> None:
-        """The engine's state for a step of ``bound`` over ``args`` (the step's
+    def _init_program(self, program: BoundProgram, args: Sequence[Any]) -> None:
+        """The engine's state for a step of ``program`` over ``args`` (the step's
         ``_bound`` is set by the step)."""
         self._program = program
-        vals = list(bound.plan.initial_values)
-        for s, k in program.args:  # the _Arg nodes
-            vals[s] = args[k]
-        self._vals = vals
-        self._next = 0  # the next block to run
         self._end = len(program.blocks)
         # The hopped or joined node, until its value arrives.
         self._waiting: Hop | Join | None = None
         self._loop_run: FastRun | None = None  # the loop frame running now, until it is done
+        self._rerun(args)
 
     def _rerun(self, args: Sequence[Any]) -> None:
-        """The engine's state anew over ``args``, for a step that finished (every block
-        ran, nothing waits: only its values and its first block to set)."""
+        """A run's state over ``args``: its values (the fed ones in the _Arg nodes'
+        slots), from the first block.  All a step that finished needs to run again
+        (every block ran, nothing waits); a new step's engine starts with it."""
         vals = list(self._bound.plan.initial_values)
-        for s, k in self._program.args:
+        for s, k in self._program.args:  # the _Arg nodes
             vals[s] = args[k]
         self._vals = vals
-        self._next = 0
+        self._next = 0  # the next block to run
 
     def has_ready(self) -> bool:
         return self._waiting is None and (self._next < self._end or self._loop_run is not None)

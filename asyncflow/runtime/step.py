@@ -380,7 +380,7 @@ class Step:
         # deadline, close or abort arrives after this (written once, on the loop thread).
         step._finished = False
         if program is not None:
-            step._init_program(bound, program, frame.args)  # type: ignore[attr-defined]
+            step._init_program(program, frame.args)  # type: ignore[attr-defined]
         else:  # the general propagator; simple loop frames as straight-line programs
             loops = fast_loops(bound) if bound.frames else ()
             step._init_general(bound, frame.args, loops)  # type: ignore[attr-defined]

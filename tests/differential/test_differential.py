@@ -380,7 +380,14 @@ def test_completed_steps_run_again_in_the_straight_line_variants(
     programs = _thrice(
         generate(seed, c) for c in ("deadlines", "functions", "loops") for seed in range(16)
     )
-    again = _counted(monkeypatch, interpreter.ProgramPropagator, "_rerun")
+    # (A program's run starts with ``_rerun``; a kept step's from ``Step.again``: the
+    # frame two above the predicate, which ``_counted``'s wrapper calls.)
+    again = _counted(
+        monkeypatch,
+        interpreter.ProgramPropagator,
+        "_rerun",
+        lambda _: sys._getframe(2).f_code.co_qualname == "Step.again",
+    )
     _reached_in_straight_line_variants(programs, again, 10)
 
 
